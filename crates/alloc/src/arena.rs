@@ -1,0 +1,556 @@
+//! The per-iteration host arena.
+
+use std::any::TypeId;
+use std::collections::HashMap;
+use std::ptr::NonNull;
+
+use bumpalo::Bump;
+
+use crate::AllocError;
+
+/// Every arena buffer starts on a cache line, which also satisfies every [`Pod`] type's alignment.
+const BUF_ALIGN: usize = 64;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Plain element types: every bit pattern is a valid value, there is no drop glue, and the
+/// alignment is at most 64 bytes. Recycled buffers are handed out without clearing because of this.
+pub trait Pod: Copy + Default + Send + Sync + 'static + sealed::Sealed {
+    /// A short name used in error messages.
+    const NAME: &'static str;
+}
+
+macro_rules! pod {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Pod for $t { const NAME: &'static str = stringify!($t); }
+    )*};
+}
+pod!(f32, f64, u8, u32, i32, u64, i64, usize);
+
+/// A handle to one buffer of one arena iteration: a slot index and the epoch it was made in.
+///
+/// Handles are `Copy` and cheap. After [`Arena::reset`] (a new epoch) or after
+/// [`Arena::recycle`], using the handle is a [`AllocError::StaleBuffer`] error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BufId {
+    slot: u32,
+    epoch: u32,
+}
+
+impl BufId {
+    /// The slot index (for diagnostics).
+    pub fn slot(self) -> u32 {
+        self.slot
+    }
+}
+
+#[derive(Debug)]
+struct Slot {
+    ptr: NonNull<u8>,
+    /// Bytes reserved for this buffer (the free-list key when it is recycled).
+    bytes: usize,
+    len: usize,
+    type_id: TypeId,
+    type_name: &'static str,
+    live: bool,
+}
+
+/// Memory statistics of an [`Arena`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ArenaStats {
+    /// Bytes held by live buffers of the current iteration.
+    pub bytes_in_use: usize,
+    /// The highest `bytes_in_use` since the arena was made (or since [`Arena::reset_peak`]).
+    pub peak_bytes_in_use: usize,
+    /// Bytes handed out by the bump in this iteration (live, recycled and free-listed).
+    pub bytes_bumped: usize,
+    /// The highest `bytes_bumped` of any iteration.
+    pub peak_bytes_bumped: usize,
+    /// Bytes the bump holds from the system allocator (its chunks).
+    pub capacity: usize,
+    /// Number of resets so far.
+    pub resets: u64,
+    /// Buffers handed out in this iteration.
+    pub allocations: u64,
+    /// Of those, how many were served from the free list.
+    pub reused: u64,
+    /// Live buffers right now.
+    pub live_buffers: usize,
+}
+
+/// A bump arena for one iteration's buffers.
+///
+/// * `alloc_*` hands out a buffer and returns its [`BufId`]; the memory stays valid until
+///   [`Arena::reset`].
+/// * [`Arena::recycle`] marks one buffer dead before the reset; its memory goes to an exact-size free
+///   list and serves the next request of the same byte size.
+/// * [`Arena::reset`] frees everything in O(1) (the bump keeps its largest chunk, so a steady loop
+///   stops calling the system allocator after its first iteration).
+///
+/// ```
+/// use arenagrad_alloc::Arena;
+/// let mut arena = Arena::new();
+/// let a = arena.alloc_from_slice(&[1.0f32, 2.0, 3.0]).unwrap();
+/// let b = arena.alloc_zeroed::<f32>(3).unwrap();
+/// let (out, [x]) = arena.split_mut::<f32, 1>(b, [a]).unwrap();
+/// for (o, v) in out.iter_mut().zip(x) { *o = v * 2.0; }
+/// assert_eq!(arena.slice::<f32>(b).unwrap(), &[2.0, 4.0, 6.0]);
+/// arena.reset();
+/// assert!(arena.slice::<f32>(a).is_err()); // a stale handle is an error, not a read
+/// ```
+pub struct Arena {
+    bump: Bump,
+    slots: Vec<Slot>,
+    free: HashMap<usize, Vec<NonNull<u8>>, BuildSizeHasher>,
+    epoch: u32,
+    stats: ArenaStats,
+}
+
+// SAFETY: every pointer in `slots` and `free` points into chunks owned by `self.bump`, which is
+// `Send`; no pointer is shared with anything outside the arena, and all access to the memory goes
+// through `&self`/`&mut self` methods, so moving the whole arena to another thread moves the memory
+// with it.
+unsafe impl Send for Arena {}
+
+impl Default for Arena {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Arena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arena")
+            .field("epoch", &self.epoch)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl Arena {
+    /// An empty arena.
+    pub fn new() -> Self {
+        Self {
+            bump: Bump::new(),
+            slots: Vec::new(),
+            free: HashMap::default(),
+            epoch: 0,
+            stats: ArenaStats::default(),
+        }
+    }
+
+    /// The arena's current epoch (incremented by every reset).
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// Current statistics.
+    pub fn stats(&self) -> ArenaStats {
+        ArenaStats {
+            capacity: self.bump.allocated_bytes(),
+            ..self.stats
+        }
+    }
+
+    /// Restarts the peak counters at the current values.
+    pub fn reset_peak(&mut self) {
+        self.stats.peak_bytes_in_use = self.stats.bytes_in_use;
+        self.stats.peak_bytes_bumped = self.stats.bytes_bumped;
+    }
+
+    /// Frees every buffer of this iteration at once. All earlier handles become stale.
+    pub fn reset(&mut self) {
+        self.slots.clear();
+        self.free.clear();
+        self.bump.reset();
+        self.epoch = self.epoch.wrapping_add(1);
+        self.stats.bytes_in_use = 0;
+        self.stats.bytes_bumped = 0;
+        self.stats.allocations = 0;
+        self.stats.reused = 0;
+        self.stats.live_buffers = 0;
+        self.stats.resets += 1;
+    }
+
+    fn byte_size<T: Pod>(len: usize) -> Result<usize, AllocError> {
+        let elem = std::mem::size_of::<T>();
+        let too_large = AllocError::TooLarge {
+            elems: len,
+            elem_bytes: elem,
+        };
+        let bytes = len.checked_mul(elem).ok_or(too_large.clone())?;
+        // Round to the alignment so that recycled buffers of equal key are interchangeable, and
+        // never hand out a zero-sized region (every buffer gets a distinct address).
+        let rounded = bytes.max(1).checked_add(BUF_ALIGN - 1).ok_or(too_large.clone())?
+            & !(BUF_ALIGN - 1);
+        if rounded > isize::MAX as usize {
+            return Err(too_large);
+        }
+        Ok(rounded)
+    }
+
+    /// Reserves memory for `len` elements of `T` and returns the slot. `fresh` says whether the
+    /// memory came from the bump (uninitialised) rather than the free list (holding old `Pod` data).
+    fn reserve<T: Pod>(&mut self, len: usize) -> Result<(BufId, bool), AllocError> {
+        let bytes = Self::byte_size::<T>(len)?;
+        let (ptr, fresh) = match self.free.get_mut(&bytes).and_then(Vec::pop) {
+            Some(p) => {
+                self.stats.reused += 1;
+                (p, false)
+            }
+            None => {
+                let layout = std::alloc::Layout::from_size_align(bytes, BUF_ALIGN).map_err(|_| {
+                    AllocError::TooLarge {
+                        elems: len,
+                        elem_bytes: std::mem::size_of::<T>(),
+                    }
+                })?;
+                let p = self
+                    .bump
+                    .try_alloc_layout(layout)
+                    .map_err(|_| AllocError::OutOfMemory {
+                        requested: bytes,
+                        allocated: self.stats.bytes_in_use,
+                        reserved: self.bump.allocated_bytes(),
+                    })?;
+                self.stats.bytes_bumped += bytes;
+                self.stats.peak_bytes_bumped =
+                    self.stats.peak_bytes_bumped.max(self.stats.bytes_bumped);
+                (p, true)
+            }
+        };
+        let slot = u32::try_from(self.slots.len()).expect("invariant: fewer than 2^32 buffers");
+        self.slots.push(Slot {
+            ptr,
+            bytes,
+            len,
+            type_id: TypeId::of::<T>(),
+            type_name: T::NAME,
+            live: true,
+        });
+        self.stats.bytes_in_use += bytes;
+        self.stats.peak_bytes_in_use = self.stats.peak_bytes_in_use.max(self.stats.bytes_in_use);
+        self.stats.allocations += 1;
+        self.stats.live_buffers += 1;
+        Ok((
+            BufId {
+                slot,
+                epoch: self.epoch,
+            },
+            fresh,
+        ))
+    }
+
+    /// A buffer of `len` zeros.
+    pub fn alloc_zeroed<T: Pod>(&mut self, len: usize) -> Result<BufId, AllocError> {
+        let (id, _) = self.reserve::<T>(len)?;
+        self.slice_mut::<T>(id)?.fill(T::default());
+        Ok(id)
+    }
+
+    /// A buffer of `len` elements whose contents are unspecified (but initialised): the caller is
+    /// expected to overwrite all of them. Cheaper than [`Arena::alloc_zeroed`] when the buffer comes
+    /// from the free list.
+    pub fn alloc_scratch<T: Pod>(&mut self, len: usize) -> Result<BufId, AllocError> {
+        let (id, fresh) = self.reserve::<T>(len)?;
+        if fresh {
+            // Fresh bump memory is uninitialised: make it zeros before any reference to it exists.
+            let slot = &self.slots[id.slot as usize];
+            // SAFETY: `slot.ptr` was just returned by the bump for `slot.bytes` bytes, aligned to
+            // BUF_ALIGN; nothing else refers to it yet, so writing every byte is in bounds and
+            // unaliased.
+            unsafe { std::ptr::write_bytes(slot.ptr.as_ptr(), 0, slot.bytes) };
+        }
+        Ok(id)
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn alloc_from_slice<T: Pod>(&mut self, data: &[T]) -> Result<BufId, AllocError> {
+        let (id, _) = self.reserve::<T>(data.len())?;
+        let slot = &self.slots[id.slot as usize];
+        // SAFETY: the slot holds at least `data.len() * size_of::<T>()` bytes aligned for `T`
+        // (BUF_ALIGN ≥ align_of::<T>() for every Pod type); `data` is a distinct live borrow that
+        // cannot overlap memory the arena just reserved; after the copy all `len` elements are
+        // initialised.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), slot.ptr.as_ptr().cast::<T>(), data.len())
+        };
+        Ok(id)
+    }
+
+    /// A buffer of `len` elements produced by `f(index)`.
+    pub fn alloc_with<T: Pod>(
+        &mut self,
+        len: usize,
+        mut f: impl FnMut(usize) -> T,
+    ) -> Result<BufId, AllocError> {
+        let id = self.alloc_scratch::<T>(len)?;
+        for (i, v) in self.slice_mut::<T>(id)?.iter_mut().enumerate() {
+            *v = f(i);
+        }
+        Ok(id)
+    }
+
+    fn check<T: Pod>(&self, id: BufId) -> Result<&Slot, AllocError> {
+        let stale = AllocError::StaleBuffer {
+            slot: id.slot,
+            epoch: id.epoch,
+            current: self.epoch,
+        };
+        if id.epoch != self.epoch {
+            return Err(stale);
+        }
+        let slot = self.slots.get(id.slot as usize).ok_or(stale.clone())?;
+        if !slot.live {
+            return Err(stale);
+        }
+        if slot.type_id != TypeId::of::<T>() {
+            return Err(AllocError::WrongType {
+                stored: slot.type_name,
+                requested: T::NAME,
+            });
+        }
+        Ok(slot)
+    }
+
+    /// Number of elements in a live buffer.
+    pub fn len_of(&self, id: BufId) -> Result<usize, AllocError> {
+        let stale = AllocError::StaleBuffer {
+            slot: id.slot,
+            epoch: id.epoch,
+            current: self.epoch,
+        };
+        match self.slots.get(id.slot as usize) {
+            Some(s) if s.live && id.epoch == self.epoch => Ok(s.len),
+            _ => Err(stale),
+        }
+    }
+
+    /// Reads a buffer.
+    pub fn slice<T: Pod>(&self, id: BufId) -> Result<&[T], AllocError> {
+        let slot = self.check::<T>(id)?;
+        // SAFETY: a live slot of this epoch points to `len` initialised elements of `T` (checked
+        // by TypeId) inside a bump chunk that lives until `reset`, which needs `&mut self`; shared
+        // access through `&self` cannot coexist with the `&mut` accessors.
+        Ok(unsafe { std::slice::from_raw_parts(slot.ptr.as_ptr().cast::<T>(), slot.len) })
+    }
+
+    /// Writes a buffer.
+    pub fn slice_mut<T: Pod>(&mut self, id: BufId) -> Result<&mut [T], AllocError> {
+        let slot = self.check::<T>(id)?;
+        // SAFETY: as in `slice`; `&mut self` guarantees no other slice of this arena is alive, so
+        // the returned unique borrow is not aliased.
+        Ok(unsafe { std::slice::from_raw_parts_mut(slot.ptr.as_ptr().cast::<T>(), slot.len) })
+    }
+
+    /// One buffer to write and `N` distinct others to read, borrowed together — the shape of a
+    /// kernel call. The inputs may repeat among themselves but not name the output.
+    pub fn split_mut<T: Pod, const N: usize>(
+        &mut self,
+        out: BufId,
+        inputs: [BufId; N],
+    ) -> Result<(&mut [T], [&[T]; N]), AllocError> {
+        for i in &inputs {
+            if i.slot == out.slot {
+                return Err(AllocError::Aliased { slot: out.slot });
+            }
+            self.check::<T>(*i)?;
+        }
+        let o = self.check::<T>(out)?;
+        // SAFETY: all slots were checked live, of this epoch and of type `T`. Live slots never
+        // share memory (a recycled region is only handed to a new slot after its old slot is
+        // marked dead), and the output slot differs from every input slot, so the unique borrow
+        // of the output does not overlap the shared borrows of the inputs. `&mut self` keeps any
+        // other access out for the lifetime of the returned slices.
+        let out_slice = unsafe { std::slice::from_raw_parts_mut(o.ptr.as_ptr().cast::<T>(), o.len) };
+        let ins = inputs.map(|i| {
+            let s = &self.slots[i.slot as usize];
+            // SAFETY: see above; shared borrows of inputs may alias each other, which is fine.
+            unsafe { std::slice::from_raw_parts(s.ptr.as_ptr().cast::<T>(), s.len) }
+        });
+        Ok((out_slice, ins))
+    }
+
+    /// Like [`Arena::split_mut`] for a run-time number of inputs.
+    pub fn split_mut_many<T: Pod>(
+        &mut self,
+        out: BufId,
+        inputs: &[BufId],
+    ) -> Result<(&mut [T], Vec<&[T]>), AllocError> {
+        for i in inputs {
+            if i.slot == out.slot {
+                return Err(AllocError::Aliased { slot: out.slot });
+            }
+            self.check::<T>(*i)?;
+        }
+        let o = self.check::<T>(out)?;
+        // SAFETY: identical reasoning to `split_mut`: checked live, typed, distinct from inputs.
+        let out_slice = unsafe { std::slice::from_raw_parts_mut(o.ptr.as_ptr().cast::<T>(), o.len) };
+        let ins = inputs
+            .iter()
+            .map(|i| {
+                let s = &self.slots[i.slot as usize];
+                // SAFETY: shared borrows of checked, live, typed inputs disjoint from the output.
+                unsafe { std::slice::from_raw_parts(s.ptr.as_ptr().cast::<T>(), s.len) }
+            })
+            .collect();
+        Ok((out_slice, ins))
+    }
+
+    /// Marks a buffer dead before the reset. Its memory serves the next request of the same size;
+    /// the handle (and any copy of it) becomes stale.
+    pub fn recycle(&mut self, id: BufId) -> Result<(), AllocError> {
+        let stale = AllocError::StaleBuffer {
+            slot: id.slot,
+            epoch: id.epoch,
+            current: self.epoch,
+        };
+        if id.epoch != self.epoch {
+            return Err(stale);
+        }
+        let slot = self.slots.get_mut(id.slot as usize).ok_or(stale.clone())?;
+        if !slot.live {
+            return Err(stale);
+        }
+        slot.live = false;
+        self.free.entry(slot.bytes).or_default().push(slot.ptr);
+        self.stats.bytes_in_use -= slot.bytes;
+        self.stats.live_buffers -= 1;
+        Ok(())
+    }
+}
+
+/// Hashes byte sizes (already multiples of 64) with one multiply: the std SipHash would cost more
+/// than the bump allocation it guards.
+#[derive(Default, Clone, Copy)]
+struct BuildSizeHasher;
+
+#[derive(Default)]
+struct SizeHasher(u64);
+
+impl std::hash::BuildHasher for BuildSizeHasher {
+    type Hasher = SizeHasher;
+    fn build_hasher(&self) -> SizeHasher {
+        SizeHasher(0)
+    }
+}
+
+impl std::hash::Hasher for SizeHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64 >> 6).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip() {
+        let mut a = Arena::new();
+        let x = a.alloc_from_slice(&[1.0f64, 2.0, 3.0]).unwrap();
+        let z = a.alloc_zeroed::<f64>(2).unwrap();
+        assert_eq!(a.slice::<f64>(x).unwrap(), &[1.0, 2.0, 3.0]);
+        assert_eq!(a.slice::<f64>(z).unwrap(), &[0.0, 0.0]);
+        let w = a.alloc_with::<u32>(4, |i| i as u32 * 3).unwrap();
+        assert_eq!(a.slice::<u32>(w).unwrap(), &[0, 3, 6, 9]);
+    }
+
+    #[test]
+    fn stale_after_reset_and_recycle() {
+        let mut a = Arena::new();
+        let x = a.alloc_zeroed::<f32>(8).unwrap();
+        a.reset();
+        let y = a.alloc_zeroed::<f32>(8).unwrap();
+        assert!(matches!(a.slice::<f32>(x), Err(AllocError::StaleBuffer { .. })));
+        assert!(a.slice::<f32>(y).is_ok());
+        a.recycle(y).unwrap();
+        assert!(matches!(a.slice::<f32>(y), Err(AllocError::StaleBuffer { .. })));
+        assert!(a.recycle(y).is_err(), "double recycle is an error");
+        // The recycled memory is reused, under a new handle.
+        let z = a.alloc_scratch::<f32>(8).unwrap();
+        assert_eq!(a.stats().reused, 1);
+        assert_ne!(z, y);
+        assert!(a.slice::<f32>(y).is_err());
+    }
+
+    #[test]
+    fn wrong_type_and_alias_are_errors() {
+        let mut a = Arena::new();
+        let x = a.alloc_zeroed::<f32>(2).unwrap();
+        assert!(matches!(a.slice::<f64>(x), Err(AllocError::WrongType { .. })));
+        assert!(matches!(
+            a.split_mut::<f32, 1>(x, [x]),
+            Err(AllocError::Aliased { .. })
+        ));
+    }
+
+    #[test]
+    fn too_large_is_an_error_not_an_abort() {
+        let mut a = Arena::new();
+        assert!(matches!(
+            a.alloc_zeroed::<f64>(usize::MAX / 2),
+            Err(AllocError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn split_reads_inputs_and_writes_output() {
+        let mut a = Arena::new();
+        let x = a.alloc_from_slice(&[1.0f32, 2.0]).unwrap();
+        let y = a.alloc_from_slice(&[10.0f32, 20.0]).unwrap();
+        let o = a.alloc_scratch::<f32>(2).unwrap();
+        let (out, [p, q]) = a.split_mut::<f32, 2>(o, [x, y]).unwrap();
+        for i in 0..2 {
+            out[i] = p[i] + q[i];
+        }
+        assert_eq!(a.slice::<f32>(o).unwrap(), &[11.0, 22.0]);
+        let (out, ins) = a.split_mut_many::<f32>(o, &[x, x, y]).unwrap();
+        for i in 0..2 {
+            out[i] = ins[0][i] * ins[1][i] + ins[2][i];
+        }
+        assert_eq!(a.slice::<f32>(o).unwrap(), &[11.0, 24.0]);
+    }
+
+    #[test]
+    fn steady_loop_keeps_capacity_flat() {
+        let mut a = Arena::new();
+        let mut caps = Vec::new();
+        for _ in 0..50 {
+            for n in [100usize, 1000, 10_000, 37] {
+                let id = a.alloc_zeroed::<f32>(n).unwrap();
+                if n == 1000 {
+                    a.recycle(id).unwrap();
+                }
+            }
+            caps.push(a.stats().capacity);
+            a.reset();
+        }
+        assert!(caps[2..].iter().all(|c| *c == caps[2]), "capacity grew: {caps:?}");
+        assert_eq!(a.stats().resets, 50);
+    }
+
+    #[test]
+    fn stats_track_use_and_peak() {
+        let mut a = Arena::new();
+        let x = a.alloc_zeroed::<f32>(16).unwrap(); // 64 bytes
+        let y = a.alloc_zeroed::<f64>(16).unwrap(); // 128 bytes
+        assert_eq!(a.stats().bytes_in_use, 192);
+        a.recycle(x).unwrap();
+        assert_eq!(a.stats().bytes_in_use, 128);
+        assert_eq!(a.stats().peak_bytes_in_use, 192);
+        a.recycle(y).unwrap();
+        assert_eq!(a.stats().live_buffers, 0);
+    }
+}

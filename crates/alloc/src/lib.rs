@@ -1,0 +1,71 @@
+//! Memory for arenagrad.
+//!
+//! An eager autodiff engine allocates a buffer for every intermediate value of every iteration, and
+//! nearly all of them die together when the iteration ends. This crate owns that memory so that the
+//! rest of the engine never holds a raw pointer:
+//!
+//! * [`Arena`] is the host side: a [`bumpalo`] bump per iteration. Buffers are named by [`BufId`]
+//!   handles (slot index plus the arena's epoch), read and written through safe accessors, and freed
+//!   all at once by [`Arena::reset`] in O(1). Buffers that die early (the gradient of an intermediate
+//!   once its backward rule has run) go to an exact-size free list and are reused within the same
+//!   iteration, which keeps backward's peak near the forward's activations.
+//! * [`block_cache`] is the device side: PyTorch-style caching of device memory in segments carved
+//!   into blocks, written against the [`block_cache::RawDeviceAlloc`] trait so that the policy is
+//!   tested over a simulated device and runs unchanged over CUDA.
+//!
+//! A handle from an earlier iteration, or to a buffer already recycled, is a typed
+//! [`AllocError::StaleBuffer`] — never a read of whatever lives there now.
+
+mod arena;
+pub mod block_cache;
+
+pub use arena::{Arena, ArenaStats, BufId, Pod};
+
+/// Errors of the memory layer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    /// The handle names a buffer of an earlier iteration, or one that was recycled.
+    #[error("stale buffer handle (slot {slot}, epoch {epoch}; arena is at epoch {current})")]
+    StaleBuffer {
+        /// Slot index in the handle.
+        slot: u32,
+        /// Epoch stored in the handle.
+        epoch: u32,
+        /// The arena's current epoch.
+        current: u32,
+    },
+    /// The buffer holds elements of another type than the one asked for.
+    #[error("buffer holds {stored} but was read as {requested}")]
+    WrongType {
+        /// Type the buffer was allocated with.
+        stored: &'static str,
+        /// Type requested by the caller.
+        requested: &'static str,
+    },
+    /// The same buffer was asked for as output and as input of one kernel.
+    #[error("buffer slot {slot} is both the output and an input")]
+    Aliased {
+        /// The slot in question.
+        slot: u32,
+    },
+    /// A request whose byte size does not fit in `usize`.
+    #[error("a buffer of {elems} elements of {elem_bytes} bytes overflows the address space")]
+    TooLarge {
+        /// Elements requested.
+        elems: usize,
+        /// Bytes per element.
+        elem_bytes: usize,
+    },
+    /// The device (or the host) could not provide the memory.
+    #[error(
+        "out of memory: requested {requested} bytes with {allocated} allocated and {reserved} reserved"
+    )]
+    OutOfMemory {
+        /// Bytes requested.
+        requested: usize,
+        /// Bytes handed out to live blocks at the time.
+        allocated: usize,
+        /// Bytes held from the device at the time.
+        reserved: usize,
+    },
+}

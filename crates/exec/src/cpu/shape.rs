@@ -1,0 +1,147 @@
+//! Kernels that move data: permute, broadcast, concat, narrow, index-select, gather, scatter-add.
+
+use crate::layout::{broadcast_strides, contiguous_strides, walk};
+use crate::Float;
+
+/// `out` (contiguous, shape `shape` permuted by `perm`) = `x` permuted: out dim i is x dim perm[i].
+pub fn permute<T: Float>(x: &[T], shape: &[usize], perm: &[usize], out: &mut [T]) {
+    let xs = contiguous_strides(shape);
+    let oshape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let src: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
+    let os = contiguous_strides(&oshape);
+    walk(&oshape, [&os, &src], |[oo, ox], n, [_, ix]| {
+        if ix == 1 {
+            out[oo..oo + n].copy_from_slice(&x[ox..ox + n]);
+        } else {
+            for i in 0..n {
+                out[oo + i] = x[ox + i * ix];
+            }
+        }
+    });
+}
+
+/// `out` (shape `to`) = `x` (shape `from`) broadcast.
+pub fn broadcast_to<T: Float>(x: &[T], from: &[usize], to: &[usize], out: &mut [T]) {
+    let src = broadcast_strides(from, to);
+    let os = contiguous_strides(to);
+    walk(to, [&os, &src], |[oo, ox], n, [_, ix]| match ix {
+        1 => out[oo..oo + n].copy_from_slice(&x[ox..ox + n]),
+        0 => out[oo..oo + n].fill(x[ox]),
+        _ => {
+            for i in 0..n {
+                out[oo + i] = x[ox + i * ix];
+            }
+        }
+    });
+}
+
+/// Copies `x` (shape `shape`) into the region of `out` (shape `shape` with `out_extent` at `axis`)
+/// that starts at `start` along `axis`. The building block of concat and of narrow's backward.
+pub fn place_along<T: Float>(x: &[T], shape: &[usize], axis: usize, out: &mut [T], out_extent: usize, start: usize) {
+    let (outer, len, inner) = super::reduce::around_axis(shape, axis);
+    let chunk = len * inner;
+    for o in 0..outer {
+        let dst = o * out_extent * inner + start * inner;
+        out[dst..dst + chunk].copy_from_slice(&x[o * chunk..o * chunk + chunk]);
+    }
+}
+
+/// `out` = `x[.., start..start+len, ..]` along `axis` (x has `shape`).
+pub fn narrow<T: Float>(x: &[T], shape: &[usize], axis: usize, start: usize, len: usize, out: &mut [T]) {
+    let (outer, ext, inner) = super::reduce::around_axis(shape, axis);
+    let chunk = len * inner;
+    for o in 0..outer {
+        let src = o * ext * inner + start * inner;
+        out[o * chunk..o * chunk + chunk].copy_from_slice(&x[src..src + chunk]);
+    }
+}
+
+/// `out` = `x` with only the entries `idx` along `axis`, in that order.
+pub fn index_select<T: Float>(x: &[T], shape: &[usize], axis: usize, idx: &[usize], out: &mut [T]) {
+    let (outer, ext, inner) = super::reduce::around_axis(shape, axis);
+    for o in 0..outer {
+        for (j, &i) in idx.iter().enumerate() {
+            let src = (o * ext + i) * inner;
+            let dst = (o * idx.len() + j) * inner;
+            out[dst..dst + inner].copy_from_slice(&x[src..src + inner]);
+        }
+    }
+}
+
+/// The adjoint of [`index_select`]: `out[.., idx[j], ..] += g[.., j, ..]` (out has `shape`).
+pub fn index_add<T: Float>(g: &[T], shape: &[usize], axis: usize, idx: &[usize], out: &mut [T]) {
+    let (outer, ext, inner) = super::reduce::around_axis(shape, axis);
+    for o in 0..outer {
+        for (j, &i) in idx.iter().enumerate() {
+            let dst = (o * ext + i) * inner;
+            let src = (o * idx.len() + j) * inner;
+            for t in 0..inner {
+                out[dst + t] += g[src + t];
+            }
+        }
+    }
+}
+
+/// PyTorch's gather: `out[p] = x[p with coordinate axis replaced by idx[p]]`, where `idx` and `out`
+/// have shape `ishape` (equal to `shape` except possibly at `axis`).
+pub fn gather<T: Float>(x: &[T], shape: &[usize], axis: usize, idx: &[usize], ishape: &[usize], out: &mut [T]) {
+    let (outer, ext, inner) = super::reduce::around_axis(shape, axis);
+    let iext = ishape[axis];
+    for o in 0..outer {
+        for j in 0..iext {
+            for t in 0..inner {
+                let p = (o * iext + j) * inner + t;
+                out[p] = x[(o * ext + idx[p]) * inner + t];
+            }
+        }
+    }
+}
+
+/// The adjoint of [`gather`]: `out[.. idx[p] ..] += g[p]` (out has `shape`).
+pub fn scatter_add<T: Float>(g: &[T], shape: &[usize], axis: usize, idx: &[usize], ishape: &[usize], out: &mut [T]) {
+    let (outer, ext, inner) = super::reduce::around_axis(shape, axis);
+    let iext = ishape[axis];
+    for o in 0..outer {
+        for j in 0..iext {
+            for t in 0..inner {
+                let p = (o * iext + j) * inner + t;
+                out[(o * ext + idx[p]) * inner + t] += g[p];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permute_transposes() {
+        let x: Vec<f64> = (0..6).map(f64::from).collect();
+        let mut o = vec![0.0; 6];
+        permute(&x, &[2, 3], &[1, 0], &mut o);
+        assert_eq!(o, vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+    }
+
+    #[test]
+    fn narrow_place_and_index() {
+        let x: Vec<f64> = (0..12).map(f64::from).collect(); // 3x4
+        let mut o = vec![0.0; 6];
+        narrow(&x, &[3, 4], 1, 1, 2, &mut o);
+        assert_eq!(o, vec![1.0, 2.0, 5.0, 6.0, 9.0, 10.0]);
+        let mut back = vec![0.0; 12];
+        place_along(&o, &[3, 2], 1, &mut back, 4, 1);
+        assert_eq!(back[1], 1.0);
+        assert_eq!(back[0], 0.0);
+        let mut sel = vec![0.0; 8];
+        index_select(&x, &[3, 4], 0, &[2, 0], &mut sel);
+        assert_eq!(sel, vec![8.0, 9.0, 10.0, 11.0, 0.0, 1.0, 2.0, 3.0]);
+        let mut acc = vec![0.0; 12];
+        index_add(&sel, &[3, 4], 0, &[2, 2], &mut acc);
+        assert_eq!(acc[8], 8.0 + 0.0);
+        assert_eq!(acc[11], 11.0 + 3.0);
+        let mut g = vec![0.0; 3];
+        gather(&x, &[3, 4], 1, &[3, 0, 2], &[3, 1], &mut g);
+        assert_eq!(g, vec![3.0, 4.0, 10.0]);
+    }
+}

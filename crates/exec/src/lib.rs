@@ -1,0 +1,122 @@
+//! Kernels for arenagrad.
+//!
+//! This crate knows nothing of graphs or gradients: it turns slices and shapes into slices. The
+//! graph crate checks every shape, allocates the output from the iteration's arena and calls one
+//! function here. Kernels are grouped by what they do (`cpu::elementwise`, `cpu::reduce`,
+//! `cpu::matmul`, `cpu::shape`); an op's kernel carries the op's name.
+//!
+//! * Elementwise and reduction loops are written so that the compiler vectorises them; `tanh` and
+//!   `exp` in `f32` have branch-free versions ([`cpu::fastmath`]) because libm's are scalar calls.
+//! * Matmul goes through matrixmultiply's strided GEMM: transposes are strides, never copies.
+//! * Large work is split across the number of threads the caller passes — no global pool.
+
+pub mod cpu;
+mod float;
+pub mod layout;
+
+pub use float::{DType, Float};
+
+/// Elementwise functions of one tensor. Scalar parameters travel as `f64` and are rounded to the
+/// element type by the kernel.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum UnaryOp {
+    /// -x
+    Neg,
+    /// e^x
+    Exp,
+    /// ln x
+    Log,
+    /// √x
+    Sqrt,
+    /// |x|
+    Abs,
+    /// sin x
+    Sin,
+    /// cos x
+    Cos,
+    /// tanh x
+    Tanh,
+    /// 1 / (1 + e^-x)
+    Sigmoid,
+    /// max(x, 0)
+    Relu,
+    /// GELU, tanh approximation.
+    Gelu,
+    /// The derivative of [`UnaryOp::Gelu`] (used by its second-order rule).
+    GeluGrad,
+    /// sign(x) ∈ {-1, 0, 1}
+    Sign,
+    /// 1 where x > 0, else 0.
+    Step,
+    /// x · s
+    Scale(f64),
+    /// x + s
+    Shift(f64),
+    /// x^p
+    Powf(f64),
+}
+
+impl UnaryOp {
+    /// The op's name as the program format spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::GeluGrad => "gelu_grad",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Step => "step",
+            UnaryOp::Scale(_) => "scale",
+            UnaryOp::Shift(_) => "shift",
+            UnaryOp::Powf(_) => "powf",
+        }
+    }
+}
+
+/// Elementwise functions of two broadcast tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinaryOp {
+    /// a + b
+    Add,
+    /// a - b
+    Sub,
+    /// a · b
+    Mul,
+    /// a / b
+    Div,
+    /// a^b
+    Pow,
+    /// max(a, b)
+    Maximum,
+    /// min(a, b)
+    Minimum,
+    /// 1 where a > b, ½ where a = b, else 0: how `maximum`/`minimum` split their gradient.
+    GtMask,
+    /// 1 where a = b, else 0.
+    EqMask,
+}
+
+impl BinaryOp {
+    /// The op's name as the program format spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Maximum => "maximum",
+            BinaryOp::Minimum => "minimum",
+            BinaryOp::GtMask => "gt_mask",
+            BinaryOp::EqMask => "eq_mask",
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! Reverse-mode differentiation: one reverse loop over the tape.
+//!
+//! Nodes are appended to the tape as they are created, so creation order is a topological order
+//! and backward needs no sort and no recursion: it walks tape positions from the root down,
+//! skipping every position that received no gradient (which is what lets several backward passes
+//! over disjoint parts of one iteration coexist, as in a GAN step).
+//!
+//! Gradients live in a side table indexed by tape position. Without `create_graph`, every
+//! gradient tensor is a temporary: it is freed — its id goes stale and its buffer returns to the
+//! arena's free list — as soon as the last gradient slot holding it is consumed, so backward's
+//! memory is the forward's activations plus the live gradient frontier.
+
+use smallvec::SmallVec;
+
+use crate::error::{GraphError, Result};
+use crate::graph::{Inner, NodeId, NO_POS};
+use crate::ops::{self, Ctx, Op};
+use crate::param::HostDataRef;
+use crate::{Graph, Tensor};
+
+/// Options of [`Tensor::backward_with`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BackwardOptions<'g> {
+    /// Keep the graph so that another backward can run through it.
+    pub retain_graph: bool,
+    /// Record the backward computation, so gradients can be differentiated again.
+    /// Implies `retain_graph`, as in PyTorch.
+    pub create_graph: bool,
+    /// The gradient of the output; required when the output has more than one element.
+    pub grad: Option<Tensor<'g>>,
+}
+
+impl<'g> Tensor<'g> {
+    /// Backpropagates from this one-element tensor into every leaf that requires grad, then frees
+    /// the graph for backward: a second backward through the same nodes is an error.
+    pub fn backward(self) -> Result<()> {
+        self.backward_with(BackwardOptions::default())
+    }
+
+    /// [`Tensor::backward`] with options.
+    pub fn backward_with(self, opts: BackwardOptions<'g>) -> Result<()> {
+        run(self.g, self, opts, None).map(|_| ())
+    }
+}
+
+/// The gradients of `output` with respect to `inputs`, returned rather than accumulated into
+/// leaves (PyTorch's `torch.autograd.grad`). `None` where no path leads to an input.
+pub fn grad<'g>(
+    output: Tensor<'g>,
+    inputs: &[Tensor<'g>],
+    opts: BackwardOptions<'g>,
+) -> Result<Vec<Option<Tensor<'g>>>> {
+    for x in inputs {
+        if !std::ptr::eq(x.g, output.g) {
+            return Err(GraphError::GraphMismatch { op: "grad" });
+        }
+    }
+    let ids: Vec<NodeId> = inputs.iter().map(|t| t.id).collect();
+    let got = run(output.g, output, opts, Some(&ids))?;
+    Ok(got.into_iter().map(|o| o.map(|id| output.g.handle(id))).collect())
+}
+
+/// Restores grad mode and clears the slots however the loop ends.
+struct ModeRestore<'g> {
+    g: &'g Graph,
+    grad_mode: bool,
+}
+
+impl Drop for ModeRestore<'_> {
+    fn drop(&mut self) {
+        let mut i = self.g.inner();
+        i.grad_mode = self.grad_mode;
+        i.temp_mode = false;
+        i.temp_log.clear();
+        i.grad_slots.clear();
+    }
+}
+
+fn release(i: &mut Inner, id: NodeId) {
+    if let Some(n) = i.nodes.get_mut(id) {
+        n.grad_refs = n.grad_refs.saturating_sub(1);
+        if n.grad_refs == 0 && n.temp {
+            i.free_temp(id);
+        }
+    }
+}
+
+fn keep(i: &mut Inner, id: NodeId) {
+    if let Some(n) = i.nodes.get_mut(id) {
+        n.temp = false;
+    }
+}
+
+fn run<'g>(
+    g: &'g Graph,
+    root: Tensor<'g>,
+    opts: BackwardOptions<'g>,
+    capture: Option<&[NodeId]>,
+) -> Result<Vec<Option<NodeId>>> {
+    let retain = opts.retain_graph || opts.create_graph;
+    let create = opts.create_graph;
+    let (root_pos, root_shape, root_dtype) = {
+        let i = g.inner.borrow();
+        let n = i.node("backward", root.id)?;
+        if !n.requires_grad || n.tape_pos == NO_POS {
+            return Err(GraphError::NoGradFn);
+        }
+        (n.tape_pos as usize, n.shape.clone(), n.dtype)
+    };
+    let seed = match opts.grad {
+        Some(s) => {
+            if !std::ptr::eq(s.g, g) {
+                return Err(GraphError::GraphMismatch { op: "backward" });
+            }
+            let sh = s.try_shape()?;
+            if sh != root_shape {
+                return Err(GraphError::ShapeMismatch {
+                    op: "backward",
+                    lhs: root_shape.to_vec(),
+                    rhs: sh.to_vec(),
+                });
+            }
+            s
+        }
+        None => {
+            if root_shape.iter().product::<usize>() != 1 {
+                return Err(GraphError::NotScalar {
+                    op: "backward",
+                    shape: root_shape.to_vec(),
+                });
+            }
+            let _ng = g.no_grad();
+            g.full(&root_shape, 1.0, root_dtype)?
+        }
+    };
+    let _restore = {
+        let mut i = g.inner();
+        let prev = i.grad_mode;
+        i.grad_mode = create;
+        i.temp_mode = !create;
+        if opts.grad.is_none() && !create {
+            i.nodes[seed.id].temp = true;
+        }
+        i.grad_slots.clear();
+        i.grad_slots.resize(root_pos + 1, None);
+        i.grad_slots[root_pos] = Some(seed.id);
+        i.nodes[seed.id].grad_refs += 1;
+        ModeRestore { g, grad_mode: prev }
+    };
+    let mut captured: Vec<Option<NodeId>> = vec![None; capture.map_or(0, <[NodeId]>::len)];
+
+    for pos in (0..=root_pos).rev() {
+        let (gid, node_id, op, inputs, spent, retain_grad) = {
+            let mut i = g.inner();
+            let Some(gid) = i.grad_slots[pos].take() else { continue };
+            let node_id = i.tape[pos];
+            let n = &i.nodes[node_id];
+            (gid, node_id, n.op.clone(), n.inputs.clone(), n.spent, n.retain_grad)
+        };
+        if let Some(c) = capture {
+            for (k, want) in c.iter().enumerate() {
+                if *want == node_id {
+                    let mut i = g.inner();
+                    keep(&mut i, gid);
+                    captured[k] = Some(match captured[k] {
+                        None => gid,
+                        Some(prev) => {
+                            drop(i);
+                            g.handle(prev).add(g.handle(gid))?.id
+                        }
+                    });
+                }
+            }
+        }
+        let is_leaf = matches!(op, Op::Leaf | Op::Param(_));
+        if is_leaf || retain_grad {
+            if capture.is_none() {
+                accumulate_into_node(g, node_id, gid)?;
+                if let Op::Param(p) = &op {
+                    let i = g.inner.borrow();
+                    let n = i.node("backward", gid)?;
+                    let r = match n.dtype {
+                        arenagrad_exec::DType::F32 => i.arena.slice::<f32>(n.buf).map(HostDataRef::F32),
+                        arenagrad_exec::DType::F64 => i.arena.slice::<f64>(n.buf).map(HostDataRef::F64),
+                    }
+                    .map_err(|source| GraphError::Alloc { op: "backward", source })?;
+                    p.accumulate(&r);
+                }
+            }
+            if is_leaf {
+                release(&mut g.inner(), gid);
+                continue;
+            }
+        }
+        if spent {
+            return Err(GraphError::GraphSpent { op: op.name() });
+        }
+        let ctx = Ctx {
+            g,
+            out: g.handle(node_id),
+            inputs,
+            gy: g.handle(gid),
+            create_graph: create,
+        };
+        let grads = ops::backward(&op, &ctx)?;
+        let mut i = g.inner();
+        if !retain {
+            i.nodes[node_id].spent = true;
+        }
+        for (k, gi) in grads.into_iter().enumerate() {
+            let Some(t) = gi else { continue };
+            let input = ctx.inputs[k];
+            let n = &i.nodes[input];
+            if !n.requires_grad || n.tape_pos == NO_POS {
+                continue;
+            }
+            let ipos = n.tape_pos as usize;
+            match i.grad_slots[ipos] {
+                None => {
+                    i.grad_slots[ipos] = Some(t.id);
+                    i.nodes[t.id].grad_refs += 1;
+                }
+                Some(old) => {
+                    drop(i);
+                    let sum = g.handle(old).add(t)?;
+                    i = g.inner();
+                    i.grad_slots[ipos] = Some(sum.id);
+                    i.nodes[sum.id].grad_refs += 1;
+                    release(&mut i, old);
+                    // `t` may be held elsewhere (a pass-through gradient); free it only if not.
+                    if i.nodes.get(t.id).is_some_and(|n| n.grad_refs == 0 && n.temp) {
+                        i.free_temp(t.id);
+                    }
+                }
+            }
+        }
+        // Intermediates the rule made and nobody holds.
+        let log: SmallVec<[NodeId; 8]> = i.temp_log.drain(..).collect();
+        for id in log {
+            if i.nodes.get(id).is_some_and(|n| n.grad_refs == 0 && n.temp) {
+                i.free_temp(id);
+            }
+        }
+        release(&mut i, gid);
+    }
+    Ok(captured)
+}
+
+/// `node.grad += g` (or `= g`), PyTorch's accumulation into `.grad`.
+fn accumulate_into_node(g: &Graph, node: NodeId, gid: NodeId) -> Result<()> {
+    let prev = g.inner.borrow().node("backward", node)?.grad;
+    let new = match prev {
+        None => gid,
+        Some(p) => g.handle(p).add(g.handle(gid))?.id,
+    };
+    let mut i = g.inner();
+    keep(&mut i, new);
+    i.nodes[node].grad = Some(new);
+    Ok(())
+}

@@ -1,0 +1,336 @@
+//! The graph of one iteration: node storage, the tape, the arena, grad mode.
+
+use std::cell::{RefCell, RefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arenagrad_alloc::{Arena, ArenaStats, BufId};
+use arenagrad_exec::DType;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use slotmap::SlotMap;
+use smallvec::SmallVec;
+
+use crate::error::{GraphError, Result};
+use crate::ops::Op;
+use crate::shape::Shape;
+use crate::Tensor;
+
+slotmap::new_key_type! {
+    /// A node of the current iteration. Generational: after the iteration ends (or the node is
+    /// freed) the id no longer resolves, so it can never name another node's data.
+    pub struct NodeId;
+}
+
+/// Where a tensor lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// Host memory.
+    Cpu,
+    /// A CUDA device by ordinal.
+    Cuda(usize),
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// Not on the tape.
+pub(crate) const NO_POS: u32 = u32::MAX;
+
+pub(crate) struct Node {
+    pub shape: Shape,
+    pub dtype: DType,
+    pub buf: BufId,
+    /// False for views that share another node's buffer (detach).
+    pub owns_buf: bool,
+    pub requires_grad: bool,
+    pub op: Op,
+    pub inputs: SmallVec<[NodeId; 2]>,
+    /// Position on the tape, or [`NO_POS`].
+    pub tape_pos: u32,
+    /// A backward pass has consumed this node (and retain_graph was false).
+    pub spent: bool,
+    /// The accumulated gradient, for leaves and nodes with `retain_grad`.
+    pub grad: Option<NodeId>,
+    pub retain_grad: bool,
+    /// A gradient temporary of a backward pass without `create_graph`: freed once dead.
+    pub temp: bool,
+    /// How many gradient slots of the running backward pass hold this node.
+    pub grad_refs: u32,
+}
+
+pub(crate) struct Inner {
+    pub nodes: SlotMap<NodeId, Node>,
+    pub tape: Vec<NodeId>,
+    pub arena: Arena,
+    pub grad_mode: bool,
+    /// Nodes created now are backward temporaries.
+    pub temp_mode: bool,
+    pub temp_log: Vec<NodeId>,
+    pub threads: usize,
+    pub rng: SmallRng,
+    pub grad_slots: Vec<Option<NodeId>>,
+}
+
+impl Inner {
+    /// Looks a node up, or says the handle is stale.
+    #[inline]
+    pub fn node(&self, op: &'static str, id: NodeId) -> Result<&Node> {
+        self.nodes.get(id).ok_or(GraphError::StaleTensor { op })
+    }
+
+    /// Inserts a node for a freshly computed buffer. Records it on the tape when grad mode is on
+    /// and an input requires grad; otherwise it is a constant and its op is forgotten.
+    #[inline]
+    pub fn push(&mut self, shape: Shape, dtype: DType, buf: BufId, op: Op, inputs: &[NodeId]) -> NodeId {
+        let record = self.grad_mode && inputs.iter().any(|i| self.nodes[*i].requires_grad);
+        let temp = self.temp_mode;
+        let (op, inputs, tape_pos) = if record {
+            (op, SmallVec::from_slice(inputs), self.tape.len() as u32)
+        } else {
+            (Op::Leaf, SmallVec::new(), NO_POS)
+        };
+        let id = self.nodes.insert(Node {
+            shape,
+            dtype,
+            buf,
+            owns_buf: true,
+            requires_grad: record,
+            op,
+            inputs,
+            tape_pos,
+            spent: false,
+            grad: None,
+            retain_grad: false,
+            temp,
+            grad_refs: 0,
+        });
+        if record {
+            self.tape.push(id);
+        }
+        if temp {
+            self.temp_log.push(id);
+        }
+        id
+    }
+
+    /// Frees a gradient temporary: its id goes stale and its buffer is reused.
+    pub fn free_temp(&mut self, id: NodeId) {
+        if let Some(n) = self.nodes.remove(id) {
+            if n.owns_buf {
+                self.arena
+                    .recycle(n.buf)
+                    .expect("invariant: a live temporary owns a live buffer");
+            }
+        }
+    }
+
+    /// A scratch buffer of `n` elements of `dtype`.
+    #[inline]
+    pub fn alloc(&mut self, op: &'static str, dtype: DType, n: usize) -> Result<BufId> {
+        let r = match dtype {
+            DType::F32 => self.arena.alloc_scratch::<f32>(n),
+            DType::F64 => self.arena.alloc_scratch::<f64>(n),
+        };
+        r.map_err(|source| GraphError::Alloc { op, source })
+    }
+
+    /// A zeroed buffer of `n` elements of `dtype`.
+    pub fn alloc_zeroed(&mut self, op: &'static str, dtype: DType, n: usize) -> Result<BufId> {
+        let r = match dtype {
+            DType::F32 => self.arena.alloc_zeroed::<f32>(n),
+            DType::F64 => self.arena.alloc_zeroed::<f64>(n),
+        };
+        r.map_err(|source| GraphError::Alloc { op, source })
+    }
+}
+
+static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);
+
+/// The graph of one training iteration, and the arena its tensors live in.
+///
+/// Tensors are [`Tensor`] handles that borrow the graph, so [`Graph::reset`] — which frees every
+/// node and every buffer of the iteration at once — can only be called when no handle is alive;
+/// the compiler checks it. Ids stored as data ([`crate::TensorId`]) are checked at run time and
+/// come back as [`GraphError::StaleTensor`] after a reset.
+///
+/// ```
+/// use arenagrad_graph::{Graph, DType};
+/// let mut g = Graph::new();
+/// for _ in 0..3 {
+///     let x = g.randn(&[4, 4], DType::F32).unwrap().set_requires_grad(true).unwrap();
+///     let loss = x.matmul(x).unwrap().sum().unwrap();
+///     loss.backward().unwrap();
+///     assert_eq!(x.grad().unwrap().unwrap().shape().as_slice(), &[4, 4]);
+///     g.reset(); // the whole iteration is freed here
+/// }
+/// ```
+pub struct Graph {
+    pub(crate) inner: RefCell<Inner>,
+    pub(crate) uid: u64,
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Graph").field("uid", &self.uid).field("stats", &self.stats()).finish()
+    }
+}
+
+impl Default for Graph {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Counters of a graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphStats {
+    /// Live nodes in this iteration.
+    pub nodes: usize,
+    /// Nodes recorded for backward in this iteration.
+    pub tape_len: usize,
+    /// The arena's counters.
+    pub arena: ArenaStats,
+}
+
+/// The default thread count: `ARENAGRAD_NUM_THREADS`, else the machine's available parallelism.
+pub fn default_threads() -> usize {
+    std::env::var("ARENAGRAD_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+impl Graph {
+    /// An empty graph with the default thread count ([`default_threads`]) and RNG seed 0.
+    pub fn new() -> Self {
+        Self::with_threads(default_threads())
+    }
+
+    /// An empty graph whose large kernels use up to `threads` threads.
+    pub fn with_threads(threads: usize) -> Self {
+        Graph {
+            inner: RefCell::new(Inner {
+                nodes: SlotMap::with_key(),
+                tape: Vec::new(),
+                arena: Arena::new(),
+                grad_mode: true,
+                temp_mode: false,
+                temp_log: Vec::new(),
+                threads: threads.max(1),
+                rng: SmallRng::seed_from_u64(0),
+                grad_slots: Vec::new(),
+            }),
+            uid: NEXT_GRAPH.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn inner(&self) -> RefMut<'_, Inner> {
+        self.inner.borrow_mut()
+    }
+
+    /// Sets the number of threads large kernels may use.
+    pub fn set_threads(&self, threads: usize) {
+        self.inner().threads = threads.max(1);
+    }
+
+    /// The number of threads large kernels may use.
+    pub fn threads(&self) -> usize {
+        self.inner.borrow().threads
+    }
+
+    /// Reseeds the graph's random number generator (used by `randn`, `rand`, dropout).
+    pub fn seed(&self, seed: u64) {
+        self.inner().rng = SmallRng::seed_from_u64(seed);
+    }
+
+    /// Ends the iteration: frees every node and every buffer at once. Handles cannot be alive
+    /// (they borrow the graph); stored [`crate::TensorId`]s go stale.
+    pub fn reset(&mut self) {
+        let inner = self.inner.get_mut();
+        inner.nodes.clear();
+        inner.tape.clear();
+        inner.temp_log.clear();
+        inner.grad_slots.clear();
+        inner.arena.reset();
+        inner.grad_mode = true;
+        inner.temp_mode = false;
+    }
+
+    /// Runs one iteration: `f` builds and differentiates a graph, its result is returned, and the
+    /// graph is reset afterwards whatever `f` did (or did not do).
+    pub fn iteration<R>(&mut self, f: impl FnOnce(&Graph) -> R) -> R {
+        let r = f(self);
+        self.reset();
+        r
+    }
+
+    /// Counters: nodes, tape length, arena memory.
+    pub fn stats(&self) -> GraphStats {
+        let i = self.inner.borrow();
+        GraphStats {
+            nodes: i.nodes.len(),
+            tape_len: i.tape.len(),
+            arena: i.arena.stats(),
+        }
+    }
+
+    /// Restarts the arena's peak counters.
+    pub fn reset_peak_stats(&self) {
+        self.inner().arena.reset_peak();
+    }
+
+    /// Whether ops record for backward right now.
+    pub fn is_grad_enabled(&self) -> bool {
+        self.inner.borrow().grad_mode
+    }
+
+    /// Turns recording off until the guard drops: nothing created meanwhile needs grad.
+    pub fn no_grad(&self) -> GradModeGuard<'_> {
+        self.set_grad_mode(false)
+    }
+
+    /// Turns recording on until the guard drops (inside a `no_grad` region).
+    pub fn enable_grad(&self) -> GradModeGuard<'_> {
+        self.set_grad_mode(true)
+    }
+
+    fn set_grad_mode(&self, on: bool) -> GradModeGuard<'_> {
+        let mut i = self.inner();
+        let prev = i.grad_mode;
+        i.grad_mode = on;
+        GradModeGuard { g: self, prev }
+    }
+
+    pub(crate) fn handle(&self, id: NodeId) -> Tensor<'_> {
+        Tensor { g: self, id }
+    }
+
+    /// Resolves an id stored as data back into a handle, checking that it belongs to this graph
+    /// and to the current iteration.
+    pub fn get(&self, id: crate::TensorId) -> Result<Tensor<'_>> {
+        if id.graph != self.uid || !self.inner.borrow().nodes.contains_key(id.node) {
+            return Err(GraphError::StaleTensor { op: "Graph::get" });
+        }
+        Ok(self.handle(id.node))
+    }
+}
+
+/// Restores the previous grad mode when dropped.
+#[must_use = "grad mode is restored when the guard drops"]
+pub struct GradModeGuard<'g> {
+    g: &'g Graph,
+    prev: bool,
+}
+
+impl Drop for GradModeGuard<'_> {
+    fn drop(&mut self) {
+        self.g.inner().grad_mode = self.prev;
+    }
+}

@@ -1,0 +1,70 @@
+//! arenagrad's graph: tensors, the op set, and reverse-mode automatic differentiation.
+//!
+//! An iteration builds a graph eagerly: each op checks its operands, allocates its output from
+//! the [`Graph`]'s bump arena, runs its kernel, and — when an input requires grad and grad mode is
+//! on — records a node. Nodes live in a generational slotmap and point at their inputs by
+//! [`NodeId`], never by reference, so a graph cannot form the reference cycles that make
+//! ref-counted graphs leak. [`Graph::reset`] frees the whole iteration (nodes and buffers) at once,
+//! whether or not backward ran.
+//!
+//! * [`Tensor`] — a `Copy` handle borrowing the graph: it cannot outlive the iteration.
+//! * [`Tensor::backward`] / [`BackwardOptions`] — PyTorch semantics: the graph is consumed unless
+//!   `retain_graph`; `create_graph` records the backward for higher-order gradients; gradients
+//!   accumulate into leaves and [`Parameter`]s until cleared.
+//! * [`Graph::no_grad`], [`Tensor::detach`] — stop recording.
+//! * [`Parameter`] — values that persist across iterations (outside the arena).
+//!
+//! ```
+//! use arenagrad_graph::{DType, Graph};
+//! let g = Graph::new();
+//! let x = g.var(&[0.5, -1.0, 2.0], &[3], DType::F64).unwrap();
+//! let y = (x * x).sum().unwrap(); // Σ x²
+//! y.backward().unwrap();
+//! assert_eq!(x.grad().unwrap().unwrap().to_vec::<f64>().unwrap(), vec![1.0, -2.0, 4.0]);
+//! ```
+#![forbid(unsafe_code)]
+
+/// Runs a block with `$T` bound to the Rust type of a [`DType`].
+#[macro_export]
+#[doc(hidden)]
+macro_rules! with_float {
+    ($dt:expr, $T:ident, $body:block) => {
+        match $dt {
+            $crate::DType::F32 => {
+                #[allow(dead_code)]
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                #[allow(dead_code)]
+                type $T = f64;
+                $body
+            }
+        }
+    };
+}
+
+mod autodiff;
+pub mod check;
+mod error;
+mod graph;
+mod host;
+mod ops;
+mod overload;
+mod param;
+mod shape;
+mod tensor;
+
+pub use arenagrad_exec::{BinaryOp, DType, Float, UnaryOp};
+pub use autodiff::{grad, BackwardOptions};
+pub use error::{GraphError, Result, ShapeVec};
+pub use ops::custom::CustomOp;
+pub use graph::{default_threads, Device, GradModeGuard, Graph, GraphStats, NodeId};
+pub use host::{HostData, HostElem, HostTensor};
+pub use param::Parameter;
+pub use shape::Shape;
+pub use tensor::{Tensor, TensorId};
+
+/// The element types tensors hold: `f32` and `f64`.
+pub trait Elem: Float + HostElem {}
+impl<T: Float + HostElem> Elem for T {}

@@ -1,0 +1,205 @@
+//! Elementwise functions of two tensors with numpy broadcasting, and `where`.
+
+use arenagrad_exec::layout::broadcast_shapes;
+use arenagrad_exec::{cpu, BinaryOp};
+use smallvec::smallvec;
+
+use super::{check_pair, Ctx, Grads, Op};
+use crate::error::{GraphError, Result};
+use crate::shape::{checked_numel, Shape};
+use crate::{Graph, Tensor};
+
+impl<'g> Tensor<'g> {
+    /// Applies an elementwise function of two broadcast tensors.
+    pub fn binary(self, op: BinaryOp, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        let name = op.name();
+        check_pair(name, &self, &other)?;
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (ash, dtype, ab) = {
+            let n = i.node(name, self.id)?;
+            (n.shape.clone(), n.dtype, n.buf)
+        };
+        let (bsh, bb) = {
+            let n = i.node(name, other.id)?;
+            (n.shape.clone(), n.buf)
+        };
+        let osh: Shape = if ash == bsh {
+            ash.clone()
+        } else {
+            Shape::from_vec(broadcast_shapes(&ash, &bsh).ok_or_else(|| GraphError::ShapeMismatch {
+                op: name,
+                lhs: ash.to_vec(),
+                rhs: bsh.to_vec(),
+            })?)
+        };
+        let len = checked_numel(name, &osh)?;
+        let out = i.alloc(name, dtype, len)?;
+        let threads = i.threads;
+        with_float!(dtype, T, {
+            let (o, [a, b]) = i
+                .arena
+                .split_mut::<T, 2>(out, [ab, bb])
+                .map_err(|source| GraphError::Alloc { op: name, source })?;
+            cpu::binary(op, a, &ash, b, &bsh, o, &osh, threads);
+        });
+        let id = i.push(osh, dtype, out, Op::Binary(op), &[self.id, other.id]);
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+
+    /// self + other (broadcasting).
+    pub fn add(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.binary(BinaryOp::Add, other)
+    }
+    /// self - other (broadcasting).
+    pub fn sub(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.binary(BinaryOp::Sub, other)
+    }
+    /// self · other (broadcasting).
+    pub fn mul(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.binary(BinaryOp::Mul, other)
+    }
+    /// self / other (broadcasting).
+    pub fn div(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.binary(BinaryOp::Div, other)
+    }
+    /// self ^ other (broadcasting). The gradient with respect to the exponent uses ln(self), so it
+    /// is defined for positive bases.
+    pub fn pow(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.binary(BinaryOp::Pow, other)
+    }
+    /// Elementwise maximum (broadcasting); ties split the gradient evenly.
+    pub fn maximum(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.binary(BinaryOp::Maximum, other)
+    }
+    /// Elementwise minimum (broadcasting); ties split the gradient evenly.
+    pub fn minimum(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.binary(BinaryOp::Minimum, other)
+    }
+
+    /// Reduces a broadcast gradient back to `shape`: sums over the axes broadcasting added or
+    /// stretched.
+    pub(crate) fn sum_to(self, shape: &[usize]) -> Result<Tensor<'g>> {
+        let sh = self.shape();
+        if sh.as_slice() == shape {
+            return Ok(self);
+        }
+        let lead = sh.len() - shape.len();
+        let axes: Vec<isize> = (0..sh.len())
+            .filter(|&d| d < lead || (shape[d - lead] == 1 && sh[d] != 1))
+            .map(|d| d as isize)
+            .collect();
+        let s = if axes.is_empty() { self } else { self.sum_axes(&axes, true)? };
+        s.reshape(&shape.iter().map(|&d| d as isize).collect::<Vec<_>>())
+    }
+}
+
+impl Graph {
+    /// `cond != 0 ? a : b`, elementwise with broadcasting of all three. No gradient flows to
+    /// `cond`.
+    pub fn select<'g>(&'g self, cond: Tensor<'g>, a: Tensor<'g>, b: Tensor<'g>) -> Result<Tensor<'g>> {
+        let name = "where";
+        check_pair(name, &cond, &a)?;
+        check_pair(name, &a, &b)?;
+        let mut guard = self.inner();
+        let i = &mut *guard;
+        let (csh, dtype, cb) = {
+            let n = i.node(name, cond.id)?;
+            (n.shape.clone(), n.dtype, n.buf)
+        };
+        let (ash, ab) = {
+            let n = i.node(name, a.id)?;
+            (n.shape.clone(), n.buf)
+        };
+        let (bsh, bb) = {
+            let n = i.node(name, b.id)?;
+            (n.shape.clone(), n.buf)
+        };
+        let mismatch = |l: &[usize], r: &[usize]| GraphError::ShapeMismatch {
+            op: name,
+            lhs: l.to_vec(),
+            rhs: r.to_vec(),
+        };
+        let ab_sh = broadcast_shapes(&ash, &bsh).ok_or_else(|| mismatch(&ash, &bsh))?;
+        let osh = broadcast_shapes(&csh, &ab_sh).ok_or_else(|| mismatch(&csh, &ab_sh))?;
+        let len = checked_numel(name, &osh)?;
+        let out = i.alloc(name, dtype, len)?;
+        with_float!(dtype, T, {
+            let (o, [c, x, y]) = i
+                .arena
+                .split_mut::<T, 3>(out, [cb, ab, bb])
+                .map_err(|source| GraphError::Alloc { op: name, source })?;
+            cpu::select(c, &csh, x, &ash, y, &bsh, o, &osh);
+        });
+        let id = i.push(Shape::from_vec(osh), dtype, out, Op::Select, &[cond.id, a.id, b.id]);
+        drop(guard);
+        Ok(self.handle(id))
+    }
+}
+
+pub(crate) fn backward<'g>(op: BinaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let (a, b, y, gy) = (c.input(0), c.input(1), c.out, c.gy);
+    let need_a = a.requires_grad();
+    let need_b = b.requires_grad();
+    let (ga, gb) = match op {
+        BinaryOp::Add => (Some(gy), Some(gy)),
+        BinaryOp::Sub => (Some(gy), if need_b { Some(gy.neg()?) } else { None }),
+        BinaryOp::Mul => (
+            if need_a { Some(gy.mul(b)?) } else { None },
+            if need_b { Some(gy.mul(a)?) } else { None },
+        ),
+        BinaryOp::Div => {
+            let ga = gy.div(b)?;
+            let gb = if need_b { Some(ga.mul(y)?.neg()?) } else { None };
+            (Some(ga), gb)
+        }
+        BinaryOp::Pow => {
+            let ga = if need_a {
+                let bm1 = b.shift(-1.0)?;
+                Some(gy.mul(b)?.mul(a.pow(bm1)?)?)
+            } else {
+                None
+            };
+            let gb = if need_b { Some(gy.mul(y)?.mul(a.log()?)?) } else { None };
+            (ga, gb)
+        }
+        BinaryOp::Maximum | BinaryOp::Minimum => {
+            let mask = if op == BinaryOp::Maximum {
+                a.binary(BinaryOp::GtMask, b)?
+            } else {
+                b.binary(BinaryOp::GtMask, a)?
+            }
+            .detach()?;
+            let ga = gy.mul(mask)?;
+            let gb = if need_b { Some(gy.sub(ga)?) } else { None };
+            (Some(ga), gb)
+        }
+        BinaryOp::GtMask | BinaryOp::EqMask => (None, None),
+    };
+    let ga = match ga {
+        Some(t) if need_a => Some(t.sum_to(&a.shape())?),
+        _ => None,
+    };
+    let gb = match gb {
+        Some(t) if need_b => Some(t.sum_to(&b.shape())?),
+        _ => None,
+    };
+    Ok(smallvec![ga, gb])
+}
+
+pub(crate) fn select_backward<'g>(c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let (cond, a, b, gy) = (c.input(0), c.input(1), c.input(2), c.gy);
+    let zero = c.g.zeros(&[], gy.dtype())?;
+    let ga = if a.requires_grad() {
+        Some(c.g.select(cond, gy, zero)?.sum_to(&a.shape())?)
+    } else {
+        None
+    };
+    let gb = if b.requires_grad() {
+        Some(c.g.select(cond, zero, gy)?.sum_to(&b.shape())?)
+    } else {
+        None
+    };
+    Ok(smallvec![None, ga, gb])
+}

@@ -1,0 +1,137 @@
+//! Matrix products: 2-D, batched, and numpy's rules for 1-D operands and broadcast batch axes.
+//!
+//! The op records whether each operand is read transposed, so backward's products
+//! (`g·bᵀ`, `aᵀ·g`) are GEMM calls with swapped strides — no transpose is materialised.
+
+use arenagrad_exec::cpu::{self, MatView};
+use arenagrad_exec::layout::{broadcast_shapes, broadcast_strides, contiguous_strides, walk};
+use smallvec::smallvec;
+
+use super::{check_pair, Ctx, Grads, Op};
+use crate::error::{GraphError, Result};
+use crate::shape::{checked_numel, Shape};
+use crate::Tensor;
+
+impl<'g> Tensor<'g> {
+    /// Matrix product with numpy's `matmul` rules: 2-D × 2-D, batched with broadcast batch axes,
+    /// and 1-D operands promoted (and the added axis removed from the result).
+    pub fn matmul(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        let op = "matmul";
+        check_pair(op, &self, &other)?;
+        let (ash, bsh) = (self.try_shape()?, other.try_shape()?);
+        if ash.is_empty() || bsh.is_empty() {
+            return Err(GraphError::MatmulShape {
+                op,
+                lhs: ash.to_vec(),
+                rhs: bsh.to_vec(),
+            });
+        }
+        let a = if ash.len() == 1 { self.reshape(&[1, ash[0] as isize])? } else { self };
+        let b = if bsh.len() == 1 { other.reshape(&[bsh[0] as isize, 1])? } else { other };
+        let y = a.matmul_t(b, false, false)?;
+        if ash.len() == 1 || bsh.len() == 1 {
+            let mut ysh: Vec<isize> = y.shape().iter().map(|&d| d as isize).collect();
+            let r = ysh.len();
+            if bsh.len() == 1 {
+                ysh.remove(r - 1);
+            }
+            if ash.len() == 1 {
+                ysh.remove(ysh.len() - if bsh.len() == 1 { 1 } else { 2 });
+            }
+            return y.reshape(&ysh);
+        }
+        Ok(y)
+    }
+
+    /// op(self)·op(other) over the last two axes, where op transposes when the flag is set.
+    /// Both operands have rank ≥ 2; batch axes broadcast.
+    pub(crate) fn matmul_t(self, other: Tensor<'g>, ta: bool, tb: bool) -> Result<Tensor<'g>> {
+        let name = "matmul";
+        check_pair(name, &self, &other)?;
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (ash, dtype, ab) = {
+            let n = i.node(name, self.id)?;
+            (n.shape.clone(), n.dtype, n.buf)
+        };
+        let (bsh, bb) = {
+            let n = i.node(name, other.id)?;
+            (n.shape.clone(), n.buf)
+        };
+        let bad = || GraphError::MatmulShape {
+            op: name,
+            lhs: ash.to_vec(),
+            rhs: bsh.to_vec(),
+        };
+        if ash.len() < 2 || bsh.len() < 2 {
+            return Err(bad());
+        }
+        let (ra, rb) = (ash.len(), bsh.len());
+        let (m, ka) = if ta { (ash[ra - 1], ash[ra - 2]) } else { (ash[ra - 2], ash[ra - 1]) };
+        let (kb, n) = if tb { (bsh[rb - 1], bsh[rb - 2]) } else { (bsh[rb - 2], bsh[rb - 1]) };
+        if ka != kb {
+            return Err(bad());
+        }
+        let (abatch, bbatch) = (&ash[..ra - 2], &bsh[..rb - 2]);
+        let batch = broadcast_shapes(abatch, bbatch).ok_or_else(bad)?;
+        let mut osh: Shape = Shape::from_slice(&batch);
+        osh.push(m);
+        osh.push(n);
+        let len = checked_numel(name, &osh)?;
+        let out = i.alloc(name, dtype, len)?;
+        let threads = i.threads;
+        let (a_cols, b_cols) = (ash[ra - 1], bsh[rb - 1]);
+        let a_mat = ash[ra - 2] * a_cols;
+        let b_mat = bsh[rb - 2] * b_cols;
+        with_float!(dtype, T, {
+            let (o, [x, y]) = i
+                .arena
+                .split_mut::<T, 2>(out, [ab, bb])
+                .map_err(|source| GraphError::Alloc { op: name, source })?;
+            if batch.iter().product::<usize>() == 1 {
+                cpu::gemm(m, ka, n, MatView::row_major(x, 0, a_cols, ta), MatView::row_major(y, 0, b_cols, tb), o, 0, false, threads);
+            } else {
+                // Each batch index: offsets of its matrices in a and b (stride 0 where broadcast).
+                let sa: Vec<usize> = broadcast_strides(abatch, &batch).iter().map(|s| s * a_mat).collect();
+                let sb: Vec<usize> = broadcast_strides(bbatch, &batch).iter().map(|s| s * b_mat).collect();
+                let so: Vec<usize> = contiguous_strides(&batch).iter().map(|s| s * m * n).collect();
+                walk(&batch, [&so, &sa, &sb], |[oo, oa, ob], cnt, [io, ia, ib]| {
+                    for t in 0..cnt {
+                        cpu::gemm(
+                            m,
+                            ka,
+                            n,
+                            MatView::row_major(x, oa + t * ia, a_cols, ta),
+                            MatView::row_major(y, ob + t * ib, b_cols, tb),
+                            o,
+                            oo + t * io,
+                            false,
+                            threads,
+                        );
+                    }
+                });
+            }
+        });
+        let id = i.push(osh, dtype, out, Op::Matmul { ta, tb }, &[self.id, other.id]);
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+}
+
+pub(crate) fn backward<'g>(ta: bool, tb: bool, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let (a, b, g) = (c.input(0), c.input(1), c.gy);
+    // C = op(A)·op(B). d op(A) = G·op(B)ᵀ, d op(B) = op(A)ᵀ·G; undo op for transposed operands.
+    let ga = if a.requires_grad() {
+        let t = if ta { b.matmul_t(g, tb, true)? } else { g.matmul_t(b, false, !tb)? };
+        Some(t.sum_to(&a.shape())?)
+    } else {
+        None
+    };
+    let gb = if b.requires_grad() {
+        let t = if tb { g.matmul_t(a, true, ta)? } else { a.matmul_t(g, !ta, false)? };
+        Some(t.sum_to(&b.shape())?)
+    } else {
+        None
+    };
+    Ok(smallvec![ga, gb])
+}

@@ -1,0 +1,146 @@
+//! The op set. One file per family: each holds the forward methods, the shape rules and the
+//! backward rule side by side, so a reader sees an op and its derivative together.
+//!
+//! Backward rules are written in differentiable tensor ops, so that with `create_graph` they
+//! record a graph of their own and higher-order gradients follow. Without `create_graph` (grad mode
+//! off), the hot rules take a fused path instead — one kernel computing `gy · f'(x)` — since nothing
+//! needs to be differentiated again.
+//!
+//! Adding an op: add a variant to [`Op`], a forward method in the family's file that computes the
+//! output and calls `Inner::push`, and a `backward` arm there; register the arm in [`backward`].
+
+use std::sync::Arc;
+
+use arenagrad_exec::cpu::ReduceOp;
+use arenagrad_exec::{BinaryOp, UnaryOp};
+use smallvec::SmallVec;
+
+use crate::error::{GraphError, Result};
+use crate::graph::NodeId;
+use crate::{Graph, Parameter, Tensor};
+
+pub(crate) mod binary;
+pub(crate) mod custom;
+pub(crate) mod matmul;
+pub(crate) mod reduce;
+pub(crate) mod shape;
+pub(crate) mod softmax;
+pub(crate) mod unary;
+
+/// What produced a node, with what its backward rule needs besides the inputs and the output.
+#[derive(Clone)]
+pub(crate) enum Op {
+    /// A leaf: user data, a constant, or anything made while not recording.
+    Leaf,
+    /// A leaf holding a parameter's value; its gradient is accumulated into the parameter.
+    Param(Parameter),
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    /// Sum or max over the masked axes.
+    Reduce {
+        op: ReduceOp,
+        mask: SmallVec<[bool; 4]>,
+        keepdim: bool,
+    },
+    /// Batched matrix product of op(a)·op(b), where op transposes the last two axes when set.
+    Matmul { ta: bool, tb: bool },
+    Reshape,
+    Permute(SmallVec<[usize; 4]>),
+    BroadcastTo,
+    Concat { axis: usize },
+    Narrow { axis: usize, start: usize },
+    /// Narrow's adjoint: zeros of the output's shape with the input placed at `start`.
+    Place { axis: usize, start: usize },
+    IndexSelect { axis: usize, idx: Arc<[usize]> },
+    /// Index-select's adjoint.
+    IndexAdd { axis: usize, idx: Arc<[usize]> },
+    Gather { axis: usize, idx: Arc<[usize]> },
+    /// Gather's adjoint.
+    ScatterAdd { axis: usize, idx: Arc<[usize]> },
+    Softmax { axis: usize, log: bool },
+    /// `cond ? a : b`; inputs are `[cond, a, b]`.
+    Select,
+    /// A user-defined op.
+    Custom(Arc<dyn custom::CustomOp>),
+}
+
+impl Op {
+    /// The op's name, as errors and the program format spell it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Leaf => "leaf",
+            Op::Param(_) => "param",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Reduce { op: ReduceOp::Sum, .. } => "sum",
+            Op::Reduce { op: ReduceOp::Max, .. } => "max",
+            Op::Matmul { .. } => "matmul",
+            Op::Reshape => "reshape",
+            Op::Permute(_) => "permute",
+            Op::BroadcastTo => "broadcast",
+            Op::Concat { .. } => "concat",
+            Op::Narrow { .. } => "slice",
+            Op::Place { .. } => "slice_backward",
+            Op::IndexSelect { .. } => "index_select",
+            Op::IndexAdd { .. } => "index_add",
+            Op::Gather { .. } => "gather",
+            Op::ScatterAdd { .. } => "scatter_add",
+            Op::Softmax { log: false, .. } => "softmax",
+            Op::Softmax { log: true, .. } => "log_softmax",
+            Op::Select => "where",
+            Op::Custom(c) => c.name(),
+        }
+    }
+}
+
+/// What a backward rule sees.
+pub(crate) struct Ctx<'g> {
+    pub g: &'g Graph,
+    /// The node's output.
+    pub out: Tensor<'g>,
+    /// The node's inputs.
+    pub inputs: SmallVec<[NodeId; 2]>,
+    /// The gradient arriving at the output.
+    pub gy: Tensor<'g>,
+    /// Whether the rule's ops are being recorded (higher-order gradients).
+    pub create_graph: bool,
+}
+
+impl<'g> Ctx<'g> {
+    pub fn input(&self, k: usize) -> Tensor<'g> {
+        self.g.handle(self.inputs[k])
+    }
+}
+
+/// Gradients for each input (None: no gradient flows to that input).
+pub(crate) type Grads<'g> = SmallVec<[Option<Tensor<'g>>; 3]>;
+
+/// Runs the backward rule of `op`.
+pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    match op {
+        Op::Leaf | Op::Param(_) => Ok(SmallVec::new()),
+        Op::Unary(u) => unary::backward(*u, c),
+        Op::Binary(b) => binary::backward(*b, c),
+        Op::Reduce { op, mask, keepdim } => reduce::backward(*op, mask, *keepdim, c),
+        Op::Matmul { ta, tb } => matmul::backward(*ta, *tb, c),
+        Op::Softmax { axis, log } => softmax::backward(*axis, *log, c),
+        Op::Select => binary::select_backward(c),
+        Op::Custom(op) => custom::backward(op, c),
+        other => shape::backward(other, c),
+    }
+}
+
+/// Checks that two tensors can meet in one op: same graph and dtype.
+pub(crate) fn check_pair(op: &'static str, a: &Tensor<'_>, b: &Tensor<'_>) -> Result<()> {
+    if !std::ptr::eq(a.g, b.g) {
+        return Err(GraphError::GraphMismatch { op });
+    }
+    let (da, db) = {
+        let i = a.g.inner.borrow();
+        (i.node(op, a.id)?.dtype, i.node(op, b.id)?.dtype)
+    };
+    if da != db {
+        return Err(GraphError::DTypeMismatch { op, lhs: da, rhs: db });
+    }
+    Ok(())
+}

@@ -1,0 +1,416 @@
+//! Ops that move data: reshape, permute/transpose, broadcast, concat, slice, index-select, gather.
+//! Each copies into a fresh contiguous buffer, so every tensor is contiguous and kernels need no
+//! stride logic beyond broadcasting. (Matmul reads transposes as strides on its own.)
+
+use std::sync::Arc;
+
+use arenagrad_exec::cpu;
+use arenagrad_exec::layout::broadcast_shapes;
+use smallvec::{smallvec, SmallVec};
+
+use super::{check_pair, Ctx, Grads, Op};
+use crate::error::{GraphError, Result};
+use crate::graph::NodeId;
+use crate::shape::{checked_numel, norm_axis, Shape};
+use crate::{Graph, Tensor};
+
+impl<'g> Tensor<'g> {
+    /// Runs `kernel(x, out)` into a new buffer of `out_shape` and records `op`.
+    fn data_op(
+        self,
+        name: &'static str,
+        out_shape: Shape,
+        op: Op,
+        zeroed: bool,
+        kernel: impl FnOnce(KernelArgs<'_>),
+    ) -> Result<Tensor<'g>> {
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (shape, dtype, xb) = {
+            let n = i.node(name, self.id)?;
+            (n.shape.clone(), n.dtype, n.buf)
+        };
+        let len = checked_numel(name, &out_shape)?;
+        let out = if zeroed { i.alloc_zeroed(name, dtype, len)? } else { i.alloc(name, dtype, len)? };
+        with_float!(dtype, T, {
+            let (o, [x]) = i
+                .arena
+                .split_mut::<T, 1>(out, [xb])
+                .map_err(|source| GraphError::Alloc { op: name, source })?;
+            kernel(T::args(x, o, &shape));
+        });
+        let id = i.push(out_shape, dtype, out, op, &[self.id]);
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+
+    /// The same elements in another shape; one extent may be `-1` (inferred).
+    pub fn reshape(self, shape: &[isize]) -> Result<Tensor<'g>> {
+        let op = "reshape";
+        let from = self.try_shape()?;
+        let n: usize = from.iter().product();
+        let bad = || GraphError::BadReshape {
+            op,
+            from: from.to_vec(),
+            to: shape.to_vec(),
+        };
+        let mut infer = None;
+        let mut known = 1usize;
+        let mut out: Shape = SmallVec::with_capacity(shape.len());
+        for (k, &d) in shape.iter().enumerate() {
+            match d {
+                -1 if infer.is_none() => {
+                    infer = Some(k);
+                    out.push(0);
+                }
+                d if d >= 0 => {
+                    known = known.checked_mul(d as usize).ok_or_else(bad)?;
+                    out.push(d as usize);
+                }
+                _ => return Err(bad()),
+            }
+        }
+        if let Some(k) = infer {
+            if known == 0 || n % known != 0 {
+                return Err(bad());
+            }
+            out[k] = n / known;
+        } else if known != n {
+            return Err(bad());
+        }
+        if out == from {
+            return Ok(self);
+        }
+        self.data_op(op, out, Op::Reshape, false, |a| a.copy())
+    }
+
+    /// Flattens to one dimension.
+    pub fn flatten(self) -> Result<Tensor<'g>> {
+        self.reshape(&[-1])
+    }
+
+    /// Reorders the axes: output axis `k` is input axis `perm[k]`.
+    pub fn permute(self, perm: &[usize]) -> Result<Tensor<'g>> {
+        let op = "permute";
+        let shape = self.try_shape()?;
+        let mut seen = vec![false; shape.len()];
+        let valid = perm.len() == shape.len()
+            && perm.iter().all(|&p| p < shape.len() && !std::mem::replace(&mut seen[p], true));
+        if !valid {
+            return Err(GraphError::BadPermutation {
+                op,
+                perm: perm.to_vec(),
+                shape: shape.to_vec(),
+            });
+        }
+        let out: Shape = perm.iter().map(|&p| shape[p]).collect();
+        let p: SmallVec<[usize; 4]> = SmallVec::from_slice(perm);
+        let pk = p.clone();
+        self.data_op(op, out, Op::Permute(p), false, move |a| a.permute(&pk))
+    }
+
+    /// Swaps two axes (negative axes count from the end).
+    pub fn transpose(self, d0: isize, d1: isize) -> Result<Tensor<'g>> {
+        let shape = self.try_shape()?;
+        let a = norm_axis("transpose", d0, &shape)?;
+        let b = norm_axis("transpose", d1, &shape)?;
+        let mut perm: Vec<usize> = (0..shape.len()).collect();
+        perm.swap(a, b);
+        self.permute(&perm)
+    }
+
+    /// Swaps the last two axes.
+    pub fn t(self) -> Result<Tensor<'g>> {
+        self.transpose(-2, -1)
+    }
+
+    /// Broadcasts to `shape` (numpy rules).
+    pub fn broadcast_to(self, shape: &[usize]) -> Result<Tensor<'g>> {
+        let op = "broadcast";
+        let from = self.try_shape()?;
+        if from.as_slice() == shape {
+            return Ok(self);
+        }
+        match broadcast_shapes(&from, shape) {
+            Some(b) if b == shape => {}
+            _ => {
+                return Err(GraphError::ShapeMismatch {
+                    op,
+                    lhs: from.to_vec(),
+                    rhs: shape.to_vec(),
+                })
+            }
+        }
+        let to = Shape::from_slice(shape);
+        let tk = to.clone();
+        self.data_op(op, to, Op::BroadcastTo, false, move |a| a.broadcast(&tk))
+    }
+
+    /// Elements `start..end` along `axis`.
+    pub fn slice(self, axis: isize, start: usize, end: usize) -> Result<Tensor<'g>> {
+        let op = "slice";
+        let shape = self.try_shape()?;
+        let ax = norm_axis(op, axis, &shape)?;
+        if start > end || end > shape[ax] {
+            return Err(GraphError::BadRange {
+                op,
+                axis: ax,
+                start,
+                end,
+                shape: shape.to_vec(),
+            });
+        }
+        let mut out = shape.clone();
+        out[ax] = end - start;
+        self.data_op(op, out, Op::Narrow { axis: ax, start }, false, move |a| a.narrow(ax, start, end - start))
+    }
+
+    /// `len` elements from `start` along `axis` (PyTorch's `narrow`).
+    pub fn narrow(self, axis: isize, start: usize, len: usize) -> Result<Tensor<'g>> {
+        let end = start.checked_add(len).ok_or(GraphError::BadArgument {
+            op: "narrow",
+            what: "start + len overflows",
+        })?;
+        self.slice(axis, start, end)
+    }
+
+    /// Zeros of `extent` along `axis` with `self` placed at `start` (slice's adjoint).
+    fn place(self, axis: usize, start: usize, extent: usize) -> Result<Tensor<'g>> {
+        let mut out = self.try_shape()?;
+        out[axis] = extent;
+        self.data_op("slice_backward", out, Op::Place { axis, start }, true, move |a| a.place(axis, extent, start))
+    }
+
+    /// The entries `idx` along `axis`, in that order (indices may repeat).
+    pub fn index_select(self, axis: isize, idx: &[usize]) -> Result<Tensor<'g>> {
+        let op = "index_select";
+        let shape = self.try_shape()?;
+        let ax = norm_axis(op, axis, &shape)?;
+        if let Some(&bad) = idx.iter().find(|&&k| k >= shape[ax]) {
+            return Err(GraphError::IndexOutOfRange {
+                op,
+                index: bad,
+                axis: ax,
+                shape: shape.to_vec(),
+            });
+        }
+        let mut out = shape.clone();
+        out[ax] = idx.len();
+        let idx: Arc<[usize]> = Arc::from(idx);
+        let ik = idx.clone();
+        self.data_op(op, out, Op::IndexSelect { axis: ax, idx }, false, move |a| a.index_select(ax, &ik))
+    }
+
+    fn index_add(self, axis: usize, idx: Arc<[usize]>, extent: usize) -> Result<Tensor<'g>> {
+        let mut out = self.try_shape()?;
+        out[axis] = extent;
+        let full = out.clone();
+        let ik = idx.clone();
+        self.data_op("index_add", out, Op::IndexAdd { axis, idx }, true, move |a| a.index_add(axis, &ik, &full))
+    }
+
+    /// PyTorch's gather: `out[p] = self[p with axis coordinate idx[p]]`. `idx` is row-major with
+    /// shape `idx_shape`, which equals this shape except possibly along `axis`.
+    pub fn gather(self, axis: isize, idx: &[usize], idx_shape: &[usize]) -> Result<Tensor<'g>> {
+        let op = "gather";
+        let shape = self.try_shape()?;
+        let ax = norm_axis(op, axis, &shape)?;
+        let same_rank_rest = idx_shape.len() == shape.len()
+            && idx_shape.iter().zip(&shape).enumerate().all(|(d, (a, b))| d == ax || a == b);
+        if !same_rank_rest {
+            return Err(GraphError::ShapeMismatch {
+                op,
+                lhs: shape.to_vec(),
+                rhs: idx_shape.to_vec(),
+            });
+        }
+        let n = checked_numel(op, idx_shape)?;
+        if n != idx.len() {
+            return Err(GraphError::DataLength {
+                op,
+                shape: idx_shape.to_vec(),
+                expected: n,
+                got: idx.len(),
+            });
+        }
+        if let Some(&bad) = idx.iter().find(|&&k| k >= shape[ax]) {
+            return Err(GraphError::IndexOutOfRange {
+                op,
+                index: bad,
+                axis: ax,
+                shape: shape.to_vec(),
+            });
+        }
+        let out = Shape::from_slice(idx_shape);
+        let idx: Arc<[usize]> = Arc::from(idx);
+        let (ik, ish) = (idx.clone(), out.clone());
+        self.data_op(op, out, Op::Gather { axis: ax, idx }, false, move |a| a.gather(ax, &ik, &ish))
+    }
+
+    fn scatter_add(self, axis: usize, idx: Arc<[usize]>, full: Shape) -> Result<Tensor<'g>> {
+        let ish = self.try_shape()?;
+        let ik = idx.clone();
+        let fk = full.clone();
+        self.data_op("scatter_add", full, Op::ScatterAdd { axis, idx }, true, move |a| a.scatter_add(axis, &ik, &ish, &fk))
+    }
+}
+
+impl Graph {
+    /// Joins tensors along `axis`; all other extents must agree.
+    pub fn concat<'g>(&'g self, parts: &[Tensor<'g>], axis: isize) -> Result<Tensor<'g>> {
+        let op = "concat";
+        let first = parts.first().ok_or(GraphError::BadArgument {
+            op,
+            what: "needs at least one tensor",
+        })?;
+        let s0 = first.try_shape()?;
+        let ax = norm_axis(op, axis, &s0)?;
+        let mut total = 0usize;
+        for p in parts {
+            check_pair(op, first, p)?;
+            let s = p.try_shape()?;
+            let ok = s.len() == s0.len() && s.iter().zip(&s0).enumerate().all(|(d, (a, b))| d == ax || a == b);
+            if !ok {
+                return Err(GraphError::ShapeMismatch {
+                    op,
+                    lhs: s0.to_vec(),
+                    rhs: s.to_vec(),
+                });
+            }
+            total = total.checked_add(s[ax]).ok_or(GraphError::TooLarge { op, shape: s0.to_vec() })?;
+        }
+        let mut out_shape = s0.clone();
+        out_shape[ax] = total;
+        let mut guard = self.inner();
+        let i = &mut *guard;
+        let dtype = i.node(op, first.id)?.dtype;
+        let len = checked_numel(op, &out_shape)?;
+        let out = i.alloc(op, dtype, len)?;
+        let mut start = 0;
+        let ids: SmallVec<[NodeId; 2]> = parts.iter().map(|p| p.id).collect();
+        for p in parts {
+            let (shape, buf) = {
+                let n = i.node(op, p.id)?;
+                (n.shape.clone(), n.buf)
+            };
+            with_float!(dtype, T, {
+                let (o, [x]) = i
+                    .arena
+                    .split_mut::<T, 1>(out, [buf])
+                    .map_err(|source| GraphError::Alloc { op, source })?;
+                cpu::place_along(x, &shape, ax, o, total, start);
+            });
+            start += shape[ax];
+        }
+        let id = i.push(out_shape, dtype, out, Op::Concat { axis: ax }, &ids);
+        drop(guard);
+        Ok(self.handle(id))
+    }
+}
+
+/// The slices a data-moving kernel gets, typed by the dtype dispatch.
+pub(crate) enum KernelArgs<'a> {
+    F32(&'a [f32], &'a mut [f32], &'a [usize]),
+    F64(&'a [f64], &'a mut [f64], &'a [usize]),
+}
+
+pub(crate) trait IntoArgs: Sized {
+    fn args<'a>(x: &'a [Self], o: &'a mut [Self], shape: &'a [usize]) -> KernelArgs<'a>;
+}
+impl IntoArgs for f32 {
+    fn args<'a>(x: &'a [f32], o: &'a mut [f32], shape: &'a [usize]) -> KernelArgs<'a> {
+        KernelArgs::F32(x, o, shape)
+    }
+}
+impl IntoArgs for f64 {
+    fn args<'a>(x: &'a [f64], o: &'a mut [f64], shape: &'a [usize]) -> KernelArgs<'a> {
+        KernelArgs::F64(x, o, shape)
+    }
+}
+
+macro_rules! both {
+    ($self:expr, $x:ident, $o:ident, $s:ident => $body:expr) => {
+        match $self {
+            KernelArgs::F32($x, $o, $s) => $body,
+            KernelArgs::F64($x, $o, $s) => $body,
+        }
+    };
+}
+
+impl KernelArgs<'_> {
+    fn copy(self) {
+        both!(self, x, o, _s => o.copy_from_slice(x))
+    }
+    fn permute(self, perm: &[usize]) {
+        both!(self, x, o, s => cpu::permute(x, s, perm, o))
+    }
+    fn broadcast(self, to: &[usize]) {
+        both!(self, x, o, s => cpu::broadcast_to(x, s, to, o))
+    }
+    fn narrow(self, axis: usize, start: usize, len: usize) {
+        both!(self, x, o, s => cpu::narrow(x, s, axis, start, len, o))
+    }
+    fn place(self, axis: usize, extent: usize, start: usize) {
+        both!(self, x, o, s => cpu::place_along(x, s, axis, o, extent, start))
+    }
+    fn index_select(self, axis: usize, idx: &[usize]) {
+        both!(self, x, o, s => cpu::index_select(x, s, axis, idx, o))
+    }
+    fn index_add(self, axis: usize, idx: &[usize], full: &[usize]) {
+        both!(self, x, o, _s => cpu::index_add(x, full, axis, idx, o))
+    }
+    fn gather(self, axis: usize, idx: &[usize], ishape: &[usize]) {
+        both!(self, x, o, s => cpu::gather(x, s, axis, idx, ishape, o))
+    }
+    fn scatter_add(self, axis: usize, idx: &[usize], ishape: &[usize], full: &[usize]) {
+        both!(self, x, o, _s => cpu::scatter_add(x, full, axis, idx, ishape, o))
+    }
+}
+
+pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let g = c.gy;
+    let x = c.input(0);
+    let gx = match op {
+        Op::Reshape => {
+            let s: Vec<isize> = x.shape().iter().map(|&d| d as isize).collect();
+            g.reshape(&s)?
+        }
+        Op::Permute(p) => {
+            let mut inv = vec![0; p.len()];
+            for (k, &pk) in p.iter().enumerate() {
+                inv[pk] = k;
+            }
+            g.permute(&inv)?
+        }
+        Op::BroadcastTo => g.sum_to(&x.shape())?,
+        Op::Narrow { axis, start } => g.place(*axis, *start, x.shape()[*axis])?,
+        Op::Place { axis, start } => {
+            let len = x.shape()[*axis];
+            g.slice(*axis as isize, *start, start + len)?
+        }
+        Op::IndexSelect { axis, idx } => g.index_add(*axis, idx.clone(), x.shape()[*axis])?,
+        Op::IndexAdd { axis, idx } => g.index_select(*axis as isize, idx)?,
+        Op::Gather { axis, idx } => g.scatter_add(*axis, idx.clone(), x.shape())?,
+        Op::ScatterAdd { axis, idx } => {
+            let ish = x.shape();
+            g.gather(*axis as isize, idx, &ish)?
+        }
+        Op::Concat { axis } => {
+            let mut grads: Grads<'g> = SmallVec::new();
+            let mut start = 0;
+            for k in 0..c.inputs.len() {
+                let p = c.input(k);
+                let len = p.shape()[*axis];
+                grads.push(if p.requires_grad() {
+                    Some(g.slice(*axis as isize, start, start + len)?)
+                } else {
+                    None
+                });
+                start += len;
+            }
+            return Ok(grads);
+        }
+        _ => unreachable!("invariant: shape::backward only gets shape ops"),
+    };
+    Ok(smallvec![Some(gx)])
+}

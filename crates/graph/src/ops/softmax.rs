@@ -1,0 +1,80 @@
+//! Softmax and log-softmax along one axis, numerically stable (the row maximum is subtracted).
+
+use arenagrad_exec::cpu;
+use smallvec::smallvec;
+
+use super::{Ctx, Grads, Op};
+use crate::error::{GraphError, Result};
+use crate::shape::norm_axis;
+use crate::Tensor;
+
+impl<'g> Tensor<'g> {
+    fn softmax_impl(self, axis: isize, log: bool) -> Result<Tensor<'g>> {
+        let name = if log { "log_softmax" } else { "softmax" };
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (shape, dtype, xb) = {
+            let n = i.node(name, self.id)?;
+            (n.shape.clone(), n.dtype, n.buf)
+        };
+        let ax = norm_axis(name, axis, &shape)?;
+        let out = i.alloc(name, dtype, shape.iter().product())?;
+        with_float!(dtype, T, {
+            let (o, [x]) = i
+                .arena
+                .split_mut::<T, 1>(out, [xb])
+                .map_err(|source| GraphError::Alloc { op: name, source })?;
+            cpu::softmax(x, &shape, ax, log, o);
+        });
+        let id = i.push(shape, dtype, out, Op::Softmax { axis: ax, log }, &[self.id]);
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+
+    /// e^x / Σ e^x along `axis`.
+    pub fn softmax(self, axis: isize) -> Result<Tensor<'g>> {
+        self.softmax_impl(axis, false)
+    }
+
+    /// x - log Σ e^x along `axis`.
+    pub fn log_softmax(self, axis: isize) -> Result<Tensor<'g>> {
+        self.softmax_impl(axis, true)
+    }
+
+    /// The fused derivative (never recorded).
+    fn softmax_grad_fused(y: Tensor<'g>, g: Tensor<'g>, axis: usize, log: bool) -> Result<Tensor<'g>> {
+        let name = "softmax_backward";
+        let mut guard = y.g.inner();
+        let i = &mut *guard;
+        let (shape, dtype, yb) = {
+            let n = i.node(name, y.id)?;
+            (n.shape.clone(), n.dtype, n.buf)
+        };
+        let gb = i.node(name, g.id)?.buf;
+        let out = i.alloc(name, dtype, shape.iter().product())?;
+        with_float!(dtype, T, {
+            let (o, [ys, gs]) = i
+                .arena
+                .split_mut::<T, 2>(out, [yb, gb])
+                .map_err(|source| GraphError::Alloc { op: name, source })?;
+            cpu::softmax_grad(ys, gs, &shape, axis, log, o);
+        });
+        let id = i.push(shape, dtype, out, Op::Leaf, &[]);
+        drop(guard);
+        Ok(y.g.handle(id))
+    }
+}
+
+pub(crate) fn backward<'g>(axis: usize, log: bool, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let (y, g) = (c.out, c.gy);
+    let ax = axis as isize;
+    let gx = if !c.create_graph {
+        Tensor::softmax_grad_fused(y, g, axis, log)?
+    } else if log {
+        g.sub(y.exp()?.mul(g.sum_axes(&[ax], true)?)?)?
+    } else {
+        let gy = g.mul(y)?;
+        gy.sub(y.mul(gy.sum_axes(&[ax], true)?)?)?
+    };
+    Ok(smallvec![Some(gx)])
+}

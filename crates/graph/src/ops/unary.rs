@@ -1,0 +1,157 @@
+//! Elementwise functions of one tensor, and the scalar forms (`x * s`, `x + s`, `x^p`).
+
+use arenagrad_exec::{cpu, UnaryOp};
+use smallvec::smallvec;
+
+use super::{Ctx, Grads, Op};
+use crate::error::{GraphError, Result};
+use crate::Tensor;
+
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+const GELU_C: f64 = 0.044_715;
+
+impl<'g> Tensor<'g> {
+    /// Applies an elementwise function.
+    pub fn unary(self, op: UnaryOp) -> Result<Tensor<'g>> {
+        let name = op.name();
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let n = i.node(name, self.id)?;
+        let (shape, dtype, xb) = (n.shape.clone(), n.dtype, n.buf);
+        let len = shape.iter().product();
+        let out = i.alloc(name, dtype, len)?;
+        let threads = i.threads;
+        with_float!(dtype, T, {
+            let (o, [x]) = i
+                .arena
+                .split_mut::<T, 1>(out, [xb])
+                .map_err(|source| GraphError::Alloc { op: name, source })?;
+            cpu::unary(op, x, o, threads);
+        });
+        let id = i.push(shape, dtype, out, Op::Unary(op), &[self.id]);
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+
+    /// The fused derivative `gy · op'(x)` (never recorded).
+    pub(crate) fn unary_grad_fused(op: UnaryOp, x: Tensor<'g>, y: Tensor<'g>, gy: Tensor<'g>) -> Result<Tensor<'g>> {
+        let name = op.name();
+        let mut guard = x.g.inner();
+        let i = &mut *guard;
+        let (shape, dtype, xb) = {
+            let n = i.node(name, x.id)?;
+            (n.shape.clone(), n.dtype, n.buf)
+        };
+        let yb = i.node(name, y.id)?.buf;
+        let gb = i.node(name, gy.id)?.buf;
+        let len = shape.iter().product();
+        let out = i.alloc(name, dtype, len)?;
+        let threads = i.threads;
+        with_float!(dtype, T, {
+            let (o, [xs, ys, gs]) = i
+                .arena
+                .split_mut::<T, 3>(out, [xb, yb, gb])
+                .map_err(|source| GraphError::Alloc { op: name, source })?;
+            cpu::unary_grad(op, xs, ys, gs, o, threads);
+        });
+        let id = i.push(shape, dtype, out, Op::Leaf, &[]);
+        drop(guard);
+        Ok(x.g.handle(id))
+    }
+
+    /// -x
+    pub fn neg(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Neg)
+    }
+    /// e^x
+    pub fn exp(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Exp)
+    }
+    /// ln x
+    pub fn log(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Log)
+    }
+    /// √x
+    pub fn sqrt(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Sqrt)
+    }
+    /// |x|
+    pub fn abs(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Abs)
+    }
+    /// sin x
+    pub fn sin(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Sin)
+    }
+    /// cos x
+    pub fn cos(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Cos)
+    }
+    /// tanh x
+    pub fn tanh(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Tanh)
+    }
+    /// 1 / (1 + e^-x)
+    pub fn sigmoid(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Sigmoid)
+    }
+    /// max(x, 0)
+    pub fn relu(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Relu)
+    }
+    /// GELU, tanh approximation: ½x(1 + tanh(√(2/π)(x + 0.044715x³))).
+    pub fn gelu(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Gelu)
+    }
+    /// x · s
+    pub fn scale(self, s: f64) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Scale(s))
+    }
+    /// x + s
+    pub fn shift(self, s: f64) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Shift(s))
+    }
+    /// x^p for a constant p.
+    pub fn powf(self, p: f64) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Powf(p))
+    }
+    /// x · x
+    pub fn square(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Powf(2.0))
+    }
+}
+
+/// gelu'(x) written in differentiable ops (the create_graph rule).
+fn gelu_grad_graph<'g>(x: Tensor<'g>) -> Result<Tensor<'g>> {
+    let x2 = x.mul(x)?;
+    let x3 = x2.mul(x)?;
+    let t = x.add(x3.scale(GELU_C)?)?.scale(SQRT_2_OVER_PI)?.tanh()?;
+    let left = t.shift(1.0)?.scale(0.5)?;
+    let sech2 = t.mul(t)?.neg()?.shift(1.0)?;
+    let inner = x2.scale(3.0 * GELU_C)?.shift(1.0)?.scale(SQRT_2_OVER_PI)?;
+    let right = x.mul(sech2)?.mul(inner)?.scale(0.5)?;
+    left.add(right)
+}
+
+pub(crate) fn backward<'g>(op: UnaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let (x, y, gy) = (c.input(0), c.out, c.gy);
+    let gx = match op {
+        UnaryOp::Sign | UnaryOp::Step | UnaryOp::GeluGrad => return Ok(smallvec![None]),
+        UnaryOp::Shift(_) => gy,
+        UnaryOp::Scale(s) => gy.scale(s)?,
+        UnaryOp::Neg => gy.neg()?,
+        _ if !c.create_graph => Tensor::unary_grad_fused(op, x, y, gy)?,
+        UnaryOp::Exp => gy.mul(y)?,
+        UnaryOp::Log => gy.div(x)?,
+        UnaryOp::Sqrt => gy.scale(0.5)?.div(y)?,
+        UnaryOp::Abs => gy.mul(x.unary(UnaryOp::Sign)?.detach()?)?,
+        UnaryOp::Sin => gy.mul(x.cos()?)?,
+        UnaryOp::Cos => gy.mul(x.sin()?)?.neg()?,
+        UnaryOp::Tanh => gy.mul(y.mul(y)?.neg()?.shift(1.0)?)?,
+        UnaryOp::Sigmoid => gy.mul(y.mul(y.neg()?.shift(1.0)?)?)?,
+        UnaryOp::Relu => gy.mul(x.unary(UnaryOp::Step)?.detach()?)?,
+        UnaryOp::Gelu => gy.mul(gelu_grad_graph(x)?)?,
+        UnaryOp::Powf(p) => gy.mul(x.powf(p - 1.0)?.scale(p)?)?,
+    };
+    Ok(smallvec![Some(gx)])
+}

@@ -1,0 +1,170 @@
+//! Parameters: values that persist across iterations and collect gradients.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arenagrad_exec::DType;
+
+use crate::error::{GraphError, Result};
+use crate::host::{HostData, HostTensor};
+use crate::ops::Op;
+use crate::shape::Shape;
+use crate::{Graph, Tensor};
+
+#[derive(Debug)]
+struct ParamInner {
+    name: String,
+    value: HostTensor,
+    grad: Option<HostData>,
+}
+
+/// A trainable value that lives outside the iteration arena.
+///
+/// Cloning a `Parameter` clones the handle (both name the same storage), which is how a module,
+/// an optimiser and a checkpoint writer all see one value. Each iteration brings it into the graph
+/// with [`Graph::param`]; backward accumulates its gradient here, across backward calls and
+/// iterations, until [`Parameter::zero_grad`] — PyTorch's semantics.
+#[derive(Debug, Clone)]
+pub struct Parameter(Arc<Mutex<ParamInner>>);
+
+impl Parameter {
+    /// A parameter with a name and an initial value.
+    pub fn new(name: impl Into<String>, value: HostTensor) -> Self {
+        Parameter(Arc::new(Mutex::new(ParamInner {
+            name: name.into(),
+            value,
+            grad: None,
+        })))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ParamInner> {
+        // A panic while holding the lock cannot leave the data half-written in a way that matters
+        // more than the panic itself; keep going with what is there.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether two handles name the same storage.
+    pub fn same(&self, other: &Parameter) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// The name.
+    pub fn name(&self) -> String {
+        self.lock().name.clone()
+    }
+
+    /// Renames (modules prefix their children's names).
+    pub fn set_name(&self, name: impl Into<String>) {
+        self.lock().name = name.into();
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> Vec<usize> {
+        self.lock().value.shape.clone()
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        self.lock().value.dtype()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.lock().value.numel()
+    }
+
+    /// A copy of the value.
+    pub fn value(&self) -> HostTensor {
+        self.lock().value.clone()
+    }
+
+    /// Replaces the value; the shape and dtype must stay the same.
+    pub fn set_value(&self, v: HostTensor) -> Result<()> {
+        let mut p = self.lock();
+        if v.shape != p.value.shape {
+            return Err(GraphError::ShapeMismatch {
+                op: "Parameter::set_value",
+                lhs: p.value.shape.clone(),
+                rhs: v.shape,
+            });
+        }
+        if v.dtype() != p.value.dtype() {
+            return Err(GraphError::DTypeMismatch {
+                op: "Parameter::set_value",
+                lhs: p.value.dtype(),
+                rhs: v.dtype(),
+            });
+        }
+        p.value = v;
+        Ok(())
+    }
+
+    /// A copy of the accumulated gradient, if any backward reached this parameter.
+    pub fn grad(&self) -> Option<HostTensor> {
+        let p = self.lock();
+        p.grad.as_ref().map(|g| HostTensor {
+            shape: p.value.shape.clone(),
+            data: g.clone(),
+        })
+    }
+
+    /// Forgets the accumulated gradient.
+    pub fn zero_grad(&self) {
+        self.lock().grad = None;
+    }
+
+    /// Gives `f` the value (mutably) and the gradient together — what an optimiser step needs,
+    /// without copying either.
+    pub fn update<R>(&self, f: impl FnOnce(&mut HostData, Option<&HostData>) -> R) -> R {
+        let mut p = self.lock();
+        let p = &mut *p;
+        f(&mut p.value.data, p.grad.as_ref())
+    }
+
+    /// Gives `f` the gradient mutably (for clipping).
+    pub fn update_grad<R>(&self, f: impl FnOnce(Option<&mut HostData>) -> R) -> R {
+        f(self.lock().grad.as_mut())
+    }
+
+    pub(crate) fn accumulate(&self, g: &HostDataRef<'_>) {
+        let mut p = self.lock();
+        match (&mut p.grad, g) {
+            (Some(HostData::F32(acc)), HostDataRef::F32(s)) => acc.iter_mut().zip(*s).for_each(|(a, b)| *a += b),
+            (Some(HostData::F64(acc)), HostDataRef::F64(s)) => acc.iter_mut().zip(*s).for_each(|(a, b)| *a += b),
+            (slot, HostDataRef::F32(s)) => *slot = Some(HostData::F32(s.to_vec())),
+            (slot, HostDataRef::F64(s)) => *slot = Some(HostData::F64(s.to_vec())),
+        }
+    }
+}
+
+/// Borrowed elements of either dtype.
+pub(crate) enum HostDataRef<'a> {
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+}
+
+impl Graph {
+    /// Brings a parameter into this iteration as a leaf that requires grad. Its value is copied
+    /// into the arena; after backward its gradient is added to the parameter's own.
+    pub fn param(&self, p: &Parameter) -> Result<Tensor<'_>> {
+        let op = "param";
+        let guard = p.lock();
+        let mut i = self.inner();
+        let buf = match &guard.value.data {
+            HostData::F32(v) => i.arena.alloc_from_slice(v),
+            HostData::F64(v) => i.arena.alloc_from_slice(v),
+        }
+        .map_err(|source| GraphError::Alloc { op, source })?;
+        let shape = Shape::from_slice(&guard.value.shape);
+        let dtype = guard.value.dtype();
+        drop(guard);
+        let id = i.push(shape, dtype, buf, Op::Leaf, &[]);
+        let pos = i.tape.len() as u32;
+        i.tape.push(id);
+        let n = &mut i.nodes[id];
+        n.requires_grad = true;
+        n.tape_pos = pos;
+        n.op = Op::Param(p.clone());
+        drop(i);
+        Ok(self.handle(id))
+    }
+}

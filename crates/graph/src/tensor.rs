@@ -1,0 +1,337 @@
+//! Tensor handles, leaves, and reading values out.
+
+use arenagrad_exec::DType;
+use rand::Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+use crate::error::{GraphError, Result};
+use crate::graph::{Graph, NodeId, NO_POS};
+use crate::host::{HostData, HostTensor};
+use crate::ops::Op;
+use crate::shape::{checked_numel, Shape};
+use crate::host::HostElem;
+use crate::Elem;
+use arenagrad_exec::Float;
+
+/// A handle to a tensor of the current iteration: `Copy`, two words, and unable to outlive the
+/// [`Graph`] borrow it came from — so it cannot outlive the iteration either.
+#[derive(Clone, Copy)]
+pub struct Tensor<'g> {
+    pub(crate) g: &'g Graph,
+    pub(crate) id: NodeId,
+}
+
+/// A tensor's id as plain data (to keep in a map, a queue, a program). Resolve it with
+/// [`Graph::get`]; after the iteration ends that is a [`GraphError::StaleTensor`] error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TensorId {
+    pub(crate) graph: u64,
+    pub(crate) node: NodeId,
+}
+
+impl std::fmt::Debug for Tensor<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let i = self.g.inner.borrow();
+        match i.nodes.get(self.id) {
+            Some(n) => write!(
+                f,
+                "Tensor({:?}, {}, requires_grad={})",
+                n.shape.as_slice(),
+                n.dtype,
+                n.requires_grad
+            ),
+            None => f.write_str("Tensor(<stale>)"),
+        }
+    }
+}
+
+impl Graph {
+    /// Makes a leaf from a buffer already filled.
+    pub(crate) fn leaf_from(&self, op: &'static str, data: HostData, shape: &[usize]) -> Result<Tensor<'_>> {
+        let expected = checked_numel(op, shape)?;
+        if expected != data.len() {
+            return Err(GraphError::DataLength {
+                op,
+                shape: shape.to_vec(),
+                expected,
+                got: data.len(),
+            });
+        }
+        let mut i = self.inner();
+        let buf = match &data {
+            HostData::F32(v) => i.arena.alloc_from_slice(v),
+            HostData::F64(v) => i.arena.alloc_from_slice(v),
+        }
+        .map_err(|source| GraphError::Alloc { op, source })?;
+        let id = i.push(Shape::from_slice(shape), data.dtype(), buf, Op::Leaf, &[]);
+        drop(i);
+        Ok(self.handle(id))
+    }
+
+    /// A constant tensor copied from a slice of `f32` or `f64`.
+    pub fn from_slice<T: Elem>(&self, data: &[T], shape: &[usize]) -> Result<Tensor<'_>> {
+        let op = "from_slice";
+        let expected = checked_numel(op, shape)?;
+        if expected != data.len() {
+            return Err(GraphError::DataLength {
+                op,
+                shape: shape.to_vec(),
+                expected,
+                got: data.len(),
+            });
+        }
+        let mut i = self.inner();
+        let buf = i.arena.alloc_from_slice(data).map_err(|source| GraphError::Alloc { op, source })?;
+        let id = i.push(Shape::from_slice(shape), T::DTYPE, buf, Op::Leaf, &[]);
+        drop(i);
+        Ok(self.handle(id))
+    }
+
+    /// A constant tensor from `f64` values, stored as `dtype`.
+    pub fn from_f64(&self, data: &[f64], shape: &[usize], dtype: DType) -> Result<Tensor<'_>> {
+        self.leaf_from("from_f64", HostData::from_f64(dtype, data), shape)
+    }
+
+    /// A constant tensor from owned host data.
+    pub fn from_host(&self, t: &HostTensor) -> Result<Tensor<'_>> {
+        self.leaf_from("from_host", t.data.clone(), &t.shape)
+    }
+
+    /// A tensor filled with `value`.
+    pub fn full(&self, shape: &[usize], value: f64, dtype: DType) -> Result<Tensor<'_>> {
+        let op = "full";
+        let n = checked_numel(op, shape)?;
+        let mut i = self.inner();
+        let buf = with_float!(dtype, T, {
+            i.arena.alloc_with::<T>(n, |_| T::from_f64(value))
+        })
+        .map_err(|source| GraphError::Alloc { op, source })?;
+        let id = i.push(Shape::from_slice(shape), dtype, buf, Op::Leaf, &[]);
+        drop(i);
+        Ok(self.handle(id))
+    }
+
+    /// Zeros.
+    pub fn zeros(&self, shape: &[usize], dtype: DType) -> Result<Tensor<'_>> {
+        self.full(shape, 0.0, dtype)
+    }
+
+    /// Ones.
+    pub fn ones(&self, shape: &[usize], dtype: DType) -> Result<Tensor<'_>> {
+        self.full(shape, 1.0, dtype)
+    }
+
+    /// A 0-D tensor.
+    pub fn scalar(&self, value: f64, dtype: DType) -> Result<Tensor<'_>> {
+        self.full(&[], value, dtype)
+    }
+
+    /// Standard normal samples from the graph's seeded generator.
+    pub fn randn(&self, shape: &[usize], dtype: DType) -> Result<Tensor<'_>> {
+        self.random("randn", shape, dtype, |r| r.sample::<f64, _>(StandardNormal))
+    }
+
+    /// Uniform samples in `[0, 1)` from the graph's seeded generator.
+    pub fn rand(&self, shape: &[usize], dtype: DType) -> Result<Tensor<'_>> {
+        self.random("rand", shape, dtype, |r| r.random::<f64>())
+    }
+
+    fn random(
+        &self,
+        op: &'static str,
+        shape: &[usize],
+        dtype: DType,
+        f: impl Fn(&mut rand::rngs::SmallRng) -> f64,
+    ) -> Result<Tensor<'_>> {
+        let n = checked_numel(op, shape)?;
+        let mut guard = self.inner();
+        let i = &mut *guard;
+        let rng = &mut i.rng;
+        let buf = match dtype {
+            DType::F32 => i.arena.alloc_with::<f32>(n, |_| {
+                if op == "randn" {
+                    <StandardNormal as Distribution<f32>>::sample(&StandardNormal, rng)
+                } else {
+                    f(rng) as f32
+                }
+            }),
+            DType::F64 => i.arena.alloc_with::<f64>(n, |_| f(rng)),
+        }
+        .map_err(|source| GraphError::Alloc { op, source })?;
+        let id = i.push(Shape::from_slice(shape), dtype, buf, Op::Leaf, &[]);
+        drop(guard);
+        Ok(self.handle(id))
+    }
+
+    /// A leaf that requires grad, from `f64` values stored as `dtype`.
+    pub fn var(&self, data: &[f64], shape: &[usize], dtype: DType) -> Result<Tensor<'_>> {
+        self.from_f64(data, shape, dtype)?.set_requires_grad(true)
+    }
+}
+
+impl<'g> Tensor<'g> {
+    /// The graph this tensor belongs to.
+    pub fn graph(&self) -> &'g Graph {
+        self.g
+    }
+
+    /// The id as plain data.
+    pub fn id(&self) -> TensorId {
+        TensorId {
+            graph: self.g.uid,
+            node: self.id,
+        }
+    }
+
+    pub(crate) fn with_node<R>(&self, op: &'static str, f: impl FnOnce(&crate::graph::Node) -> R) -> Result<R> {
+        let i = self.g.inner.borrow();
+        i.node(op, self.id).map(f)
+    }
+
+    /// The shape, or a stale-handle error.
+    pub fn try_shape(&self) -> Result<Shape> {
+        self.with_node("shape", |n| n.shape.clone())
+    }
+
+    /// The shape. A handle is valid for as long as it exists (it borrows the graph), so this
+    /// cannot fail for handles the API gave out.
+    pub fn shape(&self) -> Shape {
+        self.try_shape().expect("invariant: a live handle names a live node")
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.shape().len()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape().iter().product()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.with_node("dtype", |n| n.dtype)
+            .expect("invariant: a live handle names a live node")
+    }
+
+    /// The device (CPU in this build).
+    pub fn device(&self) -> crate::Device {
+        crate::Device::Cpu
+    }
+
+    /// Whether gradients flow to this tensor.
+    pub fn requires_grad(&self) -> bool {
+        self.with_node("requires_grad", |n| n.requires_grad).unwrap_or(false)
+    }
+
+    /// Whether this is a leaf (made by the user, not by an op that was recorded).
+    pub fn is_leaf(&self) -> bool {
+        self.with_node("is_leaf", |n| n.tape_pos == NO_POS || n.inputs.is_empty())
+            .unwrap_or(false)
+    }
+
+    /// Makes a leaf require (or stop requiring) grad. Errors on non-leaves, like PyTorch.
+    pub fn set_requires_grad(self, on: bool) -> Result<Self> {
+        let op = "set_requires_grad";
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let n = i.nodes.get_mut(self.id).ok_or(GraphError::StaleTensor { op })?;
+        if !n.inputs.is_empty() {
+            return Err(GraphError::NotLeaf { op });
+        }
+        if on && n.tape_pos == NO_POS {
+            n.tape_pos = i.tape.len() as u32;
+            i.tape.push(self.id);
+        }
+        n.requires_grad = on;
+        Ok(self)
+    }
+
+    /// Copies the values out as `T`, which must be the tensor's dtype.
+    pub fn to_vec<T: Elem>(&self) -> Result<Vec<T>> {
+        let op = "to_vec";
+        let i = self.g.inner.borrow();
+        let n = i.node(op, self.id)?;
+        if n.dtype != T::DTYPE {
+            return Err(GraphError::WrongDType {
+                op,
+                stored: n.dtype,
+                requested: T::DTYPE,
+            });
+        }
+        let s = i.arena.slice::<T>(n.buf).map_err(|source| GraphError::Alloc { op, source })?;
+        Ok(s.to_vec())
+    }
+
+    /// Copies the values out widened to `f64`, whatever the dtype.
+    pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
+        Ok(self.to_host()?.to_f64_vec())
+    }
+
+    /// Copies the tensor out of the iteration.
+    pub fn to_host(&self) -> Result<HostTensor> {
+        let op = "to_host";
+        let i = self.g.inner.borrow();
+        let n = i.node(op, self.id)?;
+        let data = with_float!(n.dtype, T, {
+            let s = i.arena.slice::<T>(n.buf).map_err(|source| GraphError::Alloc { op, source })?;
+            T::into_host(s.to_vec())
+        });
+        Ok(HostTensor {
+            shape: n.shape.to_vec(),
+            data,
+        })
+    }
+
+    /// The single value of a one-element tensor, as `f64`.
+    pub fn item(&self) -> Result<f64> {
+        let op = "item";
+        let i = self.g.inner.borrow();
+        let n = i.node(op, self.id)?;
+        if n.shape.iter().product::<usize>() != 1 {
+            return Err(GraphError::NotScalar {
+                op,
+                shape: n.shape.to_vec(),
+            });
+        }
+        with_float!(n.dtype, T, {
+            let s = i.arena.slice::<T>(n.buf).map_err(|source| GraphError::Alloc { op, source })?;
+            Ok(s[0].to_f64())
+        })
+    }
+
+    /// The accumulated gradient of a leaf (or of a node with [`Tensor::retain_grad`]), if any.
+    pub fn grad(&self) -> Result<Option<Tensor<'g>>> {
+        let g = self.with_node("grad", |n| n.grad)?;
+        Ok(g.map(|id| self.g.handle(id)))
+    }
+
+    /// Clears the accumulated gradient.
+    pub fn zero_grad(&self) -> Result<()> {
+        let mut i = self.g.inner();
+        let n = i.nodes.get_mut(self.id).ok_or(GraphError::StaleTensor { op: "zero_grad" })?;
+        n.grad = None;
+        Ok(())
+    }
+
+    /// Keeps this intermediate's gradient after backward (readable with [`Tensor::grad`]).
+    pub fn retain_grad(&self) -> Result<()> {
+        let mut i = self.g.inner();
+        let n = i.nodes.get_mut(self.id).ok_or(GraphError::StaleTensor { op: "retain_grad" })?;
+        n.retain_grad = true;
+        Ok(())
+    }
+
+    /// The same values, cut from the graph: no gradient flows through the result.
+    pub fn detach(&self) -> Result<Tensor<'g>> {
+        let op = "detach";
+        let mut i = self.g.inner();
+        let n = i.node(op, self.id)?;
+        let (shape, dtype, buf) = (n.shape.clone(), n.dtype, n.buf);
+        let id = i.push(shape, dtype, buf, Op::Leaf, &[]);
+        i.nodes[id].owns_buf = false;
+        drop(i);
+        Ok(self.g.handle(id))
+    }
+}
