@@ -11,6 +11,9 @@ use crate::AllocError;
 /// Every arena buffer starts on a cache line, which also satisfies every [`Pod`] type's alignment.
 const BUF_ALIGN: usize = 64;
 
+/// Buffers below `SMALL_CLASSES` cache lines (16 KiB) use the array of free lists.
+const SMALL_CLASSES: usize = 256;
+
 mod sealed {
     pub trait Sealed {}
 }
@@ -105,8 +108,15 @@ pub struct Arena {
     bump: Bump,
     slots: Vec<Slot>,
     free: HashMap<usize, Vec<NonNull<u8>>, BuildSizeHasher>,
+    /// Free lists of small buffers, indexed by size in cache lines: no hashing on the hot path.
+    small_free: Vec<Vec<NonNull<u8>>>,
     epoch: u32,
     stats: ArenaStats,
+    /// When non-zero: the bump has a single chunk of this many bytes (its `allocated_bytes`),
+    /// every byte of which has been written once. Memory handed out from it is initialised (it
+    /// holds old `Pod` values), so scratch buffers need no clearing — a steady loop never pays
+    /// for a memset. Becomes 0 if the bump grows another chunk.
+    initialised_bytes: usize,
 }
 
 // SAFETY: every pointer in `slots` and `free` points into chunks owned by `self.bump`, which is
@@ -137,9 +147,29 @@ impl Arena {
             bump: Bump::new(),
             slots: Vec::new(),
             free: HashMap::default(),
+            small_free: (0..SMALL_CLASSES).map(|_| Vec::new()).collect(),
             epoch: 0,
             stats: ArenaStats::default(),
+            initialised_bytes: 0,
         }
+    }
+
+    /// Writes zeros over the whole (single, empty) chunk once, so that later scratch buffers
+    /// carved from it are initialised memory.
+    fn initialise_chunk(&mut self) {
+        let cap = self.bump.chunk_capacity() & !(BUF_ALIGN - 1);
+        if cap == 0 {
+            return;
+        }
+        let layout = std::alloc::Layout::from_size_align(cap, BUF_ALIGN)
+            .expect("invariant: chunk capacity is a valid layout size");
+        if let Ok(p) = self.bump.try_alloc_layout(layout) {
+            // SAFETY: `p` was just returned by the bump for `cap` bytes; nothing else refers to
+            // it, so writing all of it is in bounds and unaliased.
+            unsafe { std::ptr::write_bytes(p.as_ptr(), 0, cap) };
+        }
+        self.bump.reset();
+        self.initialised_bytes = self.bump.allocated_bytes();
     }
 
     /// The arena's current epoch (incremented by every reset).
@@ -165,7 +195,19 @@ impl Arena {
     pub fn reset(&mut self) {
         self.slots.clear();
         self.free.clear();
+        for l in &mut self.small_free {
+            l.clear();
+        }
+        // bumpalo keeps only its newest chunk on reset. If this iteration needed more than that
+        // chunk holds, the next one would map fresh chunks again (and fault every page in), so
+        // start over with one chunk that holds the whole peak: from then on the loop is steady.
+        let grew = self.bump.allocated_bytes() != self.initialised_bytes;
         self.bump.reset();
+        if grew || self.initialised_bytes == 0 || self.stats.bytes_bumped > self.bump.chunk_capacity() {
+            let want = self.stats.peak_bytes_bumped + self.stats.peak_bytes_bumped / 8;
+            self.bump = Bump::with_capacity(want.max(BUF_ALIGN));
+            self.initialise_chunk();
+        }
         self.epoch = self.epoch.wrapping_add(1);
         self.stats.bytes_in_use = 0;
         self.stats.bytes_bumped = 0;
@@ -196,7 +238,12 @@ impl Arena {
     /// memory came from the bump (uninitialised) rather than the free list (holding old `Pod` data).
     fn reserve<T: Pod>(&mut self, len: usize) -> Result<(BufId, bool), AllocError> {
         let bytes = Self::byte_size::<T>(len)?;
-        let (ptr, fresh) = match self.free.get_mut(&bytes).and_then(Vec::pop) {
+        let reused = if bytes / BUF_ALIGN < SMALL_CLASSES {
+            self.small_free[bytes / BUF_ALIGN].pop()
+        } else {
+            self.free.get_mut(&bytes).and_then(Vec::pop)
+        };
+        let (ptr, fresh) = match reused {
             Some(p) => {
                 self.stats.reused += 1;
                 (p, false)
@@ -256,7 +303,10 @@ impl Arena {
     /// from the free list.
     pub fn alloc_scratch<T: Pod>(&mut self, len: usize) -> Result<BufId, AllocError> {
         let (id, fresh) = self.reserve::<T>(len)?;
-        if fresh {
+        // Bump memory is initialised when it comes from the single chunk that was cleared once
+        // (see `initialised_bytes`); memory from a chunk grown since is not.
+        let steady = self.initialised_bytes != 0 && self.bump.allocated_bytes() == self.initialised_bytes;
+        if fresh && !steady {
             // Fresh bump memory is uninitialised: make it zeros before any reference to it exists.
             let slot = &self.slots[id.slot as usize];
             // SAFETY: `slot.ptr` was just returned by the bump for `slot.bytes` bytes, aligned to
@@ -416,7 +466,11 @@ impl Arena {
             return Err(stale);
         }
         slot.live = false;
-        self.free.entry(slot.bytes).or_default().push(slot.ptr);
+        if slot.bytes / BUF_ALIGN < SMALL_CLASSES {
+            self.small_free[slot.bytes / BUF_ALIGN].push(slot.ptr);
+        } else {
+            self.free.entry(slot.bytes).or_default().push(slot.ptr);
+        }
         self.stats.bytes_in_use -= slot.bytes;
         self.stats.live_buffers -= 1;
         Ok(())

@@ -1,1 +1,49 @@
-//! stub
+//! # arenagrad
+//!
+//! An eager (define-by-run) automatic-differentiation and deep-learning engine, built so that a
+//! training iteration's whole graph — nodes and intermediate buffers — lives in one arena and is
+//! freed by one reset. Nodes sit in a generational slotmap and refer to their inputs by id, so no
+//! graph can leak through reference cycles, even one that never reaches backward, and a handle
+//! from an ended iteration is a typed error rather than a read of someone else's data.
+//!
+//! ```
+//! use arenagrad::prelude::*;
+//!
+//! let mut g = Graph::new();
+//! let w = Parameter::new("w", HostTensor::new(vec![0.5f32, -0.25], &[2, 1]).unwrap());
+//! for _ in 0..3 {
+//!     let x = g.randn(&[8, 2], DType::F32).unwrap();
+//!     let y = x.matmul(g.param(&w).unwrap()).unwrap().tanh().unwrap();
+//!     let loss = y.mul(y).unwrap().mean().unwrap();
+//!     loss.backward().unwrap();
+//!     g.reset(); // frees the iteration; w keeps its accumulated gradient
+//! }
+//! assert_eq!(w.grad().unwrap().shape, vec![2, 1]);
+//! ```
+//!
+//! The crates underneath, from the bottom: `arenagrad-alloc` (the host bump arena and the GPU
+//! block cache), `arenagrad-exec` (kernels), `arenagrad-graph` (tensors, ops, autodiff) and
+//! `arenagrad-nn` (modules, losses, optimisers).
+#![forbid(unsafe_code)]
+
+pub use arenagrad_alloc as alloc;
+pub use arenagrad_exec as exec;
+pub use arenagrad_graph as graph;
+pub use arenagrad_nn as nn;
+
+pub use arenagrad_graph::{
+    grad, BackwardOptions, CustomOp, DType, Device, Graph, GraphError, HostData, HostTensor, Parameter, Result,
+    Tensor, TensorId,
+};
+
+/// Gradient checking against finite differences (`gradcheck`, `gradgradcheck`).
+pub mod check {
+    pub use arenagrad_graph::check::*;
+}
+
+/// The names most programs need.
+pub mod prelude {
+    pub use arenagrad_graph::{
+        BackwardOptions, DType, Device, Graph, GraphError, HostTensor, Parameter, Tensor,
+    };
+}

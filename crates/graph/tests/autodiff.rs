@@ -1,0 +1,255 @@
+//! PyTorch's autodiff semantics: retain_graph, spent graphs, detach, no_grad, accumulation,
+//! zero_grad, several backward passes in one iteration, create_graph, parameters, stale handles.
+
+use std::sync::Arc;
+
+use arenagrad_graph::check::{check_fn, gradcheck, GradcheckOptions};
+use arenagrad_graph::{
+    grad, BackwardOptions, CustomOp, DType, Graph, GraphError, HostTensor, Parameter, Result, Tensor,
+};
+
+fn v(t: Tensor<'_>) -> Vec<f64> {
+    t.to_vec_f64().unwrap()
+}
+
+#[test]
+fn second_backward_is_a_typed_error_naming_retain_graph() {
+    let g = Graph::new();
+    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let y = x.mul(x).unwrap().sum().unwrap();
+    y.backward().unwrap();
+    let err = y.backward().unwrap_err();
+    assert!(matches!(err, GraphError::GraphSpent { .. }), "{err:?}");
+    assert!(err.to_string().contains("retain_graph"), "{err}");
+}
+
+#[test]
+fn retain_graph_allows_a_second_pass_and_grads_accumulate() {
+    let g = Graph::new();
+    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let y = x.mul(x).unwrap().sum().unwrap();
+    y.backward_with(BackwardOptions { retain_graph: true, ..Default::default() }).unwrap();
+    assert_eq!(v(x.grad().unwrap().unwrap()), vec![2.0, 4.0]);
+    y.backward().unwrap();
+    assert_eq!(v(x.grad().unwrap().unwrap()), vec![4.0, 8.0]);
+    x.zero_grad().unwrap();
+    assert!(x.grad().unwrap().is_none());
+}
+
+#[test]
+fn detach_and_no_grad_stop_gradients() {
+    let g = Graph::new();
+    let x = g.var(&[3.0], &[1], DType::F64).unwrap();
+    let y = x.mul(x.detach().unwrap()).unwrap().sum().unwrap(); // d/dx (x·c) = c
+    y.backward().unwrap();
+    assert_eq!(v(x.grad().unwrap().unwrap()), vec![3.0]);
+    let z = {
+        let _ng = g.no_grad();
+        x.exp().unwrap()
+    };
+    assert!(!z.requires_grad());
+    assert!(g.is_grad_enabled());
+    assert!(matches!(z.sum().unwrap().backward(), Err(GraphError::NoGradFn)));
+    let before = g.stats().tape_len;
+    {
+        let _ng = g.no_grad();
+        for _ in 0..10 {
+            let _ = x.tanh().unwrap();
+        }
+    }
+    assert_eq!(g.stats().tape_len, before, "no_grad recorded nodes");
+}
+
+#[test]
+fn gan_step_three_backward_passes_in_one_iteration() {
+    // Generator G(z) = z·wg, discriminator D(x) = sigmoid(x·wd). As in the PyTorch paper's GAN
+    // example: D's loss on real and on detached fake data, then G's loss through D.
+    let wg = Parameter::new("wg", HostTensor::new(vec![0.5f64, -0.3], &[2, 1]).unwrap());
+    let wd = Parameter::new("wd", HostTensor::new(vec![0.8f64], &[1, 1]).unwrap());
+    let g = Graph::new();
+    let (gw, dw) = (g.param(&wg).unwrap(), g.param(&wd).unwrap());
+    let z = g.from_f64(&[1.0, 2.0], &[1, 2], DType::F64).unwrap();
+    let real = g.from_f64(&[1.5], &[1, 1], DType::F64).unwrap();
+    let fake = z.matmul(gw).unwrap();
+    let d_real = real.matmul(dw).unwrap().sigmoid().unwrap().log().unwrap().neg().unwrap().sum().unwrap();
+    d_real.backward().unwrap();
+    let d_fake = fake.detach().unwrap().matmul(dw).unwrap().sigmoid().unwrap().neg().unwrap().shift(1.0).unwrap().log().unwrap().neg().unwrap().sum().unwrap();
+    d_fake.backward().unwrap();
+    assert!(wg.grad().is_none(), "detach must keep D's loss away from G");
+    let gd = wd.grad().unwrap().to_f64_vec()[0];
+    // hand-derived: d/dw -log σ(1.5w) = -1.5(1-σ(1.5w)); d/dw -log(1-σ(f w)) = f σ(f w), f = -0.1
+    let s = |t: f64| 1.0 / (1.0 + (-t).exp());
+    let want = -1.5 * (1.0 - s(1.5 * 0.8)) + (-0.1) * s(-0.1 * 0.8);
+    assert!((gd - want).abs() < 1e-12, "{gd} vs {want}");
+    wd.zero_grad();
+    let g_loss = fake.matmul(dw).unwrap().sigmoid().unwrap().log().unwrap().neg().unwrap().sum().unwrap();
+    g_loss.backward().unwrap();
+    let gg = wg.grad().unwrap().to_f64_vec();
+    let want_g0 = -(1.0 - s(-0.1 * 0.8)) * 0.8 * 1.0;
+    assert!((gg[0] - want_g0).abs() < 1e-12);
+    assert!(wd.grad().is_some(), "G's backward also reaches D's parameter, as in PyTorch");
+}
+
+#[test]
+fn parameter_grads_accumulate_across_iterations_until_zero_grad() {
+    let p = Parameter::new("w", HostTensor::new(vec![2.0f64], &[1]).unwrap());
+    let mut g = Graph::new();
+    for _ in 0..3 {
+        let w = g.param(&p).unwrap();
+        w.mul(w).unwrap().sum().unwrap().backward().unwrap();
+        g.reset();
+    }
+    assert_eq!(p.grad().unwrap().to_f64_vec(), vec![12.0]);
+    p.zero_grad();
+    assert!(p.grad().is_none());
+}
+
+#[test]
+fn stale_ids_are_typed_errors_after_reset() {
+    let mut g = Graph::new();
+    let id = g.randn(&[3], DType::F32).unwrap().id();
+    assert!(g.get(id).is_ok());
+    g.reset();
+    assert!(matches!(g.get(id), Err(GraphError::StaleTensor { .. })));
+    let _fresh = g.randn(&[3], DType::F32).unwrap();
+    assert!(matches!(g.get(id), Err(GraphError::StaleTensor { .. })), "a reused slot must not resolve");
+    let other = Graph::new();
+    let oid = other.randn(&[3], DType::F32).unwrap().id();
+    assert!(matches!(g.get(oid), Err(GraphError::StaleTensor { .. })));
+}
+
+#[test]
+fn bad_shapes_are_errors_not_panics() {
+    let g = Graph::new();
+    let a = g.zeros(&[2, 3], DType::F32).unwrap();
+    let b = g.zeros(&[4], DType::F32).unwrap();
+    let e = a.add(b).unwrap_err();
+    assert!(matches!(&e, GraphError::ShapeMismatch { op: "add", lhs, rhs } if lhs == &[2, 3] && rhs == &[4]), "{e}");
+    assert!(matches!(a.matmul(a), Err(GraphError::MatmulShape { .. })));
+    assert!(matches!(a.sum_axes(&[2], false), Err(GraphError::BadAxis { .. })));
+    assert!(matches!(a.reshape(&[5, -1]), Err(GraphError::BadReshape { .. })));
+    assert!(matches!(a.permute(&[0, 0]), Err(GraphError::BadPermutation { .. })));
+    assert!(matches!(a.slice(1, 2, 5), Err(GraphError::BadRange { .. })));
+    assert!(matches!(a.index_select(0, &[2]), Err(GraphError::IndexOutOfRange { .. })));
+    let c = g.zeros(&[2, 3], DType::F64).unwrap();
+    assert!(matches!(a.add(c), Err(GraphError::DTypeMismatch { .. })));
+    assert!(matches!(g.from_f64(&[1.0], &[2], DType::F32), Err(GraphError::DataLength { .. })));
+    assert!(matches!(g.zeros(&[usize::MAX, 4], DType::F32), Err(GraphError::TooLarge { .. })));
+    assert!(matches!(a.item(), Err(GraphError::NotScalar { .. })));
+    assert!(matches!(a.to_vec::<f64>(), Err(GraphError::WrongDType { .. })));
+    let other = Graph::new();
+    let o = other.zeros(&[2, 3], DType::F32).unwrap();
+    assert!(matches!(a.add(o), Err(GraphError::GraphMismatch { .. })));
+    assert!(matches!(g.concat(&[], 0), Err(GraphError::BadArgument { .. })));
+    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    assert!(matches!(x.mul(x).unwrap().backward(), Err(GraphError::NotScalar { .. })));
+}
+
+#[test]
+fn non_scalar_backward_with_explicit_grad() {
+    let g = Graph::new();
+    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let y = x.mul(x).unwrap();
+    let w = g.from_f64(&[10.0, 100.0], &[2], DType::F64).unwrap();
+    y.backward_with(BackwardOptions { grad: Some(w), ..Default::default() }).unwrap();
+    assert_eq!(v(x.grad().unwrap().unwrap()), vec![20.0, 400.0]);
+}
+
+#[test]
+fn retain_grad_keeps_an_intermediate_gradient() {
+    let g = Graph::new();
+    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let h = x.scale(3.0).unwrap();
+    h.retain_grad().unwrap();
+    h.mul(h).unwrap().sum().unwrap().backward().unwrap();
+    assert_eq!(v(h.grad().unwrap().unwrap()), vec![6.0, 12.0]);
+    assert_eq!(v(x.grad().unwrap().unwrap()), vec![18.0, 36.0]);
+}
+
+#[test]
+fn create_graph_makes_grads_differentiable() {
+    let g = Graph::new();
+    let x = g.var(&[0.3, -0.7], &[2], DType::F64).unwrap();
+    let y = x.tanh().unwrap().sum().unwrap();
+    y.backward_with(BackwardOptions { create_graph: true, ..Default::default() }).unwrap();
+    let gx = x.grad().unwrap().unwrap();
+    assert!(gx.requires_grad());
+    x.zero_grad().unwrap();
+    gx.sum().unwrap().backward().unwrap();
+    let h = v(x.grad().unwrap().unwrap());
+    for (k, &x0) in [0.3f64, -0.7].iter().enumerate() {
+        let t = x0.tanh();
+        let want = -2.0 * t * (1.0 - t * t); // d²/dx² tanh
+        assert!((h[k] - want).abs() < 1e-12, "{} vs {want}", h[k]);
+    }
+}
+
+#[test]
+fn gradients_of_unused_inputs_are_none() {
+    let g = Graph::new();
+    let x = g.var(&[1.0], &[1], DType::F64).unwrap();
+    let u = g.var(&[1.0], &[1], DType::F64).unwrap();
+    let r = grad(x.exp().unwrap().sum().unwrap(), &[x, u], Default::default()).unwrap();
+    assert!(r[0].is_some() && r[1].is_none());
+}
+
+/// x² with a planted wrong derivative (x instead of 2x).
+struct WrongSquare;
+impl CustomOp for WrongSquare {
+    fn name(&self) -> &'static str {
+        "wrong_square"
+    }
+    fn backward<'g>(&self, _g: &'g Graph, inputs: &[Tensor<'g>], _out: Tensor<'g>, gy: Tensor<'g>) -> Result<Vec<Option<Tensor<'g>>>> {
+        Ok(vec![Some(gy.mul(inputs[0])?)])
+    }
+}
+
+/// x² with the right derivative, to show the custom-op path itself is sound.
+struct Square;
+impl CustomOp for Square {
+    fn name(&self) -> &'static str {
+        "square"
+    }
+    fn backward<'g>(&self, _g: &'g Graph, inputs: &[Tensor<'g>], _out: Tensor<'g>, gy: Tensor<'g>) -> Result<Vec<Option<Tensor<'g>>>> {
+        Ok(vec![Some(gy.mul(inputs[0])?.scale(2.0)?)])
+    }
+}
+
+fn custom_square<'g>(g: &'g Graph, x: Tensor<'g>, op: Arc<dyn CustomOp>) -> Result<Tensor<'g>> {
+    let value = {
+        let _ng = g.no_grad();
+        x.mul(x)?
+    };
+    g.custom(op, &[x], value)
+}
+
+#[test]
+fn gradcheck_catches_a_planted_wrong_backward() {
+    let x = [HostTensor::new(vec![0.5f64, -1.25, 2.0], &[3]).unwrap()];
+    let good = gradcheck(check_fn(|g, xs| custom_square(g, xs[0], Arc::new(Square))), &x, GradcheckOptions::default()).unwrap();
+    assert!(good.passed, "{good}");
+    let bad = gradcheck(check_fn(|g, xs| custom_square(g, xs[0], Arc::new(WrongSquare))), &x, GradcheckOptions::default()).unwrap();
+    assert!(!bad.passed, "the checker accepted a wrong derivative: {bad}");
+    // The report names the input and an element whose analytic value is half the numerical one.
+    let r = &bad.inputs[0];
+    assert!((r.analytic * 2.0 - r.numerical).abs() < 1e-6, "{bad}");
+}
+
+#[test]
+fn backward_frees_gradient_temporaries() {
+    // Peak arena bytes during backward stay well under forward + a full copy of every gradient.
+    let mut g = Graph::new();
+    let x = g.var(&vec![0.1; 4096], &[4096], DType::F64).unwrap();
+    let mut h = x;
+    for _ in 0..50 {
+        h = h.tanh().unwrap();
+    }
+    let loss = h.sum().unwrap();
+    let fwd = g.stats().arena.bytes_in_use;
+    g.reset_peak_stats();
+    loss.backward().unwrap();
+    let peak = g.stats().arena.peak_bytes_in_use;
+    let per = 4096 * 8;
+    assert!(peak <= fwd + 4 * per, "backward peak {peak} vs forward {fwd}: gradient buffers not recycled");
+    g.reset();
+}

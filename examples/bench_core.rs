@@ -1,0 +1,124 @@
+//! Prints the core engine's speed figures as a table:
+//! W2 tiny-op overhead, GEMM through the graph, and the seeds' loop at 1024×1024.
+//!
+//! `cargo run --release -p arenagrad --example bench_core [-- --quick]`
+//! Threads: `ARENAGRAD_NUM_THREADS` (default: all cores).
+
+use std::time::Instant;
+
+use arenagrad::exec::cpu::{gemm, MatView};
+use arenagrad::prelude::*;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// W2: a chain of `len` ops (`x*1.0001`, `x+0.0001`, `tanh`) on `n` elements, forward + backward.
+fn tiny_chain(g: &mut Graph, n: usize, len: usize, reps: usize) -> (f64, f64) {
+    let mut fwd = Vec::new();
+    let mut tot = Vec::new();
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        let x = g.ones(&[n], DType::F32).unwrap().set_requires_grad(true).unwrap();
+        let mut h = x;
+        for k in 0..len {
+            h = match k % 3 {
+                0 => h.scale(1.0001).unwrap(),
+                1 => h.shift(0.0001).unwrap(),
+                _ => h.tanh().unwrap(),
+            };
+        }
+        let l = h.sum().unwrap();
+        let t1 = Instant::now();
+        l.backward().unwrap();
+        let t2 = Instant::now();
+        std::hint::black_box(x.grad().unwrap());
+        g.reset();
+        fwd.push((t1 - t0).as_secs_f64());
+        tot.push((t2 - t0).as_secs_f64());
+    }
+    (median(fwd) * 1e9 / len as f64, median(tot) * 1e9 / len as f64)
+}
+
+fn gemm_graph(g: &mut Graph, n: usize, reps: usize) -> f64 {
+    let mut t = Vec::new();
+    for _ in 0..reps {
+        let a = g.randn(&[n, n], DType::F32).unwrap();
+        let b = g.randn(&[n, n], DType::F32).unwrap();
+        let t0 = Instant::now();
+        std::hint::black_box(a.matmul(b).unwrap());
+        t.push(t0.elapsed().as_secs_f64());
+        g.reset();
+    }
+    2.0 * (n as f64).powi(3) / median(t) / 1e9
+}
+
+fn gemm_raw(n: usize, threads: usize, reps: usize) -> f64 {
+    let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32 * 0.1).collect();
+    let b = a.clone();
+    let mut c = vec![0.0f32; n * n];
+    let mut t = Vec::new();
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        gemm(n, n, n, MatView::row_major(&a, 0, n, false), MatView::row_major(&b, 0, n, false), &mut c, 0, false, threads);
+        t.push(t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&c);
+    2.0 * (n as f64).powi(3) / median(t) / 1e9
+}
+
+/// The seeds' loop; returns (ms/iter, ms of randn alone, ms of 3 bare GEMMs + randn).
+fn seed_loop(g: &mut Graph, n: usize, iters: usize) -> (f64, f64, f64) {
+    let mut t = Vec::new();
+    for _ in 0..iters {
+        let t0 = Instant::now();
+        let x = g.randn(&[n, n], DType::F32).unwrap().set_requires_grad(true).unwrap();
+        x.matmul(x).unwrap().sum().unwrap().backward().unwrap();
+        std::hint::black_box(x.grad().unwrap());
+        g.reset();
+        t.push(t0.elapsed().as_secs_f64());
+    }
+    let mut r = Vec::new();
+    let mut bare = Vec::new();
+    let threads = g.threads();
+    let mut c = vec![0.0f32; n * n];
+    for _ in 0..iters {
+        let t0 = Instant::now();
+        let x = g.randn(&[n, n], DType::F32).unwrap();
+        let xv = x.to_vec::<f32>().unwrap();
+        let t1 = Instant::now();
+        for _ in 0..3 {
+            gemm(n, n, n, MatView::row_major(&xv, 0, n, false), MatView::row_major(&xv, 0, n, false), &mut c, 0, false, threads);
+        }
+        let t2 = Instant::now();
+        g.reset();
+        r.push((t1 - t0).as_secs_f64());
+        bare.push((t2 - t0).as_secs_f64());
+    }
+    std::hint::black_box(&c);
+    (median(t) * 1e3, median(r) * 1e3, median(bare) * 1e3)
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let mut g = Graph::new();
+    let threads = g.threads();
+    let reps = if quick { 5 } else { 20 };
+    println!("arenagrad core benchmarks ({threads} threads)\n");
+    println!("| workload | figure | target |");
+    println!("|---|---|---|");
+    let (f16, t16) = tiny_chain(&mut g, 16, 10_000, reps);
+    println!("| W2 tiny-op chain, 16 elements, fwd+bwd | {t16:.1} ns/op (fwd {f16:.1}) | < 60 |");
+    let (f1, t1) = tiny_chain(&mut g, 1, 10_000, reps);
+    println!("| W2 tiny-op chain, 1 element, fwd+bwd | {t1:.1} ns/op (fwd {f1:.1}) | < 30 |");
+    let gg = gemm_graph(&mut g, 1024, if quick { 3 } else { 10 });
+    println!("| f32 GEMM 1024³ through the graph | {gg:.0} GFLOP/s | ≥ 250 |");
+    let g1 = gemm_raw(1024, 1, if quick { 3 } else { 10 });
+    let gt = gemm_raw(1024, threads, if quick { 3 } else { 10 });
+    println!("| raw matrixmultiply sgemm, 1 thread | {g1:.0} GFLOP/s | |");
+    println!("| raw matrixmultiply sgemm, row-split over {threads} threads | {gt:.0} GFLOP/s | |");
+    let (ms, randn, bare) = seed_loop(&mut g, 1024, if quick { 5 } else { 30 });
+    println!("| seeds' loop 1024², randn+matmul+sum+backward | {ms:.1} ms/iter (randn {randn:.1}) | ≤ 30 |");
+    println!("| 3 bare GEMMs + randn (same run) | {bare:.1} ms/iter; graph overhead {:+.1}% | ≤ +15% |", (ms / bare - 1.0) * 100.0);
+}
