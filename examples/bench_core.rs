@@ -20,7 +20,11 @@ fn tiny_chain(g: &mut Graph, n: usize, len: usize, reps: usize) -> (f64, f64) {
     let mut tot = Vec::new();
     for _ in 0..reps {
         let t0 = Instant::now();
-        let x = g.ones(&[n], DType::F32).unwrap().set_requires_grad(true).unwrap();
+        let x = g
+            .ones(&[n], DType::F32)
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap();
         let mut h = x;
         for k in 0..len {
             h = match k % 3 {
@@ -38,7 +42,10 @@ fn tiny_chain(g: &mut Graph, n: usize, len: usize, reps: usize) -> (f64, f64) {
         fwd.push((t1 - t0).as_secs_f64());
         tot.push((t2 - t0).as_secs_f64());
     }
-    (median(fwd) * 1e9 / len as f64, median(tot) * 1e9 / len as f64)
+    (
+        median(fwd) * 1e9 / len as f64,
+        median(tot) * 1e9 / len as f64,
+    )
 }
 
 fn gemm_graph(g: &mut Graph, n: usize, reps: usize) -> f64 {
@@ -61,7 +68,17 @@ fn gemm_raw(n: usize, threads: usize, reps: usize) -> f64 {
     let mut t = Vec::new();
     for _ in 0..reps {
         let t0 = Instant::now();
-        gemm(n, n, n, MatView::row_major(&a, 0, n, false), MatView::row_major(&b, 0, n, false), &mut c, 0, false, threads);
+        gemm(
+            n,
+            n,
+            n,
+            MatView::row_major(&a, 0, n, false),
+            MatView::row_major(&b, 0, n, false),
+            &mut c,
+            0,
+            false,
+            threads,
+        );
         t.push(t0.elapsed().as_secs_f64());
     }
     std::hint::black_box(&c);
@@ -73,7 +90,11 @@ fn seed_loop(g: &mut Graph, n: usize, iters: usize) -> (f64, f64, f64) {
     let mut t = Vec::new();
     for _ in 0..iters {
         let t0 = Instant::now();
-        let x = g.randn(&[n, n], DType::F32).unwrap().set_requires_grad(true).unwrap();
+        let x = g
+            .randn(&[n, n], DType::F32)
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap();
         x.matmul(x).unwrap().sum().unwrap().backward().unwrap();
         std::hint::black_box(x.grad().unwrap());
         g.reset();
@@ -89,7 +110,17 @@ fn seed_loop(g: &mut Graph, n: usize, iters: usize) -> (f64, f64, f64) {
         let xv = x.to_vec::<f32>().unwrap();
         let t1 = Instant::now();
         for _ in 0..3 {
-            gemm(n, n, n, MatView::row_major(&xv, 0, n, false), MatView::row_major(&xv, 0, n, false), &mut c, 0, false, threads);
+            gemm(
+                n,
+                n,
+                n,
+                MatView::row_major(&xv, 0, n, false),
+                MatView::row_major(&xv, 0, n, false),
+                &mut c,
+                0,
+                false,
+                threads,
+            );
         }
         let t2 = Instant::now();
         g.reset();
@@ -120,5 +151,8 @@ fn main() {
     println!("| raw matrixmultiply sgemm, row-split over {threads} threads | {gt:.0} GFLOP/s | |");
     let (ms, randn, bare) = seed_loop(&mut g, 1024, if quick { 5 } else { 30 });
     println!("| seeds' loop 1024², randn+matmul+sum+backward | {ms:.1} ms/iter (randn {randn:.1}) | ≤ 30 |");
-    println!("| 3 bare GEMMs + randn (same run) | {bare:.1} ms/iter; graph overhead {:+.1}% | ≤ +15% |", (ms / bare - 1.0) * 100.0);
+    println!(
+        "| 3 bare GEMMs + randn (same run) | {bare:.1} ms/iter; graph overhead {:+.1}% | ≤ +15% |",
+        (ms / bare - 1.0) * 100.0
+    );
 }

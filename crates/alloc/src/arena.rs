@@ -203,7 +203,10 @@ impl Arena {
         // start over with one chunk that holds the whole peak: from then on the loop is steady.
         let grew = self.bump.allocated_bytes() != self.initialised_bytes;
         self.bump.reset();
-        if grew || self.initialised_bytes == 0 || self.stats.bytes_bumped > self.bump.chunk_capacity() {
+        if grew
+            || self.initialised_bytes == 0
+            || self.stats.bytes_bumped > self.bump.chunk_capacity()
+        {
             let want = self.stats.peak_bytes_bumped + self.stats.peak_bytes_bumped / 8;
             self.bump = Bump::with_capacity(want.max(BUF_ALIGN));
             self.initialise_chunk();
@@ -226,7 +229,10 @@ impl Arena {
         let bytes = len.checked_mul(elem).ok_or(too_large.clone())?;
         // Round to the alignment so that recycled buffers of equal key are interchangeable, and
         // never hand out a zero-sized region (every buffer gets a distinct address).
-        let rounded = bytes.max(1).checked_add(BUF_ALIGN - 1).ok_or(too_large.clone())?
+        let rounded = bytes
+            .max(1)
+            .checked_add(BUF_ALIGN - 1)
+            .ok_or(too_large.clone())?
             & !(BUF_ALIGN - 1);
         if rounded > isize::MAX as usize {
             return Err(too_large);
@@ -249,20 +255,21 @@ impl Arena {
                 (p, false)
             }
             None => {
-                let layout = std::alloc::Layout::from_size_align(bytes, BUF_ALIGN).map_err(|_| {
-                    AllocError::TooLarge {
-                        elems: len,
-                        elem_bytes: std::mem::size_of::<T>(),
-                    }
-                })?;
-                let p = self
-                    .bump
-                    .try_alloc_layout(layout)
-                    .map_err(|_| AllocError::OutOfMemory {
-                        requested: bytes,
-                        allocated: self.stats.bytes_in_use,
-                        reserved: self.bump.allocated_bytes(),
+                let layout =
+                    std::alloc::Layout::from_size_align(bytes, BUF_ALIGN).map_err(|_| {
+                        AllocError::TooLarge {
+                            elems: len,
+                            elem_bytes: std::mem::size_of::<T>(),
+                        }
                     })?;
+                let p =
+                    self.bump
+                        .try_alloc_layout(layout)
+                        .map_err(|_| AllocError::OutOfMemory {
+                            requested: bytes,
+                            allocated: self.stats.bytes_in_use,
+                            reserved: self.bump.allocated_bytes(),
+                        })?;
                 self.stats.bytes_bumped += bytes;
                 self.stats.peak_bytes_bumped =
                     self.stats.peak_bytes_bumped.max(self.stats.bytes_bumped);
@@ -305,7 +312,8 @@ impl Arena {
         let (id, fresh) = self.reserve::<T>(len)?;
         // Bump memory is initialised when it comes from the single chunk that was cleared once
         // (see `initialised_bytes`); memory from a chunk grown since is not.
-        let steady = self.initialised_bytes != 0 && self.bump.allocated_bytes() == self.initialised_bytes;
+        let steady =
+            self.initialised_bytes != 0 && self.bump.allocated_bytes() == self.initialised_bytes;
         if fresh && !steady {
             // Fresh bump memory is uninitialised: make it zeros before any reference to it exists.
             let slot = &self.slots[id.slot as usize];
@@ -415,7 +423,8 @@ impl Arena {
         // marked dead), and the output slot differs from every input slot, so the unique borrow
         // of the output does not overlap the shared borrows of the inputs. `&mut self` keeps any
         // other access out for the lifetime of the returned slices.
-        let out_slice = unsafe { std::slice::from_raw_parts_mut(o.ptr.as_ptr().cast::<T>(), o.len) };
+        let out_slice =
+            unsafe { std::slice::from_raw_parts_mut(o.ptr.as_ptr().cast::<T>(), o.len) };
         let ins = inputs.map(|i| {
             let s = &self.slots[i.slot as usize];
             // SAFETY: see above; shared borrows of inputs may alias each other, which is fine.
@@ -438,7 +447,8 @@ impl Arena {
         }
         let o = self.check::<T>(out)?;
         // SAFETY: identical reasoning to `split_mut`: checked live, typed, distinct from inputs.
-        let out_slice = unsafe { std::slice::from_raw_parts_mut(o.ptr.as_ptr().cast::<T>(), o.len) };
+        let out_slice =
+            unsafe { std::slice::from_raw_parts_mut(o.ptr.as_ptr().cast::<T>(), o.len) };
         let ins = inputs
             .iter()
             .map(|i| {
@@ -527,10 +537,16 @@ mod tests {
         let x = a.alloc_zeroed::<f32>(8).unwrap();
         a.reset();
         let y = a.alloc_zeroed::<f32>(8).unwrap();
-        assert!(matches!(a.slice::<f32>(x), Err(AllocError::StaleBuffer { .. })));
+        assert!(matches!(
+            a.slice::<f32>(x),
+            Err(AllocError::StaleBuffer { .. })
+        ));
         assert!(a.slice::<f32>(y).is_ok());
         a.recycle(y).unwrap();
-        assert!(matches!(a.slice::<f32>(y), Err(AllocError::StaleBuffer { .. })));
+        assert!(matches!(
+            a.slice::<f32>(y),
+            Err(AllocError::StaleBuffer { .. })
+        ));
         assert!(a.recycle(y).is_err(), "double recycle is an error");
         // The recycled memory is reused, under a new handle.
         let z = a.alloc_scratch::<f32>(8).unwrap();
@@ -543,7 +559,10 @@ mod tests {
     fn wrong_type_and_alias_are_errors() {
         let mut a = Arena::new();
         let x = a.alloc_zeroed::<f32>(2).unwrap();
-        assert!(matches!(a.slice::<f64>(x), Err(AllocError::WrongType { .. })));
+        assert!(matches!(
+            a.slice::<f64>(x),
+            Err(AllocError::WrongType { .. })
+        ));
         assert!(matches!(
             a.split_mut::<f32, 1>(x, [x]),
             Err(AllocError::Aliased { .. })
@@ -591,7 +610,10 @@ mod tests {
             caps.push(a.stats().capacity);
             a.reset();
         }
-        assert!(caps[2..].iter().all(|c| *c == caps[2]), "capacity grew: {caps:?}");
+        assert!(
+            caps[2..].iter().all(|c| *c == caps[2]),
+            "capacity grew: {caps:?}"
+        );
         assert_eq!(a.stats().resets, 50);
     }
 

@@ -32,8 +32,8 @@ pub use arenagrad_graph as graph;
 pub use arenagrad_nn as nn;
 
 pub use arenagrad_graph::{
-    grad, BackwardOptions, CustomOp, DType, Device, Graph, GraphError, HostData, HostTensor, Parameter, Result,
-    Tensor, TensorId,
+    grad, BackwardOptions, CustomOp, DType, Device, Graph, GraphError, HostData, HostTensor,
+    Parameter, Result, Tensor, TensorId,
 };
 
 /// Gradient checking against finite differences (`gradcheck`, `gradgradcheck`).

@@ -19,8 +19,16 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let n = a.len().max(b.len());
     let mut out = vec![0; n];
     for i in 0..n {
-        let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
-        let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -49,7 +57,10 @@ pub fn broadcast_strides(from: &[usize], to: &[usize]) -> Vec<usize> {
 
 /// Merges adjacent dimensions that are contiguous for every operand, so the innermost loop is as
 /// long as possible. Returns the merged shape and strides.
-pub fn coalesce<const N: usize>(shape: &[usize], strides: [&[usize]; N]) -> (Vec<usize>, [Vec<usize>; N]) {
+pub fn coalesce<const N: usize>(
+    shape: &[usize],
+    strides: [&[usize]; N],
+) -> (Vec<usize>, [Vec<usize>; N]) {
     let mut sh: Vec<usize> = Vec::with_capacity(shape.len());
     let mut st: [Vec<usize>; N] = std::array::from_fn(|_| Vec::with_capacity(shape.len()));
     for d in 0..shape.len() {

@@ -57,7 +57,10 @@ pub fn grad<'g>(
     }
     let ids: Vec<NodeId> = inputs.iter().map(|t| t.id).collect();
     let got = run(output.g, output, opts, Some(&ids))?;
-    Ok(got.into_iter().map(|o| o.map(|id| output.g.handle(id))).collect())
+    Ok(got
+        .into_iter()
+        .map(|o| o.map(|id| output.g.handle(id)))
+        .collect())
 }
 
 /// Restores grad mode and clears the slots however the loop ends.
@@ -152,10 +155,19 @@ fn run<'g>(
     for pos in (0..=root_pos).rev() {
         let (gid, node_id, op, inputs, spent, retain_grad) = {
             let mut i = g.inner();
-            let Some(gid) = i.grad_slots[pos].take() else { continue };
+            let Some(gid) = i.grad_slots[pos].take() else {
+                continue;
+            };
             let node_id = i.tape[pos];
             let n = &i.nodes[node_id];
-            (gid, node_id, n.op.clone(), n.inputs.clone(), n.spent, n.retain_grad)
+            (
+                gid,
+                node_id,
+                n.op.clone(),
+                n.inputs.clone(),
+                n.spent,
+                n.retain_grad,
+            )
         };
         if let Some(c) = capture {
             for (k, want) in c.iter().enumerate() {
@@ -180,10 +192,17 @@ fn run<'g>(
                     let i = g.inner.borrow();
                     let n = i.node("backward", gid)?;
                     let r = match n.dtype {
-                        arenagrad_exec::DType::F32 => i.arena.slice::<f32>(n.buf).map(HostDataRef::F32),
-                        arenagrad_exec::DType::F64 => i.arena.slice::<f64>(n.buf).map(HostDataRef::F64),
+                        arenagrad_exec::DType::F32 => {
+                            i.arena.slice::<f32>(n.buf).map(HostDataRef::F32)
+                        }
+                        arenagrad_exec::DType::F64 => {
+                            i.arena.slice::<f64>(n.buf).map(HostDataRef::F64)
+                        }
                     }
-                    .map_err(|source| GraphError::Alloc { op: "backward", source })?;
+                    .map_err(|source| GraphError::Alloc {
+                        op: "backward",
+                        source,
+                    })?;
                     p.accumulate(&r);
                 }
             }
@@ -228,7 +247,10 @@ fn run<'g>(
                     i.nodes[sum.id].grad_refs += 1;
                     release(&mut i, old);
                     // `t` may be held elsewhere (a pass-through gradient); free it only if not.
-                    if i.nodes.get(t.id).is_some_and(|n| n.grad_refs == 0 && n.temp) {
+                    if i.nodes
+                        .get(t.id)
+                        .is_some_and(|n| n.grad_refs == 0 && n.temp)
+                    {
                         i.free_temp(t.id);
                     }
                 }

@@ -71,7 +71,15 @@ impl std::fmt::Display for GradcheckReport {
                 r.input, r.worst_index, r.analytic, r.numerical
             )?;
         }
-        write!(f, "{}", if self.passed { "gradcheck passed" } else { "gradcheck FAILED" })
+        write!(
+            f,
+            "{}",
+            if self.passed {
+                "gradcheck passed"
+            } else {
+                "gradcheck FAILED"
+            }
+        )
     }
 }
 
@@ -94,11 +102,20 @@ fn weights(n: usize, seed: u64) -> Vec<f64> {
 }
 
 /// L(x) = Σ w·f(x), evaluated without recording.
-fn loss(g: &mut Graph, f: &impl CheckFn, inputs: &[HostTensor], w: &mut Option<Vec<f64>>, seed: u64) -> Result<f64> {
+fn loss(
+    g: &mut Graph,
+    f: &impl CheckFn,
+    inputs: &[HostTensor],
+    w: &mut Option<Vec<f64>>,
+    seed: u64,
+) -> Result<f64> {
     let r = (|| {
         // Inputs require grad so that functions which differentiate internally (gradgradcheck)
         // evaluate the same way here as in the analytic pass.
-        let xs = inputs.iter().map(|h| g.var(&h.to_f64_vec(), &h.shape, DType::F64)).collect::<Result<Vec<_>>>()?;
+        let xs = inputs
+            .iter()
+            .map(|h| g.var(&h.to_f64_vec(), &h.shape, DType::F64))
+            .collect::<Result<Vec<_>>>()?;
         let y = f(g, &xs)?.to_vec_f64()?;
         let w = w.get_or_insert_with(|| weights(y.len(), seed));
         Ok(y.iter().zip(w.iter()).map(|(a, b)| a * b).sum())
@@ -143,7 +160,10 @@ where
     let mut passed = true;
     let mut work: Vec<HostTensor> = inputs
         .iter()
-        .map(|h| HostTensor { shape: h.shape.clone(), data: crate::HostData::F64(h.to_f64_vec()) })
+        .map(|h| HostTensor {
+            shape: h.shape.clone(),
+            data: crate::HostData::F64(h.to_f64_vec()),
+        })
         .collect();
     for (k, a) in analytic.iter().enumerate() {
         let mut worst = InputReport {
@@ -153,6 +173,7 @@ where
             numerical: 0.0,
             excess: f64::NEG_INFINITY,
         };
+        #[allow(clippy::needless_range_loop)]
         for j in 0..a.len() {
             let orig = get(&work[k], j);
             set(&mut work[k], j, orig + opts.eps);
@@ -162,7 +183,8 @@ where
             set(&mut work[k], j, orig);
             let num = (lp - lm) / (2.0 * opts.eps);
             let excess = (a[j] - num).abs() - opts.rtol * num.abs();
-            let bad = !(excess <= opts.atol);
+            // NaN counts as a failure.
+            let bad = excess.is_nan() || excess > opts.atol;
             if bad {
                 passed = false;
             }
@@ -178,7 +200,10 @@ where
         }
         reports.push(worst);
     }
-    Ok(GradcheckReport { inputs: reports, passed })
+    Ok(GradcheckReport {
+        inputs: reports,
+        passed,
+    })
 }
 
 fn get(h: &HostTensor, j: usize) -> f64 {
@@ -197,7 +222,11 @@ fn set(h: &mut HostTensor, j: usize, x: f64) {
 
 /// Checks second derivatives: gradchecks `x ↦ Σ v·∇ₓ(Σ w·f(x))` for fixed random `v`, with the
 /// inner gradient built by a `create_graph` backward.
-pub fn gradgradcheck<F>(f: F, inputs: &[HostTensor], opts: GradcheckOptions) -> Result<GradcheckReport>
+pub fn gradgradcheck<F>(
+    f: F,
+    inputs: &[HostTensor],
+    opts: GradcheckOptions,
+) -> Result<GradcheckReport>
 where
     F: for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
 {
@@ -209,14 +238,25 @@ where
         if !l.requires_grad() {
             return g.scalar(0.0, DType::F64);
         }
-        let grads = crate::grad(l, xs, BackwardOptions { create_graph: true, ..Default::default() })?;
+        let grads = crate::grad(
+            l,
+            xs,
+            BackwardOptions {
+                create_graph: true,
+                ..Default::default()
+            },
+        )?;
         let mut total: Option<Tensor<'_>> = None;
         for (k, (gr, x)) in grads.into_iter().zip(xs).enumerate() {
             let gr = match gr {
                 Some(t) => t,
                 None => continue,
             };
-            let v = g.from_f64(&weights(x.numel(), seed ^ (k as u64 + 1) * 0x9E37), &x.shape(), DType::F64)?;
+            let v = g.from_f64(
+                &weights(x.numel(), seed ^ ((k as u64 + 1) * 0x9E37)),
+                &x.shape(),
+                DType::F64,
+            )?;
             let term = gr.mul(v)?.sum()?;
             total = Some(match total {
                 None => term,

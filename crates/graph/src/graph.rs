@@ -87,7 +87,14 @@ impl Inner {
     /// Inserts a node for a freshly computed buffer. Records it on the tape when grad mode is on
     /// and an input requires grad; otherwise it is a constant and its op is forgotten.
     #[inline]
-    pub fn push(&mut self, shape: Shape, dtype: DType, buf: BufId, op: Op, inputs: &[NodeId]) -> NodeId {
+    pub fn push(
+        &mut self,
+        shape: Shape,
+        dtype: DType,
+        buf: BufId,
+        op: Op,
+        inputs: &[NodeId],
+    ) -> NodeId {
         let record = self.grad_mode && inputs.iter().any(|i| self.nodes[*i].requires_grad);
         let temp = self.temp_mode;
         let (op, inputs, tape_pos) = if record {
@@ -177,7 +184,10 @@ pub struct Graph {
 
 impl std::fmt::Debug for Graph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Graph").field("uid", &self.uid).field("stats", &self.stats()).finish()
+        f.debug_struct("Graph")
+            .field("uid", &self.uid)
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
@@ -332,5 +342,16 @@ pub struct GradModeGuard<'g> {
 impl Drop for GradModeGuard<'_> {
     fn drop(&mut self) {
         self.g.inner().grad_mode = self.prev;
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    #[test]
+    fn node_stays_small() {
+        let n = std::mem::size_of::<super::Node>();
+        let op = std::mem::size_of::<crate::ops::Op>();
+        assert!(op <= 32, "Op is {op} bytes");
+        assert!(n <= 128, "Node is {n} bytes");
     }
 }

@@ -23,6 +23,8 @@
 //! assert_eq!(x.grad().unwrap().unwrap().to_vec::<f64>().unwrap(), vec![1.0, -2.0, 4.0]);
 //! ```
 #![forbid(unsafe_code)]
+// `a.add(b)?` returns a Result while `a + b` panics: both forms are deliberate (see `overload`).
+#![allow(clippy::should_implement_trait)]
 
 /// Runs a block with `$T` bound to the Rust type of a [`DType`].
 #[macro_export]
@@ -58,9 +60,9 @@ mod tensor;
 pub use arenagrad_exec::{BinaryOp, DType, Float, UnaryOp};
 pub use autodiff::{grad, BackwardOptions};
 pub use error::{GraphError, Result, ShapeVec};
-pub use ops::custom::CustomOp;
 pub use graph::{default_threads, Device, GradModeGuard, Graph, GraphStats, NodeId};
 pub use host::{HostData, HostElem, HostTensor};
+pub use ops::custom::CustomOp;
 pub use param::Parameter;
 pub use shape::Shape;
 pub use tensor::{Tensor, TensorId};

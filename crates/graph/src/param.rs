@@ -128,8 +128,12 @@ impl Parameter {
     pub(crate) fn accumulate(&self, g: &HostDataRef<'_>) {
         let mut p = self.lock();
         match (&mut p.grad, g) {
-            (Some(HostData::F32(acc)), HostDataRef::F32(s)) => acc.iter_mut().zip(*s).for_each(|(a, b)| *a += b),
-            (Some(HostData::F64(acc)), HostDataRef::F64(s)) => acc.iter_mut().zip(*s).for_each(|(a, b)| *a += b),
+            (Some(HostData::F32(acc)), HostDataRef::F32(s)) => {
+                acc.iter_mut().zip(*s).for_each(|(a, b)| *a += b)
+            }
+            (Some(HostData::F64(acc)), HostDataRef::F64(s)) => {
+                acc.iter_mut().zip(*s).for_each(|(a, b)| *a += b)
+            }
             (slot, HostDataRef::F32(s)) => *slot = Some(HostData::F32(s.to_vec())),
             (slot, HostDataRef::F64(s)) => *slot = Some(HostData::F64(s.to_vec())),
         }

@@ -6,10 +6,10 @@ use rand_distr::{Distribution, StandardNormal};
 
 use crate::error::{GraphError, Result};
 use crate::graph::{Graph, NodeId, NO_POS};
+use crate::host::HostElem;
 use crate::host::{HostData, HostTensor};
 use crate::ops::Op;
 use crate::shape::{checked_numel, Shape};
-use crate::host::HostElem;
 use crate::Elem;
 use arenagrad_exec::Float;
 
@@ -47,7 +47,12 @@ impl std::fmt::Debug for Tensor<'_> {
 
 impl Graph {
     /// Makes a leaf from a buffer already filled.
-    pub(crate) fn leaf_from(&self, op: &'static str, data: HostData, shape: &[usize]) -> Result<Tensor<'_>> {
+    pub(crate) fn leaf_from(
+        &self,
+        op: &'static str,
+        data: HostData,
+        shape: &[usize],
+    ) -> Result<Tensor<'_>> {
         let expected = checked_numel(op, shape)?;
         if expected != data.len() {
             return Err(GraphError::DataLength {
@@ -81,7 +86,10 @@ impl Graph {
             });
         }
         let mut i = self.inner();
-        let buf = i.arena.alloc_from_slice(data).map_err(|source| GraphError::Alloc { op, source })?;
+        let buf = i
+            .arena
+            .alloc_from_slice(data)
+            .map_err(|source| GraphError::Alloc { op, source })?;
         let id = i.push(Shape::from_slice(shape), T::DTYPE, buf, Op::Leaf, &[]);
         drop(i);
         Ok(self.handle(id))
@@ -128,7 +136,9 @@ impl Graph {
 
     /// Standard normal samples from the graph's seeded generator.
     pub fn randn(&self, shape: &[usize], dtype: DType) -> Result<Tensor<'_>> {
-        self.random("randn", shape, dtype, |r| r.sample::<f64, _>(StandardNormal))
+        self.random("randn", shape, dtype, |r| {
+            r.sample::<f64, _>(StandardNormal)
+        })
     }
 
     /// Uniform samples in `[0, 1)` from the graph's seeded generator.
@@ -183,7 +193,11 @@ impl<'g> Tensor<'g> {
         }
     }
 
-    pub(crate) fn with_node<R>(&self, op: &'static str, f: impl FnOnce(&crate::graph::Node) -> R) -> Result<R> {
+    pub(crate) fn with_node<R>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&crate::graph::Node) -> R,
+    ) -> Result<R> {
         let i = self.g.inner.borrow();
         i.node(op, self.id).map(f)
     }
@@ -196,7 +210,8 @@ impl<'g> Tensor<'g> {
     /// The shape. A handle is valid for as long as it exists (it borrows the graph), so this
     /// cannot fail for handles the API gave out.
     pub fn shape(&self) -> Shape {
-        self.try_shape().expect("invariant: a live handle names a live node")
+        self.try_shape()
+            .expect("invariant: a live handle names a live node")
     }
 
     /// Number of dimensions.
@@ -222,7 +237,8 @@ impl<'g> Tensor<'g> {
 
     /// Whether gradients flow to this tensor.
     pub fn requires_grad(&self) -> bool {
-        self.with_node("requires_grad", |n| n.requires_grad).unwrap_or(false)
+        self.with_node("requires_grad", |n| n.requires_grad)
+            .unwrap_or(false)
     }
 
     /// Whether this is a leaf (made by the user, not by an op that was recorded).
@@ -236,7 +252,10 @@ impl<'g> Tensor<'g> {
         let op = "set_requires_grad";
         let mut guard = self.g.inner();
         let i = &mut *guard;
-        let n = i.nodes.get_mut(self.id).ok_or(GraphError::StaleTensor { op })?;
+        let n = i
+            .nodes
+            .get_mut(self.id)
+            .ok_or(GraphError::StaleTensor { op })?;
         if !n.inputs.is_empty() {
             return Err(GraphError::NotLeaf { op });
         }
@@ -260,7 +279,10 @@ impl<'g> Tensor<'g> {
                 requested: T::DTYPE,
             });
         }
-        let s = i.arena.slice::<T>(n.buf).map_err(|source| GraphError::Alloc { op, source })?;
+        let s = i
+            .arena
+            .slice::<T>(n.buf)
+            .map_err(|source| GraphError::Alloc { op, source })?;
         Ok(s.to_vec())
     }
 
@@ -275,7 +297,10 @@ impl<'g> Tensor<'g> {
         let i = self.g.inner.borrow();
         let n = i.node(op, self.id)?;
         let data = with_float!(n.dtype, T, {
-            let s = i.arena.slice::<T>(n.buf).map_err(|source| GraphError::Alloc { op, source })?;
+            let s = i
+                .arena
+                .slice::<T>(n.buf)
+                .map_err(|source| GraphError::Alloc { op, source })?;
             T::into_host(s.to_vec())
         });
         Ok(HostTensor {
@@ -296,7 +321,10 @@ impl<'g> Tensor<'g> {
             });
         }
         with_float!(n.dtype, T, {
-            let s = i.arena.slice::<T>(n.buf).map_err(|source| GraphError::Alloc { op, source })?;
+            let s = i
+                .arena
+                .slice::<T>(n.buf)
+                .map_err(|source| GraphError::Alloc { op, source })?;
             Ok(s[0].to_f64())
         })
     }
@@ -310,7 +338,10 @@ impl<'g> Tensor<'g> {
     /// Clears the accumulated gradient.
     pub fn zero_grad(&self) -> Result<()> {
         let mut i = self.g.inner();
-        let n = i.nodes.get_mut(self.id).ok_or(GraphError::StaleTensor { op: "zero_grad" })?;
+        let n = i
+            .nodes
+            .get_mut(self.id)
+            .ok_or(GraphError::StaleTensor { op: "zero_grad" })?;
         n.grad = None;
         Ok(())
     }
@@ -318,7 +349,10 @@ impl<'g> Tensor<'g> {
     /// Keeps this intermediate's gradient after backward (readable with [`Tensor::grad`]).
     pub fn retain_grad(&self) -> Result<()> {
         let mut i = self.g.inner();
-        let n = i.nodes.get_mut(self.id).ok_or(GraphError::StaleTensor { op: "retain_grad" })?;
+        let n = i
+            .nodes
+            .get_mut(self.id)
+            .ok_or(GraphError::StaleTensor { op: "retain_grad" })?;
         n.retain_grad = true;
         Ok(())
     }

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use arenagrad_graph::check::{check_fn, gradcheck, GradcheckOptions};
 use arenagrad_graph::{
-    grad, BackwardOptions, CustomOp, DType, Graph, GraphError, HostTensor, Parameter, Result, Tensor,
+    grad, BackwardOptions, CustomOp, DType, Graph, GraphError, HostTensor, Parameter, Result,
+    Tensor,
 };
 
 fn v(t: Tensor<'_>) -> Vec<f64> {
@@ -28,7 +29,11 @@ fn retain_graph_allows_a_second_pass_and_grads_accumulate() {
     let g = Graph::new();
     let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
     let y = x.mul(x).unwrap().sum().unwrap();
-    y.backward_with(BackwardOptions { retain_graph: true, ..Default::default() }).unwrap();
+    y.backward_with(BackwardOptions {
+        retain_graph: true,
+        ..Default::default()
+    })
+    .unwrap();
     assert_eq!(v(x.grad().unwrap().unwrap()), vec![2.0, 4.0]);
     y.backward().unwrap();
     assert_eq!(v(x.grad().unwrap().unwrap()), vec![4.0, 8.0]);
@@ -49,7 +54,10 @@ fn detach_and_no_grad_stop_gradients() {
     };
     assert!(!z.requires_grad());
     assert!(g.is_grad_enabled());
-    assert!(matches!(z.sum().unwrap().backward(), Err(GraphError::NoGradFn)));
+    assert!(matches!(
+        z.sum().unwrap().backward(),
+        Err(GraphError::NoGradFn)
+    ));
     let before = g.stats().tape_len;
     {
         let _ng = g.no_grad();
@@ -71,9 +79,35 @@ fn gan_step_three_backward_passes_in_one_iteration() {
     let z = g.from_f64(&[1.0, 2.0], &[1, 2], DType::F64).unwrap();
     let real = g.from_f64(&[1.5], &[1, 1], DType::F64).unwrap();
     let fake = z.matmul(gw).unwrap();
-    let d_real = real.matmul(dw).unwrap().sigmoid().unwrap().log().unwrap().neg().unwrap().sum().unwrap();
+    let d_real = real
+        .matmul(dw)
+        .unwrap()
+        .sigmoid()
+        .unwrap()
+        .log()
+        .unwrap()
+        .neg()
+        .unwrap()
+        .sum()
+        .unwrap();
     d_real.backward().unwrap();
-    let d_fake = fake.detach().unwrap().matmul(dw).unwrap().sigmoid().unwrap().neg().unwrap().shift(1.0).unwrap().log().unwrap().neg().unwrap().sum().unwrap();
+    let d_fake = fake
+        .detach()
+        .unwrap()
+        .matmul(dw)
+        .unwrap()
+        .sigmoid()
+        .unwrap()
+        .neg()
+        .unwrap()
+        .shift(1.0)
+        .unwrap()
+        .log()
+        .unwrap()
+        .neg()
+        .unwrap()
+        .sum()
+        .unwrap();
     d_fake.backward().unwrap();
     assert!(wg.grad().is_none(), "detach must keep D's loss away from G");
     let gd = wd.grad().unwrap().to_f64_vec()[0];
@@ -82,12 +116,25 @@ fn gan_step_three_backward_passes_in_one_iteration() {
     let want = -1.5 * (1.0 - s(1.5 * 0.8)) + (-0.1) * s(-0.1 * 0.8);
     assert!((gd - want).abs() < 1e-12, "{gd} vs {want}");
     wd.zero_grad();
-    let g_loss = fake.matmul(dw).unwrap().sigmoid().unwrap().log().unwrap().neg().unwrap().sum().unwrap();
+    let g_loss = fake
+        .matmul(dw)
+        .unwrap()
+        .sigmoid()
+        .unwrap()
+        .log()
+        .unwrap()
+        .neg()
+        .unwrap()
+        .sum()
+        .unwrap();
     g_loss.backward().unwrap();
     let gg = wg.grad().unwrap().to_f64_vec();
     let want_g0 = -(1.0 - s(-0.1 * 0.8)) * 0.8 * 1.0;
     assert!((gg[0] - want_g0).abs() < 1e-12);
-    assert!(wd.grad().is_some(), "G's backward also reaches D's parameter, as in PyTorch");
+    assert!(
+        wd.grad().is_some(),
+        "G's backward also reaches D's parameter, as in PyTorch"
+    );
 }
 
 #[test]
@@ -112,7 +159,10 @@ fn stale_ids_are_typed_errors_after_reset() {
     g.reset();
     assert!(matches!(g.get(id), Err(GraphError::StaleTensor { .. })));
     let _fresh = g.randn(&[3], DType::F32).unwrap();
-    assert!(matches!(g.get(id), Err(GraphError::StaleTensor { .. })), "a reused slot must not resolve");
+    assert!(
+        matches!(g.get(id), Err(GraphError::StaleTensor { .. })),
+        "a reused slot must not resolve"
+    );
     let other = Graph::new();
     let oid = other.randn(&[3], DType::F32).unwrap().id();
     assert!(matches!(g.get(oid), Err(GraphError::StaleTensor { .. })));
@@ -124,25 +174,55 @@ fn bad_shapes_are_errors_not_panics() {
     let a = g.zeros(&[2, 3], DType::F32).unwrap();
     let b = g.zeros(&[4], DType::F32).unwrap();
     let e = a.add(b).unwrap_err();
-    assert!(matches!(&e, GraphError::ShapeMismatch { op: "add", lhs, rhs } if lhs == &[2, 3] && rhs == &[4]), "{e}");
+    assert!(
+        matches!(&e, GraphError::ShapeMismatch { op: "add", lhs, rhs } if lhs == &[2, 3] && rhs == &[4]),
+        "{e}"
+    );
     assert!(matches!(a.matmul(a), Err(GraphError::MatmulShape { .. })));
-    assert!(matches!(a.sum_axes(&[2], false), Err(GraphError::BadAxis { .. })));
-    assert!(matches!(a.reshape(&[5, -1]), Err(GraphError::BadReshape { .. })));
-    assert!(matches!(a.permute(&[0, 0]), Err(GraphError::BadPermutation { .. })));
+    assert!(matches!(
+        a.sum_axes(&[2], false),
+        Err(GraphError::BadAxis { .. })
+    ));
+    assert!(matches!(
+        a.reshape(&[5, -1]),
+        Err(GraphError::BadReshape { .. })
+    ));
+    assert!(matches!(
+        a.permute(&[0, 0]),
+        Err(GraphError::BadPermutation { .. })
+    ));
     assert!(matches!(a.slice(1, 2, 5), Err(GraphError::BadRange { .. })));
-    assert!(matches!(a.index_select(0, &[2]), Err(GraphError::IndexOutOfRange { .. })));
+    assert!(matches!(
+        a.index_select(0, &[2]),
+        Err(GraphError::IndexOutOfRange { .. })
+    ));
     let c = g.zeros(&[2, 3], DType::F64).unwrap();
     assert!(matches!(a.add(c), Err(GraphError::DTypeMismatch { .. })));
-    assert!(matches!(g.from_f64(&[1.0], &[2], DType::F32), Err(GraphError::DataLength { .. })));
-    assert!(matches!(g.zeros(&[usize::MAX, 4], DType::F32), Err(GraphError::TooLarge { .. })));
+    assert!(matches!(
+        g.from_f64(&[1.0], &[2], DType::F32),
+        Err(GraphError::DataLength { .. })
+    ));
+    assert!(matches!(
+        g.zeros(&[usize::MAX, 4], DType::F32),
+        Err(GraphError::TooLarge { .. })
+    ));
     assert!(matches!(a.item(), Err(GraphError::NotScalar { .. })));
-    assert!(matches!(a.to_vec::<f64>(), Err(GraphError::WrongDType { .. })));
+    assert!(matches!(
+        a.to_vec::<f64>(),
+        Err(GraphError::WrongDType { .. })
+    ));
     let other = Graph::new();
     let o = other.zeros(&[2, 3], DType::F32).unwrap();
     assert!(matches!(a.add(o), Err(GraphError::GraphMismatch { .. })));
-    assert!(matches!(g.concat(&[], 0), Err(GraphError::BadArgument { .. })));
+    assert!(matches!(
+        g.concat(&[], 0),
+        Err(GraphError::BadArgument { .. })
+    ));
     let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
-    assert!(matches!(x.mul(x).unwrap().backward(), Err(GraphError::NotScalar { .. })));
+    assert!(matches!(
+        x.mul(x).unwrap().backward(),
+        Err(GraphError::NotScalar { .. })
+    ));
 }
 
 #[test]
@@ -151,7 +231,11 @@ fn non_scalar_backward_with_explicit_grad() {
     let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
     let y = x.mul(x).unwrap();
     let w = g.from_f64(&[10.0, 100.0], &[2], DType::F64).unwrap();
-    y.backward_with(BackwardOptions { grad: Some(w), ..Default::default() }).unwrap();
+    y.backward_with(BackwardOptions {
+        grad: Some(w),
+        ..Default::default()
+    })
+    .unwrap();
     assert_eq!(v(x.grad().unwrap().unwrap()), vec![20.0, 400.0]);
 }
 
@@ -171,7 +255,11 @@ fn create_graph_makes_grads_differentiable() {
     let g = Graph::new();
     let x = g.var(&[0.3, -0.7], &[2], DType::F64).unwrap();
     let y = x.tanh().unwrap().sum().unwrap();
-    y.backward_with(BackwardOptions { create_graph: true, ..Default::default() }).unwrap();
+    y.backward_with(BackwardOptions {
+        create_graph: true,
+        ..Default::default()
+    })
+    .unwrap();
     let gx = x.grad().unwrap().unwrap();
     assert!(gx.requires_grad());
     x.zero_grad().unwrap();
@@ -199,7 +287,13 @@ impl CustomOp for WrongSquare {
     fn name(&self) -> &'static str {
         "wrong_square"
     }
-    fn backward<'g>(&self, _g: &'g Graph, inputs: &[Tensor<'g>], _out: Tensor<'g>, gy: Tensor<'g>) -> Result<Vec<Option<Tensor<'g>>>> {
+    fn backward<'g>(
+        &self,
+        _g: &'g Graph,
+        inputs: &[Tensor<'g>],
+        _out: Tensor<'g>,
+        gy: Tensor<'g>,
+    ) -> Result<Vec<Option<Tensor<'g>>>> {
         Ok(vec![Some(gy.mul(inputs[0])?)])
     }
 }
@@ -210,7 +304,13 @@ impl CustomOp for Square {
     fn name(&self) -> &'static str {
         "square"
     }
-    fn backward<'g>(&self, _g: &'g Graph, inputs: &[Tensor<'g>], _out: Tensor<'g>, gy: Tensor<'g>) -> Result<Vec<Option<Tensor<'g>>>> {
+    fn backward<'g>(
+        &self,
+        _g: &'g Graph,
+        inputs: &[Tensor<'g>],
+        _out: Tensor<'g>,
+        gy: Tensor<'g>,
+    ) -> Result<Vec<Option<Tensor<'g>>>> {
         Ok(vec![Some(gy.mul(inputs[0])?.scale(2.0)?)])
     }
 }
@@ -226,10 +326,23 @@ fn custom_square<'g>(g: &'g Graph, x: Tensor<'g>, op: Arc<dyn CustomOp>) -> Resu
 #[test]
 fn gradcheck_catches_a_planted_wrong_backward() {
     let x = [HostTensor::new(vec![0.5f64, -1.25, 2.0], &[3]).unwrap()];
-    let good = gradcheck(check_fn(|g, xs| custom_square(g, xs[0], Arc::new(Square))), &x, GradcheckOptions::default()).unwrap();
+    let good = gradcheck(
+        check_fn(|g, xs| custom_square(g, xs[0], Arc::new(Square))),
+        &x,
+        GradcheckOptions::default(),
+    )
+    .unwrap();
     assert!(good.passed, "{good}");
-    let bad = gradcheck(check_fn(|g, xs| custom_square(g, xs[0], Arc::new(WrongSquare))), &x, GradcheckOptions::default()).unwrap();
-    assert!(!bad.passed, "the checker accepted a wrong derivative: {bad}");
+    let bad = gradcheck(
+        check_fn(|g, xs| custom_square(g, xs[0], Arc::new(WrongSquare))),
+        &x,
+        GradcheckOptions::default(),
+    )
+    .unwrap();
+    assert!(
+        !bad.passed,
+        "the checker accepted a wrong derivative: {bad}"
+    );
     // The report names the input and an element whose analytic value is half the numerical one.
     let r = &bad.inputs[0];
     assert!((r.analytic * 2.0 - r.numerical).abs() < 1e-6, "{bad}");
@@ -250,6 +363,9 @@ fn backward_frees_gradient_temporaries() {
     loss.backward().unwrap();
     let peak = g.stats().arena.peak_bytes_in_use;
     let per = 4096 * 8;
-    assert!(peak <= fwd + 4 * per, "backward peak {peak} vs forward {fwd}: gradient buffers not recycled");
+    assert!(
+        peak <= fwd + 4 * per,
+        "backward peak {peak} vs forward {fwd}: gradient buffers not recycled"
+    );
     g.reset();
 }

@@ -16,7 +16,11 @@ fn seed_loop(iters: usize, n: usize, backward: bool) -> (Vec<usize>, Vec<usize>)
     let mut peaks = Vec::new();
     let mut rsses = Vec::new();
     for i in 0..iters {
-        let x = g.randn(&[n, n], DType::F32).unwrap().set_requires_grad(true).unwrap();
+        let x = g
+            .randn(&[n, n], DType::F32)
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap();
         let y = x.matmul(x).unwrap().sum().unwrap();
         if backward {
             y.backward().unwrap();
@@ -33,11 +37,17 @@ fn seed_loop(iters: usize, n: usize, backward: bool) -> (Vec<usize>, Vec<usize>)
 
 fn assert_flat(label: &str, peaks: &[usize], rsses: &[usize]) {
     // The arena's peak is reached in the first iteration and never grows.
-    assert!(peaks.iter().all(|&p| p == peaks[0]), "{label}: arena peak grew: {peaks:?}");
+    assert!(
+        peaks.iter().all(|&p| p == peaks[0]),
+        "{label}: arena peak grew: {peaks:?}"
+    );
     // Resident memory after warm-up stays within 4 MiB of its value at iteration 500.
     let base = rsses[1];
     for &r in &rsses[1..] {
-        assert!(r <= base + (4 << 20), "{label}: RSS grew from {base} to {r}: {rsses:?}");
+        assert!(
+            r <= base + (4 << 20),
+            "{label}: RSS grew from {base} to {r}: {rsses:?}"
+        );
     }
 }
 

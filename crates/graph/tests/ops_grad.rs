@@ -58,19 +58,27 @@ fn close(a: &[f64], b: &[f64]) {
 #[test]
 fn binary_values() {
     let g = Graph::new();
-    let a = g.from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64).unwrap();
+    let a = g
+        .from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64)
+        .unwrap();
     let b = g.from_f64(&[10.0, 20.0], &[2], DType::F64).unwrap();
     close(&values(&g, a.add(b).unwrap()), &[11.0, 22.0, 13.0, 24.0]);
     close(&values(&g, a.sub(b).unwrap()), &[-9.0, -18.0, -7.0, -16.0]);
     close(&values(&g, a.mul(b).unwrap()), &[10.0, 40.0, 30.0, 80.0]);
     close(&values(&g, a.div(b).unwrap()), &[0.1, 0.1, 0.3, 0.2]);
     let c = g.from_f64(&[2.0, 0.5], &[2, 1], DType::F64).unwrap();
-    close(&values(&g, a.pow(c).unwrap()), &[1.0, 4.0, 3f64.sqrt(), 2.0]);
+    close(
+        &values(&g, a.pow(c).unwrap()),
+        &[1.0, 4.0, 3f64.sqrt(), 2.0],
+    );
     let m = g.from_f64(&[2.5], &[1], DType::F64).unwrap();
     close(&values(&g, a.maximum(m).unwrap()), &[2.5, 2.5, 3.0, 4.0]);
     close(&values(&g, a.minimum(m).unwrap()), &[1.0, 2.0, 2.5, 2.5]);
     // operators
-    close(&values(&g, (a * 2.0 + 1.0) / 2.0 - 0.5), &[1.0, 2.0, 3.0, 4.0]);
+    close(
+        &values(&g, (a * 2.0 + 1.0) / 2.0 - 0.5),
+        &[1.0, 2.0, 3.0, 4.0],
+    );
     close(&values(&g, -(a + a) * a), &[-2.0, -8.0, -18.0, -32.0]);
 }
 
@@ -85,13 +93,41 @@ fn binary_grads_with_broadcasting() {
     ];
     for (label, sa, sb) in cases {
         let ins = [ht(sa, 1), ht(sb, 2)];
-        check(&format!("add {label}"), check_fn(|_, x| x[0].add(x[1])), &ins);
-        check(&format!("sub {label}"), check_fn(|_, x| x[0].sub(x[1])), &ins);
-        check(&format!("mul {label}"), check_fn(|_, x| x[0].mul(x[1])), &ins);
-        check(&format!("div {label}"), check_fn(|_, x| x[0].div(x[1])), &ins);
-        check(&format!("maximum {label}"), check_fn(|_, x| x[0].maximum(x[1])), &ins);
-        check(&format!("minimum {label}"), check_fn(|_, x| x[0].minimum(x[1])), &ins);
-        check(&format!("pow {label}"), check_fn(|_, x| x[0].pow(x[1])), &[pos(sa, 3), ht(sb, 4)]);
+        check(
+            &format!("add {label}"),
+            check_fn(|_, x| x[0].add(x[1])),
+            &ins,
+        );
+        check(
+            &format!("sub {label}"),
+            check_fn(|_, x| x[0].sub(x[1])),
+            &ins,
+        );
+        check(
+            &format!("mul {label}"),
+            check_fn(|_, x| x[0].mul(x[1])),
+            &ins,
+        );
+        check(
+            &format!("div {label}"),
+            check_fn(|_, x| x[0].div(x[1])),
+            &ins,
+        );
+        check(
+            &format!("maximum {label}"),
+            check_fn(|_, x| x[0].maximum(x[1])),
+            &ins,
+        );
+        check(
+            &format!("minimum {label}"),
+            check_fn(|_, x| x[0].minimum(x[1])),
+            &ins,
+        );
+        check(
+            &format!("pow {label}"),
+            check_fn(|_, x| x[0].pow(x[1])),
+            &[pos(sa, 3), ht(sb, 4)],
+        );
     }
 }
 
@@ -104,14 +140,26 @@ fn unary_values() {
     close(&f(x.exp()), &[(-2f64).exp(), 0.5f64.exp(), 1f64.exp()]);
     close(&f(x.abs()), &[2.0, 0.5, 1.0]);
     close(&f(x.abs().unwrap().log()), &[2f64.ln(), 0.5f64.ln(), 0.0]);
-    close(&f(x.abs().unwrap().sqrt()), &[2f64.sqrt(), 0.5f64.sqrt(), 1.0]);
+    close(
+        &f(x.abs().unwrap().sqrt()),
+        &[2f64.sqrt(), 0.5f64.sqrt(), 1.0],
+    );
     close(&f(x.sin()), &[(-2f64).sin(), 0.5f64.sin(), 1f64.sin()]);
     close(&f(x.cos()), &[(-2f64).cos(), 0.5f64.cos(), 1f64.cos()]);
     close(&f(x.tanh()), &[(-2f64).tanh(), 0.5f64.tanh(), 1f64.tanh()]);
-    close(&f(x.sigmoid()), &[1.0 / (1.0 + 2f64.exp()), 1.0 / (1.0 + (-0.5f64).exp()), 1.0 / (1.0 + (-1f64).exp())]);
+    close(
+        &f(x.sigmoid()),
+        &[
+            1.0 / (1.0 + 2f64.exp()),
+            1.0 / (1.0 + (-0.5f64).exp()),
+            1.0 / (1.0 + (-1f64).exp()),
+        ],
+    );
     close(&f(x.relu()), &[0.0, 0.5, 1.0]);
     // gelu(1) with the tanh approximation, computed by hand.
-    let gelu = |v: f64| 0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh());
+    let gelu = |v: f64| {
+        0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh())
+    };
     close(&f(x.gelu()), &[gelu(-2.0), gelu(0.5), gelu(1.0)]);
     close(&f(x.scale(3.0)), &[-6.0, 1.5, 3.0]);
     close(&f(x.shift(1.0)), &[-1.0, 1.5, 2.0]);
@@ -143,9 +191,18 @@ fn unary_grads() {
 #[test]
 fn reduction_values_and_grads() {
     let g = Graph::new();
-    let x = g.from_f64(&(0..6).map(f64::from).collect::<Vec<_>>(), &[2, 3], DType::F64).unwrap();
+    let x = g
+        .from_f64(
+            &(0..6).map(f64::from).collect::<Vec<_>>(),
+            &[2, 3],
+            DType::F64,
+        )
+        .unwrap();
     close(&values(&g, x.sum().unwrap()), &[15.0]);
-    close(&values(&g, x.sum_axes(&[0], false).unwrap()), &[3.0, 5.0, 7.0]);
+    close(
+        &values(&g, x.sum_axes(&[0], false).unwrap()),
+        &[3.0, 5.0, 7.0],
+    );
     assert_eq!(x.sum_axes(&[1], true).unwrap().shape().as_slice(), &[2, 1]);
     close(&values(&g, x.mean_axes(&[-1], false).unwrap()), &[1.0, 4.0]);
     close(&values(&g, x.mean().unwrap()), &[2.5]);
@@ -155,43 +212,100 @@ fn reduction_values_and_grads() {
     let i = [ht(&s, 7)];
     check("sum", check_fn(|_, x| x[0].sum()), &i);
     check("sum axis0", check_fn(|_, x| x[0].sum_axes(&[0], false)), &i);
-    check("sum keepdim", check_fn(|_, x| x[0].sum_axes(&[1], true)), &i);
+    check(
+        "sum keepdim",
+        check_fn(|_, x| x[0].sum_axes(&[1], true)),
+        &i,
+    );
     check("mean", check_fn(|_, x| x[0].mean_axes(&[-1], false)), &i);
     check("max all", check_fn(|_, x| x[0].max()), &i);
     check("max axis", check_fn(|_, x| x[0].max_axes(&[0], true)), &i);
-    check("sum 3d", check_fn(|_, x| x[0].sum_axes(&[0, 2], false)), &[ht(&[2, 3, 2], 8)]);
+    check(
+        "sum 3d",
+        check_fn(|_, x| x[0].sum_axes(&[0, 2], false)),
+        &[ht(&[2, 3, 2], 8)],
+    );
 }
 
 #[test]
 fn matmul_values_and_grads() {
     let g = Graph::new();
-    let a = g.from_f64(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], DType::F64).unwrap();
-    let b = g.from_f64(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2], DType::F64).unwrap();
+    let a = g
+        .from_f64(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], DType::F64)
+        .unwrap();
+    let b = g
+        .from_f64(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2], DType::F64)
+        .unwrap();
     close(&values(&g, a.matmul(b).unwrap()), &[4.0, 5.0, 10.0, 11.0]);
     let v = g.from_f64(&[1.0, 1.0, 1.0], &[3], DType::F64).unwrap();
     let av = a.matmul(v).unwrap();
     assert_eq!(av.shape().as_slice(), &[2]);
     close(&values(&g, av), &[6.0, 15.0]);
-    check("mm", check_fn(|_, x| x[0].matmul(x[1])), &[ht(&[3, 4], 1), ht(&[4, 2], 2)]);
-    check("mv", check_fn(|_, x| x[0].matmul(x[1])), &[ht(&[3, 4], 1), ht(&[4], 2)]);
-    check("vm", check_fn(|_, x| x[0].matmul(x[1])), &[ht(&[4], 1), ht(&[4, 2], 2)]);
-    check("bmm", check_fn(|_, x| x[0].matmul(x[1])), &[ht(&[2, 3, 4], 1), ht(&[2, 4, 2], 2)]);
-    check("bmm broadcast", check_fn(|_, x| x[0].matmul(x[1])), &[ht(&[2, 1, 3, 4], 1), ht(&[3, 4, 2], 2)]);
-    check("mm of transposes", check_fn(|_, x| x[0].t()?.matmul(x[1].t()?)), &[ht(&[4, 3], 1), ht(&[2, 4], 2)]);
+    check(
+        "mm",
+        check_fn(|_, x| x[0].matmul(x[1])),
+        &[ht(&[3, 4], 1), ht(&[4, 2], 2)],
+    );
+    check(
+        "mv",
+        check_fn(|_, x| x[0].matmul(x[1])),
+        &[ht(&[3, 4], 1), ht(&[4], 2)],
+    );
+    check(
+        "vm",
+        check_fn(|_, x| x[0].matmul(x[1])),
+        &[ht(&[4], 1), ht(&[4, 2], 2)],
+    );
+    check(
+        "bmm",
+        check_fn(|_, x| x[0].matmul(x[1])),
+        &[ht(&[2, 3, 4], 1), ht(&[2, 4, 2], 2)],
+    );
+    check(
+        "bmm broadcast",
+        check_fn(|_, x| x[0].matmul(x[1])),
+        &[ht(&[2, 1, 3, 4], 1), ht(&[3, 4, 2], 2)],
+    );
+    check(
+        "mm of transposes",
+        check_fn(|_, x| x[0].t()?.matmul(x[1].t()?)),
+        &[ht(&[4, 3], 1), ht(&[2, 4], 2)],
+    );
 }
 
 #[test]
 fn shape_op_values_and_grads() {
     let g = Graph::new();
-    let x = g.from_f64(&(0..6).map(f64::from).collect::<Vec<_>>(), &[2, 3], DType::F64).unwrap();
+    let x = g
+        .from_f64(
+            &(0..6).map(f64::from).collect::<Vec<_>>(),
+            &[2, 3],
+            DType::F64,
+        )
+        .unwrap();
     close(&values(&g, x.t().unwrap()), &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
     assert_eq!(x.reshape(&[3, -1]).unwrap().shape().as_slice(), &[3, 2]);
-    close(&values(&g, x.slice(1, 1, 3).unwrap()), &[1.0, 2.0, 4.0, 5.0]);
-    close(&values(&g, x.index_select(1, &[2, 0, 2]).unwrap()), &[2.0, 0.0, 2.0, 5.0, 3.0, 5.0]);
-    close(&values(&g, x.gather(1, &[2, 1], &[2, 1]).unwrap()), &[2.0, 4.0]);
-    close(&values(&g, g.concat(&[x, x], 0).unwrap()), &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+    close(
+        &values(&g, x.slice(1, 1, 3).unwrap()),
+        &[1.0, 2.0, 4.0, 5.0],
+    );
+    close(
+        &values(&g, x.index_select(1, &[2, 0, 2]).unwrap()),
+        &[2.0, 0.0, 2.0, 5.0, 3.0, 5.0],
+    );
+    close(
+        &values(&g, x.gather(1, &[2, 1], &[2, 1]).unwrap()),
+        &[2.0, 4.0],
+    );
+    close(
+        &values(&g, g.concat(&[x, x], 0).unwrap()),
+        &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+    );
     let r = g.from_f64(&[1.0, 2.0], &[2, 1], DType::F64).unwrap();
-    close(&values(&g, r.broadcast_to(&[2, 2]).unwrap()), &[1.0, 1.0, 2.0, 2.0]);
+    close(
+        &values(&g, r.broadcast_to(&[2, 2]).unwrap()),
+        &[1.0, 1.0, 2.0, 2.0],
+    );
     let p = x.reshape(&[1, 2, 3]).unwrap().permute(&[2, 0, 1]).unwrap();
     assert_eq!(p.shape().as_slice(), &[3, 1, 2]);
     close(&values(&g, p), &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
@@ -199,12 +313,28 @@ fn shape_op_values_and_grads() {
     check("reshape", check_fn(|_, x| x[0].reshape(&[4, -1])), &i);
     check("permute", check_fn(|_, x| x[0].permute(&[2, 0, 1])), &i);
     check("transpose", check_fn(|_, x| x[0].transpose(0, 2)), &i);
-    check("broadcast", check_fn(|_, x| x[0].broadcast_to(&[3, 2, 3, 4])), &i);
+    check(
+        "broadcast",
+        check_fn(|_, x| x[0].broadcast_to(&[3, 2, 3, 4])),
+        &i,
+    );
     check("slice", check_fn(|_, x| x[0].slice(-1, 1, 3)), &i);
     check("narrow", check_fn(|_, x| x[0].narrow(1, 0, 2)), &i);
-    check("index_select", check_fn(|_, x| x[0].index_select(2, &[3, 0, 3, 1])), &i);
-    check("gather", check_fn(|_, x| x[0].gather(1, &[0, 2, 1, 1, 0, 0, 2, 2], &[2, 1, 4])), &i);
-    check("concat", check_fn(|g, x| g.concat(&[x[0], x[1], x[0]], 1)), &[ht(&[2, 3], 1), ht(&[2, 1], 2)]);
+    check(
+        "index_select",
+        check_fn(|_, x| x[0].index_select(2, &[3, 0, 3, 1])),
+        &i,
+    );
+    check(
+        "gather",
+        check_fn(|_, x| x[0].gather(1, &[0, 2, 1, 1, 0, 0, 2, 2], &[2, 1, 4])),
+        &i,
+    );
+    check(
+        "concat",
+        check_fn(|g, x| g.concat(&[x[0], x[1], x[0]], 1)),
+        &[ht(&[2, 3], 1), ht(&[2, 1], 2)],
+    );
 }
 
 #[test]
@@ -213,8 +343,14 @@ fn softmax_values_and_grads() {
     let x = g.from_f64(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
     let e: Vec<f64> = [1f64, 2.0, 3.0].iter().map(|v| v.exp()).collect();
     let s: f64 = e.iter().sum();
-    close(&values(&g, x.softmax(0).unwrap()), &e.iter().map(|v| v / s).collect::<Vec<_>>());
-    close(&values(&g, x.log_softmax(-1).unwrap()), &e.iter().map(|v| (v / s).ln()).collect::<Vec<_>>());
+    close(
+        &values(&g, x.softmax(0).unwrap()),
+        &e.iter().map(|v| v / s).collect::<Vec<_>>(),
+    );
+    close(
+        &values(&g, x.log_softmax(-1).unwrap()),
+        &e.iter().map(|v| (v / s).ln()).collect::<Vec<_>>(),
+    );
     let big = g.from_f64(&[1000.0, 1000.0], &[2], DType::F64).unwrap();
     close(&values(&g, big.softmax(0).unwrap()), &[0.5, 0.5]);
     let i = [ht(&[3, 4], 11)];
@@ -247,7 +383,12 @@ fn second_derivatives() {
     let o = GradcheckOptions::default();
     let r = gradgradcheck(check_fn(|_, x| x[0].tanh()), &[ht(&[5], 1)], o).unwrap();
     assert!(r.passed, "tanh: {r}");
-    let r = gradgradcheck(check_fn(|_, x| x[0].mul(x[0])?.mul(x[0])), &[ht(&[4], 2)], o).unwrap();
+    let r = gradgradcheck(
+        check_fn(|_, x| x[0].mul(x[0])?.mul(x[0])),
+        &[ht(&[4], 2)],
+        o,
+    )
+    .unwrap();
     assert!(r.passed, "x*x*x: {r}");
     let r = gradgradcheck(
         check_fn(|_, x| x[0].matmul(x[1])?.tanh()?.matmul(x[0].t()?)),
@@ -262,9 +403,15 @@ fn second_derivatives() {
         ("exp", (|_: &Graph, x: &[Tensor<'_>]| x[0].exp())),
         ("sin", (|_: &Graph, x: &[Tensor<'_>]| x[0].sin())),
         ("softmax", (|_: &Graph, x: &[Tensor<'_>]| x[0].softmax(-1))),
-        ("log_softmax", (|_: &Graph, x: &[Tensor<'_>]| x[0].log_softmax(-1))),
+        (
+            "log_softmax",
+            (|_: &Graph, x: &[Tensor<'_>]| x[0].log_softmax(-1)),
+        ),
         ("div", (|_: &Graph, x: &[Tensor<'_>]| x[0].div(x[0].exp()?))),
-        ("max", (|_: &Graph, x: &[Tensor<'_>]| x[0].mul(x[0])?.max_axes(&[1], false))),
+        (
+            "max",
+            (|_: &Graph, x: &[Tensor<'_>]| x[0].mul(x[0])?.max_axes(&[1], false)),
+        ),
     ];
     for (name, f) in cases {
         let r = gradgradcheck(f, &[ht(&[2, 3], 5)], o).unwrap();
@@ -278,11 +425,19 @@ fn hand_derived_second_derivative_of_cube() {
     let g = Graph::new();
     let x = g.var(&[0.5, -2.0], &[2], DType::F64).unwrap();
     let y = x.mul(x).unwrap().mul(x).unwrap().sum().unwrap();
-    let gx = arenagrad_graph::grad(y, &[x], arenagrad_graph::BackwardOptions { create_graph: true, ..Default::default() })
-        .unwrap()[0]
+    let gx = arenagrad_graph::grad(
+        y,
+        &[x],
+        arenagrad_graph::BackwardOptions {
+            create_graph: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()[0]
         .unwrap();
     close(&gx.to_vec_f64().unwrap(), &[0.75, 12.0]);
-    let ggx = arenagrad_graph::grad(gx.sum().unwrap(), &[x], Default::default()).unwrap()[0].unwrap();
+    let ggx =
+        arenagrad_graph::grad(gx.sum().unwrap(), &[x], Default::default()).unwrap()[0].unwrap();
     close(&ggx.to_vec_f64().unwrap(), &[3.0, -12.0]);
 }
 
@@ -291,16 +446,28 @@ fn f32_matches_f64() {
     let g = Graph::new();
     let v: Vec<f64> = (0..40).map(|i| (i as f64 * 0.37).sin() * 3.0).collect();
     for (name, f) in [
-        ("tanh", (|t: Tensor<'_>| t.tanh()) as fn(Tensor<'_>) -> Result<Tensor<'_>>),
+        (
+            "tanh",
+            (|t: Tensor<'_>| t.tanh()) as fn(Tensor<'_>) -> Result<Tensor<'_>>,
+        ),
         ("exp", |t| t.exp()),
         ("sigmoid", |t| t.sigmoid()),
         ("gelu", |t| t.gelu()),
         ("softmax", |t| t.reshape(&[4, 10])?.softmax(1)),
     ] {
-        let a = f(g.from_f64(&v, &[40], DType::F32).unwrap()).unwrap().to_vec_f64().unwrap();
-        let b = f(g.from_f64(&v, &[40], DType::F64).unwrap()).unwrap().to_vec_f64().unwrap();
+        let a = f(g.from_f64(&v, &[40], DType::F32).unwrap())
+            .unwrap()
+            .to_vec_f64()
+            .unwrap();
+        let b = f(g.from_f64(&v, &[40], DType::F64).unwrap())
+            .unwrap()
+            .to_vec_f64()
+            .unwrap();
         for (x, y) in a.iter().zip(&b) {
-            assert!((x - y).abs() <= 1e-6 * (1.0 + y.abs()), "{name}: {x} vs {y}");
+            assert!(
+                (x - y).abs() <= 1e-6 * (1.0 + y.abs()),
+                "{name}: {x} vs {y}"
+            );
         }
     }
 }

@@ -34,7 +34,9 @@ fn values(n: usize, seed: u64, positive: bool) -> Vec<f64> {
     let mut s = seed | 1;
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let u = ((s >> 11) as f64) / ((1u64 << 53) as f64);
             let x = 0.25 + u; // away from 0 and from ties
             if positive || (s >> 7) & 1 == 0 {

@@ -68,7 +68,12 @@ pub fn unary<T: Float>(op: UnaryOp, x: &[T], out: &mut [T], threads: usize) {
                 T::ZERO
             }
         }),
-        UnaryOp::Step => map_into(x, out, threads, |v| if v > T::ZERO { T::ONE } else { T::ZERO }),
+        UnaryOp::Step => map_into(
+            x,
+            out,
+            threads,
+            |v| if v > T::ZERO { T::ONE } else { T::ZERO },
+        ),
         UnaryOp::Scale(s) => {
             let s = T::from_f64(s);
             map_into(x, out, threads, move |v| v * s)
@@ -91,12 +96,24 @@ pub fn unary<T: Float>(op: UnaryOp, x: &[T], out: &mut [T], threads: usize) {
 
 /// The fused derivative: `out[i] = gy[i] * op'(x[i])`, where `y` is the forward output (the
 /// derivatives of `exp`, `tanh`, `sigmoid` and `sqrt` are cheapest written in it).
-pub fn unary_grad<T: Float>(op: UnaryOp, x: &[T], y: &[T], gy: &[T], out: &mut [T], threads: usize) {
+pub fn unary_grad<T: Float>(
+    op: UnaryOp,
+    x: &[T],
+    y: &[T],
+    gy: &[T],
+    out: &mut [T],
+    threads: usize,
+) {
     debug_assert!(x.len() == out.len() && y.len() == out.len() && gy.len() == out.len());
     let zip3 = |f: &(dyn Fn(T, T, T) -> T + Sync), out: &mut [T]| {
         par_chunks_mut(out, threads, PAR_MIN_ELEMS, |start, o| {
             let end = start + o.len();
-            for (((o, &xv), &yv), &g) in o.iter_mut().zip(&x[start..end]).zip(&y[start..end]).zip(&gy[start..end]) {
+            for (((o, &xv), &yv), &g) in o
+                .iter_mut()
+                .zip(&x[start..end])
+                .zip(&y[start..end])
+                .zip(&gy[start..end])
+            {
                 *o = f(xv, yv, g);
             }
         })
@@ -127,7 +144,9 @@ pub fn unary_grad<T: Float>(op: UnaryOp, x: &[T], y: &[T], gy: &[T], out: &mut [
             }
         }
         UnaryOp::Sigmoid => zip3(&|_, y, g| g * y * (T::ONE - y), out),
-        UnaryOp::Relu | UnaryOp::Step => zip3(&|x, _, g| if x > T::ZERO { g } else { T::ZERO }, out),
+        UnaryOp::Relu | UnaryOp::Step => {
+            zip3(&|x, _, g| if x > T::ZERO { g } else { T::ZERO }, out)
+        }
         UnaryOp::Gelu => zip3(&|x, _, g| g * gelu_grad(x), out),
         UnaryOp::Scale(s) => {
             let s = T::from_f64(s);
@@ -173,6 +192,7 @@ fn binary_fn<T: Float>(op: BinaryOp) -> fn(T, T) -> T {
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn binary_rows<T: Float, F: Fn(T, T) -> T + Sync>(
     f: F,
     a: &[T],
@@ -281,15 +301,19 @@ pub fn select<T: Float>(
     let sa = broadcast_strides(ash, osh);
     let sb = broadcast_strides(bsh, osh);
     let so = contiguous_strides(osh);
-    walk(osh, [&so, &sc, &sa, &sb], |[oo, oc, oa, ob], n, [_, ic, ia, ib]| {
-        for i in 0..n {
-            out[oo + i] = if cond[oc + i * ic] != T::ZERO {
-                a[oa + i * ia]
-            } else {
-                b[ob + i * ib]
-            };
-        }
-    });
+    walk(
+        osh,
+        [&so, &sc, &sa, &sb],
+        |[oo, oc, oa, ob], n, [_, ic, ia, ib]| {
+            for i in 0..n {
+                out[oo + i] = if cond[oc + i * ic] != T::ZERO {
+                    a[oa + i * ia]
+                } else {
+                    b[ob + i * ib]
+                };
+            }
+        },
+    );
 }
 
 #[cfg(test)]
@@ -301,7 +325,16 @@ mod tests {
         let a = [1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0];
         let col = [10.0, 20.0];
         let mut out = [0.0; 6];
-        binary(BinaryOp::Add, &a, &[2, 3], &col, &[2, 1], &mut out, &[2, 3], 1);
+        binary(
+            BinaryOp::Add,
+            &a,
+            &[2, 3],
+            &col,
+            &[2, 1],
+            &mut out,
+            &[2, 3],
+            1,
+        );
         assert_eq!(out, [11.0, 12.0, 13.0, 24.0, 25.0, 26.0]);
         let row = [100.0, 200.0, 300.0];
         binary(BinaryOp::Sub, &row, &[3], &a, &[2, 3], &mut out, &[2, 3], 1);
@@ -311,7 +344,16 @@ mod tests {
     #[test]
     fn outer_product_by_broadcast() {
         let mut out = [0.0f32; 6];
-        binary(BinaryOp::Mul, &[1.0, 2.0], &[2, 1], &[1.0, 2.0, 3.0], &[1, 3], &mut out, &[2, 3], 1);
+        binary(
+            BinaryOp::Mul,
+            &[1.0, 2.0],
+            &[2, 1],
+            &[1.0, 2.0, 3.0],
+            &[1, 3],
+            &mut out,
+            &[2, 3],
+            1,
+        );
         assert_eq!(out, [1.0, 2.0, 3.0, 2.0, 4.0, 6.0]);
     }
 

@@ -51,7 +51,9 @@ impl Gemm for f32 {
     ) {
         // SAFETY: forwarded verbatim; the caller upholds `gemm_raw`'s contract, which is
         // matrixmultiply's.
-        unsafe { matrixmultiply::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
+        unsafe {
+            matrixmultiply::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
+        }
     }
 }
 
@@ -73,7 +75,9 @@ impl Gemm for f64 {
         csc: isize,
     ) {
         // SAFETY: forwarded verbatim; the caller upholds `gemm_raw`'s contract.
-        unsafe { matrixmultiply::dgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
+        unsafe {
+            matrixmultiply::dgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
+        }
     }
 }
 
@@ -94,9 +98,19 @@ impl<'a, T> MatView<'a, T> {
     /// A row-major `rows × cols` matrix at `offset`, optionally read transposed.
     pub fn row_major(data: &'a [T], offset: usize, cols: usize, transposed: bool) -> Self {
         if transposed {
-            MatView { data, offset, rs: 1, cs: cols }
+            MatView {
+                data,
+                offset,
+                rs: 1,
+                cs: cols,
+            }
         } else {
-            MatView { data, offset, rs: cols, cs: 1 }
+            MatView {
+                data,
+                offset,
+                rs: cols,
+                cs: 1,
+            }
         }
     }
 
@@ -106,7 +120,11 @@ impl<'a, T> MatView<'a, T> {
         }
         let last = (rows - 1)
             .checked_mul(self.rs)
-            .and_then(|r| (cols - 1).checked_mul(self.cs).and_then(|c| r.checked_add(c)))
+            .and_then(|r| {
+                (cols - 1)
+                    .checked_mul(self.cs)
+                    .and_then(|c| r.checked_add(c))
+            })
             .and_then(|x| x.checked_add(self.offset));
         matches!(last, Some(l) if l < self.data.len())
     }
@@ -129,7 +147,10 @@ pub fn gemm<T: crate::Float + Gemm>(
     accumulate: bool,
     threads: usize,
 ) {
-    assert!(a.fits(m, k) && b.fits(k, n), "invariant: gemm operand out of bounds");
+    assert!(
+        a.fits(m, k) && b.fits(k, n),
+        "invariant: gemm operand out of bounds"
+    );
     let c = &mut c[c_off..c_off + m * n];
     if m == 0 || n == 0 {
         return;
@@ -142,7 +163,11 @@ pub fn gemm<T: crate::Float + Gemm>(
     }
     let beta = if accumulate { T::ONE } else { T::ZERO };
     let work = m.saturating_mul(k).saturating_mul(n);
-    let t = if work >= PAR_MIN_FLOPS { threads.clamp(1, m) } else { 1 };
+    let t = if work >= PAR_MIN_FLOPS {
+        threads.clamp(1, m)
+    } else {
+        1
+    };
     let run = |r0: usize, rows: usize, c: &mut [T]| {
         debug_assert_eq!(c.len(), rows * n);
         // SAFETY: `a.fits(m, k)` and `b.fits(k, n)` were checked above, and rows r0..r0+rows of
@@ -218,7 +243,17 @@ mod tests {
         let want = naive(m, k, n, &a, &b);
         for threads in [1, 2, 3] {
             let mut c = vec![0.0; m * n];
-            gemm(m, k, n, MatView::row_major(&a, 0, k, false), MatView::row_major(&b, 0, n, false), &mut c, 0, false, threads);
+            gemm(
+                m,
+                k,
+                n,
+                MatView::row_major(&a, 0, k, false),
+                MatView::row_major(&b, 0, n, false),
+                &mut c,
+                0,
+                false,
+                threads,
+            );
             assert_eq!(c, want);
         }
         // aᵀ stored as k×m, read transposed.
@@ -229,7 +264,17 @@ mod tests {
             }
         }
         let mut c = vec![1.0; m * n];
-        gemm(m, k, n, MatView::row_major(&at, 0, m, true), MatView::row_major(&b, 0, n, false), &mut c, 0, true, 2);
+        gemm(
+            m,
+            k,
+            n,
+            MatView::row_major(&at, 0, m, true),
+            MatView::row_major(&b, 0, n, false),
+            &mut c,
+            0,
+            true,
+            2,
+        );
         let plus1: Vec<f64> = want.iter().map(|v| v + 1.0).collect();
         assert_eq!(c, plus1);
     }

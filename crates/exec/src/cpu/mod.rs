@@ -10,4 +10,6 @@ pub mod shape;
 pub use elementwise::{binary, select, unary, unary_grad};
 pub use matmul::{gemm, Gemm, MatView};
 pub use reduce::{reduce, softmax, softmax_grad, sum_row, ReduceOp};
-pub use shape::{broadcast_to, gather, index_add, index_select, narrow, permute, place_along, scatter_add};
+pub use shape::{
+    broadcast_to, gather, index_add, index_select, narrow, permute, place_along, scatter_add,
+};

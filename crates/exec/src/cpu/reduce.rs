@@ -32,7 +32,7 @@ pub fn reduce<T: Float>(op: ReduceOp, x: &[T], shape: &[usize], reduced: &[bool]
         .map(|(&s, &r)| if r { 0 } else { s })
         .collect();
     let xs = contiguous_strides(shape);
-    if x.len() == 0 {
+    if x.is_empty() {
         return;
     }
     walk(shape, [&xs, &os], |[ox, oo], n, [ix, io]| {
@@ -127,7 +127,14 @@ pub fn softmax<T: Float>(x: &[T], shape: &[usize], axis: usize, log: bool, out: 
 
 /// The fused softmax derivatives along `axis`, given the forward output `y` and upstream `g`:
 /// softmax: `g·y - y·Σ(g·y)`; log-softmax: `g - softmax·Σg` with softmax = e^y.
-pub fn softmax_grad<T: Float>(y: &[T], g: &[T], shape: &[usize], axis: usize, log: bool, out: &mut [T]) {
+pub fn softmax_grad<T: Float>(
+    y: &[T],
+    g: &[T],
+    shape: &[usize],
+    axis: usize,
+    log: bool,
+    out: &mut [T],
+) {
     let (outer, len, inner) = around_axis(shape, axis);
     for o in 0..outer {
         for i in 0..inner {

@@ -37,7 +37,14 @@ pub fn broadcast_to<T: Float>(x: &[T], from: &[usize], to: &[usize], out: &mut [
 
 /// Copies `x` (shape `shape`) into the region of `out` (shape `shape` with `out_extent` at `axis`)
 /// that starts at `start` along `axis`. The building block of concat and of narrow's backward.
-pub fn place_along<T: Float>(x: &[T], shape: &[usize], axis: usize, out: &mut [T], out_extent: usize, start: usize) {
+pub fn place_along<T: Float>(
+    x: &[T],
+    shape: &[usize],
+    axis: usize,
+    out: &mut [T],
+    out_extent: usize,
+    start: usize,
+) {
     let (outer, len, inner) = super::reduce::around_axis(shape, axis);
     let chunk = len * inner;
     for o in 0..outer {
@@ -47,7 +54,14 @@ pub fn place_along<T: Float>(x: &[T], shape: &[usize], axis: usize, out: &mut [T
 }
 
 /// `out` = `x[.., start..start+len, ..]` along `axis` (x has `shape`).
-pub fn narrow<T: Float>(x: &[T], shape: &[usize], axis: usize, start: usize, len: usize, out: &mut [T]) {
+pub fn narrow<T: Float>(
+    x: &[T],
+    shape: &[usize],
+    axis: usize,
+    start: usize,
+    len: usize,
+    out: &mut [T],
+) {
     let (outer, ext, inner) = super::reduce::around_axis(shape, axis);
     let chunk = len * inner;
     for o in 0..outer {
@@ -84,7 +98,14 @@ pub fn index_add<T: Float>(g: &[T], shape: &[usize], axis: usize, idx: &[usize],
 
 /// PyTorch's gather: `out[p] = x[p with coordinate axis replaced by idx[p]]`, where `idx` and `out`
 /// have shape `ishape` (equal to `shape` except possibly at `axis`).
-pub fn gather<T: Float>(x: &[T], shape: &[usize], axis: usize, idx: &[usize], ishape: &[usize], out: &mut [T]) {
+pub fn gather<T: Float>(
+    x: &[T],
+    shape: &[usize],
+    axis: usize,
+    idx: &[usize],
+    ishape: &[usize],
+    out: &mut [T],
+) {
     let (outer, ext, inner) = super::reduce::around_axis(shape, axis);
     let iext = ishape[axis];
     for o in 0..outer {
@@ -98,7 +119,14 @@ pub fn gather<T: Float>(x: &[T], shape: &[usize], axis: usize, idx: &[usize], is
 }
 
 /// The adjoint of [`gather`]: `out[.. idx[p] ..] += g[p]` (out has `shape`).
-pub fn scatter_add<T: Float>(g: &[T], shape: &[usize], axis: usize, idx: &[usize], ishape: &[usize], out: &mut [T]) {
+pub fn scatter_add<T: Float>(
+    g: &[T],
+    shape: &[usize],
+    axis: usize,
+    idx: &[usize],
+    ishape: &[usize],
+    out: &mut [T],
+) {
     let (outer, ext, inner) = super::reduce::around_axis(shape, axis);
     let iext = ishape[axis];
     for o in 0..outer {

@@ -27,10 +27,12 @@ impl<'g> Tensor<'g> {
         let osh: Shape = if ash == bsh {
             ash.clone()
         } else {
-            Shape::from_vec(broadcast_shapes(&ash, &bsh).ok_or_else(|| GraphError::ShapeMismatch {
-                op: name,
-                lhs: ash.to_vec(),
-                rhs: bsh.to_vec(),
+            Shape::from_vec(broadcast_shapes(&ash, &bsh).ok_or_else(|| {
+                GraphError::ShapeMismatch {
+                    op: name,
+                    lhs: ash.to_vec(),
+                    rhs: bsh.to_vec(),
+                }
             })?)
         };
         let len = checked_numel(name, &osh)?;
@@ -90,7 +92,11 @@ impl<'g> Tensor<'g> {
             .filter(|&d| d < lead || (shape[d - lead] == 1 && sh[d] != 1))
             .map(|d| d as isize)
             .collect();
-        let s = if axes.is_empty() { self } else { self.sum_axes(&axes, true)? };
+        let s = if axes.is_empty() {
+            self
+        } else {
+            self.sum_axes(&axes, true)?
+        };
         s.reshape(&shape.iter().map(|&d| d as isize).collect::<Vec<_>>())
     }
 }
@@ -98,7 +104,12 @@ impl<'g> Tensor<'g> {
 impl Graph {
     /// `cond != 0 ? a : b`, elementwise with broadcasting of all three. No gradient flows to
     /// `cond`.
-    pub fn select<'g>(&'g self, cond: Tensor<'g>, a: Tensor<'g>, b: Tensor<'g>) -> Result<Tensor<'g>> {
+    pub fn select<'g>(
+        &'g self,
+        cond: Tensor<'g>,
+        a: Tensor<'g>,
+        b: Tensor<'g>,
+    ) -> Result<Tensor<'g>> {
         let name = "where";
         check_pair(name, &cond, &a)?;
         check_pair(name, &a, &b)?;
@@ -132,7 +143,13 @@ impl Graph {
                 .map_err(|source| GraphError::Alloc { op: name, source })?;
             cpu::select(c, &csh, x, &ash, y, &bsh, o, &osh);
         });
-        let id = i.push(Shape::from_vec(osh), dtype, out, Op::Select, &[cond.id, a.id, b.id]);
+        let id = i.push(
+            Shape::from_vec(osh),
+            dtype,
+            out,
+            Op::Select,
+            &[cond.id, a.id, b.id],
+        );
         drop(guard);
         Ok(self.handle(id))
     }
@@ -151,7 +168,11 @@ pub(crate) fn backward<'g>(op: BinaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
         ),
         BinaryOp::Div => {
             let ga = gy.div(b)?;
-            let gb = if need_b { Some(ga.mul(y)?.neg()?) } else { None };
+            let gb = if need_b {
+                Some(ga.mul(y)?.neg()?)
+            } else {
+                None
+            };
             (Some(ga), gb)
         }
         BinaryOp::Pow => {
@@ -161,7 +182,11 @@ pub(crate) fn backward<'g>(op: BinaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
             } else {
                 None
             };
-            let gb = if need_b { Some(gy.mul(y)?.mul(a.log()?)?) } else { None };
+            let gb = if need_b {
+                Some(gy.mul(y)?.mul(a.log()?)?)
+            } else {
+                None
+            };
             (ga, gb)
         }
         BinaryOp::Maximum | BinaryOp::Minimum => {

@@ -29,7 +29,12 @@ pub trait CustomOp: Send + Sync {
 impl Graph {
     /// Records `value` (computed by the caller, typically under [`Graph::no_grad`]) as the output
     /// of `op` applied to `inputs`; backward will call `op.backward`.
-    pub fn custom<'g>(&'g self, op: Arc<dyn CustomOp>, inputs: &[Tensor<'g>], value: Tensor<'g>) -> Result<Tensor<'g>> {
+    pub fn custom<'g>(
+        &'g self,
+        op: Arc<dyn CustomOp>,
+        inputs: &[Tensor<'g>],
+        value: Tensor<'g>,
+    ) -> Result<Tensor<'g>> {
         let name = op.name();
         for x in inputs {
             check_pair(name, &value, x)?;

@@ -26,8 +26,16 @@ impl<'g> Tensor<'g> {
                 rhs: bsh.to_vec(),
             });
         }
-        let a = if ash.len() == 1 { self.reshape(&[1, ash[0] as isize])? } else { self };
-        let b = if bsh.len() == 1 { other.reshape(&[bsh[0] as isize, 1])? } else { other };
+        let a = if ash.len() == 1 {
+            self.reshape(&[1, ash[0] as isize])?
+        } else {
+            self
+        };
+        let b = if bsh.len() == 1 {
+            other.reshape(&[bsh[0] as isize, 1])?
+        } else {
+            other
+        };
         let y = a.matmul_t(b, false, false)?;
         if ash.len() == 1 || bsh.len() == 1 {
             let mut ysh: Vec<isize> = y.shape().iter().map(|&d| d as isize).collect();
@@ -67,8 +75,16 @@ impl<'g> Tensor<'g> {
             return Err(bad());
         }
         let (ra, rb) = (ash.len(), bsh.len());
-        let (m, ka) = if ta { (ash[ra - 1], ash[ra - 2]) } else { (ash[ra - 2], ash[ra - 1]) };
-        let (kb, n) = if tb { (bsh[rb - 1], bsh[rb - 2]) } else { (bsh[rb - 2], bsh[rb - 1]) };
+        let (m, ka) = if ta {
+            (ash[ra - 1], ash[ra - 2])
+        } else {
+            (ash[ra - 2], ash[ra - 1])
+        };
+        let (kb, n) = if tb {
+            (bsh[rb - 1], bsh[rb - 2])
+        } else {
+            (bsh[rb - 2], bsh[rb - 1])
+        };
         if ka != kb {
             return Err(bad());
         }
@@ -89,27 +105,50 @@ impl<'g> Tensor<'g> {
                 .split_mut::<T, 2>(out, [ab, bb])
                 .map_err(|source| GraphError::Alloc { op: name, source })?;
             if batch.iter().product::<usize>() == 1 {
-                cpu::gemm(m, ka, n, MatView::row_major(x, 0, a_cols, ta), MatView::row_major(y, 0, b_cols, tb), o, 0, false, threads);
+                cpu::gemm(
+                    m,
+                    ka,
+                    n,
+                    MatView::row_major(x, 0, a_cols, ta),
+                    MatView::row_major(y, 0, b_cols, tb),
+                    o,
+                    0,
+                    false,
+                    threads,
+                );
             } else {
                 // Each batch index: offsets of its matrices in a and b (stride 0 where broadcast).
-                let sa: Vec<usize> = broadcast_strides(abatch, &batch).iter().map(|s| s * a_mat).collect();
-                let sb: Vec<usize> = broadcast_strides(bbatch, &batch).iter().map(|s| s * b_mat).collect();
-                let so: Vec<usize> = contiguous_strides(&batch).iter().map(|s| s * m * n).collect();
-                walk(&batch, [&so, &sa, &sb], |[oo, oa, ob], cnt, [io, ia, ib]| {
-                    for t in 0..cnt {
-                        cpu::gemm(
-                            m,
-                            ka,
-                            n,
-                            MatView::row_major(x, oa + t * ia, a_cols, ta),
-                            MatView::row_major(y, ob + t * ib, b_cols, tb),
-                            o,
-                            oo + t * io,
-                            false,
-                            threads,
-                        );
-                    }
-                });
+                let sa: Vec<usize> = broadcast_strides(abatch, &batch)
+                    .iter()
+                    .map(|s| s * a_mat)
+                    .collect();
+                let sb: Vec<usize> = broadcast_strides(bbatch, &batch)
+                    .iter()
+                    .map(|s| s * b_mat)
+                    .collect();
+                let so: Vec<usize> = contiguous_strides(&batch)
+                    .iter()
+                    .map(|s| s * m * n)
+                    .collect();
+                walk(
+                    &batch,
+                    [&so, &sa, &sb],
+                    |[oo, oa, ob], cnt, [io, ia, ib]| {
+                        for t in 0..cnt {
+                            cpu::gemm(
+                                m,
+                                ka,
+                                n,
+                                MatView::row_major(x, oa + t * ia, a_cols, ta),
+                                MatView::row_major(y, ob + t * ib, b_cols, tb),
+                                o,
+                                oo + t * io,
+                                false,
+                                threads,
+                            );
+                        }
+                    },
+                );
             }
         });
         let id = i.push(osh, dtype, out, Op::Matmul { ta, tb }, &[self.id, other.id]);
@@ -122,13 +161,21 @@ pub(crate) fn backward<'g>(ta: bool, tb: bool, c: &Ctx<'g>) -> Result<Grads<'g>>
     let (a, b, g) = (c.input(0), c.input(1), c.gy);
     // C = op(A)·op(B). d op(A) = G·op(B)ᵀ, d op(B) = op(A)ᵀ·G; undo op for transposed operands.
     let ga = if a.requires_grad() {
-        let t = if ta { b.matmul_t(g, tb, true)? } else { g.matmul_t(b, false, !tb)? };
+        let t = if ta {
+            b.matmul_t(g, tb, true)?
+        } else {
+            g.matmul_t(b, false, !tb)?
+        };
         Some(t.sum_to(&a.shape())?)
     } else {
         None
     };
     let gb = if b.requires_grad() {
-        let t = if tb { g.matmul_t(a, true, ta)? } else { a.matmul_t(g, !ta, false)? };
+        let t = if tb {
+            g.matmul_t(a, true, ta)?
+        } else {
+            a.matmul_t(g, !ta, false)?
+        };
         Some(t.sum_to(&b.shape())?)
     } else {
         None

@@ -39,25 +39,51 @@ pub(crate) enum Op {
     /// Sum or max over the masked axes.
     Reduce {
         op: ReduceOp,
-        mask: SmallVec<[bool; 4]>,
+        mask: Arc<[bool]>,
         keepdim: bool,
     },
     /// Batched matrix product of op(a)·op(b), where op transposes the last two axes when set.
-    Matmul { ta: bool, tb: bool },
+    Matmul {
+        ta: bool,
+        tb: bool,
+    },
     Reshape,
-    Permute(SmallVec<[usize; 4]>),
+    Permute(Arc<[usize]>),
     BroadcastTo,
-    Concat { axis: usize },
-    Narrow { axis: usize, start: usize },
+    Concat {
+        axis: usize,
+    },
+    Narrow {
+        axis: usize,
+        start: usize,
+    },
     /// Narrow's adjoint: zeros of the output's shape with the input placed at `start`.
-    Place { axis: usize, start: usize },
-    IndexSelect { axis: usize, idx: Arc<[usize]> },
+    Place {
+        axis: usize,
+        start: usize,
+    },
+    IndexSelect {
+        axis: usize,
+        idx: Arc<[usize]>,
+    },
     /// Index-select's adjoint.
-    IndexAdd { axis: usize, idx: Arc<[usize]> },
-    Gather { axis: usize, idx: Arc<[usize]> },
+    IndexAdd {
+        axis: usize,
+        idx: Arc<[usize]>,
+    },
+    Gather {
+        axis: usize,
+        idx: Arc<[usize]>,
+    },
     /// Gather's adjoint.
-    ScatterAdd { axis: usize, idx: Arc<[usize]> },
-    Softmax { axis: usize, log: bool },
+    ScatterAdd {
+        axis: usize,
+        idx: Arc<[usize]>,
+    },
+    Softmax {
+        axis: usize,
+        log: bool,
+    },
     /// `cond ? a : b`; inputs are `[cond, a, b]`.
     Select,
     /// A user-defined op.
@@ -72,8 +98,12 @@ impl Op {
             Op::Param(_) => "param",
             Op::Unary(u) => u.name(),
             Op::Binary(b) => b.name(),
-            Op::Reduce { op: ReduceOp::Sum, .. } => "sum",
-            Op::Reduce { op: ReduceOp::Max, .. } => "max",
+            Op::Reduce {
+                op: ReduceOp::Sum, ..
+            } => "sum",
+            Op::Reduce {
+                op: ReduceOp::Max, ..
+            } => "max",
             Op::Matmul { .. } => "matmul",
             Op::Reshape => "reshape",
             Op::Permute(_) => "permute",
@@ -140,7 +170,11 @@ pub(crate) fn check_pair(op: &'static str, a: &Tensor<'_>, b: &Tensor<'_>) -> Re
         (i.node(op, a.id)?.dtype, i.node(op, b.id)?.dtype)
     };
     if da != db {
-        return Err(GraphError::DTypeMismatch { op, lhs: da, rhs: db });
+        return Err(GraphError::DTypeMismatch {
+            op,
+            lhs: da,
+            rhs: db,
+        });
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 
 use arenagrad_exec::cpu::{self, ReduceOp};
 use arenagrad_exec::BinaryOp;
-use smallvec::{smallvec, SmallVec};
+use smallvec::smallvec;
 
 use super::{Ctx, Grads, Op};
 use crate::error::{GraphError, Result};
@@ -28,11 +28,20 @@ impl<'g> Tensor<'g> {
                 what: "max over an empty axis has no value",
             });
         }
-        let kept: Shape = shape.iter().zip(&mask).map(|(&d, &m)| if m { 1 } else { d }).collect();
+        let kept: Shape = shape
+            .iter()
+            .zip(&mask)
+            .map(|(&d, &m)| if m { 1 } else { d })
+            .collect();
         let out_shape: Shape = if keepdim {
             kept.clone()
         } else {
-            shape.iter().zip(&mask).filter(|(_, &m)| !m).map(|(&d, _)| d).collect()
+            shape
+                .iter()
+                .zip(&mask)
+                .filter(|(_, &m)| !m)
+                .map(|(&d, _)| d)
+                .collect()
         };
         let len = kept.iter().product();
         let out = i.alloc(name, dtype, len)?;
@@ -47,7 +56,17 @@ impl<'g> Tensor<'g> {
                 cpu::reduce(op, x, &shape, &mask, o);
             }
         });
-        let id = i.push(out_shape, dtype, out, Op::Reduce { op, mask, keepdim }, &[self.id]);
+        let id = i.push(
+            out_shape,
+            dtype,
+            out,
+            Op::Reduce {
+                op,
+                mask: mask.as_slice().into(),
+                keepdim,
+            },
+            &[self.id],
+        );
         drop(guard);
         Ok(self.g.handle(id))
     }
@@ -68,8 +87,14 @@ impl<'g> Tensor<'g> {
     pub fn mean_axes(self, axes: &[isize], keepdim: bool) -> Result<Tensor<'g>> {
         let shape = self.try_shape()?;
         let mask = axes_mask("mean", axes, &shape)?;
-        let count: usize = shape.iter().zip(&mask).filter(|(_, &m)| m).map(|(&d, _)| d).product();
-        self.reduce(ReduceOp::Sum, axes, keepdim)?.scale(1.0 / count as f64)
+        let count: usize = shape
+            .iter()
+            .zip(&mask)
+            .filter(|(_, &m)| m)
+            .map(|(&d, _)| d)
+            .product();
+        self.reduce(ReduceOp::Sum, axes, keepdim)?
+            .scale(1.0 / count as f64)
     }
     /// Maximum of all elements.
     pub fn max(self) -> Result<Tensor<'g>> {
@@ -87,12 +112,21 @@ impl<'g> Tensor<'g> {
             .zip(mask)
             .map(|(&d, &m)| if m { 1 } else { d as isize })
             .collect();
-        let k = if self.shape().len() == kept.len() { self } else { self.reshape(&kept)? };
+        let k = if self.shape().len() == kept.len() {
+            self
+        } else {
+            self.reshape(&kept)?
+        };
         k.broadcast_to(full)
     }
 }
 
-pub(crate) fn backward<'g>(op: ReduceOp, mask: &SmallVec<[bool; 4]>, _keepdim: bool, c: &Ctx<'g>) -> Result<Grads<'g>> {
+pub(crate) fn backward<'g>(
+    op: ReduceOp,
+    mask: &[bool],
+    _keepdim: bool,
+    c: &Ctx<'g>,
+) -> Result<Grads<'g>> {
     let x = c.input(0);
     let full = x.shape();
     let g = c.gy.expand_reduced(&full, mask)?;
@@ -101,7 +135,12 @@ pub(crate) fn backward<'g>(op: ReduceOp, mask: &SmallVec<[bool; 4]>, _keepdim: b
         ReduceOp::Max => {
             let y = c.out.expand_reduced(&full, mask)?;
             let hit = x.binary(BinaryOp::EqMask, y)?.detach()?;
-            let axes: Vec<isize> = mask.iter().enumerate().filter(|(_, &m)| m).map(|(d, _)| d as isize).collect();
+            let axes: Vec<isize> = mask
+                .iter()
+                .enumerate()
+                .filter(|(_, &m)| m)
+                .map(|(d, _)| d as isize)
+                .collect();
             let count = hit.sum_axes(&axes, true)?.broadcast_to(&full)?;
             g.mul(hit.div(count)?)?
         }

@@ -31,7 +31,11 @@ impl<'g> Tensor<'g> {
             (n.shape.clone(), n.dtype, n.buf)
         };
         let len = checked_numel(name, &out_shape)?;
-        let out = if zeroed { i.alloc_zeroed(name, dtype, len)? } else { i.alloc(name, dtype, len)? };
+        let out = if zeroed {
+            i.alloc_zeroed(name, dtype, len)?
+        } else {
+            i.alloc(name, dtype, len)?
+        };
         with_float!(dtype, T, {
             let (o, [x]) = i
                 .arena
@@ -71,7 +75,7 @@ impl<'g> Tensor<'g> {
             }
         }
         if let Some(k) = infer {
-            if known == 0 || n % known != 0 {
+            if known == 0 || !n.is_multiple_of(known) {
                 return Err(bad());
             }
             out[k] = n / known;
@@ -95,7 +99,9 @@ impl<'g> Tensor<'g> {
         let shape = self.try_shape()?;
         let mut seen = vec![false; shape.len()];
         let valid = perm.len() == shape.len()
-            && perm.iter().all(|&p| p < shape.len() && !std::mem::replace(&mut seen[p], true));
+            && perm
+                .iter()
+                .all(|&p| p < shape.len() && !std::mem::replace(&mut seen[p], true));
         if !valid {
             return Err(GraphError::BadPermutation {
                 op,
@@ -104,7 +110,7 @@ impl<'g> Tensor<'g> {
             });
         }
         let out: Shape = perm.iter().map(|&p| shape[p]).collect();
-        let p: SmallVec<[usize; 4]> = SmallVec::from_slice(perm);
+        let p: Arc<[usize]> = Arc::from(perm);
         let pk = p.clone();
         self.data_op(op, out, Op::Permute(p), false, move |a| a.permute(&pk))
     }
@@ -162,7 +168,9 @@ impl<'g> Tensor<'g> {
         }
         let mut out = shape.clone();
         out[ax] = end - start;
-        self.data_op(op, out, Op::Narrow { axis: ax, start }, false, move |a| a.narrow(ax, start, end - start))
+        self.data_op(op, out, Op::Narrow { axis: ax, start }, false, move |a| {
+            a.narrow(ax, start, end - start)
+        })
     }
 
     /// `len` elements from `start` along `axis` (PyTorch's `narrow`).
@@ -178,7 +186,13 @@ impl<'g> Tensor<'g> {
     fn place(self, axis: usize, start: usize, extent: usize) -> Result<Tensor<'g>> {
         let mut out = self.try_shape()?;
         out[axis] = extent;
-        self.data_op("slice_backward", out, Op::Place { axis, start }, true, move |a| a.place(axis, extent, start))
+        self.data_op(
+            "slice_backward",
+            out,
+            Op::Place { axis, start },
+            true,
+            move |a| a.place(axis, extent, start),
+        )
     }
 
     /// The entries `idx` along `axis`, in that order (indices may repeat).
@@ -198,7 +212,13 @@ impl<'g> Tensor<'g> {
         out[ax] = idx.len();
         let idx: Arc<[usize]> = Arc::from(idx);
         let ik = idx.clone();
-        self.data_op(op, out, Op::IndexSelect { axis: ax, idx }, false, move |a| a.index_select(ax, &ik))
+        self.data_op(
+            op,
+            out,
+            Op::IndexSelect { axis: ax, idx },
+            false,
+            move |a| a.index_select(ax, &ik),
+        )
     }
 
     fn index_add(self, axis: usize, idx: Arc<[usize]>, extent: usize) -> Result<Tensor<'g>> {
@@ -206,7 +226,13 @@ impl<'g> Tensor<'g> {
         out[axis] = extent;
         let full = out.clone();
         let ik = idx.clone();
-        self.data_op("index_add", out, Op::IndexAdd { axis, idx }, true, move |a| a.index_add(axis, &ik, &full))
+        self.data_op(
+            "index_add",
+            out,
+            Op::IndexAdd { axis, idx },
+            true,
+            move |a| a.index_add(axis, &ik, &full),
+        )
     }
 
     /// PyTorch's gather: `out[p] = self[p with axis coordinate idx[p]]`. `idx` is row-major with
@@ -216,7 +242,11 @@ impl<'g> Tensor<'g> {
         let shape = self.try_shape()?;
         let ax = norm_axis(op, axis, &shape)?;
         let same_rank_rest = idx_shape.len() == shape.len()
-            && idx_shape.iter().zip(&shape).enumerate().all(|(d, (a, b))| d == ax || a == b);
+            && idx_shape
+                .iter()
+                .zip(&shape)
+                .enumerate()
+                .all(|(d, (a, b))| d == ax || a == b);
         if !same_rank_rest {
             return Err(GraphError::ShapeMismatch {
                 op,
@@ -244,14 +274,22 @@ impl<'g> Tensor<'g> {
         let out = Shape::from_slice(idx_shape);
         let idx: Arc<[usize]> = Arc::from(idx);
         let (ik, ish) = (idx.clone(), out.clone());
-        self.data_op(op, out, Op::Gather { axis: ax, idx }, false, move |a| a.gather(ax, &ik, &ish))
+        self.data_op(op, out, Op::Gather { axis: ax, idx }, false, move |a| {
+            a.gather(ax, &ik, &ish)
+        })
     }
 
     fn scatter_add(self, axis: usize, idx: Arc<[usize]>, full: Shape) -> Result<Tensor<'g>> {
         let ish = self.try_shape()?;
         let ik = idx.clone();
         let fk = full.clone();
-        self.data_op("scatter_add", full, Op::ScatterAdd { axis, idx }, true, move |a| a.scatter_add(axis, &ik, &ish, &fk))
+        self.data_op(
+            "scatter_add",
+            full,
+            Op::ScatterAdd { axis, idx },
+            true,
+            move |a| a.scatter_add(axis, &ik, &ish, &fk),
+        )
     }
 }
 
@@ -269,7 +307,11 @@ impl Graph {
         for p in parts {
             check_pair(op, first, p)?;
             let s = p.try_shape()?;
-            let ok = s.len() == s0.len() && s.iter().zip(&s0).enumerate().all(|(d, (a, b))| d == ax || a == b);
+            let ok = s.len() == s0.len()
+                && s.iter()
+                    .zip(&s0)
+                    .enumerate()
+                    .all(|(d, (a, b))| d == ax || a == b);
             if !ok {
                 return Err(GraphError::ShapeMismatch {
                     op,
@@ -277,7 +319,10 @@ impl Graph {
                     rhs: s.to_vec(),
                 });
             }
-            total = total.checked_add(s[ax]).ok_or(GraphError::TooLarge { op, shape: s0.to_vec() })?;
+            total = total.checked_add(s[ax]).ok_or(GraphError::TooLarge {
+                op,
+                shape: s0.to_vec(),
+            })?;
         }
         let mut out_shape = s0.clone();
         out_shape[ax] = total;

@@ -42,7 +42,12 @@ impl<'g> Tensor<'g> {
     }
 
     /// The fused derivative (never recorded).
-    fn softmax_grad_fused(y: Tensor<'g>, g: Tensor<'g>, axis: usize, log: bool) -> Result<Tensor<'g>> {
+    fn softmax_grad_fused(
+        y: Tensor<'g>,
+        g: Tensor<'g>,
+        axis: usize,
+        log: bool,
+    ) -> Result<Tensor<'g>> {
         let name = "softmax_backward";
         let mut guard = y.g.inner();
         let i = &mut *guard;

@@ -34,7 +34,12 @@ impl<'g> Tensor<'g> {
     }
 
     /// The fused derivative `gy · op'(x)` (never recorded).
-    pub(crate) fn unary_grad_fused(op: UnaryOp, x: Tensor<'g>, y: Tensor<'g>, gy: Tensor<'g>) -> Result<Tensor<'g>> {
+    pub(crate) fn unary_grad_fused(
+        op: UnaryOp,
+        x: Tensor<'g>,
+        y: Tensor<'g>,
+        gy: Tensor<'g>,
+    ) -> Result<Tensor<'g>> {
         let name = op.name();
         let mut guard = x.g.inner();
         let i = &mut *guard;
