@@ -1,5 +1,6 @@
 //! Criterion benchmarks of the graph, grouped by family: tiny-op overhead (W2), GEMM through the
 //! graph, and the seeds' loop. `cargo bench -p arenagrad-graph`.
+#![allow(missing_docs)] // criterion's macros generate undocumented items
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
@@ -70,5 +71,9 @@ fn seed_loop(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, tiny_ops, gemm, seed_loop);
+criterion_group! {
+    name = benches;
+    config = Criterion::default();
+    targets = tiny_ops, gemm, seed_loop
+}
 criterion_main!(benches);
