@@ -218,6 +218,78 @@ pub fn gemm<T: crate::Float + Gemm>(
     });
 }
 
+/// Many products of one shape: `c[b] = op(a at a_offs[b]) · op(b at b_offs[b])`, with the outputs
+/// stored one after another in `c`. Batches are split across threads (each running the
+/// single-threaded kernel), which beats threading inside each small product.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_batched<T: crate::Float + Gemm>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    a_offs: &[usize],
+    a_cols: usize,
+    ta: bool,
+    b: &[T],
+    b_offs: &[usize],
+    b_cols: usize,
+    tb: bool,
+    c: &mut [T],
+    threads: usize,
+) {
+    let batches = a_offs.len();
+    debug_assert_eq!(batches, b_offs.len());
+    let mn = m * n;
+    if mn == 0 {
+        return;
+    }
+    let c = &mut c[..batches * mn];
+    let work = batches
+        .saturating_mul(m)
+        .saturating_mul(k)
+        .saturating_mul(n);
+    let t = if work >= PAR_MIN_FLOPS {
+        threads.clamp(1, batches)
+    } else {
+        1
+    };
+    let run = |first: usize, out: &mut [T]| {
+        for (j, cb) in out.chunks_mut(mn).enumerate() {
+            let bi = first + j;
+            gemm(
+                m,
+                k,
+                n,
+                MatView::row_major(a, a_offs[bi], a_cols, ta),
+                MatView::row_major(b, b_offs[bi], b_cols, tb),
+                cb,
+                0,
+                false,
+                1,
+            );
+        }
+    };
+    if t <= 1 {
+        run(0, c);
+        return;
+    }
+    let per = batches.div_ceil(t);
+    std::thread::scope(|s| {
+        let run = &run;
+        let mut hs = Vec::new();
+        for (j, chunk) in c.chunks_mut(per * mn).enumerate() {
+            if j + 1 == batches.div_ceil(per) {
+                run(j * per, chunk);
+            } else {
+                hs.push(s.spawn(move || run(j * per, chunk)));
+            }
+        }
+        for h in hs {
+            h.join().expect("invariant: gemm threads do not panic");
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,6 @@
 //! CPU kernels. Each takes plain slices and shapes; the graph has already checked that they agree.
 
+pub mod conv;
 pub mod elementwise;
 pub mod fastmath;
 pub mod matmul;
@@ -7,8 +8,9 @@ pub mod par;
 pub mod reduce;
 pub mod shape;
 
+pub use conv::{col2im, im2col, Window};
 pub use elementwise::{binary, select, unary, unary_grad};
-pub use matmul::{gemm, Gemm, MatView};
+pub use matmul::{gemm, gemm_batched, Gemm, MatView};
 pub use reduce::{reduce, softmax, softmax_grad, sum_row, ReduceOp};
 pub use shape::{
     broadcast_to, gather, index_add, index_select, narrow, permute, place_along, scatter_add,

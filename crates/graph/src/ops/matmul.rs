@@ -130,24 +130,16 @@ impl<'g> Tensor<'g> {
                     .iter()
                     .map(|s| s * m * n)
                     .collect();
-                walk(
-                    &batch,
-                    [&so, &sa, &sb],
-                    |[oo, oa, ob], cnt, [io, ia, ib]| {
-                        for t in 0..cnt {
-                            cpu::gemm(
-                                m,
-                                ka,
-                                n,
-                                MatView::row_major(x, oa + t * ia, a_cols, ta),
-                                MatView::row_major(y, ob + t * ib, b_cols, tb),
-                                o,
-                                oo + t * io,
-                                false,
-                                threads,
-                            );
-                        }
-                    },
+                let mut a_offs = Vec::new();
+                let mut b_offs = Vec::new();
+                walk(&batch, [&so, &sa, &sb], |[_, oa, ob], cnt, [_, ia, ib]| {
+                    for t in 0..cnt {
+                        a_offs.push(oa + t * ia);
+                        b_offs.push(ob + t * ib);
+                    }
+                });
+                cpu::gemm_batched(
+                    m, ka, n, x, &a_offs, a_cols, ta, y, &b_offs, b_cols, tb, o, threads,
                 );
             }
         });

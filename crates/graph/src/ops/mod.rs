@@ -20,6 +20,7 @@ use crate::graph::NodeId;
 use crate::{Graph, Parameter, Tensor};
 
 pub(crate) mod binary;
+pub(crate) mod conv;
 pub(crate) mod custom;
 pub(crate) mod matmul;
 pub(crate) mod reduce;
@@ -86,6 +87,9 @@ pub(crate) enum Op {
     },
     /// `cond ? a : b`; inputs are `[cond, a, b]`.
     Select,
+    /// im2col over `[N, C, H, W]` and its adjoint col2im; see [`conv`].
+    Unfold(Arc<arenagrad_exec::cpu::Window>),
+    Fold(Arc<arenagrad_exec::cpu::Window>),
     /// A user-defined op.
     Custom(Arc<dyn custom::CustomOp>),
 }
@@ -119,6 +123,8 @@ impl Op {
             Op::Softmax { log: true, .. } => "log_softmax",
             Op::Select => "where",
             Op::Custom(c) => c.name(),
+            Op::Unfold(_) => "unfold",
+            Op::Fold(_) => "fold",
         }
     }
 }
@@ -156,6 +162,8 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Softmax { axis, log } => softmax::backward(*axis, *log, c),
         Op::Select => binary::select_backward(c),
         Op::Custom(op) => custom::backward(op, c),
+        Op::Unfold(w) => conv::unfold_backward(w, c),
+        Op::Fold(w) => conv::fold_backward(w, c),
         other => shape::backward(other, c),
     }
 }

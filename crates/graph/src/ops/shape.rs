@@ -16,7 +16,7 @@ use crate::{Graph, Tensor};
 
 impl<'g> Tensor<'g> {
     /// Runs `kernel(x, out)` into a new buffer of `out_shape` and records `op`.
-    fn data_op(
+    pub(crate) fn data_op(
         self,
         name: &'static str,
         out_shape: Shape,
@@ -409,6 +409,24 @@ impl KernelArgs<'_> {
     }
     fn scatter_add(self, axis: usize, idx: &[usize], ishape: &[usize], full: &[usize]) {
         both!(self, x, o, _s => cpu::scatter_add(x, full, axis, idx, ishape, o))
+    }
+    pub(crate) fn unfold(self, n: usize, win: &cpu::Window) {
+        let (ho, wo) = win.out_hw().expect("invariant: checked window");
+        let (pi, po) = (win.c * win.h * win.w, win.patch_len() * ho * wo);
+        both!(self, x, o, _s => {
+            for b in 0..n {
+                cpu::im2col(&x[b * pi..(b + 1) * pi], win, &mut o[b * po..(b + 1) * po]);
+            }
+        })
+    }
+    pub(crate) fn fold(self, n: usize, win: &cpu::Window) {
+        let (ho, wo) = win.out_hw().expect("invariant: checked window");
+        let (pi, po) = (win.patch_len() * ho * wo, win.c * win.h * win.w);
+        both!(self, x, o, _s => {
+            for b in 0..n {
+                cpu::col2im(&x[b * pi..(b + 1) * pi], win, &mut o[b * po..(b + 1) * po]);
+            }
+        })
     }
 }
 

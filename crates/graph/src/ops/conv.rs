@@ -1,0 +1,230 @@
+//! Convolution and pooling over `[N, C, H, W]` images.
+//!
+//! One primitive, `unfold` (im2col: every kernel-sized patch laid out as a column), and its
+//! adjoint `fold` (col2im) carry all of them: a convolution is `unfold` followed by a batched
+//! GEMM with the weight; average and max pooling are `unfold` followed by a mean or a max over the
+//! patch axis. Their gradients (and second derivatives) then come from ops that already have
+//! them. Max pooling splits the gradient evenly between tied maxima.
+
+use std::sync::Arc;
+
+use arenagrad_exec::cpu::Window;
+use arenagrad_exec::UnaryOp;
+use smallvec::smallvec;
+
+use super::{Ctx, Grads, Op};
+use crate::error::{GraphError, Result};
+use crate::shape::{checked_numel, Shape};
+use crate::Tensor;
+
+fn window(
+    op: &'static str,
+    shape: &[usize],
+    k: (usize, usize),
+    s: (usize, usize),
+    p: (usize, usize),
+    d: (usize, usize),
+) -> Result<Window> {
+    if shape.len() != 4 {
+        return Err(GraphError::BadArgument {
+            op,
+            what: "expects an input of shape [N, C, H, W]",
+        });
+    }
+    let win = Window {
+        c: shape[1],
+        h: shape[2],
+        w: shape[3],
+        kh: k.0,
+        kw: k.1,
+        sh: s.0,
+        sw: s.1,
+        ph: p.0,
+        pw: p.1,
+        dh: d.0,
+        dw: d.1,
+    };
+    if win.out_hw().is_none() {
+        return Err(GraphError::BadArgument {
+            op,
+            what: "kernel, stride, padding or dilation do not fit the input (stride and dilation must be ≥ 1)",
+        });
+    }
+    Ok(win)
+}
+
+impl<'g> Tensor<'g> {
+    /// im2col: `[N, C, H, W]` → `[N, C·kh·kw, Ho·Wo]`, zero padding outside the image.
+    pub fn unfold2d(
+        self,
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+        dilation: (usize, usize),
+    ) -> Result<Tensor<'g>> {
+        let op = "unfold";
+        let shape = self.try_shape()?;
+        let win = window(op, &shape, kernel, stride, padding, dilation)?;
+        self.unfold_win(win, shape[0])
+    }
+
+    fn unfold_win(self, win: Window, n: usize) -> Result<Tensor<'g>> {
+        let (ho, wo) = win.out_hw().expect("invariant: checked window");
+        let out: Shape = smallvec![n, win.patch_len(), ho * wo];
+        checked_numel("unfold", &out)?;
+        self.data_op("unfold", out, Op::Unfold(Arc::new(win)), false, move |a| {
+            a.unfold(n, &win)
+        })
+    }
+
+    fn fold_win(self, win: Window, n: usize) -> Result<Tensor<'g>> {
+        let out: Shape = smallvec![n, win.c, win.h, win.w];
+        checked_numel("fold", &out)?;
+        self.data_op("fold", out, Op::Fold(Arc::new(win)), true, move |a| {
+            a.fold(n, &win)
+        })
+    }
+
+    /// 2-D convolution (cross-correlation, as in PyTorch): input `[N, C, H, W]`, weight
+    /// `[O, C/groups, kh, kw]`, output `[N, O, Ho, Wo]`. Add a bias by broadcasting `[1, O, 1, 1]`.
+    pub fn conv2d(
+        self,
+        weight: Tensor<'g>,
+        stride: (usize, usize),
+        padding: (usize, usize),
+        dilation: (usize, usize),
+        groups: usize,
+    ) -> Result<Tensor<'g>> {
+        let op = "conv2d";
+        let (xs, ws) = (self.try_shape()?, weight.try_shape()?);
+        let bad = || GraphError::ShapeMismatch {
+            op,
+            lhs: xs.to_vec(),
+            rhs: ws.to_vec(),
+        };
+        if xs.len() != 4 || ws.len() != 4 || groups == 0 {
+            return Err(bad());
+        }
+        let (n, c, o) = (xs[0], xs[1], ws[0]);
+        if c % groups != 0 || o % groups != 0 || ws[1] * groups != c {
+            return Err(bad());
+        }
+        let win = window(op, &xs, (ws[2], ws[3]), stride, padding, dilation)?;
+        let (ho, wo) = win.out_hw().expect("invariant: checked window");
+        let cols = self.unfold_win(win, n)?; // [N, C·kh·kw, L]
+        let l = (ho * wo) as isize;
+        let g = groups as isize;
+        let kk = (ws[1] * ws[2] * ws[3]) as isize;
+        let y = if groups == 1 {
+            weight.reshape(&[o as isize, kk])?.matmul(cols)? // [N, O, L]
+        } else {
+            let cols = cols.reshape(&[n as isize, g, kk, l])?;
+            let w = weight.reshape(&[g, (o / groups) as isize, kk])?;
+            w.matmul(cols)? // [N, g, O/g, L]
+        };
+        y.reshape(&[n as isize, o as isize, ho as isize, wo as isize])
+    }
+
+    fn pool_patches(
+        self,
+        op: &'static str,
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+    ) -> Result<(Tensor<'g>, [isize; 4])> {
+        let xs = self.try_shape()?;
+        let win = window(op, &xs, kernel, stride, padding, (1, 1))?;
+        let (ho, wo) = win.out_hw().expect("invariant: checked window");
+        let (n, c) = (xs[0], xs[1]);
+        let planes = self.reshape(&[(n * c) as isize, 1, xs[2] as isize, xs[3] as isize])?;
+        let pw = Window { c: 1, ..win };
+        let cols = planes.unfold_win(pw, n * c)?; // [N·C, kh·kw, L]
+        Ok((cols, [n as isize, c as isize, ho as isize, wo as isize]))
+    }
+
+    /// Max pooling over `kernel` windows. Padding counts as −∞ (it is never the maximum unless a
+    /// window is all padding, which the size rules exclude for padding ≤ kernel/2).
+    pub fn max_pool2d(
+        self,
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+    ) -> Result<Tensor<'g>> {
+        if padding.0 * 2 > kernel.0 || padding.1 * 2 > kernel.1 {
+            return Err(GraphError::BadArgument {
+                op: "max_pool2d",
+                what: "padding must be at most half the kernel",
+            });
+        }
+        let src = if padding == (0, 0) {
+            self
+        } else {
+            // Shift so that zero padding is below every value, then shift back.
+            let lo = {
+                let _ng = self.g.no_grad();
+                self.min_value()?
+            };
+            return self
+                .shift(-lo + 1.0)?
+                .max_pool2d_nopad_shifted(kernel, stride, padding)?
+                .shift(lo - 1.0);
+        };
+        src.max_pool2d_nopad_shifted(kernel, stride, padding)
+    }
+
+    fn max_pool2d_nopad_shifted(
+        self,
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+    ) -> Result<Tensor<'g>> {
+        let (cols, out) = self.pool_patches("max_pool2d", kernel, stride, padding)?;
+        cols.max_axes(&[1], false)?.reshape(&out)
+    }
+
+    fn min_value(self) -> Result<f64> {
+        self.neg()?.max()?.item().map(|m| -m)
+    }
+
+    /// Average pooling over `kernel` windows; zero padding counts toward the average
+    /// (PyTorch's `count_include_pad = true`).
+    pub fn avg_pool2d(
+        self,
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+    ) -> Result<Tensor<'g>> {
+        let (cols, out) = self.pool_patches("avg_pool2d", kernel, stride, padding)?;
+        cols.mean_axes(&[1], false)?.reshape(&out)
+    }
+
+    /// Inverted dropout: zeroes each element with probability `p` and scales the rest by
+    /// `1/(1−p)`, using the graph's seeded generator. The identity when `!train` or `p == 0`.
+    pub fn dropout(self, p: f64, train: bool) -> Result<Tensor<'g>> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(GraphError::BadArgument {
+                op: "dropout",
+                what: "p must be in [0, 1)",
+            });
+        }
+        if !train || p == 0.0 {
+            return Ok(self);
+        }
+        let mask = {
+            let _ng = self.g.no_grad();
+            let u = self.g.rand(&self.try_shape()?, self.dtype())?;
+            u.shift(-p)?.unary(UnaryOp::Step)?.scale(1.0 / (1.0 - p))?
+        };
+        self.mul(mask)
+    }
+}
+
+pub(crate) fn unfold_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let n = c.input(0).shape()[0];
+    Ok(smallvec![Some(c.gy.fold_win(*win, n)?)])
+}
+
+pub(crate) fn fold_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let n = c.input(0).shape()[0];
+    Ok(smallvec![Some(c.gy.unfold_win(*win, n)?)])
+}

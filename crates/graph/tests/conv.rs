@@ -1,0 +1,185 @@
+//! Convolution, pooling and dropout: values by hand, gradients by finite differences.
+
+use arenagrad_graph::check::{check_fn, gradcheck, gradgradcheck, GradcheckOptions};
+use arenagrad_graph::{DType, Graph, HostTensor};
+
+fn ht(shape: &[usize], seed: u64) -> HostTensor {
+    let n: usize = shape.iter().product();
+    let v = (0..n)
+        .map(|i| (((i as u64 + 1) * (seed * 2 + 7)) % 23) as f64 / 7.0 - 1.5 + i as f64 * 1e-3)
+        .collect();
+    HostTensor::new::<f64>(v, shape).unwrap()
+}
+
+/// Direct convolution, the definition, as an independent reference.
+#[allow(clippy::too_many_arguments)]
+fn conv_ref(
+    x: &[f64],
+    xs: [usize; 4],
+    w: &[f64],
+    ws: [usize; 4],
+    s: usize,
+    p: usize,
+    d: usize,
+    groups: usize,
+) -> (Vec<f64>, [usize; 4]) {
+    let [n, c, h, wd] = xs;
+    let [o, cg, kh, kw] = ws;
+    let ho = (h + 2 * p - d * (kh - 1) - 1) / s + 1;
+    let wo = (wd + 2 * p - d * (kw - 1) - 1) / s + 1;
+    let og = o / groups;
+    let mut y = vec![0.0; n * o * ho * wo];
+    for b in 0..n {
+        for oc in 0..o {
+            let grp = oc / og;
+            for i in 0..ho {
+                for j in 0..wo {
+                    let mut acc = 0.0;
+                    for ci in 0..cg {
+                        let ic = grp * cg + ci;
+                        for ki in 0..kh {
+                            for kj in 0..kw {
+                                let ih = (i * s + ki * d) as isize - p as isize;
+                                let iw = (j * s + kj * d) as isize - p as isize;
+                                if ih >= 0 && iw >= 0 && (ih as usize) < h && (iw as usize) < wd {
+                                    acc += x[((b * c + ic) * h + ih as usize) * wd + iw as usize]
+                                        * w[((oc * cg + ci) * kh + ki) * kw + kj];
+                                }
+                            }
+                        }
+                    }
+                    y[((b * o + oc) * ho + i) * wo + j] = acc;
+                }
+            }
+        }
+    }
+    (y, [n, o, ho, wo])
+}
+
+#[test]
+fn conv2d_matches_the_definition() {
+    let g = Graph::new();
+    for (xs, ws, s, p, d, groups) in [
+        ([2, 3, 5, 6], [4, 3, 3, 3], 1, 0, 1, 1),
+        ([1, 4, 7, 7], [6, 2, 3, 2], 2, 1, 1, 2),
+        ([2, 2, 8, 8], [2, 1, 3, 3], 1, 2, 2, 2),
+    ] {
+        let x = ht(&xs, 1);
+        let w = ht(&ws, 2);
+        let (want, oshape) = conv_ref(&x.to_f64_vec(), xs, &w.to_f64_vec(), ws, s, p, d, groups);
+        let y = g
+            .from_host(&x)
+            .unwrap()
+            .conv2d(g.from_host(&w).unwrap(), (s, s), (p, p), (d, d), groups)
+            .unwrap();
+        assert_eq!(y.shape().as_slice(), &oshape);
+        for (a, b) in y.to_vec_f64().unwrap().iter().zip(&want) {
+            assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn conv2d_grads() {
+    let o = GradcheckOptions::default();
+    let r = gradcheck(
+        check_fn(|_, x| x[0].conv2d(x[1], (1, 1), (1, 1), (1, 1), 1)),
+        &[ht(&[2, 2, 4, 4], 3), ht(&[3, 2, 3, 3], 4)],
+        o,
+    )
+    .unwrap();
+    assert!(r.passed, "{r}");
+    let r = gradcheck(
+        check_fn(|_, x| x[0].conv2d(x[1], (2, 1), (0, 1), (1, 2), 2)),
+        &[ht(&[1, 4, 5, 5], 5), ht(&[2, 2, 2, 2], 6)],
+        o,
+    )
+    .unwrap();
+    assert!(r.passed, "{r}");
+    let r = gradgradcheck(
+        check_fn(|_, x| x[0].conv2d(x[1], (1, 1), (0, 0), (1, 1), 1)?.tanh()),
+        &[ht(&[1, 1, 3, 3], 7), ht(&[1, 1, 2, 2], 8)],
+        o,
+    )
+    .unwrap();
+    assert!(r.passed, "{r}");
+}
+
+#[test]
+fn pooling_values_and_grads() {
+    let g = Graph::new();
+    let x = g
+        .from_f64(
+            &(0..16).map(f64::from).collect::<Vec<_>>(),
+            &[1, 1, 4, 4],
+            DType::F64,
+        )
+        .unwrap();
+    assert_eq!(
+        x.max_pool2d((2, 2), (2, 2), (0, 0))
+            .unwrap()
+            .to_vec_f64()
+            .unwrap(),
+        vec![5.0, 7.0, 13.0, 15.0]
+    );
+    assert_eq!(
+        x.avg_pool2d((2, 2), (2, 2), (0, 0))
+            .unwrap()
+            .to_vec_f64()
+            .unwrap(),
+        vec![2.5, 4.5, 10.5, 12.5]
+    );
+    let neg = x.neg().unwrap();
+    // Padding never wins a max, even when every value is negative.
+    let mp = neg.max_pool2d((3, 3), (2, 2), (1, 1)).unwrap();
+    assert_eq!(mp.to_vec_f64().unwrap(), vec![0.0, -1.0, -4.0, -5.0]);
+    // Average pooling counts the zero padding.
+    let ap = x
+        .avg_pool2d((3, 3), (2, 2), (1, 1))
+        .unwrap()
+        .to_vec_f64()
+        .unwrap();
+    assert!((ap[0] - (0.0 + 1.0 + 4.0 + 5.0) / 9.0).abs() < 1e-12);
+    let o = GradcheckOptions::default();
+    let r = gradcheck(
+        check_fn(|_, x| x[0].max_pool2d((2, 2), (2, 2), (0, 0))),
+        &[ht(&[2, 2, 4, 6], 9)],
+        o,
+    )
+    .unwrap();
+    assert!(r.passed, "{r}");
+    let r = gradcheck(
+        check_fn(|_, x| x[0].max_pool2d((3, 3), (2, 2), (1, 1))),
+        &[ht(&[1, 2, 5, 5], 10)],
+        o,
+    )
+    .unwrap();
+    assert!(r.passed, "{r}");
+    let r = gradcheck(
+        check_fn(|_, x| x[0].avg_pool2d((2, 3), (1, 2), (1, 1))),
+        &[ht(&[2, 1, 4, 5], 11)],
+        o,
+    )
+    .unwrap();
+    assert!(r.passed, "{r}");
+    assert!(x.max_pool2d((5, 5), (1, 1), (0, 0)).is_err());
+    assert!(x.avg_pool2d((2, 2), (0, 1), (0, 0)).is_err());
+}
+
+#[test]
+fn dropout_scales_survivors_and_is_identity_in_eval() {
+    let g = Graph::new();
+    g.seed(3);
+    let x = g.ones(&[10_000], DType::F64).unwrap();
+    let y = x.dropout(0.25, true).unwrap().to_vec_f64().unwrap();
+    let kept = y.iter().filter(|&&v| v != 0.0).count();
+    assert!(y
+        .iter()
+        .all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-12));
+    assert!((7200..7800).contains(&kept), "{kept}");
+    assert_eq!(
+        x.dropout(0.25, false).unwrap().to_vec_f64().unwrap(),
+        vec![1.0; 10_000]
+    );
+    assert!(x.dropout(1.0, true).is_err());
+}
