@@ -15,6 +15,9 @@ struct ParamInner {
     name: String,
     value: HostTensor,
     grad: Option<HostData>,
+    /// The buffer of a cleared gradient, kept so the next backward writes into it instead of
+    /// allocating (and faulting in) a fresh one every step.
+    spare: Option<HostData>,
 }
 
 /// A trainable value that lives outside the iteration arena.
@@ -33,6 +36,7 @@ impl Parameter {
             name: name.into(),
             value,
             grad: None,
+            spare: None,
         })))
     }
 
@@ -109,7 +113,10 @@ impl Parameter {
 
     /// Forgets the accumulated gradient.
     pub fn zero_grad(&self) {
-        self.lock().grad = None;
+        let mut p = self.lock();
+        if let Some(g) = p.grad.take() {
+            p.spare = Some(g);
+        }
     }
 
     /// Gives `f` the value (mutably) and the gradient together — what an optimiser step needs,
@@ -134,6 +141,22 @@ impl Parameter {
             (Some(HostData::F64(acc)), HostDataRef::F64(s)) => {
                 acc.iter_mut().zip(*s).for_each(|(a, b)| *a += b)
             }
+            (None, r) => {
+                let fresh = match (p.spare.take(), r) {
+                    (Some(HostData::F32(mut v)), HostDataRef::F32(s)) if v.len() == s.len() => {
+                        v.copy_from_slice(s);
+                        HostData::F32(v)
+                    }
+                    (Some(HostData::F64(mut v)), HostDataRef::F64(s)) if v.len() == s.len() => {
+                        v.copy_from_slice(s);
+                        HostData::F64(v)
+                    }
+                    (_, HostDataRef::F32(s)) => HostData::F32(s.to_vec()),
+                    (_, HostDataRef::F64(s)) => HostData::F64(s.to_vec()),
+                };
+                p.grad = Some(fresh);
+            }
+            // A gradient of another dtype than the one held: replace it.
             (slot, HostDataRef::F32(s)) => *slot = Some(HostData::F32(s.to_vec())),
             (slot, HostDataRef::F64(s)) => *slot = Some(HostData::F64(s.to_vec())),
         }

@@ -181,5 +181,9 @@ fn dropout_scales_survivors_and_is_identity_in_eval() {
         x.dropout(0.25, false).unwrap().to_vec_f64().unwrap(),
         vec![1.0; 10_000]
     );
-    assert!(x.dropout(1.0, true).is_err());
+    assert_eq!(
+        x.dropout(1.0, true).unwrap().to_vec_f64().unwrap(),
+        vec![0.0; 10_000]
+    );
+    assert!(x.dropout(1.5, true).is_err());
 }

@@ -86,8 +86,8 @@ impl Window {
 }
 
 /// `cols[row, col]` (`patch_len × ho·wo`, row-major) = the input value under kernel tap `row` at
-/// output position `col`, 0 in the padding. One image.
-pub fn im2col<T: Float>(x: &[T], win: &Window, cols: &mut [T]) {
+/// output position `col`, `pad` in the padding. One image.
+pub fn im2col<T: Float>(x: &[T], win: &Window, pad: T, cols: &mut [T]) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
     let l = ho * wo;
     // Fast path: stride 1, no padding, no dilation — rows are shifted copies of input rows.
@@ -106,7 +106,7 @@ pub fn im2col<T: Float>(x: &[T], win: &Window, cols: &mut [T]) {
         }
         return;
     }
-    win.for_each(|row, col, src| cols[row * l + col] = src.map_or(T::ZERO, |s| x[s]));
+    win.for_each(|row, col, src| cols[row * l + col] = src.map_or(pad, |s| x[s]));
 }
 
 /// The adjoint of [`im2col`]: `x[src] += cols[row, col]` for every tap that reads `src`.
@@ -145,7 +145,7 @@ mod tests {
         let x: Vec<f64> = (0..n_in).map(|i| (i as f64 * 0.7).sin()).collect();
         let y: Vec<f64> = (0..n_cols).map(|i| (i as f64 * 0.3).cos()).collect();
         let mut cols = vec![0.0; n_cols];
-        im2col(&x, &win, &mut cols);
+        im2col(&x, &win, 0.0, &mut cols);
         let mut back = vec![0.0; n_in];
         col2im(&y, &win, &mut back);
         // <im2col(x), y> == <x, col2im(y)>
@@ -172,7 +172,7 @@ mod tests {
         let (ho, wo) = win.out_hw().unwrap();
         let x: Vec<f32> = (0..90).map(|i| i as f32).collect();
         let mut fast = vec![0.0; win.patch_len() * ho * wo];
-        im2col(&x, &win, &mut fast);
+        im2col(&x, &win, 0.0, &mut fast);
         let mut slow = vec![0.0; fast.len()];
         win.for_each(|row, col, src| slow[row * ho * wo + col] = src.map_or(0.0, |s| x[s]));
         assert_eq!(fast, slow);

@@ -65,16 +65,20 @@ impl<'g> Tensor<'g> {
         let op = "unfold";
         let shape = self.try_shape()?;
         let win = window(op, &shape, kernel, stride, padding, dilation)?;
-        self.unfold_win(win, shape[0])
+        self.unfold_win(win, shape[0], 0.0)
     }
 
-    fn unfold_win(self, win: Window, n: usize) -> Result<Tensor<'g>> {
+    fn unfold_win(self, win: Window, n: usize, pad: f64) -> Result<Tensor<'g>> {
         let (ho, wo) = win.out_hw().expect("invariant: checked window");
         let out: Shape = smallvec![n, win.patch_len(), ho * wo];
         checked_numel("unfold", &out)?;
-        self.data_op("unfold", out, Op::Unfold(Arc::new(win)), false, move |a| {
-            a.unfold(n, &win)
-        })
+        self.data_op(
+            "unfold",
+            out,
+            Op::Unfold(Arc::new(win), pad),
+            false,
+            move |a| a.unfold(n, &win, pad),
+        )
     }
 
     fn fold_win(self, win: Window, n: usize) -> Result<Tensor<'g>> {
@@ -111,7 +115,7 @@ impl<'g> Tensor<'g> {
         }
         let win = window(op, &xs, (ws[2], ws[3]), stride, padding, dilation)?;
         let (ho, wo) = win.out_hw().expect("invariant: checked window");
-        let cols = self.unfold_win(win, n)?; // [N, C·kh·kw, L]
+        let cols = self.unfold_win(win, n, 0.0)?; // [N, C·kh·kw, L]
         let l = (ho * wo) as isize;
         let g = groups as isize;
         let kk = (ws[1] * ws[2] * ws[3]) as isize;
@@ -131,6 +135,7 @@ impl<'g> Tensor<'g> {
         kernel: (usize, usize),
         stride: (usize, usize),
         padding: (usize, usize),
+        pad: f64,
     ) -> Result<(Tensor<'g>, [isize; 4])> {
         let xs = self.try_shape()?;
         let win = window(op, &xs, kernel, stride, padding, (1, 1))?;
@@ -138,12 +143,12 @@ impl<'g> Tensor<'g> {
         let (n, c) = (xs[0], xs[1]);
         let planes = self.reshape(&[(n * c) as isize, 1, xs[2] as isize, xs[3] as isize])?;
         let pw = Window { c: 1, ..win };
-        let cols = planes.unfold_win(pw, n * c)?; // [N·C, kh·kw, L]
+        let cols = planes.unfold_win(pw, n * c, pad)?; // [N·C, kh·kw, L]
         Ok((cols, [n as isize, c as isize, ho as isize, wo as isize]))
     }
 
-    /// Max pooling over `kernel` windows. Padding counts as −∞ (it is never the maximum unless a
-    /// window is all padding, which the size rules exclude for padding ≤ kernel/2).
+    /// Max pooling over `kernel` windows. Padding reads as −∞, so it is never the maximum
+    /// (padding is limited to half the kernel, so every window holds a real element).
     pub fn max_pool2d(
         self,
         kernel: (usize, usize),
@@ -156,34 +161,9 @@ impl<'g> Tensor<'g> {
                 what: "padding must be at most half the kernel",
             });
         }
-        let src = if padding == (0, 0) {
-            self
-        } else {
-            // Shift so that zero padding is below every value, then shift back.
-            let lo = {
-                let _ng = self.g.no_grad();
-                self.min_value()?
-            };
-            return self
-                .shift(-lo + 1.0)?
-                .max_pool2d_nopad_shifted(kernel, stride, padding)?
-                .shift(lo - 1.0);
-        };
-        src.max_pool2d_nopad_shifted(kernel, stride, padding)
-    }
-
-    fn max_pool2d_nopad_shifted(
-        self,
-        kernel: (usize, usize),
-        stride: (usize, usize),
-        padding: (usize, usize),
-    ) -> Result<Tensor<'g>> {
-        let (cols, out) = self.pool_patches("max_pool2d", kernel, stride, padding)?;
+        let (cols, out) =
+            self.pool_patches("max_pool2d", kernel, stride, padding, f64::NEG_INFINITY)?;
         cols.max_axes(&[1], false)?.reshape(&out)
-    }
-
-    fn min_value(self) -> Result<f64> {
-        self.neg()?.max()?.item().map(|m| -m)
     }
 
     /// Average pooling over `kernel` windows; zero padding counts toward the average
@@ -194,21 +174,25 @@ impl<'g> Tensor<'g> {
         stride: (usize, usize),
         padding: (usize, usize),
     ) -> Result<Tensor<'g>> {
-        let (cols, out) = self.pool_patches("avg_pool2d", kernel, stride, padding)?;
+        let (cols, out) = self.pool_patches("avg_pool2d", kernel, stride, padding, 0.0)?;
         cols.mean_axes(&[1], false)?.reshape(&out)
     }
 
     /// Inverted dropout: zeroes each element with probability `p` and scales the rest by
-    /// `1/(1−p)`, using the graph's seeded generator. The identity when `!train` or `p == 0`.
+    /// `1/(1−p)`, using the graph's seeded generator. The identity when `!train` or `p == 0`;
+    /// all zeros when `p == 1`.
     pub fn dropout(self, p: f64, train: bool) -> Result<Tensor<'g>> {
-        if !(0.0..1.0).contains(&p) {
+        if !(0.0..=1.0).contains(&p) {
             return Err(GraphError::BadArgument {
                 op: "dropout",
-                what: "p must be in [0, 1)",
+                what: "p must be in [0, 1]",
             });
         }
         if !train || p == 0.0 {
             return Ok(self);
+        }
+        if p == 1.0 {
+            return self.scale(0.0);
         }
         let mask = {
             let _ng = self.g.no_grad();
@@ -226,5 +210,5 @@ pub(crate) fn unfold_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads<'g>
 
 pub(crate) fn fold_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let n = c.input(0).shape()[0];
-    Ok(smallvec![Some(c.gy.unfold_win(*win, n)?)])
+    Ok(smallvec![Some(c.gy.unfold_win(*win, n, 0.0)?)])
 }

@@ -51,9 +51,10 @@ impl<'g> Tensor<'g> {
         Ok(y)
     }
 
-    /// op(self)·op(other) over the last two axes, where op transposes when the flag is set.
-    /// Both operands have rank ≥ 2; batch axes broadcast.
-    pub(crate) fn matmul_t(self, other: Tensor<'g>, ta: bool, tb: bool) -> Result<Tensor<'g>> {
+    /// op(self)·op(other) over the last two axes, where op transposes the last two axes when its
+    /// flag is set — read through strides, no transpose is copied (`x.matmul_t(w, false, true)`
+    /// is a linear layer's `x·wᵀ`). Both operands have rank ≥ 2; batch axes broadcast.
+    pub fn matmul_t(self, other: Tensor<'g>, ta: bool, tb: bool) -> Result<Tensor<'g>> {
         let name = "matmul";
         check_pair(name, &self, &other)?;
         let mut guard = self.g.inner();

@@ -87,8 +87,9 @@ pub(crate) enum Op {
     },
     /// `cond ? a : b`; inputs are `[cond, a, b]`.
     Select,
-    /// im2col over `[N, C, H, W]` and its adjoint col2im; see [`conv`].
-    Unfold(Arc<arenagrad_exec::cpu::Window>),
+    /// im2col over `[N, C, H, W]` (with the value read in the padding) and its adjoint col2im;
+    /// see [`conv`].
+    Unfold(Arc<arenagrad_exec::cpu::Window>, #[allow(dead_code)] f64),
     Fold(Arc<arenagrad_exec::cpu::Window>),
     /// A user-defined op.
     Custom(Arc<dyn custom::CustomOp>),
@@ -123,7 +124,7 @@ impl Op {
             Op::Softmax { log: true, .. } => "log_softmax",
             Op::Select => "where",
             Op::Custom(c) => c.name(),
-            Op::Unfold(_) => "unfold",
+            Op::Unfold(..) => "unfold",
             Op::Fold(_) => "fold",
         }
     }
@@ -162,7 +163,7 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Softmax { axis, log } => softmax::backward(*axis, *log, c),
         Op::Select => binary::select_backward(c),
         Op::Custom(op) => custom::backward(op, c),
-        Op::Unfold(w) => conv::unfold_backward(w, c),
+        Op::Unfold(w, _) => conv::unfold_backward(w, c),
         Op::Fold(w) => conv::fold_backward(w, c),
         other => shape::backward(other, c),
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use arenagrad_exec::cpu;
 use arenagrad_exec::layout::broadcast_shapes;
+use arenagrad_exec::Float;
 use smallvec::{smallvec, SmallVec};
 
 use super::{check_pair, Ctx, Grads, Op};
@@ -410,12 +411,12 @@ impl KernelArgs<'_> {
     fn scatter_add(self, axis: usize, idx: &[usize], ishape: &[usize], full: &[usize]) {
         both!(self, x, o, _s => cpu::scatter_add(x, full, axis, idx, ishape, o))
     }
-    pub(crate) fn unfold(self, n: usize, win: &cpu::Window) {
+    pub(crate) fn unfold(self, n: usize, win: &cpu::Window, pad: f64) {
         let (ho, wo) = win.out_hw().expect("invariant: checked window");
         let (pi, po) = (win.c * win.h * win.w, win.patch_len() * ho * wo);
         both!(self, x, o, _s => {
             for b in 0..n {
-                cpu::im2col(&x[b * pi..(b + 1) * pi], win, &mut o[b * po..(b + 1) * po]);
+                cpu::im2col(&x[b * pi..(b + 1) * pi], win, Float::from_f64(pad), &mut o[b * po..(b + 1) * po]);
             }
         })
     }

@@ -1,0 +1,372 @@
+//! Checkpoints: a module's named parameters and buffers in the safetensors format.
+//!
+//! * [`save`] writes atomically: the bytes go to a temporary file beside the target, which is
+//!   synced and then renamed over it (and the directory synced). A crash, a full disk or a failed
+//!   write at any point leaves the previous checkpoint as it was.
+//! * [`load`] checks everything before changing anything: a file whose names or shapes do not
+//!   match the module is a [`NnError::StateMismatch`] listing every missing, unexpected and
+//!   mis-shaped name, and the module is left untouched. A truncated or corrupted file is a typed
+//!   error ([`NnError::Safetensors`], [`NnError::Checksum`]), never a panic.
+//! * Files carry a CRC-32 of their tensor data in the safetensors metadata (key `crc32`), so a
+//!   flipped bit in the data is caught too. Files written by other tools (without it) load as
+//!   well.
+//!
+//! Tensors are stored under their hierarchical names (`0.weight`, `conv1.bias`,
+//! `3.running_mean`) in their own dtype (F32 or F64); loading converts between the two.
+//!
+//! ```
+//! use arenagrad_nn::{checkpoint, Linear, Module, Rng};
+//! let dir = std::env::temp_dir().join(format!("arenagrad-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).unwrap();
+//! let path = dir.join("model.safetensors");
+//! let a = Linear::new(3, 2, &mut Rng::seed(1))?;
+//! checkpoint::save(&a, &path)?;
+//! let b = Linear::new(3, 2, &mut Rng::seed(2))?;
+//! checkpoint::load(&b, &path)?;
+//! assert_eq!(a.weight().value(), b.weight().value());
+//! # std::fs::remove_dir_all(&dir).unwrap();
+//! # Ok::<(), arenagrad_nn::NnError>(())
+//! ```
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arenagrad_graph::{HostData, HostTensor};
+use safetensors::tensor::{Dtype, SafeTensors, View};
+
+use crate::error::{NnError, Result, ShapeConflict, StateMismatch};
+use crate::module::Module;
+
+/// The metadata key holding the data checksum.
+pub const CRC_KEY: &str = "crc32";
+/// The metadata key naming the writer.
+pub const FORMAT_KEY: &str = "format";
+const FORMAT: &str = "arenagrad";
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> NnError + '_ {
+    move |source| NnError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// One tensor's little-endian bytes, as the format stores them.
+struct Blob {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl View for &Blob {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+fn to_blob(t: &HostTensor) -> Blob {
+    let (dtype, bytes) = match &t.data {
+        HostData::F32(v) => (Dtype::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        HostData::F64(v) => (Dtype::F64, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+    };
+    Blob {
+        dtype,
+        shape: t.shape.clone(),
+        bytes,
+    }
+}
+
+/// CRC-32 of the tensors' bytes taken in name order (independent of the file's layout).
+fn crc_of<'a>(tensors: impl Iterator<Item = &'a [u8]>) -> u32 {
+    let mut crc = flate2::Crc::new();
+    for b in tensors {
+        crc.update(b);
+    }
+    crc.sum()
+}
+
+/// Serialises named tensors to safetensors bytes (with the checksum metadata). Names must be
+/// unique; a repeated name keeps its last tensor.
+pub fn tensors_to_bytes<'a>(
+    tensors: impl IntoIterator<Item = (&'a str, &'a HostTensor)>,
+) -> Result<Vec<u8>> {
+    let blobs: BTreeMap<&str, Blob> = tensors.into_iter().map(|(n, t)| (n, to_blob(t))).collect();
+    let crc = crc_of(blobs.values().map(|b| b.bytes.as_slice()));
+    let meta: HashMap<String, String> = [
+        (FORMAT_KEY.to_string(), FORMAT.to_string()),
+        (CRC_KEY.to_string(), format!("{crc:08x}")),
+    ]
+    .into_iter()
+    .collect();
+    safetensors::serialize(blobs.iter().map(|(n, b)| (*n, b)), Some(meta)).map_err(|source| {
+        NnError::Safetensors {
+            path: PathBuf::from("<memory>"),
+            source,
+        }
+    })
+}
+
+/// Parses safetensors bytes into named tensors (sorted by name), verifying the checksum when the
+/// file has one. `path` only labels errors.
+pub fn tensors_from_bytes(bytes: &[u8], path: &Path) -> Result<Vec<(String, HostTensor)>> {
+    let st = SafeTensors::deserialize(bytes).map_err(|source| NnError::Safetensors {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|source| NnError::Safetensors {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut views = st.tensors();
+    views.sort_by(|a, b| a.0.cmp(&b.0));
+    if let Some(stored) = meta.metadata().as_ref().and_then(|m| m.get(CRC_KEY)) {
+        let stored = u32::from_str_radix(stored, 16).map_err(|_| NnError::Metadata {
+            path: path.to_path_buf(),
+            reason: format!("checksum {stored:?} is not hexadecimal"),
+        })?;
+        let computed = crc_of(views.iter().map(|(_, v)| v.data()));
+        if stored != computed {
+            return Err(NnError::Checksum {
+                path: path.to_path_buf(),
+                stored,
+                computed,
+            });
+        }
+    }
+    views
+        .into_iter()
+        .map(|(name, v)| {
+            let shape = v.shape().to_vec();
+            let data = match v.dtype() {
+                Dtype::F32 => HostData::F32(
+                    v.data()
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect(),
+                ),
+                Dtype::F64 => HostData::F64(
+                    v.data()
+                        .chunks_exact(8)
+                        .map(|c| {
+                            f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
+                        })
+                        .collect(),
+                ),
+                other => {
+                    return Err(NnError::UnsupportedDType {
+                        path: path.to_path_buf(),
+                        name,
+                        dtype: other.to_string(),
+                    })
+                }
+            };
+            Ok((name, HostTensor { shape, data }))
+        })
+        .collect()
+}
+
+/// The module's parameters and buffers by hierarchical name (what [`save`] writes).
+pub fn state_dict<M: Module + ?Sized>(module: &M) -> Vec<(String, HostTensor)> {
+    module
+        .named_state()
+        .into_iter()
+        .map(|(n, p, _)| (n, p.value()))
+        .collect()
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file beside it (created fresh), written
+/// through `wrap` (which gets a handle to the temporary file), flushed, synced, renamed over
+/// `path`; then the directory is synced. On any error the temporary file is removed and `path`
+/// is untouched.
+pub fn write_atomic<W: Write>(
+    path: &Path,
+    bytes: &[u8],
+    wrap: impl FnOnce(File) -> W,
+) -> Result<()> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| NnError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path"),
+        })?
+        .to_string_lossy();
+    let tmp = dir.join(format!(
+        ".{name}.tmp-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    /// Removes the temporary file unless the rename happened.
+    struct Cleanup<'a>(&'a Path, bool);
+    impl Drop for Cleanup<'_> {
+        fn drop(&mut self) {
+            if !self.1 {
+                let _ = std::fs::remove_file(self.0);
+            }
+        }
+    }
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(io(&tmp))?;
+    let mut guard = Cleanup(&tmp, false);
+    let handle = file.try_clone().map_err(io(&tmp))?;
+    {
+        let mut w = wrap(handle);
+        w.write_all(bytes).map_err(io(&tmp))?;
+        w.flush().map_err(io(&tmp))?;
+    }
+    file.sync_all().map_err(io(&tmp))?;
+    drop(file);
+    std::fs::rename(&tmp, path).map_err(io(path))?;
+    guard.1 = true;
+    sync_dir(&dir);
+    Ok(())
+}
+
+/// Makes the rename durable (on Unix; elsewhere a directory cannot be opened for syncing).
+fn sync_dir(dir: &Path) {
+    #[cfg(unix)]
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+}
+
+/// Saves the module's parameters and buffers to `path`, atomically.
+pub fn save<M: Module + ?Sized>(module: &M, path: impl AsRef<Path>) -> Result<()> {
+    save_with_writer(module, path, |f| f)
+}
+
+/// [`save`] through a writer wrapping the temporary file (to count bytes, throttle, or test what
+/// a failure midway does). The checkpoint replaces `path` only if every write succeeds.
+pub fn save_with_writer<M: Module + ?Sized, W: Write>(
+    module: &M,
+    path: impl AsRef<Path>,
+    wrap: impl FnOnce(File) -> W,
+) -> Result<()> {
+    let state = state_dict(module);
+    let bytes = tensors_to_bytes(state.iter().map(|(n, t)| (n.as_str(), t)))?;
+    write_atomic(path.as_ref(), &bytes, wrap)
+}
+
+/// Saves named tensors (not necessarily a module's) to `path`, atomically.
+pub fn save_tensors<'a>(
+    tensors: impl IntoIterator<Item = (&'a str, &'a HostTensor)>,
+    path: impl AsRef<Path>,
+) -> Result<()> {
+    let bytes = tensors_to_bytes(tensors)?;
+    write_atomic(path.as_ref(), &bytes, |f| f)
+}
+
+/// Reads every tensor of a checkpoint, sorted by name.
+pub fn load_tensors(path: impl AsRef<Path>) -> Result<Vec<(String, HostTensor)>> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    tensors_from_bytes(&bytes, path)
+}
+
+/// What a non-strict load skipped.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LoadReport {
+    /// Names the module has and the file lacks (left as they were).
+    pub missing: Vec<String>,
+    /// Names the file has and the module lacks (ignored).
+    pub unexpected: Vec<String>,
+}
+
+/// Loads a checkpoint into the module: every parameter and buffer must be in the file with its
+/// shape, and the file must hold nothing else. On any mismatch nothing is changed and the error
+/// lists every problem.
+pub fn load<M: Module + ?Sized>(module: &M, path: impl AsRef<Path>) -> Result<()> {
+    load_with(module, path, true).map(|_| ())
+}
+
+/// Loads a checkpoint; with `strict == false`, missing and unexpected names are reported
+/// instead of refused (shape mismatches are always errors). Nothing is changed on error.
+pub fn load_with<M: Module + ?Sized>(
+    module: &M,
+    path: impl AsRef<Path>,
+    strict: bool,
+) -> Result<LoadReport> {
+    let path = path.as_ref();
+    let tensors = load_tensors(path)?;
+    load_state_dict(module, tensors, strict, path)
+}
+
+/// Loads named tensors into the module (the in-memory half of [`load_with`]); `path` only labels
+/// errors.
+pub fn load_state_dict<M: Module + ?Sized>(
+    module: &M,
+    tensors: Vec<(String, HostTensor)>,
+    strict: bool,
+    path: &Path,
+) -> Result<LoadReport> {
+    let file: BTreeMap<String, HostTensor> = tensors.into_iter().collect();
+    let state = module.named_state();
+    let mut mismatch = StateMismatch::default();
+    let mut plan = Vec::new();
+    for (name, p, _) in &state {
+        match file.get(name) {
+            None => mismatch.missing.push(name.clone()),
+            Some(t) if t.shape != p.shape() => mismatch.shapes.push(ShapeConflict {
+                name: name.clone(),
+                expected: p.shape(),
+                found: t.shape.clone(),
+            }),
+            Some(_) => plan.push((name.clone(), p.clone())),
+        }
+    }
+    let known: std::collections::HashSet<&str> = state.iter().map(|(n, _, _)| n.as_str()).collect();
+    mismatch.unexpected = file
+        .keys()
+        .filter(|n| !known.contains(n.as_str()))
+        .cloned()
+        .collect();
+    let fatal = !mismatch.shapes.is_empty()
+        || (strict && (!mismatch.missing.is_empty() || !mismatch.unexpected.is_empty()));
+    if fatal {
+        return Err(NnError::StateMismatch {
+            path: path.to_path_buf(),
+            mismatch,
+        });
+    }
+    // Convert first, so that nothing is assigned unless everything can be.
+    let mut values = Vec::with_capacity(plan.len());
+    for (name, p) in &plan {
+        // Planned names are in the file (a name a module lists twice is read twice).
+        let Some(t) = file.get(name) else { continue };
+        let data = if t.data.dtype() == p.dtype() {
+            t.data.clone()
+        } else {
+            HostData::from_f64(p.dtype(), &t.data.to_f64_vec())
+        };
+        let shape = t.shape.clone();
+        values.push((p, HostTensor { shape, data }));
+    }
+    for (p, v) in values {
+        p.set_value(v)?;
+    }
+    Ok(LoadReport {
+        missing: mismatch.missing,
+        unexpected: mismatch.unexpected,
+    })
+}

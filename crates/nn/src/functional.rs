@@ -1,0 +1,363 @@
+//! The layers' computations as plain functions of tensors, for models that hold their weights as
+//! tensors (or want to apply a layer's math to weights computed on the fly). The modules call
+//! these with their parameters brought into the iteration.
+//!
+//! ```
+//! use arenagrad_nn::{functional as F, DType, Graph};
+//! let g = Graph::new();
+//! let x = g.from_f64(&[1.0, 2.0], &[1, 2], DType::F64)?;
+//! let w = g.from_f64(&[1.0, 0.0, 1.0, 1.0], &[2, 2], DType::F64)?; // [out, in]
+//! let b = g.from_f64(&[0.5, -0.5], &[2], DType::F64)?;
+//! let y = F::linear(x, w, Some(b))?;
+//! assert_eq!(y.to_vec::<f64>()?, vec![1.5, 2.5]);
+//! # Ok::<(), arenagrad_nn::NnError>(())
+//! ```
+
+use std::sync::Arc;
+
+use arenagrad_graph::{CustomOp, Graph, HostData, Parameter, Tensor};
+
+use crate::error::{input_shape, NnError, Result};
+
+/// `x · wᵀ + b` over the last axis: `x` is `[…, in]`, `weight` `[out, in]`, `bias` `[out]`.
+pub fn linear<'g>(
+    x: Tensor<'g>,
+    weight: Tensor<'g>,
+    bias: Option<Tensor<'g>>,
+) -> Result<Tensor<'g>> {
+    let (xs, ws) = (x.try_shape()?, weight.try_shape()?);
+    if ws.len() != 2 || xs.is_empty() || xs[xs.len() - 1] != ws[1] {
+        return Err(input_shape(
+            "linear",
+            &format!("[…, {}]", ws.get(1).copied().unwrap_or(0)),
+            &xs,
+        ));
+    }
+    let (in_f, out_f) = (ws[1], ws[0]);
+    let rows = xs[..xs.len() - 1].iter().product::<usize>();
+    let x2 = if xs.len() == 2 {
+        x
+    } else {
+        x.reshape(&[-1, in_f as isize])?
+    };
+    let g = x.graph();
+    // x·Wᵀ without materialising Wᵀ when (W·xᵀ)ᵀ moves fewer elements; the backward needs no
+    // transpose of W at all (see `LinearOp`).
+    let value = {
+        let _ng = g.no_grad();
+        if in_f * out_f <= rows * (in_f + out_f) {
+            x2.matmul(weight.t()?)?
+        } else {
+            weight.matmul(x2.t()?)?.t()?
+        }
+    };
+    let y = g.custom(Arc::new(LinearOp), &[x2, weight], value)?;
+    let y = if xs.len() == 2 {
+        y
+    } else {
+        let mut shape: Vec<isize> = xs[..xs.len() - 1].iter().map(|&d| d as isize).collect();
+        shape.push(out_f as isize);
+        y.reshape(&shape)?
+    };
+    Ok(match bias {
+        Some(b) => y.add(b)?,
+        None => y,
+    })
+}
+
+/// `y = x·Wᵀ` for `x` `[M, in]` and `W` `[out, in]`. Its backward, `gx = gy·W` and
+/// `gW = gyᵀ·x`, transposes only the small `gy` — never the weight.
+struct LinearOp;
+
+impl CustomOp for LinearOp {
+    fn name(&self) -> &'static str {
+        "linear"
+    }
+
+    fn backward<'g>(
+        &self,
+        _g: &'g Graph,
+        inputs: &[Tensor<'g>],
+        _output: Tensor<'g>,
+        gy: Tensor<'g>,
+    ) -> arenagrad_graph::Result<Vec<Option<Tensor<'g>>>> {
+        let (x, w) = (inputs[0], inputs[1]);
+        let gx = if x.requires_grad() {
+            Some(gy.matmul(w)?)
+        } else {
+            None
+        };
+        let gw = if w.requires_grad() {
+            Some(gy.t()?.matmul(x)?)
+        } else {
+            None
+        };
+        Ok(vec![gx, gw])
+    }
+}
+
+/// A 2-D convolution with an optional bias: `x` `[N, C, H, W]`, `weight` `[O, C/groups, kh, kw]`,
+/// `bias` `[O]`.
+pub fn conv2d<'g>(
+    x: Tensor<'g>,
+    weight: Tensor<'g>,
+    bias: Option<Tensor<'g>>,
+    stride: (usize, usize),
+    padding: (usize, usize),
+    dilation: (usize, usize),
+    groups: usize,
+) -> Result<Tensor<'g>> {
+    let (xs, ws) = (x.try_shape()?, weight.try_shape()?);
+    if xs.len() != 4 || ws.len() != 4 || xs[1] != ws[1] * groups {
+        return Err(input_shape(
+            "conv2d",
+            &format!("[N, {}, H, W]", ws.get(1).copied().unwrap_or(0) * groups),
+            &xs,
+        ));
+    }
+    let y = x.conv2d(weight, stride, padding, dilation, groups)?;
+    Ok(match bias {
+        Some(b) => y.add(b.reshape(&[1, -1, 1, 1])?)?,
+        None => y,
+    })
+}
+
+/// The axes a batch norm reduces over for an input of rank `rank` (all but the channel axis 1).
+fn bn_axes(rank: usize) -> Vec<isize> {
+    std::iter::once(0)
+        .chain(2..rank as isize)
+        .collect::<Vec<isize>>()
+}
+
+/// The shape that broadcasts a per-channel `[C]` vector against an input of rank `rank`.
+fn channel_shape(rank: usize) -> Vec<isize> {
+    let mut s = vec![1isize; rank];
+    s[1] = -1;
+    s
+}
+
+/// Running statistics of a batch norm: `[C]` buffers updated in training mode.
+#[derive(Debug, Clone, Copy)]
+pub struct RunningStats<'a> {
+    /// The running mean.
+    pub mean: &'a Parameter,
+    /// The running (unbiased) variance.
+    pub var: &'a Parameter,
+    /// Weight of the new batch's statistics: `running = (1 − momentum)·running + momentum·batch`.
+    pub momentum: f64,
+}
+
+/// Batch normalisation over axis 1 of an `[N, C, …]` input (PyTorch's `F.batch_norm`).
+///
+/// With `training` (or without running statistics), normalises with the batch's mean and biased
+/// variance, and — when `running` is given and `training` — updates the running mean and the
+/// running *unbiased* variance. Otherwise normalises with the running statistics.
+/// `weight` and `bias` (`[C]`) apply the affine transform.
+pub fn batch_norm<'g>(
+    g: &'g Graph,
+    x: Tensor<'g>,
+    running: Option<RunningStats<'_>>,
+    weight: Option<Tensor<'g>>,
+    bias: Option<Tensor<'g>>,
+    training: bool,
+    eps: f64,
+) -> Result<Tensor<'g>> {
+    let xs = x.try_shape()?;
+    if xs.len() < 2 {
+        return Err(input_shape("batch_norm", "[N, C, …]", &xs));
+    }
+    let rank = xs.len();
+    let c = xs[1];
+    if let Some(r) = &running {
+        if r.mean.shape() != [c] || r.var.shape() != [c] {
+            return Err(input_shape(
+                "batch_norm",
+                &format!(
+                    "[N, {}, …] (the running statistics' length)",
+                    r.mean.numel()
+                ),
+                &xs,
+            ));
+        }
+    }
+    let cs = channel_shape(rank);
+    let axes = bn_axes(rank);
+    let normalised = if let (false, Some(r)) = (training, &running) {
+        let mean = r.mean.value();
+        let var = r.var.value();
+        let inv: Vec<f64> = var
+            .to_f64_vec()
+            .iter()
+            .map(|v| 1.0 / (v + eps).sqrt())
+            .collect();
+        let dt = x.dtype();
+        let mean_t = g.from_f64(&mean.to_f64_vec(), &[c], dt)?.reshape(&cs)?;
+        let inv_t = g.from_f64(&inv, &[c], dt)?.reshape(&cs)?;
+        x.sub(mean_t)?.mul(inv_t)?
+    } else {
+        let count = xs.iter().product::<usize>() / c.max(1);
+        if count <= 1 && training {
+            return Err(NnError::InputShape {
+                op: "batch_norm",
+                expected: "more than one value per channel in training mode".into(),
+                got: xs.to_vec(),
+            });
+        }
+        let mean = x.mean_axes(&axes, true)?;
+        let xc = x.sub(mean)?;
+        let var = xc.square()?.mean_axes(&axes, true)?;
+        if let (Some(r), true) = (&running, training) {
+            let m = mean.to_vec_f64()?;
+            let v = var.to_vec_f64()?;
+            let unbias = count as f64 / (count as f64 - 1.0);
+            let mo = r.momentum;
+            update_running(r.mean, &m, mo, 1.0);
+            update_running(r.var, &v, mo, unbias);
+        }
+        xc.mul(var.shift(eps)?.powf(-0.5)?)?
+    };
+    let y = match weight {
+        Some(w) => normalised.mul(w.reshape(&cs)?)?,
+        None => normalised,
+    };
+    Ok(match bias {
+        Some(b) => y.add(b.reshape(&cs)?)?,
+        None => y,
+    })
+}
+
+fn update_running(p: &Parameter, batch: &[f64], momentum: f64, factor: f64) {
+    p.update(|v, _| match v {
+        HostData::F32(r) => r.iter_mut().zip(batch).for_each(|(r, &b)| {
+            *r = (1.0 - momentum as f32) * *r + momentum as f32 * (b * factor) as f32
+        }),
+        HostData::F64(r) => r
+            .iter_mut()
+            .zip(batch)
+            .for_each(|(r, &b)| *r = (1.0 - momentum) * *r + momentum * (b * factor)),
+    });
+}
+
+/// Layer normalisation over the last `normalized_ndim` axes, with an optional elementwise affine
+/// transform (`weight` and `bias` have the shape of those axes).
+pub fn layer_norm<'g>(
+    x: Tensor<'g>,
+    normalized_ndim: usize,
+    weight: Option<Tensor<'g>>,
+    bias: Option<Tensor<'g>>,
+    eps: f64,
+) -> Result<Tensor<'g>> {
+    let xs = x.try_shape()?;
+    if normalized_ndim == 0 || normalized_ndim > xs.len() {
+        return Err(input_shape(
+            "layer_norm",
+            &format!("a tensor of rank ≥ {normalized_ndim} (and ≥ 1)"),
+            &xs,
+        ));
+    }
+    let axes: Vec<isize> = (xs.len() - normalized_ndim..xs.len())
+        .map(|a| a as isize)
+        .collect();
+    let mean = x.mean_axes(&axes, true)?;
+    let xc = x.sub(mean)?;
+    let var = xc.square()?.mean_axes(&axes, true)?;
+    let y = xc.mul(var.shift(eps)?.powf(-0.5)?)?;
+    let y = match weight {
+        Some(w) => y.mul(w)?,
+        None => y,
+    };
+    Ok(match bias {
+        Some(b) => y.add(b)?,
+        None => y,
+    })
+}
+
+/// Rows `indices` of `weight` (`[num, dim]`), shaped `[index_shape…, dim]`.
+pub fn embedding<'g>(
+    weight: Tensor<'g>,
+    indices: &[usize],
+    index_shape: &[usize],
+) -> Result<Tensor<'g>> {
+    let ws = weight.try_shape()?;
+    if ws.len() != 2 {
+        return Err(input_shape(
+            "embedding",
+            "a weight of shape [num, dim]",
+            &ws,
+        ));
+    }
+    if index_shape.iter().product::<usize>() != indices.len() {
+        return Err(NnError::InvalidConfig {
+            component: "embedding",
+            reason: format!("{} indices for index shape {index_shape:?}", indices.len()),
+        });
+    }
+    if let Some((position, &index)) = indices.iter().enumerate().find(|(_, &i)| i >= ws[0]) {
+        return Err(NnError::IndexOutOfRange {
+            op: "embedding",
+            position,
+            index,
+            bound: ws[0],
+        });
+    }
+    let rows = weight.index_select(0, indices)?;
+    let mut shape: Vec<isize> = index_shape.iter().map(|&d| d as isize).collect();
+    shape.push(ws[1] as isize);
+    Ok(rows.reshape(&shape)?)
+}
+
+/// Reads a tensor of integer-valued floats as indices (what an embedding's input holds).
+pub fn tensor_to_indices(op: &'static str, x: Tensor<'_>) -> Result<Vec<usize>> {
+    x.to_vec_f64()?
+        .into_iter()
+        .enumerate()
+        .map(|(position, v)| {
+            if v >= 0.0 && v.fract() == 0.0 && v < usize::MAX as f64 {
+                Ok(v as usize)
+            } else {
+                Err(NnError::NotAnIndex {
+                    op,
+                    position,
+                    value: v,
+                })
+            }
+        })
+        .collect()
+}
+
+/// Max pooling of an `[N, C, H, W]` input over `kernel` windows, with implicit `−∞` padding of
+/// `padding` (at most half the kernel) on each side. The outputs are input elements exactly.
+pub fn max_pool2d<'g>(
+    x: Tensor<'g>,
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    padding: (usize, usize),
+) -> Result<Tensor<'g>> {
+    let xs = x.try_shape()?;
+    if xs.len() != 4 {
+        return Err(input_shape("max_pool2d", "[N, C, H, W]", &xs));
+    }
+    if padding == (0, 0) {
+        return Ok(x.max_pool2d(kernel, stride, padding)?);
+    }
+    if padding.0 * 2 > kernel.0 || padding.1 * 2 > kernel.1 {
+        return Err(NnError::InvalidConfig {
+            component: "max_pool2d",
+            reason: format!("padding {padding:?} must be at most half the kernel {kernel:?}"),
+        });
+    }
+    // Pad explicitly with −∞, which never wins a window that holds an input element.
+    let g = x.graph();
+    let dt = x.dtype();
+    let (n, c, h, w) = (xs[0], xs[1], xs[2], xs[3]);
+    let mut padded = x;
+    if padding.0 > 0 {
+        let band = g.full(&[n, c, padding.0, w], f64::NEG_INFINITY, dt)?;
+        padded = g.concat(&[band, padded, band], 2)?;
+    }
+    if padding.1 > 0 {
+        let band = g.full(&[n, c, h + 2 * padding.0, padding.1], f64::NEG_INFINITY, dt)?;
+        padded = g.concat(&[band, padded, band], 3)?;
+    }
+    Ok(padded.max_pool2d(kernel, stride, (0, 0))?)
+}

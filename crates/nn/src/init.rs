@@ -1,0 +1,293 @@
+//! Parameter initialisers: constant, uniform, normal, Xavier (Glorot) and Kaiming (He), with
+//! PyTorch's fan and gain conventions, drawn from a seeded [`Rng`].
+//!
+//! ```
+//! use arenagrad_nn::init::{FanMode, Init, Nonlinearity};
+//! use arenagrad_nn::{DType, Rng};
+//! let mut rng = Rng::seed(0);
+//! let w = Init::KaimingNormal { a: 0.0, mode: FanMode::FanIn, nonlinearity: Nonlinearity::Relu }
+//!     .tensor(&[256, 128], DType::F32, &mut rng)
+//!     .unwrap();
+//! assert_eq!(w.shape, vec![256, 128]);
+//! ```
+
+use arenagrad_graph::{DType, HostData, HostTensor};
+
+use crate::error::{config, Result};
+use crate::Rng;
+
+/// Which fan an initialiser scales by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FanMode {
+    /// Inputs per output (preserves the forward pass's variance).
+    #[default]
+    FanIn,
+    /// Outputs per input (preserves the backward pass's variance).
+    FanOut,
+}
+
+/// The nonlinearity a layer feeds, for [`calculate_gain`] (PyTorch's values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Nonlinearity {
+    /// Identity, linear and convolution layers: gain 1.
+    Linear,
+    /// Sigmoid: gain 1.
+    Sigmoid,
+    /// Tanh: gain 5/3.
+    Tanh,
+    /// ReLU: gain √2.
+    Relu,
+    /// Leaky ReLU with negative slope `a`: gain √(2 / (1 + a²)).
+    #[default]
+    LeakyRelu,
+    /// SELU: gain 3/4.
+    Selu,
+}
+
+/// The recommended gain for a nonlinearity; `a` is the leaky ReLU's negative slope (ignored by
+/// the others).
+pub fn calculate_gain(nonlinearity: Nonlinearity, a: f64) -> f64 {
+    match nonlinearity {
+        Nonlinearity::Linear | Nonlinearity::Sigmoid => 1.0,
+        Nonlinearity::Tanh => 5.0 / 3.0,
+        Nonlinearity::Relu => 2f64.sqrt(),
+        Nonlinearity::LeakyRelu => (2.0 / (1.0 + a * a)).sqrt(),
+        Nonlinearity::Selu => 0.75,
+    }
+}
+
+/// `(fan_in, fan_out)` of a weight shape, as PyTorch computes them: for `[out, in, k...]`,
+/// `fan_in = in · Πk` and `fan_out = out · Πk`; a 1-D shape has both equal to its length.
+pub fn fans(shape: &[usize]) -> (usize, usize) {
+    match shape.len() {
+        0 => (1, 1),
+        1 => (shape[0], shape[0]),
+        _ => {
+            let receptive = shape[2..].iter().fold(1usize, |a, &d| a.saturating_mul(d));
+            (
+                shape[1].saturating_mul(receptive),
+                shape[0].saturating_mul(receptive),
+            )
+        }
+    }
+}
+
+/// How to fill a parameter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// All zeros.
+    Zeros,
+    /// All ones.
+    Ones,
+    /// Every element equal to the value.
+    Constant(f64),
+    /// Uniform in `[low, high)`.
+    Uniform {
+        /// Lower bound.
+        low: f64,
+        /// Upper bound.
+        high: f64,
+    },
+    /// Normal with the given mean and standard deviation.
+    Normal {
+        /// Mean.
+        mean: f64,
+        /// Standard deviation.
+        std: f64,
+    },
+    /// Glorot uniform: `U(−b, b)` with `b = gain · √(6 / (fan_in + fan_out))`.
+    XavierUniform {
+        /// Scale factor (see [`calculate_gain`]).
+        gain: f64,
+    },
+    /// Glorot normal: `N(0, σ²)` with `σ = gain · √(2 / (fan_in + fan_out))`.
+    XavierNormal {
+        /// Scale factor (see [`calculate_gain`]).
+        gain: f64,
+    },
+    /// He uniform: `U(−b, b)` with `b = √3 · gain / √fan`, `gain = calculate_gain(nonlinearity, a)`.
+    KaimingUniform {
+        /// Negative slope for [`Nonlinearity::LeakyRelu`].
+        a: f64,
+        /// Which fan.
+        mode: FanMode,
+        /// The nonlinearity that follows.
+        nonlinearity: Nonlinearity,
+    },
+    /// He normal: `N(0, σ²)` with `σ = gain / √fan`.
+    KaimingNormal {
+        /// Negative slope for [`Nonlinearity::LeakyRelu`].
+        a: f64,
+        /// Which fan.
+        mode: FanMode,
+        /// The nonlinearity that follows.
+        nonlinearity: Nonlinearity,
+    },
+    /// `U(−1/√fan_in, 1/√fan_in)`: PyTorch's default for linear and convolution weights
+    /// (`kaiming_uniform_(a=√5)` reduces to this) and biases, with the fan of the weight.
+    FanInUniform,
+}
+
+impl Init {
+    /// PyTorch's default for `Linear` and `Conv2d` weights and biases ([`Init::FanInUniform`]).
+    pub const PYTORCH_DEFAULT: Init = Init::FanInUniform;
+
+    /// Kaiming uniform for a ReLU network (fan in).
+    pub fn kaiming_uniform_relu() -> Init {
+        Init::KaimingUniform {
+            a: 0.0,
+            mode: FanMode::FanIn,
+            nonlinearity: Nonlinearity::Relu,
+        }
+    }
+
+    /// Xavier uniform with gain 1.
+    pub fn xavier_uniform() -> Init {
+        Init::XavierUniform { gain: 1.0 }
+    }
+
+    /// Fills a tensor of `shape`, with fans computed from `shape` itself (see [`fans`]).
+    pub fn tensor(&self, shape: &[usize], dtype: DType, rng: &mut Rng) -> Result<HostTensor> {
+        self.tensor_with_fans(shape, fans(shape), dtype, rng)
+    }
+
+    /// Fills a tensor of `shape` using the given `(fan_in, fan_out)` — how a layer initialises a
+    /// bias with its weight's fans.
+    pub fn tensor_with_fans(
+        &self,
+        shape: &[usize],
+        (fan_in, fan_out): (usize, usize),
+        dtype: DType,
+        rng: &mut Rng,
+    ) -> Result<HostTensor> {
+        let n = shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| config("Init", format!("shape {shape:?} is too large")))?;
+        let fan = |mode: FanMode| match mode {
+            FanMode::FanIn => fan_in,
+            FanMode::FanOut => fan_out,
+        } as f64;
+        let nonzero = |f: f64| -> Result<f64> {
+            if f > 0.0 {
+                Ok(f)
+            } else {
+                Err(config(
+                    "Init",
+                    format!(
+                        "fan of shape {shape:?} is zero; this initialiser needs a positive fan"
+                    ),
+                ))
+            }
+        };
+        let values: Vec<f64> = match *self {
+            Init::Zeros => vec![0.0; n],
+            Init::Ones => vec![1.0; n],
+            Init::Constant(c) => vec![c; n],
+            Init::Uniform { low, high } => {
+                if low.is_nan() || high.is_nan() || low > high {
+                    return Err(config("Init::Uniform", format!("low {low} > high {high}")));
+                }
+                (0..n).map(|_| rng.uniform_range(low, high)).collect()
+            }
+            Init::Normal { mean, std } => normal(n, mean, std, rng)?,
+            Init::XavierUniform { gain } => {
+                let b = gain * (6.0 / nonzero((fan_in + fan_out) as f64)?).sqrt();
+                (0..n).map(|_| rng.uniform_range(-b, b)).collect()
+            }
+            Init::XavierNormal { gain } => {
+                let s = gain * (2.0 / nonzero((fan_in + fan_out) as f64)?).sqrt();
+                normal(n, 0.0, s, rng)?
+            }
+            Init::KaimingUniform {
+                a,
+                mode,
+                nonlinearity,
+            } => {
+                let std = calculate_gain(nonlinearity, a) / nonzero(fan(mode))?.sqrt();
+                let b = 3f64.sqrt() * std;
+                (0..n).map(|_| rng.uniform_range(-b, b)).collect()
+            }
+            Init::KaimingNormal {
+                a,
+                mode,
+                nonlinearity,
+            } => {
+                let std = calculate_gain(nonlinearity, a) / nonzero(fan(mode))?.sqrt();
+                normal(n, 0.0, std, rng)?
+            }
+            Init::FanInUniform => {
+                let b = 1.0 / nonzero(fan_in as f64)?.sqrt();
+                (0..n).map(|_| rng.uniform_range(-b, b)).collect()
+            }
+        };
+        Ok(HostTensor {
+            shape: shape.to_vec(),
+            data: HostData::from_f64(dtype, &values),
+        })
+    }
+}
+
+fn normal(n: usize, mean: f64, std: f64, rng: &mut Rng) -> Result<Vec<f64>> {
+    if std.is_nan() || std < 0.0 {
+        return Err(config("Init::Normal", format!("std {std} is negative")));
+    }
+    Ok((0..n).map(|_| mean + std * rng.normal()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fans_follow_pytorch() {
+        assert_eq!(fans(&[10, 4]), (4, 10));
+        assert_eq!(fans(&[8, 3, 5, 5]), (75, 200));
+        assert_eq!(fans(&[7]), (7, 7));
+    }
+
+    #[test]
+    fn bounds_and_spread() {
+        let mut r = Rng::seed(0);
+        let t = Init::FanInUniform
+            .tensor(&[50, 100], DType::F64, &mut r)
+            .unwrap();
+        let v = t.to_f64_vec();
+        assert!(v.iter().all(|x| x.abs() < 0.1));
+        assert!(v.iter().any(|x| x.abs() > 0.09));
+        let t = Init::kaiming_uniform_relu()
+            .tensor(&[50, 100], DType::F64, &mut r)
+            .unwrap();
+        let b = 3f64.sqrt() * 2f64.sqrt() / 10.0;
+        assert!(t.to_f64_vec().iter().all(|x| x.abs() < b));
+        let t = Init::XavierNormal { gain: 1.0 }
+            .tensor(&[200, 300], DType::F64, &mut r)
+            .unwrap();
+        let v = t.to_f64_vec();
+        let var = v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64;
+        assert!((var / (2.0 / 500.0) - 1.0).abs() < 0.05, "{var}");
+        // The default linear weight init (kaiming_uniform with a = √5) equals FanInUniform's bound.
+        let k = calculate_gain(Nonlinearity::LeakyRelu, 5f64.sqrt()) * 3f64.sqrt();
+        assert!((k - 1.0).abs() < 1e-15);
+    }
+
+    #[test]
+    fn bad_options_are_errors() {
+        let mut r = Rng::seed(0);
+        assert!(Init::Normal {
+            mean: 0.0,
+            std: -1.0
+        }
+        .tensor(&[2], DType::F32, &mut r)
+        .is_err());
+        assert!(Init::FanInUniform
+            .tensor(&[3, 0], DType::F32, &mut r)
+            .is_err());
+        assert!(Init::Uniform {
+            low: 1.0,
+            high: 0.0
+        }
+        .tensor(&[2], DType::F32, &mut r)
+        .is_err());
+    }
+}

@@ -1,0 +1,255 @@
+//! Fully connected layers and embeddings.
+
+use arenagrad_graph::{DType, Graph, Parameter, Tensor};
+
+use crate::error::{config, Result};
+use crate::functional as F;
+use crate::init::Init;
+use crate::module::{Module, Visitor};
+use crate::Rng;
+
+/// Options of a [`Linear`] layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinearConfig {
+    /// Whether to add a bias (default true).
+    pub bias: bool,
+    /// The parameters' dtype (default f32).
+    pub dtype: DType,
+    /// How to fill the weight (default [`Init::FanInUniform`], PyTorch's).
+    pub weight_init: Init,
+    /// How to fill the bias, with the weight's fans (default [`Init::FanInUniform`], PyTorch's).
+    pub bias_init: Init,
+}
+
+impl Default for LinearConfig {
+    fn default() -> Self {
+        LinearConfig {
+            bias: true,
+            dtype: DType::F32,
+            weight_init: Init::PYTORCH_DEFAULT,
+            bias_init: Init::PYTORCH_DEFAULT,
+        }
+    }
+}
+
+/// `y = x·Wᵀ + b` over the last axis: input `[…, in]`, output `[…, out]`; `weight` is
+/// `[out, in]` and `bias` `[out]` (PyTorch's layout and names, so checkpoints line up).
+///
+/// ```
+/// use arenagrad_nn::{DType, Graph, Linear, Module, Rng};
+/// let mut rng = Rng::seed(0);
+/// let fc = Linear::new(3, 2, &mut rng)?;
+/// let g = Graph::new();
+/// let y = fc.forward(&g, g.ones(&[5, 3], DType::F32)?)?;
+/// assert_eq!(y.shape().as_slice(), &[5, 2]);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+#[derive(Debug)]
+pub struct Linear {
+    weight: Parameter,
+    bias: Option<Parameter>,
+}
+
+impl Linear {
+    /// An f32 layer with a bias, initialised as PyTorch does.
+    pub fn new(in_features: usize, out_features: usize, rng: &mut Rng) -> Result<Self> {
+        Self::with_config(in_features, out_features, LinearConfig::default(), rng)
+    }
+
+    /// A layer with the given options.
+    pub fn with_config(
+        in_features: usize,
+        out_features: usize,
+        cfg: LinearConfig,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        if in_features == 0 || out_features == 0 {
+            return Err(config(
+                "Linear",
+                format!("features must be positive, got {in_features} → {out_features}"),
+            ));
+        }
+        let shape = [out_features, in_features];
+        let fans = crate::init::fans(&shape);
+        let weight = Parameter::new(
+            "weight",
+            cfg.weight_init
+                .tensor_with_fans(&shape, fans, cfg.dtype, rng)?,
+        );
+        let bias = if cfg.bias {
+            Some(Parameter::new(
+                "bias",
+                cfg.bias_init
+                    .tensor_with_fans(&[out_features], fans, cfg.dtype, rng)?,
+            ))
+        } else {
+            None
+        };
+        Ok(Linear { weight, bias })
+    }
+
+    /// A layer over existing parameters (shared weights, or values built elsewhere): `weight`
+    /// `[out, in]`, `bias` `[out]`, of one dtype.
+    pub fn from_parameters(weight: Parameter, bias: Option<Parameter>) -> Result<Self> {
+        let ws = weight.shape();
+        if ws.len() != 2 {
+            return Err(config(
+                "Linear",
+                format!("weight shape {ws:?} is not [out, in]"),
+            ));
+        }
+        if let Some(b) = &bias {
+            if b.shape() != [ws[0]] || b.dtype() != weight.dtype() {
+                return Err(config(
+                    "Linear",
+                    format!(
+                        "bias {:?} {} does not fit weight {ws:?} {}",
+                        b.shape(),
+                        b.dtype(),
+                        weight.dtype()
+                    ),
+                ));
+            }
+        }
+        Ok(Linear { weight, bias })
+    }
+
+    /// The weight, `[out, in]`.
+    pub fn weight(&self) -> &Parameter {
+        &self.weight
+    }
+
+    /// The bias, `[out]`, if any.
+    pub fn bias(&self) -> Option<&Parameter> {
+        self.bias.as_ref()
+    }
+
+    /// Input features.
+    pub fn in_features(&self) -> usize {
+        self.weight.shape()[1]
+    }
+
+    /// Output features.
+    pub fn out_features(&self) -> usize {
+        self.weight.shape()[0]
+    }
+}
+
+impl Module for Linear {
+    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let b = match &self.bias {
+            Some(b) => Some(g.param(b)?),
+            None => None,
+        };
+        F::linear(x, g.param(&self.weight)?, b)
+    }
+
+    fn visit(&self, v: &mut Visitor<'_>) {
+        v.param("weight", &self.weight);
+        if let Some(b) = &self.bias {
+            v.param("bias", b);
+        }
+    }
+}
+
+/// Options of an [`Embedding`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EmbeddingConfig {
+    /// The weight's dtype (default f32).
+    pub dtype: DType,
+    /// How to fill the weight (default `N(0, 1)`, PyTorch's).
+    pub init: Init,
+}
+
+impl Default for EmbeddingConfig {
+    fn default() -> Self {
+        EmbeddingConfig {
+            dtype: DType::F32,
+            init: Init::Normal {
+                mean: 0.0,
+                std: 1.0,
+            },
+        }
+    }
+}
+
+/// A lookup table: index `i` ↦ row `i` of `weight` (`[num_embeddings, dim]`).
+///
+/// [`Module::forward`] reads its input's values as indices (non-negative integers stored as
+/// floats) and returns `[input shape…, dim]`; [`Embedding::lookup`] takes indices directly.
+///
+/// ```
+/// use arenagrad_nn::{Embedding, Graph, Rng};
+/// let mut rng = Rng::seed(0);
+/// let emb = Embedding::new(10, 4, &mut rng)?;
+/// let g = Graph::new();
+/// let e = emb.lookup(&g, &[1, 7, 1], &[3])?;
+/// assert_eq!(e.shape().as_slice(), &[3, 4]);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+#[derive(Debug)]
+pub struct Embedding {
+    weight: Parameter,
+}
+
+impl Embedding {
+    /// An f32 table of `num` rows of `dim` values, drawn from `N(0, 1)`.
+    pub fn new(num: usize, dim: usize, rng: &mut Rng) -> Result<Self> {
+        Self::with_config(num, dim, EmbeddingConfig::default(), rng)
+    }
+
+    /// A table with the given options.
+    pub fn with_config(
+        num: usize,
+        dim: usize,
+        cfg: EmbeddingConfig,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        if num == 0 || dim == 0 {
+            return Err(config(
+                "Embedding",
+                format!("sizes must be positive, got {num} × {dim}"),
+            ));
+        }
+        Ok(Embedding {
+            weight: Parameter::new("weight", cfg.init.tensor(&[num, dim], cfg.dtype, rng)?),
+        })
+    }
+
+    /// A table over an existing `[num, dim]` parameter.
+    pub fn from_parameter(weight: Parameter) -> Result<Self> {
+        if weight.shape().len() != 2 {
+            return Err(config(
+                "Embedding",
+                format!("weight shape {:?} is not [num, dim]", weight.shape()),
+            ));
+        }
+        Ok(Embedding { weight })
+    }
+
+    /// The table, `[num, dim]`.
+    pub fn weight(&self) -> &Parameter {
+        &self.weight
+    }
+
+    /// The rows `indices`, shaped `[index_shape…, dim]`.
+    pub fn lookup<'g>(
+        &self,
+        g: &'g Graph,
+        indices: &[usize],
+        index_shape: &[usize],
+    ) -> Result<Tensor<'g>> {
+        F::embedding(g.param(&self.weight)?, indices, index_shape)
+    }
+}
+
+impl Module for Embedding {
+    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let idx = F::tensor_to_indices("Embedding", x)?;
+        self.lookup(g, &idx, &x.shape())
+    }
+
+    fn visit(&self, v: &mut Visitor<'_>) {
+        v.param("weight", &self.weight);
+    }
+}

@@ -1,0 +1,7 @@
+//! The layers.
+
+pub(crate) mod basic;
+pub(crate) mod conv;
+pub(crate) mod linear;
+pub(crate) mod norm;
+pub(crate) mod sequential;

@@ -1,0 +1,354 @@
+//! Normalisation layers: batch norm (1-D and 2-D) and layer norm.
+
+use arenagrad_graph::{DType, Graph, HostTensor, Parameter, Tensor};
+
+use crate::error::{config, input_shape, Result};
+use crate::functional::{self as F, RunningStats};
+use crate::module::{Module, Visitor};
+
+/// Options of [`BatchNorm1d`] and [`BatchNorm2d`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchNormConfig {
+    /// Added to the variance before the square root (default 1e-5).
+    pub eps: f64,
+    /// Weight of each batch in the running statistics (default 0.1).
+    pub momentum: f64,
+    /// Whether to learn a per-channel scale (`weight`, ones) and shift (`bias`, zeros)
+    /// (default true).
+    pub affine: bool,
+    /// Whether to keep running statistics for evaluation (default true). Without them the batch's
+    /// statistics are used in both modes.
+    pub track_running_stats: bool,
+    /// The dtype of parameters and buffers (default f32).
+    pub dtype: DType,
+}
+
+impl Default for BatchNormConfig {
+    fn default() -> Self {
+        BatchNormConfig {
+            eps: 1e-5,
+            momentum: 0.1,
+            affine: true,
+            track_running_stats: true,
+            dtype: DType::F32,
+        }
+    }
+}
+
+/// The shared state of the batch norms.
+#[derive(Debug)]
+struct BatchNorm {
+    weight: Option<Parameter>,
+    bias: Option<Parameter>,
+    running_mean: Option<Parameter>,
+    running_var: Option<Parameter>,
+    eps: f64,
+    momentum: f64,
+    training: bool,
+}
+
+impl BatchNorm {
+    fn new(component: &'static str, channels: usize, cfg: BatchNormConfig) -> Result<Self> {
+        if channels == 0 {
+            return Err(config(component, "channels must be positive"));
+        }
+        if cfg.eps.is_nan() || cfg.eps < 0.0 || !(0.0..=1.0).contains(&cfg.momentum) {
+            return Err(config(
+                component,
+                format!(
+                    "eps must be ≥ 0 and momentum in [0, 1], got eps {} momentum {}",
+                    cfg.eps, cfg.momentum
+                ),
+            ));
+        }
+        let fill = |name: &str, v: f64| {
+            Parameter::new(
+                name,
+                HostTensor {
+                    shape: vec![channels],
+                    data: arenagrad_graph::HostData::from_f64(cfg.dtype, &vec![v; channels]),
+                },
+            )
+        };
+        Ok(BatchNorm {
+            weight: cfg.affine.then(|| fill("weight", 1.0)),
+            bias: cfg.affine.then(|| fill("bias", 0.0)),
+            running_mean: cfg.track_running_stats.then(|| fill("running_mean", 0.0)),
+            running_var: cfg.track_running_stats.then(|| fill("running_var", 1.0)),
+            eps: cfg.eps,
+            momentum: cfg.momentum,
+            training: true,
+        })
+    }
+
+    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let running = match (&self.running_mean, &self.running_var) {
+            (Some(mean), Some(var)) => Some(RunningStats {
+                mean,
+                var,
+                momentum: self.momentum,
+            }),
+            _ => None,
+        };
+        let w = match &self.weight {
+            Some(p) => Some(g.param(p)?),
+            None => None,
+        };
+        let b = match &self.bias {
+            Some(p) => Some(g.param(p)?),
+            None => None,
+        };
+        F::batch_norm(g, x, running, w, b, self.training, self.eps)
+    }
+
+    fn visit(&self, v: &mut Visitor<'_>) {
+        if let Some(p) = &self.weight {
+            v.param("weight", p);
+        }
+        if let Some(p) = &self.bias {
+            v.param("bias", p);
+        }
+        if let Some(p) = &self.running_mean {
+            v.buffer("running_mean", p);
+        }
+        if let Some(p) = &self.running_var {
+            v.buffer("running_var", p);
+        }
+    }
+
+    fn channels(&self) -> usize {
+        self.weight
+            .as_ref()
+            .or(self.running_mean.as_ref())
+            .map_or(0, |p| p.numel())
+    }
+}
+
+macro_rules! batch_norm_type {
+    ($name:ident, $label:literal, $ranks:pat, $expected:literal, $doc:literal) => {
+        #[doc = $doc]
+        #[derive(Debug)]
+        pub struct $name(BatchNorm);
+
+        impl $name {
+            /// A batch norm over `channels` channels with the default options (eps 1e-5,
+            /// momentum 0.1, affine, running statistics, f32).
+            pub fn new(channels: usize) -> Result<Self> {
+                Self::with_config(channels, BatchNormConfig::default())
+            }
+
+            /// A batch norm with the given options.
+            pub fn with_config(channels: usize, cfg: BatchNormConfig) -> Result<Self> {
+                Ok($name(BatchNorm::new($label, channels, cfg)?))
+            }
+
+            /// The per-channel scale, if affine.
+            pub fn weight(&self) -> Option<&Parameter> {
+                self.0.weight.as_ref()
+            }
+
+            /// The per-channel shift, if affine.
+            pub fn bias(&self) -> Option<&Parameter> {
+                self.0.bias.as_ref()
+            }
+
+            /// The running mean, if tracked.
+            pub fn running_mean(&self) -> Option<&Parameter> {
+                self.0.running_mean.as_ref()
+            }
+
+            /// The running unbiased variance, if tracked.
+            pub fn running_var(&self) -> Option<&Parameter> {
+                self.0.running_var.as_ref()
+            }
+
+            /// Whether the layer is in training mode.
+            pub fn is_training(&self) -> bool {
+                self.0.training
+            }
+        }
+
+        impl Module for $name {
+            fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+                let s = x.try_shape()?;
+                if !matches!(s.len(), $ranks) || s[1] != self.0.channels() {
+                    return Err(input_shape(
+                        $label,
+                        &format!($expected, self.0.channels()),
+                        &s,
+                    ));
+                }
+                self.0.forward(g, x)
+            }
+
+            fn visit(&self, v: &mut Visitor<'_>) {
+                self.0.visit(v)
+            }
+
+            fn set_training(&mut self, training: bool) {
+                self.0.training = training;
+            }
+        }
+    };
+}
+
+batch_norm_type!(
+    BatchNorm1d,
+    "BatchNorm1d",
+    2 | 3,
+    "[N, {0}] or [N, {0}, L]",
+    "Batch normalisation of `[N, C]` or `[N, C, L]` inputs per channel: `y = (x − μ) / √(σ² + ε) · γ + β`, \
+     with the batch's statistics in training mode (updating the running ones with momentum 0.1 by \
+     default) and the running statistics in evaluation mode. Parameters `weight` (γ) and `bias` \
+     (β); buffers `running_mean` and `running_var`.\n\n\
+     ```\n\
+     use arenagrad_nn::{BatchNorm1d, DType, Graph, Module};\n\
+     let mut bn = BatchNorm1d::new(2)?;\n\
+     let g = Graph::new();\n\
+     let x = g.from_f64(&[1.0, 10.0, 3.0, 30.0], &[2, 2], DType::F32)?;\n\
+     let y = bn.forward(&g, x)?.to_vec::<f32>()?;\n\
+     assert!((y[0] + 1.0).abs() < 1e-4 && (y[1] + 1.0).abs() < 1e-4);\n\
+     // running_mean moved 10% toward the batch mean [2, 20]\n\
+     assert_eq!(bn.running_mean().unwrap().value().to_f64_vec(), vec![0.2f32 as f64, 2.0]);\n\
+     bn.eval(); // now normalises with the running statistics\n\
+     # Ok::<(), arenagrad_nn::NnError>(())\n\
+     ```"
+);
+
+batch_norm_type!(
+    BatchNorm2d,
+    "BatchNorm2d",
+    4,
+    "[N, {}, H, W]",
+    "Batch normalisation of `[N, C, H, W]` images per channel (statistics over `N`, `H` and `W`); \
+     otherwise as [`BatchNorm1d`]."
+);
+
+/// Options of a [`LayerNorm`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerNormConfig {
+    /// Added to the variance before the square root (default 1e-5).
+    pub eps: f64,
+    /// Whether to learn an elementwise scale and shift (default true).
+    pub elementwise_affine: bool,
+    /// The parameters' dtype (default f32).
+    pub dtype: DType,
+}
+
+impl Default for LayerNormConfig {
+    fn default() -> Self {
+        LayerNormConfig {
+            eps: 1e-5,
+            elementwise_affine: true,
+            dtype: DType::F32,
+        }
+    }
+}
+
+/// Normalisation over the trailing axes `normalized_shape` of each sample, with an elementwise
+/// scale (`weight`, ones) and shift (`bias`, zeros). The same in both modes.
+///
+/// ```
+/// use arenagrad_nn::{DType, Graph, LayerNorm, Module};
+/// let ln = LayerNorm::new(&[2])?;
+/// let g = Graph::new();
+/// let y = ln.forward(&g, g.from_f64(&[1.0, 3.0], &[1, 2], DType::F32)?)?;
+/// let v = y.to_vec::<f32>()?;
+/// assert!((v[0] + 1.0).abs() < 1e-4 && (v[1] - 1.0).abs() < 1e-4);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+#[derive(Debug)]
+pub struct LayerNorm {
+    normalized_shape: Vec<usize>,
+    weight: Option<Parameter>,
+    bias: Option<Parameter>,
+    eps: f64,
+}
+
+impl LayerNorm {
+    /// A layer norm over trailing axes of shape `normalized_shape`, default options.
+    pub fn new(normalized_shape: &[usize]) -> Result<Self> {
+        Self::with_config(normalized_shape, LayerNormConfig::default())
+    }
+
+    /// A layer norm with the given options.
+    pub fn with_config(normalized_shape: &[usize], cfg: LayerNormConfig) -> Result<Self> {
+        if normalized_shape.is_empty() || normalized_shape.contains(&0) {
+            return Err(config(
+                "LayerNorm",
+                format!("normalized_shape {normalized_shape:?} must be non-empty and positive"),
+            ));
+        }
+        if cfg.eps.is_nan() || cfg.eps < 0.0 {
+            return Err(config("LayerNorm", format!("eps {} must be ≥ 0", cfg.eps)));
+        }
+        let n = normalized_shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| config("LayerNorm", format!("{normalized_shape:?} is too large")))?;
+        let fill = |name: &str, v: f64| {
+            Parameter::new(
+                name,
+                HostTensor {
+                    shape: normalized_shape.to_vec(),
+                    data: arenagrad_graph::HostData::from_f64(cfg.dtype, &vec![v; n]),
+                },
+            )
+        };
+        Ok(LayerNorm {
+            normalized_shape: normalized_shape.to_vec(),
+            weight: cfg.elementwise_affine.then(|| fill("weight", 1.0)),
+            bias: cfg.elementwise_affine.then(|| fill("bias", 0.0)),
+            eps: cfg.eps,
+        })
+    }
+
+    /// The scale, if affine.
+    pub fn weight(&self) -> Option<&Parameter> {
+        self.weight.as_ref()
+    }
+
+    /// The shift, if affine.
+    pub fn bias(&self) -> Option<&Parameter> {
+        self.bias.as_ref()
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let s = x.try_shape()?;
+        let k = self.normalized_shape.len();
+        if s.len() < k || s[s.len() - k..] != self.normalized_shape[..] {
+            return Err(input_shape(
+                "LayerNorm",
+                &format!(
+                    "[…, {}]",
+                    self.normalized_shape
+                        .iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                &s,
+            ));
+        }
+        let w = match &self.weight {
+            Some(p) => Some(g.param(p)?),
+            None => None,
+        };
+        let b = match &self.bias {
+            Some(p) => Some(g.param(p)?),
+            None => None,
+        };
+        F::layer_norm(x, k, w, b, self.eps)
+    }
+
+    fn visit(&self, v: &mut Visitor<'_>) {
+        if let Some(p) = &self.weight {
+            v.param("weight", p);
+        }
+        if let Some(p) = &self.bias {
+            v.param("bias", p);
+        }
+    }
+}

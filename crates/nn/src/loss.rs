@@ -1,0 +1,240 @@
+//! Loss functions: mean squared error, cross-entropy from logits (with label smoothing), negative
+//! log-likelihood, and binary cross-entropy from logits.
+//!
+//! Each plain function averages over the batch (PyTorch's default `reduction="mean"`); the `_with`
+//! forms take a [`Reduction`] (and, for cross-entropy, [`CrossEntropyOptions`]).
+//!
+//! ```
+//! use arenagrad_nn::{loss, DType, Graph};
+//! let g = Graph::new();
+//! let logits = g.from_f64(&[2.0, 0.0, 0.0, 0.0, 3.0, 0.0], &[2, 3], DType::F64)?;
+//! let l = loss::cross_entropy(logits, &[0, 1])?.item()?;
+//! let want = ((1.0 + 2.0 * (-2f64).exp()).ln() + (1.0 + 2.0 * (-3f64).exp()).ln()) / 2.0;
+//! assert!((l - want).abs() < 1e-12);
+//! # Ok::<(), arenagrad_nn::NnError>(())
+//! ```
+
+use std::sync::Arc;
+
+use arenagrad_graph::{CustomOp, Graph, Tensor};
+
+use crate::error::{config, input_shape, NnError, Result};
+
+/// How per-element losses are combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reduction {
+    /// The mean (the default).
+    #[default]
+    Mean,
+    /// The sum.
+    Sum,
+    /// No reduction: one loss per element (per sample for cross-entropy and NLL).
+    None,
+}
+
+fn reduce<'g>(l: Tensor<'g>, r: Reduction) -> Result<Tensor<'g>> {
+    Ok(match r {
+        Reduction::Mean => l.mean()?,
+        Reduction::Sum => l.sum()?,
+        Reduction::None => l,
+    })
+}
+
+fn same_shape(op: &'static str, a: &Tensor<'_>, b: &Tensor<'_>) -> Result<()> {
+    let (sa, sb) = (a.try_shape()?, b.try_shape()?);
+    if sa != sb {
+        return Err(input_shape(op, &format!("a target of shape {sa:?}"), &sb));
+    }
+    Ok(())
+}
+
+/// Mean of `(pred − target)²`; the shapes must be equal.
+pub fn mse_loss<'g>(pred: Tensor<'g>, target: Tensor<'g>) -> Result<Tensor<'g>> {
+    mse_loss_with(pred, target, Reduction::Mean)
+}
+
+/// `(pred − target)²` reduced by `reduction`.
+pub fn mse_loss_with<'g>(
+    pred: Tensor<'g>,
+    target: Tensor<'g>,
+    reduction: Reduction,
+) -> Result<Tensor<'g>> {
+    same_shape("mse_loss", &pred, &target)?;
+    reduce(pred.sub(target)?.square()?, reduction)
+}
+
+/// Options of [`cross_entropy_with`].
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CrossEntropyOptions {
+    /// ε in `[0, 1]`: the target distribution is `(1 − ε)·onehot + ε/C` (default 0).
+    pub label_smoothing: f64,
+    /// How per-sample losses are combined (default mean).
+    pub reduction: Reduction,
+}
+
+/// Brings class scores `[N, C]`, `[N, C, d…]` or `[C]` to rows `[M, C]`, checking the targets;
+/// returns the rows and the shape a `Reduction::None` result takes.
+fn class_rows<'g>(
+    op: &'static str,
+    x: Tensor<'g>,
+    targets: &[usize],
+) -> Result<(Tensor<'g>, Vec<isize>)> {
+    let s = x.try_shape()?;
+    let (rows, out_shape): (Tensor<'g>, Vec<isize>) = match s.len() {
+        0 => return Err(input_shape(op, "[N, C], [N, C, d…] or [C]", &s)),
+        1 => (x.reshape(&[1, s[0] as isize])?, vec![]),
+        2 => (x, vec![s[0] as isize]),
+        r => {
+            let mut perm: Vec<usize> = vec![0];
+            perm.extend(2..r);
+            perm.push(1);
+            let out: Vec<isize> = std::iter::once(s[0])
+                .chain(s[2..].iter().copied())
+                .map(|d| d as isize)
+                .collect();
+            (x.permute(&perm)?.reshape(&[-1, s[1] as isize])?, out)
+        }
+    };
+    let rs = rows.try_shape()?;
+    let (m, c) = (rs[0], rs[1]);
+    if targets.len() != m {
+        return Err(NnError::TargetCount {
+            op,
+            predictions: m,
+            targets: targets.len(),
+        });
+    }
+    if let Some((position, &index)) = targets.iter().enumerate().find(|(_, &t)| t >= c) {
+        return Err(NnError::IndexOutOfRange {
+            op,
+            position,
+            index,
+            bound: c,
+        });
+    }
+    Ok((rows, out_shape))
+}
+
+/// Cross-entropy of class scores (logits, before softmax) against class indices, averaged over
+/// the samples. `logits` is `[N, C]` (or `[N, C, d…]` with targets in `[N, d…]` row-major order,
+/// or `[C]` with one target).
+pub fn cross_entropy<'g>(logits: Tensor<'g>, targets: &[usize]) -> Result<Tensor<'g>> {
+    cross_entropy_with(logits, targets, CrossEntropyOptions::default())
+}
+
+/// [`cross_entropy`] with label smoothing and a reduction: per sample,
+/// `(1 − ε)·(−log p[target]) + ε·mean_c(−log p[c])`, as PyTorch computes it.
+pub fn cross_entropy_with<'g>(
+    logits: Tensor<'g>,
+    targets: &[usize],
+    opts: CrossEntropyOptions,
+) -> Result<Tensor<'g>> {
+    let eps = opts.label_smoothing;
+    if !(0.0..=1.0).contains(&eps) {
+        return Err(config(
+            "cross_entropy",
+            format!("label_smoothing must be in [0, 1], got {eps}"),
+        ));
+    }
+    let (rows, out_shape) = class_rows("cross_entropy", logits, targets)?;
+    let lsm = rows.log_softmax(-1)?;
+    let nll = pick_neg(lsm, targets)?;
+    let per_sample = if eps > 0.0 {
+        let smooth = lsm.mean_axes(&[1], false)?.neg()?;
+        nll.scale(1.0 - eps)?.add(smooth.scale(eps)?)?
+    } else {
+        nll
+    };
+    finish(per_sample, &out_shape, opts.reduction)
+}
+
+/// `−rows[i, targets[i]]` as a vector `[M]`.
+fn pick_neg<'g>(rows: Tensor<'g>, targets: &[usize]) -> Result<Tensor<'g>> {
+    let m = targets.len();
+    Ok(rows
+        .gather(1, targets, &[m, 1])?
+        .reshape(&[m as isize])?
+        .neg()?)
+}
+
+fn finish<'g>(per_sample: Tensor<'g>, out_shape: &[isize], r: Reduction) -> Result<Tensor<'g>> {
+    match r {
+        Reduction::None => Ok(per_sample.reshape(out_shape)?),
+        r => reduce(per_sample, r),
+    }
+}
+
+/// Negative log-likelihood of log-probabilities (`[N, C]`, say from `log_softmax`) against class
+/// indices, averaged over the samples.
+pub fn nll_loss<'g>(log_probs: Tensor<'g>, targets: &[usize]) -> Result<Tensor<'g>> {
+    nll_loss_with(log_probs, targets, Reduction::Mean)
+}
+
+/// [`nll_loss`] with a reduction.
+pub fn nll_loss_with<'g>(
+    log_probs: Tensor<'g>,
+    targets: &[usize],
+    reduction: Reduction,
+) -> Result<Tensor<'g>> {
+    let (rows, out_shape) = class_rows("nll_loss", log_probs, targets)?;
+    finish(pick_neg(rows, targets)?, &out_shape, reduction)
+}
+
+/// Binary cross-entropy of logits `x` against targets `y` in `[0, 1]` (same shape), averaged:
+/// `max(x, 0) − x·y + log(1 + e^−|x|)`, which never overflows. Its gradient is
+/// `σ(x) − y` exactly, including at `x = 0`.
+pub fn bce_with_logits<'g>(logits: Tensor<'g>, targets: Tensor<'g>) -> Result<Tensor<'g>> {
+    bce_with_logits_with(logits, targets, Reduction::Mean)
+}
+
+/// [`bce_with_logits`] with a reduction.
+pub fn bce_with_logits_with<'g>(
+    logits: Tensor<'g>,
+    targets: Tensor<'g>,
+    reduction: Reduction,
+) -> Result<Tensor<'g>> {
+    same_shape("bce_with_logits", &logits, &targets)?;
+    let g = logits.graph();
+    let value = {
+        let _ng = g.no_grad();
+        bce_value(logits, targets)?
+    };
+    let per_element = g.custom(Arc::new(BceWithLogits), &[logits, targets], value)?;
+    reduce(per_element, reduction)
+}
+
+fn bce_value<'g>(x: Tensor<'g>, y: Tensor<'g>) -> arenagrad_graph::Result<Tensor<'g>> {
+    let softplus = x.abs()?.neg()?.exp()?.shift(1.0)?.log()?;
+    x.relu()?.sub(x.mul(y)?)?.add(softplus)
+}
+
+/// The elementwise BCE-with-logits op: its backward is `gy·(σ(x) − y)` for the logits and
+/// `−gy·x` for the targets.
+struct BceWithLogits;
+
+impl CustomOp for BceWithLogits {
+    fn name(&self) -> &'static str {
+        "bce_with_logits"
+    }
+
+    fn backward<'g>(
+        &self,
+        _g: &'g Graph,
+        inputs: &[Tensor<'g>],
+        _output: Tensor<'g>,
+        gy: Tensor<'g>,
+    ) -> arenagrad_graph::Result<Vec<Option<Tensor<'g>>>> {
+        let (x, y) = (inputs[0], inputs[1]);
+        let gx = if x.requires_grad() {
+            Some(gy.mul(x.sigmoid()?.sub(y)?)?)
+        } else {
+            None
+        };
+        let gt = if y.requires_grad() {
+            Some(gy.mul(x)?.neg()?)
+        } else {
+            None
+        };
+        Ok(vec![gx, gt])
+    }
+}

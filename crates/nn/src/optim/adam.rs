@@ -1,0 +1,326 @@
+//! Adam and AdamW.
+
+use arenagrad_graph::{Elem, HostData, Parameter};
+
+use super::{check_non_negative, dedup, grad_dtype_error, Optimizer};
+use crate::error::{config, Result};
+
+/// Options of [`Adam`] and [`AdamW`]; build with [`AdamConfig::new`] and the setters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamConfig {
+    /// Learning rate.
+    pub lr: f64,
+    /// Decay rates of the first and second moment estimates (default `(0.9, 0.999)`).
+    pub betas: (f64, f64),
+    /// Added to the denominator (default 1e-8).
+    pub eps: f64,
+    /// Weight decay: an L2 term `g + wd·p` for [`Adam`] (default 0), a decoupled decay
+    /// `p·(1 − lr·wd)` for [`AdamW`] (default 0.01 via [`AdamConfig::adamw`]).
+    pub weight_decay: f64,
+    /// Use the running maximum of the second moment (AMSGrad; default false).
+    pub amsgrad: bool,
+}
+
+impl AdamConfig {
+    /// Adam's defaults with learning rate `lr`: betas (0.9, 0.999), eps 1e-8, no weight decay.
+    pub fn new(lr: f64) -> Self {
+        AdamConfig {
+            lr,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            amsgrad: false,
+        }
+    }
+    /// AdamW's defaults with learning rate `lr`: as [`AdamConfig::new`] with weight decay 0.01.
+    pub fn adamw(lr: f64) -> Self {
+        AdamConfig {
+            weight_decay: 0.01,
+            ..Self::new(lr)
+        }
+    }
+    /// With these betas.
+    pub fn betas(mut self, beta1: f64, beta2: f64) -> Self {
+        self.betas = (beta1, beta2);
+        self
+    }
+    /// With this eps.
+    pub fn eps(mut self, eps: f64) -> Self {
+        self.eps = eps;
+        self
+    }
+    /// With this weight decay.
+    pub fn weight_decay(mut self, wd: f64) -> Self {
+        self.weight_decay = wd;
+        self
+    }
+    /// With or without AMSGrad.
+    pub fn amsgrad(mut self, on: bool) -> Self {
+        self.amsgrad = on;
+        self
+    }
+
+    fn check(&self, c: &'static str) -> Result<()> {
+        check_non_negative(c, "lr", self.lr)?;
+        check_non_negative(c, "eps", self.eps)?;
+        check_non_negative(c, "weight_decay", self.weight_decay)?;
+        let (b1, b2) = self.betas;
+        if !(0.0..1.0).contains(&b1) || !(0.0..1.0).contains(&b2) {
+            return Err(config(
+                c,
+                format!("betas must be in [0, 1), got ({b1}, {b2})"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The state Adam keeps for one parameter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdamState {
+    /// Steps taken for this parameter.
+    pub step: u64,
+    /// First moment estimate `m`.
+    pub exp_avg: HostData,
+    /// Second moment estimate `v`.
+    pub exp_avg_sq: HostData,
+    /// Running maximum of `v` (AMSGrad only).
+    pub max_exp_avg_sq: Option<HostData>,
+}
+
+/// PyTorch's `torch.lerp` for a scalar weight, rounding as it does.
+#[inline(always)]
+fn lerp<T: Elem>(a: T, b: T, w: T, w_small: bool, one_minus_w: T) -> T {
+    if w_small {
+        a + w * (b - a)
+    } else {
+        b - (b - a) * one_minus_w
+    }
+}
+
+fn adam_kernel<T: Elem>(
+    p: &mut [T],
+    g: &[T],
+    st: &mut Option<AdamState>,
+    c: &AdamConfig,
+    decoupled: bool,
+) {
+    let n = p.len();
+    let st = st.get_or_insert_with(|| AdamState {
+        step: 0,
+        exp_avg: HostData::zeros(T::DTYPE, n),
+        exp_avg_sq: HostData::zeros(T::DTYPE, n),
+        max_exp_avg_sq: c.amsgrad.then(|| HostData::zeros(T::DTYPE, n)),
+    });
+    st.step += 1;
+    let t = st.step as f64;
+    let (b1, b2) = c.betas;
+    if decoupled && c.weight_decay != 0.0 {
+        let f = T::from_f64(1.0 - c.lr * c.weight_decay);
+        p.iter_mut().for_each(|p| *p *= f);
+    }
+    let l2 = !decoupled && c.weight_decay != 0.0;
+    let wd = T::from_f64(c.weight_decay);
+    let bias_correction1 = 1.0 - b1.powf(t);
+    let bias_correction2 = 1.0 - b2.powf(t);
+    let neg_step = T::from_f64(-(c.lr / bias_correction1));
+    let bc2_sqrt = T::from_f64(bias_correction2.sqrt());
+    let eps = T::from_f64(c.eps);
+    let w1 = T::from_f64(1.0 - b1);
+    let w1_small = (1.0 - b1) < 0.5;
+    let one_minus_w1 = T::ONE - w1;
+    let b2t = T::from_f64(b2);
+    let w2 = T::from_f64(1.0 - b2);
+    let m = st
+        .exp_avg
+        .as_mut_slice::<T>()
+        .expect("invariant: state has the parameter's dtype");
+    let v = st
+        .exp_avg_sq
+        .as_mut_slice::<T>()
+        .expect("invariant: state has the parameter's dtype");
+    match st
+        .max_exp_avg_sq
+        .as_mut()
+        .and_then(|x| x.as_mut_slice::<T>())
+    {
+        None => {
+            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                let d = if l2 { g + wd * *p } else { g };
+                *m = lerp(*m, d, w1, w1_small, one_minus_w1);
+                *v = *v * b2t + w2 * d * d;
+                let denom = v.sqrt() / bc2_sqrt + eps;
+                *p += neg_step * *m / denom;
+            }
+        }
+        Some(vmax) => {
+            for ((((p, &g), m), v), vm) in p
+                .iter_mut()
+                .zip(g)
+                .zip(m.iter_mut())
+                .zip(v.iter_mut())
+                .zip(vmax.iter_mut())
+            {
+                let d = if l2 { g + wd * *p } else { g };
+                *m = lerp(*m, d, w1, w1_small, one_minus_w1);
+                *v = *v * b2t + w2 * d * d;
+                if *v > *vm {
+                    *vm = *v;
+                }
+                let denom = vm.sqrt() / bc2_sqrt + eps;
+                *p += neg_step * *m / denom;
+            }
+        }
+    }
+}
+
+fn step_all(
+    params: &[Parameter],
+    states: &mut [Option<AdamState>],
+    cfg: &AdamConfig,
+    decoupled: bool,
+    op: &'static str,
+) -> Result<()> {
+    for (p, st) in params.iter().zip(states.iter_mut()) {
+        p.update(|value, grad| {
+            let Some(grad) = grad else { return Ok(()) };
+            match (value, grad) {
+                (HostData::F32(v), HostData::F32(g)) => adam_kernel(v, g, st, cfg, decoupled),
+                (HostData::F64(v), HostData::F64(g)) => adam_kernel(v, g, st, cfg, decoupled),
+                (v, g) => return Err(grad_dtype_error(op, v, g)),
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// Adam — PyTorch's `torch.optim.Adam`, with bias correction and optional L2 weight decay and
+/// AMSGrad. For each parameter at step `t`:
+///
+/// ```text
+/// d = g + wd·p
+/// m = β₁·m + (1 − β₁)·d
+/// v = β₂·v + (1 − β₂)·d²
+/// p = p − lr/(1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + ε)
+/// ```
+#[derive(Debug)]
+pub struct Adam {
+    params: Vec<Parameter>,
+    cfg: AdamConfig,
+    states: Vec<Option<AdamState>>,
+}
+
+impl Adam {
+    /// An optimiser over `params` (repeated handles are updated once).
+    pub fn new(params: impl IntoIterator<Item = Parameter>, cfg: AdamConfig) -> Result<Self> {
+        cfg.check("Adam")?;
+        let params = dedup(params);
+        let states = vec![None; params.len()];
+        Ok(Adam {
+            params,
+            cfg,
+            states,
+        })
+    }
+
+    /// The options.
+    pub fn config(&self) -> &AdamConfig {
+        &self.cfg
+    }
+
+    /// The state of parameter `index` (none before its first step).
+    pub fn state(&self, index: usize) -> Option<&AdamState> {
+        self.states.get(index).and_then(Option::as_ref)
+    }
+}
+
+impl Optimizer for Adam {
+    fn step(&mut self) -> Result<()> {
+        step_all(
+            &self.params,
+            &mut self.states,
+            &self.cfg,
+            false,
+            "Adam::step",
+        )
+    }
+    fn parameters(&self) -> &[Parameter] {
+        &self.params
+    }
+    fn learning_rate(&self) -> f64 {
+        self.cfg.lr
+    }
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.cfg.lr = lr;
+    }
+}
+
+/// AdamW — Adam with decoupled weight decay, PyTorch's `torch.optim.AdamW`: each step first
+/// shrinks the parameter, `p = p·(1 − lr·wd)`, then applies Adam's update without an L2 term.
+///
+/// ```
+/// use arenagrad_nn::optim::{AdamConfig, AdamW, Optimizer};
+/// use arenagrad_nn::{Graph, HostTensor, Parameter};
+/// let p = Parameter::new("p", HostTensor::new(vec![1.0f64], &[1])?);
+/// let mut opt = AdamW::new([p.clone()], AdamConfig::adamw(0.1))?;
+/// let g = Graph::new();
+/// g.param(&p)?.sum()?.backward()?; // gradient 1
+/// opt.step()?;
+/// // p·(1 − 0.1·0.01) − 0.1 · m̂/(√v̂ + ε) with m̂ = v̂ = 1
+/// let want = 1.0 * (1.0 - 0.001) - 0.1 * 1.0 / (1.0 + 1e-8);
+/// assert!((p.value().to_f64_vec()[0] - want).abs() < 1e-12);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+#[derive(Debug)]
+pub struct AdamW {
+    params: Vec<Parameter>,
+    cfg: AdamConfig,
+    states: Vec<Option<AdamState>>,
+}
+
+impl AdamW {
+    /// An optimiser over `params` (repeated handles are updated once). Use
+    /// [`AdamConfig::adamw`] for PyTorch's default weight decay of 0.01.
+    pub fn new(params: impl IntoIterator<Item = Parameter>, cfg: AdamConfig) -> Result<Self> {
+        cfg.check("AdamW")?;
+        let params = dedup(params);
+        let states = vec![None; params.len()];
+        Ok(AdamW {
+            params,
+            cfg,
+            states,
+        })
+    }
+
+    /// The options.
+    pub fn config(&self) -> &AdamConfig {
+        &self.cfg
+    }
+
+    /// The state of parameter `index` (none before its first step).
+    pub fn state(&self, index: usize) -> Option<&AdamState> {
+        self.states.get(index).and_then(Option::as_ref)
+    }
+}
+
+impl Optimizer for AdamW {
+    fn step(&mut self) -> Result<()> {
+        step_all(
+            &self.params,
+            &mut self.states,
+            &self.cfg,
+            true,
+            "AdamW::step",
+        )
+    }
+    fn parameters(&self) -> &[Parameter] {
+        &self.params
+    }
+    fn learning_rate(&self) -> f64 {
+        self.cfg.lr
+    }
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.cfg.lr = lr;
+    }
+}

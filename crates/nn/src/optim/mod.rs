@@ -1,0 +1,154 @@
+//! Optimisers (SGD with momentum and Nesterov, Adam, AdamW), learning-rate schedules, and
+//! gradient clipping.
+//!
+//! An optimiser holds [`Parameter`] handles (the same storage the model's layers use) and
+//! updates their values in place from their accumulated gradients. Its state — momentum buffers,
+//! Adam's moments — is plain host vectors of the parameter's dtype. The update rules are
+//! PyTorch's, step for step.
+//!
+//! ```
+//! use arenagrad_nn::optim::{Adam, AdamConfig, Optimizer};
+//! use arenagrad_nn::{loss, DType, Graph, Linear, Module, Rng};
+//! let mut rng = Rng::seed(0);
+//! let model = Linear::new(2, 1, &mut rng)?;
+//! let mut opt = Adam::new(model.parameters(), AdamConfig::new(0.1))?;
+//! let mut g = Graph::new();
+//! let mut last = f64::INFINITY;
+//! for _ in 0..50 {
+//!     opt.zero_grad();
+//!     let x = g.from_f64(&[1.0, 2.0, -1.0, 0.5], &[2, 2], DType::F32)?;
+//!     let y = g.from_f64(&[3.0, -1.0], &[2, 1], DType::F32)?;
+//!     let l = loss::mse_loss(model.forward(&g, x)?, y)?;
+//!     l.backward()?;
+//!     last = l.item()?;
+//!     g.reset();
+//!     opt.step()?;
+//! }
+//! assert!(last < 0.05, "{last}");
+//! # Ok::<(), arenagrad_nn::NnError>(())
+//! ```
+
+mod adam;
+mod schedule;
+mod sgd;
+
+pub use adam::{Adam, AdamConfig, AdamState, AdamW};
+pub use schedule::{CosineAnnealingLr, LrSchedule, StepLr};
+pub use sgd::{Sgd, SgdConfig};
+
+use arenagrad_graph::{HostData, Parameter};
+
+use crate::error::{config, NnError, Result};
+
+/// An optimiser: updates its parameters from their gradients.
+pub trait Optimizer {
+    /// Applies one update to every parameter that has a gradient (parameters without one are
+    /// skipped, as in PyTorch). Gradients are left in place: call [`Optimizer::zero_grad`]
+    /// before the next accumulation.
+    fn step(&mut self) -> Result<()>;
+
+    /// The parameters being optimised.
+    fn parameters(&self) -> &[Parameter];
+
+    /// The current learning rate.
+    fn learning_rate(&self) -> f64;
+
+    /// Sets the learning rate (what a schedule does between steps).
+    fn set_learning_rate(&mut self, lr: f64);
+
+    /// Clears every parameter's gradient.
+    fn zero_grad(&self) {
+        for p in self.parameters() {
+            p.zero_grad();
+        }
+    }
+}
+
+/// Collects parameters, dropping repeated handles to the same storage (a shared parameter is
+/// updated once per step).
+pub(crate) fn dedup(params: impl IntoIterator<Item = Parameter>) -> Vec<Parameter> {
+    let mut out: Vec<Parameter> = Vec::new();
+    for p in params {
+        if !out.iter().any(|q| q.same(&p)) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+pub(crate) fn check_non_negative(component: &'static str, what: &str, v: f64) -> Result<()> {
+    if !v.is_finite() || v < 0.0 {
+        return Err(config(
+            component,
+            format!("{what} must be finite and ≥ 0, got {v}"),
+        ));
+    }
+    Ok(())
+}
+
+fn grad_dtype_error(op: &'static str, value: &HostData, grad: &HostData) -> NnError {
+    NnError::DType {
+        op,
+        expected: value.dtype(),
+        got: grad.dtype(),
+    }
+}
+
+/// Scales all gradients together so that their global L2 norm is at most `max_norm`; returns the
+/// norm before clipping. As PyTorch's `clip_grad_norm_`: the factor is
+/// `max_norm / (norm + 1e-6)` when that is below 1. Parameters without gradients are skipped.
+///
+/// ```
+/// use arenagrad_nn::optim::clip_grad_norm;
+/// use arenagrad_nn::{DType, Graph, HostTensor, Parameter};
+/// let p = Parameter::new("p", HostTensor::new(vec![3.0f64, 4.0], &[2])?);
+/// let g = Graph::new();
+/// let t = g.param(&p)?;
+/// t.mul(t)?.sum()?.scale(0.5)?.backward()?; // grad = value = [3, 4], norm 5
+/// let norm = clip_grad_norm(&[p.clone()], 1.0)?;
+/// assert_eq!(norm, 5.0);
+/// let clipped = p.grad().unwrap().to_f64_vec();
+/// assert!((clipped[0] - 0.6).abs() < 1e-6 && (clipped[1] - 0.8).abs() < 1e-6);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+pub fn clip_grad_norm(params: &[Parameter], max_norm: f64) -> Result<f64> {
+    check_non_negative("clip_grad_norm", "max_norm", max_norm)?;
+    let mut sq = 0.0f64;
+    for p in params {
+        p.update_grad(|g| match g {
+            Some(HostData::F32(v)) => {
+                sq += v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>()
+            }
+            Some(HostData::F64(v)) => sq += v.iter().map(|&x| x * x).sum::<f64>(),
+            None => {}
+        });
+    }
+    let norm = sq.sqrt();
+    let coef = max_norm / (norm + 1e-6);
+    if coef < 1.0 {
+        for p in params {
+            p.update_grad(|g| match g {
+                Some(HostData::F32(v)) => v.iter_mut().for_each(|x| *x *= coef as f32),
+                Some(HostData::F64(v)) => v.iter_mut().for_each(|x| *x *= coef),
+                None => {}
+            });
+        }
+    }
+    Ok(norm)
+}
+
+/// Clamps every gradient element into `[−clip, clip]`.
+pub fn clip_grad_value(params: &[Parameter], clip: f64) -> Result<()> {
+    check_non_negative("clip_grad_value", "clip", clip)?;
+    for p in params {
+        p.update_grad(|g| match g {
+            Some(HostData::F32(v)) => {
+                let c = clip as f32;
+                v.iter_mut().for_each(|x| *x = x.clamp(-c, c))
+            }
+            Some(HostData::F64(v)) => v.iter_mut().for_each(|x| *x = x.clamp(-clip, clip)),
+            None => {}
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! Learning-rate schedules.
+
+use super::Optimizer;
+use crate::error::{config, Result};
+
+/// A learning rate as a function of the epoch (or step) count.
+///
+/// ```
+/// use arenagrad_nn::optim::{CosineAnnealingLr, LrSchedule, Optimizer, Sgd, SgdConfig, StepLr};
+/// let step = StepLr::new(0.1, 10, 0.5)?;
+/// assert_eq!(step.lr_at(0), 0.1);
+/// assert_eq!(step.lr_at(25), 0.025);
+/// let cos = CosineAnnealingLr::new(0.1, 100, 0.0)?;
+/// assert!((cos.lr_at(50) - 0.05).abs() < 1e-12);
+/// let mut opt = Sgd::new([], SgdConfig::new(0.1))?;
+/// cos.apply(&mut opt, 100);
+/// assert!(opt.learning_rate().abs() < 1e-12);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+pub trait LrSchedule {
+    /// The learning rate for epoch `epoch` (0 is the first).
+    fn lr_at(&self, epoch: usize) -> f64;
+
+    /// Sets `opt`'s learning rate for epoch `epoch`; returns it.
+    fn apply<O: Optimizer + ?Sized>(&self, opt: &mut O, epoch: usize) -> f64
+    where
+        Self: Sized,
+    {
+        let lr = self.lr_at(epoch);
+        opt.set_learning_rate(lr);
+        lr
+    }
+}
+
+/// `base_lr · γ^⌊epoch / step_size⌋` (PyTorch's `StepLR`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepLr {
+    base_lr: f64,
+    step_size: usize,
+    gamma: f64,
+}
+
+impl StepLr {
+    /// Decays by `gamma` every `step_size` epochs.
+    pub fn new(base_lr: f64, step_size: usize, gamma: f64) -> Result<Self> {
+        if step_size == 0 || gamma.is_nan() || gamma < 0.0 || base_lr.is_nan() || base_lr < 0.0 {
+            return Err(config(
+                "StepLr",
+                format!("need step_size > 0, gamma ≥ 0, base_lr ≥ 0; got {step_size}, {gamma}, {base_lr}"),
+            ));
+        }
+        Ok(StepLr {
+            base_lr,
+            step_size,
+            gamma,
+        })
+    }
+}
+
+impl LrSchedule for StepLr {
+    fn lr_at(&self, epoch: usize) -> f64 {
+        let k = (epoch / self.step_size).min(i32::MAX as usize) as i32;
+        self.base_lr * self.gamma.powi(k)
+    }
+}
+
+/// `η_min + (base_lr − η_min)·(1 + cos(π·epoch / t_max)) / 2` (PyTorch's `CosineAnnealingLR`,
+/// closed form): from `base_lr` at epoch 0 down to `η_min` at `t_max`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CosineAnnealingLr {
+    base_lr: f64,
+    t_max: usize,
+    eta_min: f64,
+}
+
+impl CosineAnnealingLr {
+    /// Anneals from `base_lr` to `eta_min` over `t_max` epochs.
+    pub fn new(base_lr: f64, t_max: usize, eta_min: f64) -> Result<Self> {
+        if t_max == 0 || base_lr.is_nan() || base_lr < 0.0 || eta_min.is_nan() || eta_min < 0.0 {
+            return Err(config(
+                "CosineAnnealingLr",
+                format!("need t_max > 0 and non-negative rates; got {t_max}, {base_lr}, {eta_min}"),
+            ));
+        }
+        Ok(CosineAnnealingLr {
+            base_lr,
+            t_max,
+            eta_min,
+        })
+    }
+}
+
+impl LrSchedule for CosineAnnealingLr {
+    fn lr_at(&self, epoch: usize) -> f64 {
+        let c = (std::f64::consts::PI * epoch as f64 / self.t_max as f64).cos();
+        self.eta_min + (self.base_lr - self.eta_min) * (1.0 + c) / 2.0
+    }
+}

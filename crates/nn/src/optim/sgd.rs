@@ -1,0 +1,188 @@
+//! Stochastic gradient descent.
+
+use arenagrad_graph::{Elem, HostData, Parameter};
+
+use super::{check_non_negative, dedup, grad_dtype_error, Optimizer};
+use crate::error::{config, Result};
+
+/// Options of [`Sgd`]; build with [`SgdConfig::new`] and the setters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgdConfig {
+    /// Learning rate.
+    pub lr: f64,
+    /// Momentum factor (default 0: plain SGD).
+    pub momentum: f64,
+    /// Dampening of the momentum's new-gradient term (default 0).
+    pub dampening: f64,
+    /// L2 penalty added to the gradient, `g + wd·p` (default 0).
+    pub weight_decay: f64,
+    /// Nesterov momentum (default false; needs momentum > 0 and dampening 0).
+    pub nesterov: bool,
+}
+
+impl SgdConfig {
+    /// Plain SGD with learning rate `lr`.
+    pub fn new(lr: f64) -> Self {
+        SgdConfig {
+            lr,
+            momentum: 0.0,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+        }
+    }
+    /// With momentum `m`.
+    pub fn momentum(mut self, m: f64) -> Self {
+        self.momentum = m;
+        self
+    }
+    /// With dampening `d`.
+    pub fn dampening(mut self, d: f64) -> Self {
+        self.dampening = d;
+        self
+    }
+    /// With weight decay `wd`.
+    pub fn weight_decay(mut self, wd: f64) -> Self {
+        self.weight_decay = wd;
+        self
+    }
+    /// With or without Nesterov momentum.
+    pub fn nesterov(mut self, on: bool) -> Self {
+        self.nesterov = on;
+        self
+    }
+}
+
+/// SGD with optional momentum, dampening, Nesterov momentum and weight decay — PyTorch's
+/// `torch.optim.SGD`:
+///
+/// ```text
+/// d = g + wd·p
+/// b = d                       (first step)
+/// b = μ·b + (1 − dampening)·d (later steps)
+/// d = d + μ·b  (Nesterov)  or  d = b
+/// p = p − lr·d
+/// ```
+///
+/// ```
+/// use arenagrad_nn::optim::{Optimizer, Sgd, SgdConfig};
+/// use arenagrad_nn::{HostData, HostTensor, Parameter};
+/// let p = Parameter::new("p", HostTensor::new(vec![1.0f64], &[1])?);
+/// let mut opt = Sgd::new([p.clone()], SgdConfig::new(0.1).momentum(0.9))?;
+/// for _ in 0..2 {
+///     let g = arenagrad_nn::Graph::new();
+///     let t = g.param(&p)?;
+///     t.sum()?.backward()?; // gradient 1
+///     opt.step()?;
+///     opt.zero_grad();
+/// }
+/// // step 1: b = 1, p = 0.9; step 2: b = 1.9, p = 0.71
+/// assert!((p.value().to_f64_vec()[0] - 0.71).abs() < 1e-12);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+#[derive(Debug)]
+pub struct Sgd {
+    params: Vec<Parameter>,
+    cfg: SgdConfig,
+    momentum: Vec<Option<HostData>>,
+}
+
+impl Sgd {
+    /// An optimiser over `params` (repeated handles are updated once).
+    pub fn new(params: impl IntoIterator<Item = Parameter>, cfg: SgdConfig) -> Result<Self> {
+        let c = "Sgd";
+        check_non_negative(c, "lr", cfg.lr)?;
+        check_non_negative(c, "momentum", cfg.momentum)?;
+        check_non_negative(c, "dampening", cfg.dampening)?;
+        check_non_negative(c, "weight_decay", cfg.weight_decay)?;
+        if cfg.nesterov && (cfg.momentum <= 0.0 || cfg.dampening != 0.0) {
+            return Err(config(
+                c,
+                "Nesterov momentum requires momentum > 0 and dampening 0",
+            ));
+        }
+        let params = dedup(params);
+        let momentum = vec![None; params.len()];
+        Ok(Sgd {
+            params,
+            cfg,
+            momentum,
+        })
+    }
+
+    /// The options.
+    pub fn config(&self) -> &SgdConfig {
+        &self.cfg
+    }
+
+    /// The momentum buffer of parameter `index` (none before its first step, or without
+    /// momentum).
+    pub fn momentum_buffer(&self, index: usize) -> Option<&HostData> {
+        self.momentum.get(index).and_then(Option::as_ref)
+    }
+}
+
+fn sgd_kernel<T: Elem>(p: &mut [T], g: &[T], buf: &mut Option<HostData>, c: &SgdConfig) {
+    let lr = T::from_f64(c.lr);
+    let wd = T::from_f64(c.weight_decay);
+    let decay = c.weight_decay != 0.0;
+    let d_of = |g: T, p: T| if decay { g + wd * p } else { g };
+    if c.momentum == 0.0 {
+        for (p, &g) in p.iter_mut().zip(g) {
+            *p -= lr * d_of(g, *p);
+        }
+        return;
+    }
+    let mu = T::from_f64(c.momentum);
+    let keep = T::from_f64(1.0 - c.dampening);
+    match buf.as_mut().and_then(|b| b.as_mut_slice::<T>()) {
+        Some(b) => {
+            for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
+                let d = d_of(g, *p);
+                *b = mu * *b + keep * d;
+                let step = if c.nesterov { d + mu * *b } else { *b };
+                *p -= lr * step;
+            }
+        }
+        None => {
+            let mut b = Vec::with_capacity(p.len());
+            for (p, &g) in p.iter_mut().zip(g) {
+                let d = d_of(g, *p);
+                b.push(d);
+                let step = if c.nesterov { d + mu * d } else { d };
+                *p -= lr * step;
+            }
+            *buf = Some(T::into_host(b));
+        }
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self) -> Result<()> {
+        let cfg = self.cfg;
+        for (p, buf) in self.params.iter().zip(self.momentum.iter_mut()) {
+            p.update(|value, grad| {
+                let Some(grad) = grad else { return Ok(()) };
+                match (value, grad) {
+                    (HostData::F32(v), HostData::F32(g)) => sgd_kernel(v, g, buf, &cfg),
+                    (HostData::F64(v), HostData::F64(g)) => sgd_kernel(v, g, buf, &cfg),
+                    (v, g) => return Err(grad_dtype_error("Sgd::step", v, g)),
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    fn parameters(&self) -> &[Parameter] {
+        &self.params
+    }
+
+    fn learning_rate(&self) -> f64 {
+        self.cfg.lr
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.cfg.lr = lr;
+    }
+}

@@ -1,0 +1,363 @@
+//! Optimisers against hand-computed updates on scalars, plus clipping and schedules.
+
+use arenagrad_nn::optim::{
+    clip_grad_norm, clip_grad_value, Adam, AdamConfig, AdamW, CosineAnnealingLr, LrSchedule,
+    Optimizer, Sgd, SgdConfig, StepLr,
+};
+use arenagrad_nn::{Graph, HostTensor, NnError, Parameter};
+
+fn scalar(v: f64) -> Parameter {
+    Parameter::new("p", HostTensor::new(vec![v], &[1]).unwrap())
+}
+
+fn scalar32(v: f32) -> Parameter {
+    Parameter::new("p", HostTensor::new(vec![v], &[1]).unwrap())
+}
+
+fn value(p: &Parameter) -> f64 {
+    p.value().to_f64_vec()[0]
+}
+
+/// Accumulates the gradient of `p²` (that is, `2p`).
+fn backward_square(p: &Parameter) {
+    let g = Graph::new();
+    let t = g.param(p).unwrap();
+    t.square().unwrap().sum().unwrap().backward().unwrap();
+}
+
+/// Accumulates the gradient of `c·p` (that is, `c`).
+fn backward_linear(p: &Parameter, c: f64) {
+    let g = Graph::new();
+    let t = g.param(p).unwrap();
+    t.scale(c).unwrap().sum().unwrap().backward().unwrap();
+}
+
+fn run(opt: &mut dyn Optimizer, p: &Parameter, steps: usize, grad: fn(&Parameter)) -> Vec<f64> {
+    (0..steps)
+        .map(|_| {
+            opt.zero_grad();
+            grad(p);
+            opt.step().unwrap();
+            value(p)
+        })
+        .collect()
+}
+
+fn close(a: &[f64], b: &[f64], tol: f64) {
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert!((x - y).abs() <= tol, "{a:?} vs {b:?}");
+    }
+}
+
+#[test]
+fn sgd_plain_and_weight_decay() {
+    let p = scalar(1.0);
+    let mut opt = Sgd::new([p.clone()], SgdConfig::new(0.1)).unwrap();
+    // p ← p − 0.1·2p = 0.8p
+    close(
+        &run(&mut opt, &p, 3, backward_square),
+        &[0.8, 0.64, 0.512],
+        1e-15,
+    );
+    let p = scalar(1.0);
+    let mut opt = Sgd::new([p.clone()], SgdConfig::new(0.1).weight_decay(0.1)).unwrap();
+    // d = 2p + 0.1p; p ← p − 0.21p = 0.79p
+    close(
+        &run(&mut opt, &p, 2, backward_square),
+        &[0.79, 0.6241],
+        1e-15,
+    );
+}
+
+#[test]
+fn sgd_momentum_by_hand() {
+    let p = scalar(1.0);
+    let mut opt = Sgd::new([p.clone()], SgdConfig::new(0.1).momentum(0.9)).unwrap();
+    // g=2, b=2, p=0.8; g=1.6, b=3.4, p=0.46; g=0.92, b=3.98, p=0.062
+    close(
+        &run(&mut opt, &p, 3, backward_square),
+        &[0.8, 0.46, 0.062],
+        1e-15,
+    );
+    close(
+        &opt.momentum_buffer(0).unwrap().to_f64_vec(),
+        &[3.98],
+        1e-15,
+    );
+}
+
+#[test]
+fn sgd_nesterov_by_hand() {
+    let p = scalar(1.0);
+    let mut opt = Sgd::new(
+        [p.clone()],
+        SgdConfig::new(0.1).momentum(0.9).nesterov(true),
+    )
+    .unwrap();
+    // g=2, b=2, d=2+1.8=3.8, p=0.62; g=1.24, b=3.04, d=1.24+2.736=3.976, p=0.2224
+    close(
+        &run(&mut opt, &p, 2, backward_square),
+        &[0.62, 0.2224],
+        1e-15,
+    );
+}
+
+#[test]
+fn sgd_dampening_and_weight_decay_with_momentum() {
+    let p = scalar(1.0);
+    let mut opt = Sgd::new(
+        [p.clone()],
+        SgdConfig::new(0.1).momentum(0.9).dampening(0.5),
+    )
+    .unwrap();
+    // The first buffer is the gradient undamped: b=2, p=0.8; g=1.6, b=1.8+0.8=2.6, p=0.54
+    close(&run(&mut opt, &p, 2, backward_square), &[0.8, 0.54], 1e-15);
+    let p = scalar(1.0);
+    let mut opt = Sgd::new(
+        [p.clone()],
+        SgdConfig::new(0.1).momentum(0.5).weight_decay(0.5),
+    )
+    .unwrap();
+    // d = 2p + 0.5p = 2.5p. d=2.5, b=2.5, p=0.75; d=1.875, b=1.25+1.875=3.125, p=0.4375
+    close(
+        &run(&mut opt, &p, 2, backward_square),
+        &[0.75, 0.4375],
+        1e-15,
+    );
+}
+
+#[test]
+fn sgd_bad_options_are_typed() {
+    for cfg in [
+        SgdConfig::new(-0.1),
+        SgdConfig::new(f64::NAN),
+        SgdConfig::new(0.1).nesterov(true),
+        SgdConfig::new(0.1)
+            .momentum(0.9)
+            .dampening(0.1)
+            .nesterov(true),
+        SgdConfig::new(0.1).weight_decay(-1.0),
+    ] {
+        assert!(matches!(
+            Sgd::new([scalar(1.0)], cfg),
+            Err(NnError::InvalidConfig {
+                component: "Sgd",
+                ..
+            })
+        ));
+    }
+}
+
+/// Textbook Adam, written independently of the implementation.
+#[allow(clippy::too_many_arguments)]
+fn adam_reference(
+    p0: f64,
+    grads: impl Fn(f64) -> f64,
+    lr: f64,
+    (b1, b2): (f64, f64),
+    eps: f64,
+    wd: f64,
+    decoupled: bool,
+    steps: usize,
+) -> Vec<f64> {
+    let (mut p, mut m, mut v) = (p0, 0.0, 0.0);
+    let mut out = vec![];
+    for t in 1..=steps {
+        let mut g = grads(p);
+        if decoupled {
+            p *= 1.0 - lr * wd;
+        } else {
+            g += wd * p;
+        }
+        m = b1 * m + (1.0 - b1) * g;
+        v = b2 * v + (1.0 - b2) * g * g;
+        let mh = m / (1.0 - b1.powi(t as i32));
+        let vh = v / (1.0 - b2.powi(t as i32));
+        p -= lr * mh / (vh.sqrt() + eps);
+        out.push(p);
+    }
+    out
+}
+
+#[test]
+fn adam_by_hand() {
+    let p = scalar(1.0);
+    let mut opt = Adam::new([p.clone()], AdamConfig::new(0.1)).unwrap();
+    let got = run(&mut opt, &p, 3, backward_square);
+    // Step 1: m̂ = g, v̂ = g², so p = 1 − 0.1·2/(2 + 1e-8).
+    assert!((got[0] - (1.0 - 0.1 * 2.0 / (2.0 + 1e-8))).abs() < 1e-15);
+    // Step 2 by hand: g = 1.8, m = 0.36, v = 0.007236, m̂ = 0.36/0.19, v̂ = 0.007236/0.001999.
+    let p1 = got[0];
+    let g2 = 2.0 * p1;
+    let m2 = 0.9 * 0.2 + 0.1 * g2;
+    let v2 = 0.999 * 0.004 + 0.001 * g2 * g2;
+    let p2 = p1 - 0.1 * (m2 / 0.19) / ((v2 / 0.001_999).sqrt() + 1e-8);
+    assert!((got[1] - p2).abs() < 1e-13, "{} vs {p2}", got[1]);
+    let want = adam_reference(1.0, |p| 2.0 * p, 0.1, (0.9, 0.999), 1e-8, 0.0, false, 3);
+    close(&got, &want, 1e-13);
+    let st = opt.state(0).unwrap();
+    assert_eq!(st.step, 3);
+    assert!(st.max_exp_avg_sq.is_none());
+}
+
+#[test]
+fn adam_constant_gradient_moves_lr_per_step() {
+    let p = scalar(1.0);
+    let mut opt = Adam::new([p.clone()], AdamConfig::new(0.1)).unwrap();
+    let got = run(&mut opt, &p, 3, |p| backward_linear(p, 1.0));
+    // With a constant gradient m̂ = v̂ = 1: each step moves lr/(1 + eps).
+    let s = 0.1 / (1.0 + 1e-8);
+    close(&got, &[1.0 - s, 1.0 - 2.0 * s, 1.0 - 3.0 * s], 1e-12);
+}
+
+#[test]
+fn adam_l2_weight_decay_and_amsgrad() {
+    let p = scalar(1.0);
+    let mut opt = Adam::new([p.clone()], AdamConfig::new(0.05).weight_decay(0.1)).unwrap();
+    let got = run(&mut opt, &p, 3, backward_square);
+    let want = adam_reference(1.0, |p| 2.0 * p, 0.05, (0.9, 0.999), 1e-8, 0.1, false, 3);
+    close(&got, &want, 1e-13);
+    // AMSGrad with a shrinking gradient: v̂ uses the running maximum of v.
+    let p = scalar(1.0);
+    let mut opt = Adam::new(
+        [p.clone()],
+        AdamConfig::new(0.1).betas(0.5, 0.5).amsgrad(true),
+    )
+    .unwrap();
+    let got = run(&mut opt, &p, 2, backward_square);
+    // step 1: g=2, m=1, v=2, vmax=2; m̂=2, v̂=4: p = 1 − 0.1·2/(2+ε) ≈ 0.9
+    // step 2: g=1.8, m=1.4, v=0.5·2+0.5·3.24=2.62, vmax=2.62; m̂=1.4/0.75, v̂=2.62/0.75
+    let p1: f64 = 1.0 - 0.1 * 2.0 / (2.0 + 1e-8);
+    let g2 = 2.0 * p1;
+    let (m2, v2) = (0.5 + 0.5 * g2, 1.0 + 0.5 * g2 * g2);
+    let p2 = p1 - 0.1 * (m2 / 0.75) / ((v2 / 0.75).sqrt() + 1e-8);
+    close(&got, &[p1, p2], 1e-13);
+    // A gradient that drops: the maximum is kept, so the step is smaller than plain Adam's.
+    let q = scalar(1.0);
+    let mut ams = Adam::new([q.clone()], AdamConfig::new(0.1).amsgrad(true)).unwrap();
+    let r = scalar(1.0);
+    let mut plain = Adam::new([r.clone()], AdamConfig::new(0.1)).unwrap();
+    for c in [10.0, 0.1] {
+        for (o, x) in [(&mut ams, &q), (&mut plain, &r)] {
+            o.zero_grad();
+            backward_linear(x, c);
+            o.step().unwrap();
+        }
+    }
+    assert!(value(&q) > value(&r));
+}
+
+#[test]
+fn adamw_by_hand() {
+    let p = scalar(1.0);
+    let mut opt = AdamW::new([p.clone()], AdamConfig::new(0.1).weight_decay(0.1)).unwrap();
+    let got = run(&mut opt, &p, 3, |p| backward_linear(p, 1.0));
+    // p·(1 − 0.01) − 0.1/(1 + ε) each step
+    let s = 0.1 / (1.0 + 1e-8);
+    let p1 = 0.99 - s;
+    let p2 = p1 * 0.99 - s;
+    let p3 = p2 * 0.99 - s;
+    close(&got, &[p1, p2, p3], 1e-12);
+    assert!((got[2] - 0.673_289).abs() < 1e-6);
+    let p = scalar(1.0);
+    let mut opt = AdamW::new([p.clone()], AdamConfig::adamw(0.01)).unwrap();
+    assert_eq!(opt.config().weight_decay, 0.01);
+    let got = run(&mut opt, &p, 3, backward_square);
+    let want = adam_reference(1.0, |p| 2.0 * p, 0.01, (0.9, 0.999), 1e-8, 0.01, true, 3);
+    close(&got, &want, 1e-13);
+}
+
+#[test]
+fn optimisers_work_on_f32_parameters() {
+    let p = scalar32(1.0);
+    let mut opt = Sgd::new([p.clone()], SgdConfig::new(0.1).momentum(0.9)).unwrap();
+    let got = run(&mut opt, &p, 3, backward_square);
+    close(&got, &[0.8, 0.46, 0.062], 1e-6);
+    assert_eq!(p.dtype(), arenagrad_nn::DType::F32);
+    let p = scalar32(1.0);
+    let mut opt = Adam::new([p.clone()], AdamConfig::new(0.1)).unwrap();
+    let got = run(&mut opt, &p, 3, backward_square);
+    let want = adam_reference(1.0, |p| 2.0 * p, 0.1, (0.9, 0.999), 1e-8, 0.0, false, 3);
+    close(&got, &want, 1e-6);
+    assert_eq!(
+        opt.state(0).unwrap().exp_avg.dtype(),
+        arenagrad_nn::DType::F32,
+        "state is kept in the parameter's dtype"
+    );
+}
+
+#[test]
+fn parameters_without_gradients_are_skipped_and_shared_ones_updated_once() {
+    let (a, b) = (scalar(1.0), scalar(1.0));
+    let mut opt = Sgd::new(
+        [a.clone(), b.clone(), a.clone()],
+        SgdConfig::new(0.1).weight_decay(0.5),
+    )
+    .unwrap();
+    assert_eq!(opt.parameters().len(), 2);
+    backward_square(&a);
+    opt.step().unwrap();
+    assert!((value(&a) - (1.0 - 0.1 * 2.5)).abs() < 1e-15);
+    assert_eq!(
+        value(&b),
+        1.0,
+        "no gradient, no update (not even weight decay)"
+    );
+    opt.zero_grad();
+    assert!(a.grad().is_none());
+    opt.set_learning_rate(0.5);
+    assert_eq!(opt.learning_rate(), 0.5);
+}
+
+#[test]
+fn clipping() {
+    let a = Parameter::new("a", HostTensor::new(vec![3.0f64], &[1]).unwrap());
+    let b = Parameter::new("b", HostTensor::new(vec![4.0f32], &[1]).unwrap());
+    let none = Parameter::new("n", HostTensor::new(vec![1.0f64], &[1]).unwrap());
+    backward_linear(&a, 3.0);
+    backward_linear(&b, 4.0);
+    let ps = [a.clone(), b.clone(), none.clone()];
+    let n = clip_grad_norm(&ps, 10.0).unwrap();
+    assert_eq!(n, 5.0);
+    assert_eq!(
+        a.grad().unwrap().to_f64_vec(),
+        vec![3.0],
+        "under the limit: untouched"
+    );
+    let n = clip_grad_norm(&ps, 1.0).unwrap();
+    assert_eq!(n, 5.0);
+    let k = 1.0 / (5.0 + 1e-6);
+    assert!((a.grad().unwrap().to_f64_vec()[0] - 3.0 * k).abs() < 1e-15);
+    assert!((b.grad().unwrap().to_f64_vec()[0] - 4.0 * k).abs() < 1e-6);
+    assert!(none.grad().is_none());
+    clip_grad_value(&ps, 0.5).unwrap();
+    assert_eq!(a.grad().unwrap().to_f64_vec(), vec![0.5]);
+    assert!(clip_grad_norm(&ps, -1.0).is_err());
+}
+
+#[test]
+fn schedules() {
+    let s = StepLr::new(1.0, 2, 0.5).unwrap();
+    let lrs: Vec<f64> = (0..6).map(|e| s.lr_at(e)).collect();
+    assert_eq!(lrs, vec![1.0, 1.0, 0.5, 0.5, 0.25, 0.25]);
+    let c = CosineAnnealingLr::new(1.0, 4, 0.2).unwrap();
+    let lrs: Vec<f64> = (0..=4).map(|e| c.lr_at(e)).collect();
+    let half = std::f64::consts::FRAC_1_SQRT_2;
+    close(
+        &lrs,
+        &[
+            1.0,
+            0.2 + 0.8 * (1.0 + half) / 2.0,
+            0.6,
+            0.2 + 0.8 * (1.0 - half) / 2.0,
+            0.2,
+        ],
+        1e-15,
+    );
+    let mut opt = Adam::new([scalar(0.0)], AdamConfig::new(1.0)).unwrap();
+    assert_eq!(s.apply(&mut opt, 4), 0.25);
+    assert_eq!(opt.learning_rate(), 0.25);
+    assert!(StepLr::new(1.0, 0, 0.5).is_err());
+    assert!(CosineAnnealingLr::new(1.0, 0, 0.0).is_err());
+}
