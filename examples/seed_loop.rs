@@ -19,7 +19,11 @@ use arenagrad::prelude::*;
 fn rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<f64>().ok()))
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<f64>().ok())
+        })
         .map_or(f64::NAN, |pages| pages * 4096.0 / (1 << 20) as f64)
 }
 
@@ -38,7 +42,10 @@ fn main() -> Result<(), GraphError> {
     let backward = !std::env::args().any(|a| a == "--no-backward");
     let mut g = Graph::new();
     println!("seeds' loop: randn({n}, {n}) -> (x @ x).sum() -> backward={backward}, {iters} iterations, {} threads", g.threads());
-    println!("{:>6} {:>10} {:>12} {:>14} {:>14} {:>10}", "iter", "RSS MiB", "ms/iter", "arena peak MiB", "arena cap MiB", "resets");
+    println!(
+        "{:>6} {:>10} {:>12} {:>14} {:>14} {:>10}",
+        "iter", "RSS MiB", "ms/iter", "arena peak MiB", "arena cap MiB", "resets"
+    );
     let mut t0 = Instant::now();
     for i in 1..=iters {
         let x = g.randn(&[n, n], DType::F32)?.set_requires_grad(true)?;

@@ -33,6 +33,9 @@ macro_rules! pod {
 }
 pod!(f32, f64, u8, u32, i32, u64, i64, usize);
 
+/// What [`Arena::split_mixed`] hands out: the output, the input and the auxiliary buffer.
+pub type MixedSplit<'a, O, I, A> = (&'a mut [O], &'a [I], &'a [A]);
+
 /// A handle to one buffer of one arena iteration: a slot index and the epoch it was made in.
 ///
 /// Handles are `Copy` and cheap. After [`Arena::reset`] (a new epoch) or after
@@ -59,6 +62,9 @@ struct Slot {
     type_id: TypeId,
     type_name: &'static str,
     live: bool,
+    /// How many owners share this buffer (zero-copy views each hold one); it is recycled when
+    /// the last lets go.
+    holders: u32,
 }
 
 /// Memory statistics of an [`Arena`].
@@ -284,6 +290,7 @@ impl Arena {
             type_id: TypeId::of::<T>(),
             type_name: T::NAME,
             live: true,
+            holders: 1,
         });
         self.stats.bytes_in_use += bytes;
         self.stats.peak_bytes_in_use = self.stats.peak_bytes_in_use.max(self.stats.bytes_in_use);
@@ -433,6 +440,35 @@ impl Arena {
         Ok((out_slice, ins))
     }
 
+    /// One buffer to write and two to read, each of its own element type (index buffers beside
+    /// value buffers). The output must differ from both inputs.
+    pub fn split_mixed<O: Pod, I: Pod, A: Pod>(
+        &mut self,
+        out: BufId,
+        input: BufId,
+        aux: BufId,
+    ) -> Result<MixedSplit<'_, O, I, A>, AllocError> {
+        if input.slot == out.slot || aux.slot == out.slot {
+            return Err(AllocError::Aliased { slot: out.slot });
+        }
+        let i = self.check::<I>(input)?;
+        let (ip, il) = (i.ptr, i.len);
+        let a = self.check::<A>(aux)?;
+        let (ap, al) = (a.ptr, a.len);
+        let o = self.check::<O>(out)?;
+        // SAFETY: the three slots were checked live, of this epoch and of their stated types;
+        // live slots never share memory and the output slot differs from both inputs, so the
+        // unique borrow of the output overlaps neither shared borrow. `&mut self` keeps every
+        // other access out while the slices live.
+        unsafe {
+            Ok((
+                std::slice::from_raw_parts_mut(o.ptr.as_ptr().cast::<O>(), o.len),
+                std::slice::from_raw_parts(ip.as_ptr().cast::<I>(), il),
+                std::slice::from_raw_parts(ap.as_ptr().cast::<A>(), al),
+            ))
+        }
+    }
+
     /// Like [`Arena::split_mut`] for a run-time number of inputs.
     pub fn split_mut_many<T: Pod>(
         &mut self,
@@ -460,8 +496,26 @@ impl Arena {
         Ok((out_slice, ins))
     }
 
-    /// Marks a buffer dead before the reset. Its memory serves the next request of the same size;
-    /// the handle (and any copy of it) becomes stale.
+    /// Adds an owner to a live buffer: a zero-copy view (a reshape) shares the memory, and the
+    /// buffer is recycled only after every owner has called [`Arena::recycle`].
+    pub fn retain(&mut self, id: BufId) -> Result<(), AllocError> {
+        let stale = AllocError::StaleBuffer {
+            slot: id.slot,
+            epoch: id.epoch,
+            current: self.epoch,
+        };
+        match self.slots.get_mut(id.slot as usize) {
+            Some(s) if s.live && id.epoch == self.epoch => {
+                s.holders += 1;
+                Ok(())
+            }
+            _ => Err(stale),
+        }
+    }
+
+    /// Gives up one owner's claim on a buffer before the reset. When the last owner lets go, the
+    /// buffer is dead: its memory serves the next request of the same size and every handle to
+    /// it becomes stale.
     pub fn recycle(&mut self, id: BufId) -> Result<(), AllocError> {
         let stale = AllocError::StaleBuffer {
             slot: id.slot,
@@ -474,6 +528,10 @@ impl Arena {
         let slot = self.slots.get_mut(id.slot as usize).ok_or(stale.clone())?;
         if !slot.live {
             return Err(stale);
+        }
+        slot.holders -= 1;
+        if slot.holders > 0 {
+            return Ok(());
         }
         slot.live = false;
         if slot.bytes / BUF_ALIGN < SMALL_CLASSES {
@@ -553,6 +611,33 @@ mod tests {
         assert_eq!(a.stats().reused, 1);
         assert_ne!(z, y);
         assert!(a.slice::<f32>(y).is_err());
+    }
+
+    #[test]
+    fn shared_buffers_live_until_the_last_owner_lets_go() {
+        let mut a = Arena::new();
+        let x = a.alloc_from_slice(&[1.0f32, 2.0]).unwrap();
+        a.retain(x).unwrap();
+        a.recycle(x).unwrap();
+        assert_eq!(a.slice::<f32>(x).unwrap(), &[1.0, 2.0], "one owner left");
+        a.recycle(x).unwrap();
+        assert!(a.slice::<f32>(x).is_err());
+        assert!(a.retain(x).is_err());
+    }
+
+    #[test]
+    fn mixed_split_reads_indices_beside_values() {
+        let mut a = Arena::new();
+        let x = a.alloc_from_slice(&[10.0f64, 20.0, 30.0]).unwrap();
+        let idx = a.alloc_from_slice(&[2u32, 0]).unwrap();
+        let o = a.alloc_zeroed::<f64>(2).unwrap();
+        let (out, xs, is) = a.split_mixed::<f64, f64, u32>(o, x, idx).unwrap();
+        for (o, &k) in out.iter_mut().zip(is) {
+            *o = xs[k as usize];
+        }
+        assert_eq!(a.slice::<f64>(o).unwrap(), &[30.0, 10.0]);
+        assert!(a.split_mixed::<f64, f64, u32>(o, o, idx).is_err());
+        assert!(a.split_mixed::<f64, f32, u32>(o, x, idx).is_err());
     }
 
     #[test]

@@ -19,7 +19,7 @@
 mod arena;
 pub mod block_cache;
 
-pub use arena::{Arena, ArenaStats, BufId, Pod};
+pub use arena::{Arena, ArenaStats, BufId, MixedSplit, Pod};
 
 /// Errors of the memory layer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

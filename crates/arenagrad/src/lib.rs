@@ -39,11 +39,22 @@ pub use arenagrad_graph::{
 /// Gradient checking against finite differences (`gradcheck`, `gradgradcheck`).
 pub mod check {
     pub use arenagrad_graph::check::*;
+
+    /// proptest strategies: shapes, broadcast pairs, tensors and well-typed random programs.
+    #[cfg(feature = "proptest")]
+    pub mod strategy;
 }
+
+pub mod program;
 
 /// The names most programs need.
 pub mod prelude {
     pub use arenagrad_graph::{
-        BackwardOptions, DType, Device, Graph, GraphError, HostTensor, Parameter, Tensor,
+        BackwardOptions, DType, Device, Graph, GraphError, HostData, HostTensor, Parameter, Tensor,
     };
 }
+
+/// The README's example, compiled and run as a doctest so that it cannot rot.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctest;

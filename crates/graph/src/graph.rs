@@ -46,7 +46,8 @@ pub(crate) struct Node {
     pub shape: Shape,
     pub dtype: DType,
     pub buf: BufId,
-    /// False for views that share another node's buffer (detach).
+    /// Whether this node holds a claim on its buffer. Every node does today: views (reshape,
+    /// detach, a custom op's output) take their own with `Arena::retain`.
     pub owns_buf: bool,
     pub requires_grad: bool,
     pub op: Op,

@@ -8,9 +8,18 @@ use crate::error::{GraphError, Result};
 pub type Shape = SmallVec<[usize; 4]>;
 
 /// Element count, or a typed error when it overflows or cannot be addressed.
+///
+/// Extents are also bounded as if zeros were ones, so that a zero-element tensor cannot carry
+/// extents whose strides overflow.
 pub fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
+    let strides_fit = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d.max(1)))
+        .is_some_and(|b| b.checked_mul(8).is_some_and(|b| b <= isize::MAX as usize));
     match arenagrad_exec::layout::numel(shape) {
-        Some(n) if n.checked_mul(8).is_some_and(|b| b <= isize::MAX as usize) => Ok(n),
+        Some(n) if strides_fit && n.checked_mul(8).is_some_and(|b| b <= isize::MAX as usize) => {
+            Ok(n)
+        }
         _ => Err(GraphError::TooLarge {
             op,
             shape: shape.to_vec(),

@@ -363,8 +363,10 @@ impl<'g> Tensor<'g> {
         let mut i = self.g.inner();
         let n = i.node(op, self.id)?;
         let (shape, dtype, buf) = (n.shape.clone(), n.dtype, n.buf);
+        i.arena
+            .retain(buf)
+            .map_err(|source| GraphError::Alloc { op, source })?;
         let id = i.push(shape, dtype, buf, Op::Leaf, &[]);
-        i.nodes[id].owns_buf = false;
         drop(i);
         Ok(self.g.handle(id))
     }

@@ -337,27 +337,12 @@ pub fn max_pool2d<'g>(
     if xs.len() != 4 {
         return Err(input_shape("max_pool2d", "[N, C, H, W]", &xs));
     }
-    if padding == (0, 0) {
-        return Ok(x.max_pool2d(kernel, stride, padding)?);
-    }
     if padding.0 * 2 > kernel.0 || padding.1 * 2 > kernel.1 {
         return Err(NnError::InvalidConfig {
             component: "max_pool2d",
             reason: format!("padding {padding:?} must be at most half the kernel {kernel:?}"),
         });
     }
-    // Pad explicitly with −∞, which never wins a window that holds an input element.
-    let g = x.graph();
-    let dt = x.dtype();
-    let (n, c, h, w) = (xs[0], xs[1], xs[2], xs[3]);
-    let mut padded = x;
-    if padding.0 > 0 {
-        let band = g.full(&[n, c, padding.0, w], f64::NEG_INFINITY, dt)?;
-        padded = g.concat(&[band, padded, band], 2)?;
-    }
-    if padding.1 > 0 {
-        let band = g.full(&[n, c, h + 2 * padding.0, padding.1], f64::NEG_INFINITY, dt)?;
-        padded = g.concat(&[band, padded, band], 3)?;
-    }
-    Ok(padded.max_pool2d(kernel, stride, (0, 0))?)
+    // The graph op never picks padding, so the output holds input elements exactly.
+    Ok(x.max_pool2d(kernel, stride, padding)?)
 }

@@ -90,16 +90,30 @@ impl Window {
 pub fn im2col<T: Float>(x: &[T], win: &Window, pad: T, cols: &mut [T]) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
     let l = ho * wo;
-    // Fast path: stride 1, no padding, no dilation — rows are shifted copies of input rows.
-    if win.sh == 1 && win.sw == 1 && win.ph == 0 && win.pw == 0 && win.dh == 1 && win.dw == 1 {
+    // Fast path: stride 1 and dilation 1 (any padding) — each output row of a kernel tap is a
+    // shifted copy of an input row, with `pad` where it hangs over the edge.
+    if win.sh == 1 && win.sw == 1 && win.dh == 1 && win.dw == 1 {
         for c in 0..win.c {
             for ki in 0..win.kh {
                 for kj in 0..win.kw {
                     let row = (c * win.kh + ki) * win.kw + kj;
+                    // Output columns ow whose input column ow + kj - pw lies inside [0, w).
+                    let lo = win.pw.saturating_sub(kj).min(wo);
+                    let hi = (win.w + win.pw).saturating_sub(kj).min(wo).max(lo);
                     for oh in 0..ho {
-                        let src = (c * win.h + oh + ki) * win.w + kj;
                         let dst = row * l + oh * wo;
-                        cols[dst..dst + wo].copy_from_slice(&x[src..src + wo]);
+                        let out = &mut cols[dst..dst + wo];
+                        let ih = (oh + ki) as isize - win.ph as isize;
+                        if ih < 0 || ih as usize >= win.h {
+                            out.fill(pad);
+                            continue;
+                        }
+                        out[..lo].fill(pad);
+                        out[hi..].fill(pad);
+                        if hi > lo {
+                            let src = (c * win.h + ih as usize) * win.w + lo + kj - win.pw;
+                            out[lo..hi].copy_from_slice(&x[src..src + (hi - lo)]);
+                        }
                     }
                 }
             }
@@ -118,6 +132,85 @@ pub fn col2im<T: Float>(cols: &[T], win: &Window, x: &mut [T]) {
             x[s] += cols[row * l + col];
         }
     });
+}
+
+/// Max pooling of one `[c, h, w]` image: `idx[o]` gets the flat input index (plus `base`) of
+/// each output's maximum (the first one on ties; a NaN is taken). Padding is never chosen.
+#[allow(clippy::eq_op)] // `v != v` is the NaN test on a generic float
+pub fn max_pool_indices<T: Float>(x: &[T], win: &Window, base: usize, idx: &mut [u32]) {
+    let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
+    if win.ph == 0 && win.pw == 0 {
+        // Every window lies inside the image: no bounds tests in the inner loop.
+        for c in 0..win.c {
+            for oh in 0..ho {
+                let r0 = (c * win.h + oh * win.sh) * win.w;
+                let orow = (c * ho + oh) * wo;
+                for ow in 0..wo {
+                    let start = r0 + ow * win.sw;
+                    let mut bk = start;
+                    let mut bv = x[start];
+                    for ki in 0..win.kh {
+                        let r = start + ki * win.dh * win.w;
+                        for kj in 0..win.kw {
+                            let k = r + kj * win.dw;
+                            let v = x[k];
+                            // Branch-free select (a data-dependent branch mispredicts half the
+                            // time on real images); a NaN is taken, so it propagates.
+                            let take = (v > bv) | (v != v);
+                            bv = if take { v } else { bv };
+                            bk = if take { k } else { bk };
+                        }
+                    }
+                    idx[orow + ow] = (base + bk) as u32;
+                }
+            }
+        }
+        return;
+    }
+    for c in 0..win.c {
+        for oh in 0..ho {
+            for ow in 0..wo {
+                let mut best: Option<(T, usize)> = None;
+                for ki in 0..win.kh {
+                    let ih = (oh * win.sh + ki * win.dh) as isize - win.ph as isize;
+                    if ih < 0 || ih as usize >= win.h {
+                        continue;
+                    }
+                    for kj in 0..win.kw {
+                        let iw = (ow * win.sw + kj * win.dw) as isize - win.pw as isize;
+                        if iw < 0 || iw as usize >= win.w {
+                            continue;
+                        }
+                        let k = (c * win.h + ih as usize) * win.w + iw as usize;
+                        let v = x[k];
+                        let better = match best {
+                            None => true,
+                            Some((b, _)) => v > b || (v != v && b == b),
+                        };
+                        if better {
+                            best = Some((v, k));
+                        }
+                    }
+                }
+                let (_, k) = best.expect("invariant: every window holds an input element");
+                idx[(c * ho + oh) * wo + ow] = (base + k) as u32;
+            }
+        }
+    }
+}
+
+/// `out[i] = x[idx[i]]`.
+pub fn take<T: Float>(x: &[T], idx: &[u32], out: &mut [T]) {
+    for (o, &k) in out.iter_mut().zip(idx) {
+        *o = x[k as usize];
+    }
+}
+
+/// `out[idx[i]] += g[i]` (`out` cleared by the caller).
+pub fn put_add<T: Float>(g: &[T], idx: &[u32], out: &mut [T]) {
+    for (&v, &k) in g.iter().zip(idx) {
+        out[k as usize] += v;
+    }
 }
 
 #[cfg(test)]
@@ -156,25 +249,72 @@ mod tests {
 
     #[test]
     fn fast_path_matches_general() {
-        let win = Window {
-            c: 3,
-            h: 6,
-            w: 5,
-            kh: 3,
-            kw: 3,
-            sh: 1,
-            sw: 1,
-            ph: 0,
-            pw: 0,
-            dh: 1,
-            dw: 1,
-        };
-        let (ho, wo) = win.out_hw().unwrap();
-        let x: Vec<f32> = (0..90).map(|i| i as f32).collect();
-        let mut fast = vec![0.0; win.patch_len() * ho * wo];
-        im2col(&x, &win, 0.0, &mut fast);
-        let mut slow = vec![0.0; fast.len()];
-        win.for_each(|row, col, src| slow[row * ho * wo + col] = src.map_or(0.0, |s| x[s]));
-        assert_eq!(fast, slow);
+        for (ph, pw, kh, kw) in [
+            (0, 0, 3, 3),
+            (1, 1, 3, 3),
+            (2, 1, 3, 2),
+            (0, 3, 2, 5),
+            (1, 0, 1, 1),
+        ] {
+            let win = Window {
+                c: 3,
+                h: 6,
+                w: 5,
+                kh,
+                kw,
+                sh: 1,
+                sw: 1,
+                ph,
+                pw,
+                dh: 1,
+                dw: 1,
+            };
+            let (ho, wo) = win.out_hw().unwrap();
+            let x: Vec<f32> = (0..90).map(|i| i as f32).collect();
+            let mut fast = vec![0.0; win.patch_len() * ho * wo];
+            im2col(&x, &win, -7.0, &mut fast);
+            let mut slow = vec![0.0; fast.len()];
+            win.for_each(|row, col, src| slow[row * ho * wo + col] = src.map_or(-7.0, |s| x[s]));
+            assert_eq!(fast, slow, "padding {ph},{pw} kernel {kh}x{kw}");
+        }
+    }
+
+    #[test]
+    fn max_pool_fast_path_matches_first_maximum() {
+        let x: Vec<f64> = (0..2 * 7 * 6).map(|i| ((i * 37) % 11) as f64).collect();
+        for (k, s) in [((2, 2), (2, 2)), ((3, 2), (2, 1)), ((1, 3), (1, 3))] {
+            let win = Window {
+                c: 2,
+                h: 7,
+                w: 6,
+                kh: k.0,
+                kw: k.1,
+                sh: s.0,
+                sw: s.1,
+                ph: 0,
+                pw: 0,
+                dh: 1,
+                dw: 1,
+            };
+            let (ho, wo) = win.out_hw().unwrap();
+            let mut fast = vec![0u32; 2 * ho * wo];
+            max_pool_indices(&x, &win, 5, &mut fast);
+            for c in 0..2 {
+                for oh in 0..ho {
+                    for ow in 0..wo {
+                        let mut best = (f64::NEG_INFINITY, 0);
+                        for ki in 0..k.0 {
+                            for kj in 0..k.1 {
+                                let at = (c * 7 + oh * s.0 + ki) * 6 + ow * s.1 + kj;
+                                if x[at] > best.0 {
+                                    best = (x[at], at);
+                                }
+                            }
+                        }
+                        assert_eq!(fast[(c * ho + oh) * wo + ow] as usize, best.1 + 5);
+                    }
+                }
+            }
+        }
     }
 }

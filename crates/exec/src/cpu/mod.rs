@@ -8,7 +8,7 @@ pub mod par;
 pub mod reduce;
 pub mod shape;
 
-pub use conv::{col2im, im2col, Window};
+pub use conv::{col2im, im2col, max_pool_indices, put_add, take, Window};
 pub use elementwise::{binary, select, unary, unary_grad};
 pub use matmul::{gemm, gemm_batched, Gemm, MatView};
 pub use reduce::{reduce, softmax, softmax_grad, sum_row, ReduceOp};

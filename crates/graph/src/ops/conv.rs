@@ -8,7 +8,8 @@
 
 use std::sync::Arc;
 
-use arenagrad_exec::cpu::Window;
+use arenagrad_alloc::BufId;
+use arenagrad_exec::cpu::{self, Window};
 use arenagrad_exec::UnaryOp;
 use smallvec::smallvec;
 
@@ -147,23 +148,105 @@ impl<'g> Tensor<'g> {
         Ok((cols, [n as isize, c as isize, ho as isize, wo as isize]))
     }
 
-    /// Max pooling over `kernel` windows. Padding reads as −∞, so it is never the maximum
-    /// (padding is limited to half the kernel, so every window holds a real element).
+    /// Max pooling over `kernel` windows. Padding is never the maximum (padding is limited to
+    /// half the kernel, so every window holds a real element); on ties the first element in the
+    /// window takes the gradient, as in PyTorch. The argmax indices live in the arena beside the
+    /// output and serve backward.
     pub fn max_pool2d(
         self,
         kernel: (usize, usize),
         stride: (usize, usize),
         padding: (usize, usize),
     ) -> Result<Tensor<'g>> {
+        let op = "max_pool2d";
         if padding.0 * 2 > kernel.0 || padding.1 * 2 > kernel.1 {
             return Err(GraphError::BadArgument {
-                op: "max_pool2d",
+                op,
                 what: "padding must be at most half the kernel",
             });
         }
-        let (cols, out) =
-            self.pool_patches("max_pool2d", kernel, stride, padding, f64::NEG_INFINITY)?;
-        cols.max_axes(&[1], false)?.reshape(&out)
+        let xs = self.try_shape()?;
+        let win = window(op, &xs, kernel, stride, padding, (1, 1))?;
+        let (ho, wo) = win.out_hw().expect("invariant: checked window");
+        let (n, c) = (xs[0], xs[1]);
+        let out_shape: Shape = smallvec![n, c, ho, wo];
+        let total = checked_numel(op, &out_shape)?;
+        let per_in = c * win.h * win.w;
+        if (n * per_in) > u32::MAX as usize {
+            return Err(GraphError::TooLarge {
+                op,
+                shape: xs.to_vec(),
+            });
+        }
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (dtype, xb) = {
+            let nd = i.node(op, self.id)?;
+            (nd.dtype, nd.buf)
+        };
+        let alloc_err = |source| GraphError::Alloc { op, source };
+        let idx = i.arena.alloc_scratch::<u32>(total).map_err(alloc_err)?;
+        let out = i.alloc(op, dtype, total)?;
+        let per_out = c * ho * wo;
+        with_float!(dtype, T, {
+            let (ix, x, _) = i
+                .arena
+                .split_mixed::<u32, T, T>(idx, xb, xb)
+                .map_err(alloc_err)?;
+            for b in 0..n {
+                cpu::max_pool_indices(
+                    &x[b * per_in..(b + 1) * per_in],
+                    &win,
+                    b * per_in,
+                    &mut ix[b * per_out..(b + 1) * per_out],
+                );
+            }
+            let (o, x, ix) = i
+                .arena
+                .split_mixed::<T, T, u32>(out, xb, idx)
+                .map_err(alloc_err)?;
+            cpu::take(x, ix, o);
+        });
+        let id = i.push(out_shape, dtype, out, Op::TakeFlat { idx }, &[self.id]);
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+
+    /// `out[i] = self[idx[i]]` (flat indices), or with `put` the adjoint: zeros of `shape` with
+    /// `out[idx[i]] += self[i]`.
+    fn take_or_put(self, idx: BufId, shape: Shape, put: bool) -> Result<Tensor<'g>> {
+        let op = if put { "max_pool2d_backward" } else { "take" };
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (dtype, xb) = {
+            let nd = i.node(op, self.id)?;
+            (nd.dtype, nd.buf)
+        };
+        let len = checked_numel(op, &shape)?;
+        let out = if put {
+            i.alloc_zeroed(op, dtype, len)?
+        } else {
+            i.alloc(op, dtype, len)?
+        };
+        with_float!(dtype, T, {
+            let (o, x, ix) = i
+                .arena
+                .split_mixed::<T, T, u32>(out, xb, idx)
+                .map_err(|source| GraphError::Alloc { op, source })?;
+            if put {
+                cpu::put_add(x, ix, o);
+            } else {
+                cpu::take(x, ix, o);
+            }
+        });
+        let rec = if put {
+            Op::PutFlat { idx }
+        } else {
+            Op::TakeFlat { idx }
+        };
+        let id = i.push(shape, dtype, out, rec, &[self.id]);
+        drop(guard);
+        Ok(self.g.handle(id))
     }
 
     /// Average pooling over `kernel` windows; zero padding counts toward the average
@@ -201,6 +284,16 @@ impl<'g> Tensor<'g> {
         };
         self.mul(mask)
     }
+}
+
+pub(crate) fn take_backward<'g>(idx: BufId, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let shape = c.input(0).try_shape()?;
+    Ok(smallvec![Some(c.gy.take_or_put(idx, shape, true)?)])
+}
+
+pub(crate) fn put_backward<'g>(idx: BufId, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let shape = c.input(0).try_shape()?;
+    Ok(smallvec![Some(c.gy.take_or_put(idx, shape, false)?)])
 }
 
 pub(crate) fn unfold_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads<'g>> {

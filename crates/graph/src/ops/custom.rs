@@ -45,8 +45,10 @@ impl Graph {
             (n.shape.clone(), n.dtype, n.buf)
         };
         let ids: SmallVec<[NodeId; 2]> = inputs.iter().map(|t| t.id).collect();
+        i.arena
+            .retain(buf)
+            .map_err(|source| GraphError::Alloc { op: name, source })?;
         let id = i.push(shape, dtype, buf, Op::Custom(op), &ids);
-        i.nodes[id].owns_buf = false;
         drop(i);
         Ok(self.handle(id))
     }

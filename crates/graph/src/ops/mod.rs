@@ -91,6 +91,13 @@ pub(crate) enum Op {
     /// see [`conv`].
     Unfold(Arc<arenagrad_exec::cpu::Window>, #[allow(dead_code)] f64),
     Fold(Arc<arenagrad_exec::cpu::Window>),
+    /// `out[i] = x[idx[i]]` over flat indices kept in the arena (max pooling), and its adjoint.
+    TakeFlat {
+        idx: arenagrad_alloc::BufId,
+    },
+    PutFlat {
+        idx: arenagrad_alloc::BufId,
+    },
     /// A user-defined op.
     Custom(Arc<dyn custom::CustomOp>),
 }
@@ -126,6 +133,8 @@ impl Op {
             Op::Custom(c) => c.name(),
             Op::Unfold(..) => "unfold",
             Op::Fold(_) => "fold",
+            Op::TakeFlat { .. } => "max_pool2d",
+            Op::PutFlat { .. } => "max_pool2d_backward",
         }
     }
 }
@@ -165,6 +174,8 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Custom(op) => custom::backward(op, c),
         Op::Unfold(w, _) => conv::unfold_backward(w, c),
         Op::Fold(w) => conv::fold_backward(w, c),
+        Op::TakeFlat { idx } => conv::take_backward(*idx, c),
+        Op::PutFlat { idx } => conv::put_backward(*idx, c),
         other => shape::backward(other, c),
     }
 }

@@ -86,7 +86,18 @@ impl<'g> Tensor<'g> {
         if out == from {
             return Ok(self);
         }
-        self.data_op(op, out, Op::Reshape, false, |a| a.copy())
+        // Tensors are contiguous, so a reshape is a view: a new node sharing the buffer.
+        let mut i = self.g.inner();
+        let (dtype, buf) = {
+            let n = i.node(op, self.id)?;
+            (n.dtype, n.buf)
+        };
+        i.arena
+            .retain(buf)
+            .map_err(|source| GraphError::Alloc { op, source })?;
+        let id = i.push(out, dtype, buf, Op::Reshape, &[self.id]);
+        drop(i);
+        Ok(self.g.handle(id))
     }
 
     /// Flattens to one dimension.
@@ -384,9 +395,6 @@ macro_rules! both {
 }
 
 impl KernelArgs<'_> {
-    fn copy(self) {
-        both!(self, x, o, _s => o.copy_from_slice(x))
-    }
     fn permute(self, perm: &[usize]) {
         both!(self, x, o, s => cpu::permute(x, s, perm, o))
     }

@@ -1,0 +1,295 @@
+//! `arenagrad`: run, gradient-check, draw and format programs in arenagrad's text format.
+#![forbid(unsafe_code)]
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+
+use arenagrad::check::GradcheckOptions;
+use arenagrad::program::{dtype_name, CheckOptions, Limits, Program, RunOptions, RunResult};
+use arenagrad::{DType, HostTensor};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Run, differentiate, gradient-check and draw arenagrad programs.
+#[derive(Debug, Parser)]
+#[command(
+    name = "arenagrad",
+    version,
+    after_help = "A program is UTF-8 text, one statement `NAME = OP ARG...` per line, `#` \
+                  starting a comment; the last statement is the output. For example:\n\n  \
+                  x = input 2 3\n  w = const 3 : 0.5 -1 2\n  y = mul x w\n  z = tanh y\n\n\
+                  Exit status: 0 on success, 1 when gradcheck finds a mismatch, 2 on a parse, \
+                  shape or usage error."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a program forward and backward and print its output and gradients
+    Run(RunArgs),
+    /// Compare every input's gradient with central finite differences
+    Gradcheck(GradcheckArgs),
+    /// Print the program's graph in Graphviz DOT (ops, shapes, which nodes need grad)
+    Dot(DotArgs),
+    /// Parse a program and print it in canonical form
+    Fmt(FmtArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DTypeArg {
+    F64,
+    F32,
+}
+
+impl From<DTypeArg> for DType {
+    fn from(d: DTypeArg) -> DType {
+        match d {
+            DTypeArg::F64 => DType::F64,
+            DTypeArg::F32 => DType::F32,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DeviceArg {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Debug, Args)]
+struct LimitArgs {
+    /// Most elements any one tensor may hold
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_elements)]
+    max_elements: usize,
+    /// Most elements all tensors may hold together
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_total_elements)]
+    max_total_elements: usize,
+}
+
+impl LimitArgs {
+    fn limits(&self) -> Limits {
+        Limits {
+            max_elements: self.max_elements,
+            max_total_elements: self.max_total_elements,
+            ..Limits::default()
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// The program file (`-` reads standard input)
+    #[arg(value_name = "FILE")]
+    file: String,
+    /// Element type
+    #[arg(long, value_enum, default_value_t = DTypeArg::F64)]
+    dtype: DTypeArg,
+    /// Seed of the RNG that fills leaves given without values
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    seed: u64,
+    /// Device to run on
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    device: DeviceArg,
+    /// Print one JSON object: dtype, output, values (every leaf), grads (every input)
+    #[arg(long)]
+    json: bool,
+    /// Threads the kernels may use (default: ARENAGRAD_NUM_THREADS, else all cores)
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+#[derive(Debug, Args)]
+struct GradcheckArgs {
+    /// The program file (`-` reads standard input)
+    #[arg(value_name = "FILE")]
+    file: String,
+    /// Element type (finite differences need f64)
+    #[arg(long, value_enum, default_value_t = DTypeArg::F64)]
+    dtype: DTypeArg,
+    /// 1: first derivatives; 2: second derivatives too
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    order: u8,
+    /// Seed of the RNG that fills leaves given without values
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    seed: u64,
+    /// Finite-difference step
+    #[arg(long, default_value_t = GradcheckOptions::default().eps)]
+    eps: f64,
+    /// Absolute tolerance
+    #[arg(long, default_value_t = GradcheckOptions::default().atol)]
+    atol: f64,
+    /// Relative tolerance
+    #[arg(long, default_value_t = GradcheckOptions::default().rtol)]
+    rtol: f64,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+#[derive(Debug, Args)]
+struct DotArgs {
+    /// The program file (`-` reads standard input)
+    #[arg(value_name = "FILE")]
+    file: String,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+#[derive(Debug, Args)]
+struct FmtArgs {
+    /// The program file (`-` reads standard input)
+    #[arg(value_name = "FILE")]
+    file: String,
+}
+
+/// A failure: what to print and the exit code.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn usage(message: String) -> Self {
+        Failure { code: 2, message }
+    }
+}
+
+fn read(file: &str) -> Result<Vec<u8>, Failure> {
+    let r = if file == "-" {
+        let mut v = Vec::new();
+        std::io::stdin().read_to_end(&mut v).map(|_| v)
+    } else {
+        std::fs::read(file)
+    };
+    r.map_err(|e| Failure::usage(format!("cannot read {file}: {e}")))
+}
+
+fn load(file: &str) -> Result<Program, Failure> {
+    let bytes = read(file)?;
+    let shown = if file == "-" { "<stdin>" } else { file };
+    Program::parse_bytes(&bytes).map_err(|e| Failure::usage(format!("{shown}: {e}")))
+}
+
+fn located(file: &str, e: impl std::fmt::Display) -> Failure {
+    let shown = if file == "-" { "<stdin>" } else { file };
+    Failure::usage(format!("{shown}: {e}"))
+}
+
+fn format_tensor(t: &HostTensor) -> String {
+    let v = t.to_f64_vec();
+    let items: Vec<String> = v.iter().map(|x| format!("{x:?}")).collect();
+    format!("shape {:?} [{}]", t.shape, items.join(", "))
+}
+
+fn print_human(out: &mut impl Write, r: &RunResult) -> std::io::Result<()> {
+    writeln!(out, "dtype {}", dtype_name(r.dtype))?;
+    writeln!(
+        out,
+        "output {}: {}",
+        r.output.name,
+        format_tensor(&r.output.tensor)
+    )?;
+    for v in &r.values {
+        writeln!(out, "value {}: {}", v.name, format_tensor(&v.tensor))?;
+    }
+    for g in &r.grads {
+        writeln!(out, "grad {}: {}", g.name, format_tensor(&g.tensor))?;
+    }
+    Ok(())
+}
+
+fn run(a: &RunArgs) -> Result<u8, Failure> {
+    if a.device == DeviceArg::Cuda {
+        return Err(Failure::usage(
+            "--device cuda: CUDA is not available in this build of arenagrad (it runs on the \
+             CPU only); use --device cpu"
+                .into(),
+        ));
+    }
+    let p = load(&a.file)?;
+    let opts = RunOptions {
+        dtype: a.dtype.into(),
+        seed: a.seed,
+        limits: a.limits.limits(),
+        threads: a.threads,
+        ..RunOptions::default()
+    };
+    let r = p.run(&opts).map_err(|e| located(&a.file, e))?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let w = if a.json {
+        writeln!(out, "{}", r.to_json())
+    } else {
+        print_human(&mut out, &r)
+    };
+    w.map_err(|e| Failure::usage(format!("cannot write the output: {e}")))?;
+    Ok(0)
+}
+
+fn gradcheck(a: &GradcheckArgs) -> Result<u8, Failure> {
+    if a.dtype != DTypeArg::F64 {
+        return Err(Failure::usage(
+            "--dtype f32: gradcheck compares with finite differences, which need f64; use \
+             --dtype f64"
+                .into(),
+        ));
+    }
+    let p = load(&a.file)?;
+    let opts = CheckOptions {
+        tolerances: GradcheckOptions {
+            eps: a.eps,
+            atol: a.atol,
+            rtol: a.rtol,
+            ..GradcheckOptions::default()
+        },
+        second_order: a.order == 2,
+        seed: a.seed,
+        limits: a.limits.limits(),
+        ..CheckOptions::default()
+    };
+    let report = p.gradcheck(&opts).map_err(|e| located(&a.file, e))?;
+    println!(
+        "gradcheck of {} (eps {:e}, atol {:e}, rtol {:e})",
+        if a.file == "-" { "<stdin>" } else { &a.file },
+        a.eps,
+        a.atol,
+        a.rtol
+    );
+    println!("{report}");
+    Ok(if report.passed { 0 } else { 1 })
+}
+
+fn dot(a: &DotArgs) -> Result<u8, Failure> {
+    let p = load(&a.file)?;
+    let d = p
+        .to_dot(&a.limits.limits())
+        .map_err(|e| located(&a.file, e))?;
+    print!("{d}");
+    Ok(0)
+}
+
+fn fmt(a: &FmtArgs) -> Result<u8, Failure> {
+    let p = load(&a.file)?;
+    print!("{p}");
+    Ok(0)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match &cli.command {
+        Command::Run(a) => run(a),
+        Command::Gradcheck(a) => gradcheck(a),
+        Command::Dot(a) => dot(a),
+        Command::Fmt(a) => fmt(a),
+    };
+    match r {
+        Ok(code) => ExitCode::from(code),
+        Err(f) => {
+            eprintln!("arenagrad: error: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}

@@ -1,0 +1,749 @@
+//! Well-typed random programs from plain data.
+//!
+//! A program is generated from a list of [`LeafChoice`]s and a list of [`OpChoice`]s — small
+//! records of numbers — by [`well_typed`], which reads each choice against the statements made so
+//! far and always produces a program that passes the shape rules. Anything that produces such
+//! lists can generate programs: the proptest strategies of `arenagrad::check::strategy` (feature
+//! `proptest`), and the fuzz targets, which read the records from the fuzzer's bytes
+//! ([`decode`]). Because a choice names its operands relative to what exists, removing choices
+//! (what shrinking does) still gives a valid program, and the output's unused statements are
+//! dropped, so a shrunk failing program is small.
+
+use super::ast::{BinaryKind, Expr, Program, ReduceKind, ScalarKind, UnaryKind};
+use super::infer::norm_axis;
+
+/// Ops whose derivatives exist everywhere on the values generated (no kinks, no `detach`): what
+/// a gradient check can use.
+pub const SMOOTH_OPS: &[&str] = &[
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "pow",
+    "neg",
+    "exp",
+    "log",
+    "sqrt",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "gelu",
+    "scale",
+    "shift",
+    "powf",
+    "sum",
+    "mean",
+    "softmax",
+    "log_softmax",
+    "matmul",
+    "transpose",
+    "permute",
+    "reshape",
+    "broadcast",
+    "concat",
+    "slice",
+];
+
+/// Every non-leaf op of the format.
+pub const ALL_OPS: &[&str] = &[
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "pow",
+    "maximum",
+    "minimum",
+    "neg",
+    "exp",
+    "log",
+    "sqrt",
+    "abs",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "gelu",
+    "detach",
+    "scale",
+    "shift",
+    "powf",
+    "sum",
+    "mean",
+    "max",
+    "softmax",
+    "log_softmax",
+    "matmul",
+    "transpose",
+    "permute",
+    "reshape",
+    "broadcast",
+    "concat",
+    "slice",
+];
+
+/// What generated programs may contain.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenConfig {
+    /// Most dimensions of a leaf (ops may add one).
+    pub max_rank: usize,
+    /// Extents are drawn from `1..=max_dim`.
+    pub max_dim: usize,
+    /// Most elements of any tensor.
+    pub max_elements: usize,
+    /// The ops to draw from (names as the format spells them). An op that cannot apply to the
+    /// operand drawn becomes `neg`.
+    pub ops: Vec<&'static str>,
+}
+
+impl GenConfig {
+    /// Smooth ops only ([`SMOOTH_OPS`]): programs whose gradients a finite-difference check can
+    /// verify. Rank up to 3, extents up to 4, at most 64 elements per tensor.
+    pub fn smooth() -> Self {
+        GenConfig {
+            max_rank: 3,
+            max_dim: 4,
+            max_elements: 64,
+            ops: SMOOTH_OPS.to_vec(),
+        }
+    }
+
+    /// Every op ([`ALL_OPS`]), same sizes as [`GenConfig::smooth`].
+    pub fn all() -> Self {
+        GenConfig {
+            ops: ALL_OPS.to_vec(),
+            ..GenConfig::smooth()
+        }
+    }
+}
+
+/// A leaf to make: its extents (each read as `1 + d % max_dim`, at most `max_rank` of them), its
+/// kind and the seed of its values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeafChoice {
+    /// Extents before reduction into range.
+    pub dims: Vec<u8>,
+    /// Bit 0: a `const` (else an `input`); bit 1: positive values (in [0.25, 2.25)), else values
+    /// in (-2, 2) away from zero.
+    pub kind: u8,
+    /// Seed of the values (written into the program after a colon).
+    pub seed: u64,
+}
+
+/// An op statement to make: which op, which operands (indices into what exists, taken modulo
+/// its length) and four bytes of attributes (axes, constants, extents).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpChoice {
+    /// Index into [`GenConfig::ops`] (modulo its length).
+    pub op: u8,
+    /// First operand.
+    pub a: u8,
+    /// Second operand (among the candidates that fit).
+    pub b: u8,
+    /// Attribute bytes.
+    pub attrs: [u8; 4],
+}
+
+fn splitmix(s: &mut u64) -> u64 {
+    *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *s;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// `n` values from `seed`: multiples of 1/128 (exact in binary, short in text), in (-2, 2) away
+/// from zero, or in [0.25, 2.25) when `positive`.
+pub fn values(seed: u64, n: usize, positive: bool) -> Vec<f64> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            let k = (splitmix(&mut s) >> 56) as f64; // 0..=255
+            if positive {
+                0.25 + k / 128.0
+            } else {
+                (2.0 * k - 255.0) / 128.0
+            }
+        })
+        .collect()
+}
+
+fn numel(s: &[usize]) -> Option<usize> {
+    s.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+}
+
+fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    arenagrad_exec::layout::broadcast_shapes(a, b)
+}
+
+/// The shape of `matmul a b` under numpy's rules, if defined.
+pub(crate) fn matmul_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    if a.is_empty() || b.is_empty() {
+        return None;
+    }
+    let a2: Vec<usize> = if a.len() == 1 {
+        vec![1, a[0]]
+    } else {
+        a.to_vec()
+    };
+    let b2: Vec<usize> = if b.len() == 1 {
+        vec![b[0], 1]
+    } else {
+        b.to_vec()
+    };
+    let (ra, rb) = (a2.len(), b2.len());
+    if a2[ra - 1] != b2[rb - 2] {
+        return None;
+    }
+    let mut out = broadcast(&a2[..ra - 2], &b2[..rb - 2])?;
+    if a.len() > 1 {
+        out.push(a2[ra - 2]);
+    }
+    if b.len() > 1 {
+        out.push(b2[rb - 1]);
+    }
+    Some(out)
+}
+
+struct Val {
+    shape: Vec<usize>,
+    pos: bool,
+}
+
+struct Gen<'c> {
+    cfg: &'c GenConfig,
+    exprs: Vec<Expr>,
+    vals: Vec<Val>,
+}
+
+const SCALES: [f64; 8] = [0.5, -0.5, 2.0, -2.0, 1.5, -1.25, 3.0, 0.25];
+const SHIFTS: [f64; 6] = [1.0, -1.0, 0.5, -0.5, 2.0, 0.25];
+const POWERS: [f64; 8] = [2.0, 3.0, 0.5, 1.5, -1.0, -0.5, 1.0, 2.5];
+
+impl Gen<'_> {
+    fn fits(&self, shape: &[usize]) -> bool {
+        shape.len() <= self.cfg.max_rank + 1
+            && numel(shape).is_some_and(|n| n <= self.cfg.max_elements)
+    }
+
+    fn push(&mut self, e: Expr, shape: Vec<usize>, pos: bool) -> usize {
+        self.exprs.push(e);
+        self.vals.push(Val { shape, pos });
+        self.vals.len() - 1
+    }
+
+    fn leaf(&mut self, c: &LeafChoice) -> usize {
+        let max_dim = self.cfg.max_dim.max(1);
+        let mut shape: Vec<usize> = c
+            .dims
+            .iter()
+            .take(self.cfg.max_rank)
+            .map(|&d| 1 + usize::from(d) % max_dim)
+            .collect();
+        // Shrink extents until the leaf fits.
+        let mut k = 0;
+        while numel(&shape).is_none_or(|n| n > self.cfg.max_elements) && !shape.is_empty() {
+            let j = k % shape.len();
+            shape[j] = (shape[j] / 2).max(1);
+            k += 1;
+            if k > 64 * shape.len() {
+                shape.clear();
+            }
+        }
+        let positive = c.kind & 2 != 0;
+        let n = numel(&shape).unwrap_or(1);
+        let e = Expr::Leaf {
+            requires_grad: c.kind & 1 == 0,
+            shape: shape.clone(),
+            values: Some(values(c.seed, n, positive)),
+        };
+        self.push(e, shape, positive)
+    }
+
+    /// `neg a`: what a choice becomes when its op cannot apply.
+    fn fallback(&mut self, a: usize) -> usize {
+        let shape = self.vals[a].shape.clone();
+        self.push(
+            Expr::Unary {
+                op: UnaryKind::Neg,
+                x: a,
+            },
+            shape,
+            false,
+        )
+    }
+
+    fn pick(cands: &[usize], sel: u8) -> Option<usize> {
+        if cands.is_empty() {
+            None
+        } else {
+            Some(cands[usize::from(sel) % cands.len()])
+        }
+    }
+
+    fn op(&mut self, c: &OpChoice) -> usize {
+        let n = self.vals.len();
+        let mut a = usize::from(c.a) % n;
+        let name = if self.cfg.ops.is_empty() {
+            "neg"
+        } else {
+            self.cfg.ops[usize::from(c.op) % self.cfg.ops.len()]
+        };
+        let positives: Vec<usize> = (0..n).filter(|&i| self.vals[i].pos).collect();
+        let [t0, t1, t2, t3] = c.attrs;
+        let sa = self.vals[a].shape.clone();
+        let pa = self.vals[a].pos;
+        let r = sa.len();
+        if let Some(&k) = BinaryKind::ALL.iter().find(|k| k.name() == name) {
+            if k == BinaryKind::Pow && !pa {
+                match Self::pick(&positives, c.a) {
+                    Some(p) => a = p,
+                    None => return self.fallback(a),
+                }
+            }
+            let sa = self.vals[a].shape.clone();
+            let cands: Vec<usize> = (0..n)
+                .filter(|&j| {
+                    (k != BinaryKind::Div || self.vals[j].pos)
+                        && broadcast(&sa, &self.vals[j].shape).is_some_and(|s| self.fits(&s))
+                })
+                .collect();
+            let Some(b) = Self::pick(&cands, c.b) else {
+                return self.fallback(a);
+            };
+            let shape = broadcast(&sa, &self.vals[b].shape).unwrap_or_default();
+            let (pa, pb) = (self.vals[a].pos, self.vals[b].pos);
+            let pos = match k {
+                BinaryKind::Add | BinaryKind::Mul | BinaryKind::Div | BinaryKind::Minimum => {
+                    pa && pb
+                }
+                BinaryKind::Pow => true,
+                BinaryKind::Maximum => pa || pb,
+                BinaryKind::Sub => false,
+            };
+            return self.push(
+                Expr::Binary {
+                    op: k,
+                    lhs: a,
+                    rhs: b,
+                },
+                shape,
+                pos,
+            );
+        }
+        if let Some(&k) = UnaryKind::ALL.iter().find(|k| k.name() == name) {
+            if matches!(k, UnaryKind::Log | UnaryKind::Sqrt) && !pa {
+                match Self::pick(&positives, c.b) {
+                    Some(p) => a = p,
+                    None => return self.fallback(a),
+                }
+            }
+            let pa = self.vals[a].pos;
+            let pos = match k {
+                UnaryKind::Exp | UnaryKind::Sigmoid => true,
+                UnaryKind::Sqrt | UnaryKind::Detach => pa,
+                _ => false,
+            };
+            let shape = self.vals[a].shape.clone();
+            return self.push(Expr::Unary { op: k, x: a }, shape, pos);
+        }
+        if let Some(&k) = ScalarKind::ALL.iter().find(|k| k.name() == name) {
+            let value = match k {
+                ScalarKind::Scale => SCALES[usize::from(t0) % SCALES.len()],
+                ScalarKind::Shift => SHIFTS[usize::from(t0) % SHIFTS.len()],
+                ScalarKind::Powf => POWERS[usize::from(t0) % POWERS.len()],
+            };
+            let needs_pos = k == ScalarKind::Powf && (value.fract() != 0.0 || value < 0.0);
+            if needs_pos && !pa {
+                match Self::pick(&positives, c.b) {
+                    Some(p) => a = p,
+                    None => return self.fallback(a),
+                }
+            }
+            let pa = self.vals[a].pos;
+            let pos = match k {
+                ScalarKind::Powf => pa,
+                _ => pa && value > 0.0,
+            };
+            let shape = self.vals[a].shape.clone();
+            return self.push(Expr::Scalar { op: k, x: a, value }, shape, pos);
+        }
+        let axis_of = |t: u8, neg: bool| -> i64 {
+            let d = usize::from(t) % r.max(1);
+            let d = i64::try_from(d).unwrap_or(0);
+            if neg {
+                d - i64::try_from(r).unwrap_or(0)
+            } else {
+                d
+            }
+        };
+        match name {
+            "sum" | "mean" => {
+                let mut axes = Vec::new();
+                let mut shape = Vec::new();
+                for (d, &e) in sa.iter().enumerate() {
+                    if d < 8 && (t0 >> d) & 1 == 1 {
+                        let ax = i64::try_from(d).unwrap_or(0);
+                        let neg = (t1 >> d) & 1 == 1;
+                        axes.push(if neg {
+                            ax - i64::try_from(r).unwrap_or(0)
+                        } else {
+                            ax
+                        });
+                    } else {
+                        shape.push(e);
+                    }
+                }
+                if axes.is_empty() {
+                    shape.clear();
+                }
+                let op = if name == "sum" {
+                    ReduceKind::Sum
+                } else {
+                    ReduceKind::Mean
+                };
+                self.push(Expr::Reduce { op, x: a, axes }, shape, pa)
+            }
+            "max" | "softmax" | "log_softmax" => {
+                if r == 0 {
+                    return self.fallback(a);
+                }
+                let axis = axis_of(t0, t1 & 1 == 1);
+                let d = norm_axis(axis, r).unwrap_or(0);
+                if name == "max" {
+                    let mut shape = sa.clone();
+                    shape.remove(d);
+                    self.push(Expr::Max { x: a, axis }, shape, pa)
+                } else {
+                    let log = name == "log_softmax";
+                    self.push(Expr::Softmax { x: a, axis, log }, sa, !log)
+                }
+            }
+            "matmul" => {
+                if r == 0 {
+                    return self.fallback(a);
+                }
+                let cands: Vec<usize> = (0..n)
+                    .filter(|&j| {
+                        matmul_shape(&sa, &self.vals[j].shape).is_some_and(|s| self.fits(&s))
+                    })
+                    .collect();
+                let b = match Self::pick(&cands, c.b) {
+                    Some(b) => b,
+                    None => {
+                        // A fresh input of shape [k, m] to multiply with.
+                        let k = sa[r - 1];
+                        let m = 1 + usize::from(t0) % self.cfg.max_dim.max(1);
+                        let shape = vec![k, m];
+                        match matmul_shape(&sa, &shape) {
+                            Some(s) if self.fits(&s) && self.fits(&shape) => {}
+                            _ => return self.fallback(a),
+                        }
+                        let seed = u64::from_le_bytes([t0, t1, t2, t3, c.a, c.b, c.op, 1]);
+                        let e = Expr::Leaf {
+                            requires_grad: true,
+                            shape: shape.clone(),
+                            values: Some(values(seed, k * m, pa)),
+                        };
+                        self.push(e, shape, pa)
+                    }
+                };
+                let shape = matmul_shape(&sa, &self.vals[b].shape).unwrap_or_default();
+                let pos = pa && self.vals[b].pos;
+                self.push(Expr::Matmul { lhs: a, rhs: b }, shape, pos)
+            }
+            "transpose" => {
+                if r < 2 {
+                    return self.fallback(a);
+                }
+                let d0 = axis_of(t0, t2 & 1 == 1);
+                let d1 = axis_of(t1, t2 & 2 == 2);
+                let mut shape = sa.clone();
+                shape.swap(norm_axis(d0, r).unwrap_or(0), norm_axis(d1, r).unwrap_or(0));
+                self.push(Expr::Transpose { x: a, d0, d1 }, shape, pa)
+            }
+            "permute" => {
+                if r < 2 {
+                    return self.fallback(a);
+                }
+                let mut perm: Vec<usize> = (0..r).collect();
+                for k in (1..r).rev() {
+                    let j = usize::from(c.attrs[k % 4]) % (k + 1);
+                    perm.swap(k, j);
+                }
+                let shape = perm.iter().map(|&p| sa[p]).collect();
+                let perm = perm
+                    .iter()
+                    .map(|&p| i64::try_from(p).unwrap_or(0))
+                    .collect();
+                self.push(Expr::Permute { x: a, perm }, shape, pa)
+            }
+            "reshape" => {
+                let total = numel(&sa).unwrap_or(1);
+                let ti = |v: usize| i64::try_from(v).unwrap_or(0);
+                let (spec, shape): (Vec<i64>, Vec<usize>) = match t0 % 4 {
+                    0 => (vec![-1], vec![total]),
+                    1 => (vec![ti(total)], vec![total]),
+                    2 => {
+                        let divs: Vec<usize> =
+                            (1..=total).filter(|&d| total.is_multiple_of(d)).collect();
+                        let d = divs
+                            .get(usize::from(t1) % divs.len().max(1))
+                            .copied()
+                            .unwrap_or(1);
+                        (vec![ti(d), -1], vec![d, total / d.max(1)])
+                    }
+                    _ => {
+                        let mut spec = vec![1];
+                        spec.extend(sa.iter().map(|&d| ti(d)));
+                        let mut shape = vec![1];
+                        shape.extend(sa.iter().copied());
+                        (spec, shape)
+                    }
+                };
+                if !self.fits(&shape) {
+                    return self.fallback(a);
+                }
+                self.push(Expr::Reshape { x: a, shape: spec }, shape, pa)
+            }
+            "broadcast" => {
+                let max_dim = self.cfg.max_dim.max(1);
+                let mut shape: Vec<usize> = sa
+                    .iter()
+                    .enumerate()
+                    .map(|(d, &e)| {
+                        if e == 1 && (t1 >> (d % 8)) & 1 == 1 {
+                            1 + usize::from(t2.wrapping_add(d as u8)) % max_dim
+                        } else {
+                            e
+                        }
+                    })
+                    .collect();
+                if t0 & 1 == 1 {
+                    shape.insert(0, 1 + usize::from(t3) % max_dim);
+                }
+                if !self.fits(&shape) {
+                    return self.fallback(a);
+                }
+                self.push(
+                    Expr::Broadcast {
+                        x: a,
+                        shape: shape.clone(),
+                    },
+                    shape,
+                    pa,
+                )
+            }
+            "concat" => {
+                if r == 0 {
+                    return self.fallback(a);
+                }
+                let axis = axis_of(t0, t1 & 1 == 1);
+                let d = norm_axis(axis, r).unwrap_or(0);
+                let cands: Vec<usize> = (0..n)
+                    .filter(|&j| {
+                        let s = &self.vals[j].shape;
+                        s.len() == r
+                            && s.iter()
+                                .zip(&sa)
+                                .enumerate()
+                                .all(|(k, (x, y))| k == d || x == y)
+                    })
+                    .collect();
+                let mut xs = vec![a];
+                let count = 1 + usize::from(t2 % 2);
+                for k in 0..count {
+                    let sel = if k == 0 { c.b } else { t3 };
+                    if let Some(j) = Self::pick(&cands, sel) {
+                        xs.push(j);
+                    }
+                }
+                let mut shape = sa.clone();
+                shape[d] = xs.iter().map(|&j| self.vals[j].shape[d]).sum();
+                if !self.fits(&shape) {
+                    return self.fallback(a);
+                }
+                let pos = xs.iter().all(|&j| self.vals[j].pos);
+                self.push(Expr::Concat { axis, xs }, shape, pos)
+            }
+            "slice" => {
+                if r == 0 {
+                    return self.fallback(a);
+                }
+                let axis = axis_of(t0, t3 & 1 == 1);
+                let d = norm_axis(axis, r).unwrap_or(0);
+                let ext = sa[d];
+                if ext == 0 {
+                    return self.fallback(a);
+                }
+                let start = usize::from(t1) % ext;
+                let end = start + 1 + usize::from(t2) % (ext - start);
+                let mut shape = sa.clone();
+                shape[d] = end - start;
+                self.push(
+                    Expr::Slice {
+                        x: a,
+                        axis,
+                        start,
+                        end,
+                    },
+                    shape,
+                    pa,
+                )
+            }
+            _ => self.fallback(a),
+        }
+    }
+}
+
+/// Builds a well-typed program from choices: the leaves first (at least one is made, a scalar
+/// input, when `leaves` is empty), then one statement per op choice. Statements the output (the
+/// last statement) does not depend on are dropped; names are `x0, x1, ...` for inputs,
+/// `c0, c1, ...` for consts and `t0, t1, ...` for ops. Leaf values are written in the program.
+pub fn well_typed(leaves: &[LeafChoice], ops: &[OpChoice], cfg: &GenConfig) -> Program {
+    let mut g = Gen {
+        cfg,
+        exprs: Vec::new(),
+        vals: Vec::new(),
+    };
+    if leaves.is_empty() {
+        g.leaf(&LeafChoice {
+            dims: Vec::new(),
+            kind: 0,
+            seed: 0,
+        });
+    }
+    for l in leaves {
+        g.leaf(l);
+    }
+    for c in ops {
+        g.op(c);
+    }
+    assemble(g.exprs)
+}
+
+/// Keeps the statements the last one depends on, renumbers operands, names everything.
+fn assemble(exprs: Vec<Expr>) -> Program {
+    let n = exprs.len();
+    let mut live = vec![false; n];
+    if n > 0 {
+        live[n - 1] = true;
+    }
+    for i in (0..n).rev() {
+        if live[i] {
+            for o in exprs[i].operands() {
+                if o < n {
+                    live[o] = true;
+                }
+            }
+        }
+    }
+    let mut new_index = vec![usize::MAX; n];
+    let mut p = Program::new();
+    let (mut xi, mut ci, mut ti) = (0, 0, 0);
+    for (i, mut e) in exprs.into_iter().enumerate() {
+        if !live[i] {
+            continue;
+        }
+        remap(&mut e, &new_index);
+        let name = match &e {
+            Expr::Leaf {
+                requires_grad: true,
+                ..
+            } => {
+                xi += 1;
+                format!("x{}", xi - 1)
+            }
+            Expr::Leaf { .. } => {
+                ci += 1;
+                format!("c{}", ci - 1)
+            }
+            _ => {
+                ti += 1;
+                format!("t{}", ti - 1)
+            }
+        };
+        if let Ok(k) = p.push(&name, e) {
+            new_index[i] = k;
+        }
+    }
+    p
+}
+
+/// Rewrites operand indices through `map`.
+pub(crate) fn remap(e: &mut Expr, map: &[usize]) {
+    let f = |i: &mut usize| *i = map.get(*i).copied().unwrap_or(usize::MAX);
+    match e {
+        Expr::Leaf { .. } => {}
+        Expr::Binary { lhs, rhs, .. } | Expr::Matmul { lhs, rhs } => {
+            f(lhs);
+            f(rhs);
+        }
+        Expr::Unary { x, .. }
+        | Expr::Scalar { x, .. }
+        | Expr::Reduce { x, .. }
+        | Expr::Max { x, .. }
+        | Expr::Softmax { x, .. }
+        | Expr::Transpose { x, .. }
+        | Expr::Permute { x, .. }
+        | Expr::Reshape { x, .. }
+        | Expr::Broadcast { x, .. }
+        | Expr::Slice { x, .. } => f(x),
+        Expr::Concat { xs, .. } => xs.iter_mut().for_each(f),
+    }
+}
+
+/// Reads bytes as choices, for fuzzing: one byte for the number of leaves (1 to 3); per leaf a
+/// rank byte, that many extent bytes, a kind byte and two seed bytes; then op choices of seven
+/// bytes each (op, a, b, four attributes), at most `max_ops`. Missing bytes read as zero.
+pub fn decode(bytes: &[u8], max_rank: usize, max_ops: usize) -> (Vec<LeafChoice>, Vec<OpChoice>) {
+    let mut r = ByteReader::new(bytes);
+    let n_leaves = 1 + usize::from(r.u8()) % 3;
+    let mut leaves = Vec::with_capacity(n_leaves);
+    for _ in 0..n_leaves {
+        let rank = usize::from(r.u8()) % (max_rank + 1);
+        let dims = (0..rank).map(|_| r.u8()).collect();
+        let kind = r.u8();
+        let seed = u64::from(r.u8()) | (u64::from(r.u8()) << 8);
+        leaves.push(LeafChoice { dims, kind, seed });
+    }
+    let mut ops = Vec::new();
+    while !r.is_empty() && ops.len() < max_ops {
+        ops.push(OpChoice {
+            op: r.u8(),
+            a: r.u8(),
+            b: r.u8(),
+            attrs: [r.u8(), r.u8(), r.u8(), r.u8()],
+        });
+    }
+    (leaves, ops)
+}
+
+/// Reads bytes one at a time; zeros once they run out.
+#[derive(Debug, Clone)]
+pub struct ByteReader<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl<'a> ByteReader<'a> {
+    /// A reader at the start of `data`.
+    pub fn new(data: &'a [u8]) -> Self {
+        ByteReader { data, at: 0 }
+    }
+    /// The next byte, or 0.
+    pub fn u8(&mut self) -> u8 {
+        let b = self.data.get(self.at).copied().unwrap_or(0);
+        self.at = self.at.saturating_add(1);
+        b
+    }
+    /// The next two bytes, little-endian.
+    pub fn u16(&mut self) -> u16 {
+        u16::from(self.u8()) | (u16::from(self.u8()) << 8)
+    }
+    /// Whether every byte has been read.
+    pub fn is_empty(&self) -> bool {
+        self.at >= self.data.len()
+    }
+}

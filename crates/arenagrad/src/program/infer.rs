@@ -1,0 +1,502 @@
+//! Shape rules: every statement's shape and whether it needs grad, computed from the text alone,
+//! with the size limits applied — so an ill-shaped or oversized program is a typed error before
+//! any tensor is allocated.
+
+use arenagrad_exec::layout::broadcast_shapes;
+
+use super::ast::{Expr, Program};
+use super::error::ProgramError;
+
+/// Size limits applied before anything is allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most dimensions a tensor may have.
+    pub max_rank: usize,
+    /// Most elements one tensor may hold.
+    pub max_elements: usize,
+    /// Most elements all statements' values may hold together.
+    pub max_total_elements: usize,
+    /// Most work the forward pass may do, counted as output elements plus matmul
+    /// multiply-adds, summed over statements.
+    pub max_work: u64,
+}
+
+impl Default for Limits {
+    /// 32 dimensions, 2^28 elements per tensor (2 GiB of `f64`), 2^30 elements in all, and
+    /// 2^44 units of work.
+    fn default() -> Self {
+        Limits {
+            max_rank: 32,
+            max_elements: 1 << 28,
+            max_total_elements: 1 << 30,
+            max_work: 1 << 44,
+        }
+    }
+}
+
+impl Limits {
+    /// Small limits for fuzzing and property tests: 8 dimensions, 4096 elements per tensor,
+    /// 65536 in all, 2^22 units of work.
+    pub fn small() -> Self {
+        Limits {
+            max_rank: 8,
+            max_elements: 1 << 12,
+            max_total_elements: 1 << 16,
+            max_work: 1 << 22,
+        }
+    }
+}
+
+/// What the shape rules say about one statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StmtInfo {
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Whether gradients flow through it (an `input`, or an op on one, except `detach`).
+    pub requires_grad: bool,
+}
+
+/// Resolves a possibly negative axis against a rank.
+pub(crate) fn norm_axis(axis: i64, rank: usize) -> Option<usize> {
+    let r = i64::try_from(rank).ok()?;
+    let a = if axis < 0 { axis.checked_add(r)? } else { axis };
+    if (0..r).contains(&a) {
+        usize::try_from(a).ok()
+    } else {
+        None
+    }
+}
+
+fn numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+}
+
+/// The error of statement `i` at token `tok` (None: the op).
+struct At<'p> {
+    p: &'p Program,
+    i: usize,
+}
+
+impl At<'_> {
+    fn pos(&self, arg: Option<usize>) -> (usize, usize) {
+        match arg {
+            Some(k) => self.p.arg_pos(self.i, k),
+            None => self.p.op_pos(self.i),
+        }
+    }
+    fn shape(&self, arg: Option<usize>, message: String) -> ProgramError {
+        let (line, column) = self.pos(arg);
+        ProgramError::Shape {
+            line,
+            column,
+            message,
+        }
+    }
+    fn large(&self, arg: Option<usize>, message: String) -> ProgramError {
+        let (line, column) = self.pos(arg);
+        ProgramError::TooLarge {
+            line,
+            column,
+            message,
+        }
+    }
+}
+
+fn axis_err(at: &At<'_>, arg: usize, axis: i64, shape: &[usize]) -> ProgramError {
+    let r = shape.len();
+    let expect = if r == 0 {
+        "a tensor of rank 0 has no axes".to_string()
+    } else {
+        format!("expected an axis in -{r}..{r}")
+    };
+    at.shape(
+        Some(arg),
+        format!("axis {axis} is out of range for shape {shape:?}: {expect}"),
+    )
+}
+
+/// Checks every statement; returns each one's shape and grad requirement.
+pub(crate) fn check(p: &Program, limits: &Limits) -> Result<Vec<StmtInfo>, ProgramError> {
+    if p.stmts.is_empty() {
+        return Err(ProgramError::Parse {
+            line: 1,
+            column: 1,
+            message: "expected at least one statement, found none".into(),
+        });
+    }
+    let mut infos: Vec<StmtInfo> = Vec::with_capacity(p.stmts.len());
+    let mut total: usize = 0;
+    let mut work: u64 = 0;
+    for i in 0..p.stmts.len() {
+        let at = At { p, i };
+        let expr = &p.stmts[i].expr;
+        let ops = expr.operands();
+        if let Some(&bad) = ops.iter().find(|&&o| o >= i) {
+            return Err(at.shape(
+                None,
+                format!("operand {bad} does not name an earlier statement"),
+            ));
+        }
+        let sh = |k: usize| -> &[usize] { &infos[ops[k]].shape };
+        let mut extra_work: u64 = 0;
+        let shape: Vec<usize> = match expr {
+            Expr::Leaf { shape, values, .. } => {
+                if shape.len() > limits.max_rank {
+                    return Err(at.large(
+                        None,
+                        format!(
+                            "a shape of rank {} exceeds the limit of {} dimensions",
+                            shape.len(),
+                            limits.max_rank
+                        ),
+                    ));
+                }
+                let n = numel(shape)
+                    .ok_or_else(|| at.large(None, "the shape's element count overflows".into()))?;
+                if let Some(v) = values {
+                    if v.len() != n {
+                        return Err(at.shape(
+                            None,
+                            format!("expected {n} values for shape {shape:?}, found {}", v.len()),
+                        ));
+                    }
+                }
+                shape.clone()
+            }
+            Expr::Binary { op, .. } => {
+                let (a, b) = (sh(0), sh(1));
+                if a == b {
+                    a.to_vec()
+                } else {
+                    broadcast_shapes(a, b).ok_or_else(|| {
+                        at.shape(
+                            Some(1),
+                            format!(
+                                "`{}`: shapes {a:?} and {b:?} do not broadcast (expected equal \
+                                 extents, or 1, in each trailing dimension)",
+                                op.name()
+                            ),
+                        )
+                    })?
+                }
+            }
+            Expr::Unary { .. } | Expr::Scalar { .. } => sh(0).to_vec(),
+            Expr::Reduce { axes, .. } => {
+                let s = sh(0);
+                let mut mask = vec![axes.is_empty(); s.len()];
+                for (k, &a) in axes.iter().enumerate() {
+                    let d = norm_axis(a, s.len()).ok_or_else(|| axis_err(&at, 1 + k, a, s))?;
+                    if std::mem::replace(&mut mask[d], true) {
+                        return Err(at.shape(
+                            Some(1 + k),
+                            format!("axis {a} is repeated (expected each axis once)"),
+                        ));
+                    }
+                }
+                s.iter()
+                    .zip(&mask)
+                    .filter(|(_, &m)| !m)
+                    .map(|(&d, _)| d)
+                    .collect()
+            }
+            Expr::Max { axis, .. } => {
+                let s = sh(0);
+                let d = norm_axis(*axis, s.len()).ok_or_else(|| axis_err(&at, 1, *axis, s))?;
+                if s[d] == 0 {
+                    return Err(at.shape(
+                        Some(1),
+                        format!(
+                            "max over axis {axis} of shape {s:?} has no value (expected a \
+                             non-empty axis)"
+                        ),
+                    ));
+                }
+                let mut out = s.to_vec();
+                out.remove(d);
+                out
+            }
+            Expr::Softmax { axis, .. } => {
+                let s = sh(0);
+                norm_axis(*axis, s.len()).ok_or_else(|| axis_err(&at, 1, *axis, s))?;
+                s.to_vec()
+            }
+            Expr::Matmul { .. } => {
+                let (a, b) = (sh(0), sh(1));
+                let bad = |why: &str| {
+                    at.shape(
+                        Some(1),
+                        format!("matmul: cannot multiply {a:?} by {b:?}: {why}"),
+                    )
+                };
+                if a.is_empty() || b.is_empty() {
+                    return Err(bad("expected operands of rank 1 or more"));
+                }
+                let a2: Vec<usize> = if a.len() == 1 {
+                    vec![1, a[0]]
+                } else {
+                    a.to_vec()
+                };
+                let b2: Vec<usize> = if b.len() == 1 {
+                    vec![b[0], 1]
+                } else {
+                    b.to_vec()
+                };
+                let (ra, rb) = (a2.len(), b2.len());
+                let (m, ka) = (a2[ra - 2], a2[ra - 1]);
+                let (kb, n) = (b2[rb - 2], b2[rb - 1]);
+                if ka != kb {
+                    return Err(bad(&format!(
+                        "expected the left operand's last extent ({ka}) to equal the right \
+                         operand's {} extent ({kb})",
+                        if b.len() == 1 {
+                            "only"
+                        } else {
+                            "second-to-last"
+                        }
+                    )));
+                }
+                let batch = broadcast_shapes(&a2[..ra - 2], &b2[..rb - 2])
+                    .ok_or_else(|| bad("expected batch dimensions that broadcast"))?;
+                let macs = numel(&batch)
+                    .and_then(|x| x.checked_mul(m))
+                    .and_then(|x| x.checked_mul(n))
+                    .and_then(|x| x.checked_mul(ka))
+                    .and_then(|x| u64::try_from(x).ok())
+                    .unwrap_or(u64::MAX);
+                extra_work = macs;
+                let mut out = batch;
+                if a.len() > 1 {
+                    out.push(m);
+                }
+                if b.len() > 1 {
+                    out.push(n);
+                }
+                out
+            }
+            Expr::Transpose { d0, d1, .. } => {
+                let s = sh(0);
+                let a = norm_axis(*d0, s.len()).ok_or_else(|| axis_err(&at, 1, *d0, s))?;
+                let b = norm_axis(*d1, s.len()).ok_or_else(|| axis_err(&at, 2, *d1, s))?;
+                let mut out = s.to_vec();
+                out.swap(a, b);
+                out
+            }
+            Expr::Permute { perm, .. } => {
+                let s = sh(0);
+                if perm.len() != s.len() {
+                    return Err(at.shape(
+                        None,
+                        format!(
+                            "permute: {} axes given for shape {s:?} (expected a permutation of \
+                             all {} axes)",
+                            perm.len(),
+                            s.len()
+                        ),
+                    ));
+                }
+                let mut seen = vec![false; s.len()];
+                let mut out = Vec::with_capacity(s.len());
+                for (k, &a) in perm.iter().enumerate() {
+                    let d = norm_axis(a, s.len()).ok_or_else(|| axis_err(&at, 1 + k, a, s))?;
+                    if std::mem::replace(&mut seen[d], true) {
+                        return Err(at.shape(
+                            Some(1 + k),
+                            format!("permute: axis {a} is repeated (expected each axis once)"),
+                        ));
+                    }
+                    out.push(s[d]);
+                }
+                out
+            }
+            Expr::Reshape { shape, .. } => {
+                let s = sh(0);
+                let n = numel(s).unwrap_or(usize::MAX);
+                let mut infer: Option<usize> = None;
+                let mut known: usize = 1;
+                let mut out = Vec::with_capacity(shape.len());
+                for (k, &d) in shape.iter().enumerate() {
+                    if d == -1 && infer.is_none() {
+                        infer = Some(k);
+                        out.push(0);
+                    } else if let Ok(du) = usize::try_from(d) {
+                        known = known.checked_mul(du).ok_or_else(|| {
+                            at.large(Some(1 + k), "the shape's element count overflows".into())
+                        })?;
+                        out.push(du);
+                    } else {
+                        return Err(at.shape(
+                            Some(1 + k),
+                            format!(
+                                "reshape: expected a non-negative extent{}, found {d}",
+                                if infer.is_none() {
+                                    " or -1"
+                                } else {
+                                    " (-1 is already used)"
+                                }
+                            ),
+                        ));
+                    }
+                }
+                if let Some(k) = infer {
+                    if known == 0 || !n.is_multiple_of(known) {
+                        return Err(at.shape(
+                            Some(1 + k),
+                            format!("reshape: cannot infer -1 when reshaping {s:?} into {shape:?}"),
+                        ));
+                    }
+                    out[k] = n / known;
+                } else if known != n {
+                    return Err(at.shape(
+                        None,
+                        format!(
+                            "reshape: cannot reshape {s:?} ({n} elements) into {shape:?} \
+                             ({known} elements)"
+                        ),
+                    ));
+                }
+                out
+            }
+            Expr::Broadcast { shape, .. } => {
+                let s = sh(0);
+                if s != shape.as_slice()
+                    && broadcast_shapes(s, shape).as_deref() != Some(shape.as_slice())
+                {
+                    return Err(at.shape(
+                        None,
+                        format!(
+                            "broadcast: {s:?} does not broadcast to {shape:?} (expected each \
+                             trailing extent to match or be 1)"
+                        ),
+                    ));
+                }
+                shape.clone()
+            }
+            Expr::Concat { axis, .. } => {
+                if ops.is_empty() {
+                    return Err(at.shape(None, "concat: expected at least one operand".into()));
+                }
+                let s0 = sh(0);
+                let d = norm_axis(*axis, s0.len()).ok_or_else(|| axis_err(&at, 0, *axis, s0))?;
+                let mut total_ax: usize = 0;
+                for k in 0..ops.len() {
+                    let s = sh(k);
+                    let ok = s.len() == s0.len()
+                        && s.iter()
+                            .zip(s0)
+                            .enumerate()
+                            .all(|(j, (x, y))| j == d || x == y);
+                    if !ok {
+                        return Err(at.shape(
+                            Some(1 + k),
+                            format!(
+                                "concat: shape {s:?} does not match {s0:?} (expected equal \
+                                 extents except along axis {axis})"
+                            ),
+                        ));
+                    }
+                    total_ax = total_ax.checked_add(s[d]).ok_or_else(|| {
+                        at.large(Some(1 + k), "the concatenated extent overflows".into())
+                    })?;
+                }
+                let mut out = s0.to_vec();
+                out[d] = total_ax;
+                out
+            }
+            Expr::Slice {
+                axis, start, end, ..
+            } => {
+                let s = sh(0);
+                let d = norm_axis(*axis, s.len()).ok_or_else(|| axis_err(&at, 1, *axis, s))?;
+                if start > end || *end > s[d] {
+                    return Err(at.shape(
+                        Some(if start > end { 2 } else { 3 }),
+                        format!(
+                            "slice: range {start}..{end} is outside axis {axis} of shape {s:?} \
+                             (expected START <= END <= {})",
+                            s[d]
+                        ),
+                    ));
+                }
+                let mut out = s.to_vec();
+                out[d] = end - start;
+                out
+            }
+        };
+        if shape.len() > limits.max_rank {
+            return Err(at.large(
+                None,
+                format!(
+                    "the result's rank {} exceeds the limit of {} dimensions",
+                    shape.len(),
+                    limits.max_rank
+                ),
+            ));
+        }
+        let n = numel(&shape).ok_or_else(|| {
+            at.large(
+                None,
+                format!("shape {shape:?}: the element count overflows"),
+            )
+        })?;
+        // Extents of a zero-element tensor still enter its strides: bound them as if the zero
+        // extents were 1, so no stride computation can overflow.
+        let span = shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d.max(1)))
+            .unwrap_or(usize::MAX);
+        if n == 0 && span > limits.max_elements {
+            return Err(at.large(
+                None,
+                format!(
+                    "shape {shape:?}: its non-zero extents multiply to more than the limit of {} \
+                     elements per tensor",
+                    limits.max_elements
+                ),
+            ));
+        }
+        if n > limits.max_elements {
+            return Err(at.large(
+                None,
+                format!(
+                    "shape {shape:?} holds {n} elements, more than the limit of {} per tensor",
+                    limits.max_elements
+                ),
+            ));
+        }
+        total = total.saturating_add(n);
+        if total > limits.max_total_elements {
+            return Err(at.large(
+                None,
+                format!(
+                    "the program's tensors hold more than the limit of {} elements in all",
+                    limits.max_total_elements
+                ),
+            ));
+        }
+        work = work
+            .saturating_add(u64::try_from(n).unwrap_or(u64::MAX))
+            .saturating_add(extra_work);
+        if work > limits.max_work {
+            return Err(at.large(
+                None,
+                format!(
+                    "the program needs more than the limit of {} units of work",
+                    limits.max_work
+                ),
+            ));
+        }
+        let requires_grad = match expr {
+            Expr::Leaf { requires_grad, .. } => *requires_grad,
+            Expr::Unary {
+                op: super::ast::UnaryKind::Detach,
+                ..
+            } => false,
+            _ => ops.iter().any(|&o| infos[o].requires_grad),
+        };
+        infos.push(StmtInfo {
+            shape,
+            requires_grad,
+        });
+    }
+    Ok(infos)
+}

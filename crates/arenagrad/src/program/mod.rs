@@ -1,0 +1,87 @@
+//! Graphs as data: a small text format for programs over arenagrad's ops, with a parser, a
+//! printer, shape rules, a runner (forward, backward, values out), whole-program gradient checks,
+//! Graphviz output, random program generation and the checks behind the fuzz targets.
+//!
+//! # The format (version 1)
+//!
+//! UTF-8 text, one statement per line; `#` starts a comment; blank lines are ignored. Every
+//! statement is `NAME = OP ARG...`, where NAME matches `[a-z_][a-z0-9_]*` and is defined once.
+//! Arguments are earlier names, integers or floats, separated by spaces. The last statement is
+//! the output; when it is not a scalar, backward starts from its sum.
+//!
+//! | statement | meaning |
+//! |---|---|
+//! | `x = input D0 D1 ...` | a leaf that requires grad (no dims: a scalar) |
+//! | `x = const D0 D1 ...` | a leaf that does not |
+//! | `x = input 2 2 : 0.5 -1 2 3.25` | values given, row-major (else standard normal draws from the seeded RNG) |
+//! | `add a b`, `sub`, `mul`, `div`, `pow`, `maximum`, `minimum` | elementwise, numpy broadcasting |
+//! | `neg a`, `exp`, `log`, `sqrt`, `abs`, `sin`, `cos`, `tanh`, `sigmoid`, `relu`, `gelu`, `detach` | elementwise (`gelu`: tanh approximation) |
+//! | `scale a S`, `shift a S`, `powf a P` | a·S, a+S, a^P |
+//! | `sum a [AXIS...]`, `mean a [AXIS...]` | over the axes (none: all elements) |
+//! | `max a AXIS` | maximum along one axis (keepdim false) |
+//! | `softmax a AXIS`, `log_softmax a AXIS` | along one axis |
+//! | `matmul a b` | numpy matmul (1-D, 2-D, batched with broadcasting) |
+//! | `transpose a D0 D1`, `permute a P0 P1 ...` | axes reordered |
+//! | `reshape a D0 D1 ...` | one `-1` allowed |
+//! | `broadcast a D0 D1 ...` | numpy broadcasting to the shape |
+//! | `concat AXIS a b ...` | joined along AXIS |
+//! | `slice a AXIS START END` | elements START..END along AXIS |
+//!
+//! Negative axes count from the end. Errors name the line and column (1-based, in characters)
+//! and say what was expected; parsing never panics, and a shape whose element count overflows or
+//! exceeds the [`Limits`] is a typed error before anything is allocated.
+//!
+//! ```
+//! use arenagrad::program::{Program, RunOptions};
+//!
+//! let p = Program::parse("x = input 3 : 1 2 3\ny = mul x x\nz = sum y\n").unwrap();
+//! let r = p.run(&RunOptions::default()).unwrap();
+//! assert_eq!(r.output.tensor.to_f64_vec(), vec![14.0]);
+//! assert_eq!(r.grad("x").unwrap().to_f64_vec(), vec![2.0, 4.0, 6.0]);
+//! assert_eq!(Program::parse(&p.to_string()).unwrap(), p); // printing round-trips
+//! ```
+
+mod ast;
+mod dot;
+mod error;
+pub mod fuzzing;
+pub mod generate;
+mod gradcheck;
+mod infer;
+mod parser;
+mod printer;
+mod runner;
+
+pub use ast::{
+    is_valid_name, BinaryKind, Expr, Program, ReduceKind, ScalarKind, Stmt, UnaryKind, OP_NAMES,
+};
+pub use error::ProgramError;
+pub use gradcheck::{CheckOptions, InputCheck, ProgramCheckReport};
+pub use infer::{Limits, StmtInfo};
+pub use runner::{
+    apply_default, dtype_name, BackwardRule, NamedTensor, OpImpl, Overrides, RunOptions, RunResult,
+};
+
+impl Program {
+    /// Parses program text. Never panics; errors name the line and column.
+    pub fn parse(text: &str) -> Result<Program, ProgramError> {
+        parser::parse(text)
+    }
+
+    /// Parses bytes, which must be UTF-8 (an invalid sequence is a located error).
+    pub fn parse_bytes(bytes: &[u8]) -> Result<Program, ProgramError> {
+        parser::parse_bytes(bytes)
+    }
+
+    /// The text of statement `i` (as printed), without a newline.
+    pub fn statement_text(&self, i: usize) -> Option<String> {
+        (i < self.stmts.len()).then(|| printer::statement(self, i))
+    }
+}
+
+impl std::str::FromStr for Program {
+    type Err = ProgramError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Program::parse(s)
+    }
+}

@@ -1,0 +1,578 @@
+//! The program format: every op parses, prints and parses back; shapes follow the rules; errors
+//! name the line and the column and say what was expected; no input makes the parser panic; sizes
+//! beyond the limits are typed errors before anything is allocated.
+
+use std::sync::Arc;
+
+use arenagrad::program::{
+    BinaryKind, CheckOptions, Expr, Limits, OpImpl, Overrides, Program, ProgramError, RunOptions,
+    UnaryKind, OP_NAMES,
+};
+use arenagrad::{Graph, GraphError, Tensor};
+
+/// One statement of every op (and both leaf kinds, with and without values).
+const EVERY_OP: &str = "\
+# every op of format version 1
+a = input 2 3 : 0.5 -1 2 3.25 -0.75 1.5
+b = input 3 : 1.5 2 0.25
+c = const 2 1 : 2 3
+s = input
+r = const 3 2
+d0 = add a b
+d1 = sub a c
+d2 = mul d0 d1
+d3 = div d2 c
+pa = abs a
+pb = shift pa 0.5
+d4 = pow pb c
+d5 = maximum d4 a
+d6 = minimum d5 b
+u0 = neg d6
+u1 = exp u0
+u2 = log u1
+u3 = sqrt pb
+u4 = sin u3
+u5 = cos u4
+u6 = tanh u5
+u7 = sigmoid u6
+u8 = relu u7
+u9 = gelu u8
+u10 = detach u9
+k0 = scale u9 -2
+k1 = shift k0 1e-3
+k2 = powf pb 1.5
+r0 = sum k2 0
+r1 = mean k2 -1
+r2 = max k1 1
+r3 = sum k1
+r4 = mean k1 0 1
+m0 = softmax k2 1
+m1 = log_softmax k2 0
+mm = matmul a r
+t0 = transpose m0 0 1
+t1 = permute t0 1 0
+t2 = reshape t1 3 -1
+t3 = broadcast c 4 2 3
+t4 = concat 0 a m1 k2
+t5 = slice t4 0 1 4
+o = mul s r3
+";
+
+#[test]
+fn every_op_parses_prints_and_parses_back() {
+    let p = Program::parse(EVERY_OP).unwrap();
+    let ops: std::collections::BTreeSet<&str> =
+        p.statements().iter().map(|s| s.expr.op_name()).collect();
+    for op in OP_NAMES {
+        assert!(ops.contains(op), "EVERY_OP lacks `{op}`");
+    }
+    let text = p.to_string();
+    let q = Program::parse(&text).unwrap();
+    assert_eq!(p, q);
+    assert_eq!(q.to_string(), text, "printing is canonical");
+    // Each statement also round-trips on its own line.
+    for i in 0..p.len() {
+        let line = p.statement_text(i).unwrap();
+        assert!(text.lines().any(|l| l == line));
+    }
+    // Comments and blank lines are gone; one statement per line.
+    assert_eq!(text.lines().count(), p.len());
+}
+
+#[test]
+fn shapes_of_every_op() {
+    let p = Program::parse(EVERY_OP).unwrap();
+    let infos = p.check(&Limits::default()).unwrap();
+    let shape = |name: &str| infos[p.index_of(name).unwrap()].shape.clone();
+    let want: &[(&str, &[usize])] = &[
+        ("s", &[]),
+        ("d0", &[2, 3]),
+        ("d1", &[2, 3]),
+        ("d4", &[2, 3]),
+        ("d6", &[2, 3]),
+        ("k2", &[2, 3]),
+        ("r0", &[3]),
+        ("r1", &[2]),
+        ("r2", &[2]),
+        ("r3", &[]),
+        ("r4", &[]),
+        ("m1", &[2, 3]),
+        ("mm", &[2, 2]),
+        ("t0", &[3, 2]),
+        ("t1", &[2, 3]),
+        ("t2", &[3, 2]),
+        ("t3", &[4, 2, 3]),
+        ("t4", &[6, 3]),
+        ("t5", &[3, 3]),
+        ("o", &[]),
+    ];
+    for (name, s) in want {
+        assert_eq!(shape(name), s.to_vec(), "{name}");
+    }
+    let grad = |name: &str| infos[p.index_of(name).unwrap()].requires_grad;
+    assert!(grad("a") && grad("d0") && !grad("c") && !grad("r") && !grad("u10"));
+    assert!(grad("k0"), "detach stops only its own output");
+    // And the engine agrees with every predicted shape.
+    let r = p.run(&RunOptions::default()).unwrap();
+    assert_eq!(r.output.tensor.shape, Vec::<usize>::new());
+    assert_eq!(r.values.len(), 5);
+    assert_eq!(
+        r.grads.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(),
+        ["a", "b", "s"]
+    );
+}
+
+#[test]
+fn numbers_round_trip_bit_for_bit() {
+    let values = [
+        0.0,
+        -0.0,
+        0.1,
+        -1.5,
+        1e-310,
+        1e300,
+        -2.5e-8,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        f64::MAX,
+        f64::MIN_POSITIVE,
+    ];
+    let mut p = Program::new();
+    p.push(
+        "x",
+        Expr::Leaf {
+            requires_grad: true,
+            shape: vec![values.len()],
+            values: Some(values.to_vec()),
+        },
+    )
+    .unwrap();
+    for (k, v) in values.iter().enumerate() {
+        p.push(
+            &format!("s{k}"),
+            Expr::Scalar {
+                op: arenagrad::program::ScalarKind::Scale,
+                x: 0,
+                value: *v,
+            },
+        )
+        .unwrap();
+    }
+    let q = Program::parse(&p.to_string()).unwrap();
+    assert_eq!(p, q);
+    if let Expr::Leaf {
+        values: Some(v), ..
+    } = &q.statements()[0].expr
+    {
+        for (a, b) in v.iter().zip(&values) {
+            assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
+        }
+    }
+    // Integers are floats too where a float is expected; floats are not integers.
+    assert!(Program::parse("x = input 2\ny = scale x 3\n").is_ok());
+    assert!(Program::parse("x = input 2.0\n").is_err());
+}
+
+#[test]
+fn leniency_in_spacing() {
+    let a = Program::parse("x=input 2 2:1 2 3 4\ny\t=  tanh   x   # tabs, spaces\r\n").unwrap();
+    let b = Program::parse("x = input 2 2 : 1 2 3 4\ny = tanh x\n").unwrap();
+    assert_eq!(a, b);
+}
+
+fn err(text: &str) -> ProgramError {
+    match Program::parse(text) {
+        Err(e) => e,
+        Ok(p) => match p.check(&Limits::default()) {
+            Err(e) => e,
+            Ok(_) => panic!("expected an error for {text:?}"),
+        },
+    }
+}
+
+#[test]
+fn errors_name_line_and_column_and_what_was_expected() {
+    let cases: &[(&str, usize, usize, &str)] = &[
+        ("", 1, 1, "at least one statement"),
+        ("# only a comment\n\n", 1, 1, "at least one statement"),
+        ("X = input 2\n", 1, 1, "[a-z_][a-z0-9_]*"),
+        ("1x = input 2\n", 1, 1, "NAME"),
+        ("x input 2\n", 1, 3, "expected `=`"),
+        ("x =\n", 1, 4, "expected an op"),
+        ("x = inptu 2\n", 1, 5, "expected an op, found `inptu`"),
+        ("x = input 2 -3\n", 1, 13, "non-negative"),
+        ("x = input 2 2.5\n", 1, 13, "dimension"),
+        ("x = input 3 : 1 2\n", 1, 18, "expected 3 values"),
+        ("x = input 2 : 1 2 3\n", 1, 19, "holds 2 values"),
+        ("x = input 2 : 1 two\n", 1, 17, "a value (a number)"),
+        (
+            "x = input 2\nx = input 3\n",
+            2,
+            1,
+            "already defined on line 1",
+        ),
+        ("x = input 2\ny = tanh z\n", 2, 10, "`z` is not defined"),
+        ("x = tanh x\n", 1, 10, "not defined"),
+        ("x = input 2\ny = tanh\n", 2, 9, "expected the operand"),
+        ("x = input 2\ny = tanh x x\n", 2, 12, "expected end of line"),
+        ("x = input 2\ny = add x\n", 2, 10, "the second operand"),
+        ("x = input 2\ny = scale x\n", 2, 12, "the constant"),
+        ("x = input 2\ny = scale x abc\n", 2, 13, "the constant"),
+        ("x = input 2\ny = softmax x\n", 2, 14, "the axis"),
+        (
+            "x = input 2\ny = sum x 99999999999999999999\n",
+            2,
+            11,
+            "64-bit",
+        ),
+        ("x = input 2\ny = slice x 0 -1 1\n", 2, 15, "the start"),
+        ("x = input 2\ny = concat x x\n", 2, 12, "the axis"),
+        ("x = input 2\ny = concat 0\n", 2, 13, "an operand"),
+        // Shape errors, from the shape rules.
+        (
+            "x = input 2 3\ny = input 4\nz = add x y\n",
+            3,
+            11,
+            "do not broadcast",
+        ),
+        ("x = input 2 3\ny = matmul x x\n", 2, 14, "cannot multiply"),
+        ("x = input\ny = matmul x x\n", 2, 14, "rank 1 or more"),
+        ("x = input 2 3\ny = sum x 2\n", 2, 11, "out of range"),
+        ("x = input 2 3\ny = sum x 1 -1\n", 2, 13, "repeated"),
+        ("x = input 2 3\ny = max x -3\n", 2, 11, "out of range"),
+        ("x = input 2 0\ny = max x 1\n", 2, 11, "no value"),
+        ("x = input\ny = softmax x 0\n", 2, 15, "rank 0 has no axes"),
+        (
+            "x = input 2 3\ny = transpose x 0 2\n",
+            2,
+            19,
+            "out of range",
+        ),
+        ("x = input 2 3\ny = permute x 0\n", 2, 5, "a permutation"),
+        ("x = input 2 3\ny = permute x 1 1\n", 2, 17, "repeated"),
+        ("x = input 2 3\ny = reshape x 4 -1\n", 2, 17, "cannot infer"),
+        (
+            "x = input 2 3\ny = reshape x -1 -1\n",
+            2,
+            18,
+            "already used",
+        ),
+        ("x = input 2 3\ny = reshape x 5\n", 2, 5, "cannot reshape"),
+        (
+            "x = input 2 3\ny = broadcast x 3 3\n",
+            2,
+            5,
+            "does not broadcast",
+        ),
+        (
+            "x = input 2 3\ny = input 2 2\nz = concat 0 x y\n",
+            3,
+            16,
+            "does not match",
+        ),
+        ("x = input 2 3\ny = slice x 1 2 5\n", 2, 17, "outside axis"),
+        ("x = input 2 3\ny = slice x 1 2 1\n", 2, 15, "outside axis"),
+    ];
+    for &(text, line, col, what) in cases {
+        let e = err(text);
+        assert_eq!((e.line(), e.column()), (line, col), "{text:?}: {e}");
+        assert!(e.to_string().contains(what), "{text:?}: {e}");
+        assert!(e
+            .to_string()
+            .starts_with(&format!("line {line}, column {col}: ")));
+    }
+}
+
+#[test]
+fn columns_count_characters_not_bytes() {
+    let e = err("x = input 2 # é\ny = tanh ééé\n");
+    assert_eq!((e.line(), e.column()), (2, 10));
+    assert!(e.to_string().contains("`ééé`"), "{e}");
+    let e = Program::parse_bytes(b"x = input 2\ny = tanh \xc3\x28\n").unwrap_err();
+    assert_eq!((e.line(), e.column()), (2, 10));
+    assert!(e.to_string().contains("UTF-8"));
+}
+
+#[test]
+fn the_parser_never_panics() {
+    let mut inputs: Vec<Vec<u8>> = vec![
+        b"=".to_vec(),
+        b":".to_vec(),
+        b"x = = =".to_vec(),
+        b"x = input : : :".to_vec(),
+        b"x = input 2 : 1 :".to_vec(),
+        b"\xff\xfe\xfd".to_vec(),
+        b"\x00\x00".to_vec(),
+        b"x = input 18446744073709551615".to_vec(),
+        b"x = input 18446744073709551616".to_vec(),
+        b"x = input 2 : 1e999999 -1e999999".to_vec(),
+        b"x = input 1 : 0.00000000000000000000000000000000000000000000000000000001".to_vec(),
+        "x = input 1 : ٣".as_bytes().to_vec(),
+        "é = input 1".as_bytes().to_vec(),
+        "x = input 1\ny = concat -9223372036854775808 x"
+            .as_bytes()
+            .to_vec(),
+        "x = input 1\ny = sum x -9223372036854775808"
+            .as_bytes()
+            .to_vec(),
+        "x = input 1\ny = reshape x -9223372036854775808"
+            .as_bytes()
+            .to_vec(),
+        "x = input 1\ny = permute x -9223372036854775808"
+            .as_bytes()
+            .to_vec(),
+        "x = input 1\ny = transpose x 9223372036854775807 -9223372036854775808"
+            .as_bytes()
+            .to_vec(),
+        "x = input 1\ny = slice x 0 18446744073709551615 18446744073709551615"
+            .as_bytes()
+            .to_vec(),
+        "x = input 1\ny = broadcast x 18446744073709551615 18446744073709551615"
+            .as_bytes()
+            .to_vec(),
+        "x = input 1\ny = reshape x 4294967296 4294967296 0 -1"
+            .as_bytes()
+            .to_vec(),
+        "x\u{0}= input 1".as_bytes().to_vec(),
+        "x = input 1\u{2028}y = tanh x".as_bytes().to_vec(),
+        vec![b'#'; 10_000],
+        "x = input 1\n".repeat(3).into_bytes(),
+    ];
+    // Every prefix and every single-byte substitution of a program using every op.
+    let base = EVERY_OP.as_bytes();
+    for cut in (0..base.len()).step_by(3) {
+        inputs.push(base[..cut].to_vec());
+    }
+    for at in (0..base.len()).step_by(11) {
+        for b in [0u8, b' ', b'\n', b'#', b':', b'=', b'-', b'9', 0xff, b'z'] {
+            let mut v = base.to_vec();
+            v[at] = b;
+            inputs.push(v);
+        }
+    }
+    let limits = Limits::small();
+    for input in inputs {
+        if let Ok(p) = Program::parse_bytes(&input) {
+            assert_eq!(Program::parse(&p.to_string()).unwrap(), p);
+            if p.check(&limits).is_ok() {
+                let _ = p.run(&RunOptions {
+                    limits,
+                    ..RunOptions::default()
+                });
+                let _ = p.to_dot(&limits).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn oversized_shapes_are_typed_errors_before_allocation() {
+    // The element count overflows: refused by the parser.
+    let e = err("x = input 4294967296 4294967296 4294967296\n");
+    assert!(matches!(e, ProgramError::TooLarge { line: 1, .. }), "{e}");
+    // Fits in usize but not in memory: refused before running.
+    let p = Program::parse("x = input 100000 100000 100000\ny = tanh x\n").unwrap();
+    let e = p.run(&RunOptions::default()).unwrap_err();
+    assert!(matches!(e, ProgramError::TooLarge { line: 1, .. }), "{e}");
+    assert!(e.to_string().contains("more than the limit"), "{e}");
+    // Intermediates are bounded too: broadcast, matmul, concat.
+    for (text, line) in [
+        ("x = input 2\ny = broadcast x 100000 100000 2\n", 2),
+        ("x = input 50000 1\ny = input 1 50000\nz = matmul x y\n", 3),
+        ("x = input 100000000\ny = concat 0 x x x\n", 2),
+        ("x = input 0 18446744073709551615 2\n", 1),
+    ] {
+        let p = Program::parse(text).unwrap();
+        let e = p
+            .run(&RunOptions {
+                limits: Limits {
+                    max_elements: 1 << 28,
+                    ..Limits::default()
+                },
+                ..RunOptions::default()
+            })
+            .unwrap_err();
+        assert!(
+            matches!(e, ProgramError::TooLarge { line: l, .. } if l == line),
+            "{text}: {e}"
+        );
+    }
+    // Rank is bounded.
+    let many = format!("x = input {}\n", vec!["1"; 40].join(" "));
+    assert!(matches!(err(&many), ProgramError::TooLarge { .. }));
+    // And the limits are the caller's to choose.
+    let p = Program::parse("x = input 64\ny = sum x\n").unwrap();
+    let tight = Limits {
+        max_elements: 10,
+        ..Limits::default()
+    };
+    assert!(p.check(&tight).is_err() && p.check(&Limits::default()).is_ok());
+}
+
+#[test]
+fn programs_built_in_code() {
+    let mut p = Program::new();
+    let x = p
+        .push(
+            "x",
+            Expr::Leaf {
+                requires_grad: true,
+                shape: vec![2],
+                values: Some(vec![1.0, -2.0]),
+            },
+        )
+        .unwrap();
+    let y = p
+        .push(
+            "y",
+            Expr::Binary {
+                op: BinaryKind::Mul,
+                lhs: x,
+                rhs: x,
+            },
+        )
+        .unwrap();
+    assert!(p
+        .push(
+            "y",
+            Expr::Unary {
+                op: UnaryKind::Neg,
+                x: y
+            }
+        )
+        .is_err());
+    assert!(p
+        .push(
+            "Z",
+            Expr::Unary {
+                op: UnaryKind::Neg,
+                x: y
+            }
+        )
+        .is_err());
+    assert!(p
+        .push(
+            "z",
+            Expr::Unary {
+                op: UnaryKind::Neg,
+                x: 9
+            }
+        )
+        .is_err());
+    assert_eq!(p.to_string(), "x = input 2 : 1.0 -2.0\ny = mul x x\n");
+    // Errors in a program built in code point into its printed form.
+    p.push(
+        "z",
+        Expr::Softmax {
+            x: y,
+            axis: 3,
+            log: false,
+        },
+    )
+    .unwrap();
+    let e = p.check(&Limits::default()).unwrap_err();
+    assert_eq!((e.line(), e.column()), (3, 15), "{e}");
+}
+
+#[test]
+fn random_leaves_are_seeded() {
+    let p = Program::parse("a = input 3\nb = const 2 : 1 2\nc = input 2\nd = sum a\n").unwrap();
+    let v0 = p.leaf_values(0).unwrap();
+    let v1 = p.leaf_values(1).unwrap();
+    assert_eq!(v0, p.leaf_values(0).unwrap(), "same seed, same values");
+    assert_ne!(v0[0], v1[0]);
+    assert_eq!(v0[1], vec![1.0, 2.0]);
+    // Given values draw nothing: c continues a's stream either way.
+    let q = Program::parse("a = input 3\nc = input 2\nd = sum a\n").unwrap();
+    assert_eq!(q.leaf_values(0).unwrap()[1], v0[2]);
+}
+
+#[test]
+fn dot_shows_ops_shapes_and_grad() {
+    let p = Program::parse("x = input 2 3\nw = const 3 2\nnode = matmul x w\ny = detach node\n")
+        .unwrap();
+    let d = p.to_dot(&Limits::default()).unwrap();
+    assert!(d.starts_with("digraph program {"));
+    assert!(d.contains("\"node\" [label=\"node = matmul x w\\n[2, 2]\\nrequires_grad\""));
+    assert!(d.contains("\"w\" [label=\"w = const 3 2\\n[3, 2]\", shape=ellipse]"));
+    assert!(d.contains("\"x\" -> \"node\" [label=\"0\"];"));
+    assert!(d.contains("\"node\" -> \"y\";"));
+    assert!(d.contains("peripheries=2"));
+    assert!(!d.contains("\"y\" [label=\"y = detach node\\n[2, 2]\\nrequires_grad"));
+    assert!(d.trim_end().ends_with('}'));
+}
+
+/// `neg` replaced by a wrong implementation: the runner uses it.
+struct DoubleNeg;
+impl OpImpl for DoubleNeg {
+    fn apply<'g>(
+        &self,
+        _g: &'g Graph,
+        _expr: &Expr,
+        args: &[Tensor<'g>],
+    ) -> Result<Tensor<'g>, GraphError> {
+        args[0].scale(-2.0)
+    }
+}
+
+#[test]
+fn overrides_replace_ops() {
+    let p = Program::parse("x = input 2 : 1 2\ny = neg x\n").unwrap();
+    let opts = RunOptions {
+        overrides: Overrides::new().replace("neg", Arc::new(DoubleNeg)),
+        ..RunOptions::default()
+    };
+    let r = p.run(&opts).unwrap();
+    assert_eq!(r.output.tensor.to_f64_vec(), vec![-2.0, -4.0]);
+    assert_eq!(r.grad("x").unwrap().to_f64_vec(), vec![-2.0, -2.0]);
+    // An override that changes the shape is caught.
+    struct Flatten;
+    impl OpImpl for Flatten {
+        fn apply<'g>(
+            &self,
+            _g: &'g Graph,
+            _e: &Expr,
+            a: &[Tensor<'g>],
+        ) -> Result<Tensor<'g>, GraphError> {
+            a[0].sum()
+        }
+    }
+    let opts = RunOptions {
+        overrides: Overrides::new().replace("neg", Arc::new(Flatten)),
+        ..RunOptions::default()
+    };
+    assert!(matches!(
+        p.run(&opts),
+        Err(ProgramError::Internal { line: 2, .. })
+    ));
+}
+
+#[test]
+fn gradcheck_reports_name_the_input_and_worst_element() {
+    // relu at exactly 0: the engine's subgradient is 0, the central difference is 1/2.
+    let p = Program::parse("a = input 2 : 1 2\nx = input 2 2 : 1 -1 0 2\ny = relu x\n").unwrap();
+    let r = p.gradcheck(&CheckOptions::default()).unwrap();
+    assert!(!r.passed);
+    let bad = &r.first_order[1];
+    assert_eq!(bad.name, "x");
+    assert_eq!(bad.worst_index, vec![1, 0]);
+    assert_eq!(bad.worst_flat, 2);
+    assert!(!bad.passed && r.first_order[0].passed);
+    let text = r.to_string();
+    assert!(
+        text.contains("FAIL x [2, 2]: worst element [1, 0]"),
+        "{text}"
+    );
+    // Smooth programs pass, second order included.
+    let p = Program::parse("x = input 3\nw = const 3\ny = mul x w\nz = tanh y\ns = softmax z 0\n")
+        .unwrap();
+    let r = p
+        .gradcheck(&CheckOptions {
+            second_order: true,
+            ..CheckOptions::default()
+        })
+        .unwrap();
+    assert!(r.passed, "{r}");
+    assert_eq!(r.second_order.as_ref().unwrap().len(), 1);
+}

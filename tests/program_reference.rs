@@ -1,0 +1,843 @@
+//! Every op of the program format against values derived by hand: small inputs given with `:`,
+//! expected outputs and gradients written in closed form (or as plain loops) here, never computed
+//! by arenagrad. Each case runs through the library (`Program::run`) and through the `arenagrad`
+//! binary (`run --json`), and must agree to 1e-9 relative in f64.
+//!
+//! When the output is not a scalar, backward starts from its sum; cases whose sum would have a
+//! trivial gradient multiply by a `const` of distinct weights first, so the gradient shows the
+//! op's adjoint.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use arenagrad::program::{Program, RunOptions};
+use arenagrad::DType;
+use serde_json::Value;
+
+struct Case {
+    name: &'static str,
+    text: String,
+    out_shape: Vec<usize>,
+    out: Vec<f64>,
+    /// Gradient of every `input`, in program order.
+    grads: Vec<(&'static str, Vec<f64>)>,
+}
+
+fn vals(v: &[f64]) -> String {
+    v.iter()
+        .map(|x| format!("{x:?}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn dims(s: &[usize]) -> String {
+    s.iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn input(name: &str, shape: &[usize], v: &[f64]) -> String {
+    format!("{name} = input {} : {}\n", dims(shape), vals(v))
+}
+
+fn constant(name: &str, shape: &[usize], v: &[f64]) -> String {
+    format!("{name} = const {} : {}\n", dims(shape), vals(v))
+}
+
+fn close(got: &[f64], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: {got:?} vs {want:?}");
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = (g - w).abs() <= 1e-9 * w.abs() + 1e-12;
+        assert!(
+            ok,
+            "{what}[{k}]: got {g:e}, want {w:e} (all: {got:?} vs {want:?})"
+        );
+    }
+}
+
+fn check_library(c: &Case) {
+    let p = Program::parse(&c.text).unwrap_or_else(|e| panic!("{}: {e}\n{}", c.name, c.text));
+    let r = p
+        .run(&RunOptions::default())
+        .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+    assert_eq!(
+        r.output.tensor.shape, c.out_shape,
+        "{}: output shape",
+        c.name
+    );
+    close(
+        &r.output.tensor.to_f64_vec(),
+        &c.out,
+        &format!("{} output", c.name),
+    );
+    assert_eq!(r.grads.len(), c.grads.len(), "{}: number of grads", c.name);
+    for (name, want) in &c.grads {
+        let g = r
+            .grad(name)
+            .unwrap_or_else(|| panic!("{}: no grad for {name}", c.name));
+        close(&g.to_f64_vec(), want, &format!("{} grad {name}", c.name));
+    }
+}
+
+fn run_binary(args: &[&str], stdin: &str) -> std::process::Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_arenagrad"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the arenagrad binary runs");
+    // A broken pipe (the binary exiting before reading) shows up in the exit status instead.
+    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    child.wait_with_output().unwrap()
+}
+
+fn numbers(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .expect("an array")
+        .iter()
+        .map(|x| x.as_f64().expect("a number"))
+        .collect()
+}
+
+fn shape_of(v: &Value) -> Vec<usize> {
+    v["shape"]
+        .as_array()
+        .expect("a shape")
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect()
+}
+
+fn check_binary(c: &Case) {
+    let out = run_binary(&["run", "--json", "-"], &c.text);
+    assert!(
+        out.status.success(),
+        "{}: exit {:?}: {}",
+        c.name,
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(j["dtype"], "f64");
+    assert_eq!(
+        shape_of(&j["output"]),
+        c.out_shape,
+        "{}: output shape",
+        c.name
+    );
+    close(
+        &numbers(&j["output"]["data"]),
+        &c.out,
+        &format!("{} json output", c.name),
+    );
+    let grads = j["grads"].as_object().expect("grads object");
+    assert_eq!(grads.len(), c.grads.len(), "{}: grads {grads:?}", c.name);
+    for (name, want) in &c.grads {
+        close(
+            &numbers(&grads[*name]["data"]),
+            want,
+            &format!("{} json grad {name}", c.name),
+        );
+    }
+    // `values` holds every leaf as used: the inputs' and consts' given values.
+    let p = Program::parse(&c.text).unwrap();
+    let values = j["values"].as_object().expect("values object");
+    assert_eq!(values.len(), p.leaves().len(), "{}: values", c.name);
+    for i in p.leaves() {
+        let s = &p.statements()[i];
+        if let arenagrad::program::Expr::Leaf {
+            values: Some(v),
+            shape,
+            ..
+        } = &s.expr
+        {
+            assert_eq!(&shape_of(&values[&s.name]), shape);
+            close(&numbers(&values[&s.name]["data"]), v, &s.name);
+        }
+    }
+}
+
+fn map(v: &[f64], f: impl Fn(f64) -> f64) -> Vec<f64> {
+    v.iter().map(|&x| f(x)).collect()
+}
+
+const A: [f64; 4] = [0.5, -1.0, 2.0, 3.25]; // shape [2, 2]
+const B: [f64; 2] = [1.5, -2.0]; // shape [2]
+const X: [f64; 3] = [0.5, -1.0, 2.0]; // shape [3]
+const P: [f64; 3] = [0.5, 1.0, 2.5]; // shape [3], positive
+const M: [f64; 6] = [1.0, 5.0, 3.0, 4.0, -2.0, 6.0]; // shape [2, 3]
+const W6: [f64; 6] = [0.25, -1.5, 2.0, 0.75, 3.0, -0.5]; // weights, 6 elements
+const W8: [f64; 8] = [1.0, 2.0, -3.0, 4.0, 0.5, -6.0, 7.0, 8.0]; // weights, 8 elements
+
+fn binary_cases() -> Vec<Case> {
+    let head = input("a", &[2, 2], &A) + &input("b", &[2], &B);
+    let bc = |i: usize| B[i % 2];
+    let e = [2.0, -1.0, 0.5];
+    let (u, v) = ([1.0, -2.0, 3.0], [0.5, 4.0, -1.0]);
+    let uv = input("u", &[3], &u) + &input("v", &[3], &v);
+    // Broadcasting both ways: [3, 1] with [1, 2].
+    let (c, r) = ([1.0, 2.0, -3.0], [0.5, 4.0]);
+    vec![
+        Case {
+            name: "add",
+            text: head.clone() + "y = add a b\n",
+            out_shape: vec![2, 2],
+            out: (0..4).map(|i| A[i] + bc(i)).collect(),
+            grads: vec![("a", vec![1.0; 4]), ("b", vec![2.0, 2.0])],
+        },
+        Case {
+            name: "sub",
+            text: head.clone() + "y = sub a b\n",
+            out_shape: vec![2, 2],
+            out: (0..4).map(|i| A[i] - bc(i)).collect(),
+            grads: vec![("a", vec![1.0; 4]), ("b", vec![-2.0, -2.0])],
+        },
+        Case {
+            name: "mul",
+            text: head.clone() + "y = mul a b\n",
+            out_shape: vec![2, 2],
+            out: (0..4).map(|i| A[i] * bc(i)).collect(),
+            grads: vec![
+                ("a", (0..4).map(bc).collect()),
+                ("b", vec![A[0] + A[2], A[1] + A[3]]),
+            ],
+        },
+        Case {
+            name: "div",
+            text: head.clone() + "y = div a b\n",
+            out_shape: vec![2, 2],
+            out: (0..4).map(|i| A[i] / bc(i)).collect(),
+            grads: vec![
+                ("a", (0..4).map(|i| 1.0 / bc(i)).collect()),
+                (
+                    "b",
+                    (0..2).map(|j| -(A[j] + A[j + 2]) / (B[j] * B[j])).collect(),
+                ),
+            ],
+        },
+        Case {
+            name: "pow",
+            text: input("a", &[3], &P) + &input("e", &[3], &e) + "y = pow a e\n",
+            out_shape: vec![3],
+            out: (0..3).map(|i| P[i].powf(e[i])).collect(),
+            grads: vec![
+                ("a", (0..3).map(|i| e[i] * P[i].powf(e[i] - 1.0)).collect()),
+                ("e", (0..3).map(|i| P[i].powf(e[i]) * P[i].ln()).collect()),
+            ],
+        },
+        Case {
+            name: "maximum",
+            text: uv.clone() + "y = maximum u v\n",
+            out_shape: vec![3],
+            out: vec![1.0, 4.0, 3.0],
+            grads: vec![("u", vec![1.0, 0.0, 1.0]), ("v", vec![0.0, 1.0, 0.0])],
+        },
+        Case {
+            name: "minimum",
+            text: uv + "y = minimum u v\n",
+            out_shape: vec![3],
+            out: vec![0.5, -2.0, -1.0],
+            grads: vec![("u", vec![0.0, 1.0, 0.0]), ("v", vec![1.0, 0.0, 1.0])],
+        },
+        Case {
+            name: "mul outer broadcast",
+            text: input("c", &[3, 1], &c) + &input("r", &[1, 2], &r) + "y = mul c r\n",
+            out_shape: vec![3, 2],
+            out: (0..6).map(|k| c[k / 2] * r[k % 2]).collect(),
+            grads: vec![("c", vec![r[0] + r[1]; 3]), ("r", vec![c.iter().sum(); 2])],
+        },
+    ]
+}
+
+fn unary_cases() -> Vec<Case> {
+    let x = input("x", &[3], &X);
+    let p = input("x", &[3], &P);
+    let one = |name, text: &str, xs: &[f64], f: fn(f64) -> f64, d: fn(f64) -> f64| Case {
+        name,
+        text: text.to_string(),
+        out_shape: vec![3],
+        out: map(xs, f),
+        grads: vec![("x", map(xs, d))],
+    };
+    let gelu = |v: f64| {
+        let c = (2.0 / std::f64::consts::PI).sqrt();
+        0.5 * v * (1.0 + (c * (v + 0.044715 * v.powi(3))).tanh())
+    };
+    let dgelu = |v: f64| {
+        let c = (2.0 / std::f64::consts::PI).sqrt();
+        let t = (c * (v + 0.044715 * v.powi(3))).tanh();
+        0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * v * v)
+    };
+    let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
+    vec![
+        one("neg", &(x.clone() + "y = neg x\n"), &X, |v| -v, |_| -1.0),
+        one("exp", &(x.clone() + "y = exp x\n"), &X, f64::exp, f64::exp),
+        one("log", &(p.clone() + "y = log x\n"), &P, f64::ln, |v| {
+            1.0 / v
+        }),
+        one("sqrt", &(p.clone() + "y = sqrt x\n"), &P, f64::sqrt, |v| {
+            0.5 / v.sqrt()
+        }),
+        one(
+            "abs",
+            &(x.clone() + "y = abs x\n"),
+            &X,
+            f64::abs,
+            f64::signum,
+        ),
+        one("sin", &(x.clone() + "y = sin x\n"), &X, f64::sin, f64::cos),
+        one("cos", &(x.clone() + "y = cos x\n"), &X, f64::cos, |v| {
+            -v.sin()
+        }),
+        one("tanh", &(x.clone() + "y = tanh x\n"), &X, f64::tanh, |v| {
+            1.0 - v.tanh() * v.tanh()
+        }),
+        Case {
+            name: "sigmoid",
+            text: x.clone() + "y = sigmoid x\n",
+            out_shape: vec![3],
+            out: map(&X, sig),
+            grads: vec![("x", map(&X, |v| sig(v) * (1.0 - sig(v))))],
+        },
+        one(
+            "relu",
+            &(x.clone() + "y = relu x\n"),
+            &X,
+            |v| v.max(0.0),
+            |v| {
+                if v > 0.0 {
+                    1.0
+                } else {
+                    0.0
+                }
+            },
+        ),
+        Case {
+            name: "gelu",
+            text: x.clone() + "y = gelu x\n",
+            out_shape: vec![3],
+            out: map(&X, gelu),
+            grads: vec![("x", map(&X, dgelu))],
+        },
+        // y = x · detach(x): the detached factor is a constant, so dy/dx = x, not 2x.
+        one(
+            "detach",
+            &(x.clone() + "d = detach x\ny = mul x d\n"),
+            &X,
+            |v| v * v,
+            |v| v,
+        ),
+        one(
+            "scale",
+            &(x.clone() + "y = scale x -2.5\n"),
+            &X,
+            |v| v * -2.5,
+            |_| -2.5,
+        ),
+        one(
+            "shift",
+            &(x.clone() + "y = shift x 0.75\n"),
+            &X,
+            |v| v + 0.75,
+            |_| 1.0,
+        ),
+        one(
+            "powf",
+            &(p + "y = powf x 1.5\n"),
+            &P,
+            |v| v.powf(1.5),
+            |v| 1.5 * v.sqrt(),
+        ),
+        one(
+            "powf integer",
+            &(x + "y = powf x 3\n"),
+            &X,
+            |v| v.powi(3),
+            |v| 3.0 * v * v,
+        ),
+    ]
+}
+
+fn reduction_cases() -> Vec<Case> {
+    let m = input("m", &[2, 3], &M);
+    let w2 = [0.25, -1.5];
+    let w3 = [0.25, -1.5, 2.0];
+    vec![
+        Case {
+            name: "sum all",
+            text: m.clone() + "y = sum m\n",
+            out_shape: vec![],
+            out: vec![M.iter().sum()],
+            grads: vec![("m", vec![1.0; 6])],
+        },
+        Case {
+            name: "sum axis 0 weighted",
+            text: m.clone() + &constant("w", &[3], &w3) + "s = sum m 0\ny = mul s w\n",
+            out_shape: vec![3],
+            out: (0..3).map(|j| (M[j] + M[j + 3]) * w3[j]).collect(),
+            grads: vec![("m", (0..6).map(|k| w3[k % 3]).collect())],
+        },
+        Case {
+            name: "sum both axes, negative",
+            text: m.clone() + "y = sum m -1 0\n",
+            out_shape: vec![],
+            out: vec![M.iter().sum()],
+            grads: vec![("m", vec![1.0; 6])],
+        },
+        Case {
+            name: "mean axis 1 weighted",
+            text: m.clone() + &constant("w", &[2], &w2) + "s = mean m 1\ny = mul s w\n",
+            out_shape: vec![2],
+            out: (0..2)
+                .map(|i| (M[3 * i] + M[3 * i + 1] + M[3 * i + 2]) / 3.0 * w2[i])
+                .collect(),
+            grads: vec![("m", (0..6).map(|k| w2[k / 3] / 3.0).collect())],
+        },
+        Case {
+            name: "mean all",
+            text: m.clone() + "y = mean m\n",
+            out_shape: vec![],
+            out: vec![M.iter().sum::<f64>() / 6.0],
+            grads: vec![("m", vec![1.0 / 6.0; 6])],
+        },
+        Case {
+            name: "max axis 1 weighted",
+            text: m.clone() + &constant("w", &[2], &w2) + "s = max m 1\ny = mul s w\n",
+            out_shape: vec![2],
+            out: vec![5.0 * w2[0], 6.0 * w2[1]],
+            grads: vec![("m", vec![0.0, w2[0], 0.0, 0.0, 0.0, w2[1]])],
+        },
+        Case {
+            name: "max axis -2",
+            text: m + "y = max m -2\n",
+            out_shape: vec![3],
+            out: vec![4.0, 5.0, 6.0],
+            grads: vec![("m", vec![0.0, 1.0, 0.0, 1.0, 0.0, 1.0])],
+        },
+    ]
+}
+
+fn softmax_cases() -> Vec<Case> {
+    let m = input("m", &[2, 3], &M);
+    let w = constant("w", &[2, 3], &W6);
+    // Row-wise softmax by hand.
+    let mut s = [0.0; 6];
+    for i in 0..2 {
+        let z: f64 = (0..3).map(|j| M[3 * i + j].exp()).sum();
+        for j in 0..3 {
+            s[3 * i + j] = M[3 * i + j].exp() / z;
+        }
+    }
+    // L = Σ w·s: dL/dm_ij = s_ij (w_ij − Σ_k w_ik s_ik).
+    let mut gs = [0.0; 6];
+    // L = Σ w·log s: dL/dm_ij = w_ij − s_ij Σ_k w_ik.
+    let mut gl = [0.0; 6];
+    for i in 0..2 {
+        let ws: f64 = (0..3).map(|k| W6[3 * i + k] * s[3 * i + k]).sum();
+        let wsum: f64 = (0..3).map(|k| W6[3 * i + k]).sum();
+        for j in 0..3 {
+            let q = 3 * i + j;
+            gs[q] = s[q] * (W6[q] - ws);
+            gl[q] = W6[q] - s[q] * wsum;
+        }
+    }
+    // Column-wise (axis 0) softmax, unweighted sum: gradient zero up to rounding, so weighted.
+    let mut s0 = [0.0; 6];
+    for j in 0..3 {
+        let z = M[j].exp() + M[j + 3].exp();
+        s0[j] = M[j].exp() / z;
+        s0[j + 3] = M[j + 3].exp() / z;
+    }
+    let mut g0 = [0.0; 6];
+    for j in 0..3 {
+        let ws = W6[j] * s0[j] + W6[j + 3] * s0[j + 3];
+        g0[j] = s0[j] * (W6[j] - ws);
+        g0[j + 3] = s0[j + 3] * (W6[j + 3] - ws);
+    }
+    vec![
+        Case {
+            name: "softmax",
+            text: m.clone() + &w + "s = softmax m 1\ny = mul s w\n",
+            out_shape: vec![2, 3],
+            out: (0..6).map(|q| s[q] * W6[q]).collect(),
+            grads: vec![("m", gs.to_vec())],
+        },
+        Case {
+            name: "log_softmax",
+            text: m.clone() + &w + "s = log_softmax m -1\ny = mul s w\n",
+            out_shape: vec![2, 3],
+            out: (0..6).map(|q| s[q].ln() * W6[q]).collect(),
+            grads: vec![("m", gl.to_vec())],
+        },
+        Case {
+            name: "softmax axis 0",
+            text: m + &w + "s = softmax m 0\ny = mul s w\n",
+            out_shape: vec![2, 3],
+            out: (0..6).map(|q| s0[q] * W6[q]).collect(),
+            grads: vec![("m", g0.to_vec())],
+        },
+    ]
+}
+
+/// Plain-loop batched matmul with numpy broadcasting of one batch axis, for the references.
+fn matmul_ref(a: &[f64], m: usize, k: usize, b: &[f64], n: usize) -> Vec<f64> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] = (0..k).map(|t| a[i * k + t] * b[t * n + j]).sum();
+        }
+    }
+    out
+}
+
+fn matmul_cases() -> Vec<Case> {
+    let a = [1.0, 2.0, -1.0, 0.5, 3.0, -2.0]; // [2, 3]
+    let b = [0.5, -1.0, 2.0, 1.5, -0.25, 3.0]; // [3, 2]
+    let w = [0.25, -1.5, 2.0, 0.75]; // [2, 2]
+                                     // L = Σ w ∘ (a b): dL/da = w bᵀ, dL/db = aᵀ w.
+    let mut ga = [0.0; 6];
+    let mut gb = [0.0; 6];
+    for i in 0..2 {
+        for t in 0..3 {
+            ga[i * 3 + t] = (0..2).map(|j| w[i * 2 + j] * b[t * 2 + j]).sum();
+        }
+    }
+    for t in 0..3 {
+        for j in 0..2 {
+            gb[t * 2 + j] = (0..2).map(|i| a[i * 3 + t] * w[i * 2 + j]).sum();
+        }
+    }
+    let ab = matmul_ref(&a, 2, 3, &b, 2);
+    let v = [2.0, -1.0, 0.5]; // [3]
+                              // Batched: a2 [2, 1, 3] (two 1×3 matrices) times b [3, 2], broadcast over the batch.
+    let a2 = [1.0, 2.0, -1.0, 0.5, 3.0, -2.0];
+    let mut out_b = Vec::new();
+    for bi in 0..2 {
+        out_b.extend(matmul_ref(&a2[bi * 3..bi * 3 + 3], 1, 3, &b, 2));
+    }
+    vec![
+        Case {
+            name: "matmul 2-D weighted",
+            text: input("a", &[2, 3], &a)
+                + &input("b", &[3, 2], &b)
+                + &constant("w", &[2, 2], &w)
+                + "p = matmul a b\ny = mul p w\n",
+            out_shape: vec![2, 2],
+            out: (0..4).map(|q| ab[q] * w[q]).collect(),
+            grads: vec![("a", ga.to_vec()), ("b", gb.to_vec())],
+        },
+        Case {
+            name: "matmul matrix-vector",
+            text: input("a", &[2, 3], &a) + &input("v", &[3], &v) + "y = matmul a v\n",
+            out_shape: vec![2],
+            out: (0..2)
+                .map(|i| (0..3).map(|t| a[i * 3 + t] * v[t]).sum())
+                .collect(),
+            grads: vec![
+                ("a", (0..6).map(|q| v[q % 3]).collect()),
+                ("v", (0..3).map(|t| a[t] + a[3 + t]).collect()),
+            ],
+        },
+        Case {
+            name: "matmul vector-matrix",
+            text: input("v", &[3], &v) + &input("b", &[3, 2], &b) + "y = matmul v b\n",
+            out_shape: vec![2],
+            out: (0..2)
+                .map(|j| (0..3).map(|t| v[t] * b[t * 2 + j]).sum())
+                .collect(),
+            grads: vec![
+                ("v", (0..3).map(|t| b[t * 2] + b[t * 2 + 1]).collect()),
+                ("b", (0..6).map(|q| v[q / 2]).collect()),
+            ],
+        },
+        Case {
+            name: "matmul batched, broadcast right operand",
+            text: input("a", &[2, 1, 3], &a2) + &input("b", &[3, 2], &b) + "y = matmul a b\n",
+            out_shape: vec![2, 1, 2],
+            out: out_b,
+            // dΣ/da[bi,0,t] = Σ_j b[t,j]; dΣ/db[t,j] = Σ_bi a[bi,0,t].
+            grads: vec![
+                (
+                    "a",
+                    (0..6)
+                        .map(|q| b[(q % 3) * 2] + b[(q % 3) * 2 + 1])
+                        .collect(),
+                ),
+                ("b", (0..6).map(|q| a2[q / 2] + a2[3 + q / 2]).collect()),
+            ],
+        },
+    ]
+}
+
+fn shape_cases() -> Vec<Case> {
+    let m = input("m", &[2, 3], &M);
+    // transpose: y[j][i] = m[i][j]; L = Σ w[j][i]·m[i][j].
+    let wt = constant("w", &[3, 2], &W6);
+    let transposed: Vec<f64> = (0..6).map(|q| M[(q % 2) * 3 + q / 2]).collect();
+    let gt: Vec<f64> = (0..6).map(|q| W6[(q % 3) * 2 + q / 3]).collect();
+    // permute of [2, 1, 3] by (2, 0, 1): shape [3, 2, 1], y[k][i][0] = x[i][0][k].
+    let permuted: Vec<f64> = (0..6).map(|q| M[(q % 2) * 3 + q / 2]).collect();
+    // reshape [2, 3] → [3, 2]: same row-major order.
+    // broadcast [3] → [2, 3]: dL/dx_j = Σ_i w[i][j].
+    let w3 = constant("w", &[2, 3], &W6);
+    let bsum: Vec<f64> = (0..3).map(|j| W6[j] + W6[j + 3]).collect();
+    // concat 0 of a [1, 2] and b [2, 2].
+    let (ca, cb) = ([1.0, -2.0], [0.5, 3.0, -1.0, 4.0]);
+    // concat -1 of c [2, 1] and d [2, 2]: rows [c0 d0 d1], [c1 d2 d3].
+    let (cc, cd) = ([7.0, -8.0], [0.5, 3.0, -1.0, 4.0]);
+    let cat1 = [cc[0], cd[0], cd[1], cc[1], cd[2], cd[3]];
+    // slice of [2, 4] along axis 1, columns 1..3.
+    let s8 = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+    let w4 = [0.25, -1.5, 2.0, 0.75];
+    vec![
+        Case {
+            name: "transpose",
+            text: m.clone() + &wt + "t = transpose m 0 1\ny = mul t w\n",
+            out_shape: vec![3, 2],
+            out: (0..6).map(|q| transposed[q] * W6[q]).collect(),
+            grads: vec![("m", gt.clone())],
+        },
+        Case {
+            name: "transpose negative axes",
+            text: m.clone() + &wt + "t = transpose m -1 -2\ny = mul t w\n",
+            out_shape: vec![3, 2],
+            out: (0..6).map(|q| transposed[q] * W6[q]).collect(),
+            grads: vec![("m", gt)],
+        },
+        Case {
+            name: "permute",
+            text: input("x", &[2, 1, 3], &M)
+                + &constant("w", &[3, 2, 1], &W6)
+                + "t = permute x 2 0 1\ny = mul t w\n",
+            out_shape: vec![3, 2, 1],
+            out: (0..6).map(|q| permuted[q] * W6[q]).collect(),
+            grads: vec![("x", (0..6).map(|q| W6[(q % 3) * 2 + q / 3]).collect())],
+        },
+        Case {
+            name: "reshape with -1",
+            text: m.clone() + &constant("w", &[3, 2], &W6) + "t = reshape m 3 -1\ny = mul t w\n",
+            out_shape: vec![3, 2],
+            out: (0..6).map(|q| M[q] * W6[q]).collect(),
+            grads: vec![("m", W6.to_vec())],
+        },
+        Case {
+            name: "reshape to scalar",
+            text: input("s", &[1, 1], &[2.5]) + "t = reshape s\ny = powf t 2\n",
+            out_shape: vec![],
+            out: vec![6.25],
+            grads: vec![("s", vec![5.0])],
+        },
+        Case {
+            name: "broadcast",
+            text: input("x", &[3], &X) + &w3 + "t = broadcast x 2 3\ny = mul t w\n",
+            out_shape: vec![2, 3],
+            out: (0..6).map(|q| X[q % 3] * W6[q]).collect(),
+            grads: vec![("x", bsum)],
+        },
+        Case {
+            name: "concat axis 0",
+            text: input("a", &[1, 2], &ca)
+                + &input("b", &[2, 2], &cb)
+                + &constant("w", &[3, 2], &W6)
+                + "t = concat 0 a b\ny = mul t w\n",
+            out_shape: vec![3, 2],
+            out: (0..6)
+                .map(|q| if q < 2 { ca[q] } else { cb[q - 2] } * W6[q])
+                .collect(),
+            grads: vec![("a", W6[..2].to_vec()), ("b", W6[2..].to_vec())],
+        },
+        Case {
+            name: "concat axis -1, one operand twice",
+            text: input("c", &[2, 1], &cc)
+                + &input("d", &[2, 2], &cd)
+                + &constant("w", &[2, 4], &W8)
+                + "t = concat -1 c d c\ny = mul t w\n",
+            out_shape: vec![2, 4],
+            out: {
+                let t = [cc[0], cd[0], cd[1], cc[0], cc[1], cd[2], cd[3], cc[1]];
+                (0..8).map(|q| t[q] * W8[q]).collect()
+            },
+            grads: vec![
+                ("c", vec![W8[0] + W8[3], W8[4] + W8[7]]),
+                ("d", vec![W8[1], W8[2], W8[5], W8[6]]),
+            ],
+        },
+        Case {
+            name: "concat axis -1",
+            text: input("c", &[2, 1], &cc)
+                + &input("d", &[2, 2], &cd)
+                + &constant("w", &[2, 3], &W6)
+                + "t = concat -1 c d\ny = mul t w\n",
+            out_shape: vec![2, 3],
+            out: (0..6).map(|q| cat1[q] * W6[q]).collect(),
+            grads: vec![
+                ("c", vec![W6[0], W6[3]]),
+                ("d", vec![W6[1], W6[2], W6[4], W6[5]]),
+            ],
+        },
+        Case {
+            name: "slice",
+            text: input("x", &[2, 4], &s8)
+                + &constant("w", &[2, 2], &w4)
+                + "t = slice x 1 1 3\ny = mul t w\n",
+            out_shape: vec![2, 2],
+            out: vec![2.0 * w4[0], 3.0 * w4[1], 6.0 * w4[2], 7.0 * w4[3]],
+            grads: vec![("x", vec![0.0, w4[0], w4[1], 0.0, 0.0, w4[2], w4[3], 0.0])],
+        },
+        Case {
+            name: "slice axis 0, negative",
+            text: input("x", &[2, 4], &s8) + "y = slice x -2 1 2\n",
+            out_shape: vec![1, 4],
+            out: vec![5.0, 6.0, 7.0, 8.0],
+            grads: vec![("x", vec![0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])],
+        },
+    ]
+}
+
+fn leaf_cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "scalar input",
+            text: "s = input : 2.5\ny = powf s 3\n".into(),
+            out_shape: vec![],
+            out: vec![15.625],
+            grads: vec![("s", vec![18.75])],
+        },
+        Case {
+            name: "const leaves get no gradient; unused inputs get zeros",
+            text: constant("c", &[2], &[3.0, -1.0])
+                + &input("x", &[2], &[0.5, 2.0])
+                + &input("u", &[3], &[1.0, 2.0, 3.0])
+                + "y = mul c x\n",
+            out_shape: vec![2],
+            out: vec![1.5, -2.0],
+            grads: vec![("x", vec![3.0, -1.0]), ("u", vec![0.0; 3])],
+        },
+        Case {
+            name: "output is an input",
+            text: input("x", &[2], &[0.5, 2.0]),
+            out_shape: vec![2],
+            out: vec![0.5, 2.0],
+            grads: vec![("x", vec![1.0, 1.0])],
+        },
+        Case {
+            name: "a chain with a shared operand",
+            // y = tanh(x)·x + x: dy/dx = (1 − tanh²x)·x + tanh x + 1.
+            text: input("x", &[3], &X) + "t = tanh x\np = mul t x\ny = add p x\n",
+            out_shape: vec![3],
+            out: map(&X, |v| v.tanh() * v + v),
+            grads: vec![(
+                "x",
+                map(&X, |v| (1.0 - v.tanh() * v.tanh()) * v + v.tanh() + 1.0),
+            )],
+        },
+    ]
+}
+
+fn all_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    v.extend(binary_cases());
+    v.extend(unary_cases());
+    v.extend(reduction_cases());
+    v.extend(softmax_cases());
+    v.extend(matmul_cases());
+    v.extend(shape_cases());
+    v.extend(leaf_cases());
+    v
+}
+
+#[test]
+fn every_op_is_covered() {
+    let cases = all_cases();
+    let mut seen = std::collections::BTreeSet::new();
+    for c in &cases {
+        let p = Program::parse(&c.text).unwrap();
+        for s in p.statements() {
+            seen.insert(s.expr.op_name());
+        }
+    }
+    for op in arenagrad::program::OP_NAMES {
+        assert!(seen.contains(op), "no reference case uses `{op}`");
+    }
+}
+
+#[test]
+fn library_matches_hand_derived_values() {
+    for c in all_cases() {
+        check_library(&c);
+    }
+}
+
+#[test]
+fn binary_json_matches_hand_derived_values() {
+    for c in all_cases() {
+        check_binary(&c);
+    }
+}
+
+#[test]
+fn f32_runs_agree_to_single_precision() {
+    for c in all_cases() {
+        let p = Program::parse(&c.text).unwrap();
+        let r = p
+            .run(&RunOptions {
+                dtype: DType::F32,
+                ..RunOptions::default()
+            })
+            .unwrap();
+        assert_eq!(r.dtype, DType::F32);
+        let tol = |got: &[f64], want: &[f64], what: &str| {
+            for (g, w) in got.iter().zip(want) {
+                assert!(
+                    (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                    "{what}: {g} vs {w}"
+                );
+            }
+        };
+        tol(&r.output.tensor.to_f64_vec(), &c.out, c.name);
+        for (name, want) in &c.grads {
+            tol(&r.grad(name).unwrap().to_f64_vec(), want, c.name);
+        }
+    }
+    // And through the binary, which prints f32 data.
+    let c = &unary_cases()[7];
+    let out = run_binary(&["run", "--json", "--dtype", "f32", "-"], &c.text);
+    assert!(out.status.success());
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["dtype"], "f32");
+    let got = numbers(&j["output"]["data"]);
+    for (g, w) in got.iter().zip(&c.out) {
+        assert!((g - w).abs() <= 1e-6, "{g} vs {w}");
+    }
+}
+
+#[test]
+fn random_leaves_are_reported_as_used() {
+    // Values drawn from the seeded RNG: the JSON reports them, and the output and gradient
+    // follow from them by hand: y = 3x + c, dy/dx = 3.
+    let text = "x = input 2 2\nc = const 2\ny = scale x 3\nz = add y c\n";
+    for seed in [0u64, 7] {
+        let out = run_binary(&["run", "--json", "--seed", &seed.to_string(), "-"], text);
+        assert!(out.status.success());
+        let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let x = numbers(&j["values"]["x"]["data"]);
+        let c = numbers(&j["values"]["c"]["data"]);
+        assert_eq!(x.len(), 4);
+        assert_eq!(c.len(), 2);
+        let want: Vec<f64> = (0..4).map(|q| 3.0 * x[q] + c[q % 2]).collect();
+        close(&numbers(&j["output"]["data"]), &want, "output");
+        close(&numbers(&j["grads"]["x"]["data"]), &[3.0; 4], "grad");
+        // Same seed, same values, library and binary alike.
+        let p = Program::parse(text).unwrap();
+        let r = p
+            .run(&RunOptions {
+                seed,
+                ..RunOptions::default()
+            })
+            .unwrap();
+        assert_eq!(r.value("x").unwrap().to_f64_vec(), x);
+        assert!(j["grads"].get("c").is_none(), "consts have no gradient");
+    }
+}

@@ -1,0 +1,158 @@
+//! The proptest strategies of `arenagrad::check::strategy`: what they generate, and that
+//! shrinking takes a failing program down to a handful of statements.
+
+use std::sync::Arc;
+
+use arenagrad::check::strategy::{self, GenConfig};
+use arenagrad::program::{CheckOptions, Limits, Overrides, Program, RunOptions};
+use arenagrad::{CustomOp, DType, Graph, GraphError, Tensor};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner};
+
+/// tanh with a planted mistake: the rule should be gy·(1 − y²), this one uses gy·(1 − y).
+struct WrongTanh;
+
+impl CustomOp for WrongTanh {
+    fn name(&self) -> &'static str {
+        "tanh"
+    }
+    fn backward<'g>(
+        &self,
+        _g: &'g Graph,
+        _inputs: &[Tensor<'g>],
+        output: Tensor<'g>,
+        gy: Tensor<'g>,
+    ) -> Result<Vec<Option<Tensor<'g>>>, GraphError> {
+        Ok(vec![Some(gy.mul(output.neg()?.shift(1.0)?)?)])
+    }
+}
+
+fn check_opts(overrides: Overrides) -> CheckOptions {
+    CheckOptions {
+        limits: Limits::small(),
+        overrides,
+        ..CheckOptions::default()
+    }
+}
+
+fn runner(cases: u32) -> TestRunner {
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha))
+}
+
+#[test]
+fn a_wrong_backward_rule_shrinks_to_at_most_three_statements() {
+    let planted = Overrides::new().backward_rule("tanh", Arc::new(WrongTanh));
+    let opts = check_opts(planted);
+    let result = runner(256).run(&strategy::program(GenConfig::smooth(), 10), |p| {
+        let report = p
+            .gradcheck(&opts)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(report.passed, "{report}");
+        Ok(())
+    });
+    let minimal = match result {
+        Err(TestError::Fail(_, p)) => p,
+        other => panic!("the planted rule went unnoticed: {other:?}"),
+    };
+    assert!(
+        minimal.len() <= 3,
+        "shrunk only to {} statements:\n{minimal}",
+        minimal.len()
+    );
+    assert!(
+        minimal
+            .statements()
+            .iter()
+            .any(|s| s.expr.op_name() == "tanh"),
+        "the minimal program does not use tanh:\n{minimal}"
+    );
+    eprintln!("minimal failing program:\n{minimal}");
+    // The same program passes with the engine's own rule, and the report names the input.
+    let honest = minimal.gradcheck(&check_opts(Overrides::new())).unwrap();
+    assert!(honest.passed, "{minimal}\n{honest}");
+    let caught = minimal.gradcheck(&opts).unwrap();
+    assert!(!caught.passed);
+    let bad = caught.first_order.iter().find(|c| !c.passed).unwrap();
+    assert!(minimal.index_of(&bad.name).is_some());
+}
+
+#[test]
+fn a_wrong_rule_in_a_shape_op_is_caught_too() {
+    // A transpose whose backward forgets to transpose back (it only works for square inputs).
+    struct Untransposed;
+    impl CustomOp for Untransposed {
+        fn name(&self) -> &'static str {
+            "transpose"
+        }
+        fn backward<'g>(
+            &self,
+            _g: &'g Graph,
+            inputs: &[Tensor<'g>],
+            _output: Tensor<'g>,
+            gy: Tensor<'g>,
+        ) -> Result<Vec<Option<Tensor<'g>>>, GraphError> {
+            let shape: Vec<isize> = inputs[0].shape().iter().map(|&d| d as isize).collect();
+            Ok(vec![Some(gy.reshape(&shape)?)])
+        }
+    }
+    let opts = check_opts(Overrides::new().backward_rule("transpose", Arc::new(Untransposed)));
+    let result = runner(256).run(&strategy::program(GenConfig::smooth(), 10), |p| {
+        let r = p
+            .gradcheck(&opts)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(r.passed);
+        Ok(())
+    });
+    match result {
+        Err(TestError::Fail(_, p)) => assert!(p.len() <= 4, "{p}"),
+        other => panic!("the planted rule went unnoticed: {other:?}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(Config { cases: 48, failure_persistence: None, ..Config::default() })]
+
+    #[test]
+    fn smooth_programs_pass_gradcheck(p in strategy::smooth_program(6)) {
+        let report = p.gradcheck(&check_opts(Overrides::new())).unwrap();
+        prop_assert!(report.passed, "{}\n{}", p, report);
+    }
+
+    #[test]
+    fn generated_programs_are_well_typed_and_run(p in strategy::program(GenConfig::all(), 8)) {
+        let infos = p.check(&Limits::small());
+        prop_assert!(infos.is_ok(), "{:?}", infos);
+        for dtype in [DType::F64, DType::F32] {
+            let r = p.run(&RunOptions { dtype, limits: Limits::small(), ..RunOptions::default() });
+            prop_assert!(r.is_ok(), "{}: {:?}", p, r.err());
+        }
+    }
+
+    #[test]
+    fn generated_programs_round_trip(p in strategy::program(GenConfig::all(), 8)) {
+        let text = p.to_string();
+        let q = Program::parse(&text).unwrap();
+        prop_assert_eq!(&q, &p);
+        prop_assert_eq!(q.to_string(), text);
+    }
+
+    #[test]
+    fn broadcast_pairs_broadcast((a, b) in strategy::broadcast_pair(4, 3)) {
+        let g = Graph::new();
+        let x = g.ones(&a, DType::F64).unwrap();
+        let y = g.ones(&b, DType::F64).unwrap();
+        let z = x.add(y).unwrap();
+        prop_assert_eq!(z.rank(), a.len().max(b.len()));
+    }
+
+    #[test]
+    fn shapes_respect_their_bounds(s in strategy::shape(3, 5), t in strategy::shaped_tensor(2, 3)) {
+        prop_assert!(s.len() <= 3 && s.iter().all(|&d| (1..=5).contains(&d)));
+        prop_assert_eq!(t.numel(), t.shape.iter().product::<usize>());
+    }
+}
