@@ -13,9 +13,7 @@
 //! # Ok::<(), arenagrad_nn::NnError>(())
 //! ```
 
-use std::sync::Arc;
-
-use arenagrad_graph::{CustomOp, Graph, HostData, Parameter, Tensor};
+use arenagrad_graph::{Graph, HostData, Parameter, Tensor};
 
 use crate::error::{input_shape, NnError, Result};
 
@@ -34,24 +32,14 @@ pub fn linear<'g>(
         ));
     }
     let (in_f, out_f) = (ws[1], ws[0]);
-    let rows = xs[..xs.len() - 1].iter().product::<usize>();
     let x2 = if xs.len() == 2 {
         x
     } else {
         x.reshape(&[-1, in_f as isize])?
     };
-    let g = x.graph();
-    // x·Wᵀ without materialising Wᵀ when (W·xᵀ)ᵀ moves fewer elements; the backward needs no
-    // transpose of W at all (see `LinearOp`).
-    let value = {
-        let _ng = g.no_grad();
-        if in_f * out_f <= rows * (in_f + out_f) {
-            x2.matmul(weight.t()?)?
-        } else {
-            weight.matmul(x2.t()?)?.t()?
-        }
-    };
-    let y = g.custom(Arc::new(LinearOp), &[x2, weight], value)?;
+    // x·Wᵀ with W read through transposed strides: no copy here, and none in backward either
+    // (`gx = gy·W`, `gW = gyᵀ·x` are GEMMs with swapped strides too).
+    let y = x2.matmul_t(weight, false, true)?;
     let y = if xs.len() == 2 {
         y
     } else {
@@ -63,37 +51,6 @@ pub fn linear<'g>(
         Some(b) => y.add(b)?,
         None => y,
     })
-}
-
-/// `y = x·Wᵀ` for `x` `[M, in]` and `W` `[out, in]`. Its backward, `gx = gy·W` and
-/// `gW = gyᵀ·x`, transposes only the small `gy` — never the weight.
-struct LinearOp;
-
-impl CustomOp for LinearOp {
-    fn name(&self) -> &'static str {
-        "linear"
-    }
-
-    fn backward<'g>(
-        &self,
-        _g: &'g Graph,
-        inputs: &[Tensor<'g>],
-        _output: Tensor<'g>,
-        gy: Tensor<'g>,
-    ) -> arenagrad_graph::Result<Vec<Option<Tensor<'g>>>> {
-        let (x, w) = (inputs[0], inputs[1]);
-        let gx = if x.requires_grad() {
-            Some(gy.matmul(w)?)
-        } else {
-            None
-        };
-        let gw = if w.requires_grad() {
-            Some(gy.t()?.matmul(x)?)
-        } else {
-            None
-        };
-        Ok(vec![gx, gw])
-    }
 }
 
 /// A 2-D convolution with an optional bias: `x` `[N, C, H, W]`, `weight` `[O, C/groups, kh, kw]`,

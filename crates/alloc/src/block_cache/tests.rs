@@ -729,10 +729,19 @@ fn large_pool_steady_state_can_take_a_second_round() {
 
 // ---------------------------------------------------------------- property tests
 
+/// Sequence length: shorter under Miri, which interprets every step.
+fn max_ops() -> usize {
+    if cfg!(miri) {
+        10
+    } else {
+        120
+    }
+}
+
 fn config() -> ProptestConfig {
     let default = ProptestConfig::default();
     ProptestConfig {
-        cases: if cfg!(miri) { 4 } else { 256 },
+        cases: if cfg!(miri) { 2 } else { 256 },
         failure_persistence: if cfg!(miri) {
             None
         } else {
@@ -1010,7 +1019,7 @@ proptest! {
 
     /// Random alloc/free/record/process sequences keep the cache consistent with a model.
     #[test]
-    fn random_sequences_match_the_model(ops in prop::collection::vec(op(), 1..120)) {
+    fn random_sequences_match_the_model(ops in prop::collection::vec(op(), 1..max_ops())) {
         let mut c = cache(512 * MIB);
         let mut model = Model::default();
         model.check(&c);

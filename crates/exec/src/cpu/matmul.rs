@@ -307,6 +307,64 @@ mod tests {
     }
 
     #[test]
+    fn small_products_with_offsets_and_transposes() {
+        // Sized for Miri: checks the pointer arithmetic of the unsafe GEMM call.
+        let a: Vec<f32> = (0..20).map(|i| i as f32 * 0.5).collect(); // a 3x4 matrix at offset 2
+        let b: Vec<f32> = (0..15).map(|i| (i % 4) as f32 - 1.0).collect(); // 4x3 at offset 3
+        let mut c = vec![9.0f32; 1 + 9];
+        gemm(
+            3,
+            4,
+            3,
+            MatView::row_major(&a, 2, 4, false),
+            MatView::row_major(&b, 3, 3, false),
+            &mut c,
+            1,
+            false,
+            1,
+        );
+        for i in 0..3 {
+            for j in 0..3 {
+                let want: f32 = (0..4).map(|p| a[2 + i * 4 + p] * b[3 + p * 3 + j]).sum();
+                assert_eq!(c[1 + i * 3 + j], want);
+            }
+        }
+        assert_eq!(c[0], 9.0, "nothing before the output offset is touched");
+        let mut d = vec![0.0f64; 4];
+        let x = [1.0, 2.0, 3.0, 4.0];
+        // xᵀ·x for x 2x2, read transposed.
+        gemm(
+            2,
+            2,
+            2,
+            MatView::row_major(&x, 0, 2, true),
+            MatView::row_major(&x, 0, 2, false),
+            &mut d,
+            0,
+            false,
+            1,
+        );
+        assert_eq!(d, vec![10.0, 14.0, 14.0, 20.0]);
+        let mut e = vec![0.0f64; 8];
+        gemm_batched(
+            2,
+            2,
+            2,
+            &x,
+            &[0, 0],
+            2,
+            false,
+            &x,
+            &[0, 0],
+            2,
+            true,
+            &mut e,
+            2,
+        );
+        assert_eq!(e, vec![5.0, 11.0, 11.0, 25.0, 5.0, 11.0, 11.0, 25.0]);
+    }
+
+    #[test]
     #[cfg_attr(miri, ignore)]
     fn matches_naive_including_transposes_and_threads() {
         let (m, k, n) = (67, 45, 33);
