@@ -1018,7 +1018,9 @@ proptest! {
     #![proptest_config(config())]
 
     /// Random alloc/free/record/process sequences keep the cache consistent with a model.
+    /// (Skipped under Miri: the policy has no unsafe code, and interpreting it is slow.)
     #[test]
+    #[cfg_attr(miri, ignore)]
     fn random_sequences_match_the_model(ops in prop::collection::vec(op(), 1..max_ops())) {
         let mut c = cache(512 * MIB);
         let mut model = Model::default();
@@ -1052,6 +1054,7 @@ proptest! {
     /// (e) A repeated pattern of allocations then frees calls the device only in its first
     /// round, and hands out the same addresses every round.
     #[test]
+    #[cfg_attr(miri, ignore)]
     fn steady_pattern_makes_no_device_calls_after_round_one((sizes, orders) in steady_pattern()) {
         let mut c = cache(512 * MIB);
         let (mallocs, ptrs) = run_rounds(&mut c, &sizes, &orders);

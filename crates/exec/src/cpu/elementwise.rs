@@ -370,6 +370,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // hundreds of thousands of elements: too slow to interpret
     fn large_parallel_matches_serial() {
         let n = PAR_MIN_ELEMS * 3 + 7;
         let x: Vec<f32> = (0..n).map(|i| (i as f32 * 1e-4).sin()).collect();

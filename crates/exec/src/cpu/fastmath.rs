@@ -115,6 +115,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)]
     fn tanh_close_to_libm() {
         let mut worst = 0.0f64;
         let steps = if cfg!(miri) { 200 } else { 200_000 };
@@ -132,6 +133,9 @@ mod tests {
     }
 
     #[test]
+    // Miri perturbs the results of transcendental functions by a few ulps on purpose, so the
+    // reference itself is off there.
+    #[cfg_attr(miri, ignore)]
     fn exp_close_to_libm() {
         let steps = if cfg!(miri) { 200 } else { 100_000 };
         for i in 0..=steps {

@@ -39,3 +39,44 @@ pub fn par_chunks_mut<T: Send>(
         }
     });
 }
+
+/// Runs `f(index, row)` for every `row_len`-sized row of `out`, splitting whole rows across up
+/// to `threads` threads once there are at least `min_elems` elements (images of a batch, say).
+pub fn par_rows_mut<T: Send>(
+    out: &mut [T],
+    row_len: usize,
+    threads: usize,
+    min_elems: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    if row_len == 0 {
+        return;
+    }
+    let rows = out.len() / row_len;
+    let t = if out.len() >= min_elems {
+        threads.clamp(1, rows.max(1))
+    } else {
+        1
+    };
+    if t <= 1 {
+        for (k, r) in out.chunks_mut(row_len).enumerate() {
+            f(k, r);
+        }
+        return;
+    }
+    let per = rows.div_ceil(t);
+    std::thread::scope(|s| {
+        let f = &f;
+        let mut hs = Vec::new();
+        for (j, chunk) in out.chunks_mut(per * row_len).enumerate() {
+            hs.push(s.spawn(move || {
+                for (k, r) in chunk.chunks_mut(row_len).enumerate() {
+                    f(j * per + k, r);
+                }
+            }));
+        }
+        for h in hs {
+            h.join().expect("invariant: kernel threads do not panic");
+        }
+    });
+}

@@ -70,6 +70,7 @@ impl<'g> Tensor<'g> {
     }
 
     fn unfold_win(self, win: Window, n: usize, pad: f64) -> Result<Tensor<'g>> {
+        let threads = self.g.threads();
         let (ho, wo) = win.out_hw().expect("invariant: checked window");
         let out: Shape = smallvec![n, win.patch_len(), ho * wo];
         checked_numel("unfold", &out)?;
@@ -78,15 +79,16 @@ impl<'g> Tensor<'g> {
             out,
             Op::Unfold(Arc::new(win), pad),
             false,
-            move |a| a.unfold(n, &win, pad),
+            move |a| a.unfold(n, &win, pad, threads),
         )
     }
 
     fn fold_win(self, win: Window, n: usize) -> Result<Tensor<'g>> {
+        let threads = self.g.threads();
         let out: Shape = smallvec![n, win.c, win.h, win.w];
         checked_numel("fold", &out)?;
         self.data_op("fold", out, Op::Fold(Arc::new(win)), true, move |a| {
-            a.fold(n, &win)
+            a.fold(n, &win, threads)
         })
     }
 
@@ -188,19 +190,16 @@ impl<'g> Tensor<'g> {
         let idx = i.arena.alloc_scratch::<u32>(total).map_err(alloc_err)?;
         let out = i.alloc(op, dtype, total)?;
         let per_out = c * ho * wo;
+        let threads = i.threads;
         with_float!(dtype, T, {
             let (ix, x, _) = i
                 .arena
                 .split_mixed::<u32, T, T>(idx, xb, xb)
                 .map_err(alloc_err)?;
-            for b in 0..n {
-                cpu::max_pool_indices(
-                    &x[b * per_in..(b + 1) * per_in],
-                    &win,
-                    b * per_in,
-                    &mut ix[b * per_out..(b + 1) * per_out],
-                );
-            }
+            let _ = n;
+            cpu::par::par_rows_mut(ix, per_out, threads, cpu::par::PAR_MIN_ELEMS, |b, ib| {
+                cpu::max_pool_indices(&x[b * per_in..(b + 1) * per_in], &win, b * per_in, ib);
+            });
             let (o, x, ix) = i
                 .arena
                 .split_mixed::<T, T, u32>(out, xb, idx)

@@ -145,10 +145,15 @@ fn adam_kernel<T: Elem>(
         .and_then(|x| x.as_mut_slice::<T>())
     {
         None => {
+            let tiny = T::from_f64(1e-30);
             for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
                 let d = if l2 { g + wd * *p } else { g };
-                *m = lerp(*m, d, w1, w1_small, one_minus_w1);
-                *v = *v * b2t + w2 * d * d;
+                let nm = lerp(*m, d, w1, w1_small, one_minus_w1);
+                // Moments of a parameter whose gradient stays zero decay into subnormals, which
+                // are ~100× slower on x86: flush them (m/√v is unchanged where it matters).
+                *m = if nm.abs() < tiny { T::ZERO } else { nm };
+                let nv = *v * b2t + w2 * d * d;
+                *v = if nv < tiny { T::ZERO } else { nv };
                 let denom = v.sqrt() / bc2_sqrt + eps;
                 *p += neg_step * *m / denom;
             }
