@@ -1,5 +1,6 @@
-//! Prints the core engine's speed figures as a table:
-//! W2 tiny-op overhead, GEMM through the graph, and the seeds' loop at 1024×1024.
+//! Prints the engine's speed figures as a table, on the workloads of the peer benchmark
+//! (`shared/peers`): W1 the seeds' loop at 1024×1024, W2 tiny-op overhead, W3/W4 MLP training
+//! steps (ReLU, cross-entropy, plain SGD lr 0.01, median of 50 steps after 5 warm-up), and GEMM.
 //!
 //! `cargo run --release -p arenagrad --example bench_core [-- --quick]`
 //! Threads: `ARENAGRAD_NUM_THREADS` (default: all cores).
@@ -7,6 +8,8 @@
 use std::time::Instant;
 
 use arenagrad::exec::cpu::{gemm, MatView};
+use arenagrad::nn::optim::{Optimizer, Sgd, SgdConfig};
+use arenagrad::nn::{loss, Linear, Module, ReLU, Rng, Sequential};
 use arenagrad::prelude::*;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -131,6 +134,45 @@ fn seed_loop(g: &mut Graph, n: usize, iters: usize) -> (f64, f64, f64) {
     (median(t) * 1e3, median(r) * 1e3, median(bare) * 1e3)
 }
 
+/// W3/W4: one MLP training step; returns (ms/step, fwd, bwd, opt).
+fn mlp_step(dims: &[usize], batch: usize) -> (f64, f64, f64, f64) {
+    let mut rng = Rng::seed(0);
+    let mut model = Sequential::new();
+    for (k, w) in dims.windows(2).enumerate() {
+        model.push(Linear::new(w[0], w[1], &mut rng).unwrap());
+        if k + 2 < dims.len() {
+            model.push(ReLU);
+        }
+    }
+    let mut opt = Sgd::new(model.parameters(), SgdConfig::new(0.01)).unwrap();
+    let x: Vec<f32> = (0..batch * dims[0]).map(|_| rng.normal() as f32).collect();
+    let y: Vec<usize> = (0..batch)
+        .map(|_| rng.below(dims[dims.len() - 1]))
+        .collect();
+    let mut g = Graph::new();
+    let (mut t, mut f, mut b, mut o) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for s in 0..55 {
+        let t0 = Instant::now();
+        opt.zero_grad();
+        let xt = g.from_slice(&x, &[batch, dims[0]]).unwrap();
+        let l = loss::cross_entropy(model.forward(&g, xt).unwrap(), &y).unwrap();
+        let t1 = Instant::now();
+        l.backward().unwrap();
+        let t2 = Instant::now();
+        std::hint::black_box(l.item().unwrap());
+        g.reset();
+        opt.step().unwrap();
+        let t3 = Instant::now();
+        if s >= 5 {
+            t.push((t3 - t0).as_secs_f64() * 1e3);
+            f.push((t1 - t0).as_secs_f64() * 1e3);
+            b.push((t2 - t1).as_secs_f64() * 1e3);
+            o.push((t3 - t2).as_secs_f64() * 1e3);
+        }
+    }
+    (median(t), median(f), median(b), median(o))
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let mut g = Graph::new();
@@ -147,12 +189,22 @@ fn main() {
     println!("| f32 GEMM 1024³ through the graph | {gg:.0} GFLOP/s | ≥ 250 |");
     let g1 = gemm_raw(1024, 1, if quick { 3 } else { 10 });
     let gt = gemm_raw(1024, threads, if quick { 3 } else { 10 });
-    println!("| raw matrixmultiply sgemm, 1 thread | {g1:.0} GFLOP/s | |");
-    println!("| raw matrixmultiply sgemm, row-split over {threads} threads | {gt:.0} GFLOP/s | |");
+    println!("| raw GEMM kernel, 1 thread | {g1:.0} GFLOP/s | |");
+    println!("| raw GEMM kernel, row-split over {threads} threads | {gt:.0} GFLOP/s | |");
     let (ms, randn, bare) = seed_loop(&mut g, 1024, if quick { 5 } else { 30 });
     println!("| seeds' loop 1024², randn+matmul+sum+backward | {ms:.1} ms/iter (randn {randn:.1}) | ≤ 30 |");
     println!(
         "| 3 bare GEMMs + randn (same run) | {bare:.1} ms/iter; graph overhead {:+.1}% | ≤ +15% |",
         (ms / bare - 1.0) * 100.0
+    );
+    let (w3, f3, b3, o3) = mlp_step(&[784, 512, 512, 10], 128);
+    println!("| W3 MLP 784-512-512-10 b128 SGD step | {w3:.2} ms (fwd {f3:.2}, bwd {b3:.2}, opt {o3:.2}) | ≤ 3.0 |");
+    let (w4, f4, b4, o4) = mlp_step(&[64, 64, 64, 10], 32);
+    println!(
+        "| W4 MLP 64-64-64-10 b32 SGD step | {:.1} µs (fwd {:.1}, bwd {:.1}, opt {:.1}) | ≤ 20 |",
+        w4 * 1e3,
+        f4 * 1e3,
+        b4 * 1e3,
+        o4 * 1e3
     );
 }

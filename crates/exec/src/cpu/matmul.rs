@@ -4,6 +4,11 @@
 //! Large products are split by blocks of output rows across the graph's threads, each running the
 //! single-threaded kernel; matrixmultiply's own `threading` feature was measured slower on two
 //! cores (175 vs. ~250 GFLOP/s at 1024³) because it also packs on one thread.
+//!
+//! The kernel is the `gemm` crate's (AVX-512 where the CPU has it, chosen at run time): on the
+//! 2-core reference machine it ran 1024³ f32 at ~285 GFLOP/s split over two threads against
+//! matrixmultiply's ~255 (`examples/bench_core.rs` prints both). matrixmultiply stays as the
+//! kernel Miri interprets.
 
 /// Element types with a GEMM.
 pub trait Gemm: Sized {
@@ -49,10 +54,40 @@ impl Gemm for f32 {
         rsc: isize,
         csc: isize,
     ) {
-        // SAFETY: forwarded verbatim; the caller upholds `gemm_raw`'s contract, which is
-        // matrixmultiply's.
-        unsafe {
-            matrixmultiply::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
+        if cfg!(miri) {
+            // SAFETY: forwarded verbatim; the caller upholds `gemm_raw`'s contract, which is
+            // matrixmultiply's. (Miri runs this portable kernel; the SIMD one below uses
+            // intrinsics it cannot interpret.)
+            unsafe {
+                matrixmultiply::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
+            }
+        } else {
+            // SAFETY: the same contract — every index of the three strided views lies in its
+            // allocation and `c` overlaps neither input. `gemm` computes
+            // dst = dst_scale·dst + prod_scale·lhs·rhs and takes (column, row) strides.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    c,
+                    csc,
+                    rsc,
+                    beta != 0.0,
+                    a,
+                    csa,
+                    rsa,
+                    b,
+                    csb,
+                    rsb,
+                    beta,
+                    alpha,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                )
+            }
         }
     }
 }
@@ -74,9 +109,40 @@ impl Gemm for f64 {
         rsc: isize,
         csc: isize,
     ) {
-        // SAFETY: forwarded verbatim; the caller upholds `gemm_raw`'s contract.
-        unsafe {
-            matrixmultiply::dgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
+        if cfg!(miri) {
+            // SAFETY: forwarded verbatim; the caller upholds `gemm_raw`'s contract, which is
+            // matrixmultiply's. (Miri runs this portable kernel; the SIMD one below uses
+            // intrinsics it cannot interpret.)
+            unsafe {
+                matrixmultiply::dgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
+            }
+        } else {
+            // SAFETY: the same contract — every index of the three strided views lies in its
+            // allocation and `c` overlaps neither input. `gemm` computes
+            // dst = dst_scale·dst + prod_scale·lhs·rhs and takes (column, row) strides.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    c,
+                    csc,
+                    rsc,
+                    beta != 0.0,
+                    a,
+                    csa,
+                    rsa,
+                    b,
+                    csb,
+                    rsb,
+                    beta,
+                    alpha,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                )
+            }
         }
     }
 }
