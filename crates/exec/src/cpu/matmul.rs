@@ -37,115 +37,66 @@ pub trait Gemm: Sized {
     );
 }
 
-impl Gemm for f32 {
-    unsafe fn gemm_raw(
-        m: usize,
-        k: usize,
-        n: usize,
-        alpha: f32,
-        a: *const f32,
-        rsa: isize,
-        csa: isize,
-        b: *const f32,
-        rsb: isize,
-        csb: isize,
-        beta: f32,
-        c: *mut f32,
-        rsc: isize,
-        csc: isize,
-    ) {
-        if cfg!(miri) {
-            // SAFETY: forwarded verbatim; the caller upholds `gemm_raw`'s contract, which is
-            // matrixmultiply's. (Miri runs this portable kernel; the SIMD one below uses
-            // intrinsics it cannot interpret.)
-            unsafe {
-                matrixmultiply::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
-            }
-        } else {
-            // SAFETY: the same contract — every index of the three strided views lies in its
-            // allocation and `c` overlaps neither input. `gemm` computes
-            // dst = dst_scale·dst + prod_scale·lhs·rhs and takes (column, row) strides.
-            unsafe {
-                gemm::gemm(
-                    m,
-                    n,
-                    k,
-                    c,
-                    csc,
-                    rsc,
-                    beta != 0.0,
-                    a,
-                    csa,
-                    rsa,
-                    b,
-                    csb,
-                    rsb,
-                    beta,
-                    alpha,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                )
-            }
-        }
-    }
-}
-
-impl Gemm for f64 {
-    unsafe fn gemm_raw(
-        m: usize,
-        k: usize,
-        n: usize,
-        alpha: f64,
-        a: *const f64,
-        rsa: isize,
-        csa: isize,
-        b: *const f64,
-        rsb: isize,
-        csb: isize,
-        beta: f64,
-        c: *mut f64,
-        rsc: isize,
-        csc: isize,
-    ) {
-        if cfg!(miri) {
-            // SAFETY: forwarded verbatim; the caller upholds `gemm_raw`'s contract, which is
-            // matrixmultiply's. (Miri runs this portable kernel; the SIMD one below uses
-            // intrinsics it cannot interpret.)
-            unsafe {
-                matrixmultiply::dgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
-            }
-        } else {
-            // SAFETY: the same contract — every index of the three strided views lies in its
-            // allocation and `c` overlaps neither input. `gemm` computes
-            // dst = dst_scale·dst + prod_scale·lhs·rhs and takes (column, row) strides.
-            unsafe {
-                gemm::gemm(
-                    m,
-                    n,
-                    k,
-                    c,
-                    csc,
-                    rsc,
-                    beta != 0.0,
-                    a,
-                    csa,
-                    rsa,
-                    b,
-                    csb,
-                    rsb,
-                    beta,
-                    alpha,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                )
+macro_rules! gemm_impl {
+    ($t:ty, $portable:path) => {
+        impl Gemm for $t {
+            unsafe fn gemm_raw(
+                m: usize,
+                k: usize,
+                n: usize,
+                alpha: $t,
+                a: *const $t,
+                rsa: isize,
+                csa: isize,
+                b: *const $t,
+                rsb: isize,
+                csb: isize,
+                beta: $t,
+                c: *mut $t,
+                rsc: isize,
+                csc: isize,
+            ) {
+                if cfg!(miri) {
+                    // SAFETY: forwarded verbatim; the caller upholds `gemm_raw`'s contract,
+                    // which is matrixmultiply's. (Miri runs this portable kernel; the SIMD one
+                    // below uses intrinsics it cannot interpret.)
+                    unsafe {
+                        $portable(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
+                    }
+                } else {
+                    // SAFETY: the same contract — every index of the three strided views lies
+                    // in its allocation and `c` overlaps neither input. `gemm` computes
+                    // dst = dst_scale·dst + prod_scale·lhs·rhs and takes (column, row) strides.
+                    unsafe {
+                        gemm::gemm(
+                            m,
+                            n,
+                            k,
+                            c,
+                            csc,
+                            rsc,
+                            beta != 0.0,
+                            a,
+                            csa,
+                            rsa,
+                            b,
+                            csb,
+                            rsb,
+                            beta,
+                            alpha,
+                            false,
+                            false,
+                            false,
+                            gemm::Parallelism::None,
+                        )
+                    }
+                }
             }
         }
-    }
+    };
 }
+gemm_impl!(f32, matrixmultiply::sgemm);
+gemm_impl!(f64, matrixmultiply::dgemm);
 
 /// One operand of a matrix product: a slice and the strides of its 2-D view.
 #[derive(Debug, Clone, Copy)]
