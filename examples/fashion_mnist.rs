@@ -123,7 +123,8 @@ fn build(model: &str, (c1, c2): (usize, usize), rng: &mut Rng) -> Result<Sequent
 
 fn evaluate(model: &Sequential, g: &mut Graph, test: &Dataset) -> Result<f64, NnError> {
     let mut correct = 0;
-    for (x, y) in test.batches(1000)? {
+    // Modest batches: the arena holds every intermediate of an iteration until its reset.
+    for (x, y) in test.batches(250)? {
         let n = {
             let _ng = g.no_grad();
             let logits = model.forward(g, g.from_host(&x)?)?;
