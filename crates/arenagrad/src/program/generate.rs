@@ -9,7 +9,7 @@
 //! (what shrinking does) still gives a valid program, and the output's unused statements are
 //! dropped, so a shrunk failing program is small.
 
-use super::ast::{BinaryKind, Expr, Program, ReduceKind, ScalarKind, UnaryKind};
+use super::ast::{BinaryKind, Expr, Program, ReduceKind, ScalarKind, UnaryKind, OP_NAMES};
 use super::infer::norm_axis;
 
 /// Ops whose derivatives exist everywhere on the values generated (no kinks, no `detach`): what
@@ -45,43 +45,8 @@ pub const SMOOTH_OPS: &[&str] = &[
     "slice",
 ];
 
-/// Every non-leaf op of the format.
-pub const ALL_OPS: &[&str] = &[
-    "add",
-    "sub",
-    "mul",
-    "div",
-    "pow",
-    "maximum",
-    "minimum",
-    "neg",
-    "exp",
-    "log",
-    "sqrt",
-    "abs",
-    "sin",
-    "cos",
-    "tanh",
-    "sigmoid",
-    "relu",
-    "gelu",
-    "detach",
-    "scale",
-    "shift",
-    "powf",
-    "sum",
-    "mean",
-    "max",
-    "softmax",
-    "log_softmax",
-    "matmul",
-    "transpose",
-    "permute",
-    "reshape",
-    "broadcast",
-    "concat",
-    "slice",
-];
+/// Every non-leaf op of the format: [`OP_NAMES`] after its two leaf kinds.
+pub const ALL_OPS: &[&str] = OP_NAMES.split_at(2).1;
 
 /// What generated programs may contain.
 #[derive(Debug, Clone, PartialEq)]

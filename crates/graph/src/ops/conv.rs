@@ -1,10 +1,12 @@
 //! Convolution and pooling over `[N, C, H, W]` images.
 //!
 //! One primitive, `unfold` (im2col: every kernel-sized patch laid out as a column), and its
-//! adjoint `fold` (col2im) carry all of them: a convolution is `unfold` followed by a batched
-//! GEMM with the weight; average and max pooling are `unfold` followed by a mean or a max over the
-//! patch axis. Their gradients (and second derivatives) then come from ops that already have
-//! them. Max pooling splits the gradient evenly between tied maxima.
+//! adjoint `fold` (col2im) carry convolution and average pooling: a convolution is `unfold`
+//! followed by a batched GEMM with the weight, average pooling is `unfold` followed by a mean over
+//! the patch axis, and their gradients (and second derivatives) come from ops that already have
+//! them. Max pooling is its own op: it keeps the argmax of each window as an index buffer in the
+//! arena, and its backward scatters through it (the first maximum of a window takes the gradient,
+//! as in PyTorch).
 
 use std::sync::Arc;
 
@@ -66,21 +68,17 @@ impl<'g> Tensor<'g> {
         let op = "unfold";
         let shape = self.try_shape()?;
         let win = window(op, &shape, kernel, stride, padding, dilation)?;
-        self.unfold_win(win, shape[0], 0.0)
+        self.unfold_win(win, shape[0])
     }
 
-    fn unfold_win(self, win: Window, n: usize, pad: f64) -> Result<Tensor<'g>> {
+    fn unfold_win(self, win: Window, n: usize) -> Result<Tensor<'g>> {
         let threads = self.g.threads();
         let (ho, wo) = win.out_hw().expect("invariant: checked window");
         let out: Shape = smallvec![n, win.patch_len(), ho * wo];
         checked_numel("unfold", &out)?;
-        self.data_op(
-            "unfold",
-            out,
-            Op::Unfold(Arc::new(win), pad),
-            false,
-            move |a| a.unfold(n, &win, pad, threads),
-        )
+        self.data_op("unfold", out, Op::Unfold(Arc::new(win)), false, move |a| {
+            a.unfold(&win, threads)
+        })
     }
 
     fn fold_win(self, win: Window, n: usize) -> Result<Tensor<'g>> {
@@ -88,7 +86,7 @@ impl<'g> Tensor<'g> {
         let out: Shape = smallvec![n, win.c, win.h, win.w];
         checked_numel("fold", &out)?;
         self.data_op("fold", out, Op::Fold(Arc::new(win)), true, move |a| {
-            a.fold(n, &win, threads)
+            a.fold(&win, threads)
         })
     }
 
@@ -118,7 +116,7 @@ impl<'g> Tensor<'g> {
         }
         let win = window(op, &xs, (ws[2], ws[3]), stride, padding, dilation)?;
         let (ho, wo) = win.out_hw().expect("invariant: checked window");
-        let cols = self.unfold_win(win, n, 0.0)?; // [N, C·kh·kw, L]
+        let cols = self.unfold_win(win, n)?; // [N, C·kh·kw, L]
         let l = (ho * wo) as isize;
         let g = groups as isize;
         let kk = (ws[1] * ws[2] * ws[3]) as isize;
@@ -130,24 +128,6 @@ impl<'g> Tensor<'g> {
             w.matmul(cols)? // [N, g, O/g, L]
         };
         y.reshape(&[n as isize, o as isize, ho as isize, wo as isize])
-    }
-
-    fn pool_patches(
-        self,
-        op: &'static str,
-        kernel: (usize, usize),
-        stride: (usize, usize),
-        padding: (usize, usize),
-        pad: f64,
-    ) -> Result<(Tensor<'g>, [isize; 4])> {
-        let xs = self.try_shape()?;
-        let win = window(op, &xs, kernel, stride, padding, (1, 1))?;
-        let (ho, wo) = win.out_hw().expect("invariant: checked window");
-        let (n, c) = (xs[0], xs[1]);
-        let planes = self.reshape(&[(n * c) as isize, 1, xs[2] as isize, xs[3] as isize])?;
-        let pw = Window { c: 1, ..win };
-        let cols = planes.unfold_win(pw, n * c, pad)?; // [N·C, kh·kw, L]
-        Ok((cols, [n as isize, c as isize, ho as isize, wo as isize]))
     }
 
     /// Max pooling over `kernel` windows. Padding is never the maximum (padding is limited to
@@ -196,7 +176,6 @@ impl<'g> Tensor<'g> {
                 .arena
                 .split_mixed::<u32, T, T>(idx, xb, xb)
                 .map_err(alloc_err)?;
-            let _ = n;
             cpu::par::par_rows_mut(ix, per_out, threads, cpu::par::PAR_MIN_ELEMS, |b, ib| {
                 cpu::max_pool_indices(&x[b * per_in..(b + 1) * per_in], &win, b * per_in, ib);
             });
@@ -256,8 +235,15 @@ impl<'g> Tensor<'g> {
         stride: (usize, usize),
         padding: (usize, usize),
     ) -> Result<Tensor<'g>> {
-        let (cols, out) = self.pool_patches("avg_pool2d", kernel, stride, padding, 0.0)?;
-        cols.mean_axes(&[1], false)?.reshape(&out)
+        let xs = self.try_shape()?;
+        let win = window("avg_pool2d", &xs, kernel, stride, padding, (1, 1))?;
+        let (ho, wo) = win.out_hw().expect("invariant: checked window");
+        let (n, c) = (xs[0], xs[1]);
+        // Every channel as its own one-channel image, so the patches of each plane average alone.
+        let planes = self.reshape(&[(n * c) as isize, 1, xs[2] as isize, xs[3] as isize])?;
+        let cols = planes.unfold_win(Window { c: 1, ..win }, n * c)?; // [N·C, kh·kw, L]
+        cols.mean_axes(&[1], false)?
+            .reshape(&[n as isize, c as isize, ho as isize, wo as isize])
     }
 
     /// Inverted dropout: zeroes each element with probability `p` and scales the rest by
@@ -302,5 +288,5 @@ pub(crate) fn unfold_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads<'g>
 
 pub(crate) fn fold_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let n = c.input(0).shape()[0];
-    Ok(smallvec![Some(c.gy.unfold_win(*win, n, 0.0)?)])
+    Ok(smallvec![Some(c.gy.unfold_win(*win, n)?)])
 }

@@ -87,9 +87,8 @@ pub(crate) enum Op {
     },
     /// `cond ? a : b`; inputs are `[cond, a, b]`.
     Select,
-    /// im2col over `[N, C, H, W]` (with the value read in the padding) and its adjoint col2im;
-    /// see [`conv`].
-    Unfold(Arc<arenagrad_exec::cpu::Window>, #[allow(dead_code)] f64),
+    /// im2col over `[N, C, H, W]` and its adjoint col2im; see [`conv`].
+    Unfold(Arc<arenagrad_exec::cpu::Window>),
     Fold(Arc<arenagrad_exec::cpu::Window>),
     /// `out[i] = x[idx[i]]` over flat indices kept in the arena (max pooling), and its adjoint.
     TakeFlat {
@@ -131,7 +130,7 @@ impl Op {
             Op::Softmax { log: true, .. } => "log_softmax",
             Op::Select => "where",
             Op::Custom(c) => c.name(),
-            Op::Unfold(..) => "unfold",
+            Op::Unfold(_) => "unfold",
             Op::Fold(_) => "fold",
             Op::TakeFlat { .. } => "max_pool2d",
             Op::PutFlat { .. } => "max_pool2d_backward",
@@ -172,7 +171,7 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Softmax { axis, log } => softmax::backward(*axis, *log, c),
         Op::Select => binary::select_backward(c),
         Op::Custom(op) => custom::backward(op, c),
-        Op::Unfold(w, _) => conv::unfold_backward(w, c),
+        Op::Unfold(w) => conv::unfold_backward(w, c),
         Op::Fold(w) => conv::fold_backward(w, c),
         Op::TakeFlat { idx } => conv::take_backward(*idx, c),
         Op::PutFlat { idx } => conv::put_backward(*idx, c),

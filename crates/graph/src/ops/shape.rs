@@ -419,21 +419,19 @@ impl KernelArgs<'_> {
     fn scatter_add(self, axis: usize, idx: &[usize], ishape: &[usize], full: &[usize]) {
         both!(self, x, o, _s => cpu::scatter_add(x, full, axis, idx, ishape, o))
     }
-    pub(crate) fn unfold(self, n: usize, win: &cpu::Window, pad: f64, threads: usize) {
+    pub(crate) fn unfold(self, win: &cpu::Window, threads: usize) {
         let (ho, wo) = win.out_hw().expect("invariant: checked window");
         let (pi, po) = (win.c * win.h * win.w, win.patch_len() * ho * wo);
         both!(self, x, o, _s => {
-            let _ = n;
             cpu::par::par_rows_mut(o, po, threads, cpu::par::PAR_MIN_ELEMS, |b, ob| {
-                cpu::im2col(&x[b * pi..(b + 1) * pi], win, Float::from_f64(pad), ob);
+                cpu::im2col(&x[b * pi..(b + 1) * pi], win, Float::ZERO, ob);
             })
         })
     }
-    pub(crate) fn fold(self, n: usize, win: &cpu::Window, threads: usize) {
+    pub(crate) fn fold(self, win: &cpu::Window, threads: usize) {
         let (ho, wo) = win.out_hw().expect("invariant: checked window");
         let (pi, po) = (win.patch_len() * ho * wo, win.c * win.h * win.w);
         both!(self, x, o, _s => {
-            let _ = n;
             cpu::par::par_rows_mut(o, po, threads, cpu::par::PAR_MIN_ELEMS, |b, ob| {
                 cpu::col2im(&x[b * pi..(b + 1) * pi], win, ob);
             })

@@ -283,8 +283,48 @@ fn image_input(op: &'static str, x: &Tensor<'_>) -> Result<()> {
     Ok(())
 }
 
+/// The two pooling layers differ only in the graph op they call; one definition serves both.
+macro_rules! pool_layer {
+    ($(#[$doc:meta])* $name:ident, |$x:ident, $p:ident| $apply:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct $name {
+            kernel: (usize, usize),
+            stride: (usize, usize),
+            padding: (usize, usize),
+        }
+
+        impl $name {
+            /// Pooling with stride equal to the kernel and no padding.
+            pub fn new(kernel: (usize, usize)) -> Result<Self> {
+                Self::with_options(kernel, kernel, (0, 0))
+            }
+
+            /// Pooling with explicit stride and padding (padding at most half the kernel).
+            pub fn with_options(
+                kernel: (usize, usize),
+                stride: (usize, usize),
+                padding: (usize, usize),
+            ) -> Result<Self> {
+                pool_check(stringify!($name), kernel, stride, padding)?;
+                Ok($name { kernel, stride, padding })
+            }
+        }
+
+        impl Module for $name {
+            fn forward<'g>(&self, _g: &'g Graph, $x: Tensor<'g>) -> Result<Tensor<'g>> {
+                image_input(stringify!($name), &$x)?;
+                let $p = self;
+                $apply
+            }
+        }
+    };
+}
+
+pool_layer!(
 /// Max pooling over `kernel` windows of an `[N, C, H, W]` input, padding counting as `−∞`.
-/// Outputs are input elements exactly; ties share the gradient evenly.
+/// Outputs are input elements exactly; on ties the first element of the window takes the
+/// gradient, as in PyTorch.
 ///
 /// ```
 /// use arenagrad_nn::{DType, Graph, MaxPool2d, Module};
@@ -294,42 +334,11 @@ fn image_input(op: &'static str, x: &Tensor<'_>) -> Result<()> {
 /// assert_eq!(pool.forward(&g, x)?.to_vec::<f64>()?, vec![4.0]);
 /// # Ok::<(), arenagrad_nn::NnError>(())
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MaxPool2d {
-    kernel: (usize, usize),
-    stride: (usize, usize),
-    padding: (usize, usize),
-}
+    MaxPool2d,
+    |x, p| F::max_pool2d(x, p.kernel, p.stride, p.padding)
+);
 
-impl MaxPool2d {
-    /// Pooling with stride equal to the kernel and no padding.
-    pub fn new(kernel: (usize, usize)) -> Result<Self> {
-        Self::with_options(kernel, kernel, (0, 0))
-    }
-
-    /// Pooling with explicit stride and padding (padding at most half the kernel; it never wins
-    /// the maximum).
-    pub fn with_options(
-        kernel: (usize, usize),
-        stride: (usize, usize),
-        padding: (usize, usize),
-    ) -> Result<Self> {
-        pool_check("MaxPool2d", kernel, stride, padding)?;
-        Ok(MaxPool2d {
-            kernel,
-            stride,
-            padding,
-        })
-    }
-}
-
-impl Module for MaxPool2d {
-    fn forward<'g>(&self, _g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
-        image_input("MaxPool2d", &x)?;
-        F::max_pool2d(x, self.kernel, self.stride, self.padding)
-    }
-}
-
+pool_layer!(
 /// Average pooling over `kernel` windows of an `[N, C, H, W]` input; padding zeros count toward
 /// the average (PyTorch's `count_include_pad = true`).
 ///
@@ -341,37 +350,6 @@ impl Module for MaxPool2d {
 /// assert_eq!(pool.forward(&g, x)?.to_vec::<f64>()?, vec![2.5]);
 /// # Ok::<(), arenagrad_nn::NnError>(())
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AvgPool2d {
-    kernel: (usize, usize),
-    stride: (usize, usize),
-    padding: (usize, usize),
-}
-
-impl AvgPool2d {
-    /// Pooling with stride equal to the kernel and no padding.
-    pub fn new(kernel: (usize, usize)) -> Result<Self> {
-        Self::with_options(kernel, kernel, (0, 0))
-    }
-
-    /// Pooling with explicit stride and padding (at most half the kernel).
-    pub fn with_options(
-        kernel: (usize, usize),
-        stride: (usize, usize),
-        padding: (usize, usize),
-    ) -> Result<Self> {
-        pool_check("AvgPool2d", kernel, stride, padding)?;
-        Ok(AvgPool2d {
-            kernel,
-            stride,
-            padding,
-        })
-    }
-}
-
-impl Module for AvgPool2d {
-    fn forward<'g>(&self, _g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
-        image_input("AvgPool2d", &x)?;
-        Ok(x.avg_pool2d(self.kernel, self.stride, self.padding)?)
-    }
-}
+    AvgPool2d,
+    |x, p| Ok(x.avg_pool2d(p.kernel, p.stride, p.padding)?)
+);

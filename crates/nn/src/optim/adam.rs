@@ -200,6 +200,61 @@ fn step_all(
     Ok(())
 }
 
+/// Adam and AdamW differ only in how weight decay enters (`decoupled`); one definition serves both.
+macro_rules! adam_optimizer {
+    ($(#[$doc:meta])* $name:ident, decoupled: $decoupled:expr, new_doc: $new_doc:literal) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $name {
+            params: Vec<Parameter>,
+            cfg: AdamConfig,
+            states: Vec<Option<AdamState>>,
+        }
+
+        impl $name {
+            #[doc = $new_doc]
+            pub fn new(params: impl IntoIterator<Item = Parameter>, cfg: AdamConfig) -> Result<Self> {
+                cfg.check(stringify!($name))?;
+                let params = dedup(params);
+                let states = vec![None; params.len()];
+                Ok($name { params, cfg, states })
+            }
+
+            /// The options.
+            pub fn config(&self) -> &AdamConfig {
+                &self.cfg
+            }
+
+            /// The state of parameter `index` (none before its first step).
+            pub fn state(&self, index: usize) -> Option<&AdamState> {
+                self.states.get(index).and_then(Option::as_ref)
+            }
+        }
+
+        impl Optimizer for $name {
+            fn step(&mut self) -> Result<()> {
+                step_all(
+                    &self.params,
+                    &mut self.states,
+                    &self.cfg,
+                    $decoupled,
+                    concat!(stringify!($name), "::step"),
+                )
+            }
+            fn parameters(&self) -> &[Parameter] {
+                &self.params
+            }
+            fn learning_rate(&self) -> f64 {
+                self.cfg.lr
+            }
+            fn set_learning_rate(&mut self, lr: f64) {
+                self.cfg.lr = lr;
+            }
+        }
+    };
+}
+
+adam_optimizer!(
 /// Adam — PyTorch's `torch.optim.Adam`, with bias correction and optional L2 weight decay and
 /// AMSGrad. For each parameter at step `t`:
 ///
@@ -209,58 +264,12 @@ fn step_all(
 /// v = β₂·v + (1 − β₂)·d²
 /// p = p − lr/(1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + ε)
 /// ```
-#[derive(Debug)]
-pub struct Adam {
-    params: Vec<Parameter>,
-    cfg: AdamConfig,
-    states: Vec<Option<AdamState>>,
-}
+    Adam,
+    decoupled: false,
+    new_doc: "An optimiser over `params` (repeated handles are updated once)."
+);
 
-impl Adam {
-    /// An optimiser over `params` (repeated handles are updated once).
-    pub fn new(params: impl IntoIterator<Item = Parameter>, cfg: AdamConfig) -> Result<Self> {
-        cfg.check("Adam")?;
-        let params = dedup(params);
-        let states = vec![None; params.len()];
-        Ok(Adam {
-            params,
-            cfg,
-            states,
-        })
-    }
-
-    /// The options.
-    pub fn config(&self) -> &AdamConfig {
-        &self.cfg
-    }
-
-    /// The state of parameter `index` (none before its first step).
-    pub fn state(&self, index: usize) -> Option<&AdamState> {
-        self.states.get(index).and_then(Option::as_ref)
-    }
-}
-
-impl Optimizer for Adam {
-    fn step(&mut self) -> Result<()> {
-        step_all(
-            &self.params,
-            &mut self.states,
-            &self.cfg,
-            false,
-            "Adam::step",
-        )
-    }
-    fn parameters(&self) -> &[Parameter] {
-        &self.params
-    }
-    fn learning_rate(&self) -> f64 {
-        self.cfg.lr
-    }
-    fn set_learning_rate(&mut self, lr: f64) {
-        self.cfg.lr = lr;
-    }
-}
-
+adam_optimizer!(
 /// AdamW — Adam with decoupled weight decay, PyTorch's `torch.optim.AdamW`: each step first
 /// shrinks the parameter, `p = p·(1 − lr·wd)`, then applies Adam's update without an L2 term.
 ///
@@ -277,55 +286,7 @@ impl Optimizer for Adam {
 /// assert!((p.value().to_f64_vec()[0] - want).abs() < 1e-12);
 /// # Ok::<(), arenagrad_nn::NnError>(())
 /// ```
-#[derive(Debug)]
-pub struct AdamW {
-    params: Vec<Parameter>,
-    cfg: AdamConfig,
-    states: Vec<Option<AdamState>>,
-}
-
-impl AdamW {
-    /// An optimiser over `params` (repeated handles are updated once). Use
-    /// [`AdamConfig::adamw`] for PyTorch's default weight decay of 0.01.
-    pub fn new(params: impl IntoIterator<Item = Parameter>, cfg: AdamConfig) -> Result<Self> {
-        cfg.check("AdamW")?;
-        let params = dedup(params);
-        let states = vec![None; params.len()];
-        Ok(AdamW {
-            params,
-            cfg,
-            states,
-        })
-    }
-
-    /// The options.
-    pub fn config(&self) -> &AdamConfig {
-        &self.cfg
-    }
-
-    /// The state of parameter `index` (none before its first step).
-    pub fn state(&self, index: usize) -> Option<&AdamState> {
-        self.states.get(index).and_then(Option::as_ref)
-    }
-}
-
-impl Optimizer for AdamW {
-    fn step(&mut self) -> Result<()> {
-        step_all(
-            &self.params,
-            &mut self.states,
-            &self.cfg,
-            true,
-            "AdamW::step",
-        )
-    }
-    fn parameters(&self) -> &[Parameter] {
-        &self.params
-    }
-    fn learning_rate(&self) -> f64 {
-        self.cfg.lr
-    }
-    fn set_learning_rate(&mut self, lr: f64) {
-        self.cfg.lr = lr;
-    }
-}
+    AdamW,
+    decoupled: true,
+    new_doc: "An optimiser over `params` (repeated handles are updated once). Use\n[`AdamConfig::adamw`] for PyTorch's default weight decay of 0.01."
+);
