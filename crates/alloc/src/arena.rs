@@ -51,6 +51,16 @@ impl BufId {
     pub fn slot(self) -> u32 {
         self.slot
     }
+
+    /// A handle from its parts, for the other arenas of this crate.
+    pub(crate) fn from_parts(slot: u32, epoch: u32) -> Self {
+        BufId { slot, epoch }
+    }
+
+    /// The epoch (or generation) stored in the handle.
+    pub(crate) fn epoch(self) -> u32 {
+        self.epoch
+    }
 }
 
 #[derive(Debug)]

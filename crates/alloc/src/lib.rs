@@ -12,14 +12,20 @@
 //! * [`block_cache`] is the device side: PyTorch-style caching of device memory in segments carved
 //!   into blocks, written against the [`block_cache::RawDeviceAlloc`] trait so that the policy is
 //!   tested over a simulated device and runs unchanged over CUDA.
+//! * [`DeviceArena`] is the device side of an iteration: its buffers are blocks of a
+//!   [`block_cache::BlockCache`], named by [`BufId`] handles like the host arena's, and all go back
+//!   to the cache at [`DeviceArena::reset`], so a steady loop allocates from the device only in its
+//!   first iteration.
 //!
 //! A handle from an earlier iteration, or to a buffer already recycled, is a typed
 //! [`AllocError::StaleBuffer`] — never a read of whatever lives there now.
 
 mod arena;
 pub mod block_cache;
+mod device_arena;
 
 pub use arena::{Arena, ArenaStats, BufId, MixedSplit, Pod};
+pub use device_arena::{DeviceArena, DeviceArenaStats};
 
 /// Errors of the memory layer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,9 +35,9 @@ pub enum AllocError {
     StaleBuffer {
         /// Slot index in the handle.
         slot: u32,
-        /// Epoch stored in the handle.
+        /// Epoch stored in the handle (for a [`DeviceArena`] handle, the slot's generation).
         epoch: u32,
-        /// The arena's current epoch.
+        /// The arena's current epoch (for a [`DeviceArena`], the slot's current generation).
         current: u32,
     },
     /// The buffer holds elements of another type than the one asked for.
