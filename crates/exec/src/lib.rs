@@ -9,8 +9,14 @@
 //!   `exp` in `f32` have branch-free versions ([`cpu::fastmath`]) because libm's are scalar calls.
 //! * Matmul goes through matrixmultiply's strided GEMM: transposes are strides, never copies.
 //! * Large work is split across the number of threads the caller passes — no global pool.
+//! * With the `cuda` feature, [`cuda`] runs the same kernels on an NVIDIA GPU: CUDA C compiled
+//!   at run time with NVRTC, matrix products through cuBLAS, memory from the block cache of
+//!   `arenagrad-alloc`. The CUDA libraries are loaded at run time, so the feature builds without
+//!   them.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod float;
 pub mod layout;
 

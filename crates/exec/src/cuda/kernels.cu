@@ -1,0 +1,684 @@
+// Kernels of arenagrad's CUDA backend.
+//
+// Compiled at run time by NVRTC (no headers: only NVRTC's built-in declarations are used), once
+// per process and architecture. Every kernel exists as `<name>_f32` and `<name>_f64`, both
+// instantiated from one template. Each one computes what the CPU kernel of the same name in
+// `crates/exec/src/cpu` computes, element for element; only the order of floating-point
+// additions in reductions may differ.
+//
+// Conventions, shared with `mod.rs`:
+// * Device pointers, sizes and op codes are passed as 64-bit integers (`unsigned long long`),
+//   scalar parameters as `double` (rounded to the element type here, as the CPU kernels do).
+// * Shapes and strides travel by value in the structs below, which mirror `#[repr(C)]` structs
+//   on the host: every field is 64 bits wide, so the layouts agree without padding.
+// * Launches use 256-thread blocks; every loop over work items is a grid-stride loop, so any
+//   grid size covers any amount of work.
+
+#define MAX_DIMS 8
+#define BLOCK 256
+
+typedef unsigned long long u64;
+typedef long long i64;
+typedef unsigned int u32;
+
+// ---------------------------------------------------------------------------------------------
+// Parameter structs (mirrored in mod.rs).
+
+// A shape and the element strides of up to four operands over it.
+struct Strided {
+    i64 rank;
+    i64 shape[MAX_DIMS];
+    i64 st[4][MAX_DIMS];
+};
+
+// A reduction: the kept dimensions (their order is the output's) and the reduced ones, each with
+// the input's strides.
+struct ReduceParams {
+    i64 kept_rank;
+    i64 kept_shape[MAX_DIMS];
+    i64 kept_stride[MAX_DIMS];
+    i64 red_rank;
+    i64 red_shape[MAX_DIMS];
+    i64 red_stride[MAX_DIMS];
+    u64 n_out;
+    u64 n_red;
+};
+
+// A 2-D sliding window (cpu::Window) and its output size.
+struct Win {
+    i64 c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Per-type helpers.
+
+template <typename T> struct M;
+template <> struct M<float> {
+    static __device__ __forceinline__ float exp_(float x) {
+        // The CPU's f32 exp saturates to +inf above 88.72.
+        return x > 88.72f ? __int_as_float(0x7f800000) : expf(x);
+    }
+    static __device__ __forceinline__ float log_(float x) { return logf(x); }
+    static __device__ __forceinline__ float sqrt_(float x) { return sqrtf(x); }
+    static __device__ __forceinline__ float abs_(float x) { return fabsf(x); }
+    static __device__ __forceinline__ float sin_(float x) { return sinf(x); }
+    static __device__ __forceinline__ float cos_(float x) { return cosf(x); }
+    static __device__ __forceinline__ float tanh_(float x) { return tanhf(x); }
+    static __device__ __forceinline__ float pow_(float x, float p) { return powf(x, p); }
+    static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+    static __device__ __forceinline__ float nan_() { return __int_as_float(0x7fffffff); }
+};
+template <> struct M<double> {
+    static __device__ __forceinline__ double exp_(double x) { return exp(x); }
+    static __device__ __forceinline__ double log_(double x) { return log(x); }
+    static __device__ __forceinline__ double sqrt_(double x) { return sqrt(x); }
+    static __device__ __forceinline__ double abs_(double x) { return fabs(x); }
+    static __device__ __forceinline__ double sin_(double x) { return sin(x); }
+    static __device__ __forceinline__ double cos_(double x) { return cos(x); }
+    static __device__ __forceinline__ double tanh_(double x) { return tanh(x); }
+    static __device__ __forceinline__ double pow_(double x, double p) { return pow(x, p); }
+    static __device__ __forceinline__ double neg_inf() {
+        return __longlong_as_double(0xfff0000000000000ULL);
+    }
+    static __device__ __forceinline__ double nan_() {
+        return __longlong_as_double(0x7fffffffffffffffULL);
+    }
+};
+
+__device__ __forceinline__ void atomic_add(float* p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(double* p, double v) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 600
+    atomicAdd(p, v);
+#else
+    // Before sm_60 there is no native double atomicAdd: compare-and-swap loop.
+    u64* a = (u64*)p;
+    u64 old = *a, assumed;
+    do {
+        assumed = old;
+        old = atomicCAS(a, assumed, (u64)__double_as_longlong(v + __longlong_as_double((i64)assumed)));
+    } while (assumed != old);
+#endif
+}
+
+// Larger of two, NaN-propagating exactly as `Float::max` on the CPU.
+template <typename T> __device__ __forceinline__ T fmax_(T a, T b) {
+    return (a >= b || a != a) ? a : b;
+}
+template <typename T> __device__ __forceinline__ T fmin_(T a, T b) {
+    return (a <= b || a != a) ? a : b;
+}
+
+#define GRID_LOOP(i, n)                                                                        \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)(n);                     \
+         i += (u64)blockDim.x * gridDim.x)
+
+// Element offsets of the first N operands of `p` at linear (row-major) index i.
+template <int N> __device__ __forceinline__ void decode(const Strided& p, u64 i, u64* off) {
+    for (int k = 0; k < N; ++k) off[k] = 0;
+    for (int d = (int)p.rank - 1; d >= 0; --d) {
+        u64 ext = (u64)p.shape[d];
+        u64 c = i % ext;
+        i /= ext;
+        for (int k = 0; k < N; ++k) off[k] += c * (u64)p.st[k][d];
+    }
+}
+
+__device__ __forceinline__ u64 offset_of(i64 rank, const i64* shape, const i64* stride, u64 i) {
+    u64 off = 0;
+    for (int d = (int)rank - 1; d >= 0; --d) {
+        u64 ext = (u64)shape[d];
+        off += (i % ext) * (u64)stride[d];
+        i /= ext;
+    }
+    return off;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise.
+
+template <typename T> __device__ __forceinline__ void fill_k(T* out, u64 n, double v) {
+    T x = (T)v;
+    GRID_LOOP(i, n) out[i] = x;
+}
+
+// Op codes of UnaryOp, in the order of `unary_code` in mod.rs.
+#define U_NEG 0
+#define U_EXP 1
+#define U_LOG 2
+#define U_SQRT 3
+#define U_ABS 4
+#define U_SIN 5
+#define U_COS 6
+#define U_TANH 7
+#define U_SIGMOID 8
+#define U_RELU 9
+#define U_GELU 10
+#define U_GELU_GRAD 11
+#define U_SIGN 12
+#define U_STEP 13
+#define U_SCALE 14
+#define U_SHIFT 15
+#define U_POWF 16
+
+template <typename T> __device__ __forceinline__ T sigmoid_(T x) {
+    if (x >= (T)0) {
+        return (T)1 / ((T)1 + M<T>::exp_(-x));
+    }
+    T e = M<T>::exp_(x);
+    return e / ((T)1 + e);
+}
+
+template <typename T> __device__ __forceinline__ T gelu_(T x) {
+    const T c = (T)0.7978845608028654;
+    const T k = (T)0.044715;
+    T u = c * (x + k * x * x * x);
+    return (T)0.5 * x * ((T)1 + M<T>::tanh_(u));
+}
+
+template <typename T> __device__ __forceinline__ T gelu_grad_(T x) {
+    const T c = (T)0.7978845608028654;
+    const T k = (T)0.044715;
+    T t = M<T>::tanh_(c * (x + k * x * x * x));
+    const T half = (T)0.5;
+    return half * ((T)1 + t) + half * x * ((T)1 - t * t) * c * ((T)1 + (T)3.0 * k * x * x);
+}
+
+template <typename T> __device__ __forceinline__ T unary_one(u64 op, T v, double p) {
+    switch (op) {
+    case U_NEG: return -v;
+    case U_EXP: return M<T>::exp_(v);
+    case U_LOG: return M<T>::log_(v);
+    case U_SQRT: return M<T>::sqrt_(v);
+    case U_ABS: return M<T>::abs_(v);
+    case U_SIN: return M<T>::sin_(v);
+    case U_COS: return M<T>::cos_(v);
+    case U_TANH: return M<T>::tanh_(v);
+    case U_SIGMOID: return sigmoid_(v);
+    case U_RELU: return v > (T)0 ? v : (T)0;
+    case U_GELU: return gelu_(v);
+    case U_GELU_GRAD: return gelu_grad_(v);
+    case U_SIGN: return v > (T)0 ? (T)1 : (v < (T)0 ? (T)-1 : (T)0);
+    case U_STEP: return v > (T)0 ? (T)1 : (T)0;
+    case U_SCALE: return v * (T)p;
+    case U_SHIFT: return v + (T)p;
+    case U_POWF: return p == 2.0 ? v * v : M<T>::pow_(v, (T)p);
+    default: return M<T>::nan_();
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void unary_k(const T* x, T* out, u64 n, u64 op, double p) {
+    GRID_LOOP(i, n) out[i] = unary_one<T>(op, x[i], p);
+}
+
+// gy * op'(x), written as cpu::unary_grad writes it (y is the forward output).
+template <typename T>
+__device__ __forceinline__ T unary_grad_one(u64 op, T x, T y, T g, double p) {
+    switch (op) {
+    case U_NEG: return -g;
+    case U_EXP: return g * y;
+    case U_LOG: return g / x;
+    case U_SQRT: return g * (T)0.5 / y;
+    case U_ABS:
+    case U_SIGN: return x > (T)0 ? g : (x < (T)0 ? -g : (T)0);
+    case U_SIN: return g * M<T>::cos_(x);
+    case U_COS: return -(g * M<T>::sin_(x));
+    case U_TANH: return g * ((T)1 - y * y);
+    case U_SIGMOID: return g * y * ((T)1 - y);
+    case U_RELU:
+    case U_STEP: return x > (T)0 ? g : (T)0;
+    case U_GELU: return g * gelu_grad_(x);
+    case U_SCALE: return g * (T)p;
+    case U_SHIFT: return g;
+    case U_POWF: return g * (T)p * M<T>::pow_(x, (T)(p - 1.0));
+    default: return M<T>::nan_();
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void unary_grad_k(const T* x, const T* y, const T* gy, T* out, u64 n,
+                                             u64 op, double p) {
+    GRID_LOOP(i, n) out[i] = unary_grad_one<T>(op, x[i], y[i], gy[i], p);
+}
+
+// Op codes of BinaryOp, in the order of `binary_code` in mod.rs.
+#define B_ADD 0
+#define B_SUB 1
+#define B_MUL 2
+#define B_DIV 3
+#define B_POW 4
+#define B_MAXIMUM 5
+#define B_MINIMUM 6
+#define B_GT_MASK 7
+#define B_EQ_MASK 8
+
+template <typename T> __device__ __forceinline__ T binary_one(u64 op, T a, T b) {
+    switch (op) {
+    case B_ADD: return a + b;
+    case B_SUB: return a - b;
+    case B_MUL: return a * b;
+    case B_DIV: return a / b;
+    case B_POW: return M<T>::pow_(a, b);
+    case B_MAXIMUM: return fmax_(a, b);
+    case B_MINIMUM: return fmin_(a, b);
+    case B_GT_MASK: return a > b ? (T)1 : (a == b ? (T)0.5 : (T)0);
+    case B_EQ_MASK: return a == b ? (T)1 : (T)0;
+    default: return M<T>::nan_();
+    }
+}
+
+// out (contiguous, operand 0 of p) = op(a (operand 1), b (operand 2)).
+template <typename T>
+__device__ __forceinline__ void binary_k(const T* a, const T* b, T* out, u64 n, Strided p,
+                                         u64 op) {
+    GRID_LOOP(i, n) {
+        u64 off[3];
+        decode<3>(p, i, off);
+        out[off[0]] = binary_one<T>(op, a[off[1]], b[off[2]]);
+    }
+}
+
+// out (operand 0) = cond (1) != 0 ? a (2) : b (3).
+template <typename T>
+__device__ __forceinline__ void select_k(const T* cond, const T* a, const T* b, T* out, u64 n,
+                                         Strided p) {
+    GRID_LOOP(i, n) {
+        u64 off[4];
+        decode<4>(p, i, off);
+        out[off[0]] = cond[off[1]] != (T)0 ? a[off[2]] : b[off[3]];
+    }
+}
+
+// dst[dst_off + operand 1 offset] = src[src_off + operand 0 offset].
+template <typename T>
+__device__ __forceinline__ void copy_strided_k(const T* src, u64 src_off, T* dst, u64 dst_off,
+                                               u64 n, Strided p) {
+    GRID_LOOP(i, n) {
+        u64 off[2];
+        decode<2>(p, i, off);
+        dst[dst_off + off[1]] = src[src_off + off[0]];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reductions.
+
+#define R_SUM 0
+#define R_MAX 1
+
+template <typename T> __device__ __forceinline__ T reduce_init(u64 op) {
+    return op == R_MAX ? M<T>::neg_inf() : (T)0;
+}
+template <typename T> __device__ __forceinline__ T reduce_combine(u64 op, T acc, T v) {
+    return op == R_MAX ? fmax_(acc, v) : acc + v;
+}
+
+// Tree reduction of one value per thread over a BLOCK-thread block; every thread gets the
+// result. `sh` is BLOCK elements of shared memory. Must be reached by every thread of the block.
+template <typename T> __device__ __forceinline__ T block_reduce(u64 op, T v, T* sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = BLOCK / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) sh[threadIdx.x] = reduce_combine<T>(op, sh[threadIdx.x], sh[threadIdx.x + s]);
+        __syncthreads();
+    }
+    T r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+// One thread per output: a sequential loop over the reduced elements.
+template <typename T>
+__device__ __forceinline__ void reduce_thread_k(const T* x, T* out, ReduceParams p, u64 op) {
+    GRID_LOOP(o, p.n_out) {
+        u64 base = offset_of(p.kept_rank, p.kept_shape, p.kept_stride, o);
+        T acc = reduce_init<T>(op);
+        for (u64 r = 0; r < p.n_red; ++r) {
+            acc = reduce_combine<T>(op, acc, x[base + offset_of(p.red_rank, p.red_shape, p.red_stride, r)]);
+        }
+        out[o] = acc;
+    }
+}
+
+// One block per (output, chunk): the block reduces reduced elements [c·chunk, (c+1)·chunk) of
+// output o into out[o·n_chunks + c]. With n_chunks = 1 this is the whole reduction; with more,
+// `out` holds partial results that a second launch reduces.
+template <typename T>
+__device__ __forceinline__ void reduce_block_k(const T* x, T* out, ReduceParams p, u64 op,
+                                               u64 chunk, u64 n_chunks, T* sh) {
+    u64 total = p.n_out * n_chunks;
+    for (u64 oc = blockIdx.x; oc < total; oc += gridDim.x) {
+        u64 o = oc / n_chunks;
+        u64 c = oc % n_chunks;
+        u64 base = offset_of(p.kept_rank, p.kept_shape, p.kept_stride, o);
+        u64 start = c * chunk;
+        u64 end = start + chunk < p.n_red ? start + chunk : p.n_red;
+        T acc = reduce_init<T>(op);
+        for (u64 r = start + threadIdx.x; r < end; r += BLOCK) {
+            acc = reduce_combine<T>(op, acc, x[base + offset_of(p.red_rank, p.red_shape, p.red_stride, r)]);
+        }
+        T total_v = block_reduce<T>(op, acc, sh);
+        if (threadIdx.x == 0) out[oc] = total_v;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax along an axis of a tensor viewed as [outer, len, inner].
+
+// The row maximum as cpu::softmax uses it (0 when every entry is -inf).
+template <typename T> __device__ __forceinline__ T softmax_shift(T m) {
+    return m == M<T>::neg_inf() ? (T)0 : m;
+}
+
+template <typename T>
+__device__ __forceinline__ void softmax_thread_k(const T* x, T* out, u64 outer, u64 len, u64 inner,
+                                                 u64 log_) {
+    GRID_LOOP(row, outer * inner) {
+        u64 o = row / inner, i = row % inner;
+        u64 base = o * len * inner + i;
+        T m = M<T>::neg_inf();
+        for (u64 j = 0; j < len; ++j) m = fmax_(m, x[base + j * inner]);
+        m = softmax_shift(m);
+        T s = (T)0;
+        for (u64 j = 0; j < len; ++j) {
+            T e = M<T>::exp_(x[base + j * inner] - m);
+            out[base + j * inner] = e;
+            s += e;
+        }
+        if (log_) {
+            T ls = M<T>::log_(s) + m;
+            for (u64 j = 0; j < len; ++j) out[base + j * inner] = x[base + j * inner] - ls;
+        } else {
+            T inv = (T)1 / s;
+            for (u64 j = 0; j < len; ++j) out[base + j * inner] *= inv;
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void softmax_block_k(const T* x, T* out, u64 outer, u64 len, u64 inner,
+                                                u64 log_, T* sh) {
+    for (u64 row = blockIdx.x; row < outer * inner; row += gridDim.x) {
+        u64 o = row / inner, i = row % inner;
+        u64 base = o * len * inner + i;
+        T m = M<T>::neg_inf();
+        for (u64 j = threadIdx.x; j < len; j += BLOCK) m = fmax_(m, x[base + j * inner]);
+        m = softmax_shift(block_reduce<T>(R_MAX, m, sh));
+        T s = (T)0;
+        for (u64 j = threadIdx.x; j < len; j += BLOCK) s += M<T>::exp_(x[base + j * inner] - m);
+        s = block_reduce<T>(R_SUM, s, sh);
+        if (log_) {
+            T ls = M<T>::log_(s) + m;
+            for (u64 j = threadIdx.x; j < len; j += BLOCK) out[base + j * inner] = x[base + j * inner] - ls;
+        } else {
+            T inv = (T)1 / s;
+            for (u64 j = threadIdx.x; j < len; j += BLOCK)
+                out[base + j * inner] = M<T>::exp_(x[base + j * inner] - m) * inv;
+        }
+    }
+}
+
+// softmax: out = y·(g - Σ g·y); log-softmax: out = g - e^y·Σ g.
+template <typename T>
+__device__ __forceinline__ void softmax_grad_thread_k(const T* y, const T* g, T* out, u64 outer,
+                                                      u64 len, u64 inner, u64 log_) {
+    GRID_LOOP(row, outer * inner) {
+        u64 o = row / inner, i = row % inner;
+        u64 base = o * len * inner + i;
+        T s = (T)0;
+        if (log_) {
+            for (u64 j = 0; j < len; ++j) s += g[base + j * inner];
+            for (u64 j = 0; j < len; ++j) {
+                u64 at = base + j * inner;
+                out[at] = g[at] - M<T>::exp_(y[at]) * s;
+            }
+        } else {
+            for (u64 j = 0; j < len; ++j) s += g[base + j * inner] * y[base + j * inner];
+            for (u64 j = 0; j < len; ++j) {
+                u64 at = base + j * inner;
+                out[at] = y[at] * (g[at] - s);
+            }
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void softmax_grad_block_k(const T* y, const T* g, T* out, u64 outer,
+                                                     u64 len, u64 inner, u64 log_, T* sh) {
+    for (u64 row = blockIdx.x; row < outer * inner; row += gridDim.x) {
+        u64 o = row / inner, i = row % inner;
+        u64 base = o * len * inner + i;
+        T s = (T)0;
+        for (u64 j = threadIdx.x; j < len; j += BLOCK) {
+            u64 at = base + j * inner;
+            s += log_ ? g[at] : g[at] * y[at];
+        }
+        s = block_reduce<T>(R_SUM, s, sh);
+        for (u64 j = threadIdx.x; j < len; j += BLOCK) {
+            u64 at = base + j * inner;
+            out[at] = log_ ? g[at] - M<T>::exp_(y[at]) * s : y[at] * (g[at] - s);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Indexing. An index out of range reads as NaN and adds nothing.
+
+// out [outer, n_idx, inner] = x [outer, axis_len, inner] at idx along the middle axis.
+template <typename T>
+__device__ __forceinline__ void index_select_k(const T* x, u64 outer, u64 axis_len, u64 inner,
+                                               const u32* idx, u64 n_idx, T* out) {
+    GRID_LOOP(i, outer * n_idx * inner) {
+        u64 t = i % inner;
+        u64 j = (i / inner) % n_idx;
+        u64 o = i / (inner * n_idx);
+        u64 k = idx[j];
+        out[i] = k < axis_len ? x[(o * axis_len + k) * inner + t] : M<T>::nan_();
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void index_add_k(const T* g, u64 outer, u64 n_idx, u64 inner,
+                                            const u32* idx, u64 axis_len, T* out) {
+    GRID_LOOP(i, outer * n_idx * inner) {
+        u64 t = i % inner;
+        u64 j = (i / inner) % n_idx;
+        u64 o = i / (inner * n_idx);
+        u64 k = idx[j];
+        if (k < axis_len) atomic_add(&out[(o * axis_len + k) * inner + t], g[i]);
+    }
+}
+
+// out[p] = x[(o·ext + idx[p])·inner + t] with p = (o·iext + j)·inner + t.
+template <typename T>
+__device__ __forceinline__ void gather_k(const T* x, u64 outer, u64 ext, u64 inner, const u32* idx,
+                                         u64 iext, T* out) {
+    GRID_LOOP(p, outer * iext * inner) {
+        u64 t = p % inner;
+        u64 o = p / (inner * iext);
+        u64 k = idx[p];
+        out[p] = k < ext ? x[(o * ext + k) * inner + t] : M<T>::nan_();
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void scatter_add_k(const T* g, u64 outer, u64 ext, u64 inner,
+                                              const u32* idx, u64 iext, T* out) {
+    GRID_LOOP(p, outer * iext * inner) {
+        u64 t = p % inner;
+        u64 o = p / (inner * iext);
+        u64 k = idx[p];
+        if (k < ext) atomic_add(&out[(o * ext + k) * inner + t], g[p]);
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void take_k(const T* x, const u32* idx, u64 n, T* out) {
+    GRID_LOOP(i, n) out[i] = x[idx[i]];
+}
+
+template <typename T>
+__device__ __forceinline__ void put_add_k(const T* g, const u32* idx, u64 n, T* out) {
+    GRID_LOOP(i, n) atomic_add(&out[idx[i]], g[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Convolution layout and pooling over a batch of [c, h, w] images.
+
+// cols[b, row, col] (row = (c·kh + ki)·kw + kj, col = oh·wo + ow) = the input under that tap, 0 in
+// the padding.
+template <typename T> __device__ __forceinline__ void im2col_k(const T* x, u64 n, Win w, T* out) {
+    u64 l = (u64)(w.ho * w.wo);
+    u64 plen = (u64)(w.c * w.kh * w.kw);
+    u64 img = (u64)(w.c * w.h * w.w);
+    GRID_LOOP(i, n * plen * l) {
+        u64 col = i % l;
+        u64 row = (i / l) % plen;
+        u64 b = i / (l * plen);
+        i64 kj = (i64)(row % (u64)w.kw);
+        i64 ki = (i64)((row / (u64)w.kw) % (u64)w.kh);
+        i64 c = (i64)(row / (u64)(w.kw * w.kh));
+        i64 oh = (i64)(col / (u64)w.wo);
+        i64 ow = (i64)(col % (u64)w.wo);
+        i64 ih = oh * w.sh + ki * w.dh - w.ph;
+        i64 iw = ow * w.sw + kj * w.dw - w.pw;
+        bool inside = ih >= 0 && ih < w.h && iw >= 0 && iw < w.w;
+        out[i] = inside ? x[b * img + (u64)((c * w.h + ih) * w.w + iw)] : (T)0;
+    }
+}
+
+// The adjoint, as a gather: each input element sums the columns that read it, taps in (ki, kj)
+// order (the order in which cpu::col2im adds them), and is written, not accumulated.
+template <typename T> __device__ __forceinline__ void col2im_k(const T* cols, u64 n, Win w, T* out) {
+    u64 l = (u64)(w.ho * w.wo);
+    u64 plen = (u64)(w.c * w.kh * w.kw);
+    u64 img = (u64)(w.c * w.h * w.w);
+    GRID_LOOP(i, n * img) {
+        i64 iw = (i64)(i % (u64)w.w);
+        i64 ih = (i64)((i / (u64)w.w) % (u64)w.h);
+        i64 c = (i64)((i / (u64)(w.w * w.h)) % (u64)w.c);
+        u64 b = i / img;
+        const T* cb = cols + b * plen * l;
+        T acc = (T)0;
+        for (i64 ki = 0; ki < w.kh; ++ki) {
+            i64 y = ih + w.ph - ki * w.dh;
+            if (y < 0 || y % w.sh != 0) continue;
+            i64 oh = y / w.sh;
+            if (oh >= w.ho) continue;
+            for (i64 kj = 0; kj < w.kw; ++kj) {
+                i64 xx = iw + w.pw - kj * w.dw;
+                if (xx < 0 || xx % w.sw != 0) continue;
+                i64 ow = xx / w.sw;
+                if (ow >= w.wo) continue;
+                u64 row = (u64)((c * w.kh + ki) * w.kw + kj);
+                acc += cb[row * l + (u64)(oh * w.wo + ow)];
+            }
+        }
+        out[i] = acc;
+    }
+}
+
+// idx[b, c, oh, ow] = flat index into x of the window's maximum, as cpu::max_pool_indices with
+// base = b·c·h·w: without padding the first maximum wins and a NaN is taken whenever met (so the
+// last NaN wins); with padding the first maximum and the first NaN win.
+template <typename T>
+__device__ __forceinline__ void max_pool_indices_k(const T* x, u64 n, Win w, u32* idx) {
+    u64 img = (u64)(w.c * w.h * w.w);
+    u64 per_img = (u64)(w.c * w.ho * w.wo);
+    GRID_LOOP(i, n * per_img) {
+        i64 ow = (i64)(i % (u64)w.wo);
+        i64 oh = (i64)((i / (u64)w.wo) % (u64)w.ho);
+        i64 c = (i64)((i / (u64)(w.wo * w.ho)) % (u64)w.c);
+        u64 b = i / per_img;
+        const T* xb = x + b * img;
+        i64 bk = 0;
+        if (w.ph == 0 && w.pw == 0) {
+            i64 start = (c * w.h + oh * w.sh) * w.w + ow * w.sw;
+            bk = start;
+            T bv = xb[start];
+            for (i64 ki = 0; ki < w.kh; ++ki) {
+                i64 r = start + ki * w.dh * w.w;
+                for (i64 kj = 0; kj < w.kw; ++kj) {
+                    i64 k = r + kj * w.dw;
+                    T v = xb[k];
+                    bool take = (v > bv) || (v != v);
+                    bv = take ? v : bv;
+                    bk = take ? k : bk;
+                }
+            }
+        } else {
+            bool found = false;
+            T bv = (T)0;
+            for (i64 ki = 0; ki < w.kh; ++ki) {
+                i64 ih = oh * w.sh + ki * w.dh - w.ph;
+                if (ih < 0 || ih >= w.h) continue;
+                for (i64 kj = 0; kj < w.kw; ++kj) {
+                    i64 iw = ow * w.sw + kj * w.dw - w.pw;
+                    if (iw < 0 || iw >= w.w) continue;
+                    i64 k = (c * w.h + ih) * w.w + iw;
+                    T v = xb[k];
+                    bool better = !found || v > bv || (v != v && bv == bv);
+                    if (better) {
+                        found = true;
+                        bv = v;
+                        bk = k;
+                    }
+                }
+            }
+        }
+        idx[i] = (u32)(b * img + (u64)bk);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points: one f32 and one f64 instance of each kernel.
+
+#define BOTH(NAME, PARAMS, CALL)                                                               \
+    extern "C" __global__ void NAME##_f32 PARAMS {                                             \
+        typedef float T;                                                                       \
+        CALL;                                                                                  \
+    }                                                                                          \
+    extern "C" __global__ void NAME##_f64 PARAMS {                                             \
+        typedef double T;                                                                      \
+        CALL;                                                                                  \
+    }
+
+#define SHARED __shared__ T sh[BLOCK]
+
+BOTH(fill, (u64 out, u64 n, double v), fill_k<T>((T*)out, n, v))
+BOTH(unary, (u64 x, u64 out, u64 n, u64 op, double p), unary_k<T>((const T*)x, (T*)out, n, op, p))
+BOTH(unary_grad, (u64 x, u64 y, u64 gy, u64 out, u64 n, u64 op, double p),
+     unary_grad_k<T>((const T*)x, (const T*)y, (const T*)gy, (T*)out, n, op, p))
+BOTH(binary, (u64 a, u64 b, u64 out, u64 n, Strided p, u64 op),
+     binary_k<T>((const T*)a, (const T*)b, (T*)out, n, p, op))
+BOTH(select, (u64 cond, u64 a, u64 b, u64 out, u64 n, Strided p),
+     select_k<T>((const T*)cond, (const T*)a, (const T*)b, (T*)out, n, p))
+BOTH(copy_strided, (u64 src, u64 src_off, u64 dst, u64 dst_off, u64 n, Strided p),
+     copy_strided_k<T>((const T*)src, src_off, (T*)dst, dst_off, n, p))
+BOTH(reduce_thread, (u64 x, u64 out, ReduceParams p, u64 op),
+     reduce_thread_k<T>((const T*)x, (T*)out, p, op))
+BOTH(reduce_block, (u64 x, u64 out, ReduceParams p, u64 op, u64 chunk, u64 n_chunks),
+     SHARED; reduce_block_k<T>((const T*)x, (T*)out, p, op, chunk, n_chunks, sh))
+BOTH(softmax_thread, (u64 x, u64 out, u64 outer, u64 len, u64 inner, u64 log_),
+     softmax_thread_k<T>((const T*)x, (T*)out, outer, len, inner, log_))
+BOTH(softmax_block, (u64 x, u64 out, u64 outer, u64 len, u64 inner, u64 log_),
+     SHARED; softmax_block_k<T>((const T*)x, (T*)out, outer, len, inner, log_, sh))
+BOTH(softmax_grad_thread, (u64 y, u64 g, u64 out, u64 outer, u64 len, u64 inner, u64 log_),
+     softmax_grad_thread_k<T>((const T*)y, (const T*)g, (T*)out, outer, len, inner, log_))
+BOTH(softmax_grad_block, (u64 y, u64 g, u64 out, u64 outer, u64 len, u64 inner, u64 log_),
+     SHARED; softmax_grad_block_k<T>((const T*)y, (const T*)g, (T*)out, outer, len, inner, log_, sh))
+BOTH(index_select, (u64 x, u64 outer, u64 axis_len, u64 inner, u64 idx, u64 n_idx, u64 out),
+     index_select_k<T>((const T*)x, outer, axis_len, inner, (const u32*)idx, n_idx, (T*)out))
+BOTH(index_add, (u64 g, u64 outer, u64 n_idx, u64 inner, u64 idx, u64 axis_len, u64 out),
+     index_add_k<T>((const T*)g, outer, n_idx, inner, (const u32*)idx, axis_len, (T*)out))
+BOTH(gather, (u64 x, u64 outer, u64 ext, u64 inner, u64 idx, u64 iext, u64 out),
+     gather_k<T>((const T*)x, outer, ext, inner, (const u32*)idx, iext, (T*)out))
+BOTH(scatter_add, (u64 g, u64 outer, u64 ext, u64 inner, u64 idx, u64 iext, u64 out),
+     scatter_add_k<T>((const T*)g, outer, ext, inner, (const u32*)idx, iext, (T*)out))
+BOTH(take, (u64 x, u64 idx, u64 n, u64 out), take_k<T>((const T*)x, (const u32*)idx, n, (T*)out))
+BOTH(put_add, (u64 g, u64 idx, u64 n, u64 out),
+     put_add_k<T>((const T*)g, (const u32*)idx, n, (T*)out))
+BOTH(im2col, (u64 x, u64 n, Win w, u64 out), im2col_k<T>((const T*)x, n, w, (T*)out))
+BOTH(col2im, (u64 cols, u64 n, Win w, u64 out), col2im_k<T>((const T*)cols, n, w, (T*)out))
+BOTH(max_pool_indices, (u64 x, u64 n, Win w, u64 idx),
+     max_pool_indices_k<T>((const T*)x, n, w, (u32*)idx))
