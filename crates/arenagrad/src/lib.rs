@@ -32,6 +32,10 @@ pub use arenagrad_graph as graph;
 pub use arenagrad_nn as nn;
 
 pub use arenagrad_graph::{
+    check_device, cuda_device_count, device_test, empty_cache, memory_stats, reset_peak_stats,
+    synchronize,
+};
+pub use arenagrad_graph::{
     grad, BackwardOptions, CustomOp, DType, Device, Graph, GraphError, HostData, HostTensor,
     Parameter, Result, Tensor, TensorId,
 };

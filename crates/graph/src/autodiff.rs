@@ -102,13 +102,13 @@ fn run<'g>(
 ) -> Result<Vec<Option<NodeId>>> {
     let retain = opts.retain_graph || opts.create_graph;
     let create = opts.create_graph;
-    let (root_pos, root_shape, root_dtype) = {
+    let (root_pos, root_shape, root_dtype, root_dev) = {
         let i = g.inner.borrow();
         let n = i.node("backward", root.id)?;
         if !n.requires_grad || n.tape_pos == NO_POS {
             return Err(GraphError::NoGradFn);
         }
-        (n.tape_pos as usize, n.shape.clone(), n.dtype)
+        (n.tape_pos as usize, n.shape.clone(), n.dtype, n.device())
     };
     let seed = match opts.grad {
         Some(s) => {
@@ -116,6 +116,13 @@ fn run<'g>(
                 return Err(GraphError::GraphMismatch { op: "backward" });
             }
             let sh = s.try_shape()?;
+            if s.device() != root_dev {
+                return Err(GraphError::DeviceMismatch {
+                    op: "backward",
+                    lhs: root_dev,
+                    rhs: s.device(),
+                });
+            }
             if sh != root_shape {
                 return Err(GraphError::ShapeMismatch {
                     op: "backward",
@@ -133,7 +140,7 @@ fn run<'g>(
                 });
             }
             let _ng = g.no_grad();
-            g.full(&root_shape, 1.0, root_dtype)?
+            g.full_on(&root_shape, 1.0, root_dtype, root_dev)?
         }
     };
     let _restore = {
@@ -191,19 +198,14 @@ fn run<'g>(
                 if let Op::Param(p) = &op {
                     let i = g.inner.borrow();
                     let n = i.node("backward", gid)?;
-                    let r = match n.dtype {
+                    match n.dtype {
                         arenagrad_exec::DType::F32 => {
-                            i.arena.slice::<f32>(n.buf).map(HostDataRef::F32)
+                            p.accumulate(&HostDataRef::F32(&i.read::<f32>("backward", gid)?))
                         }
                         arenagrad_exec::DType::F64 => {
-                            i.arena.slice::<f64>(n.buf).map(HostDataRef::F64)
+                            p.accumulate(&HostDataRef::F64(&i.read::<f64>("backward", gid)?))
                         }
                     }
-                    .map_err(|source| GraphError::Alloc {
-                        op: "backward",
-                        source,
-                    })?;
-                    p.accumulate(&r);
                 }
             }
             if is_leaf {

@@ -25,6 +25,8 @@ pub struct GradcheckOptions {
     pub rtol: f64,
     /// Seed of the projection weights.
     pub seed: u64,
+    /// Where the function runs: its inputs are made on this device.
+    pub device: crate::Device,
 }
 
 impl Default for GradcheckOptions {
@@ -34,6 +36,7 @@ impl Default for GradcheckOptions {
             atol: 1e-5,
             rtol: 1e-3,
             seed: 0x5eed,
+            device: crate::Device::Cpu,
         }
     }
 }
@@ -130,6 +133,7 @@ where
     F: for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
 {
     let mut g = Graph::with_threads(1);
+    g.set_device(opts.device)?;
     // Analytic: one backward of Σ w·f.
     let mut w: Option<Vec<f64>> = None;
     let analytic: Vec<Vec<f64>> = {

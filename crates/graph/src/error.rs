@@ -179,7 +179,15 @@ pub enum GraphError {
         /// The ordinal asked for.
         ordinal: usize,
         /// Why.
-        reason: &'static str,
+        reason: String,
+    },
+    /// A device (CUDA) call failed.
+    #[error("{op}: device error: {msg}")]
+    Device {
+        /// The op.
+        op: &'static str,
+        /// The driver's or library's message.
+        msg: String,
     },
     /// The element type is wrong for a read (for example `to_vec::<f32>` of an f64 tensor).
     #[error("{op}: tensor holds {stored}, read as {requested}")]

@@ -45,6 +45,8 @@ pub(crate) const NO_POS: u32 = u32::MAX;
 pub(crate) struct Node {
     pub shape: Shape,
     pub dtype: DType,
+    /// The device, packed (see [`DevCode`]) to keep the node small.
+    pub dev: DevCode,
     pub buf: BufId,
     /// Whether this node holds a claim on its buffer. Every node does today: views (reshape,
     /// detach, a custom op's output) take their own with `Arena::retain`.
@@ -65,6 +67,38 @@ pub(crate) struct Node {
     pub grad_refs: u32,
 }
 
+/// A [`Device`] in two bytes: 0 is the host, `k + 1` is CUDA device `k`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DevCode(u16);
+
+impl DevCode {
+    /// Packs a device. Ordinals past `u16::MAX - 1` are refused before any node is made (see
+    /// [`crate::check_device`]).
+    #[inline]
+    pub fn of(d: Device) -> Self {
+        match d {
+            Device::Cpu => DevCode(0),
+            Device::Cuda(k) => DevCode(u16::try_from(k).unwrap_or(u16::MAX - 1).saturating_add(1)),
+        }
+    }
+    /// Unpacks it.
+    #[inline]
+    pub fn get(self) -> Device {
+        match self.0 {
+            0 => Device::Cpu,
+            k => Device::Cuda(k as usize - 1),
+        }
+    }
+}
+
+impl Node {
+    /// Where the node's buffer lives.
+    #[inline]
+    pub fn device(&self) -> Device {
+        self.dev.get()
+    }
+}
+
 pub(crate) struct Inner {
     pub nodes: SlotMap<NodeId, Node>,
     pub tape: Vec<NodeId>,
@@ -76,6 +110,11 @@ pub(crate) struct Inner {
     pub threads: usize,
     pub rng: SmallRng,
     pub grad_slots: Vec<Option<NodeId>>,
+    /// Where new leaves are made.
+    pub device: Device,
+    /// This graph's memory on each CUDA device it has used.
+    #[cfg(feature = "cuda")]
+    pub cuda: Vec<crate::device::CudaSide>,
 }
 
 impl Inner {
@@ -85,11 +124,29 @@ impl Inner {
         self.nodes.get(id).ok_or(GraphError::StaleTensor { op })
     }
 
-    /// Inserts a node for a freshly computed buffer. Records it on the tape when grad mode is on
-    /// and an input requires grad; otherwise it is a constant and its op is forgotten.
+    /// Inserts a node for a freshly computed buffer on the device of its first input (the host
+    /// when it has none). Records it on the tape when grad mode is on and an input requires grad;
+    /// otherwise it is a constant and its op is forgotten.
     #[inline]
     pub fn push(
         &mut self,
+        shape: Shape,
+        dtype: DType,
+        buf: BufId,
+        op: Op,
+        inputs: &[NodeId],
+    ) -> NodeId {
+        let device = inputs
+            .first()
+            .map_or(Device::Cpu, |i| self.nodes[*i].device());
+        self.push_on(device, shape, dtype, buf, op, inputs)
+    }
+
+    /// [`Inner::push`] for a buffer on `device`.
+    #[inline]
+    pub fn push_on(
+        &mut self,
+        device: Device,
         shape: Shape,
         dtype: DType,
         buf: BufId,
@@ -106,6 +163,7 @@ impl Inner {
         let id = self.nodes.insert(Node {
             shape,
             dtype,
+            dev: DevCode::of(device),
             buf,
             owns_buf: true,
             requires_grad: record,
@@ -131,8 +189,7 @@ impl Inner {
     pub fn free_temp(&mut self, id: NodeId) {
         if let Some(n) = self.nodes.remove(id) {
             if n.owns_buf {
-                self.arena
-                    .recycle(n.buf)
+                self.release_buf(n.device(), n.buf)
                     .expect("invariant: a live temporary owns a live buffer");
             }
         }
@@ -237,6 +294,9 @@ impl Graph {
                 threads: threads.max(1),
                 rng: SmallRng::seed_from_u64(0),
                 grad_slots: Vec::new(),
+                device: Device::Cpu,
+                #[cfg(feature = "cuda")]
+                cuda: Vec::new(),
             }),
             uid: NEXT_GRAPH.fetch_add(1, Ordering::Relaxed),
         }
@@ -270,6 +330,7 @@ impl Graph {
         inner.temp_log.clear();
         inner.grad_slots.clear();
         inner.arena.reset();
+        inner.reset_devices();
         inner.grad_mode = true;
         inner.temp_mode = false;
     }
@@ -330,6 +391,13 @@ impl Graph {
             return Err(GraphError::StaleTensor { op: "Graph::get" });
         }
         Ok(self.handle(id.node))
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // Device blocks go back to their device's cache (host memory goes with the arena).
+        self.inner.get_mut().reset_devices();
     }
 }
 

@@ -48,6 +48,7 @@ macro_rules! with_float {
 
 mod autodiff;
 pub mod check;
+mod device;
 mod error;
 mod graph;
 mod host;
@@ -56,9 +57,13 @@ mod overload;
 mod param;
 mod shape;
 mod tensor;
+pub mod testing;
 
 pub use arenagrad_exec::{BinaryOp, DType, Float, UnaryOp};
 pub use autodiff::{grad, BackwardOptions};
+pub use device::{
+    check_device, cuda_device_count, empty_cache, memory_stats, reset_peak_stats, synchronize,
+};
 pub use error::{GraphError, Result, ShapeVec};
 pub use graph::{default_threads, Device, GradModeGuard, Graph, GraphStats, NodeId};
 pub use host::{HostData, HostElem, HostTensor};

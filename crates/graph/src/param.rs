@@ -185,6 +185,8 @@ impl Graph {
         let dtype = guard.value.dtype();
         drop(guard);
         let id = i.push(shape, dtype, buf, Op::Leaf, &[]);
+        let dev = i.device;
+        i.settle(op, id, dev)?;
         let pos = i.tape.len() as u32;
         i.tape.push(id);
         let n = &mut i.nodes[id];

@@ -69,6 +69,8 @@ impl Graph {
         }
         .map_err(|source| GraphError::Alloc { op, source })?;
         let id = i.push(Shape::from_slice(shape), data.dtype(), buf, Op::Leaf, &[]);
+        let dev = i.device;
+        i.settle(op, id, dev)?;
         drop(i);
         Ok(self.handle(id))
     }
@@ -91,6 +93,8 @@ impl Graph {
             .alloc_from_slice(data)
             .map_err(|source| GraphError::Alloc { op, source })?;
         let id = i.push(Shape::from_slice(shape), T::DTYPE, buf, Op::Leaf, &[]);
+        let dev = i.device;
+        i.settle(op, id, dev)?;
         drop(i);
         Ok(self.handle(id))
     }
@@ -107,9 +111,27 @@ impl Graph {
 
     /// A tensor filled with `value`.
     pub fn full(&self, shape: &[usize], value: f64, dtype: DType) -> Result<Tensor<'_>> {
+        self.full_on(shape, value, dtype, self.device())
+    }
+
+    /// A tensor filled with `value` on `dev`.
+    pub fn full_on(
+        &self,
+        shape: &[usize],
+        value: f64,
+        dtype: DType,
+        dev: crate::Device,
+    ) -> Result<Tensor<'_>> {
         let op = "full";
         let n = checked_numel(op, shape)?;
         let mut i = self.inner();
+        if let crate::Device::Cuda(_) = dev {
+            let buf = i.alloc_on(op, dev, dtype, n)?;
+            crate::device::on_cuda!(i, op, dev, [buf], |be, [p]| be.fill(dtype, p, n, value));
+            let id = i.push_on(dev, Shape::from_slice(shape), dtype, buf, Op::Leaf, &[]);
+            drop(i);
+            return Ok(self.handle(id));
+        }
         let buf = with_float!(dtype, T, {
             i.arena.alloc_with::<T>(n, |_| T::from_f64(value))
         })
@@ -169,6 +191,8 @@ impl Graph {
         }
         .map_err(|source| GraphError::Alloc { op, source })?;
         let id = i.push(Shape::from_slice(shape), dtype, buf, Op::Leaf, &[]);
+        let dev = i.device;
+        i.settle(op, id, dev)?;
         drop(guard);
         Ok(self.handle(id))
     }
@@ -230,11 +254,6 @@ impl<'g> Tensor<'g> {
             .expect("invariant: a live handle names a live node")
     }
 
-    /// The device (CPU in this build).
-    pub fn device(&self) -> crate::Device {
-        crate::Device::Cpu
-    }
-
     /// Whether gradients flow to this tensor.
     pub fn requires_grad(&self) -> bool {
         self.with_node("requires_grad", |n| n.requires_grad)
@@ -271,19 +290,7 @@ impl<'g> Tensor<'g> {
     pub fn to_vec<T: Elem>(&self) -> Result<Vec<T>> {
         let op = "to_vec";
         let i = self.g.inner.borrow();
-        let n = i.node(op, self.id)?;
-        if n.dtype != T::DTYPE {
-            return Err(GraphError::WrongDType {
-                op,
-                stored: n.dtype,
-                requested: T::DTYPE,
-            });
-        }
-        let s = i
-            .arena
-            .slice::<T>(n.buf)
-            .map_err(|source| GraphError::Alloc { op, source })?;
-        Ok(s.to_vec())
+        Ok(i.read::<T>(op, self.id)?.into_owned())
     }
 
     /// Copies the values out widened to `f64`, whatever the dtype.
@@ -297,11 +304,7 @@ impl<'g> Tensor<'g> {
         let i = self.g.inner.borrow();
         let n = i.node(op, self.id)?;
         let data = with_float!(n.dtype, T, {
-            let s = i
-                .arena
-                .slice::<T>(n.buf)
-                .map_err(|source| GraphError::Alloc { op, source })?;
-            T::into_host(s.to_vec())
+            T::into_host(i.read::<T>(op, self.id)?.into_owned())
         });
         Ok(HostTensor {
             shape: n.shape.to_vec(),
@@ -320,13 +323,7 @@ impl<'g> Tensor<'g> {
                 shape: n.shape.to_vec(),
             });
         }
-        with_float!(n.dtype, T, {
-            let s = i
-                .arena
-                .slice::<T>(n.buf)
-                .map_err(|source| GraphError::Alloc { op, source })?;
-            Ok(s[0].to_f64())
-        })
+        with_float!(n.dtype, T, { Ok(i.read::<T>(op, self.id)?[0].to_f64()) })
     }
 
     /// The accumulated gradient of a leaf (or of a node with [`Tensor::retain_grad`]), if any.
@@ -362,11 +359,9 @@ impl<'g> Tensor<'g> {
         let op = "detach";
         let mut i = self.g.inner();
         let n = i.node(op, self.id)?;
-        let (shape, dtype, buf) = (n.shape.clone(), n.dtype, n.buf);
-        i.arena
-            .retain(buf)
-            .map_err(|source| GraphError::Alloc { op, source })?;
-        let id = i.push(shape, dtype, buf, Op::Leaf, &[]);
+        let (shape, dtype, dev, buf) = (n.shape.clone(), n.dtype, n.device(), n.buf);
+        i.retain_buf(op, dev, buf)?;
+        let id = i.push_on(dev, shape, dtype, buf, Op::Leaf, &[]);
         drop(i);
         Ok(self.g.handle(id))
     }

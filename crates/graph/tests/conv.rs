@@ -1,7 +1,7 @@
 //! Convolution, pooling and dropout: values by hand, gradients by finite differences.
 
 use arenagrad_graph::check::{check_fn, gradcheck, gradgradcheck, GradcheckOptions};
-use arenagrad_graph::{DType, Graph, HostTensor};
+use arenagrad_graph::{device_test, DType, Graph, HostTensor};
 
 fn ht(shape: &[usize], seed: u64) -> HostTensor {
     let n: usize = shape.iter().product();
@@ -56,9 +56,9 @@ fn conv_ref(
     (y, [n, o, ho, wo])
 }
 
-#[test]
-fn conv2d_matches_the_definition() {
-    let g = Graph::new();
+device_test! {
+fn conv2d_matches_the_definition(dev) {
+    let g = Graph::on(dev).unwrap();
     for (xs, ws, s, p, d, groups) in [
         ([2, 3, 5, 6], [4, 3, 3, 3], 1, 0, 1, 1),
         ([1, 4, 7, 7], [6, 2, 3, 2], 2, 1, 1, 2),
@@ -78,10 +78,14 @@ fn conv2d_matches_the_definition() {
         }
     }
 }
+}
 
-#[test]
-fn conv2d_grads() {
-    let o = GradcheckOptions::default();
+device_test! {
+fn conv2d_grads(dev) {
+    let o = GradcheckOptions {
+        device: dev,
+        ..GradcheckOptions::default()
+    };
     let r = gradcheck(
         check_fn(|_, x| x[0].conv2d(x[1], (1, 1), (1, 1), (1, 1), 1)),
         &[ht(&[2, 2, 4, 4], 3), ht(&[3, 2, 3, 3], 4)],
@@ -104,10 +108,11 @@ fn conv2d_grads() {
     .unwrap();
     assert!(r.passed, "{r}");
 }
+}
 
-#[test]
-fn pooling_values_and_grads() {
-    let g = Graph::new();
+device_test! {
+fn pooling_values_and_grads(dev) {
+    let g = Graph::on(dev).unwrap();
     let x = g
         .from_f64(
             &(0..16).map(f64::from).collect::<Vec<_>>(),
@@ -140,7 +145,10 @@ fn pooling_values_and_grads() {
         .to_vec_f64()
         .unwrap();
     assert!((ap[0] - (0.0 + 1.0 + 4.0 + 5.0) / 9.0).abs() < 1e-12);
-    let o = GradcheckOptions::default();
+    let o = GradcheckOptions {
+        device: dev,
+        ..GradcheckOptions::default()
+    };
     let r = gradcheck(
         check_fn(|_, x| x[0].max_pool2d((2, 2), (2, 2), (0, 0))),
         &[ht(&[2, 2, 4, 6], 9)],
@@ -165,10 +173,11 @@ fn pooling_values_and_grads() {
     assert!(x.max_pool2d((5, 5), (1, 1), (0, 0)).is_err());
     assert!(x.avg_pool2d((2, 2), (0, 1), (0, 0)).is_err());
 }
+}
 
-#[test]
-fn dropout_scales_survivors_and_is_identity_in_eval() {
-    let g = Graph::new();
+device_test! {
+fn dropout_scales_survivors_and_is_identity_in_eval(dev) {
+    let g = Graph::on(dev).unwrap();
     g.seed(3);
     let x = g.ones(&[10_000], DType::F64).unwrap();
     let y = x.dropout(0.25, true).unwrap().to_vec_f64().unwrap();
@@ -186,4 +195,5 @@ fn dropout_scales_survivors_and_is_identity_in_eval() {
         vec![0.0; 10_000]
     );
     assert!(x.dropout(1.5, true).is_err());
+}
 }

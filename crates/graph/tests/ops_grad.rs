@@ -2,7 +2,7 @@
 //! finite differences in f64 (PyTorch's tolerances), including broadcast cases.
 
 use arenagrad_graph::check::{check_fn, gradcheck, gradgradcheck, GradcheckOptions};
-use arenagrad_graph::{DType, Graph, HostTensor, Result, Tensor};
+use arenagrad_graph::{device_test, DType, Device, Graph, HostTensor, Result, Tensor};
 
 type Unary = for<'g> fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>;
 
@@ -35,11 +35,15 @@ fn pos(shape: &[usize], seed: u64) -> HostTensor {
     h
 }
 
-fn check<F>(name: &str, f: F, inputs: &[HostTensor])
+fn check<F>(dev: Device, name: &str, f: F, inputs: &[HostTensor])
 where
     F: for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
 {
-    let r = gradcheck(f, inputs, GradcheckOptions::default()).unwrap();
+    let opts = GradcheckOptions {
+        device: dev,
+        ..GradcheckOptions::default()
+    };
+    let r = gradcheck(f, inputs, opts).unwrap();
     assert!(r.passed, "{name}: {r}");
 }
 
@@ -55,9 +59,9 @@ fn close(a: &[f64], b: &[f64]) {
     }
 }
 
-#[test]
-fn binary_values() {
-    let g = Graph::new();
+device_test! {
+fn binary_values(dev) {
+    let g = Graph::on(dev).unwrap();
     let a = g
         .from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64)
         .unwrap();
@@ -81,9 +85,10 @@ fn binary_values() {
     );
     close(&values(&g, -(a + a) * a), &[-2.0, -8.0, -18.0, -32.0]);
 }
+}
 
-#[test]
-fn binary_grads_with_broadcasting() {
+device_test! {
+fn binary_grads_with_broadcasting(dev) {
     let cases: [(&str, &[usize], &[usize]); 5] = [
         ("same", &[2, 3], &[2, 3]),
         ("row", &[2, 3], &[3]),
@@ -94,46 +99,54 @@ fn binary_grads_with_broadcasting() {
     for (label, sa, sb) in cases {
         let ins = [ht(sa, 1), ht(sb, 2)];
         check(
+            dev,
             &format!("add {label}"),
             check_fn(|_, x| x[0].add(x[1])),
             &ins,
         );
         check(
+            dev,
             &format!("sub {label}"),
             check_fn(|_, x| x[0].sub(x[1])),
             &ins,
         );
         check(
+            dev,
             &format!("mul {label}"),
             check_fn(|_, x| x[0].mul(x[1])),
             &ins,
         );
         check(
+            dev,
             &format!("div {label}"),
             check_fn(|_, x| x[0].div(x[1])),
             &ins,
         );
         check(
+            dev,
             &format!("maximum {label}"),
             check_fn(|_, x| x[0].maximum(x[1])),
             &ins,
         );
         check(
+            dev,
             &format!("minimum {label}"),
             check_fn(|_, x| x[0].minimum(x[1])),
             &ins,
         );
         check(
+            dev,
             &format!("pow {label}"),
             check_fn(|_, x| x[0].pow(x[1])),
             &[pos(sa, 3), ht(sb, 4)],
         );
     }
 }
+}
 
-#[test]
-fn unary_values() {
-    let g = Graph::new();
+device_test! {
+fn unary_values(dev) {
+    let g = Graph::on(dev).unwrap();
     let x = g.from_f64(&[-2.0, 0.5, 1.0], &[3], DType::F64).unwrap();
     let f = |t: Result<Tensor<'_>>| t.unwrap().to_vec_f64().unwrap();
     close(&f(x.neg()), &[2.0, -0.5, -1.0]);
@@ -165,32 +178,34 @@ fn unary_values() {
     close(&f(x.shift(1.0)), &[-1.0, 1.5, 2.0]);
     close(&f(x.powf(3.0)), &[-8.0, 0.125, 1.0]);
 }
+}
 
-#[test]
-fn unary_grads() {
+device_test! {
+fn unary_grads(dev) {
     let s = [2usize, 3];
     let x = [ht(&s, 5)];
     let p = [pos(&s, 6)];
-    check("neg", check_fn(|_, x| x[0].neg()), &x);
-    check("exp", check_fn(|_, x| x[0].exp()), &x);
-    check("log", check_fn(|_, x| x[0].log()), &p);
-    check("sqrt", check_fn(|_, x| x[0].sqrt()), &p);
-    check("abs", check_fn(|_, x| x[0].abs()), &x);
-    check("sin", check_fn(|_, x| x[0].sin()), &x);
-    check("cos", check_fn(|_, x| x[0].cos()), &x);
-    check("tanh", check_fn(|_, x| x[0].tanh()), &x);
-    check("sigmoid", check_fn(|_, x| x[0].sigmoid()), &x);
-    check("relu", check_fn(|_, x| x[0].relu()), &x);
-    check("gelu", check_fn(|_, x| x[0].gelu()), &x);
-    check("scale", check_fn(|_, x| x[0].scale(-2.5)), &x);
-    check("shift", check_fn(|_, x| x[0].shift(0.7)), &x);
-    check("powf", check_fn(|_, x| x[0].powf(3.0)), &x);
-    check("powf frac", check_fn(|_, x| x[0].powf(1.5)), &p);
+    check(dev, "neg", check_fn(|_, x| x[0].neg()), &x);
+    check(dev, "exp", check_fn(|_, x| x[0].exp()), &x);
+    check(dev, "log", check_fn(|_, x| x[0].log()), &p);
+    check(dev, "sqrt", check_fn(|_, x| x[0].sqrt()), &p);
+    check(dev, "abs", check_fn(|_, x| x[0].abs()), &x);
+    check(dev, "sin", check_fn(|_, x| x[0].sin()), &x);
+    check(dev, "cos", check_fn(|_, x| x[0].cos()), &x);
+    check(dev, "tanh", check_fn(|_, x| x[0].tanh()), &x);
+    check(dev, "sigmoid", check_fn(|_, x| x[0].sigmoid()), &x);
+    check(dev, "relu", check_fn(|_, x| x[0].relu()), &x);
+    check(dev, "gelu", check_fn(|_, x| x[0].gelu()), &x);
+    check(dev, "scale", check_fn(|_, x| x[0].scale(-2.5)), &x);
+    check(dev, "shift", check_fn(|_, x| x[0].shift(0.7)), &x);
+    check(dev, "powf", check_fn(|_, x| x[0].powf(3.0)), &x);
+    check(dev, "powf frac", check_fn(|_, x| x[0].powf(1.5)), &p);
+}
 }
 
-#[test]
-fn reduction_values_and_grads() {
-    let g = Graph::new();
+device_test! {
+fn reduction_values_and_grads(dev) {
+    let g = Graph::on(dev).unwrap();
     let x = g
         .from_f64(
             &(0..6).map(f64::from).collect::<Vec<_>>(),
@@ -210,26 +225,29 @@ fn reduction_values_and_grads() {
     close(&values(&g, x.max().unwrap()), &[5.0]);
     let s = [3usize, 4];
     let i = [ht(&s, 7)];
-    check("sum", check_fn(|_, x| x[0].sum()), &i);
-    check("sum axis0", check_fn(|_, x| x[0].sum_axes(&[0], false)), &i);
+    check(dev, "sum", check_fn(|_, x| x[0].sum()), &i);
+    check(dev, "sum axis0", check_fn(|_, x| x[0].sum_axes(&[0], false)), &i);
     check(
+        dev,
         "sum keepdim",
         check_fn(|_, x| x[0].sum_axes(&[1], true)),
         &i,
     );
-    check("mean", check_fn(|_, x| x[0].mean_axes(&[-1], false)), &i);
-    check("max all", check_fn(|_, x| x[0].max()), &i);
-    check("max axis", check_fn(|_, x| x[0].max_axes(&[0], true)), &i);
+    check(dev, "mean", check_fn(|_, x| x[0].mean_axes(&[-1], false)), &i);
+    check(dev, "max all", check_fn(|_, x| x[0].max()), &i);
+    check(dev, "max axis", check_fn(|_, x| x[0].max_axes(&[0], true)), &i);
     check(
+        dev,
         "sum 3d",
         check_fn(|_, x| x[0].sum_axes(&[0, 2], false)),
         &[ht(&[2, 3, 2], 8)],
     );
 }
+}
 
-#[test]
-fn matmul_values_and_grads() {
-    let g = Graph::new();
+device_test! {
+fn matmul_values_and_grads(dev) {
+    let g = Graph::on(dev).unwrap();
     let a = g
         .from_f64(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], DType::F64)
         .unwrap();
@@ -242,40 +260,47 @@ fn matmul_values_and_grads() {
     assert_eq!(av.shape().as_slice(), &[2]);
     close(&values(&g, av), &[6.0, 15.0]);
     check(
+        dev,
         "mm",
         check_fn(|_, x| x[0].matmul(x[1])),
         &[ht(&[3, 4], 1), ht(&[4, 2], 2)],
     );
     check(
+        dev,
         "mv",
         check_fn(|_, x| x[0].matmul(x[1])),
         &[ht(&[3, 4], 1), ht(&[4], 2)],
     );
     check(
+        dev,
         "vm",
         check_fn(|_, x| x[0].matmul(x[1])),
         &[ht(&[4], 1), ht(&[4, 2], 2)],
     );
     check(
+        dev,
         "bmm",
         check_fn(|_, x| x[0].matmul(x[1])),
         &[ht(&[2, 3, 4], 1), ht(&[2, 4, 2], 2)],
     );
     check(
+        dev,
         "bmm broadcast",
         check_fn(|_, x| x[0].matmul(x[1])),
         &[ht(&[2, 1, 3, 4], 1), ht(&[3, 4, 2], 2)],
     );
     check(
+        dev,
         "mm of transposes",
         check_fn(|_, x| x[0].t()?.matmul(x[1].t()?)),
         &[ht(&[4, 3], 1), ht(&[2, 4], 2)],
     );
 }
+}
 
-#[test]
-fn shape_op_values_and_grads() {
-    let g = Graph::new();
+device_test! {
+fn shape_op_values_and_grads(dev) {
+    let g = Graph::on(dev).unwrap();
     let x = g
         .from_f64(
             &(0..6).map(f64::from).collect::<Vec<_>>(),
@@ -310,36 +335,41 @@ fn shape_op_values_and_grads() {
     assert_eq!(p.shape().as_slice(), &[3, 1, 2]);
     close(&values(&g, p), &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
     let i = [ht(&[2, 3, 4], 9)];
-    check("reshape", check_fn(|_, x| x[0].reshape(&[4, -1])), &i);
-    check("permute", check_fn(|_, x| x[0].permute(&[2, 0, 1])), &i);
-    check("transpose", check_fn(|_, x| x[0].transpose(0, 2)), &i);
+    check(dev, "reshape", check_fn(|_, x| x[0].reshape(&[4, -1])), &i);
+    check(dev, "permute", check_fn(|_, x| x[0].permute(&[2, 0, 1])), &i);
+    check(dev, "transpose", check_fn(|_, x| x[0].transpose(0, 2)), &i);
     check(
+        dev,
         "broadcast",
         check_fn(|_, x| x[0].broadcast_to(&[3, 2, 3, 4])),
         &i,
     );
-    check("slice", check_fn(|_, x| x[0].slice(-1, 1, 3)), &i);
-    check("narrow", check_fn(|_, x| x[0].narrow(1, 0, 2)), &i);
+    check(dev, "slice", check_fn(|_, x| x[0].slice(-1, 1, 3)), &i);
+    check(dev, "narrow", check_fn(|_, x| x[0].narrow(1, 0, 2)), &i);
     check(
+        dev,
         "index_select",
         check_fn(|_, x| x[0].index_select(2, &[3, 0, 3, 1])),
         &i,
     );
     check(
+        dev,
         "gather",
         check_fn(|_, x| x[0].gather(1, &[0, 2, 1, 1, 0, 0, 2, 2], &[2, 1, 4])),
         &i,
     );
     check(
+        dev,
         "concat",
         check_fn(|g, x| g.concat(&[x[0], x[1], x[0]], 1)),
         &[ht(&[2, 3], 1), ht(&[2, 1], 2)],
     );
 }
+}
 
-#[test]
-fn softmax_values_and_grads() {
-    let g = Graph::new();
+device_test! {
+fn softmax_values_and_grads(dev) {
+    let g = Graph::on(dev).unwrap();
     let x = g.from_f64(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
     let e: Vec<f64> = [1f64, 2.0, 3.0].iter().map(|v| v.exp()).collect();
     let s: f64 = e.iter().sum();
@@ -354,19 +384,21 @@ fn softmax_values_and_grads() {
     let big = g.from_f64(&[1000.0, 1000.0], &[2], DType::F64).unwrap();
     close(&values(&g, big.softmax(0).unwrap()), &[0.5, 0.5]);
     let i = [ht(&[3, 4], 11)];
-    check("softmax", check_fn(|_, x| x[0].softmax(1)), &i);
-    check("softmax axis0", check_fn(|_, x| x[0].softmax(0)), &i);
-    check("log_softmax", check_fn(|_, x| x[0].log_softmax(-1)), &i);
+    check(dev, "softmax", check_fn(|_, x| x[0].softmax(1)), &i);
+    check(dev, "softmax axis0", check_fn(|_, x| x[0].softmax(0)), &i);
+    check(dev, "log_softmax", check_fn(|_, x| x[0].log_softmax(-1)), &i);
+}
 }
 
-#[test]
-fn where_values_and_grads() {
-    let g = Graph::new();
+device_test! {
+fn where_values_and_grads(dev) {
+    let g = Graph::on(dev).unwrap();
     let c = g.from_f64(&[1.0, 0.0, 1.0], &[3], DType::F64).unwrap();
     let a = g.from_f64(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
     let b = g.from_f64(&[-1.0], &[1], DType::F64).unwrap();
     close(&values(&g, g.select(c, a, b).unwrap()), &[1.0, -1.0, 3.0]);
     check(
+        dev,
         "where",
         check_fn(|g, x| {
             let _ng = g.no_grad();
@@ -377,10 +409,14 @@ fn where_values_and_grads() {
         &[ht(&[2, 3], 1), ht(&[2, 3], 2), ht(&[3], 3)],
     );
 }
+}
 
-#[test]
-fn second_derivatives() {
-    let o = GradcheckOptions::default();
+device_test! {
+fn second_derivatives(dev) {
+    let o = GradcheckOptions {
+        device: dev,
+        ..GradcheckOptions::default()
+    };
     let r = gradgradcheck(check_fn(|_, x| x[0].tanh()), &[ht(&[5], 1)], o).unwrap();
     assert!(r.passed, "tanh: {r}");
     let r = gradgradcheck(
@@ -418,11 +454,12 @@ fn second_derivatives() {
         assert!(r.passed, "{name}: {r}");
     }
 }
+}
 
-#[test]
-fn hand_derived_second_derivative_of_cube() {
+device_test! {
+fn hand_derived_second_derivative_of_cube(dev) {
     // d²/dx² x³ = 6x.
-    let g = Graph::new();
+    let g = Graph::on(dev).unwrap();
     let x = g.var(&[0.5, -2.0], &[2], DType::F64).unwrap();
     let y = x.mul(x).unwrap().mul(x).unwrap().sum().unwrap();
     let gx = arenagrad_graph::grad(
@@ -440,10 +477,11 @@ fn hand_derived_second_derivative_of_cube() {
         arenagrad_graph::grad(gx.sum().unwrap(), &[x], Default::default()).unwrap()[0].unwrap();
     close(&ggx.to_vec_f64().unwrap(), &[3.0, -12.0]);
 }
+}
 
-#[test]
-fn f32_matches_f64() {
-    let g = Graph::new();
+device_test! {
+fn f32_matches_f64(dev) {
+    let g = Graph::on(dev).unwrap();
     let v: Vec<f64> = (0..40).map(|i| (i as f64 * 0.37).sin() * 3.0).collect();
     for (name, f) in [
         (
@@ -470,4 +508,5 @@ fn f32_matches_f64() {
             );
         }
     }
+}
 }

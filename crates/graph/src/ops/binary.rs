@@ -5,9 +5,10 @@ use arenagrad_exec::{cpu, BinaryOp};
 use smallvec::smallvec;
 
 use super::{check_pair, Ctx, Grads, Op};
+use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::shape::{checked_numel, Shape};
-use crate::{Graph, Tensor};
+use crate::{Device, Graph, Tensor};
 
 impl<'g> Tensor<'g> {
     /// Applies an elementwise function of two broadcast tensors.
@@ -16,9 +17,9 @@ impl<'g> Tensor<'g> {
         check_pair(name, &self, &other)?;
         let mut guard = self.g.inner();
         let i = &mut *guard;
-        let (ash, dtype, ab) = {
+        let (ash, dtype, dev, ab) = {
             let n = i.node(name, self.id)?;
-            (n.shape.clone(), n.dtype, n.buf)
+            (n.shape.clone(), n.dtype, n.device(), n.buf)
         };
         let (bsh, bb) = {
             let n = i.node(name, other.id)?;
@@ -36,15 +37,21 @@ impl<'g> Tensor<'g> {
             })?)
         };
         let len = checked_numel(name, &osh)?;
-        let out = i.alloc(name, dtype, len)?;
+        let out = i.alloc_on(name, dev, dtype, len)?;
         let threads = i.threads;
-        with_float!(dtype, T, {
-            let (o, [a, b]) = i
-                .arena
-                .split_mut::<T, 2>(out, [ab, bb])
-                .map_err(|source| GraphError::Alloc { op: name, source })?;
-            cpu::binary(op, a, &ash, b, &bsh, o, &osh, threads);
-        });
+        match dev {
+            Device::Cpu => with_float!(dtype, T, {
+                let (o, [a, b]) = i
+                    .arena
+                    .split_mut::<T, 2>(out, [ab, bb])
+                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                cpu::binary(op, a, &ash, b, &bsh, o, &osh, threads);
+            }),
+            Device::Cuda(_) => {
+                on_cuda!(i, name, dev, [ab, bb, out], |be, [a, b, o]| be
+                    .binary(dtype, op, a, &ash, b, &bsh, o, &osh))
+            }
+        }
         let id = i.push(osh, dtype, out, Op::Binary(op), &[self.id, other.id]);
         drop(guard);
         Ok(self.g.handle(id))
@@ -115,9 +122,9 @@ impl Graph {
         check_pair(name, &a, &b)?;
         let mut guard = self.inner();
         let i = &mut *guard;
-        let (csh, dtype, cb) = {
+        let (csh, dtype, dev, cb) = {
             let n = i.node(name, cond.id)?;
-            (n.shape.clone(), n.dtype, n.buf)
+            (n.shape.clone(), n.dtype, n.device(), n.buf)
         };
         let (ash, ab) = {
             let n = i.node(name, a.id)?;
@@ -135,14 +142,20 @@ impl Graph {
         let ab_sh = broadcast_shapes(&ash, &bsh).ok_or_else(|| mismatch(&ash, &bsh))?;
         let osh = broadcast_shapes(&csh, &ab_sh).ok_or_else(|| mismatch(&csh, &ab_sh))?;
         let len = checked_numel(name, &osh)?;
-        let out = i.alloc(name, dtype, len)?;
-        with_float!(dtype, T, {
-            let (o, [c, x, y]) = i
-                .arena
-                .split_mut::<T, 3>(out, [cb, ab, bb])
-                .map_err(|source| GraphError::Alloc { op: name, source })?;
-            cpu::select(c, &csh, x, &ash, y, &bsh, o, &osh);
-        });
+        let out = i.alloc_on(name, dev, dtype, len)?;
+        match dev {
+            Device::Cpu => with_float!(dtype, T, {
+                let (o, [c, x, y]) = i
+                    .arena
+                    .split_mut::<T, 3>(out, [cb, ab, bb])
+                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                cpu::select(c, &csh, x, &ash, y, &bsh, o, &osh);
+            }),
+            Device::Cuda(_) => {
+                on_cuda!(i, name, dev, [cb, ab, bb, out], |be, [c, x, y, o]| be
+                    .select(dtype, c, &csh, x, &ash, y, &bsh, o, &osh))
+            }
+        }
         let id = i.push(
             Shape::from_vec(osh),
             dtype,
@@ -215,7 +228,7 @@ pub(crate) fn backward<'g>(op: BinaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
 
 pub(crate) fn select_backward<'g>(c: &Ctx<'g>) -> Result<Grads<'g>> {
     let (cond, a, b, gy) = (c.input(0), c.input(1), c.input(2), c.gy);
-    let zero = c.g.zeros(&[], gy.dtype())?;
+    let zero = c.g.full_on(&[], 0.0, gy.dtype(), gy.device())?;
     let ga = if a.requires_grad() {
         Some(c.g.select(cond, gy, zero)?.sum_to(&a.shape())?)
     } else {

@@ -16,9 +16,10 @@ use arenagrad_exec::UnaryOp;
 use smallvec::smallvec;
 
 use super::{Ctx, Grads, Op};
+use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::shape::{checked_numel, Shape};
-use crate::Tensor;
+use crate::{DType, Device, Tensor};
 
 fn window(
     op: &'static str,
@@ -162,11 +163,22 @@ impl<'g> Tensor<'g> {
         }
         let mut guard = self.g.inner();
         let i = &mut *guard;
-        let (dtype, xb) = {
+        let (dtype, dev, xb) = {
             let nd = i.node(op, self.id)?;
-            (nd.dtype, nd.buf)
+            (nd.dtype, nd.device(), nd.buf)
         };
         let alloc_err = |source| GraphError::Alloc { op, source };
+        if let Device::Cuda(_) = dev {
+            // The u32 indices take a buffer of 4-byte elements.
+            let idx = i.alloc_on(op, dev, DType::F32, total)?;
+            let out = i.alloc_on(op, dev, dtype, total)?;
+            on_cuda!(i, op, dev, [xb, idx, out], |be, [x, ix, o]| be
+                .max_pool_indices(dtype, x, n, &win, ix)
+                .and_then(|()| be.take(dtype, x, ix, total, o)));
+            let id = i.push(out_shape, dtype, out, Op::TakeFlat { idx }, &[self.id]);
+            drop(guard);
+            return Ok(self.g.handle(id));
+        }
         let idx = i.arena.alloc_scratch::<u32>(total).map_err(alloc_err)?;
         let out = i.alloc(op, dtype, total)?;
         let per_out = c * ho * wo;
@@ -196,27 +208,43 @@ impl<'g> Tensor<'g> {
         let op = if put { "max_pool2d_backward" } else { "take" };
         let mut guard = self.g.inner();
         let i = &mut *guard;
-        let (dtype, xb) = {
+        let (dtype, dev, xb, xlen) = {
             let nd = i.node(op, self.id)?;
-            (nd.dtype, nd.buf)
+            (
+                nd.dtype,
+                nd.device(),
+                nd.buf,
+                nd.shape.iter().product::<usize>(),
+            )
         };
         let len = checked_numel(op, &shape)?;
         let out = if put {
-            i.alloc_zeroed(op, dtype, len)?
+            i.alloc_zeroed_on(op, dev, dtype, len)?
         } else {
-            i.alloc(op, dtype, len)?
+            i.alloc_on(op, dev, dtype, len)?
         };
-        with_float!(dtype, T, {
-            let (o, x, ix) = i
-                .arena
-                .split_mixed::<T, T, u32>(out, xb, idx)
-                .map_err(|source| GraphError::Alloc { op, source })?;
-            if put {
-                cpu::put_add(x, ix, o);
+        if let Device::Cuda(_) = dev {
+            on_cuda!(i, op, dev, [xb, idx, out], |be, [x, ix, o]| if put {
+                be.put_add(dtype, x, ix, xlen, o)
             } else {
-                cpu::take(x, ix, o);
-            }
-        });
+                be.take(dtype, x, ix, len, o)
+            });
+        } else {
+            let _ = xlen;
+        }
+        if dev == Device::Cpu {
+            with_float!(dtype, T, {
+                let (o, x, ix) = i
+                    .arena
+                    .split_mixed::<T, T, u32>(out, xb, idx)
+                    .map_err(|source| GraphError::Alloc { op, source })?;
+                if put {
+                    cpu::put_add(x, ix, o);
+                } else {
+                    cpu::take(x, ix, o);
+                }
+            });
+        }
         let rec = if put {
             Op::PutFlat { idx }
         } else {
@@ -264,7 +292,10 @@ impl<'g> Tensor<'g> {
         }
         let mask = {
             let _ng = self.g.no_grad();
-            let u = self.g.rand(&self.try_shape()?, self.dtype())?;
+            let u = self
+                .g
+                .rand(&self.try_shape()?, self.dtype())?
+                .to_device(self.device())?;
             u.shift(-p)?.unary(UnaryOp::Step)?.scale(1.0 / (1.0 - p))?
         };
         self.mul(mask)

@@ -45,9 +45,8 @@ impl Graph {
             (n.shape.clone(), n.dtype, n.buf)
         };
         let ids: SmallVec<[NodeId; 2]> = inputs.iter().map(|t| t.id).collect();
-        i.arena
-            .retain(buf)
-            .map_err(|source| GraphError::Alloc { op: name, source })?;
+        let dev = i.device_of(name, value.id)?;
+        i.retain_buf(name, dev, buf)?;
         let id = i.push(shape, dtype, buf, Op::Custom(op), &ids);
         drop(i);
         Ok(self.handle(id))

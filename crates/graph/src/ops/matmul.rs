@@ -8,9 +8,11 @@ use arenagrad_exec::layout::{broadcast_shapes, broadcast_strides, contiguous_str
 use smallvec::smallvec;
 
 use super::{check_pair, Ctx, Grads, Op};
+#[cfg(feature = "cuda")]
+use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::shape::{checked_numel, Shape};
-use crate::Tensor;
+use crate::{Device, Tensor};
 
 impl<'g> Tensor<'g> {
     /// Matrix product with numpy's `matmul` rules: 2-D × 2-D, batched with broadcast batch axes,
@@ -59,9 +61,9 @@ impl<'g> Tensor<'g> {
         check_pair(name, &self, &other)?;
         let mut guard = self.g.inner();
         let i = &mut *guard;
-        let (ash, dtype, ab) = {
+        let (ash, dtype, dev, ab) = {
             let n = i.node(name, self.id)?;
-            (n.shape.clone(), n.dtype, n.buf)
+            (n.shape.clone(), n.dtype, n.device(), n.buf)
         };
         let (bsh, bb) = {
             let n = i.node(name, other.id)?;
@@ -95,11 +97,74 @@ impl<'g> Tensor<'g> {
         osh.push(m);
         osh.push(n);
         let len = checked_numel(name, &osh)?;
-        let out = i.alloc(name, dtype, len)?;
+        let out = i.alloc_on(name, dev, dtype, len)?;
         let threads = i.threads;
         let (a_cols, b_cols) = (ash[ra - 1], bsh[rb - 1]);
         let a_mat = ash[ra - 2] * a_cols;
         let b_mat = bsh[rb - 2] * b_cols;
+        if let Device::Cuda(_) = dev {
+            #[cfg(not(feature = "cuda"))]
+            return Err(crate::device::no_cuda_dev(dev));
+            #[cfg(feature = "cuda")]
+            {
+                let (a_offs, b_offs) = batch_offsets(&batch, abatch, bbatch, a_mat, b_mat, m * n);
+                let nb = a_offs.len();
+                // One strided-batched call when the batch offsets are evenly spaced (always, unless
+                // a middle batch axis broadcasts); otherwise one call per matrix.
+                let step = |o: &[usize]| if o.len() > 1 { o[1] - o[0] } else { 0 };
+                let (sa, sb) = (step(&a_offs), step(&b_offs));
+                let even = (0..nb).all(|t| a_offs[t] == t * sa && b_offs[t] == t * sb);
+                on_cuda!(i, name, dev, [ab, bb, out], |be, [x, y, o]| {
+                    if even {
+                        be.gemm(
+                            dtype,
+                            nb,
+                            m,
+                            n,
+                            ka,
+                            x,
+                            sa,
+                            ta,
+                            y,
+                            sb,
+                            tb,
+                            o,
+                            m * n,
+                            1.0,
+                            0.0,
+                        )
+                    } else {
+                        let at = |p: arenagrad_alloc::block_cache::DevicePtr, off: usize| {
+                            arenagrad_alloc::block_cache::DevicePtr(
+                                p.0 + (off * dtype.size()) as u64,
+                            )
+                        };
+                        (0..nb).try_for_each(|t| {
+                            be.gemm(
+                                dtype,
+                                1,
+                                m,
+                                n,
+                                ka,
+                                at(x, a_offs[t]),
+                                0,
+                                ta,
+                                at(y, b_offs[t]),
+                                0,
+                                tb,
+                                at(o, t * m * n),
+                                0,
+                                1.0,
+                                0.0,
+                            )
+                        })
+                    }
+                });
+                let id = i.push(osh, dtype, out, Op::Matmul { ta, tb }, &[self.id, other.id]);
+                drop(guard);
+                return Ok(self.g.handle(id));
+            }
+        }
         with_float!(dtype, T, {
             let (o, [x, y]) = i
                 .arena
@@ -119,26 +184,7 @@ impl<'g> Tensor<'g> {
                 );
             } else {
                 // Each batch index: offsets of its matrices in a and b (stride 0 where broadcast).
-                let sa: Vec<usize> = broadcast_strides(abatch, &batch)
-                    .iter()
-                    .map(|s| s * a_mat)
-                    .collect();
-                let sb: Vec<usize> = broadcast_strides(bbatch, &batch)
-                    .iter()
-                    .map(|s| s * b_mat)
-                    .collect();
-                let so: Vec<usize> = contiguous_strides(&batch)
-                    .iter()
-                    .map(|s| s * m * n)
-                    .collect();
-                let mut a_offs = Vec::new();
-                let mut b_offs = Vec::new();
-                walk(&batch, [&so, &sa, &sb], |[_, oa, ob], cnt, [_, ia, ib]| {
-                    for t in 0..cnt {
-                        a_offs.push(oa + t * ia);
-                        b_offs.push(ob + t * ib);
-                    }
-                });
+                let (a_offs, b_offs) = batch_offsets(&batch, abatch, bbatch, a_mat, b_mat, m * n);
                 cpu::gemm_batched(
                     m, ka, n, x, &a_offs, a_cols, ta, y, &b_offs, b_cols, tb, o, threads,
                 );
@@ -148,6 +194,41 @@ impl<'g> Tensor<'g> {
         drop(guard);
         Ok(self.g.handle(id))
     }
+}
+
+/// The element offsets of each batch's matrices in `a` and `b` (stride 0 where broadcast).
+fn batch_offsets(
+    batch: &[usize],
+    abatch: &[usize],
+    bbatch: &[usize],
+    a_mat: usize,
+    b_mat: usize,
+    o_mat: usize,
+) -> (Vec<usize>, Vec<usize>) {
+    let sa: Vec<usize> = broadcast_strides(abatch, batch)
+        .iter()
+        .map(|s| s * a_mat)
+        .collect();
+    let sb: Vec<usize> = broadcast_strides(bbatch, batch)
+        .iter()
+        .map(|s| s * b_mat)
+        .collect();
+    let so: Vec<usize> = contiguous_strides(batch)
+        .iter()
+        .map(|s| s * o_mat)
+        .collect();
+    let mut a_offs = Vec::new();
+    let mut b_offs = Vec::new();
+    if batch.is_empty() {
+        return (vec![0], vec![0]);
+    }
+    walk(batch, [&so, &sa, &sb], |[_, oa, ob], cnt, [_, ia, ib]| {
+        for t in 0..cnt {
+            a_offs.push(oa + t * ia);
+            b_offs.push(ob + t * ib);
+        }
+    });
+    (a_offs, b_offs)
 }
 
 pub(crate) fn backward<'g>(ta: bool, tb: bool, c: &Ctx<'g>) -> Result<Grads<'g>> {

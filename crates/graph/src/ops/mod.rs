@@ -99,6 +99,10 @@ pub(crate) enum Op {
     },
     /// A user-defined op.
     Custom(Arc<dyn custom::CustomOp>),
+    /// A copy from another device.
+    ToDevice {
+        from: crate::Device,
+    },
 }
 
 impl Op {
@@ -134,6 +138,7 @@ impl Op {
             Op::Fold(_) => "fold",
             Op::TakeFlat { .. } => "max_pool2d",
             Op::PutFlat { .. } => "max_pool2d_backward",
+            Op::ToDevice { .. } => "to_device",
         }
     }
 }
@@ -175,18 +180,27 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Fold(w) => conv::fold_backward(w, c),
         Op::TakeFlat { idx } => conv::take_backward(*idx, c),
         Op::PutFlat { idx } => conv::put_backward(*idx, c),
+        Op::ToDevice { from } => Ok(smallvec::smallvec![Some(c.gy.to_device(*from)?)]),
         other => shape::backward(other, c),
     }
 }
 
-/// Checks that two tensors can meet in one op: same graph and dtype.
+/// Checks that two tensors can meet in one op: same graph, device and dtype.
 pub(crate) fn check_pair(op: &'static str, a: &Tensor<'_>, b: &Tensor<'_>) -> Result<()> {
     if !std::ptr::eq(a.g, b.g) {
         return Err(GraphError::GraphMismatch { op });
     }
     let (da, db) = {
         let i = a.g.inner.borrow();
-        (i.node(op, a.id)?.dtype, i.node(op, b.id)?.dtype)
+        let (na, nb) = (i.node(op, a.id)?, i.node(op, b.id)?);
+        if na.device() != nb.device() {
+            return Err(GraphError::DeviceMismatch {
+                op,
+                lhs: na.device(),
+                rhs: nb.device(),
+            });
+        }
+        (na.dtype, nb.dtype)
     };
     if da != db {
         return Err(GraphError::DTypeMismatch {

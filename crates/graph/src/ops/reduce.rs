@@ -5,9 +5,10 @@ use arenagrad_exec::BinaryOp;
 use smallvec::smallvec;
 
 use super::{Ctx, Grads, Op};
+use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::shape::{axes_mask, Shape};
-use crate::Tensor;
+use crate::{Device, Tensor};
 
 impl<'g> Tensor<'g> {
     fn reduce(self, op: ReduceOp, axes: &[isize], keepdim: bool) -> Result<Tensor<'g>> {
@@ -17,9 +18,9 @@ impl<'g> Tensor<'g> {
         };
         let mut guard = self.g.inner();
         let i = &mut *guard;
-        let (shape, dtype, xb) = {
+        let (shape, dtype, dev, xb) = {
             let n = i.node(name, self.id)?;
-            (n.shape.clone(), n.dtype, n.buf)
+            (n.shape.clone(), n.dtype, n.device(), n.buf)
         };
         let mask = axes_mask(name, axes, &shape)?;
         if op == ReduceOp::Max && mask.iter().zip(&shape).any(|(&m, &d)| m && d == 0) {
@@ -44,18 +45,24 @@ impl<'g> Tensor<'g> {
                 .collect()
         };
         let len = kept.iter().product();
-        let out = i.alloc(name, dtype, len)?;
-        with_float!(dtype, T, {
-            let (o, [x]) = i
-                .arena
-                .split_mut::<T, 1>(out, [xb])
-                .map_err(|source| GraphError::Alloc { op: name, source })?;
-            if mask.iter().all(|&m| m) && op == ReduceOp::Sum {
-                o[0] = cpu::sum_row(x);
-            } else {
-                cpu::reduce(op, x, &shape, &mask, o);
+        let out = i.alloc_on(name, dev, dtype, len)?;
+        match dev {
+            Device::Cpu => with_float!(dtype, T, {
+                let (o, [x]) = i
+                    .arena
+                    .split_mut::<T, 1>(out, [xb])
+                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                if mask.iter().all(|&m| m) && op == ReduceOp::Sum {
+                    o[0] = cpu::sum_row(x);
+                } else {
+                    cpu::reduce(op, x, &shape, &mask, o);
+                }
+            }),
+            Device::Cuda(_) => {
+                on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
+                    .reduce(dtype, op, x, &shape, &mask, o))
             }
-        });
+        }
         let id = i.push(
             out_shape,
             dtype,

@@ -4,16 +4,22 @@
 
 use std::sync::Arc;
 
+use arenagrad_alloc::BufId;
 use arenagrad_exec::cpu;
 use arenagrad_exec::layout::broadcast_shapes;
+#[cfg(feature = "cuda")]
+use arenagrad_exec::layout::{broadcast_strides, contiguous_strides};
+use arenagrad_exec::DType;
 use arenagrad_exec::Float;
 use smallvec::{smallvec, SmallVec};
 
 use super::{check_pair, Ctx, Grads, Op};
+#[cfg(feature = "cuda")]
+use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
-use crate::graph::NodeId;
+use crate::graph::{Inner, NodeId};
 use crate::shape::{checked_numel, norm_axis, Shape};
-use crate::{Graph, Tensor};
+use crate::{Device, Graph, Tensor};
 
 impl<'g> Tensor<'g> {
     /// Runs `kernel(x, out)` into a new buffer of `out_shape` and records `op`.
@@ -27,23 +33,26 @@ impl<'g> Tensor<'g> {
     ) -> Result<Tensor<'g>> {
         let mut guard = self.g.inner();
         let i = &mut *guard;
-        let (shape, dtype, xb) = {
+        let (shape, dtype, dev, xb) = {
             let n = i.node(name, self.id)?;
-            (n.shape.clone(), n.dtype, n.buf)
+            (n.shape.clone(), n.dtype, n.device(), n.buf)
         };
         let len = checked_numel(name, &out_shape)?;
         let out = if zeroed {
-            i.alloc_zeroed(name, dtype, len)?
+            i.alloc_zeroed_on(name, dev, dtype, len)?
         } else {
-            i.alloc(name, dtype, len)?
+            i.alloc_on(name, dev, dtype, len)?
         };
-        with_float!(dtype, T, {
-            let (o, [x]) = i
-                .arena
-                .split_mut::<T, 1>(out, [xb])
-                .map_err(|source| GraphError::Alloc { op: name, source })?;
-            kernel(T::args(x, o, &shape));
-        });
+        match dev {
+            Device::Cpu => with_float!(dtype, T, {
+                let (o, [x]) = i
+                    .arena
+                    .split_mut::<T, 1>(out, [xb])
+                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                kernel(T::args(x, o, &shape));
+            }),
+            Device::Cuda(_) => device_move(i, name, dev, dtype, &op, &shape, &out_shape, xb, out)?,
+        }
         let id = i.push(out_shape, dtype, out, op, &[self.id]);
         drop(guard);
         Ok(self.g.handle(id))
@@ -92,9 +101,8 @@ impl<'g> Tensor<'g> {
             let n = i.node(op, self.id)?;
             (n.dtype, n.buf)
         };
-        i.arena
-            .retain(buf)
-            .map_err(|source| GraphError::Alloc { op, source })?;
+        let dev = i.device_of(op, self.id)?;
+        i.retain_buf(op, dev, buf)?;
         let id = i.push(out, dtype, buf, Op::Reshape, &[self.id]);
         drop(i);
         Ok(self.g.handle(id))
@@ -340,9 +348,12 @@ impl Graph {
         out_shape[ax] = total;
         let mut guard = self.inner();
         let i = &mut *guard;
-        let dtype = i.node(op, first.id)?.dtype;
+        let (dtype, dev) = {
+            let n = i.node(op, first.id)?;
+            (n.dtype, n.device())
+        };
         let len = checked_numel(op, &out_shape)?;
-        let out = i.alloc(op, dtype, len)?;
+        let out = i.alloc_on(op, dev, dtype, len)?;
         let mut start = 0;
         let ids: SmallVec<[NodeId; 2]> = parts.iter().map(|p| p.id).collect();
         for p in parts {
@@ -350,19 +361,144 @@ impl Graph {
                 let n = i.node(op, p.id)?;
                 (n.shape.clone(), n.buf)
             };
-            with_float!(dtype, T, {
-                let (o, [x]) = i
-                    .arena
-                    .split_mut::<T, 1>(out, [buf])
-                    .map_err(|source| GraphError::Alloc { op, source })?;
-                cpu::place_along(x, &shape, ax, o, total, start);
-            });
+            match dev {
+                Device::Cpu => with_float!(dtype, T, {
+                    let (o, [x]) = i
+                        .arena
+                        .split_mut::<T, 1>(out, [buf])
+                        .map_err(|source| GraphError::Alloc { op, source })?;
+                    cpu::place_along(x, &shape, ax, o, total, start);
+                }),
+                Device::Cuda(_) => device_move(
+                    i,
+                    op,
+                    dev,
+                    dtype,
+                    &Op::Place { axis: ax, start },
+                    &shape,
+                    &out_shape,
+                    buf,
+                    out,
+                )?,
+            }
             start += shape[ax];
         }
         let id = i.push(out_shape, dtype, out, Op::Concat { axis: ax }, &ids);
         drop(guard);
         Ok(self.handle(id))
     }
+}
+
+/// A data-moving op on a device, read from its recorded [`Op`]: permute, broadcast, narrow and
+/// place are strided copies; the index ops upload their indices as `u32`.
+#[cfg(not(feature = "cuda"))]
+#[allow(clippy::too_many_arguments)]
+fn device_move(
+    _i: &mut Inner,
+    _name: &'static str,
+    dev: Device,
+    _dtype: DType,
+    _op: &Op,
+    _xs: &[usize],
+    _os: &[usize],
+    _xb: BufId,
+    _out: BufId,
+) -> Result<()> {
+    Err(crate::device::no_cuda_dev(dev))
+}
+
+/// See the other `device_move`.
+#[cfg(feature = "cuda")]
+#[allow(clippy::too_many_arguments)]
+fn device_move(
+    i: &mut Inner,
+    name: &'static str,
+    dev: Device,
+    dtype: DType,
+    op: &Op,
+    xs: &[usize],
+    os: &[usize],
+    xb: BufId,
+    out: BufId,
+) -> Result<()> {
+    let xst = contiguous_strides(xs);
+    let ost = contiguous_strides(os);
+    let split = |axis: usize, s: &[usize]| -> (usize, usize) {
+        (s[..axis].iter().product(), s[axis + 1..].iter().product())
+    };
+    match op {
+        Op::Permute(perm) => {
+            let src: Vec<usize> = perm.iter().map(|&p| xst[p]).collect();
+            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
+                .copy_strided(dtype, os, x, 0, &src, o, 0, &ost));
+        }
+        Op::BroadcastTo => {
+            let src = broadcast_strides(xs, os);
+            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
+                .copy_strided(dtype, os, x, 0, &src, o, 0, &ost));
+        }
+        Op::Narrow { axis, start } => {
+            let off = start * xst[*axis];
+            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
+                .copy_strided(dtype, os, x, off, &xst, o, 0, &ost));
+        }
+        Op::Place { axis, start } => {
+            let off = start * ost[*axis];
+            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
+                .copy_strided(dtype, xs, x, 0, &xst, o, off, &ost));
+        }
+        Op::IndexSelect { axis, idx } => {
+            let (outer, inner) = split(*axis, xs);
+            let ib = i.upload_indices(name, dev, idx)?;
+            let len = xs[*axis];
+            on_cuda!(i, name, dev, [xb, ib, out], |be, [x, p, o]| be
+                .index_select(dtype, x, outer, len, inner, p, idx.len(), o));
+            i.release_buf(dev, ib)?;
+        }
+        Op::IndexAdd { axis, idx } => {
+            let (outer, inner) = split(*axis, xs);
+            let ib = i.upload_indices(name, dev, idx)?;
+            let len = os[*axis];
+            on_cuda!(i, name, dev, [xb, ib, out], |be, [x, p, o]| be.index_add(
+                dtype,
+                x,
+                outer,
+                idx.len(),
+                inner,
+                p,
+                len,
+                o
+            ));
+            i.release_buf(dev, ib)?;
+        }
+        Op::Gather { axis, idx } => {
+            let ib = i.upload_indices(name, dev, idx)?;
+            on_cuda!(i, name, dev, [xb, ib, out], |be, [x, p, o]| be
+                .gather(dtype, x, xs, *axis, p, os, o));
+            i.release_buf(dev, ib)?;
+        }
+        Op::ScatterAdd { axis, idx } => {
+            let ib = i.upload_indices(name, dev, idx)?;
+            on_cuda!(i, name, dev, [xb, ib, out], |be, [x, p, o]| be
+                .scatter_add(dtype, x, xs, *axis, p, os, o));
+            i.release_buf(dev, ib)?;
+        }
+        Op::Unfold(w) => {
+            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
+                .im2col(dtype, x, xs[0], w, o));
+        }
+        Op::Fold(w) => {
+            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
+                .col2im(dtype, x, os[0], w, o));
+        }
+        _ => {
+            return Err(GraphError::BadArgument {
+                op: name,
+                what: "not a data-moving op",
+            })
+        }
+    }
+    Ok(())
 }
 
 /// The slices a data-moving kernel gets, typed by the dtype dispatch.

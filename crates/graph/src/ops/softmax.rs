@@ -4,28 +4,35 @@ use arenagrad_exec::cpu;
 use smallvec::smallvec;
 
 use super::{Ctx, Grads, Op};
+use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::shape::norm_axis;
-use crate::Tensor;
+use crate::{Device, Tensor};
 
 impl<'g> Tensor<'g> {
     fn softmax_impl(self, axis: isize, log: bool) -> Result<Tensor<'g>> {
         let name = if log { "log_softmax" } else { "softmax" };
         let mut guard = self.g.inner();
         let i = &mut *guard;
-        let (shape, dtype, xb) = {
+        let (shape, dtype, dev, xb) = {
             let n = i.node(name, self.id)?;
-            (n.shape.clone(), n.dtype, n.buf)
+            (n.shape.clone(), n.dtype, n.device(), n.buf)
         };
         let ax = norm_axis(name, axis, &shape)?;
-        let out = i.alloc(name, dtype, shape.iter().product())?;
-        with_float!(dtype, T, {
-            let (o, [x]) = i
-                .arena
-                .split_mut::<T, 1>(out, [xb])
-                .map_err(|source| GraphError::Alloc { op: name, source })?;
-            cpu::softmax(x, &shape, ax, log, o);
-        });
+        let out = i.alloc_on(name, dev, dtype, shape.iter().product())?;
+        match dev {
+            Device::Cpu => with_float!(dtype, T, {
+                let (o, [x]) = i
+                    .arena
+                    .split_mut::<T, 1>(out, [xb])
+                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                cpu::softmax(x, &shape, ax, log, o);
+            }),
+            Device::Cuda(_) => {
+                on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
+                    .softmax(dtype, x, &shape, ax, log, o))
+            }
+        }
         let id = i.push(shape, dtype, out, Op::Softmax { axis: ax, log }, &[self.id]);
         drop(guard);
         Ok(self.g.handle(id))
@@ -51,20 +58,26 @@ impl<'g> Tensor<'g> {
         let name = "softmax_backward";
         let mut guard = y.g.inner();
         let i = &mut *guard;
-        let (shape, dtype, yb) = {
+        let (shape, dtype, dev, yb) = {
             let n = i.node(name, y.id)?;
-            (n.shape.clone(), n.dtype, n.buf)
+            (n.shape.clone(), n.dtype, n.device(), n.buf)
         };
         let gb = i.node(name, g.id)?.buf;
-        let out = i.alloc(name, dtype, shape.iter().product())?;
-        with_float!(dtype, T, {
-            let (o, [ys, gs]) = i
-                .arena
-                .split_mut::<T, 2>(out, [yb, gb])
-                .map_err(|source| GraphError::Alloc { op: name, source })?;
-            cpu::softmax_grad(ys, gs, &shape, axis, log, o);
-        });
-        let id = i.push(shape, dtype, out, Op::Leaf, &[]);
+        let out = i.alloc_on(name, dev, dtype, shape.iter().product())?;
+        match dev {
+            Device::Cpu => with_float!(dtype, T, {
+                let (o, [ys, gs]) = i
+                    .arena
+                    .split_mut::<T, 2>(out, [yb, gb])
+                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                cpu::softmax_grad(ys, gs, &shape, axis, log, o);
+            }),
+            Device::Cuda(_) => {
+                on_cuda!(i, name, dev, [yb, gb, out], |be, [ys, gs, o]| be
+                    .softmax_grad(dtype, ys, gs, &shape, axis, log, o))
+            }
+        }
+        let id = i.push_on(dev, shape, dtype, out, Op::Leaf, &[]);
         drop(guard);
         Ok(y.g.handle(id))
     }

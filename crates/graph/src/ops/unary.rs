@@ -4,8 +4,9 @@ use arenagrad_exec::{cpu, UnaryOp};
 use smallvec::smallvec;
 
 use super::{Ctx, Grads, Op};
+use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
-use crate::Tensor;
+use crate::{Device, Tensor};
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_C: f64 = 0.044_715;
@@ -17,17 +18,23 @@ impl<'g> Tensor<'g> {
         let mut guard = self.g.inner();
         let i = &mut *guard;
         let n = i.node(name, self.id)?;
-        let (shape, dtype, xb) = (n.shape.clone(), n.dtype, n.buf);
+        let (shape, dtype, dev, xb) = (n.shape.clone(), n.dtype, n.device(), n.buf);
         let len = shape.iter().product();
-        let out = i.alloc(name, dtype, len)?;
+        let out = i.alloc_on(name, dev, dtype, len)?;
         let threads = i.threads;
-        with_float!(dtype, T, {
-            let (o, [x]) = i
-                .arena
-                .split_mut::<T, 1>(out, [xb])
-                .map_err(|source| GraphError::Alloc { op: name, source })?;
-            cpu::unary(op, x, o, threads);
-        });
+        match dev {
+            Device::Cpu => with_float!(dtype, T, {
+                let (o, [x]) = i
+                    .arena
+                    .split_mut::<T, 1>(out, [xb])
+                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                cpu::unary(op, x, o, threads);
+            }),
+            Device::Cuda(_) => {
+                on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
+                    .unary(dtype, op, x, o, len))
+            }
+        }
         let id = i.push(shape, dtype, out, Op::Unary(op), &[self.id]);
         drop(guard);
         Ok(self.g.handle(id))
@@ -43,23 +50,29 @@ impl<'g> Tensor<'g> {
         let name = op.name();
         let mut guard = x.g.inner();
         let i = &mut *guard;
-        let (shape, dtype, xb) = {
+        let (shape, dtype, dev, xb) = {
             let n = i.node(name, x.id)?;
-            (n.shape.clone(), n.dtype, n.buf)
+            (n.shape.clone(), n.dtype, n.device(), n.buf)
         };
         let yb = i.node(name, y.id)?.buf;
         let gb = i.node(name, gy.id)?.buf;
         let len = shape.iter().product();
-        let out = i.alloc(name, dtype, len)?;
+        let out = i.alloc_on(name, dev, dtype, len)?;
         let threads = i.threads;
-        with_float!(dtype, T, {
-            let (o, [xs, ys, gs]) = i
-                .arena
-                .split_mut::<T, 3>(out, [xb, yb, gb])
-                .map_err(|source| GraphError::Alloc { op: name, source })?;
-            cpu::unary_grad(op, xs, ys, gs, o, threads);
-        });
-        let id = i.push(shape, dtype, out, Op::Leaf, &[]);
+        match dev {
+            Device::Cpu => with_float!(dtype, T, {
+                let (o, [xs, ys, gs]) = i
+                    .arena
+                    .split_mut::<T, 3>(out, [xb, yb, gb])
+                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                cpu::unary_grad(op, xs, ys, gs, o, threads);
+            }),
+            Device::Cuda(_) => {
+                on_cuda!(i, name, dev, [xb, yb, gb, out], |be, [xs, ys, gs, o]| be
+                    .unary_grad(dtype, op, xs, ys, gs, o, len))
+            }
+        }
+        let id = i.push_on(dev, shape, dtype, out, Op::Leaf, &[]);
         drop(guard);
         Ok(x.g.handle(id))
     }

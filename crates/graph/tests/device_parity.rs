@@ -1,0 +1,212 @@
+//! Every op on a CUDA device against the CPU: values and gradients, f32 within 1e-4 relative and
+//! f64 within 1e-10. Skipped (with the reason printed) where no GPU is usable, unless
+//! `ARENAGRAD_TEST_CUDA=1`.
+
+use arenagrad_graph::testing::cuda_test_device;
+use arenagrad_graph::{DType, Device, Graph, Result, Tensor};
+
+type Build = for<'g> fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>;
+
+fn data(n: usize, seed: u64, positive: bool) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = (s >> 11) as f64 / (1u64 << 53) as f64;
+            let x = 0.2 + 1.3 * u;
+            if positive || s & 1 == 0 {
+                x
+            } else {
+                -x
+            }
+        })
+        .collect()
+}
+
+/// Values of `f` and the gradients of Σ w·f with respect to each input, on `dev`.
+fn run(
+    dev: Device,
+    dtype: DType,
+    f: Build,
+    shapes: &[&[usize]],
+    positive: bool,
+) -> (Vec<f64>, Vec<Vec<f64>>) {
+    let g = Graph::on(dev).unwrap();
+    let xs: Vec<Tensor<'_>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(k, s)| {
+            let n = s.iter().product();
+            g.from_f64(&data(n, k as u64 + 1, positive), s, dtype)
+                .unwrap()
+                .set_requires_grad(true)
+                .unwrap()
+        })
+        .collect();
+    let y = f(&g, &xs).unwrap();
+    assert_eq!(y.device(), dev);
+    let w = g
+        .from_f64(&data(y.numel(), 99, false), &y.shape(), dtype)
+        .unwrap();
+    y.mul(w).unwrap().sum().unwrap().backward().unwrap();
+    let grads = xs
+        .iter()
+        .map(|x| match x.grad().unwrap() {
+            Some(t) => t.to_vec_f64().unwrap(),
+            None => vec![0.0; x.numel()],
+        })
+        .collect();
+    (y.to_vec_f64().unwrap(), grads)
+}
+
+fn close(what: &str, a: &[f64], b: &[f64], rtol: f64) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    for (k, (x, y)) in a.iter().zip(b).enumerate() {
+        let tol = rtol * y.abs().max(1.0);
+        assert!(
+            (x - y).abs() <= tol,
+            "{what}: element {k}: cuda {x} vs cpu {y}"
+        );
+    }
+}
+
+fn parity(name: &str, f: Build, shapes: &[&[usize]], positive: bool) {
+    let Some(dev) = cuda_test_device(&format!("device_parity::{name}")) else {
+        return;
+    };
+    for (dtype, rtol) in [(DType::F32, 1e-4), (DType::F64, 1e-10)] {
+        let (yc, gc) = run(Device::Cpu, dtype, f, shapes, positive);
+        let (yd, gd) = run(dev, dtype, f, shapes, positive);
+        close(&format!("{name} {dtype} value"), &yd, &yc, rtol);
+        for (k, (a, b)) in gd.iter().zip(&gc).enumerate() {
+            close(&format!("{name} {dtype} grad {k}"), a, b, rtol);
+        }
+    }
+}
+
+macro_rules! parity_tests {
+    ($($name:ident: $shapes:expr, $pos:expr, |$g:ident, $x:ident| $body:expr;)+) => {
+        $(
+            #[test]
+            fn $name() {
+                fn f<'g>($g: &'g Graph, $x: &[Tensor<'g>]) -> Result<Tensor<'g>> {
+                    let _ = $g;
+                    $body
+                }
+                parity(stringify!($name), f, $shapes, $pos);
+            }
+        )+
+    };
+}
+
+parity_tests! {
+    neg: &[&[3, 5]], false, |g, x| x[0].neg();
+    exp: &[&[3, 5]], false, |g, x| x[0].exp();
+    log: &[&[3, 5]], true, |g, x| x[0].log();
+    sqrt: &[&[3, 5]], true, |g, x| x[0].sqrt();
+    abs: &[&[3, 5]], false, |g, x| x[0].abs();
+    sin: &[&[3, 5]], false, |g, x| x[0].sin();
+    cos: &[&[3, 5]], false, |g, x| x[0].cos();
+    tanh: &[&[3, 5]], false, |g, x| x[0].tanh();
+    sigmoid: &[&[3, 5]], false, |g, x| x[0].sigmoid();
+    relu: &[&[3, 5]], false, |g, x| x[0].relu();
+    gelu: &[&[3, 5]], false, |g, x| x[0].gelu();
+    scale_shift: &[&[3, 5]], false, |g, x| x[0].scale(2.5)?.shift(-1.0);
+    powf: &[&[3, 5]], true, |g, x| x[0].powf(2.5);
+    add_broadcast: &[&[2, 3, 4], &[3, 1]], false, |g, x| x[0].add(x[1]);
+    sub_broadcast: &[&[2, 3, 4], &[4]], false, |g, x| x[0].sub(x[1]);
+    mul_broadcast: &[&[3, 1], &[1, 4]], false, |g, x| x[0].mul(x[1]);
+    div_broadcast: &[&[2, 3], &[2, 1]], true, |g, x| x[0].div(x[1]);
+    pow_broadcast: &[&[2, 3], &[3]], true, |g, x| x[0].pow(x[1]);
+    maximum: &[&[4, 3], &[3]], false, |g, x| x[0].maximum(x[1]);
+    minimum: &[&[4, 3], &[4, 1]], false, |g, x| x[0].minimum(x[1]);
+    sum_all: &[&[3, 4, 5]], false, |g, x| x[0].sum();
+    sum_axes: &[&[3, 4, 5]], false, |g, x| x[0].sum_axes(&[0, 2], false);
+    mean_keepdim: &[&[3, 4, 5]], false, |g, x| x[0].mean_axes(&[1], true);
+    max_axes: &[&[3, 4, 5]], false, |g, x| x[0].max_axes(&[-1], false);
+    matmul_2d: &[&[5, 7], &[7, 3]], false, |g, x| x[0].matmul(x[1]);
+    matmul_batched: &[&[2, 5, 7], &[2, 7, 3]], false, |g, x| x[0].matmul(x[1]);
+    matmul_broadcast_batch: &[&[2, 1, 5, 7], &[3, 7, 4]], false, |g, x| x[0].matmul(x[1]);
+    matmul_vector: &[&[7], &[2, 7, 3]], false, |g, x| x[0].matmul(x[1]);
+    matmul_transposed: &[&[7, 5], &[3, 7]], false, |g, x| x[0].matmul_t(x[1], true, true);
+    permute: &[&[2, 3, 4]], false, |g, x| x[0].permute(&[2, 0, 1]);
+    transpose: &[&[3, 4]], false, |g, x| x[0].t();
+    broadcast_to: &[&[3, 1]], false, |g, x| x[0].broadcast_to(&[2, 3, 4]);
+    reshape: &[&[3, 4]], false, |g, x| x[0].reshape(&[2, -1])?.exp();
+    slice: &[&[4, 6]], false, |g, x| x[0].slice(1, 2, 5);
+    concat: &[&[2, 3], &[2, 2]], false, |g, x| g.concat(&[x[0], x[1], x[0]], 1);
+    index_select: &[&[5, 3]], false, |g, x| x[0].index_select(0, &[4, 0, 4, 2]);
+    gather: &[&[3, 4]], false, |g, x| x[0].gather(1, &[3, 0, 0, 1, 2, 2], &[3, 2]);
+    softmax: &[&[3, 5]], false, |g, x| x[0].softmax(-1);
+    log_softmax: &[&[3, 5]], false, |g, x| x[0].log_softmax(0);
+    select: &[&[3, 4], &[4]], false, |g, x| {
+        let c = x[0].shift(-0.5)?.detach()?;
+        g.select(c.relu()?, x[0], x[1])
+    };
+    conv2d: &[&[2, 3, 6, 5], &[4, 3, 3, 3]], false, |g, x| x[0].conv2d(x[1], (1, 2), (1, 0), (1, 1), 1);
+    conv2d_groups_dilation: &[&[1, 4, 7, 7], &[4, 2, 2, 2]], false, |g, x| x[0].conv2d(x[1], (1, 1), (0, 1), (2, 1), 2);
+    max_pool2d: &[&[2, 3, 6, 6]], false, |g, x| x[0].max_pool2d((2, 2), (2, 2), (0, 0));
+    max_pool2d_padded: &[&[1, 2, 5, 5]], false, |g, x| x[0].max_pool2d((3, 3), (2, 2), (1, 1));
+    avg_pool2d: &[&[2, 3, 6, 6]], false, |g, x| x[0].avg_pool2d((3, 3), (1, 1), (1, 1));
+    to_host_and_back: &[&[3, 4]], false, |g, x| {
+        let d = x[0].device();
+        x[0].to_device(Device::Cpu)?.exp()?.to_device(d)
+    };
+}
+
+#[test]
+fn second_derivative_on_device() {
+    let Some(dev) = cuda_test_device("device_parity::second_derivative_on_device") else {
+        return;
+    };
+    let grad2 = |dev: Device| {
+        let g = Graph::on(dev).unwrap();
+        let x = g.var(&[0.3, -0.7, 1.1], &[3], DType::F64).unwrap();
+        let y = x.tanh().unwrap().mul(x).unwrap().sum().unwrap();
+        let opts = arenagrad_graph::BackwardOptions {
+            create_graph: true,
+            ..Default::default()
+        };
+        let gx = arenagrad_graph::grad(y, &[x], opts).unwrap()[0].unwrap();
+        gx.sum().unwrap().backward().unwrap();
+        x.grad().unwrap().unwrap().to_vec_f64().unwrap()
+    };
+    close("d²(x·tanh x)", &grad2(dev), &grad2(Device::Cpu), 1e-10);
+}
+
+#[test]
+fn mixing_devices_is_a_typed_error() {
+    let Some(dev) = cuda_test_device("device_parity::mixing_devices_is_a_typed_error") else {
+        return;
+    };
+    let g = Graph::new();
+    let a = g.ones(&[2], DType::F32).unwrap();
+    let b = a.to_device(dev).unwrap();
+    let e = a.add(b).unwrap_err();
+    assert!(
+        matches!(e, arenagrad_graph::GraphError::DeviceMismatch { .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn without_a_usable_gpu_a_cuda_graph_is_no_cuda_device() {
+    if arenagrad_graph::cuda_device_count() > 0 {
+        return; // the other tests here cover a working device
+    }
+    match Graph::on(Device::Cuda(0)) {
+        Err(arenagrad_graph::GraphError::NoCudaDevice { ordinal: 0, reason }) => {
+            assert!(!reason.is_empty())
+        }
+        other => panic!("expected NoCudaDevice, got {other:?}"),
+    }
+    // A host tensor cannot be moved there either, and nothing panics.
+    let g = Graph::new();
+    let x = g.ones(&[2], DType::F32).unwrap();
+    assert!(matches!(
+        x.to_device(Device::Cuda(0)),
+        Err(arenagrad_graph::GraphError::NoCudaDevice { .. })
+    ));
+}
