@@ -127,6 +127,37 @@ pub fn im2col<T: Float>(x: &[T], win: &Window, pad: T, cols: &mut [T]) {
 pub fn col2im<T: Float>(cols: &[T], win: &Window, x: &mut [T]) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
     let l = ho * wo;
+    // Fast path, the mirror of im2col's: each output row of a kernel tap adds into a run of one
+    // input row.
+    if win.sh == 1 && win.sw == 1 && win.dh == 1 && win.dw == 1 {
+        for c in 0..win.c {
+            for ki in 0..win.kh {
+                for kj in 0..win.kw {
+                    let row = (c * win.kh + ki) * win.kw + kj;
+                    let lo = win.pw.saturating_sub(kj).min(wo);
+                    let hi = (win.w + win.pw).saturating_sub(kj).min(wo).max(lo);
+                    if hi == lo {
+                        continue;
+                    }
+                    for oh in 0..ho {
+                        let ih = (oh + ki) as isize - win.ph as isize;
+                        if ih < 0 || ih as usize >= win.h {
+                            continue;
+                        }
+                        let dst = row * l + oh * wo;
+                        let src = (c * win.h + ih as usize) * win.w + lo + kj - win.pw;
+                        for (xv, &cv) in x[src..src + (hi - lo)]
+                            .iter_mut()
+                            .zip(&cols[dst + lo..dst + hi])
+                        {
+                            *xv += cv;
+                        }
+                    }
+                }
+            }
+        }
+        return;
+    }
     win.for_each(|row, col, src| {
         if let Some(s) = src {
             x[s] += cols[row * l + col];
@@ -139,6 +170,23 @@ pub fn col2im<T: Float>(cols: &[T], win: &Window, x: &mut [T]) {
 #[allow(clippy::eq_op)] // `v != v` is the NaN test on a generic float
 pub fn max_pool_indices<T: Float>(x: &[T], win: &Window, base: usize, idx: &mut [u32]) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
+    let plain = win.ph == 0 && win.pw == 0 && win.dh == 1 && win.dw == 1;
+    if plain && (win.kh, win.kw, win.sh, win.sw) == (2, 2, 2, 2) {
+        // The common 2×2/2 pooling: two input rows give one output row, read as pairs, in the
+        // same order and with the same rule as the general loop below.
+        let w = win.w;
+        for c in 0..win.c {
+            for oh in 0..ho {
+                let r0 = (c * win.h + 2 * oh) * w;
+                let top = &x[r0..r0 + 2 * wo];
+                let bot = &x[r0 + w..r0 + w + 2 * wo];
+                let out = &mut idx[(c * ho + oh) * wo..(c * ho + oh + 1) * wo];
+                let k0 = (base + r0) as u32;
+                pool2x2_row(top, bot, k0, w as u32, out);
+            }
+        }
+        return;
+    }
     if win.ph == 0 && win.pw == 0 {
         // Every window lies inside the image: no bounds tests in the inner loop.
         for c in 0..win.c {
@@ -196,6 +244,52 @@ pub fn max_pool_indices<T: Float>(x: &[T], win: &Window, base: usize, idx: &mut 
                 idx[(c * ho + oh) * wo + ow] = (base + k) as u32;
             }
         }
+    }
+}
+
+/// One output row of 2×2/2 max pooling: `top` and `bot` are the two input rows (`2·out.len()`
+/// elements each), `k0` the flat index of `top[0]`, `w` the input row length. Eight outputs at a
+/// time as separate passes over fixed-size arrays, which the compiler turns into vector code.
+#[allow(clippy::eq_op)] // `v != v` is the NaN test on a generic float
+fn pool2x2_row<T: Float>(top: &[T], bot: &[T], k0: u32, w: u32, out: &mut [u32]) {
+    const L: usize = 8;
+    let n = out.len();
+    let full = n / L * L;
+    for (blk, o) in out[..full].chunks_exact_mut(L).enumerate() {
+        let j0 = blk * L;
+        let t = &top[2 * j0..2 * j0 + 2 * L];
+        let b = &bot[2 * j0..2 * j0 + 2 * L];
+        let mut bv = [T::ZERO; L];
+        let mut off = [0u32; L];
+        for j in 0..L {
+            bv[j] = t[2 * j];
+        }
+        // The rest of each window in the order the general loop visits it: (row, column, offset).
+        for (src, col, dk) in [(t, 1, 1), (b, 0, w), (b, 1, w + 1)] {
+            for j in 0..L {
+                let v = src[2 * j + col];
+                let take = (v > bv[j]) | (v != v);
+                bv[j] = if take { v } else { bv[j] };
+                off[j] = if take { dk } else { off[j] };
+            }
+        }
+        for j in 0..L {
+            o[j] = k0 + 2 * (j0 + j) as u32 + off[j];
+        }
+    }
+    for (j, o) in out.iter_mut().enumerate().skip(full) {
+        let k = k0 + 2 * j as u32;
+        let (mut bv, mut bk) = (top[2 * j], k);
+        for (v, kv) in [
+            (top[2 * j + 1], k + 1),
+            (bot[2 * j], k + w),
+            (bot[2 * j + 1], k + w + 1),
+        ] {
+            let take = (v > bv) | (v != v);
+            bv = if take { v } else { bv };
+            bk = if take { kv } else { bk };
+        }
+        *o = bk;
     }
 }
 
@@ -276,17 +370,34 @@ mod tests {
             let mut slow = vec![0.0; fast.len()];
             win.for_each(|row, col, src| slow[row * ho * wo + col] = src.map_or(-7.0, |s| x[s]));
             assert_eq!(fast, slow, "padding {ph},{pw} kernel {kh}x{kw}");
+            // col2im's fast path against the general loop.
+            let y: Vec<f64> = (0..fast.len()).map(|i| (i as f64 * 0.37).sin()).collect();
+            let mut back = vec![0.0; 90];
+            col2im(&y, &win, &mut back);
+            let mut want = vec![0.0; 90];
+            win.for_each(|row, col, src| {
+                if let Some(s) = src {
+                    want[s] += y[row * ho * wo + col];
+                }
+            });
+            for (a, b) in back.iter().zip(&want) {
+                assert!(
+                    (a - b).abs() < 1e-12,
+                    "col2im padding {ph},{pw} kernel {kh}x{kw}"
+                );
+            }
         }
     }
 
     #[test]
     fn max_pool_fast_path_matches_first_maximum() {
-        let x: Vec<f64> = (0..2 * 7 * 6).map(|i| ((i * 37) % 11) as f64).collect();
+        let (h, w) = (7, 38);
+        let x: Vec<f64> = (0..2 * h * w).map(|i| ((i * 37) % 11) as f64).collect();
         for (k, s) in [((2, 2), (2, 2)), ((3, 2), (2, 1)), ((1, 3), (1, 3))] {
             let win = Window {
                 c: 2,
-                h: 7,
-                w: 6,
+                h,
+                w,
                 kh: k.0,
                 kw: k.1,
                 sh: s.0,
@@ -305,7 +416,7 @@ mod tests {
                         let mut best = (f64::NEG_INFINITY, 0);
                         for ki in 0..k.0 {
                             for kj in 0..k.1 {
-                                let at = (c * 7 + oh * s.0 + ki) * 6 + ow * s.1 + kj;
+                                let at = (c * h + oh * s.0 + ki) * w + ow * s.1 + kj;
                                 if x[at] > best.0 {
                                     best = (x[at], at);
                                 }

@@ -231,26 +231,102 @@ fn batch_offsets(
     (a_offs, b_offs)
 }
 
+impl<'g> Tensor<'g> {
+    /// `Σ_b op(self_b)·op(other_b)` over the batch axes both operands share, accumulated into
+    /// one `[m, n]` buffer by GEMMs with β = 1 (never recorded: the fused gradient of a matrix
+    /// broadcast over a batch, such as a convolution's weight, without materialising one
+    /// product per batch entry).
+    fn matmul_t_batch_sum(self, other: Tensor<'g>, ta: bool, tb: bool) -> Result<Tensor<'g>> {
+        let name = "matmul";
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (ash, dtype, ab) = {
+            let n = i.node(name, self.id)?;
+            (n.shape.clone(), n.dtype, n.buf)
+        };
+        let (bsh, bb) = {
+            let n = i.node(name, other.id)?;
+            (n.shape.clone(), n.buf)
+        };
+        let r = ash.len();
+        let (m, k) = if ta {
+            (ash[r - 1], ash[r - 2])
+        } else {
+            (ash[r - 2], ash[r - 1])
+        };
+        let n = if tb { bsh[r - 2] } else { bsh[r - 1] };
+        let batch: usize = ash[..r - 2].iter().product();
+        let (a_mat, b_mat) = (ash[r - 2] * ash[r - 1], bsh[r - 2] * bsh[r - 1]);
+        let (a_cols, b_cols) = (ash[r - 1], bsh[r - 1]);
+        let out = i.alloc_zeroed(name, dtype, m * n)?;
+        let threads = i.threads;
+        with_float!(dtype, T, {
+            let (o, [x, y]) = i
+                .arena
+                .split_mut::<T, 2>(out, [ab, bb])
+                .map_err(|source| GraphError::Alloc { op: name, source })?;
+            for t in 0..batch {
+                cpu::gemm(
+                    m,
+                    k,
+                    n,
+                    MatView::row_major(x, t * a_mat, a_cols, ta),
+                    MatView::row_major(y, t * b_mat, b_cols, tb),
+                    o,
+                    0,
+                    true,
+                    threads,
+                );
+            }
+        });
+        let id = i.push(Shape::from_slice(&[m, n]), dtype, out, Op::Leaf, &[]);
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+}
+
+/// `sum_to(op(x)·op(y), target)`: through [`Tensor::matmul_t_batch_sum`] when the sum is over
+/// every batch axis of two operands with the same batch shape (a host tensor, no graph to
+/// record), else as a product and a reduction.
+fn product_summed_to<'g>(
+    x: Tensor<'g>,
+    y: Tensor<'g>,
+    tx: bool,
+    ty: bool,
+    target: &[usize],
+    c: &Ctx<'g>,
+) -> Result<Tensor<'g>> {
+    let (xs, ys) = (x.try_shape()?, y.try_shape()?);
+    let fused = !c.create_graph
+        && target.len() == 2
+        && xs.len() > 2
+        && xs.len() == ys.len()
+        && xs[..xs.len() - 2] == ys[..ys.len() - 2]
+        && x.device() == Device::Cpu;
+    if fused {
+        return x.matmul_t_batch_sum(y, tx, ty);
+    }
+    x.matmul_t(y, tx, ty)?.sum_to(target)
+}
+
 pub(crate) fn backward<'g>(ta: bool, tb: bool, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let (a, b, g) = (c.input(0), c.input(1), c.gy);
     // C = op(A)·op(B). d op(A) = G·op(B)ᵀ, d op(B) = op(A)ᵀ·G; undo op for transposed operands.
     let ga = if a.requires_grad() {
-        let t = if ta {
-            b.matmul_t(g, tb, true)?
+        Some(if ta {
+            product_summed_to(b, g, tb, true, &a.shape(), c)?
         } else {
-            g.matmul_t(b, false, !tb)?
-        };
-        Some(t.sum_to(&a.shape())?)
+            product_summed_to(g, b, false, !tb, &a.shape(), c)?
+        })
     } else {
         None
     };
     let gb = if b.requires_grad() {
-        let t = if tb {
-            g.matmul_t(a, true, ta)?
+        Some(if tb {
+            product_summed_to(g, a, true, ta, &b.shape(), c)?
         } else {
-            a.matmul_t(g, !ta, false)?
-        };
-        Some(t.sum_to(&b.shape())?)
+            product_summed_to(a, g, !ta, false, &b.shape(), c)?
+        })
     } else {
         None
     };
