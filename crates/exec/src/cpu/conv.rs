@@ -89,7 +89,12 @@ impl Window {
 /// output position `col`, `pad` in the padding. One image.
 pub fn im2col<T: Float>(x: &[T], win: &Window, pad: T, cols: &mut [T]) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
-    let l = ho * wo;
+    im2col_ld(x, win, pad, cols, ho * wo, 0);
+}
+
+/// [`im2col`] into a wider matrix: row `r` of the patch matrix starts at `off + r·ld`.
+fn im2col_ld<T: Float>(x: &[T], win: &Window, pad: T, cols: &mut [T], ld: usize, off: usize) {
+    let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
     // Fast path: stride 1 and dilation 1 (any padding) — each output row of a kernel tap is a
     // shifted copy of an input row, with `pad` where it hangs over the edge.
     if win.sh == 1 && win.sw == 1 && win.dh == 1 && win.dw == 1 {
@@ -101,7 +106,7 @@ pub fn im2col<T: Float>(x: &[T], win: &Window, pad: T, cols: &mut [T]) {
                     let lo = win.pw.saturating_sub(kj).min(wo);
                     let hi = (win.w + win.pw).saturating_sub(kj).min(wo).max(lo);
                     for oh in 0..ho {
-                        let dst = row * l + oh * wo;
+                        let dst = off + row * ld + oh * wo;
                         let out = &mut cols[dst..dst + wo];
                         let ih = (oh + ki) as isize - win.ph as isize;
                         if ih < 0 || ih as usize >= win.h {
@@ -120,13 +125,18 @@ pub fn im2col<T: Float>(x: &[T], win: &Window, pad: T, cols: &mut [T]) {
         }
         return;
     }
-    win.for_each(|row, col, src| cols[row * l + col] = src.map_or(pad, |s| x[s]));
+    win.for_each(|row, col, src| cols[off + row * ld + col] = src.map_or(pad, |s| x[s]));
 }
 
 /// The adjoint of [`im2col`]: `x[src] += cols[row, col]` for every tap that reads `src`.
 pub fn col2im<T: Float>(cols: &[T], win: &Window, x: &mut [T]) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
-    let l = ho * wo;
+    col2im_ld(cols, win, x, ho * wo, 0);
+}
+
+/// [`col2im`] from a wider matrix: row `r` of the patch matrix starts at `off + r·ld`.
+fn col2im_ld<T: Float>(cols: &[T], win: &Window, x: &mut [T], ld: usize, off: usize) {
+    let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
     // Fast path, the mirror of im2col's: each output row of a kernel tap adds into a run of one
     // input row.
     if win.sh == 1 && win.sw == 1 && win.dh == 1 && win.dw == 1 {
@@ -144,7 +154,7 @@ pub fn col2im<T: Float>(cols: &[T], win: &Window, x: &mut [T]) {
                         if ih < 0 || ih as usize >= win.h {
                             continue;
                         }
-                        let dst = row * l + oh * wo;
+                        let dst = off + row * ld + oh * wo;
                         let src = (c * win.h + ih as usize) * win.w + lo + kj - win.pw;
                         for (xv, &cv) in x[src..src + (hi - lo)]
                             .iter_mut()
@@ -160,8 +170,50 @@ pub fn col2im<T: Float>(cols: &[T], win: &Window, x: &mut [T]) {
     }
     win.for_each(|row, col, src| {
         if let Some(s) = src {
-            x[s] += cols[row * l + col];
+            x[s] += cols[off + row * ld + col];
         }
+    });
+}
+
+/// im2col of a batch `[n, c, h, w]` into one matrix with the images side by side:
+/// `cols[row, b·L + col]` (`patch_len × n·L`, `L = ho·wo`), so that one GEMM convolves the whole
+/// batch. Work splits over channels (each owns `kh·kw` whole rows).
+pub fn im2col_batch<T: Float>(
+    x: &[T],
+    n: usize,
+    win: &Window,
+    pad: T,
+    cols: &mut [T],
+    threads: usize,
+) {
+    let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
+    let l = ho * wo;
+    let ld = n * l;
+    let plane = win.h * win.w;
+    let one = Window { c: 1, ..*win };
+    let rows = win.kh * win.kw;
+    super::par::par_rows_mut(
+        cols,
+        rows * ld,
+        threads,
+        super::par::PAR_MIN_ELEMS,
+        |c, blk| {
+            for b in 0..n {
+                let img = &x[(b * win.c + c) * plane..(b * win.c + c + 1) * plane];
+                im2col_ld(img, &one, pad, blk, ld, b * l);
+            }
+        },
+    );
+}
+
+/// The adjoint of [`im2col_batch`]: adds each image's columns back into `x` (`[n, c, h, w]`,
+/// cleared by the caller). Work splits over images.
+pub fn col2im_batch<T: Float>(cols: &[T], n: usize, win: &Window, x: &mut [T], threads: usize) {
+    let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
+    let l = ho * wo;
+    let per = win.c * win.h * win.w;
+    super::par::par_rows_mut(x, per, threads, super::par::PAR_MIN_ELEMS, |b, img| {
+        col2im_ld(cols, win, img, n * l, b * l);
     });
 }
 
@@ -339,6 +391,52 @@ mod tests {
         let lhs: f64 = cols.iter().zip(&y).map(|(a, b)| a * b).sum();
         let rhs: f64 = x.iter().zip(&back).map(|(a, b)| a * b).sum();
         assert!((lhs - rhs).abs() < 1e-12);
+    }
+
+    #[test]
+    fn batch_layout_matches_per_image() {
+        for (sh, ph) in [(1, 1), (2, 0)] {
+            let win = Window {
+                c: 3,
+                h: 6,
+                w: 5,
+                kh: 3,
+                kw: 2,
+                sh,
+                sw: sh,
+                ph,
+                pw: ph,
+                dh: 1,
+                dw: 1,
+            };
+            let n = 4;
+            let (ho, wo) = win.out_hw().unwrap();
+            let (l, k, per) = (ho * wo, win.patch_len(), 3 * 6 * 5);
+            let x: Vec<f64> = (0..n * per).map(|i| (i as f64 * 0.61).sin()).collect();
+            for threads in [1, 3] {
+                let mut all = vec![0.0; k * n * l];
+                im2col_batch(&x, n, &win, 0.0, &mut all, threads);
+                for b in 0..n {
+                    let mut one = vec![0.0; k * l];
+                    im2col(&x[b * per..(b + 1) * per], &win, 0.0, &mut one);
+                    for r in 0..k {
+                        assert_eq!(&all[r * n * l + b * l..][..l], &one[r * l..][..l]);
+                    }
+                }
+                let y: Vec<f64> = (0..k * n * l).map(|i| (i as f64 * 0.29).cos()).collect();
+                let mut back = vec![0.0; n * per];
+                col2im_batch(&y, n, &win, &mut back, threads);
+                for b in 0..n {
+                    let mut cols = vec![0.0; k * l];
+                    for r in 0..k {
+                        cols[r * l..(r + 1) * l].copy_from_slice(&y[r * n * l + b * l..][..l]);
+                    }
+                    let mut want = vec![0.0; per];
+                    col2im(&cols, &win, &mut want);
+                    assert_eq!(&back[b * per..(b + 1) * per], &want[..]);
+                }
+            }
+        }
     }
 
     #[test]

@@ -91,6 +91,34 @@ impl<'g> Tensor<'g> {
         })
     }
 
+    /// im2col of the batch into one `[C·kh·kw, N·Ho·Wo]` matrix (host tensors only).
+    fn unfold_batch_win(self, win: Window, n: usize) -> Result<Tensor<'g>> {
+        let threads = self.g.threads();
+        let (ho, wo) = win.out_hw().expect("invariant: checked window");
+        let out: Shape = smallvec![win.patch_len(), n * ho * wo];
+        checked_numel("unfold_batch", &out)?;
+        self.data_op(
+            "unfold_batch",
+            out,
+            Op::UnfoldBatch(Arc::new(win)),
+            false,
+            move |a| a.unfold_batch(&win, n, threads),
+        )
+    }
+
+    fn fold_batch_win(self, win: Window, n: usize) -> Result<Tensor<'g>> {
+        let threads = self.g.threads();
+        let out: Shape = smallvec![n, win.c, win.h, win.w];
+        checked_numel("fold_batch", &out)?;
+        self.data_op(
+            "fold_batch",
+            out,
+            Op::FoldBatch(Arc::new(win)),
+            true,
+            move |a| a.fold_batch(&win, n, threads),
+        )
+    }
+
     /// 2-D convolution (cross-correlation, as in PyTorch): input `[N, C, H, W]`, weight
     /// `[O, C/groups, kh, kw]`, output `[N, O, Ho, Wo]`. Add a bias by broadcasting `[1, O, 1, 1]`.
     pub fn conv2d(
@@ -117,10 +145,20 @@ impl<'g> Tensor<'g> {
         }
         let win = window(op, &xs, (ws[2], ws[3]), stride, padding, dilation)?;
         let (ho, wo) = win.out_hw().expect("invariant: checked window");
-        let cols = self.unfold_win(win, n)?; // [N, C·kh·kw, L]
         let l = (ho * wo) as isize;
         let g = groups as isize;
         let kk = (ws[1] * ws[2] * ws[3]) as isize;
+        if groups == 1 && self.device() == Device::Cpu {
+            // On the host the whole batch is one GEMM: W [O, K] · cols [K, N·L] → [O, N·L],
+            // then the images are put back in front.
+            let cols = self.unfold_batch_win(win, n)?;
+            let y = weight.reshape(&[o as isize, kk])?.matmul(cols)?;
+            return y
+                .reshape(&[o as isize, n as isize, l])?
+                .permute(&[1, 0, 2])?
+                .reshape(&[n as isize, o as isize, ho as isize, wo as isize]);
+        }
+        let cols = self.unfold_win(win, n)?; // [N, C·kh·kw, L]
         let y = if groups == 1 {
             weight.reshape(&[o as isize, kk])?.matmul(cols)? // [N, O, L]
         } else {
@@ -315,6 +353,16 @@ pub(crate) fn put_backward<'g>(idx: BufId, c: &Ctx<'g>) -> Result<Grads<'g>> {
 pub(crate) fn unfold_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let n = c.input(0).shape()[0];
     Ok(smallvec![Some(c.gy.fold_win(*win, n)?)])
+}
+
+pub(crate) fn unfold_batch_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let n = c.input(0).shape()[0];
+    Ok(smallvec![Some(c.gy.fold_batch_win(*win, n)?)])
+}
+
+pub(crate) fn fold_batch_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let n = c.out.shape()[0];
+    Ok(smallvec![Some(c.gy.unfold_batch_win(*win, n)?)])
 }
 
 pub(crate) fn fold_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads<'g>> {

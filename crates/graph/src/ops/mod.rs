@@ -90,6 +90,10 @@ pub(crate) enum Op {
     /// im2col over `[N, C, H, W]` and its adjoint col2im; see [`conv`].
     Unfold(Arc<arenagrad_exec::cpu::Window>),
     Fold(Arc<arenagrad_exec::cpu::Window>),
+    /// im2col of a whole batch into one `[C·kh·kw, N·L]` matrix (images side by side), and its
+    /// adjoint; how a convolution on the host becomes one GEMM.
+    UnfoldBatch(Arc<arenagrad_exec::cpu::Window>),
+    FoldBatch(Arc<arenagrad_exec::cpu::Window>),
     /// `out[i] = x[idx[i]]` over flat indices kept in the arena (max pooling), and its adjoint.
     TakeFlat {
         idx: arenagrad_alloc::BufId,
@@ -136,6 +140,8 @@ impl Op {
             Op::Custom(c) => c.name(),
             Op::Unfold(_) => "unfold",
             Op::Fold(_) => "fold",
+            Op::UnfoldBatch(_) => "unfold_batch",
+            Op::FoldBatch(_) => "fold_batch",
             Op::TakeFlat { .. } => "max_pool2d",
             Op::PutFlat { .. } => "max_pool2d_backward",
             Op::ToDevice { .. } => "to_device",
@@ -178,6 +184,8 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Custom(op) => custom::backward(op, c),
         Op::Unfold(w) => conv::unfold_backward(w, c),
         Op::Fold(w) => conv::fold_backward(w, c),
+        Op::UnfoldBatch(w) => conv::unfold_batch_backward(w, c),
+        Op::FoldBatch(w) => conv::fold_batch_backward(w, c),
         Op::TakeFlat { idx } => conv::take_backward(*idx, c),
         Op::PutFlat { idx } => conv::put_backward(*idx, c),
         Op::ToDevice { from } => Ok(smallvec::smallvec![Some(c.gy.to_device(*from)?)]),

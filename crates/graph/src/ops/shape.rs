@@ -564,6 +564,12 @@ impl KernelArgs<'_> {
             })
         })
     }
+    pub(crate) fn unfold_batch(self, win: &cpu::Window, n: usize, threads: usize) {
+        both!(self, x, o, _s => cpu::im2col_batch(x, n, win, Float::ZERO, o, threads))
+    }
+    pub(crate) fn fold_batch(self, win: &cpu::Window, n: usize, threads: usize) {
+        both!(self, x, o, _s => cpu::col2im_batch(x, n, win, o, threads))
+    }
     pub(crate) fn fold(self, win: &cpu::Window, threads: usize) {
         let (ho, wo) = win.out_hw().expect("invariant: checked window");
         let (pi, po) = (win.patch_len() * ho * wo, win.c * win.h * win.w);
