@@ -94,6 +94,28 @@ pub fn unary<T: Float>(op: UnaryOp, x: &[T], out: &mut [T], threads: usize) {
     }
 }
 
+/// `out[i] = f(x[i], y[i], gy[i])`, monomorphised per `f` so the loop inlines and vectorises.
+fn zip3_into<T: Float, F: Fn(T, T, T) -> T + Sync + ?Sized>(
+    x: &[T],
+    y: &[T],
+    gy: &[T],
+    out: &mut [T],
+    threads: usize,
+    f: &F,
+) {
+    par_chunks_mut(out, threads, PAR_MIN_ELEMS, |start, o| {
+        let end = start + o.len();
+        for (((o, &xv), &yv), &g) in o
+            .iter_mut()
+            .zip(&x[start..end])
+            .zip(&y[start..end])
+            .zip(&gy[start..end])
+        {
+            *o = f(xv, yv, g);
+        }
+    })
+}
+
 /// The fused derivative: `out[i] = gy[i] * op'(x[i])`, where `y` is the forward output (the
 /// derivatives of `exp`, `tanh`, `sigmoid` and `sqrt` are cheapest written in it).
 pub fn unary_grad<T: Float>(
@@ -105,49 +127,37 @@ pub fn unary_grad<T: Float>(
     threads: usize,
 ) {
     debug_assert!(x.len() == out.len() && y.len() == out.len() && gy.len() == out.len());
-    let zip3 = |f: &(dyn Fn(T, T, T) -> T + Sync), out: &mut [T]| {
-        par_chunks_mut(out, threads, PAR_MIN_ELEMS, |start, o| {
-            let end = start + o.len();
-            for (((o, &xv), &yv), &g) in o
-                .iter_mut()
-                .zip(&x[start..end])
-                .zip(&y[start..end])
-                .zip(&gy[start..end])
-            {
-                *o = f(xv, yv, g);
-            }
-        })
-    };
     match op {
-        UnaryOp::Neg => zip3(&|_, _, g| -g, out),
-        UnaryOp::Exp => zip3(&|_, y, g| g * y, out),
-        UnaryOp::Log => zip3(&|x, _, g| g / x, out),
-        UnaryOp::Sqrt => zip3(&|_, y, g| g * T::from_f64(0.5) / y, out),
-        UnaryOp::Abs | UnaryOp::Sign => zip3(
-            &|x, _, g| {
-                if x > T::ZERO {
-                    g
-                } else if x < T::ZERO {
-                    -g
-                } else {
-                    T::ZERO
-                }
-            },
-            out,
-        ),
-        UnaryOp::Sin => zip3(&|x, _, g| g * x.cos(), out),
-        UnaryOp::Cos => zip3(&|x, _, g| -(g * x.sin()), out),
+        UnaryOp::Neg => zip3_into(x, y, gy, out, threads, &|_, _, g| -g),
+        UnaryOp::Exp => zip3_into(x, y, gy, out, threads, &|_, y, g| g * y),
+        UnaryOp::Log => zip3_into(x, y, gy, out, threads, &|x, _, g| g / x),
+        UnaryOp::Sqrt => zip3_into(x, y, gy, out, threads, &|_, y, g| g * T::from_f64(0.5) / y),
+        UnaryOp::Abs | UnaryOp::Sign => zip3_into(x, y, gy, out, threads, &|x, _, g| {
+            if x > T::ZERO {
+                g
+            } else if x < T::ZERO {
+                -g
+            } else {
+                T::ZERO
+            }
+        }),
+        UnaryOp::Sin => zip3_into(x, y, gy, out, threads, &|x, _, g| g * x.cos()),
+        UnaryOp::Cos => zip3_into(x, y, gy, out, threads, &|x, _, g| -(g * x.sin())),
         UnaryOp::Tanh => {
             // The hot case of the tiny-op chain: a plain loop the compiler vectorises.
             for (((o, &yv), &g), _) in out.iter_mut().zip(y).zip(gy).zip(x) {
                 *o = g * (T::ONE - yv * yv);
             }
         }
-        UnaryOp::Sigmoid => zip3(&|_, y, g| g * y * (T::ONE - y), out),
-        UnaryOp::Relu | UnaryOp::Step => {
-            zip3(&|x, _, g| if x > T::ZERO { g } else { T::ZERO }, out)
-        }
-        UnaryOp::Gelu => zip3(&|x, _, g| g * gelu_grad(x), out),
+        UnaryOp::Sigmoid => zip3_into(x, y, gy, out, threads, &|_, y, g| g * y * (T::ONE - y)),
+        UnaryOp::Relu | UnaryOp::Step => zip3_into(x, y, gy, out, threads, &|x, _, g| {
+            if x > T::ZERO {
+                g
+            } else {
+                T::ZERO
+            }
+        }),
+        UnaryOp::Gelu => zip3_into(x, y, gy, out, threads, &|x, _, g| g * gelu_grad(x)),
         UnaryOp::Scale(s) => {
             let s = T::from_f64(s);
             for (o, &g) in out.iter_mut().zip(gy) {
@@ -158,7 +168,7 @@ pub fn unary_grad<T: Float>(
         UnaryOp::Powf(p) => {
             let pm1 = T::from_f64(p - 1.0);
             let p = T::from_f64(p);
-            zip3(&move |x, _, g| g * p * x.powf(pm1), out)
+            zip3_into(x, y, gy, out, threads, &move |x, _, g| g * p * x.powf(pm1))
         }
         UnaryOp::GeluGrad => {
             // d/dx gelu'(x), by central difference of the closed form would lose precision; the

@@ -214,25 +214,72 @@ pub fn gemm<T: crate::Float + Gemm>(
         run(0, m, c);
         return;
     }
+    if n > m {
+        // Wide and short (a linear layer's forward, most weight gradients): split the columns,
+        // so each thread packs only its part of B, the larger operand, instead of all of it.
+        gemm_column_split(m, k, n, a, b, c, beta, t);
+        return;
+    }
     // Row blocks rounded to the kernel's 8-row panels, so no thread gets a ragged panel.
     let per = m.div_ceil(t).div_ceil(8) * 8;
-    std::thread::scope(|s| {
-        let run = &run;
-        let mut rest = c;
-        let mut r0 = 0;
-        let mut hs = Vec::new();
-        while m - r0 > per {
-            let (head, tail) = rest.split_at_mut(per * n);
-            let start = r0;
-            hs.push(s.spawn(move || run(start, per, head)));
-            rest = tail;
-            r0 += per;
+    let parts: Vec<&mut [T]> = c.chunks_mut(per * n).collect();
+    super::pool::for_each_part(parts, |j, part| run(j * per, part.len() / n, part));
+}
+
+/// A pointer to `C` shared by the threads of [`gemm_column_split`], each writing its own columns.
+struct SharedOut<T>(*mut T);
+
+// SAFETY: the pointer is only dereferenced by `gemm_column_split`'s threads, which write disjoint
+// column blocks of one `&mut` buffer that outlives the thread scope; `T: Send` values may be
+// written from other threads.
+unsafe impl<T: Send> Send for SharedOut<T> {}
+// SAFETY: as above; no thread reads through the pointer what another writes.
+unsafe impl<T: Send> Sync for SharedOut<T> {}
+
+/// `c = a·b (+ c)` with the `n` columns split into `t` blocks, one per thread.
+#[allow(clippy::too_many_arguments)]
+fn gemm_column_split<T: crate::Float + Gemm>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: MatView<'_, T>,
+    b: MatView<'_, T>,
+    c: &mut [T],
+    beta: T,
+    t: usize,
+) {
+    debug_assert_eq!(c.len(), m * n);
+    // Blocks of whole 16-column panels.
+    let per = n.div_ceil(t).div_ceil(16) * 16;
+    let out = SharedOut(c.as_mut_ptr());
+    let run = |c0: usize| {
+        let cols = per.min(n - c0);
+        let out = &out;
+        // SAFETY: `a.fits(m, k)` and `b.fits(k, n)` hold (checked by `gemm`), so columns
+        // c0..c0+cols of `b` and every element of `a` are inside their slices. `out.0` points at
+        // `c`, a unique `&mut [T]` of m×n elements with row stride n that lives until the thread
+        // scope ends; this call writes only rows 0..m of columns c0..c0+cols, which no other
+        // block touches, and nothing reads `c` until every block has finished.
+        unsafe {
+            T::gemm_raw(
+                m,
+                k,
+                cols,
+                T::ONE,
+                a.data.as_ptr().add(a.offset),
+                a.rs as isize,
+                a.cs as isize,
+                b.data.as_ptr().add(b.offset + c0 * b.cs),
+                b.rs as isize,
+                b.cs as isize,
+                beta,
+                out.0.add(c0),
+                n as isize,
+                1,
+            )
         }
-        run(r0, m - r0, rest);
-        for h in hs {
-            h.join().expect("invariant: gemm threads do not panic");
-        }
-    });
+    };
+    super::pool::fork(n.div_ceil(per), &|j| run(j * per));
 }
 
 /// Many products of one shape: `c[b] = op(a at a_offs[b]) · op(b at b_offs[b])`, with the outputs
@@ -291,20 +338,8 @@ pub fn gemm_batched<T: crate::Float + Gemm>(
         return;
     }
     let per = batches.div_ceil(t);
-    std::thread::scope(|s| {
-        let run = &run;
-        let mut hs = Vec::new();
-        for (j, chunk) in c.chunks_mut(per * mn).enumerate() {
-            if j + 1 == batches.div_ceil(per) {
-                run(j * per, chunk);
-            } else {
-                hs.push(s.spawn(move || run(j * per, chunk)));
-            }
-        }
-        for h in hs {
-            h.join().expect("invariant: gemm threads do not panic");
-        }
-    });
+    let parts: Vec<&mut [T]> = c.chunks_mut(per * mn).collect();
+    super::pool::for_each_part(parts, |j, chunk| run(j * per, chunk));
 }
 
 #[cfg(test)]
@@ -424,5 +459,39 @@ mod tests {
         );
         let plus1: Vec<f64> = want.iter().map(|v| v + 1.0).collect();
         assert_eq!(c, plus1);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn threaded_row_and_column_splits_match_naive() {
+        // Above PAR_MIN_FLOPS: short-and-wide splits columns, tall-and-narrow splits rows.
+        for (m, k, n) in [(40, 300, 250), (250, 300, 40), (33, 200, 331)] {
+            let a: Vec<f64> = (0..m * k).map(|i| ((i * 7) % 13) as f64 - 6.0).collect();
+            let b: Vec<f64> = (0..k * n).map(|i| ((i * 5) % 11) as f64 - 5.0).collect();
+            let want = naive(m, k, n, &a, &b);
+            // b stored transposed (n×k), read through strides.
+            let mut bt = vec![0.0; n * k];
+            for p in 0..k {
+                for j in 0..n {
+                    bt[j * k + p] = b[p * n + j];
+                }
+            }
+            for threads in [2, 3] {
+                let mut c = vec![0.5; m * n];
+                gemm(
+                    m,
+                    k,
+                    n,
+                    MatView::row_major(&a, 0, k, false),
+                    MatView::row_major(&bt, 0, k, true),
+                    &mut c,
+                    0,
+                    true,
+                    threads,
+                );
+                let plus: Vec<f64> = want.iter().map(|v| v + 0.5).collect();
+                assert_eq!(c, plus, "{m}x{k}x{n} on {threads} threads");
+            }
+        }
     }
 }

@@ -5,6 +5,7 @@ pub mod elementwise;
 pub mod fastmath;
 pub mod matmul;
 pub mod par;
+pub mod pool;
 pub mod reduce;
 pub mod shape;
 

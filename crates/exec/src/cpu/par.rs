@@ -1,7 +1,7 @@
-//! Splitting large work across a few scoped threads.
+//! Splitting large work across a few threads.
 //!
-//! The engine never owns a global pool: each call gets the thread count its graph was configured
-//! with, and threads are scoped to the call. Spawning costs tens of microseconds, so only work
+//! Each call gets the thread count its graph was configured with; the threads are parked
+//! workers ([`super::pool`]), so a split costs a wake-up rather than a spawn. Still, only work
 //! above [`PAR_MIN_ELEMS`] elements is split.
 
 /// Below this many elements an elementwise kernel runs on the calling thread.
@@ -21,23 +21,8 @@ pub fn par_chunks_mut<T: Send>(
         return;
     }
     let chunk = n.div_ceil(t);
-    std::thread::scope(|s| {
-        let f = &f;
-        let mut rest = out;
-        let mut start = 0;
-        let mut handles = Vec::new();
-        while rest.len() > chunk {
-            let (head, tail) = rest.split_at_mut(chunk);
-            let st = start;
-            handles.push(s.spawn(move || f(st, head)));
-            rest = tail;
-            start += chunk;
-        }
-        f(start, rest);
-        for h in handles {
-            h.join().expect("invariant: kernel threads do not panic");
-        }
-    });
+    let parts: Vec<&mut [T]> = out.chunks_mut(chunk).collect();
+    super::pool::for_each_part(parts, |j, part| f(j * chunk, part));
 }
 
 /// Runs `f(index, row)` for every `row_len`-sized row of `out`, splitting whole rows across up
@@ -65,18 +50,10 @@ pub fn par_rows_mut<T: Send>(
         return;
     }
     let per = rows.div_ceil(t);
-    std::thread::scope(|s| {
-        let f = &f;
-        let mut hs = Vec::new();
-        for (j, chunk) in out.chunks_mut(per * row_len).enumerate() {
-            hs.push(s.spawn(move || {
-                for (k, r) in chunk.chunks_mut(row_len).enumerate() {
-                    f(j * per + k, r);
-                }
-            }));
-        }
-        for h in hs {
-            h.join().expect("invariant: kernel threads do not panic");
+    let parts: Vec<&mut [T]> = out.chunks_mut(per * row_len).collect();
+    super::pool::for_each_part(parts, |j, chunk| {
+        for (k, r) in chunk.chunks_mut(row_len).enumerate() {
+            f(j * per + k, r);
         }
     });
 }

@@ -41,6 +41,17 @@ pub fn reduce<T: Float>(op: ReduceOp, x: &[T], shape: &[usize], reduced: &[bool]
         match (op, io) {
             (ReduceOp::Sum, 0) => out[oo] += sum_row(row),
             (ReduceOp::Max, 0) => out[oo] = out[oo].max(max_row(row)),
+            // Reducing a leading axis: whole rows add into the output row (vectorises).
+            (ReduceOp::Sum, 1) => {
+                for (o, &v) in out[oo..oo + n].iter_mut().zip(row) {
+                    *o += v;
+                }
+            }
+            (ReduceOp::Max, 1) => {
+                for (o, &v) in out[oo..oo + n].iter_mut().zip(row) {
+                    *o = o.max(v);
+                }
+            }
             (ReduceOp::Sum, _) => {
                 for (i, &v) in row.iter().enumerate() {
                     out[oo + i * io] += v;
@@ -91,6 +102,37 @@ pub fn around_axis(shape: &[usize], axis: usize) -> (usize, usize, usize) {
 pub fn softmax<T: Float>(x: &[T], shape: &[usize], axis: usize, log: bool, out: &mut [T]) {
     let (outer, len, inner) = around_axis(shape, axis);
     if len == 0 {
+        return;
+    }
+    if inner == 1 {
+        // Along the last axis: contiguous rows, vectorised exp.
+        let mut buf = [T::ZERO; 64];
+        for (xr, or) in x.chunks_exact(len).zip(out.chunks_exact_mut(len)) {
+            let mut m = max_row(xr);
+            if m == T::neg_infinity() {
+                m = T::ZERO;
+            }
+            for (o, &v) in or.iter_mut().zip(xr) {
+                *o = v - m;
+            }
+            for c in or.chunks_mut(64) {
+                let b = &mut buf[..c.len()];
+                b.copy_from_slice(c);
+                T::exp_into(b, c);
+            }
+            let s = sum_row(or);
+            if log {
+                let ls = s.ln() + m;
+                for (o, &v) in or.iter_mut().zip(xr) {
+                    *o = v - ls;
+                }
+            } else {
+                let inv = T::ONE / s;
+                for o in or.iter_mut() {
+                    *o *= inv;
+                }
+            }
+        }
         return;
     }
     for o in 0..outer {
