@@ -16,5 +16,6 @@ pub use elementwise::{binary, select, unary, unary_grad};
 pub use matmul::{gemm, gemm_batched, Gemm, MatView};
 pub use reduce::{reduce, softmax, softmax_grad, sum_row, ReduceOp};
 pub use shape::{
-    broadcast_to, gather, index_add, index_select, narrow, permute, place_along, scatter_add,
+    broadcast_to, gather, index_add, index_select, narrow, permute, permute_par, place_along,
+    scatter_add,
 };

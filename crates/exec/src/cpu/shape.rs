@@ -8,9 +8,46 @@ use crate::Float;
 /// When the permutation moves the input's contiguous axis away from the innermost position (a
 /// transpose), rows are copied in 32×32 tiles so that both the reads and the writes stay in cache.
 pub fn permute<T: Float>(x: &[T], shape: &[usize], perm: &[usize], out: &mut [T]) {
+    permute_par(x, shape, perm, out, 1);
+}
+
+/// [`permute`] with the output's first axis split across up to `threads` threads once the
+/// tensor is large.
+pub fn permute_par<T: Float>(
+    x: &[T],
+    shape: &[usize],
+    perm: &[usize],
+    out: &mut [T],
+    threads: usize,
+) {
     let xs = contiguous_strides(shape);
     let oshape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
     let src: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
+    let rows = oshape.first().copied().unwrap_or(1);
+    let t = if out.len() >= super::par::PAR_MIN_ELEMS {
+        threads.clamp(1, rows.max(1))
+    } else {
+        1
+    };
+    if t <= 1 || oshape.len() < 2 {
+        permute_block(x, 0, &oshape, &src, out);
+        return;
+    }
+    let per_row = out.len() / rows;
+    let per = rows.div_ceil(t);
+    let parts: Vec<&mut [T]> = out.chunks_mut(per * per_row).collect();
+    super::pool::for_each_part(parts, |j, block| {
+        let mut sub = oshape.clone();
+        sub[0] = block.len() / per_row;
+        permute_block(x, j * per * src[0], &sub, &src, block);
+    });
+}
+
+/// `out[i] = x[base + Σ i_d·src[d]]` over the index space `oshape` (row-major `out`).
+fn permute_block<T: Float>(x: &[T], base: usize, oshape: &[usize], src: &[usize], out: &mut [T]) {
+    let x = &x[base..];
+    let oshape = oshape.to_vec();
+    let src = src.to_vec();
     let os = contiguous_strides(&oshape);
     let (csh, [cos, csrc]) = coalesce(&oshape, [&os, &src]);
     let r = csh.len();
@@ -201,6 +238,21 @@ mod tests {
         let mut o = vec![0.0; 6];
         permute(&x, &[2, 3], &[1, 0], &mut o);
         assert_eq!(o, vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn threaded_permute_matches() {
+        let shape = [7, 64, 200];
+        let n: usize = shape.iter().product();
+        let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        for perm in [[1, 0, 2], [2, 0, 1], [0, 2, 1], [1, 2, 0]] {
+            let mut want = vec![0.0; n];
+            permute(&x, &shape, &perm, &mut want);
+            let mut got = vec![0.0; n];
+            permute_par(&x, &shape, &perm, &mut got, 3);
+            assert_eq!(got, want, "{perm:?}");
+        }
     }
 
     #[test]

@@ -132,7 +132,10 @@ impl<'g> Tensor<'g> {
         let out: Shape = perm.iter().map(|&p| shape[p]).collect();
         let p: Arc<[usize]> = Arc::from(perm);
         let pk = p.clone();
-        self.data_op(op, out, Op::Permute(p), false, move |a| a.permute(&pk))
+        let threads = self.g.threads();
+        self.data_op(op, out, Op::Permute(p), false, move |a| {
+            a.permute(&pk, threads)
+        })
     }
 
     /// Swaps two axes (negative axes count from the end).
@@ -531,8 +534,8 @@ macro_rules! both {
 }
 
 impl KernelArgs<'_> {
-    fn permute(self, perm: &[usize]) {
-        both!(self, x, o, s => cpu::permute(x, s, perm, o))
+    fn permute(self, perm: &[usize], threads: usize) {
+        both!(self, x, o, s => cpu::permute_par(x, s, perm, o, threads))
     }
     fn broadcast(self, to: &[usize]) {
         both!(self, x, o, s => cpu::broadcast_to(x, s, to, o))
