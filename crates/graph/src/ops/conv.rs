@@ -233,7 +233,9 @@ impl<'g> Tensor<'g> {
                 .arena
                 .split_mixed::<T, T, u32>(out, xb, idx)
                 .map_err(alloc_err)?;
-            cpu::take(x, ix, o);
+            cpu::par::par_rows_mut(o, per_out, threads, cpu::par::PAR_MIN_ELEMS, |b, ob| {
+                cpu::take(x, &ix[b * per_out..(b + 1) * per_out], ob);
+            });
         });
         let id = i.push(out_shape, dtype, out, Op::TakeFlat { idx }, &[self.id]);
         drop(guard);
