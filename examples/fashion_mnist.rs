@@ -4,8 +4,13 @@
 //! ```text
 //! cargo run --release -p arenagrad --example fashion_mnist -- [--data DIR] [--model cnn|mlp]
 //!     [--epochs 2] [--batch 64] [--lr 1e-3] [--channels 32,64] [--limit N] [--seed 0]
-//!     [--checkpoint PATH]
+//!     [--checkpoint PATH] [--init PATH] [--order shuffled|fixed] [--steps N] [--log-every N]
 //! ```
+//!
+//! `--init` starts from weights in a safetensors file (PyTorch's `state_dict` names), `--order
+//! fixed` feeds the training images in file order, `--steps` stops after that many steps and
+//! `--log-every` prints the loss of every N-th step: with `scripts/torch_fashion_parity.py` they
+//! run the same training as PyTorch from the same initial weights, step for step.
 //!
 //! The data are the IDX files of Debian's `dataset-fashion-mnist` package
 //! (`/usr/share/datasets/fashion-mnist/` by default). The CNN is
@@ -34,6 +39,10 @@ struct Args {
     limit: Option<usize>,
     seed: u64,
     checkpoint: PathBuf,
+    init: Option<PathBuf>,
+    fixed_order: bool,
+    steps: Option<usize>,
+    log_every: Option<usize>,
 }
 
 fn parse_args() -> Args {
@@ -47,6 +56,10 @@ fn parse_args() -> Args {
         limit: None,
         seed: 0,
         checkpoint: std::env::temp_dir().join("arenagrad-fashion-mnist.safetensors"),
+        init: None,
+        fixed_order: false,
+        steps: None,
+        log_every: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -72,6 +85,10 @@ fn parse_args() -> Args {
             "--limit" => a.limit = Some(num(value(i))),
             "--seed" => a.seed = num(value(i)) as u64,
             "--checkpoint" => a.checkpoint = PathBuf::from(value(i)),
+            "--init" => a.init = Some(PathBuf::from(value(i))),
+            "--order" => a.fixed_order = value(i) == "fixed",
+            "--steps" => a.steps = Some(num(value(i))),
+            "--log-every" => a.log_every = Some(num(value(i)).max(1)),
             "--channels" => {
                 let v: Vec<usize> = value(i).split(',').map(num).collect();
                 a.channels = (v[0], *v.get(1).unwrap_or(&(2 * v[0])));
@@ -161,7 +178,11 @@ fn main() -> Result<(), NnError> {
     }
     let mut rng = Rng::seed(args.seed);
     let mut model = build(&args.model, args.channels, &mut rng)?;
+    if let Some(init) = &args.init {
+        checkpoint::load(&model, init)?;
+    }
     let mut opt = Adam::new(model.parameters(), AdamConfig::new(args.lr))?;
+    let mut step = 0usize;
     let mut g = Graph::new();
     g.seed(args.seed);
     println!(
@@ -176,7 +197,11 @@ fn main() -> Result<(), NnError> {
     );
     for epoch in 1..=args.epochs {
         model.train();
-        let batches = train.shuffled_batches(args.batch, &mut rng)?;
+        let batches = if args.fixed_order {
+            train.batches(args.batch)?
+        } else {
+            train.shuffled_batches(args.batch, &mut rng)?
+        };
         let bar = ProgressBar::new(batches.len() as u64);
         bar.set_style(
             ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg}")
@@ -187,6 +212,9 @@ fn main() -> Result<(), NnError> {
         let t0 = Instant::now();
         let (mut seen, mut running) = (0usize, 0.0f64);
         for (k, (x, y)) in batches.enumerate() {
+            if args.steps.is_some_and(|n| step >= n) {
+                break;
+            }
             opt.zero_grad();
             let logits = model.forward(&g, g.from_host(&x)?)?;
             let l = loss::cross_entropy(logits, &y)?;
@@ -194,6 +222,10 @@ fn main() -> Result<(), NnError> {
             let lv = l.item()?;
             g.reset();
             opt.step()?;
+            if args.log_every.is_some_and(|e| step % e == 0) {
+                bar.suspend(|| println!("step {step} loss {lv:.6}"));
+            }
+            step += 1;
             seen += y.len();
             running = if k == 0 {
                 lv
