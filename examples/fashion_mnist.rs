@@ -222,7 +222,7 @@ fn main() -> Result<(), NnError> {
             let lv = l.item()?;
             g.reset();
             opt.step()?;
-            if args.log_every.is_some_and(|e| step % e == 0) {
+            if args.log_every.is_some_and(|e| step.is_multiple_of(e)) {
                 bar.suspend(|| println!("step {step} loss {lv:.6}"));
             }
             step += 1;
