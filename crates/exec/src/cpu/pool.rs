@@ -13,7 +13,19 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How long an idle worker (or a fork waiting for its tasks) spins before it sleeps. Kernels of
+/// one training step come microseconds to a millisecond apart, and waking a sleeping thread costs
+/// tens of microseconds — more on a shared virtual machine — so a short spin keeps the hand-off
+/// cheap, as OpenMP runtimes do with their block time. (Miri: no spinning.)
+const SPIN: Duration = if cfg!(miri) {
+    Duration::ZERO
+} else {
+    Duration::from_micros(1000)
+};
 
 /// The work of one fork: called once with each task index.
 type Work = dyn Fn(usize) + Sync;
@@ -23,6 +35,8 @@ struct Latch {
     /// Tasks not yet finished, and whether one panicked.
     state: Mutex<(usize, bool)>,
     done: Condvar,
+    /// The count of `state`, readable without the lock (for spinning).
+    left: AtomicUsize,
 }
 
 /// One call of a fork's closure.
@@ -51,6 +65,7 @@ impl Task {
         let mut st = lock(&self.latch.state);
         st.0 -= 1;
         st.1 |= !ok;
+        self.latch.left.store(st.0, Ordering::Release);
         if st.0 == 0 {
             self.latch.done.notify_all();
         }
@@ -61,6 +76,8 @@ struct Pool {
     queue: Mutex<VecDeque<Task>>,
     ready: Condvar,
     workers: Mutex<usize>,
+    /// Tasks in the queue, readable without the lock (for spinning).
+    queued: AtomicUsize,
 }
 
 fn pool() -> &'static Pool {
@@ -69,6 +86,7 @@ fn pool() -> &'static Pool {
         queue: Mutex::new(VecDeque::new()),
         ready: Condvar::new(),
         workers: Mutex::new(0),
+        queued: AtomicUsize::new(0),
     })
 }
 
@@ -88,12 +106,24 @@ impl Pool {
         }
     }
 
+    fn pop(&self) -> Option<Task> {
+        let mut q = lock(&self.queue);
+        let t = q.pop_front();
+        self.queued.store(q.len(), Ordering::Release);
+        t
+    }
+
     fn work_forever(&self) {
         loop {
+            let spin_until = Instant::now() + SPIN;
+            while self.queued.load(Ordering::Acquire) == 0 && Instant::now() < spin_until {
+                std::hint::spin_loop();
+            }
             let task = {
                 let mut q = lock(&self.queue);
                 loop {
                     if let Some(t) = q.pop_front() {
+                        self.queued.store(q.len(), Ordering::Release);
                         break t;
                     }
                     q = self.ready.wait(q).unwrap_or_else(|e| e.into_inner());
@@ -130,6 +160,7 @@ pub fn fork(n: usize, work: &(dyn Fn(usize) + Sync)) {
     let latch = Arc::new(Latch {
         state: Mutex::new((n - 1, false)),
         done: Condvar::new(),
+        left: AtomicUsize::new(n - 1),
     });
     // SAFETY: only the lifetime bound of the trait object changes. The pointer is used by this
     // call's tasks alone, and this function does not return (normally or by unwinding) before
@@ -145,18 +176,22 @@ pub fn fork(n: usize, work: &(dyn Fn(usize) + Sync)) {
                 latch: latch.clone(),
             });
         }
+        p.queued.store(q.len(), Ordering::Release);
     }
     p.ready.notify_all();
     let first = catch_unwind(AssertUnwindSafe(|| work(0)));
     // Help with queued work (ours or another fork's) until ours is done.
     loop {
-        if lock(&latch.state).0 == 0 {
+        if latch.left.load(Ordering::Acquire) == 0 {
             break;
         }
-        let next = lock(&p.queue).pop_front();
-        match next {
+        match p.pop() {
             Some(t) => t.run(),
             None => {
+                let spin_until = Instant::now() + SPIN;
+                while latch.left.load(Ordering::Acquire) > 0 && Instant::now() < spin_until {
+                    std::hint::spin_loop();
+                }
                 let mut st = lock(&latch.state);
                 while st.0 > 0 {
                     st = latch.done.wait(st).unwrap_or_else(|e| e.into_inner());

@@ -265,18 +265,38 @@ impl<'g> Tensor<'g> {
                 .arena
                 .split_mut::<T, 2>(out, [ab, bb])
                 .map_err(|source| GraphError::Alloc { op: name, source })?;
-            for t in 0..batch {
+            let groups = threads.min(batch).max(1);
+            let one = |t: usize, acc: &mut [T], threads: usize| {
                 cpu::gemm(
                     m,
                     k,
                     n,
                     MatView::row_major(x, t * a_mat, a_cols, ta),
                     MatView::row_major(y, t * b_mat, b_cols, tb),
-                    o,
+                    acc,
                     0,
                     true,
                     threads,
-                );
+                )
+            };
+            if groups <= 1 || m * n * k * batch < (1 << 22) {
+                (0..batch).for_each(|t| one(t, o, threads));
+            } else {
+                // Each thread sums its share of the batch into its own buffer (the first into
+                // the output), then the partial sums are added: one fork instead of one per
+                // batch entry.
+                let per = batch.div_ceil(groups);
+                let mut partial = vec![<T as arenagrad_exec::Float>::ZERO; (groups - 1) * m * n];
+                let mut parts: Vec<&mut [T]> = vec![&mut *o];
+                parts.extend(partial.chunks_mut(m * n));
+                cpu::pool::for_each_part(parts, |g, acc| {
+                    (g * per..((g + 1) * per).min(batch)).for_each(|t| one(t, acc, 1));
+                });
+                for p in partial.chunks(m * n) {
+                    for (v, &q) in o.iter_mut().zip(p) {
+                        *v += q;
+                    }
+                }
             }
         });
         let id = i.push(Shape::from_slice(&[m, n]), dtype, out, Op::Leaf, &[]);
