@@ -134,8 +134,18 @@ fn seed_loop(g: &mut Graph, n: usize, iters: usize) -> (f64, f64, f64) {
     (median(t) * 1e3, median(r) * 1e3, median(bare) * 1e3)
 }
 
-/// W3/W4: one MLP training step; returns (ms/step, fwd, bwd, opt).
-fn mlp_step(dims: &[usize], batch: usize) -> (f64, f64, f64, f64) {
+/// Memory of one training step, in bytes.
+struct StepMemory {
+    /// Arena bytes in use after the forward pass (parameter copies, input, activations).
+    after_forward: usize,
+    /// The arena's peak during the step.
+    arena_peak: usize,
+    /// Parameter bytes (the gradients, held by the parameters, are as many).
+    params: usize,
+}
+
+/// W3/W4: one MLP training step; returns (ms/step, fwd, bwd, opt) and the last step's memory.
+fn mlp_step(dims: &[usize], batch: usize) -> ((f64, f64, f64, f64), StepMemory) {
     let mut rng = Rng::seed(0);
     let mut model = Sequential::new();
     for (k, w) in dims.windows(2).enumerate() {
@@ -151,14 +161,22 @@ fn mlp_step(dims: &[usize], batch: usize) -> (f64, f64, f64, f64) {
         .collect();
     let mut g = Graph::new();
     let (mut t, mut f, mut b, mut o) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut mem = StepMemory {
+        after_forward: 0,
+        arena_peak: 0,
+        params: model.num_parameters() * 4,
+    };
     for s in 0..55 {
+        g.reset_peak_stats();
         let t0 = Instant::now();
         opt.zero_grad();
         let xt = g.from_slice(&x, &[batch, dims[0]]).unwrap();
         let l = loss::cross_entropy(model.forward(&g, xt).unwrap(), &y).unwrap();
         let t1 = Instant::now();
+        mem.after_forward = g.stats().arena.bytes_in_use;
         l.backward().unwrap();
         let t2 = Instant::now();
+        mem.arena_peak = g.stats().arena.peak_bytes_in_use;
         std::hint::black_box(l.item().unwrap());
         g.reset();
         opt.step().unwrap();
@@ -170,7 +188,7 @@ fn mlp_step(dims: &[usize], batch: usize) -> (f64, f64, f64, f64) {
             o.push((t3 - t2).as_secs_f64() * 1e3);
         }
     }
-    (median(t), median(f), median(b), median(o))
+    ((median(t), median(f), median(b), median(o)), mem)
 }
 
 fn main() {
@@ -197,9 +215,24 @@ fn main() {
         "| 3 bare GEMMs + randn (same run) | {bare:.1} ms/iter; graph overhead {:+.1}% | ≤ +15% |",
         (ms / bare - 1.0) * 100.0
     );
-    let (w3, f3, b3, o3) = mlp_step(&[784, 512, 512, 10], 128);
+    let ((w3, f3, b3, o3), m3) = mlp_step(&[784, 512, 512, 10], 128);
     println!("| W3 MLP 784-512-512-10 b128 SGD step | {w3:.2} ms (fwd {f3:.2}, bwd {b3:.2}, opt {o3:.2}) | ≤ 3.0 |");
-    let (w4, f4, b4, o4) = mlp_step(&[64, 64, 64, 10], 32);
+    // Peak of the step: the arena's peak plus the parameters and their gradients, which live
+    // outside it; against parameters + gradients + optimiser state (plain SGD: none) +
+    // activations (what the arena holds after forward, less its copies of the parameters).
+    let mb = |b: usize| b as f64 / (1 << 20) as f64;
+    let peak = m3.arena_peak + 2 * m3.params;
+    let activations = m3.after_forward.saturating_sub(m3.params);
+    let floor = 2 * m3.params + activations;
+    println!(
+        "| W3 step peak memory | {:.2} MiB (arena {:.2} + parameters and gradients {:.2}) = {:.2}× the {:.2} MiB of parameters, gradients and activations | ≤ 1.2× |",
+        mb(peak),
+        mb(m3.arena_peak),
+        mb(2 * m3.params),
+        peak as f64 / floor as f64,
+        mb(floor)
+    );
+    let ((w4, f4, b4, o4), _) = mlp_step(&[64, 64, 64, 10], 32);
     println!(
         "| W4 MLP 64-64-64-10 b32 SGD step | {:.1} µs (fwd {:.1}, bwd {:.1}, opt {:.1}) | ≤ 20 |",
         w4 * 1e3,
