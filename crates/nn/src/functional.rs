@@ -148,8 +148,12 @@ pub fn batch_norm<'g>(
             .map(|v| 1.0 / (v + eps).sqrt())
             .collect();
         let dt = x.dtype();
-        let mean_t = g.from_f64(&mean.to_f64_vec(), &[c], dt)?.reshape(&cs)?;
-        let inv_t = g.from_f64(&inv, &[c], dt)?.reshape(&cs)?;
+        let dev = x.device();
+        let mean_t = g
+            .from_f64(&mean.to_f64_vec(), &[c], dt)?
+            .to_device(dev)?
+            .reshape(&cs)?;
+        let inv_t = g.from_f64(&inv, &[c], dt)?.to_device(dev)?.reshape(&cs)?;
         x.sub(mean_t)?.mul(inv_t)?
     } else {
         let count = xs.iter().product::<usize>() / c.max(1);

@@ -70,7 +70,7 @@ impl LeakyReLU {
 
 impl Module for LeakyReLU {
     fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
-        let zero = g.zeros(&[], x.dtype())?;
+        let zero = g.full_on(&[], 0.0, x.dtype(), x.device())?;
         let positive = x.binary(BinaryOp::GtMask, zero)?;
         Ok(g.select(positive, x, x.scale(self.slope)?)?)
     }
