@@ -51,6 +51,25 @@ struct Task {
 // travel to a worker and be called there.
 unsafe impl Send for Task {}
 
+/// Spins while `busy()` holds, for at most [`SPIN`] (the clock is read every 64 turns).
+fn spin_while(busy: impl Fn() -> bool) {
+    if SPIN.is_zero() {
+        return;
+    }
+    let until = Instant::now() + SPIN;
+    loop {
+        for _ in 0..64 {
+            if !busy() {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        if Instant::now() >= until {
+            return;
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Tasks run under `catch_unwind` and never hold these locks, so poisoning cannot mean a
     // broken invariant.
@@ -115,10 +134,7 @@ impl Pool {
 
     fn work_forever(&self) {
         loop {
-            let spin_until = Instant::now() + SPIN;
-            while self.queued.load(Ordering::Acquire) == 0 && Instant::now() < spin_until {
-                std::hint::spin_loop();
-            }
+            spin_while(|| self.queued.load(Ordering::Acquire) == 0);
             let task = {
                 let mut q = lock(&self.queue);
                 loop {
@@ -188,10 +204,7 @@ pub fn fork(n: usize, work: &(dyn Fn(usize) + Sync)) {
         match p.pop() {
             Some(t) => t.run(),
             None => {
-                let spin_until = Instant::now() + SPIN;
-                while latch.left.load(Ordering::Acquire) > 0 && Instant::now() < spin_until {
-                    std::hint::spin_loop();
-                }
+                spin_while(|| latch.left.load(Ordering::Acquire) > 0);
                 let mut st = lock(&latch.state);
                 while st.0 > 0 {
                     st = latch.done.wait(st).unwrap_or_else(|e| e.into_inner());
