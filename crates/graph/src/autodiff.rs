@@ -130,6 +130,13 @@ fn run<'g>(
                     rhs: sh.to_vec(),
                 });
             }
+            if s.dtype() != root_dtype {
+                return Err(GraphError::DTypeMismatch {
+                    op: "backward",
+                    lhs: root_dtype,
+                    rhs: s.dtype(),
+                });
+            }
             s
         }
         None => {
@@ -234,6 +241,23 @@ fn run<'g>(
             let n = &i.nodes[input];
             if !n.requires_grad || n.tape_pos == NO_POS {
                 continue;
+            }
+            // A rule (a custom op's, say) must hand back a gradient where its input lives:
+            // kernels read both buffers with the input's dtype on the input's device.
+            let gn = i.node(op.name(), t.id)?;
+            if gn.device() != n.device() {
+                return Err(GraphError::DeviceMismatch {
+                    op: op.name(),
+                    lhs: n.device(),
+                    rhs: gn.device(),
+                });
+            }
+            if gn.dtype != n.dtype {
+                return Err(GraphError::DTypeMismatch {
+                    op: op.name(),
+                    lhs: n.dtype,
+                    rhs: gn.dtype,
+                });
             }
             let ipos = n.tape_pos as usize;
             match i.grad_slots[ipos] {

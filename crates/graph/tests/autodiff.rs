@@ -370,3 +370,55 @@ fn backward_frees_gradient_temporaries() {
     );
     g.reset();
 }
+
+/// A rule that hands back its gradient in another dtype.
+struct WrongDtype;
+impl CustomOp for WrongDtype {
+    fn name(&self) -> &'static str {
+        "wrong_dtype"
+    }
+    fn backward<'g>(
+        &self,
+        g: &'g Graph,
+        inputs: &[Tensor<'g>],
+        _out: Tensor<'g>,
+        gy: Tensor<'g>,
+    ) -> Result<Vec<Option<Tensor<'g>>>> {
+        let v = gy.mul(inputs[0])?.to_vec_f64()?;
+        Ok(vec![Some(g.from_f64(&v, &gy.shape(), DType::F32)?)])
+    }
+}
+
+#[test]
+fn gradients_of_another_dtype_are_typed_errors() {
+    let g = Graph::new();
+    // An explicit seed must have the root's dtype.
+    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let y = x.exp().unwrap();
+    let seed = g.ones(&[2], DType::F32).unwrap();
+    let e = y
+        .backward_with(BackwardOptions {
+            grad: Some(seed),
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(
+        matches!(e, GraphError::DTypeMismatch { op: "backward", .. }),
+        "{e}"
+    );
+    // So must a custom op's gradient for its input.
+    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let h = x.exp().unwrap();
+    let y = custom_square(&g, h, Arc::new(WrongDtype)).unwrap();
+    let e = y.sum().unwrap().backward().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            GraphError::DTypeMismatch {
+                op: "wrong_dtype",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}

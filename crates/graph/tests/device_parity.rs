@@ -210,3 +210,103 @@ fn without_a_usable_gpu_a_cuda_graph_is_no_cuda_device() {
         Err(arenagrad_graph::GraphError::NoCudaDevice { .. })
     ));
 }
+
+#[test]
+fn empty_inner_dimension_gives_zeros() {
+    let Some(dev) = cuda_test_device("device_parity::empty_inner_dimension_gives_zeros") else {
+        return;
+    };
+    let g = Graph::on(dev).unwrap();
+    for dtype in [DType::F32, DType::F64] {
+        let a = g.from_f64(&[], &[2, 0], dtype).unwrap();
+        let b = g.from_f64(&[], &[0, 3], dtype).unwrap();
+        assert_eq!(a.matmul(b).unwrap().to_vec_f64().unwrap(), vec![0.0; 6]);
+        let a = g.from_f64(&[], &[4, 2, 0], dtype).unwrap();
+        let b = g.from_f64(&[], &[4, 0, 3], dtype).unwrap();
+        assert_eq!(a.matmul(b).unwrap().to_vec_f64().unwrap(), vec![0.0; 24]);
+    }
+}
+
+#[test]
+fn parameters_and_repeated_backward_accumulate_on_device() {
+    let Some(dev) =
+        cuda_test_device("device_parity::parameters_and_repeated_backward_accumulate_on_device")
+    else {
+        return;
+    };
+    let run = |dev: Device| {
+        let w = arenagrad_graph::Parameter::new(
+            "w",
+            arenagrad_graph::HostTensor::new(data(12, 5, false), &[3, 4]).unwrap(),
+        );
+        let mut g = Graph::on(dev).unwrap();
+        let mut xs = Vec::new();
+        for it in 0..2 {
+            let x = g
+                .from_f64(&data(8, 7 + it, false), &[2, 4], DType::F64)
+                .unwrap()
+                .set_requires_grad(true)
+                .unwrap();
+            let y = x
+                .matmul_t(g.param(&w).unwrap(), false, true)
+                .unwrap()
+                .tanh()
+                .unwrap();
+            let l = y.sum().unwrap();
+            let opts = arenagrad_graph::BackwardOptions {
+                retain_graph: true,
+                ..Default::default()
+            };
+            l.backward_with(opts).unwrap();
+            l.backward().unwrap(); // a second pass accumulates into x and w
+            let gx = x.grad().unwrap().unwrap();
+            assert_eq!(gx.device(), dev);
+            xs.push(gx.to_vec_f64().unwrap());
+            g.reset();
+        }
+        (w.grad().unwrap().to_f64_vec(), xs)
+    };
+    let (wd, xd) = run(dev);
+    let (wc, xc) = run(Device::Cpu);
+    close("parameter gradient", &wd, &wc, 1e-10);
+    for (a, b) in xd.iter().zip(&xc) {
+        close("leaf gradient", a, b, 1e-10);
+    }
+}
+
+#[test]
+fn a_gradient_on_another_device_is_a_typed_error() {
+    let Some(dev) =
+        cuda_test_device("device_parity::a_gradient_on_another_device_is_a_typed_error")
+    else {
+        return;
+    };
+    struct ToHost;
+    impl arenagrad_graph::CustomOp for ToHost {
+        fn name(&self) -> &'static str {
+            "to_host_grad"
+        }
+        fn backward<'g>(
+            &self,
+            _g: &'g Graph,
+            inputs: &[Tensor<'g>],
+            _out: Tensor<'g>,
+            gy: Tensor<'g>,
+        ) -> Result<Vec<Option<Tensor<'g>>>> {
+            Ok(vec![Some(gy.mul(inputs[0])?.to_device(Device::Cpu)?)])
+        }
+    }
+    let g = Graph::on(dev).unwrap();
+    let x = g.var(&[0.5, 1.5], &[2], DType::F64).unwrap();
+    let h = x.exp().unwrap();
+    let v = {
+        let _ng = g.no_grad();
+        h.mul(h).unwrap()
+    };
+    let y = g.custom(std::sync::Arc::new(ToHost), &[h], v).unwrap();
+    let e = y.sum().unwrap().backward().unwrap_err();
+    assert!(
+        matches!(e, arenagrad_graph::GraphError::DeviceMismatch { .. }),
+        "{e}"
+    );
+}

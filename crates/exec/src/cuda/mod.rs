@@ -637,10 +637,27 @@ impl CudaBackend {
         beta: f64,
     ) -> Result<(), CudaError> {
         use cudarc::cublas::{result as br, sys::cublasOperation_t as Op};
-        let p = params::gemm_plan(batch, m, n, k, a_stride, ta, b_stride, tb, c_stride)?;
         if batch == 0 || m == 0 || n == 0 {
             return Ok(());
         }
+        if k == 0 {
+            // An empty sum: C = β·C. cuBLAS's batched calls do not reliably write C here, so
+            // the product is done by hand: zeros for β = 0, else a scale in place.
+            let elem = dt.size() as u64;
+            for t in 0..batch {
+                let ct = DevicePtr(c.0 + (t * c_stride) as u64 * elem);
+                if beta == 0.0 {
+                    self.fill(dt, ct, m * n, 0.0)?;
+                } else if beta != 1.0 {
+                    self.unary(dt, crate::UnaryOp::Scale(beta), ct, ct, m * n)?;
+                }
+                if c_stride == 0 {
+                    break;
+                }
+            }
+            return Ok(());
+        }
+        let p = params::gemm_plan(batch, m, n, k, a_stride, ta, b_stride, tb, c_stride)?;
         self.bind()?;
         let blas = self.blas.as_ref().map_err(|msg| CudaError::Blas {
             op: "cublasCreate",

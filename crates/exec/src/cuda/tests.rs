@@ -1099,7 +1099,7 @@ fn check_conv<T: Float>(be: &CudaBackend) {
 
 fn check_gemm<T: Float>(be: &CudaBackend) {
     let mut rng = Rng::new(11);
-    for (batch, m, n, k) in [(3, 5, 7, 4), (1, 1, 1, 1), (2, 33, 17, 65)] {
+    for (batch, m, n, k) in [(3, 5, 7, 4), (1, 1, 1, 1), (2, 33, 17, 65), (2, 3, 4, 0)] {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
             for (a_stride, b_stride) in [(m * k, k * n), (0, k * n), (m * k, 0)] {
                 let a: Vec<T> = rng.vec(m * k * batch, -1.0, 1.0);

@@ -47,7 +47,7 @@ impl Graph {
         let ids: SmallVec<[NodeId; 2]> = inputs.iter().map(|t| t.id).collect();
         let dev = i.device_of(name, value.id)?;
         i.retain_buf(name, dev, buf)?;
-        let id = i.push(shape, dtype, buf, Op::Custom(op), &ids);
+        let id = i.push_on(dev, shape, dtype, buf, Op::Custom(op), &ids);
         drop(i);
         Ok(self.handle(id))
     }
