@@ -18,19 +18,7 @@ import argparse
 import sys
 import time
 
-
-def require_cuda():
-    """Imports torch and returns it, or exits with a message when CUDA cannot be used."""
-    try:
-        import torch
-    except ImportError as e:
-        sys.exit(f"torch_mlp: PyTorch is not installed ({e})")
-    if not torch.cuda.is_available():
-        sys.exit(
-            f"torch_mlp: CUDA is not available to PyTorch {torch.__version__} "
-            f"(built for CUDA {torch.version.cuda}); this benchmark needs a GPU"
-        )
-    return torch
+from torch_common import require_cuda
 
 
 def main():
@@ -43,7 +31,7 @@ def main():
     if args.batch < 1 or args.steps < 1 or args.warmup < 0:
         p.error("--batch and --steps must be at least 1, --warmup at least 0")
 
-    torch = require_cuda()
+    torch = require_cuda("torch_mlp")
     from torch import nn
     from torch.nn import functional as F
 

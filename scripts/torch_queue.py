@@ -29,19 +29,7 @@ import statistics
 import sys
 import time
 
-
-def require_cuda():
-    """Imports torch and returns it, or exits with a message when CUDA cannot be used."""
-    try:
-        import torch
-    except ImportError as e:
-        sys.exit(f"torch_queue: PyTorch is not installed ({e})")
-    if not torch.cuda.is_available():
-        sys.exit(
-            f"torch_queue: CUDA is not available to PyTorch {torch.__version__} "
-            f"(built for CUDA {torch.version.cuda}); this benchmark needs a GPU"
-        )
-    return torch
+from torch_common import require_cuda
 
 
 def main():
@@ -55,7 +43,7 @@ def main():
     if args.width < 1 or args.ops < 1 or args.repeats < 1:
         p.error("--width, --ops and --repeats must be at least 1")
 
-    torch = require_cuda()
+    torch = require_cuda("torch_queue")
     dev = torch.device("cuda:0")
     torch.manual_seed(args.seed)
     print(

@@ -17,19 +17,7 @@ import argparse
 import sys
 import time
 
-
-def require_cuda():
-    """Imports torch and returns it, or exits with a message when CUDA cannot be used."""
-    try:
-        import torch
-    except ImportError as e:
-        sys.exit(f"torch_seed_loop: PyTorch is not installed ({e})")
-    if not torch.cuda.is_available():
-        sys.exit(
-            f"torch_seed_loop: CUDA is not available to PyTorch {torch.__version__} "
-            f"(built for CUDA {torch.version.cuda}); this benchmark needs a GPU"
-        )
-    return torch
+from torch_common import require_cuda
 
 
 def device_allocs(torch, dev):
@@ -48,7 +36,7 @@ def main():
     if args.n < 1 or args.iters < 2:
         p.error("--n must be at least 1 and --iters at least 2 (the first is not timed)")
 
-    torch = require_cuda()
+    torch = require_cuda("torch_seed_loop")
     dev = torch.device("cuda:0")
     torch.manual_seed(args.seed)
     print(
