@@ -47,6 +47,22 @@ pub fn cuda_device_count() -> usize {
     }
 }
 
+/// `$cpu` for the host; for CUDA device `o`, `$body` with its backend bound to `$b` (a
+/// `Result<_, CudaError>`), or the missing-feature error in a build without `cuda`.
+macro_rules! per_device {
+    ($op:expr, $dev:expr, cpu => $cpu:expr, |$b:ident| $body:expr) => {
+        match $dev {
+            Device::Cpu => $cpu,
+            #[cfg(feature = "cuda")]
+            Device::Cuda(o) => arenagrad_exec::cuda::CudaBackend::get(o)
+                .and_then(|$b| $body)
+                .map_err(|e| cuda_side::cuda_err($op, e)),
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(o) => Err(no_cuda(o)),
+        }
+    };
+}
+
 /// Checks that a device can be used, creating its context, stream and kernels on first use.
 /// A CUDA device without a driver or a GPU is [`GraphError::NoCudaDevice`].
 pub fn check_device(dev: Device) -> Result<()> {
@@ -58,71 +74,35 @@ pub fn check_device(dev: Device) -> Result<()> {
             });
         }
     }
-    match dev {
-        Device::Cpu => Ok(()),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(o) => arenagrad_exec::cuda::CudaBackend::get(o)
-            .map(|_| ())
-            .map_err(|e| cuda_side::cuda_err("check_device", e)),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(o) => Err(no_cuda(o)),
-    }
+    per_device!("check_device", dev, cpu => Ok(()), |_b| Ok(()))
 }
 
 /// The caching allocator's counters for a CUDA device, under PyTorch's key names
 /// (`allocated_bytes.all.current`, `reserved_bytes.all.peak`, `num_device_alloc`, ...).
 pub fn memory_stats(dev: Device) -> Result<std::collections::BTreeMap<String, u64>> {
-    match dev {
-        Device::Cpu => Err(GraphError::BadArgument {
-            op: "memory_stats",
-            what: "memory statistics are kept for CUDA devices; see Graph::stats for the host",
-        }),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(o) => arenagrad_exec::cuda::CudaBackend::get(o)
-            .map(|b| b.memory_stats())
-            .map_err(|e| cuda_side::cuda_err("memory_stats", e)),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(o) => Err(no_cuda(o)),
-    }
+    let host = GraphError::BadArgument {
+        op: "memory_stats",
+        what: "memory statistics are kept for CUDA devices; see Graph::stats for the host",
+    };
+    per_device!("memory_stats", dev, cpu => Err(host), |b| Ok(b.memory_stats()))
 }
 
 /// Returns a CUDA device's cached, unused segments to the driver; the number of segments freed.
 pub fn empty_cache(dev: Device) -> Result<usize> {
-    match dev {
-        Device::Cpu => Ok(0),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(o) => arenagrad_exec::cuda::CudaBackend::get(o)
-            .map(|b| b.empty_cache())
-            .map_err(|e| cuda_side::cuda_err("empty_cache", e)),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(o) => Err(no_cuda(o)),
-    }
+    per_device!("empty_cache", dev, cpu => Ok(0), |b| Ok(b.empty_cache()))
 }
 
 /// Restarts the peak counters of a CUDA device's caching allocator.
 pub fn reset_peak_stats(dev: Device) -> Result<()> {
-    match dev {
-        Device::Cpu => Ok(()),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(o) => arenagrad_exec::cuda::CudaBackend::get(o)
-            .map(|b| b.cache().reset_peak_stats())
-            .map_err(|e| cuda_side::cuda_err("reset_peak_stats", e)),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(o) => Err(no_cuda(o)),
-    }
+    per_device!("reset_peak_stats", dev, cpu => Ok(()), |b| {
+        b.cache().reset_peak_stats();
+        Ok(())
+    })
 }
 
 /// Waits until the device has finished all queued work (a no-op on the CPU).
 pub fn synchronize(dev: Device) -> Result<()> {
-    match dev {
-        Device::Cpu => Ok(()),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(o) => arenagrad_exec::cuda::CudaBackend::get(o)
-            .and_then(|b| b.synchronize())
-            .map_err(|e| cuda_side::cuda_err("synchronize", e)),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(o) => Err(no_cuda(o)),
-    }
+    per_device!("synchronize", dev, cpu => Ok(()), |b| b.synchronize())
 }
 
 /// Runs `$body` with a CUDA backend and the device addresses of `$bufs` bound to `$be` and `$p`.

@@ -5,25 +5,11 @@
 use arenagrad_graph::testing::cuda_test_device;
 use arenagrad_graph::{DType, Device, Graph, Result, Tensor};
 
+mod common;
+
 type Build = for<'g> fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>;
 
-fn data(n: usize, seed: u64, positive: bool) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = (s >> 11) as f64 / (1u64 << 53) as f64;
-            let x = 0.2 + 1.3 * u;
-            if positive || s & 1 == 0 {
-                x
-            } else {
-                -x
-            }
-        })
-        .collect()
-}
+use common::values as data;
 
 /// Values of `f` and the gradients of Σ w·f with respect to each input, on `dev`.
 fn run(

@@ -4,27 +4,13 @@
 use arenagrad_graph::check::{check_fn, gradcheck, gradgradcheck, GradcheckOptions};
 use arenagrad_graph::{device_test, DType, Device, Graph, HostTensor, Result, Tensor};
 
+mod common;
+
 type Unary = for<'g> fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>;
 
 fn ht(shape: &[usize], seed: u64) -> HostTensor {
-    // Deterministic values in (-1.5, 1.5) away from 0, avoiding kinks of abs/relu/max.
     let n: usize = shape.iter().product();
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let v = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = (s >> 11) as f64 / (1u64 << 53) as f64;
-            let x = 0.2 + 1.3 * u;
-            if s & 1 == 0 {
-                x
-            } else {
-                -x
-            }
-        })
-        .collect();
-    HostTensor::new::<f64>(v, shape).unwrap()
+    HostTensor::new::<f64>(common::values(n, seed, false), shape).unwrap()
 }
 
 fn pos(shape: &[usize], seed: u64) -> HostTensor {

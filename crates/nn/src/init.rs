@@ -235,6 +235,34 @@ fn normal(n: usize, mean: f64, std: f64, rng: &mut Rng) -> Result<Vec<f64>> {
     Ok((0..n).map(|_| mean + std * rng.normal()).collect())
 }
 
+/// A layer's weight of `shape` and, when `bias`, its bias `[shape[0]]`, both drawn from their
+/// initialisers with the weight's fans (PyTorch's rule for linear and convolution layers). The
+/// weight is drawn first, so a seed gives the same values as drawing them one by one.
+pub(crate) fn weight_and_bias(
+    shape: &[usize],
+    (weight_init, bias_init): (Init, Init),
+    bias: bool,
+    dtype: DType,
+    rng: &mut Rng,
+) -> Result<(
+    arenagrad_graph::Parameter,
+    Option<arenagrad_graph::Parameter>,
+)> {
+    use arenagrad_graph::Parameter;
+    let f = fans(shape);
+    let weight = Parameter::new(
+        "weight",
+        weight_init.tensor_with_fans(shape, f, dtype, rng)?,
+    );
+    let bias = if bias {
+        let b = bias_init.tensor_with_fans(&shape[..1], f, dtype, rng)?;
+        Some(Parameter::new("bias", b))
+    } else {
+        None
+    };
+    Ok((weight, bias))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

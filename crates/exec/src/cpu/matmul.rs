@@ -346,6 +346,17 @@ pub fn gemm_batched<T: crate::Float + Gemm>(
 mod tests {
     use super::*;
 
+    /// The `cols × rows` transpose of a row-major `rows × cols` matrix.
+    fn transposed(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+        let mut t = vec![0.0; rows * cols];
+        for r in 0..rows {
+            for c in 0..cols {
+                t[c * rows + r] = x[r * cols + c];
+            }
+        }
+        t
+    }
+
     fn naive(m: usize, k: usize, n: usize, a: &[f64], b: &[f64]) -> Vec<f64> {
         let mut c = vec![0.0; m * n];
         for i in 0..m {
@@ -439,12 +450,7 @@ mod tests {
             assert_eq!(c, want);
         }
         // aᵀ stored as k×m, read transposed.
-        let mut at = vec![0.0; k * m];
-        for i in 0..m {
-            for p in 0..k {
-                at[p * m + i] = a[i * k + p];
-            }
-        }
+        let at = transposed(&a, m, k);
         let mut c = vec![1.0; m * n];
         gemm(
             m,
@@ -470,12 +476,7 @@ mod tests {
             let b: Vec<f64> = (0..k * n).map(|i| ((i * 5) % 11) as f64 - 5.0).collect();
             let want = naive(m, k, n, &a, &b);
             // b stored transposed (n×k), read through strides.
-            let mut bt = vec![0.0; n * k];
-            for p in 0..k {
-                for j in 0..n {
-                    bt[j * k + p] = b[p * n + j];
-                }
-            }
+            let bt = transposed(&b, k, n);
             for threads in [2, 3] {
                 let mut c = vec![0.5; m * n];
                 gemm(

@@ -46,10 +46,8 @@ pub fn permute_par<T: Float>(
 /// `out[i] = x[base + Σ i_d·src[d]]` over the index space `oshape` (row-major `out`).
 fn permute_block<T: Float>(x: &[T], base: usize, oshape: &[usize], src: &[usize], out: &mut [T]) {
     let x = &x[base..];
-    let oshape = oshape.to_vec();
-    let src = src.to_vec();
-    let os = contiguous_strides(&oshape);
-    let (csh, [cos, csrc]) = coalesce(&oshape, [&os, &src]);
+    let os = contiguous_strides(oshape);
+    let (csh, [cos, csrc]) = coalesce(oshape, [&os, src]);
     let r = csh.len();
     if r >= 2 && csrc[r - 1] != 1 && csrc[r - 2] == 1 {
         // Batched transpose: out[.., i, j] = x[.., j, i] with i over dim r-2 (source stride 1).
@@ -77,7 +75,7 @@ fn permute_block<T: Float>(x: &[T], base: usize, oshape: &[usize], src: &[usize]
         );
         return;
     }
-    walk(&oshape, [&os, &src], |[oo, ox], n, [_, ix]| {
+    walk(oshape, [&os, src], |[oo, ox], n, [_, ix]| {
         if ix == 1 {
             out[oo..oo + n].copy_from_slice(&x[ox..ox + n]);
         } else {

@@ -666,15 +666,17 @@ impl CudaBackend {
         let blas = blas.lock().unwrap_or_else(PoisonError::into_inner);
         let op = |t: bool| if t { Op::CUBLAS_OP_T } else { Op::CUBLAS_OP_N };
         let (handle, first, second) = (*blas.handle(), op(p.trans_first), op(p.trans_second));
-        let result = match dt {
-            DType::F32 => {
-                let (alpha, beta) = (alpha as f32, beta as f32);
+        // One call shape for both element types; the row-major operands go in swapped
+        // (C = A·B is Cᵀ = Bᵀ·Aᵀ in cuBLAS's column-major terms).
+        macro_rules! strided_batched {
+            ($f:path, $t:ty) => {{
+                let (alpha, beta) = (alpha as $t, beta as $t);
                 // SAFETY: the handle is bound to the backend's stream and used under its lock;
                 // `a`, `b`, `c` are device allocations holding every element the plan's sizes,
                 // leading dimensions and batch strides reach (the documented contract); alpha
                 // and beta are host values, as the handle's default pointer mode expects.
                 unsafe {
-                    br::sgemm_strided_batched(
+                    $f(
                         handle,
                         first,
                         second,
@@ -682,45 +684,24 @@ impl CudaBackend {
                         p.n,
                         p.k,
                         &alpha,
-                        b.0 as *const f32,
+                        b.0 as *const $t,
                         p.ld_first,
                         p.stride_first,
-                        a.0 as *const f32,
+                        a.0 as *const $t,
                         p.ld_second,
                         p.stride_second,
                         &beta,
-                        c.0 as *mut f32,
+                        c.0 as *mut $t,
                         p.ldc,
                         p.stride_c,
                         p.batch,
                     )
                 }
-            }
-            DType::F64 => {
-                // SAFETY: as for f32 above.
-                unsafe {
-                    br::dgemm_strided_batched(
-                        handle,
-                        first,
-                        second,
-                        p.m,
-                        p.n,
-                        p.k,
-                        &alpha,
-                        b.0 as *const f64,
-                        p.ld_first,
-                        p.stride_first,
-                        a.0 as *const f64,
-                        p.ld_second,
-                        p.stride_second,
-                        &beta,
-                        c.0 as *mut f64,
-                        p.ldc,
-                        p.stride_c,
-                        p.batch,
-                    )
-                }
-            }
+            }};
+        }
+        let result = match dt {
+            DType::F32 => strided_batched!(br::sgemm_strided_batched, f32),
+            DType::F64 => strided_batched!(br::dgemm_strided_batched, f64),
         };
         result.map_err(|e| CudaError::Blas {
             op: "gemm_strided_batched",

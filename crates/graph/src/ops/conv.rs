@@ -263,27 +263,27 @@ impl<'g> Tensor<'g> {
         } else {
             i.alloc_on(op, dev, dtype, len)?
         };
-        if let Device::Cuda(_) = dev {
-            on_cuda!(i, op, dev, [xb, idx, out], |be, [x, ix, o]| if put {
-                be.put_add(dtype, x, ix, xlen, o)
-            } else {
-                be.take(dtype, x, ix, len, o)
-            });
-        } else {
-            let _ = xlen;
-        }
-        if dev == Device::Cpu {
-            with_float!(dtype, T, {
+        match dev {
+            Device::Cpu => with_float!(dtype, T, {
                 let (o, x, ix) = i
                     .arena
                     .split_mixed::<T, T, u32>(out, xb, idx)
                     .map_err(|source| GraphError::Alloc { op, source })?;
+                // One index per gathered element: the input's for put, the output's for take.
+                debug_assert_eq!(ix.len(), if put { xlen } else { len });
                 if put {
                     cpu::put_add(x, ix, o);
                 } else {
                     cpu::take(x, ix, o);
                 }
-            });
+            }),
+            Device::Cuda(_) => {
+                on_cuda!(i, op, dev, [xb, idx, out], |be, [x, ix, o]| if put {
+                    be.put_add(dtype, x, ix, xlen, o)
+                } else {
+                    be.take(dtype, x, ix, len, o)
+                })
+            }
         }
         let rec = if put {
             Op::PutFlat { idx }

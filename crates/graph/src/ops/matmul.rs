@@ -219,9 +219,6 @@ fn batch_offsets(
         .collect();
     let mut a_offs = Vec::new();
     let mut b_offs = Vec::new();
-    if batch.is_empty() {
-        return (vec![0], vec![0]);
-    }
     walk(batch, [&so, &sa, &sb], |[_, oa, ob], cnt, [_, ia, ib]| {
         for t in 0..cnt {
             a_offs.push(oa + t * ia);

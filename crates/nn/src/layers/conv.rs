@@ -156,21 +156,13 @@ impl Conv2d {
             ));
         }
         let shape = [out_channels, in_channels / cfg.groups, kernel.0, kernel.1];
-        let fans = crate::init::fans(&shape);
-        let weight = Parameter::new(
-            "weight",
-            cfg.weight_init
-                .tensor_with_fans(&shape, fans, cfg.dtype, rng)?,
-        );
-        let bias = if cfg.bias {
-            Some(Parameter::new(
-                "bias",
-                cfg.bias_init
-                    .tensor_with_fans(&[out_channels], fans, cfg.dtype, rng)?,
-            ))
-        } else {
-            None
-        };
+        let (weight, bias) = crate::init::weight_and_bias(
+            &shape,
+            (cfg.weight_init, cfg.bias_init),
+            cfg.bias,
+            cfg.dtype,
+            rng,
+        )?;
         Ok(Conv2d {
             weight,
             bias,

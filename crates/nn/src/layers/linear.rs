@@ -70,21 +70,13 @@ impl Linear {
             ));
         }
         let shape = [out_features, in_features];
-        let fans = crate::init::fans(&shape);
-        let weight = Parameter::new(
-            "weight",
-            cfg.weight_init
-                .tensor_with_fans(&shape, fans, cfg.dtype, rng)?,
-        );
-        let bias = if cfg.bias {
-            Some(Parameter::new(
-                "bias",
-                cfg.bias_init
-                    .tensor_with_fans(&[out_features], fans, cfg.dtype, rng)?,
-            ))
-        } else {
-            None
-        };
+        let (weight, bias) = crate::init::weight_and_bias(
+            &shape,
+            (cfg.weight_init, cfg.bias_init),
+            cfg.bias,
+            cfg.dtype,
+            rng,
+        )?;
         Ok(Linear { weight, bias })
     }
 

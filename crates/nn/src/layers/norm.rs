@@ -90,14 +90,8 @@ impl BatchNorm {
             }),
             _ => None,
         };
-        let w = match &self.weight {
-            Some(p) => Some(g.param(p)?),
-            None => None,
-        };
-        let b = match &self.bias {
-            Some(p) => Some(g.param(p)?),
-            None => None,
-        };
+        let w = self.weight.as_ref().map(|p| g.param(p)).transpose()?;
+        let b = self.bias.as_ref().map(|p| g.param(p)).transpose()?;
         F::batch_norm(g, x, running, w, b, self.training, self.eps)
     }
 
@@ -332,14 +326,8 @@ impl Module for LayerNorm {
                 &s,
             ));
         }
-        let w = match &self.weight {
-            Some(p) => Some(g.param(p)?),
-            None => None,
-        };
-        let b = match &self.bias {
-            Some(p) => Some(g.param(p)?),
-            None => None,
-        };
+        let w = self.weight.as_ref().map(|p| g.param(p)).transpose()?;
+        let b = self.bias.as_ref().map(|p| g.param(p)).transpose()?;
         F::layer_norm(x, k, w, b, self.eps)
     }
 
