@@ -192,29 +192,56 @@ fn mlp_step(dims: &[usize], batch: usize) -> ((f64, f64, f64, f64), StepMemory) 
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // `--only w2,w4` runs just those workloads (w1 = seeds' loop and GEMM, w2, w3, w4).
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|s| s.split(',').map(|w| w.trim().to_lowercase()).collect());
+    let run = |w: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == w));
     let mut g = Graph::new();
     let threads = g.threads();
     let reps = if quick { 5 } else { 20 };
     println!("arenagrad core benchmarks ({threads} threads)\n");
     println!("| workload | figure | target |");
     println!("|---|---|---|");
-    let (f16, t16) = tiny_chain(&mut g, 16, 10_000, reps);
-    println!("| W2 tiny-op chain, 16 elements, fwd+bwd | {t16:.1} ns/op (fwd {f16:.1}) | < 60 |");
-    let (f1, t1) = tiny_chain(&mut g, 1, 10_000, reps);
-    println!("| W2 tiny-op chain, 1 element, fwd+bwd | {t1:.1} ns/op (fwd {f1:.1}) | < 30 |");
-    let gg = gemm_graph(&mut g, 1024, if quick { 3 } else { 10 });
+    if run("w2") {
+        let (f16, t16) = tiny_chain(&mut g, 16, 10_000, reps);
+        println!(
+            "| W2 tiny-op chain, 16 elements, fwd+bwd | {t16:.1} ns/op (fwd {f16:.1}) | < 60 |"
+        );
+        let (f1, t1) = tiny_chain(&mut g, 1, 10_000, reps);
+        println!("| W2 tiny-op chain, 1 element, fwd+bwd | {t1:.1} ns/op (fwd {f1:.1}) | < 30 |");
+    }
+    if run("w1") {
+        w1(&mut g, threads, quick);
+    }
+    if run("w3") {
+        w3();
+    }
+    if run("w4") {
+        w4();
+    }
+}
+
+fn w1(g: &mut Graph, threads: usize, quick: bool) {
+    let gg = gemm_graph(g, 1024, if quick { 3 } else { 10 });
     println!("| f32 GEMM 1024³ through the graph | {gg:.0} GFLOP/s | ≥ 250 |");
     let g1 = gemm_raw(1024, 1, if quick { 3 } else { 10 });
     let gt = gemm_raw(1024, threads, if quick { 3 } else { 10 });
     println!("| raw GEMM kernel, 1 thread | {g1:.0} GFLOP/s | |");
     println!("| raw GEMM kernel, row-split over {threads} threads | {gt:.0} GFLOP/s | |");
-    let (ms, randn, bare) = seed_loop(&mut g, 1024, if quick { 5 } else { 30 });
+    let (ms, randn, bare) = seed_loop(g, 1024, if quick { 5 } else { 30 });
     println!("| seeds' loop 1024², randn+matmul+sum+backward | {ms:.1} ms/iter (randn {randn:.1}) | ≤ 30 |");
     println!(
         "| 3 bare GEMMs + randn (same run) | {bare:.1} ms/iter; graph overhead {:+.1}% | ≤ +15% |",
         (ms / bare - 1.0) * 100.0
     );
+}
+
+fn w3() {
     let ((w3, f3, b3, o3), m3) = mlp_step(&[784, 512, 512, 10], 128);
     println!("| W3 MLP 784-512-512-10 b128 SGD step | {w3:.2} ms (fwd {f3:.2}, bwd {b3:.2}, opt {o3:.2}) | ≤ 3.0 |");
     // Peak of the step: the arena's peak plus the parameters and their gradients, which live
@@ -232,6 +259,9 @@ fn main() {
         peak as f64 / floor as f64,
         mb(floor)
     );
+}
+
+fn w4() {
     let ((w4, f4, b4, o4), _) = mlp_step(&[64, 64, 64, 10], 32);
     println!(
         "| W4 MLP 64-64-64-10 b32 SGD step | {:.1} µs (fwd {:.1}, bwd {:.1}, opt {:.1}) | ≤ 20 |",

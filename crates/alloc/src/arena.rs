@@ -1,6 +1,5 @@
 //! The per-iteration host arena.
 
-use std::any::TypeId;
 use std::collections::HashMap;
 use std::ptr::NonNull;
 
@@ -23,15 +22,24 @@ mod sealed {
 pub trait Pod: Copy + Default + Send + Sync + 'static + sealed::Sealed {
     /// A short name used in error messages.
     const NAME: &'static str;
+    /// This type's position in [`POD_NAMES`]: what a buffer records of its element type.
+    const CODE: u8;
 }
 
 macro_rules! pod {
-    ($($t:ty),*) => {$(
-        impl sealed::Sealed for $t {}
-        impl Pod for $t { const NAME: &'static str = stringify!($t); }
-    )*};
+    ($($code:literal $t:ty),*) => {
+        $(
+            impl sealed::Sealed for $t {}
+            impl Pod for $t {
+                const NAME: &'static str = stringify!($t);
+                const CODE: u8 = $code;
+            }
+        )*
+        /// The element types a buffer can hold, by [`Pod::CODE`].
+        const POD_NAMES: &[&str] = &[$(stringify!($t)),*];
+    };
 }
-pod!(f32, f64, u8, u32, i32, u64, i64, usize);
+pod!(0 f32, 1 f64, 2 u8, 3 u32, 4 i32, 5 u64, 6 i64, 7 usize);
 
 /// What [`Arena::split_mixed`] hands out: the output, the input and the auxiliary buffer.
 pub type MixedSplit<'a, O, I, A> = (&'a mut [O], &'a [I], &'a [A]);
@@ -69,8 +77,8 @@ struct Slot {
     /// Bytes reserved for this buffer (the free-list key when it is recycled).
     bytes: usize,
     len: usize,
-    type_id: TypeId,
-    type_name: &'static str,
+    /// The element type, as [`Pod::CODE`].
+    elem: u8,
     live: bool,
     /// How many owners share this buffer (zero-copy views each hold one); it is recycled when
     /// the last lets go.
@@ -297,8 +305,7 @@ impl Arena {
             ptr,
             bytes,
             len,
-            type_id: TypeId::of::<T>(),
-            type_name: T::NAME,
+            elem: T::CODE,
             live: true,
             holders: 1,
         });
@@ -369,38 +376,37 @@ impl Arena {
         Ok(id)
     }
 
+    #[inline]
     fn check<T: Pod>(&self, id: BufId) -> Result<&Slot, AllocError> {
-        let stale = AllocError::StaleBuffer {
+        match self.slots.get(id.slot as usize) {
+            Some(slot) if slot.live && id.epoch == self.epoch => {
+                if slot.elem == T::CODE {
+                    Ok(slot)
+                } else {
+                    Err(AllocError::WrongType {
+                        stored: POD_NAMES[slot.elem as usize],
+                        requested: T::NAME,
+                    })
+                }
+            }
+            _ => Err(self.stale(id)),
+        }
+    }
+
+    #[cold]
+    fn stale(&self, id: BufId) -> AllocError {
+        AllocError::StaleBuffer {
             slot: id.slot,
             epoch: id.epoch,
             current: self.epoch,
-        };
-        if id.epoch != self.epoch {
-            return Err(stale);
         }
-        let slot = self.slots.get(id.slot as usize).ok_or(stale.clone())?;
-        if !slot.live {
-            return Err(stale);
-        }
-        if slot.type_id != TypeId::of::<T>() {
-            return Err(AllocError::WrongType {
-                stored: slot.type_name,
-                requested: T::NAME,
-            });
-        }
-        Ok(slot)
     }
 
     /// Number of elements in a live buffer.
     pub fn len_of(&self, id: BufId) -> Result<usize, AllocError> {
-        let stale = AllocError::StaleBuffer {
-            slot: id.slot,
-            epoch: id.epoch,
-            current: self.epoch,
-        };
         match self.slots.get(id.slot as usize) {
             Some(s) if s.live && id.epoch == self.epoch => Ok(s.len),
-            _ => Err(stale),
+            _ => Err(self.stale(id)),
         }
     }
 
@@ -408,7 +414,7 @@ impl Arena {
     pub fn slice<T: Pod>(&self, id: BufId) -> Result<&[T], AllocError> {
         let slot = self.check::<T>(id)?;
         // SAFETY: a live slot of this epoch points to `len` initialised elements of `T` (checked
-        // by TypeId) inside a bump chunk that lives until `reset`, which needs `&mut self`; shared
+        // by element code) inside a bump chunk that lives until `reset`, which needs `&mut self`; shared
         // access through `&self` cannot coexist with the `&mut` accessors.
         Ok(unsafe { std::slice::from_raw_parts(slot.ptr.as_ptr().cast::<T>(), slot.len) })
     }
@@ -442,8 +448,8 @@ impl Arena {
         // other access out for the lifetime of the returned slices.
         let out_slice =
             unsafe { std::slice::from_raw_parts_mut(o.ptr.as_ptr().cast::<T>(), o.len) };
-        let ins = inputs.map(|i| {
-            let s = &self.slots[i.slot as usize];
+        let ins = std::array::from_fn(|k| {
+            let s = &self.slots[inputs[k].slot as usize];
             // SAFETY: see above; shared borrows of inputs may alias each other, which is fine.
             unsafe { std::slice::from_raw_parts(s.ptr.as_ptr().cast::<T>(), s.len) }
         });
@@ -506,20 +512,25 @@ impl Arena {
         Ok((out_slice, ins))
     }
 
+    /// Whether `id` is live and has exactly one owner, so that writing it changes no other
+    /// tensor's value.
+    pub fn is_unique(&self, id: BufId) -> bool {
+        id.epoch == self.epoch
+            && self
+                .slots
+                .get(id.slot as usize)
+                .is_some_and(|s| s.live && s.holders == 1)
+    }
+
     /// Adds an owner to a live buffer: a zero-copy view (a reshape) shares the memory, and the
     /// buffer is recycled only after every owner has called [`Arena::recycle`].
     pub fn retain(&mut self, id: BufId) -> Result<(), AllocError> {
-        let stale = AllocError::StaleBuffer {
-            slot: id.slot,
-            epoch: id.epoch,
-            current: self.epoch,
-        };
         match self.slots.get_mut(id.slot as usize) {
             Some(s) if s.live && id.epoch == self.epoch => {
                 s.holders += 1;
                 Ok(())
             }
-            _ => Err(stale),
+            _ => Err(self.stale(id)),
         }
     }
 
@@ -527,18 +538,11 @@ impl Arena {
     /// buffer is dead: its memory serves the next request of the same size and every handle to
     /// it becomes stale.
     pub fn recycle(&mut self, id: BufId) -> Result<(), AllocError> {
-        let stale = AllocError::StaleBuffer {
-            slot: id.slot,
-            epoch: id.epoch,
-            current: self.epoch,
+        let current = self.epoch;
+        let slot = match self.slots.get_mut(id.slot as usize) {
+            Some(slot) if slot.live && id.epoch == current => slot,
+            _ => return Err(self.stale(id)),
         };
-        if id.epoch != self.epoch {
-            return Err(stale);
-        }
-        let slot = self.slots.get_mut(id.slot as usize).ok_or(stale.clone())?;
-        if !slot.live {
-            return Err(stale);
-        }
         slot.holders -= 1;
         if slot.holders > 0 {
             return Ok(());

@@ -10,12 +10,11 @@
 //! arena's free list — as soon as the last gradient slot holding it is consumed, so backward's
 //! memory is the forward's activations plus the live gradient frontier.
 
-use smallvec::SmallVec;
-
 use crate::error::{GraphError, Result};
 use crate::graph::{Inner, NodeId, NO_POS};
 use crate::ops::{self, Ctx, Op};
 use crate::param::HostDataRef;
+use crate::shape::Shape;
 use crate::{Graph, Tensor};
 
 /// Options of [`Tensor::backward_with`].
@@ -108,7 +107,12 @@ fn run<'g>(
         if !n.requires_grad || n.tape_pos == NO_POS {
             return Err(GraphError::NoGradFn);
         }
-        (n.tape_pos as usize, n.shape.clone(), n.dtype, n.device())
+        (
+            n.tape_pos as usize,
+            Shape::from_slice(&n.shape),
+            n.dtype,
+            n.device(),
+        )
     };
     let seed = match opts.grad {
         Some(s) => {
@@ -230,7 +234,17 @@ fn run<'g>(
             gy: g.handle(gid),
             create_graph: create,
         };
-        let grads = ops::backward(&op, &ctx)?;
+        let in_place = match &op {
+            Op::Unary(u) if !create => {
+                ops::unary::backward_in_place(&mut g.inner(), *u, ctx.inputs[0], node_id, gid)?
+            }
+            _ => false,
+        };
+        let grads = if in_place {
+            smallvec::smallvec![Some(ctx.gy)]
+        } else {
+            ops::backward(&op, &ctx)?
+        };
         let mut i = g.inner();
         if !retain {
             i.nodes[node_id].spent = true;
@@ -283,11 +297,15 @@ fn run<'g>(
             }
         }
         // Intermediates the rule made and nobody holds.
-        let log: SmallVec<[NodeId; 8]> = i.temp_log.drain(..).collect();
-        for id in log {
-            if i.nodes.get(id).is_some_and(|n| n.grad_refs == 0 && n.temp) {
-                i.free_temp(id);
+        if !i.temp_log.is_empty() {
+            let mut log = std::mem::take(&mut i.temp_log);
+            for &id in &log {
+                if i.nodes.get(id).is_some_and(|n| n.grad_refs == 0 && n.temp) {
+                    i.free_temp(id);
+                }
             }
+            log.clear();
+            i.temp_log = log;
         }
         release(&mut i, gid);
     }

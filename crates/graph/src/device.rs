@@ -479,7 +479,7 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (shape, dtype): (Shape, DType) = {
             let n = i.node(op, self.id)?;
-            (n.shape.clone(), n.dtype)
+            (Shape::from_slice(&n.shape), n.dtype)
         };
         let buf = with_float!(dtype, T, {
             let host: Vec<T> = i.read::<T>(op, self.id)?.into_owned();

@@ -127,7 +127,7 @@ impl Inner {
     /// Inserts a node for a freshly computed buffer on the device of its first input (the host
     /// when it has none). Records it on the tape when grad mode is on and an input requires grad;
     /// otherwise it is a constant and its op is forgotten.
-    #[inline]
+    #[inline(always)]
     pub fn push(
         &mut self,
         shape: Shape,
@@ -143,7 +143,7 @@ impl Inner {
     }
 
     /// [`Inner::push`] for a buffer on `device`.
-    #[inline]
+    #[inline(always)]
     pub fn push_on(
         &mut self,
         device: Device,

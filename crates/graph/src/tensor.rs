@@ -228,7 +228,7 @@ impl<'g> Tensor<'g> {
 
     /// The shape, or a stale-handle error.
     pub fn try_shape(&self) -> Result<Shape> {
-        self.with_node("shape", |n| n.shape.clone())
+        self.with_node("shape", |n| Shape::from_slice(&n.shape))
     }
 
     /// The shape. A handle is valid for as long as it exists (it borrows the graph), so this
@@ -359,7 +359,7 @@ impl<'g> Tensor<'g> {
         let op = "detach";
         let mut i = self.g.inner();
         let n = i.node(op, self.id)?;
-        let (shape, dtype, dev, buf) = (n.shape.clone(), n.dtype, n.device(), n.buf);
+        let (shape, dtype, dev, buf) = (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf);
         i.retain_buf(op, dev, buf)?;
         let id = i.push_on(dev, shape, dtype, buf, Op::Leaf, &[]);
         drop(i);

@@ -422,3 +422,71 @@ fn gradients_of_another_dtype_are_typed_errors() {
         "{e}"
     );
 }
+
+/// Backward writes an elementwise op's gradient over the incoming one when it holds the only
+/// claim on it; it must never do so over a gradient someone else can still see.
+#[test]
+fn in_place_gradients_never_overwrite_shared_ones() {
+    let close = |a: &[f64], b: &[f64]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(p, q)| (p - q).abs() < 1e-12)
+    };
+    let xs = [0.3f64, -1.1, 0.8];
+    let g = Graph::new();
+
+    // A seed passed by the caller is left as it was.
+    let x = g.var(&xs, &[3], DType::F64).unwrap();
+    let seed = g.from_f64(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
+    x.tanh()
+        .unwrap()
+        .exp()
+        .unwrap()
+        .backward_with(BackwardOptions {
+            grad: Some(seed),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(v(seed), vec![1.0, 2.0, 3.0]);
+    let want: Vec<f64> = xs
+        .iter()
+        .zip([1.0, 2.0, 3.0])
+        .map(|(&x, s)| s * x.tanh().exp() * (1.0 - x.tanh().powi(2)))
+        .collect();
+    assert!(close(&v(x.grad().unwrap().unwrap()), &want));
+
+    // One gradient reaching two branches (add passes it through to both).
+    let x = g.var(&xs, &[3], DType::F64).unwrap();
+    let a = x.scale(2.0).unwrap();
+    let l = a.tanh().unwrap().add(a.sin().unwrap()).unwrap();
+    l.sum().unwrap().backward().unwrap();
+    let want: Vec<f64> = xs
+        .iter()
+        .map(|&x| 2.0 * (1.0 - (2.0 * x).tanh().powi(2)) + 2.0 * (2.0 * x).cos())
+        .collect();
+    assert!(close(&v(x.grad().unwrap().unwrap()), &want));
+
+    // A retained intermediate gradient keeps its value while backward goes on below it, and a
+    // reshape's gradient (a view of the incoming one) is not written through.
+    let x = g.var(&xs, &[3], DType::F64).unwrap();
+    let h = x.exp().unwrap();
+    h.retain_grad().unwrap();
+    let r = h.reshape(&[3, 1]).unwrap().sigmoid().unwrap();
+    r.sum().unwrap().backward().unwrap();
+    let sig = |t: f64| 1.0 / (1.0 + (-t).exp());
+    let gh: Vec<f64> = xs
+        .iter()
+        .map(|&x| sig(x.exp()) * (1.0 - sig(x.exp())))
+        .collect();
+    assert!(close(&v(h.grad().unwrap().unwrap()), &gh));
+    let gx: Vec<f64> = xs.iter().zip(&gh).map(|(&x, g)| g * x.exp()).collect();
+    assert!(close(&v(x.grad().unwrap().unwrap()), &gx));
+
+    // `grad` hands back a captured gradient that later steps must not change.
+    let x = g.var(&xs, &[3], DType::F64).unwrap();
+    let m = x.scale(3.0).unwrap();
+    let out = m.tanh().unwrap().sum().unwrap();
+    let got = grad(out, &[m, x], BackwardOptions::default()).unwrap();
+    let gm: Vec<f64> = xs.iter().map(|&x| 1.0 - (3.0 * x).tanh().powi(2)).collect();
+    assert!(close(&v(got[0].unwrap()), &gm));
+    let gx: Vec<f64> = gm.iter().map(|g| 3.0 * g).collect();
+    assert!(close(&v(got[1].unwrap()), &gx));
+}

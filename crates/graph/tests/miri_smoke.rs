@@ -89,17 +89,35 @@ fn every_family_forward_and_backward_on_tiny_tensors() {
 fn backward_recycles_and_reuses_gradient_buffers() {
     let mut g = Graph::with_threads(1);
     for _ in 0..3 {
+        // Elementwise steps write their gradient over the incoming one: backward allocates only
+        // the seed and the sum's broadcast gradient, however long the chain.
         let x = g.var(&[0.1; 8], &[8], DType::F32).unwrap();
         let mut h = x;
         for _ in 0..20 {
             h = h.tanh().unwrap().scale(1.5).unwrap();
         }
-        h.sum().unwrap().backward().unwrap();
-        assert!(
-            g.stats().arena.reused > 0,
-            "gradient buffers were not reused"
+        let l = h.sum().unwrap();
+        let before = g.stats().arena.allocations;
+        l.backward().unwrap();
+        let made = g.stats().arena.allocations - before;
+        assert_eq!(
+            made, 2,
+            "backward of an elementwise chain made {made} buffers"
         );
         assert_eq!(x.grad().unwrap().unwrap().to_vec::<f32>().unwrap().len(), 8);
+
+        // Products need a new gradient per step; the dead ones are recycled.
+        let y = g.var(&[0.2; 8], &[8], DType::F32).unwrap();
+        let mut h = y;
+        for _ in 0..20 {
+            h = h.mul(y).unwrap().tanh().unwrap();
+        }
+        let reused = g.stats().arena.reused;
+        h.sum().unwrap().backward().unwrap();
+        assert!(
+            g.stats().arena.reused > reused,
+            "gradient buffers were not reused"
+        );
         g.reset();
     }
 }

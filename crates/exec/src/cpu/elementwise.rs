@@ -94,24 +94,18 @@ pub fn unary<T: Float>(op: UnaryOp, x: &[T], out: &mut [T], threads: usize) {
     }
 }
 
-/// `out[i] = f(x[i], y[i], gy[i])`, monomorphised per `f` so the loop inlines and vectorises.
-fn zip3_into<T: Float, F: Fn(T, T, T) -> T + Sync + ?Sized>(
+/// `g[i] = f(x[i], y[i], g[i])`, monomorphised per `f` so the loop inlines and vectorises.
+fn zip3_in_place<T: Float, F: Fn(T, T, T) -> T + Sync + ?Sized>(
     x: &[T],
     y: &[T],
-    gy: &[T],
-    out: &mut [T],
+    g: &mut [T],
     threads: usize,
     f: &F,
 ) {
-    par_chunks_mut(out, threads, PAR_MIN_ELEMS, |start, o| {
+    par_chunks_mut(g, threads, PAR_MIN_ELEMS, |start, o| {
         let end = start + o.len();
-        for (((o, &xv), &yv), &g) in o
-            .iter_mut()
-            .zip(&x[start..end])
-            .zip(&y[start..end])
-            .zip(&gy[start..end])
-        {
-            *o = f(xv, yv, g);
+        for ((o, &xv), &yv) in o.iter_mut().zip(&x[start..end]).zip(&y[start..end]) {
+            *o = f(xv, yv, *o);
         }
     })
 }
@@ -126,13 +120,26 @@ pub fn unary_grad<T: Float>(
     out: &mut [T],
     threads: usize,
 ) {
-    debug_assert!(x.len() == out.len() && y.len() == out.len() && gy.len() == out.len());
+    debug_assert!(gy.len() == out.len());
+    out.copy_from_slice(gy);
+    unary_grad_in_place(op, x, y, out, threads);
+}
+
+/// [`unary_grad`] written over the incoming gradient: `g[i] = g[i] * op'(x[i])`. Backward uses
+/// it when it holds the only claim on the gradient, so a chain of elementwise ops needs no new
+/// buffer per step.
+pub fn unary_grad_in_place<T: Float>(op: UnaryOp, x: &[T], y: &[T], g: &mut [T], threads: usize) {
+    debug_assert!(x.len() == g.len() && y.len() == g.len());
     match op {
-        UnaryOp::Neg => zip3_into(x, y, gy, out, threads, &|_, _, g| -g),
-        UnaryOp::Exp => zip3_into(x, y, gy, out, threads, &|_, y, g| g * y),
-        UnaryOp::Log => zip3_into(x, y, gy, out, threads, &|x, _, g| g / x),
-        UnaryOp::Sqrt => zip3_into(x, y, gy, out, threads, &|_, y, g| g * T::from_f64(0.5) / y),
-        UnaryOp::Abs | UnaryOp::Sign => zip3_into(x, y, gy, out, threads, &|x, _, g| {
+        UnaryOp::Neg => {
+            for v in g.iter_mut() {
+                *v = -*v;
+            }
+        }
+        UnaryOp::Exp => zip3_in_place(x, y, g, threads, &|_, y, g| g * y),
+        UnaryOp::Log => zip3_in_place(x, y, g, threads, &|x, _, g| g / x),
+        UnaryOp::Sqrt => zip3_in_place(x, y, g, threads, &|_, y, g| g * T::from_f64(0.5) / y),
+        UnaryOp::Abs | UnaryOp::Sign => zip3_in_place(x, y, g, threads, &|x, _, g| {
             if x > T::ZERO {
                 g
             } else if x < T::ZERO {
@@ -141,34 +148,34 @@ pub fn unary_grad<T: Float>(
                 T::ZERO
             }
         }),
-        UnaryOp::Sin => zip3_into(x, y, gy, out, threads, &|x, _, g| g * x.cos()),
-        UnaryOp::Cos => zip3_into(x, y, gy, out, threads, &|x, _, g| -(g * x.sin())),
+        UnaryOp::Sin => zip3_in_place(x, y, g, threads, &|x, _, g| g * x.cos()),
+        UnaryOp::Cos => zip3_in_place(x, y, g, threads, &|x, _, g| -(g * x.sin())),
         UnaryOp::Tanh => {
             // The hot case of the tiny-op chain: a plain loop the compiler vectorises.
-            for (((o, &yv), &g), _) in out.iter_mut().zip(y).zip(gy).zip(x) {
-                *o = g * (T::ONE - yv * yv);
+            for (o, &yv) in g.iter_mut().zip(y) {
+                *o *= T::ONE - yv * yv;
             }
         }
-        UnaryOp::Sigmoid => zip3_into(x, y, gy, out, threads, &|_, y, g| g * y * (T::ONE - y)),
-        UnaryOp::Relu | UnaryOp::Step => zip3_into(x, y, gy, out, threads, &|x, _, g| {
+        UnaryOp::Sigmoid => zip3_in_place(x, y, g, threads, &|_, y, g| g * y * (T::ONE - y)),
+        UnaryOp::Relu | UnaryOp::Step => zip3_in_place(x, y, g, threads, &|x, _, g| {
             if x > T::ZERO {
                 g
             } else {
                 T::ZERO
             }
         }),
-        UnaryOp::Gelu => zip3_into(x, y, gy, out, threads, &|x, _, g| g * gelu_grad(x)),
+        UnaryOp::Gelu => zip3_in_place(x, y, g, threads, &|x, _, g| g * gelu_grad(x)),
         UnaryOp::Scale(s) => {
             let s = T::from_f64(s);
-            for (o, &g) in out.iter_mut().zip(gy) {
-                *o = g * s;
+            for v in g.iter_mut() {
+                *v *= s;
             }
         }
-        UnaryOp::Shift(_) => out.copy_from_slice(gy),
+        UnaryOp::Shift(_) => {}
         UnaryOp::Powf(p) => {
             let pm1 = T::from_f64(p - 1.0);
             let p = T::from_f64(p);
-            zip3_into(x, y, gy, out, threads, &move |x, _, g| g * p * x.powf(pm1))
+            zip3_in_place(x, y, g, threads, &move |x, _, g| g * p * x.powf(pm1))
         }
         UnaryOp::GeluGrad => {
             // d/dx gelu'(x), by central difference of the closed form would lose precision; the

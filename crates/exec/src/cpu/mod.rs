@@ -12,7 +12,7 @@ pub mod shape;
 pub use conv::{
     col2im, col2im_batch, im2col, im2col_batch, max_pool_indices, put_add, take, Window,
 };
-pub use elementwise::{binary, select, unary, unary_grad};
+pub use elementwise::{binary, select, unary, unary_grad, unary_grad_in_place};
 pub use matmul::{gemm, gemm_batched, Gemm, MatView};
 pub use reduce::{reduce, softmax, softmax_grad, sum_row, ReduceOp};
 pub use shape::{

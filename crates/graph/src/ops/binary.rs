@@ -19,11 +19,11 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (ash, dtype, dev, ab) = {
             let n = i.node(name, self.id)?;
-            (n.shape.clone(), n.dtype, n.device(), n.buf)
+            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
         };
         let (bsh, bb) = {
             let n = i.node(name, other.id)?;
-            (n.shape.clone(), n.buf)
+            (Shape::from_slice(&n.shape), n.buf)
         };
         let osh: Shape = if ash == bsh {
             ash.clone()
@@ -124,15 +124,15 @@ impl Graph {
         let i = &mut *guard;
         let (csh, dtype, dev, cb) = {
             let n = i.node(name, cond.id)?;
-            (n.shape.clone(), n.dtype, n.device(), n.buf)
+            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
         };
         let (ash, ab) = {
             let n = i.node(name, a.id)?;
-            (n.shape.clone(), n.buf)
+            (Shape::from_slice(&n.shape), n.buf)
         };
         let (bsh, bb) = {
             let n = i.node(name, b.id)?;
-            (n.shape.clone(), n.buf)
+            (Shape::from_slice(&n.shape), n.buf)
         };
         let mismatch = |l: &[usize], r: &[usize]| GraphError::ShapeMismatch {
             op: name,

@@ -9,6 +9,7 @@ use smallvec::SmallVec;
 use super::{check_pair, Ctx, Grads, Op};
 use crate::error::{GraphError, Result};
 use crate::graph::NodeId;
+use crate::shape::Shape;
 use crate::{Graph, Tensor};
 
 /// The backward rule of a user-defined op.
@@ -42,7 +43,7 @@ impl Graph {
         let mut i = self.inner();
         let (shape, dtype, buf) = {
             let n = i.node(name, value.id)?;
-            (n.shape.clone(), n.dtype, n.buf)
+            (Shape::from_slice(&n.shape), n.dtype, n.buf)
         };
         let ids: SmallVec<[NodeId; 2]> = inputs.iter().map(|t| t.id).collect();
         let dev = i.device_of(name, value.id)?;

@@ -63,11 +63,11 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (ash, dtype, dev, ab) = {
             let n = i.node(name, self.id)?;
-            (n.shape.clone(), n.dtype, n.device(), n.buf)
+            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
         };
         let (bsh, bb) = {
             let n = i.node(name, other.id)?;
-            (n.shape.clone(), n.buf)
+            (Shape::from_slice(&n.shape), n.buf)
         };
         let bad = || GraphError::MatmulShape {
             op: name,
@@ -239,11 +239,11 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (ash, dtype, ab) = {
             let n = i.node(name, self.id)?;
-            (n.shape.clone(), n.dtype, n.buf)
+            (Shape::from_slice(&n.shape), n.dtype, n.buf)
         };
         let (bsh, bb) = {
             let n = i.node(name, other.id)?;
-            (n.shape.clone(), n.buf)
+            (Shape::from_slice(&n.shape), n.buf)
         };
         let r = ash.len();
         let (m, k) = if ta {

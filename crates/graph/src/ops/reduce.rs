@@ -20,7 +20,7 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (shape, dtype, dev, xb) = {
             let n = i.node(name, self.id)?;
-            (n.shape.clone(), n.dtype, n.device(), n.buf)
+            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
         };
         let mask = axes_mask(name, axes, &shape)?;
         if op == ReduceOp::Max && mask.iter().zip(&shape).any(|(&m, &d)| m && d == 0) {

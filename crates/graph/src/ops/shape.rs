@@ -35,7 +35,7 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (shape, dtype, dev, xb) = {
             let n = i.node(name, self.id)?;
-            (n.shape.clone(), n.dtype, n.device(), n.buf)
+            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
         };
         let len = checked_numel(name, &out_shape)?;
         let out = if zeroed {
@@ -362,7 +362,7 @@ impl Graph {
         for p in parts {
             let (shape, buf) = {
                 let n = i.node(op, p.id)?;
-                (n.shape.clone(), n.buf)
+                (Shape::from_slice(&n.shape), n.buf)
             };
             match dev {
                 Device::Cpu => with_float!(dtype, T, {

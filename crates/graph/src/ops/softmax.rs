@@ -7,6 +7,7 @@ use super::{Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::shape::norm_axis;
+use crate::shape::Shape;
 use crate::{Device, Tensor};
 
 impl<'g> Tensor<'g> {
@@ -16,7 +17,7 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (shape, dtype, dev, xb) = {
             let n = i.node(name, self.id)?;
-            (n.shape.clone(), n.dtype, n.device(), n.buf)
+            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
         };
         let ax = norm_axis(name, axis, &shape)?;
         let out = i.alloc_on(name, dev, dtype, shape.iter().product())?;
@@ -60,7 +61,7 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (shape, dtype, dev, yb) = {
             let n = i.node(name, y.id)?;
-            (n.shape.clone(), n.dtype, n.device(), n.buf)
+            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
         };
         let gb = i.node(name, g.id)?.buf;
         let out = i.alloc_on(name, dev, dtype, shape.iter().product())?;

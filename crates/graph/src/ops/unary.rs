@@ -6,6 +6,8 @@ use smallvec::smallvec;
 use super::{Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
+use crate::graph::{Inner, NodeId};
+use crate::shape::Shape;
 use crate::{Device, Tensor};
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -18,7 +20,7 @@ impl<'g> Tensor<'g> {
         let mut guard = self.g.inner();
         let i = &mut *guard;
         let n = i.node(name, self.id)?;
-        let (shape, dtype, dev, xb) = (n.shape.clone(), n.dtype, n.device(), n.buf);
+        let (shape, dtype, dev, xb) = (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf);
         let len = shape.iter().product();
         let out = i.alloc_on(name, dev, dtype, len)?;
         let threads = i.threads;
@@ -52,7 +54,7 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (shape, dtype, dev, xb) = {
             let n = i.node(name, x.id)?;
-            (n.shape.clone(), n.dtype, n.device(), n.buf)
+            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
         };
         let yb = i.node(name, y.id)?.buf;
         let gb = i.node(name, gy.id)?.buf;
@@ -137,6 +139,43 @@ impl<'g> Tensor<'g> {
     pub fn square(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Powf(2.0))
     }
+}
+
+/// Backward of an elementwise op written over its incoming gradient `gid`, when nothing is being
+/// recorded and backward holds the only claim on it: a temporary in one gradient slot whose
+/// buffer no view shares. A chain of elementwise ops then needs no buffer and no node per step.
+/// Returns false where it does not apply; the rule then runs as usual.
+pub(crate) fn backward_in_place(
+    i: &mut Inner,
+    op: UnaryOp,
+    x: NodeId,
+    y: NodeId,
+    gid: NodeId,
+) -> Result<bool> {
+    if matches!(op, UnaryOp::Sign | UnaryOp::Step | UnaryOp::GeluGrad) {
+        return Ok(false);
+    }
+    let name = op.name();
+    let gn = i.node(name, gid)?;
+    if !gn.temp
+        || gn.grad_refs != 1
+        || !gn.owns_buf
+        || gn.device() != Device::Cpu
+        || !i.arena.is_unique(gn.buf)
+    {
+        return Ok(false);
+    }
+    let (gb, dtype) = (gn.buf, gn.dtype);
+    let (xb, yb) = (i.node(name, x)?.buf, i.node(name, y)?.buf);
+    let threads = i.threads;
+    with_float!(dtype, T, {
+        let (g, [xs, ys]) = i
+            .arena
+            .split_mut::<T, 2>(gb, [xb, yb])
+            .map_err(|source| GraphError::Alloc { op: name, source })?;
+        cpu::unary_grad_in_place(op, xs, ys, g, threads);
+    });
+    Ok(true)
 }
 
 /// gelu'(x) written in differentiable ops (the create_graph rule).
