@@ -1,7 +1,9 @@
 //! The per-iteration host arena.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use bumpalo::Bump;
 
@@ -80,6 +82,8 @@ struct Slot {
     /// The element type, as [`Pod::CODE`].
     elem: u8,
     live: bool,
+    /// Memory the arena does not own (see [`Arena::alloc_shared`]): read-only, never recycled.
+    shared: bool,
     /// How many owners share this buffer (zero-copy views each hold one); it is recycled when
     /// the last lets go.
     holders: u32,
@@ -141,12 +145,15 @@ pub struct Arena {
     /// holds old `Pod` values), so scratch buffers need no clearing — a steady loop never pays
     /// for a memset. Becomes 0 if the bump grows another chunk.
     initialised_bytes: usize,
+    /// The owners of this iteration's shared buffers, kept alive until the reset.
+    owners: Vec<Arc<dyn Any + Send + Sync>>,
 }
 
 // SAFETY: every pointer in `slots` and `free` points into chunks owned by `self.bump`, which is
-// `Send`; no pointer is shared with anything outside the arena, and all access to the memory goes
-// through `&self`/`&mut self` methods, so moving the whole arena to another thread moves the memory
-// with it.
+// `Send`, or (shared slots) into memory owned by an entry of `owners`, which is `Send + Sync` and
+// only ever read; no pointer into the bump is shared with anything outside the arena, and all
+// access to the memory goes through `&self`/`&mut self` methods, so moving the whole arena to
+// another thread moves the memory, or a reference to immutable shared memory, with it.
 unsafe impl Send for Arena {}
 
 impl Default for Arena {
@@ -175,6 +182,7 @@ impl Arena {
             epoch: 0,
             stats: ArenaStats::default(),
             initialised_bytes: 0,
+            owners: Vec::new(),
         }
     }
 
@@ -218,6 +226,7 @@ impl Arena {
     /// Frees every buffer of this iteration at once. All earlier handles become stale.
     pub fn reset(&mut self) {
         self.slots.clear();
+        self.owners.clear();
         self.free.clear();
         for l in &mut self.small_free {
             l.clear();
@@ -307,6 +316,7 @@ impl Arena {
             len,
             elem: T::CODE,
             live: true,
+            shared: false,
             holders: 1,
         });
         self.stats.bytes_in_use += bytes;
@@ -320,6 +330,52 @@ impl Arena {
             },
             fresh,
         ))
+    }
+
+    /// A read-only buffer over memory the arena does not own: `view(&owner)` is read in place,
+    /// with no copy, and `owner` is kept alive until the reset. Writing the buffer is
+    /// [`AllocError::ReadOnly`]; it counts as an allocation but not towards the bytes in use.
+    ///
+    /// This is how a parameter's value enters an iteration: while the arena holds its `Arc`,
+    /// nobody can get `&mut` access to it (`Arc::get_mut` and `Arc::make_mut` see a second
+    /// owner), so the memory stays as it was for as long as any handle can read it.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use arenagrad_alloc::{AllocError, Arena};
+    /// let mut arena = Arena::new();
+    /// let mut weights = Arc::new(vec![1.0f32, 2.0]);
+    /// let w = arena.alloc_shared(weights.clone(), |v: &Vec<f32>| v.as_slice()).unwrap();
+    /// assert_eq!(arena.slice::<f32>(w).unwrap(), &[1.0, 2.0]);
+    /// assert!(matches!(arena.slice_mut::<f32>(w), Err(AllocError::ReadOnly { .. })));
+    /// assert!(Arc::get_mut(&mut weights).is_none()); // the arena still reads it
+    /// arena.reset();
+    /// Arc::get_mut(&mut weights).unwrap()[0] = 3.0; // the iteration is over: update in place
+    /// ```
+    pub fn alloc_shared<T: Pod, O: Send + Sync + 'static>(
+        &mut self,
+        owner: Arc<O>,
+        view: fn(&O) -> &[T],
+    ) -> Result<BufId, AllocError> {
+        let data = view(&owner);
+        let (ptr, len) = (NonNull::from(data).cast::<u8>(), data.len());
+        let slot = u32::try_from(self.slots.len()).expect("invariant: fewer than 2^32 buffers");
+        self.slots.push(Slot {
+            ptr,
+            bytes: 0,
+            len,
+            elem: T::CODE,
+            live: true,
+            shared: true,
+            holders: 1,
+        });
+        self.owners.push(owner);
+        self.stats.allocations += 1;
+        self.stats.live_buffers += 1;
+        Ok(BufId {
+            slot,
+            epoch: self.epoch,
+        })
     }
 
     /// A buffer of `len` zeros.
@@ -393,6 +449,16 @@ impl Arena {
         }
     }
 
+    /// [`Arena::check`] for a buffer about to be written: shared buffers are read-only.
+    #[inline]
+    fn check_mut<T: Pod>(&self, id: BufId) -> Result<&Slot, AllocError> {
+        let slot = self.check::<T>(id)?;
+        if slot.shared {
+            return Err(AllocError::ReadOnly { slot: id.slot });
+        }
+        Ok(slot)
+    }
+
     #[cold]
     fn stale(&self, id: BufId) -> AllocError {
         AllocError::StaleBuffer {
@@ -414,16 +480,19 @@ impl Arena {
     pub fn slice<T: Pod>(&self, id: BufId) -> Result<&[T], AllocError> {
         let slot = self.check::<T>(id)?;
         // SAFETY: a live slot of this epoch points to `len` initialised elements of `T` (checked
-        // by element code) inside a bump chunk that lives until `reset`, which needs `&mut self`; shared
-        // access through `&self` cannot coexist with the `&mut` accessors.
+        // by element code) inside a bump chunk that lives until `reset`, or, for a shared slot,
+        // into memory that an entry of `owners` keeps alive and unwritten until `reset`; `reset`
+        // needs `&mut self`, and shared access through `&self` cannot coexist with the `&mut`
+        // accessors.
         Ok(unsafe { std::slice::from_raw_parts(slot.ptr.as_ptr().cast::<T>(), slot.len) })
     }
 
     /// Writes a buffer.
     pub fn slice_mut<T: Pod>(&mut self, id: BufId) -> Result<&mut [T], AllocError> {
-        let slot = self.check::<T>(id)?;
-        // SAFETY: as in `slice`; `&mut self` guarantees no other slice of this arena is alive, so
-        // the returned unique borrow is not aliased.
+        let slot = self.check_mut::<T>(id)?;
+        // SAFETY: as in `slice`, and the slot is not shared (its memory is the arena's); `&mut
+        // self` guarantees no other slice of this arena is alive, so the returned unique borrow
+        // is not aliased.
         Ok(unsafe { std::slice::from_raw_parts_mut(slot.ptr.as_ptr().cast::<T>(), slot.len) })
     }
 
@@ -440,11 +509,12 @@ impl Arena {
             }
             self.check::<T>(*i)?;
         }
-        let o = self.check::<T>(out)?;
-        // SAFETY: all slots were checked live, of this epoch and of type `T`. Live slots never
-        // share memory (a recycled region is only handed to a new slot after its old slot is
-        // marked dead), and the output slot differs from every input slot, so the unique borrow
-        // of the output does not overlap the shared borrows of the inputs. `&mut self` keeps any
+        let o = self.check_mut::<T>(out)?;
+        // SAFETY: all slots were checked live, of this epoch and of type `T`, and the output is
+        // not a shared slot. Live bump slots never share memory (a recycled region is only handed
+        // to a new slot after its old slot is marked dead), shared slots point outside the bump
+        // (into memory their owners hold), and the output slot differs from every input slot, so
+        // the unique borrow of the output does not overlap the shared borrows of the inputs. `&mut self` keeps any
         // other access out for the lifetime of the returned slices.
         let out_slice =
             unsafe { std::slice::from_raw_parts_mut(o.ptr.as_ptr().cast::<T>(), o.len) };
@@ -471,7 +541,7 @@ impl Arena {
         let (ip, il) = (i.ptr, i.len);
         let a = self.check::<A>(aux)?;
         let (ap, al) = (a.ptr, a.len);
-        let o = self.check::<O>(out)?;
+        let o = self.check_mut::<O>(out)?;
         // SAFETY: the three slots were checked live, of this epoch and of their stated types;
         // live slots never share memory and the output slot differs from both inputs, so the
         // unique borrow of the output overlaps neither shared borrow. `&mut self` keeps every
@@ -497,7 +567,7 @@ impl Arena {
             }
             self.check::<T>(*i)?;
         }
-        let o = self.check::<T>(out)?;
+        let o = self.check_mut::<T>(out)?;
         // SAFETY: identical reasoning to `split_mut`: checked live, typed, distinct from inputs.
         let out_slice =
             unsafe { std::slice::from_raw_parts_mut(o.ptr.as_ptr().cast::<T>(), o.len) };
@@ -548,13 +618,17 @@ impl Arena {
             return Ok(());
         }
         slot.live = false;
+        self.stats.live_buffers -= 1;
+        if slot.shared {
+            // Not ours: its owner is let go at the reset.
+            return Ok(());
+        }
         if slot.bytes / BUF_ALIGN < SMALL_CLASSES {
             self.small_free[slot.bytes / BUF_ALIGN].push(slot.ptr);
         } else {
             self.free.entry(slot.bytes).or_default().push(slot.ptr);
         }
         self.stats.bytes_in_use -= slot.bytes;
-        self.stats.live_buffers -= 1;
         Ok(())
     }
 }
@@ -601,6 +675,62 @@ mod tests {
         assert_eq!(a.slice::<f64>(z).unwrap(), &[0.0, 0.0]);
         let w = a.alloc_with::<u32>(4, |i| i as u32 * 3).unwrap();
         assert_eq!(a.slice::<u32>(w).unwrap(), &[0, 3, 6, 9]);
+    }
+
+    #[test]
+    fn shared_buffers_are_read_in_place_and_never_written() {
+        let mut a = Arena::new();
+        let mut owner = Arc::new(vec![1.5f32, -2.0, 4.0]);
+        let w = a
+            .alloc_shared(owner.clone(), |v: &Vec<f32>| v.as_slice())
+            .unwrap();
+        // Read in place: the same memory, and no arena bytes.
+        assert_eq!(a.slice::<f32>(w).unwrap().as_ptr(), owner.as_ptr());
+        assert_eq!(a.stats().bytes_in_use, 0);
+        // Every write path refuses it; reads of another type are typed errors.
+        assert!(matches!(
+            a.slice_mut::<f32>(w),
+            Err(AllocError::ReadOnly { .. })
+        ));
+        let x = a.alloc_from_slice(&[1.0f32, 1.0, 1.0]).unwrap();
+        assert!(matches!(
+            a.split_mut::<f32, 1>(w, [x]),
+            Err(AllocError::ReadOnly { .. })
+        ));
+        assert!(matches!(
+            a.split_mut_many::<f32>(w, &[x]),
+            Err(AllocError::ReadOnly { .. })
+        ));
+        assert!(matches!(
+            a.slice::<f64>(w),
+            Err(AllocError::WrongType { .. })
+        ));
+        // It serves as a kernel input like any buffer.
+        let (out, [src]) = a.split_mut::<f32, 1>(x, [w]).unwrap();
+        out.copy_from_slice(src);
+        assert_eq!(a.slice::<f32>(x).unwrap(), &[1.5, -2.0, 4.0]);
+        // Recycling it hands nothing to the free lists: the next request is fresh memory.
+        a.retain(w).unwrap();
+        a.recycle(w).unwrap();
+        assert!(a.slice::<f32>(w).is_ok(), "one holder left");
+        a.recycle(w).unwrap();
+        assert!(matches!(
+            a.slice::<f32>(w),
+            Err(AllocError::StaleBuffer { .. })
+        ));
+        let y = a.alloc_scratch::<f32>(3).unwrap();
+        assert_eq!(a.stats().reused, 0);
+        assert_ne!(a.slice::<f32>(y).unwrap().as_ptr(), owner.as_ptr());
+        // The owner is held until the reset, then let go.
+        assert!(Arc::get_mut(&mut owner).is_none());
+        a.reset();
+        Arc::get_mut(&mut owner).unwrap()[0] = 9.0;
+        assert_eq!(owner[0], 9.0);
+        // Empty views are fine.
+        let e = a
+            .alloc_shared(Arc::new(Vec::<f64>::new()), |v: &Vec<f64>| v.as_slice())
+            .unwrap();
+        assert!(a.slice::<f64>(e).unwrap().is_empty());
     }
 
     #[test]

@@ -48,6 +48,12 @@ pub enum AllocError {
         /// Type requested by the caller.
         requested: &'static str,
     },
+    /// A write to a buffer the arena shares with its owner (a parameter read in place).
+    #[error("buffer slot {slot} is shared read-only and cannot be written")]
+    ReadOnly {
+        /// The slot in question.
+        slot: u32,
+    },
     /// The same buffer was asked for as output and as input of one kernel.
     #[error("buffer slot {slot} is both the output and an input")]
     Aliased {

@@ -15,7 +15,9 @@ use crate::graph::{Inner, NodeId, NO_POS};
 use crate::ops::{self, Ctx, Op};
 use crate::param::HostDataRef;
 use crate::shape::Shape;
+use crate::Parameter;
 use crate::{Graph, Tensor};
+use arenagrad_exec::DType;
 
 /// Options of [`Tensor::backward_with`].
 #[derive(Debug, Clone, Copy, Default)]
@@ -205,18 +207,16 @@ fn run<'g>(
         let is_leaf = matches!(op, Op::Leaf | Op::Param(_));
         if is_leaf || retain_grad {
             if capture.is_none() {
-                accumulate_into_node(g, node_id, gid)?;
-                if let Op::Param(p) = &op {
-                    let i = g.inner.borrow();
-                    let n = i.node("backward", gid)?;
-                    match n.dtype {
-                        arenagrad_exec::DType::F32 => {
-                            p.accumulate(&HostDataRef::F32(&i.read::<f32>("backward", gid)?))
-                        }
-                        arenagrad_exec::DType::F64 => {
-                            p.accumulate(&HostDataRef::F64(&i.read::<f64>("backward", gid)?))
-                        }
+                match &op {
+                    // A parameter's gradient goes straight into the parameter; the arena keeps
+                    // no copy (`Tensor::grad` of its leaf reads the parameter's). Only a
+                    // differentiable gradient (create_graph) also stays on the leaf.
+                    Op::Param(p) if !create => accumulate_into_param(g, p, gid)?,
+                    Op::Param(p) => {
+                        accumulate_into_node(g, node_id, gid)?;
+                        accumulate_into_param(g, p, gid)?;
                     }
+                    _ => accumulate_into_node(g, node_id, gid)?,
                 }
             }
             if is_leaf {
@@ -233,6 +233,7 @@ fn run<'g>(
             inputs,
             gy: g.handle(gid),
             create_graph: create,
+            into_params: !create && capture.is_none(),
         };
         let in_place = match &op {
             Op::Unary(u) if !create => {
@@ -310,6 +311,16 @@ fn run<'g>(
         release(&mut i, gid);
     }
     Ok(captured)
+}
+
+/// `p.grad += g` (or `= g`) on the parameter's own storage.
+fn accumulate_into_param(g: &Graph, p: &Parameter, gid: NodeId) -> Result<()> {
+    let i = g.inner.borrow();
+    match i.node("backward", gid)?.dtype {
+        DType::F32 => p.accumulate(&HostDataRef::F32(&i.read::<f32>("backward", gid)?)),
+        DType::F64 => p.accumulate(&HostDataRef::F64(&i.read::<f64>("backward", gid)?)),
+    }
+    Ok(())
 }
 
 /// `node.grad += g` (or `= g`), PyTorch's accumulation into `.grad`.

@@ -13,7 +13,9 @@ use crate::{Graph, Tensor};
 #[derive(Debug)]
 struct ParamInner {
     name: String,
-    value: HostTensor,
+    /// Shared with the arenas of the iterations that read it in place (see [`Graph::param`]);
+    /// an update after their reset writes it in place, one before copies it first.
+    value: Arc<HostTensor>,
     grad: Option<HostData>,
     /// The buffer of a cleared gradient, kept so the next backward writes into it instead of
     /// allocating (and faulting in) a fresh one every step.
@@ -34,7 +36,7 @@ impl Parameter {
     pub fn new(name: impl Into<String>, value: HostTensor) -> Self {
         Parameter(Arc::new(Mutex::new(ParamInner {
             name: name.into(),
-            value,
+            value: Arc::new(value),
             grad: None,
             spare: None,
         })))
@@ -78,7 +80,7 @@ impl Parameter {
 
     /// A copy of the value.
     pub fn value(&self) -> HostTensor {
-        self.lock().value.clone()
+        HostTensor::clone(&self.lock().value)
     }
 
     /// Replaces the value; the shape and dtype must stay the same.
@@ -98,7 +100,7 @@ impl Parameter {
                 rhs: v.dtype(),
             });
         }
-        p.value = v;
+        p.value = Arc::new(v);
         Ok(())
     }
 
@@ -120,16 +122,44 @@ impl Parameter {
     }
 
     /// Gives `f` the value (mutably) and the gradient together — what an optimiser step needs,
-    /// without copying either.
+    /// without copying either. The value is written in place unless a graph that has not been
+    /// reset still reads it: then that graph keeps the old value and the parameter a new copy.
     pub fn update<R>(&self, f: impl FnOnce(&mut HostData, Option<&HostData>) -> R) -> R {
         let mut p = self.lock();
         let p = &mut *p;
-        f(&mut p.value.data, p.grad.as_ref())
+        f(&mut Arc::make_mut(&mut p.value).data, p.grad.as_ref())
     }
 
     /// Gives `f` the gradient mutably (for clipping).
     pub fn update_grad<R>(&self, f: impl FnOnce(Option<&mut HostData>) -> R) -> R {
         f(self.lock().grad.as_mut())
+    }
+
+    /// Adds into the gradient through `f(acc, fresh)`, where `acc` is the gradient's storage of
+    /// `len` elements: `fresh` says it holds no gradient yet (old values that `f` must write
+    /// over, as a GEMM without accumulation does). A gradient of another dtype or size is
+    /// replaced, as in [`Parameter::accumulate`].
+    pub(crate) fn accumulate_with<T: crate::Elem>(
+        &self,
+        len: usize,
+        f: impl FnOnce(&mut [T], bool),
+    ) {
+        let mut p = self.lock();
+        let p = &mut *p;
+        if let Some(acc) = p.grad.as_mut().and_then(HostData::as_mut_slice::<T>) {
+            if acc.len() == len {
+                f(acc, false);
+                return;
+            }
+        }
+        let mut buf = match p.spare.take() {
+            Some(d) if d.as_slice::<T>().is_some_and(|s| s.len() == len) => d,
+            _ => T::into_host(vec![T::ZERO; len]),
+        };
+        if let Some(acc) = buf.as_mut_slice::<T>() {
+            f(acc, true);
+        }
+        p.grad = Some(buf);
     }
 
     pub(crate) fn accumulate(&self, g: &HostDataRef<'_>) {
@@ -170,15 +200,18 @@ pub(crate) enum HostDataRef<'a> {
 }
 
 impl Graph {
-    /// Brings a parameter into this iteration as a leaf that requires grad. Its value is copied
-    /// into the arena; after backward its gradient is added to the parameter's own.
+    /// Brings a parameter into this iteration as a leaf that requires grad. Its value is read in
+    /// place, not copied: the arena holds it until [`Graph::reset`], and an optimiser step after
+    /// the reset updates it in place (see [`Parameter::update`]). After backward its gradient is
+    /// added to the parameter's own.
     pub fn param(&self, p: &Parameter) -> Result<Tensor<'_>> {
         let op = "param";
         let guard = p.lock();
         let mut i = self.inner();
+        let value = Arc::clone(&guard.value);
         let buf = match &guard.value.data {
-            HostData::F32(v) => i.arena.alloc_from_slice(v),
-            HostData::F64(v) => i.arena.alloc_from_slice(v),
+            HostData::F32(_) => i.arena.alloc_shared(value, f32_elems),
+            HostData::F64(_) => i.arena.alloc_shared(value, f64_elems),
         }
         .map_err(|source| GraphError::Alloc { op, source })?;
         let shape = Shape::from_slice(&guard.value.shape);
@@ -195,5 +228,21 @@ impl Graph {
         n.op = Op::Param(p.clone());
         drop(i);
         Ok(self.handle(id))
+    }
+}
+
+/// The `f32` elements of a host tensor (none if it holds `f64`).
+fn f32_elems(t: &HostTensor) -> &[f32] {
+    match &t.data {
+        HostData::F32(v) => v,
+        HostData::F64(_) => &[],
+    }
+}
+
+/// The `f64` elements of a host tensor (none if it holds `f32`).
+fn f64_elems(t: &HostTensor) -> &[f64] {
+    match &t.data {
+        HostData::F64(v) => v,
+        HostData::F32(_) => &[],
     }
 }

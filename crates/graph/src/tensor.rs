@@ -327,12 +327,38 @@ impl<'g> Tensor<'g> {
     }
 
     /// The accumulated gradient of a leaf (or of a node with [`Tensor::retain_grad`]), if any.
+    ///
+    /// A parameter's leaf ([`Graph::param`]) answers with the parameter's own gradient, as in
+    /// PyTorch where the leaf *is* the parameter: accumulated across backward passes and
+    /// iterations until [`Parameter::zero_grad`], and copied into the arena when asked for. The
+    /// one exception is a gradient made with `create_graph`, which stays on the leaf as a
+    /// differentiable tensor.
     pub fn grad(&self) -> Result<Option<Tensor<'g>>> {
-        let g = self.with_node("grad", |n| n.grad)?;
-        Ok(g.map(|id| self.g.handle(id)))
+        let (g, param, dev) = self.with_node("grad", |n| {
+            let param = match &n.op {
+                Op::Param(p) => Some(p.clone()),
+                _ => None,
+            };
+            (n.grad, param, n.device())
+        })?;
+        match (g, param) {
+            (Some(id), _) => Ok(Some(self.g.handle(id))),
+            (None, Some(p)) => match p.grad() {
+                Some(h) => {
+                    let t = self.g.from_host(&h)?;
+                    Ok(Some(if t.device() == dev {
+                        t
+                    } else {
+                        t.to_device(dev)?
+                    }))
+                }
+                None => Ok(None),
+            },
+            (None, None) => Ok(None),
+        }
     }
 
-    /// Clears the accumulated gradient.
+    /// Clears the accumulated gradient (of a parameter's leaf: the parameter's).
     pub fn zero_grad(&self) -> Result<()> {
         let mut i = self.g.inner();
         let n = i
@@ -340,6 +366,9 @@ impl<'g> Tensor<'g> {
             .get_mut(self.id)
             .ok_or(GraphError::StaleTensor { op: "zero_grad" })?;
         n.grad = None;
+        if let Op::Param(p) = &n.op {
+            p.zero_grad();
+        }
         Ok(())
     }
 

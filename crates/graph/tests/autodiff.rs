@@ -490,3 +490,60 @@ fn in_place_gradients_never_overwrite_shared_ones() {
     let gx: Vec<f64> = gm.iter().map(|g| 3.0 * g).collect();
     assert!(close(&v(got[1].unwrap()), &gx));
 }
+
+/// Parameters enter an iteration without a copy and take their gradients without one.
+#[test]
+fn parameters_are_read_in_place_and_gradients_go_straight_in() {
+    let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(p, q)| (p - q).abs() < 1e-12);
+    let w = Parameter::new(
+        "w",
+        HostTensor::new(vec![1.0f64, -2.0, 0.5, 3.0, 0.25, -1.0], &[2, 3]).unwrap(),
+    );
+    let xs = [0.5f64, -1.0, 2.0, 1.5];
+    // d/dW sum(x·W) = xᵀ·1, by hand.
+    let want: Vec<f64> = (0..6)
+        .map(|e| {
+            let r = e / 3;
+            xs[r] + xs[2 + r]
+        })
+        .collect();
+    let mut g = Graph::new();
+    {
+        let x = g.from_f64(&xs, &[2, 2], DType::F64).unwrap();
+        let wt = g.param(&w).unwrap();
+        let loss = x.matmul(wt).unwrap().sum().unwrap();
+        let before = g.stats().arena.bytes_in_use;
+        loss.backward().unwrap();
+        // The weight gradient took no arena memory beyond the backward's own temporaries.
+        assert_eq!(
+            g.stats().arena.bytes_in_use,
+            before,
+            "weight gradient left in the arena"
+        );
+        assert!(close(&w.grad().unwrap().to_f64_vec(), &want));
+        // The leaf answers with the parameter's gradient.
+        assert!(close(&v(wt.grad().unwrap().unwrap()), &want));
+        // `grad` returns gradients and leaves the parameter's alone.
+        let y2 = x.matmul(wt).unwrap().sum().unwrap();
+        let got = grad(y2, &[wt], BackwardOptions::default()).unwrap();
+        assert!(close(&v(got[0].unwrap()), &want));
+        assert!(close(&w.grad().unwrap().to_f64_vec(), &want));
+        // An update while the graph still reads the value copies it: the graph keeps the old.
+        w.update(|v, _| v.as_mut_slice::<f64>().unwrap()[0] = 100.0);
+        assert_eq!(v(wt)[0], 1.0);
+        assert_eq!(w.value().to_f64_vec()[0], 100.0);
+        // Zeroing through the leaf zeroes the parameter.
+        wt.zero_grad().unwrap();
+        assert!(w.grad().is_none() && wt.grad().unwrap().is_none());
+    }
+    g.reset();
+    // A second iteration accumulates into the same storage.
+    for _ in 0..2 {
+        let x = g.from_f64(&xs, &[2, 2], DType::F64).unwrap();
+        let wt = g.param(&w).unwrap();
+        x.matmul(wt).unwrap().sum().unwrap().backward().unwrap();
+        g.reset();
+    }
+    let twice: Vec<f64> = want.iter().map(|v| 2.0 * v).collect();
+    assert!(close(&w.grad().unwrap().to_f64_vec(), &twice));
+}

@@ -326,26 +326,96 @@ fn product_summed_to<'g>(
     x.matmul_t(y, tx, ty)?.sum_to(target)
 }
 
+/// Adds `op(x)·op(y)` straight into the gradient of `target` when it is a parameter's leaf on
+/// the host, the backward is a plain one ([`Ctx::into_params`]) and both operands are matrices:
+/// the weight gradient then needs no arena buffer. Returns false where it does not apply.
+fn product_into_param<'g>(
+    target: Tensor<'g>,
+    x: Tensor<'g>,
+    y: Tensor<'g>,
+    tx: bool,
+    ty: bool,
+    c: &Ctx<'g>,
+) -> Result<bool> {
+    if !c.into_params {
+        return Ok(false);
+    }
+    let name = "matmul";
+    let i = c.g.inner.borrow();
+    let t = i.node(name, target.id)?;
+    let Op::Param(p) = &t.op else {
+        return Ok(false);
+    };
+    let (xn, yn) = (i.node(name, x.id)?, i.node(name, y.id)?);
+    let on_host = [t.device(), xn.device(), yn.device()] == [Device::Cpu; 3];
+    if !on_host || xn.shape.len() != 2 || yn.shape.len() != 2 || t.shape.len() != 2 {
+        return Ok(false);
+    }
+    let (xs, ys) = (&xn.shape, &yn.shape);
+    let (m, k) = if tx { (xs[1], xs[0]) } else { (xs[0], xs[1]) };
+    let n = if ty { ys[0] } else { ys[1] };
+    if t.shape[..] != [m, n] || t.dtype != xn.dtype || t.dtype != yn.dtype {
+        return Ok(false);
+    }
+    let threads = i.threads;
+    with_float!(t.dtype, T, {
+        let xd = i
+            .arena
+            .slice::<T>(xn.buf)
+            .map_err(|source| GraphError::Alloc { op: name, source })?;
+        let yd = i
+            .arena
+            .slice::<T>(yn.buf)
+            .map_err(|source| GraphError::Alloc { op: name, source })?;
+        p.accumulate_with::<T>(m * n, |acc, fresh| {
+            cpu::gemm(
+                m,
+                k,
+                n,
+                MatView::row_major(xd, 0, xs[1], tx),
+                MatView::row_major(yd, 0, ys[1], ty),
+                acc,
+                0,
+                !fresh,
+                threads,
+            )
+        });
+    });
+    Ok(true)
+}
+
+/// The gradient of `target`, `sum_to(op(x)·op(y), target's shape)`, or `None` when it went
+/// straight into a parameter ([`product_into_param`]).
+fn input_grad<'g>(
+    target: Tensor<'g>,
+    x: Tensor<'g>,
+    y: Tensor<'g>,
+    tx: bool,
+    ty: bool,
+    c: &Ctx<'g>,
+) -> Result<Option<Tensor<'g>>> {
+    if product_into_param(target, x, y, tx, ty, c)? {
+        return Ok(None);
+    }
+    product_summed_to(x, y, tx, ty, &target.shape(), c).map(Some)
+}
+
 pub(crate) fn backward<'g>(ta: bool, tb: bool, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let (a, b, g) = (c.input(0), c.input(1), c.gy);
     // C = op(A)·op(B). d op(A) = G·op(B)ᵀ, d op(B) = op(A)ᵀ·G; undo op for transposed operands.
-    let ga = if a.requires_grad() {
-        Some(if ta {
-            product_summed_to(b, g, tb, true, &a.shape(), c)?
-        } else {
-            product_summed_to(g, b, false, !tb, &a.shape(), c)?
-        })
-    } else {
+    let ga = if !a.requires_grad() {
         None
+    } else if ta {
+        input_grad(a, b, g, tb, true, c)?
+    } else {
+        input_grad(a, g, b, false, !tb, c)?
     };
-    let gb = if b.requires_grad() {
-        Some(if tb {
-            product_summed_to(g, a, true, ta, &b.shape(), c)?
-        } else {
-            product_summed_to(a, g, !ta, false, &b.shape(), c)?
-        })
-    } else {
+    let gb = if !b.requires_grad() {
         None
+    } else if tb {
+        input_grad(b, g, a, true, ta, c)?
+    } else {
+        input_grad(b, a, g, !ta, false, c)?
     };
     Ok(smallvec![ga, gb])
 }

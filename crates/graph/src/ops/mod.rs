@@ -160,6 +160,9 @@ pub(crate) struct Ctx<'g> {
     pub gy: Tensor<'g>,
     /// Whether the rule's ops are being recorded (higher-order gradients).
     pub create_graph: bool,
+    /// Whether a rule may add a parameter's gradient straight into the parameter (a plain
+    /// backward: nothing recorded, no gradients asked for by [`crate::grad`]).
+    pub into_params: bool,
 }
 
 impl<'g> Ctx<'g> {
