@@ -1,15 +1,18 @@
 //! Prints the engine's speed figures as a table, on the workloads of the peer benchmark
 //! (`shared/peers`): W1 the seeds' loop at 1024×1024, W2 tiny-op overhead, W3/W4 MLP training
-//! steps (ReLU, cross-entropy, plain SGD lr 0.01, median of 50 steps after 5 warm-up), and GEMM.
+//! steps (ReLU, cross-entropy, plain SGD lr 0.01, median of 50 steps after 5 warm-up), and GEMM;
+//! then one training step of the main job's CNN (Adam, batch 64, random images).
 //!
-//! `cargo run --release -p arenagrad --example bench_core [-- --quick]`
+//! `cargo run --release -p arenagrad --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn]`
 //! Threads: `ARENAGRAD_NUM_THREADS` (default: all cores).
 
 use std::time::Instant;
 
 use arenagrad::exec::cpu::{gemm, MatView};
-use arenagrad::nn::optim::{Optimizer, Sgd, SgdConfig};
-use arenagrad::nn::{loss, Linear, Module, ReLU, Rng, Sequential};
+use arenagrad::nn::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+use arenagrad::nn::{
+    loss, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, ReLU, Rng, Sequential,
+};
 use arenagrad::prelude::*;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -154,11 +157,53 @@ fn mlp_step(dims: &[usize], batch: usize) -> ((f64, f64, f64, f64), StepMemory) 
             model.push(ReLU);
         }
     }
-    let mut opt = Sgd::new(model.parameters(), SgdConfig::new(0.01)).unwrap();
-    let x: Vec<f32> = (0..batch * dims[0]).map(|_| rng.normal() as f32).collect();
-    let y: Vec<usize> = (0..batch)
-        .map(|_| rng.below(dims[dims.len() - 1]))
+    let opt = Sgd::new(model.parameters(), SgdConfig::new(0.01)).unwrap();
+    let classes = dims[dims.len() - 1];
+    train_step(
+        &model,
+        Box::new(opt),
+        &[batch, dims[0]],
+        classes,
+        55,
+        &mut rng,
+    )
+}
+
+/// The main job's CNN (conv3×3(1→32)-relu-maxpool2-conv3×3(32→64)-relu-maxpool2-
+/// linear(3136→128)-relu-linear(128→10)), one Adam step on a batch of 64 random images.
+fn cnn_step() -> ((f64, f64, f64, f64), StepMemory) {
+    let mut rng = Rng::seed(0);
+    let same = Conv2dConfig::default().padding(1);
+    let model = Sequential::new()
+        .add(Conv2d::with_config(1, 32, (3, 3), same, &mut rng).unwrap())
+        .add(ReLU)
+        .add(MaxPool2d::new((2, 2)).unwrap())
+        .add(Conv2d::with_config(32, 64, (3, 3), same, &mut rng).unwrap())
+        .add(ReLU)
+        .add(MaxPool2d::new((2, 2)).unwrap())
+        .add(Flatten::new())
+        .add(Linear::new(64 * 7 * 7, 128, &mut rng).unwrap())
+        .add(ReLU)
+        .add(Linear::new(128, 10, &mut rng).unwrap());
+    let opt = Adam::new(model.parameters(), AdamConfig::new(1e-3)).unwrap();
+    train_step(&model, Box::new(opt), &[64, 1, 28, 28], 10, 235, &mut rng)
+}
+
+/// Median (ms/step, fwd, bwd, opt) of `steps - 5` training steps (after 5 warm-up steps) of
+/// `model` on one random batch of `in_shape`, and the last step's memory.
+fn train_step(
+    model: &Sequential,
+    mut opt: Box<dyn Optimizer>,
+    in_shape: &[usize],
+    classes: usize,
+    steps: usize,
+    rng: &mut Rng,
+) -> ((f64, f64, f64, f64), StepMemory) {
+    let batch = in_shape[0];
+    let x: Vec<f32> = (0..in_shape.iter().product::<usize>())
+        .map(|_| rng.normal() as f32)
         .collect();
+    let y: Vec<usize> = (0..batch).map(|_| rng.below(classes)).collect();
     let mut g = Graph::new();
     let (mut t, mut f, mut b, mut o) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut mem = StepMemory {
@@ -166,11 +211,11 @@ fn mlp_step(dims: &[usize], batch: usize) -> ((f64, f64, f64, f64), StepMemory) 
         arena_peak: 0,
         params: model.num_parameters() * 4,
     };
-    for s in 0..55 {
+    for s in 0..steps {
         g.reset_peak_stats();
         let t0 = Instant::now();
         opt.zero_grad();
-        let xt = g.from_slice(&x, &[batch, dims[0]]).unwrap();
+        let xt = g.from_slice(&x, in_shape).unwrap();
         let l = loss::cross_entropy(model.forward(&g, xt).unwrap(), &y).unwrap();
         let t1 = Instant::now();
         mem.after_forward = g.stats().arena.bytes_in_use;
@@ -194,7 +239,7 @@ fn mlp_step(dims: &[usize], batch: usize) -> ((f64, f64, f64, f64), StepMemory) 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    // `--only w2,w4` runs just those workloads (w1 = seeds' loop and GEMM, w2, w3, w4).
+    // `--only w2,w4` runs just those workloads (w1 = seeds' loop and GEMM, w2, w3, w4, cnn).
     let only: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--only")
@@ -223,6 +268,12 @@ fn main() {
     }
     if run("w4") {
         w4();
+    }
+    if run("cnn") {
+        let ((ms, f, b, o), _) = cnn_step();
+        println!(
+            "| main job's CNN 32/64, b64 Adam step (random data) | {ms:.2} ms (fwd {f:.2}, bwd {b:.2}, opt {o:.2}) | |"
+        );
     }
 }
 

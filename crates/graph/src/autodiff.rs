@@ -10,6 +10,8 @@
 //! arena's free list — as soon as the last gradient slot holding it is consumed, so backward's
 //! memory is the forward's activations plus the live gradient frontier.
 
+use smallvec::SmallVec;
+
 use crate::error::{GraphError, Result};
 use crate::graph::{Inner, NodeId, NO_POS};
 use crate::ops::{self, Ctx, Op};
@@ -184,7 +186,7 @@ fn run<'g>(
                 gid,
                 node_id,
                 n.op.clone(),
-                n.inputs.clone(),
+                SmallVec::from_slice(&n.inputs),
                 n.spent,
                 n.retain_grad,
             )

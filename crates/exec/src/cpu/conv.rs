@@ -117,7 +117,7 @@ fn im2col_ld<T: Float>(x: &[T], win: &Window, pad: T, cols: &mut [T], ld: usize,
                         out[hi..].fill(pad);
                         if hi > lo {
                             let src = (c * win.h + ih as usize) * win.w + lo + kj - win.pw;
-                            out[lo..hi].copy_from_slice(&x[src..src + (hi - lo)]);
+                            copy_run(&mut out[lo..hi], &x[src..src + (hi - lo)]);
                         }
                     }
                 }
@@ -132,6 +132,45 @@ fn im2col_ld<T: Float>(x: &[T], win: &Window, pad: T, cols: &mut [T], ld: usize,
 pub fn col2im<T: Float>(cols: &[T], win: &Window, x: &mut [T]) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
     col2im_ld(cols, win, x, ho * wo, 0);
+}
+
+/// `dst = src` for one row of a patch: a run of a few dozen elements at most, copied in fixed
+/// blocks of four that compile to vector moves (`copy_from_slice` would call `memcpy`, whose
+/// call costs more than such a copy).
+#[inline(always)]
+fn copy_run<T: Copy>(dst: &mut [T], src: &[T]) {
+    let n = dst.len().min(src.len());
+    let (dst, src) = (&mut dst[..n], &src[..n]);
+    let mut d = dst.chunks_exact_mut(4);
+    let mut s = src.chunks_exact(4);
+    for (a, b) in (&mut d).zip(&mut s) {
+        if let (Ok(a), Ok(b)) = (<&mut [T; 4]>::try_from(a), <&[T; 4]>::try_from(b)) {
+            *a = *b;
+        }
+    }
+    for (a, &b) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *a = b;
+    }
+}
+
+/// `dst += src` over a short run, in fixed blocks of four the compiler vectorises (a plain loop
+/// over a run shorter than its vector width falls through to the scalar tail).
+#[inline(always)]
+fn add_run<T: Float>(dst: &mut [T], src: &[T]) {
+    let n = dst.len().min(src.len());
+    let (dst, src) = (&mut dst[..n], &src[..n]);
+    let mut d = dst.chunks_exact_mut(4);
+    let mut s = src.chunks_exact(4);
+    for (a, b) in (&mut d).zip(&mut s) {
+        if let (Ok(a), Ok(b)) = (<&mut [T; 4]>::try_from(a), <&[T; 4]>::try_from(b)) {
+            for k in 0..4 {
+                a[k] += b[k];
+            }
+        }
+    }
+    for (a, &b) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *a += b;
+    }
 }
 
 /// [`col2im`] from a wider matrix: row `r` of the patch matrix starts at `off + r·ld`.
@@ -156,12 +195,7 @@ fn col2im_ld<T: Float>(cols: &[T], win: &Window, x: &mut [T], ld: usize, off: us
                         }
                         let dst = off + row * ld + oh * wo;
                         let src = (c * win.h + ih as usize) * win.w + lo + kj - win.pw;
-                        for (xv, &cv) in x[src..src + (hi - lo)]
-                            .iter_mut()
-                            .zip(&cols[dst + lo..dst + hi])
-                        {
-                            *xv += cv;
-                        }
+                        add_run(&mut x[src..src + (hi - lo)], &cols[dst + lo..dst + hi]);
                     }
                 }
             }
@@ -207,14 +241,44 @@ pub fn im2col_batch<T: Float>(
 }
 
 /// The adjoint of [`im2col_batch`]: adds each image's columns back into `x` (`[n, c, h, w]`,
-/// cleared by the caller). Work splits over images.
+/// cleared by the caller). Work splits over channels, and each channel's `kh·kw` rows are read
+/// from start to end, image after image: a handful of sequential streams rather than a jump of a
+/// whole row (`n·L` elements) between every two runs.
 pub fn col2im_batch<T: Float>(cols: &[T], n: usize, win: &Window, x: &mut [T], threads: usize) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
     let l = ho * wo;
-    let per = win.c * win.h * win.w;
-    super::par::par_rows_mut(x, per, threads, super::par::PAR_MIN_ELEMS, |b, img| {
-        col2im_ld(cols, win, img, n * l, b * l);
-    });
+    let ld = n * l;
+    let plane = win.h * win.w;
+    let rows = win.kh * win.kw;
+    if plane == 0 || win.c == 0 {
+        return;
+    }
+    let one = Window { c: 1, ..*win };
+    let t = if x.len() >= super::par::PAR_MIN_ELEMS {
+        threads.clamp(1, win.c)
+    } else {
+        1
+    };
+    let per = win.c.div_ceil(t);
+    // Thread j owns channels [j·per, (j+1)·per): its planes, listed channel by channel.
+    let mut groups: Vec<Vec<(usize, usize, &mut [T])>> = (0..t).map(|_| Vec::new()).collect();
+    for (k, p) in x.chunks_mut(plane).enumerate() {
+        let (b, c) = (k / win.c, k % win.c);
+        groups[c / per].push((c, b, p));
+    }
+    for g in &mut groups {
+        g.sort_by_key(|&(c, b, _)| (c, b));
+    }
+    let run = |_: usize, g: &mut Vec<(usize, usize, &mut [T])>| {
+        for (c, b, p) in g.iter_mut() {
+            col2im_ld(cols, &one, p, ld, *c * rows * ld + *b * l);
+        }
+    };
+    if t <= 1 {
+        groups.iter_mut().for_each(|g| run(0, g));
+    } else {
+        super::pool::for_each_owned(groups, run);
+    }
 }
 
 /// Max pooling of one `[c, h, w]` image: `idx[o]` gets the flat input index (plus `base`) of
@@ -436,6 +500,46 @@ mod tests {
                     assert_eq!(&back[b * per..(b + 1) * per], &want[..]);
                 }
             }
+        }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore)] // large; the split itself is safe code over the pool Miri tests
+    fn threaded_col2im_batch_matches_one_image_at_a_time() {
+        // Large enough to split over threads, with a channel count the threads do not divide.
+        let win = Window {
+            c: 5,
+            h: 12,
+            w: 11,
+            kh: 3,
+            kw: 3,
+            sh: 1,
+            sw: 1,
+            ph: 1,
+            pw: 1,
+            dh: 1,
+            dw: 1,
+        };
+        let per = 5 * 12 * 11;
+        let n = crate::cpu::par::PAR_MIN_ELEMS / per + 2;
+        let (ho, wo) = win.out_hw().unwrap();
+        let (l, k) = (ho * wo, win.patch_len());
+        let y: Vec<f32> = (0..k * n * l).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut want = vec![0.0f32; n * per];
+        col2im_batch(&y, n, &win, &mut want, 1);
+        for b in 0..n {
+            let mut cols = vec![0.0; k * l];
+            for r in 0..k {
+                cols[r * l..(r + 1) * l].copy_from_slice(&y[r * n * l + b * l..][..l]);
+            }
+            let mut one = vec![0.0; per];
+            col2im(&cols, &win, &mut one);
+            assert_eq!(&want[b * per..(b + 1) * per], &one[..]);
+        }
+        for threads in [2, 3, 8] {
+            let mut got = vec![0.0f32; n * per];
+            col2im_batch(&y, n, &win, &mut got, threads);
+            assert_eq!(got, want, "{threads} threads");
         }
     }
 

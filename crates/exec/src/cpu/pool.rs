@@ -222,7 +222,13 @@ pub fn fork(n: usize, work: &(dyn Fn(usize) + Sync)) {
 
 /// Runs `f(i, part)` for each of `parts` in parallel (each part on its own task).
 pub fn for_each_part<T: Send>(parts: Vec<&mut [T]>, f: impl Fn(usize, &mut [T]) + Sync) {
-    let cells: Vec<Mutex<&mut [T]>> = parts.into_iter().map(Mutex::new).collect();
+    for_each_owned(parts, |i, part| f(i, part));
+}
+
+/// [`for_each_part`] over parts of any kind (a thread's list of slices, say): `f(i, &mut
+/// parts[i])` on its own thread for each `i`.
+pub fn for_each_owned<P: Send>(parts: Vec<P>, f: impl Fn(usize, &mut P) + Sync) {
+    let cells: Vec<Mutex<P>> = parts.into_iter().map(Mutex::new).collect();
     fork(cells.len(), &|i| {
         let mut part = lock(&cells[i]);
         f(i, &mut part)
