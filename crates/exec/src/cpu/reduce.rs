@@ -178,6 +178,28 @@ pub fn softmax_grad<T: Float>(
     out: &mut [T],
 ) {
     let (outer, len, inner) = around_axis(shape, axis);
+    if inner == 1 && len > 0 {
+        // Along the last axis: contiguous rows, vectorised exp.
+        let rows = y.chunks_exact(len).zip(g.chunks_exact(len));
+        for ((yr, gr), or) in rows.zip(out.chunks_exact_mut(len)) {
+            if log {
+                let s = sum_row(gr);
+                T::exp_into(yr, or);
+                for (o, &gv) in or.iter_mut().zip(gr) {
+                    *o = gv - *o * s;
+                }
+            } else {
+                let mut s = T::ZERO;
+                for (&gv, &yv) in gr.iter().zip(yr) {
+                    s += gv * yv;
+                }
+                for ((o, &yv), &gv) in or.iter_mut().zip(yr).zip(gr) {
+                    *o = yv * (gv - s);
+                }
+            }
+        }
+        return;
+    }
     for o in 0..outer {
         for i in 0..inner {
             let base = o * len * inner + i;
