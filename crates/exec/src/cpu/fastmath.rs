@@ -78,7 +78,7 @@ impl FastMath for f32 {
             for (o, &v) in out.iter_mut().zip(x) {
                 if v > 88.72 {
                     *o = f32::INFINITY;
-                } else if !(v >= -87.3) {
+                } else if v < -87.3 || v.is_nan() {
                     *o = (v as f64).exp() as f32;
                 }
             }
