@@ -57,6 +57,13 @@ pub struct BufId {
 }
 
 impl BufId {
+    /// A handle that names no buffer (its epoch is never an arena's while that arena lives
+    /// through fewer than 2³² resets; a placeholder until a real handle is stored).
+    pub const NONE: BufId = BufId {
+        slot: u32::MAX,
+        epoch: u32::MAX,
+    };
+
     /// The slot index (for diagnostics).
     pub fn slot(self) -> u32 {
         self.slot

@@ -92,6 +92,24 @@ impl DevCode {
 }
 
 impl Node {
+    /// A node with no data yet: [`Inner::push_on`] fills it in where it lies.
+    const BLANK: Node = Node {
+        shape: Shape::new_const(),
+        dtype: DType::F32,
+        dev: DevCode(0),
+        buf: BufId::NONE,
+        owns_buf: true,
+        requires_grad: false,
+        op: Op::Leaf,
+        inputs: SmallVec::new_const(),
+        tape_pos: NO_POS,
+        spent: false,
+        grad: None,
+        retain_grad: false,
+        temp: false,
+        grad_refs: 0,
+    };
+
     /// Where the node's buffer lives.
     #[inline]
     pub fn device(&self) -> Device {
@@ -121,7 +139,11 @@ impl Inner {
     /// Looks a node up, or says the handle is stale.
     #[inline]
     pub fn node(&self, op: &'static str, id: NodeId) -> Result<&Node> {
-        self.nodes.get(id).ok_or(GraphError::StaleTensor { op })
+        // Not `ok_or`: that builds the error (and drops it) on every successful lookup.
+        match self.nodes.get(id) {
+            Some(n) => Ok(n),
+            None => Err(GraphError::StaleTensor { op }),
+        }
     }
 
     /// Inserts a node for a freshly computed buffer on the device of its first input (the host
@@ -153,30 +175,38 @@ impl Inner {
         op: Op,
         inputs: &[NodeId],
     ) -> NodeId {
+        self.push_with(device, shape, dtype, buf, move || op, inputs)
+    }
+
+    /// [`Inner::push_on`] with the op made by `op()` only when it is recorded, right where the
+    /// node keeps it (the hot elementwise ops build it there rather than copy it in).
+    #[inline(always)]
+    pub fn push_with(
+        &mut self,
+        device: Device,
+        shape: Shape,
+        dtype: DType,
+        buf: BufId,
+        op: impl FnOnce() -> Op,
+        inputs: &[NodeId],
+    ) -> NodeId {
         let record = self.grad_mode && inputs.iter().any(|i| self.nodes[*i].requires_grad);
         let temp = self.temp_mode;
-        let (op, inputs, tape_pos) = if record {
-            (op, SmallVec::from_slice(inputs), self.tape.len() as u32)
-        } else {
-            (Op::Leaf, SmallVec::new(), NO_POS)
-        };
-        let id = self.nodes.insert(Node {
-            shape,
-            dtype,
-            dev: DevCode::of(device),
-            buf,
-            owns_buf: true,
-            requires_grad: record,
-            op,
-            inputs,
-            tape_pos,
-            spent: false,
-            grad: None,
-            retain_grad: false,
-            temp,
-            grad_refs: 0,
-        });
+        // A blank node first, then its fields one by one: every field is written once, where it
+        // lives, instead of building the node on the stack and copying it into the map (a copy
+        // that reads back, in wide loads, what was just stored in narrow ones).
+        let id = self.nodes.insert(Node::BLANK);
+        let n = &mut self.nodes[id];
+        n.shape = shape;
+        n.dtype = dtype;
+        n.dev = DevCode::of(device);
+        n.buf = buf;
+        n.temp = temp;
         if record {
+            n.requires_grad = true;
+            n.op = op();
+            n.inputs.extend_from_slice(inputs);
+            n.tape_pos = self.tape.len() as u32;
             self.tape.push(id);
         }
         if temp {

@@ -37,7 +37,7 @@ impl<'g> Tensor<'g> {
                     .unary(dtype, op, x, o, len))
             }
         }
-        let id = i.push(shape, dtype, out, Op::Unary(op), &[self.id]);
+        let id = i.push_with(dev, shape, dtype, out, || Op::Unary(op), &[self.id]);
         drop(guard);
         Ok(self.g.handle(id))
     }
