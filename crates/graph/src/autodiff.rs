@@ -181,6 +181,9 @@ fn run<'g>(
                 continue;
             };
             let node_id = i.tape[pos];
+            if !create && capture.is_none() && unary_fast_path(&mut i, node_id, gid, retain)? {
+                continue;
+            }
             let n = &i.nodes[node_id];
             (
                 gid,
@@ -313,6 +316,38 @@ fn run<'g>(
         release(&mut i, gid);
     }
     Ok(captured)
+}
+
+/// The common step of a plain backward through an elementwise op: its gradient `gid` is
+/// rewritten in place for the input ([`ops::unary::backward_in_place`]) and moves, with its one
+/// claim, into the input's slot, which is empty — nothing to build, add, check or free. Returns
+/// false, having changed nothing, where that does not apply.
+fn unary_fast_path(i: &mut Inner, node_id: NodeId, gid: NodeId, retain: bool) -> Result<bool> {
+    let n = &i.nodes[node_id];
+    let Op::Unary(u) = n.op else {
+        return Ok(false);
+    };
+    if n.spent || n.retain_grad {
+        return Ok(false);
+    }
+    let x = n.inputs[0];
+    let Some(slot) = i
+        .nodes
+        .get(x)
+        .filter(|xn| xn.requires_grad && xn.tape_pos != NO_POS)
+        .map(|xn| xn.tape_pos as usize)
+        .filter(|&p| i.grad_slots[p].is_none())
+    else {
+        return Ok(false);
+    };
+    if !ops::unary::backward_in_place(i, u, x, node_id, gid)? {
+        return Ok(false);
+    }
+    i.grad_slots[slot] = Some(gid);
+    if !retain {
+        i.nodes[node_id].spent = true;
+    }
+    Ok(true)
 }
 
 /// `p.grad += g` (or `= g`) on the parameter's own storage.
