@@ -186,7 +186,7 @@ fn cnn_step() -> ((f64, f64, f64, f64), StepMemory) {
         .add(ReLU)
         .add(Linear::new(128, 10, &mut rng).unwrap());
     let opt = Adam::new(model.parameters(), AdamConfig::new(1e-3)).unwrap();
-    train_step(&model, Box::new(opt), &[64, 1, 28, 28], 10, 235, &mut rng)
+    train_step(&model, Box::new(opt), &[64, 1, 28, 28], 10, 35, &mut rng)
 }
 
 /// Median (ms/step, fwd, bwd, opt) of `steps - 5` training steps (after 5 warm-up steps) of

@@ -104,6 +104,42 @@ pub fn softmax<T: Float>(x: &[T], shape: &[usize], axis: usize, log: bool, out: 
     if len == 0 {
         return;
     }
+    if inner == 1 && len < 64 {
+        // Short rows along the last axis (class scores, say): shift every row by its maximum,
+        // then one exp over the whole buffer — row by row, each call would pay the kernel's
+        // setup and scalar tail for a handful of elements — then normalise each row.
+        let rows = || x.chunks_exact(len);
+        let row_max = |xr: &[T]| {
+            let m = max_row(xr);
+            if m == T::neg_infinity() {
+                T::ZERO
+            } else {
+                m
+            }
+        };
+        for (xr, or) in rows().zip(out.chunks_exact_mut(len)) {
+            let m = row_max(xr);
+            for (o, &v) in or.iter_mut().zip(xr) {
+                *o = v - m;
+            }
+        }
+        exp_in_place(out);
+        for (xr, or) in rows().zip(out.chunks_exact_mut(len)) {
+            let s = sum_row(or);
+            if log {
+                let ls = s.ln() + row_max(xr);
+                for (o, &v) in or.iter_mut().zip(xr) {
+                    *o = v - ls;
+                }
+            } else {
+                let inv = T::ONE / s;
+                for o in or.iter_mut() {
+                    *o *= inv;
+                }
+            }
+        }
+        return;
+    }
     if inner == 1 {
         // Along the last axis: contiguous rows, vectorised exp.
         let mut buf = [T::ZERO; 64];
@@ -167,6 +203,16 @@ pub fn softmax<T: Float>(x: &[T], shape: &[usize], axis: usize, log: bool, out: 
     }
 }
 
+/// `v[i] = e^v[i]`, through a stack buffer so the kernel can read and write separate slices.
+fn exp_in_place<T: Float>(v: &mut [T]) {
+    let mut buf = [T::ZERO; 256];
+    for c in v.chunks_mut(256) {
+        let b = &mut buf[..c.len()];
+        b.copy_from_slice(c);
+        T::exp_into(b, c);
+    }
+}
+
 /// The fused softmax derivatives along `axis`, given the forward output `y` and upstream `g`:
 /// softmax: `g·y - y·Σ(g·y)`; log-softmax: `g - softmax·Σg` with softmax = e^y.
 pub fn softmax_grad<T: Float>(
@@ -179,12 +225,15 @@ pub fn softmax_grad<T: Float>(
 ) {
     let (outer, len, inner) = around_axis(shape, axis);
     if inner == 1 && len > 0 {
-        // Along the last axis: contiguous rows, vectorised exp.
+        // Along the last axis: contiguous rows; for log-softmax one vectorised exp over the
+        // whole buffer first (the softmax itself, e^y).
+        if log {
+            T::exp_into(y, out);
+        }
         let rows = y.chunks_exact(len).zip(g.chunks_exact(len));
         for ((yr, gr), or) in rows.zip(out.chunks_exact_mut(len)) {
             if log {
                 let s = sum_row(gr);
-                T::exp_into(yr, or);
                 for (o, &gv) in or.iter_mut().zip(gr) {
                     *o = gv - *o * s;
                 }
