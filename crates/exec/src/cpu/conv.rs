@@ -423,6 +423,64 @@ pub fn put_add<T: Float>(g: &[T], idx: &[u32], out: &mut [T]) {
     }
 }
 
+/// [`take`] split across threads when large.
+pub fn take_par<T: Float>(x: &[T], idx: &[u32], out: &mut [T], threads: usize) {
+    let idx = &idx[..out.len().min(idx.len())];
+    super::par::par_chunks_mut(out, threads, super::par::PAR_MIN_ELEMS, |s, o| {
+        take(x, &idx[s..s + o.len()], o)
+    });
+}
+
+/// `out = 0`, then `out[idx[i]] += g[i]`: the scatter that is a gather's gradient (max pooling's
+/// backward). When the indices of consecutive chunks of `g` fall in ordered, disjoint ranges of
+/// `out` — as pooling's do, window after window — each thread clears and fills its own range
+/// of `out`; otherwise one thread does all of it.
+pub fn put_into<T: Float>(g: &[T], idx: &[u32], out: &mut [T], threads: usize) {
+    let n = g.len().min(idx.len());
+    let t = if n >= super::par::PAR_MIN_ELEMS {
+        threads.clamp(1, n)
+    } else {
+        1
+    };
+    if t > 1 {
+        let per = n.div_ceil(t);
+        let ranges: Vec<(usize, usize)> = idx[..n]
+            .chunks(per)
+            .map(|c| {
+                let lo = c.iter().copied().min().unwrap_or(0) as usize;
+                let hi = c.iter().copied().max().unwrap_or(0) as usize;
+                (lo, hi)
+            })
+            .collect();
+        let ordered = ranges.windows(2).all(|w| w[0].1 < w[1].0)
+            && ranges.last().is_some_and(|r| r.1 < out.len());
+        if ordered {
+            // Chunk j writes inside [start_j, start_{j+1}): start_0 = 0, start_j = its lowest
+            // index, and the last range runs to the end of `out`.
+            let mut parts = Vec::with_capacity(ranges.len());
+            let mut rest = out;
+            let mut start = 0;
+            for j in 0..ranges.len() {
+                let end = ranges.get(j + 1).map_or(start + rest.len(), |r| r.0);
+                let (part, tail) = rest.split_at_mut(end - start);
+                parts.push((start, part));
+                rest = tail;
+                start = end;
+            }
+            super::pool::for_each_owned(parts, |j, (start, part)| {
+                part.fill(T::ZERO);
+                let (lo, hi) = (j * per, ((j + 1) * per).min(n));
+                for (&v, &k) in g[lo..hi].iter().zip(&idx[lo..hi]) {
+                    part[k as usize - *start] += v;
+                }
+            });
+            return;
+        }
+    }
+    out.fill(T::ZERO);
+    put_add(&g[..n], &idx[..n], out);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -540,6 +598,31 @@ mod tests {
             let mut got = vec![0.0f32; n * per];
             col2im_batch(&y, n, &win, &mut got, threads);
             assert_eq!(got, want, "{threads} threads");
+        }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore)] // large enough to split over threads
+    fn put_into_and_take_par_match_the_sequential_loops() {
+        let n = crate::cpu::par::PAR_MIN_ELEMS * 2 + 5;
+        let g: Vec<f64> = (0..n).map(|i| (i as f64 * 0.7).sin()).collect();
+        // Pooling-like indices (increasing, some gaps) and scattered ones with repeats.
+        let ordered: Vec<u32> = (0..n as u32).map(|i| i * 4 + (i % 3)).collect();
+        let scattered: Vec<u32> = (0..n as u32).map(|i| (i * 7919) % (n as u32 / 2)).collect();
+        for idx in [&ordered, &scattered] {
+            let len = *idx.iter().max().unwrap() as usize + 3;
+            let mut want = vec![0.0; len];
+            put_add(&g, idx, &mut want);
+            for threads in [1, 2, 3] {
+                let mut got = vec![f64::NAN; len];
+                put_into(&g, idx, &mut got, threads);
+                assert_eq!(got, want, "{threads} threads");
+                let mut t1 = vec![0.0; n];
+                take(&want, idx, &mut t1);
+                let mut tp = vec![0.0; n];
+                take_par(&want, idx, &mut tp, threads);
+                assert_eq!(tp, t1);
+            }
         }
     }
 

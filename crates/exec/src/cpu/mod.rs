@@ -10,7 +10,8 @@ pub mod reduce;
 pub mod shape;
 
 pub use conv::{
-    col2im, col2im_batch, im2col, im2col_batch, max_pool_indices, put_add, take, Window,
+    col2im, col2im_batch, im2col, im2col_batch, max_pool_indices, put_add, put_into, take,
+    take_par, Window,
 };
 pub use elementwise::{binary, select, unary, unary_grad, unary_grad_in_place};
 pub use matmul::{gemm, gemm_batched, Gemm, MatView};

@@ -258,11 +258,13 @@ impl<'g> Tensor<'g> {
             )
         };
         let len = checked_numel(op, &shape)?;
-        let out = if put {
+        // On the host `put_into` clears the output itself (in parallel, range by range).
+        let out = if put && dev != Device::Cpu {
             i.alloc_zeroed_on(op, dev, dtype, len)?
         } else {
             i.alloc_on(op, dev, dtype, len)?
         };
+        let threads = i.threads;
         match dev {
             Device::Cpu => with_float!(dtype, T, {
                 let (o, x, ix) = i
@@ -272,9 +274,9 @@ impl<'g> Tensor<'g> {
                 // One index per gathered element: the input's for put, the output's for take.
                 debug_assert_eq!(ix.len(), if put { xlen } else { len });
                 if put {
-                    cpu::put_add(x, ix, o);
+                    cpu::put_into(x, ix, o, threads);
                 } else {
-                    cpu::take(x, ix, o);
+                    cpu::take_par(x, ix, o, threads);
                 }
             }),
             Device::Cuda(_) => {
