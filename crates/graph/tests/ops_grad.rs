@@ -285,6 +285,50 @@ fn matmul_values_and_grads(dev) {
 }
 
 device_test! {
+fn addmm_values_and_grads(dev) {
+    let g = Graph::on(dev).unwrap();
+    let a = g
+        .from_f64(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], DType::F64)
+        .unwrap();
+    let b = g
+        .from_f64(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2], DType::F64)
+        .unwrap();
+    // a·b = [[4, 5], [10, 11]], plus each form of bias.
+    let col = g.from_f64(&[100.0, 200.0], &[2, 1], DType::F64).unwrap();
+    close(&values(&g, col.addmm_t(a, b, false, false).unwrap()), &[104.0, 105.0, 210.0, 211.0]);
+    let row = g.from_f64(&[100.0, 200.0], &[2], DType::F64).unwrap();
+    close(&values(&g, row.addmm_t(a, b, false, false).unwrap()), &[104.0, 205.0, 110.0, 211.0]);
+    let one = g.from_f64(&[1.0], &[], DType::F64).unwrap();
+    close(&values(&g, one.addmm_t(a, b, false, false).unwrap()), &[5.0, 6.0, 11.0, 12.0]);
+    // Transposed operands read through strides: aᵀ is [3, 2], bᵀ is [2, 3].
+    let full = g.from_f64(&[1.0; 9], &[3, 3], DType::F64).unwrap();
+    let t = full.addmm_t(a, b, true, true).unwrap();
+    let want = a.t().unwrap().matmul(b.t().unwrap()).unwrap().shift(1.0).unwrap();
+    close(&values(&g, t), &values(&g, want));
+    // A bias of another shape broadcasts as `add` would, or is add's error.
+    let wide = g.from_f64(&[1.0; 8], &[2, 2, 2], DType::F64).unwrap();
+    assert_eq!(wide.addmm_t(a, b, false, false).unwrap().shape().as_slice(), &[2, 2, 2]);
+    let bad = g.from_f64(&[1.0; 3], &[3], DType::F64).unwrap();
+    assert!(bad.addmm_t(a, b, false, false).is_err());
+    assert!(col.addmm_t(a, a, false, false).is_err(), "inner dimensions differ");
+    for (name, shape) in [("[m, n]", &[3, 2][..]), ("[m, 1]", &[3, 1]), ("[1, n]", &[1, 2]), ("[n]", &[2]), ("[]", &[])] {
+        check(
+            dev,
+            &format!("addmm, bias {name}"),
+            check_fn(|_, x| x[0].addmm_t(x[1], x[2], false, true)),
+            &[ht(shape, 3), ht(&[3, 4], 1), ht(&[2, 4], 2)],
+        );
+    }
+    check(
+        dev,
+        "addmm, transposed a, empty inner dimension",
+        check_fn(|_, x| x[0].addmm_t(x[1], x[2], true, false)),
+        &[ht(&[2, 3], 3), ht(&[0, 2], 1), ht(&[0, 3], 2)],
+    );
+}
+}
+
+device_test! {
 fn shape_op_values_and_grads(dev) {
     let g = Graph::on(dev).unwrap();
     let x = g
@@ -419,6 +463,13 @@ fn second_derivatives(dev) {
     )
     .unwrap();
     assert!(r.passed, "matmul chain: {r}");
+    let r = gradgradcheck(
+        check_fn(|_, x| x[0].addmm_t(x[1], x[2], false, true)?.tanh()),
+        &[ht(&[3, 1], 3), ht(&[3, 4], 4), ht(&[2, 4], 5)],
+        o,
+    )
+    .unwrap();
+    assert!(r.passed, "addmm: {r}");
     let cases: [(&str, Unary); 8] = [
         ("sigmoid", (|_: &Graph, x: &[Tensor<'_>]| x[0].sigmoid())),
         ("gelu", (|_: &Graph, x: &[Tensor<'_>]| x[0].gelu())),

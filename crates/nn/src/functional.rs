@@ -39,17 +39,17 @@ pub fn linear<'g>(
     };
     // x·Wᵀ with W read through transposed strides: no copy here, and none in backward either
     // (`gx = gy·W`, `gW = gyᵀ·x` are GEMMs with swapped strides too).
-    let y = x2.matmul_t(weight, false, true)?;
-    let y = if xs.len() == 2 {
+    // With a bias the GEMM adds its product onto the broadcast bias (`addmm`): no extra pass.
+    let y = match bias {
+        Some(b) => b.addmm_t(x2, weight, false, true)?,
+        None => x2.matmul_t(weight, false, true)?,
+    };
+    Ok(if xs.len() == 2 {
         y
     } else {
         let mut shape: Vec<isize> = xs[..xs.len() - 1].iter().map(|&d| d as isize).collect();
         shape.push(out_f as isize);
         y.reshape(&shape)?
-    };
-    Ok(match bias {
-        Some(b) => y.add(b)?,
-        None => y,
     })
 }
 
@@ -72,11 +72,7 @@ pub fn conv2d<'g>(
             &xs,
         ));
     }
-    let y = x.conv2d(weight, stride, padding, dilation, groups)?;
-    Ok(match bias {
-        Some(b) => y.add(b.reshape(&[1, -1, 1, 1])?)?,
-        None => y,
-    })
+    Ok(x.conv2d_bias(weight, bias, stride, padding, dilation, groups)?)
 }
 
 /// The axes a batch norm reduces over for an input of rank `rank` (all but the channel axis 1).

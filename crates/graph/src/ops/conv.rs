@@ -129,6 +129,20 @@ impl<'g> Tensor<'g> {
         dilation: (usize, usize),
         groups: usize,
     ) -> Result<Tensor<'g>> {
+        self.conv2d_bias(weight, None, stride, padding, dilation, groups)
+    }
+
+    /// [`Tensor::conv2d`] plus a per-channel `bias` of shape `[out_channels]`. On the host the
+    /// bias is the GEMM's starting value ([`Tensor::addmm_t`]) rather than a pass of its own.
+    pub fn conv2d_bias(
+        self,
+        weight: Tensor<'g>,
+        bias: Option<Tensor<'g>>,
+        stride: (usize, usize),
+        padding: (usize, usize),
+        dilation: (usize, usize),
+        groups: usize,
+    ) -> Result<Tensor<'g>> {
         let op = "conv2d";
         let (xs, ws) = (self.try_shape()?, weight.try_shape()?);
         let bad = || GraphError::ShapeMismatch {
@@ -143,6 +157,16 @@ impl<'g> Tensor<'g> {
         if c % groups != 0 || o % groups != 0 || ws[1] * groups != c {
             return Err(bad());
         }
+        if let Some(b) = bias {
+            let bs = b.try_shape()?;
+            if bs[..] != [o] {
+                return Err(GraphError::ShapeMismatch {
+                    op,
+                    lhs: ws.to_vec(),
+                    rhs: bs.to_vec(),
+                });
+            }
+        }
         let win = window(op, &xs, (ws[2], ws[3]), stride, padding, dilation)?;
         let (ho, wo) = win.out_hw().expect("invariant: checked window");
         let l = (ho * wo) as isize;
@@ -152,7 +176,13 @@ impl<'g> Tensor<'g> {
             // On the host the whole batch is one GEMM: W [O, K] · cols [K, N·L] → [O, N·L],
             // then the images are put back in front.
             let cols = self.unfold_batch_win(win, n)?;
-            let y = weight.reshape(&[o as isize, kk])?.matmul(cols)?;
+            let w = weight.reshape(&[o as isize, kk])?;
+            let y = match bias {
+                Some(b) => b
+                    .reshape(&[o as isize, 1])?
+                    .addmm_t(w, cols, false, false)?,
+                None => w.matmul(cols)?,
+            };
             return y
                 .reshape(&[o as isize, n as isize, l])?
                 .permute(&[1, 0, 2])?
@@ -166,7 +196,11 @@ impl<'g> Tensor<'g> {
             let w = weight.reshape(&[g, (o / groups) as isize, kk])?;
             w.matmul(cols)? // [N, g, O/g, L]
         };
-        y.reshape(&[n as isize, o as isize, ho as isize, wo as isize])
+        let y = y.reshape(&[n as isize, o as isize, ho as isize, wo as isize])?;
+        match bias {
+            Some(b) => y.add(b.reshape(&[1, -1, 1, 1])?),
+            None => Ok(y),
+        }
     }
 
     /// Max pooling over `kernel` windows. Padding is never the maximum (padding is limited to

@@ -53,6 +53,91 @@ impl<'g> Tensor<'g> {
         Ok(y)
     }
 
+    /// `self + op(a)·op(b)` (PyTorch's `addmm`): `op` transposes a matrix when its flag is set,
+    /// and `self` broadcasts to the product's shape. For matrices on the host with `self` of shape
+    /// `[m, n]`, `[m, 1]`, `[1, n]`, `[n]`, `[1]` or `[]`, the output starts as `self` broadcast
+    /// and the GEMM adds the product onto it, so a layer's bias costs no pass of its own; any
+    /// other case is [`Tensor::matmul_t`] then [`Tensor::add`].
+    pub fn addmm_t(self, a: Tensor<'g>, b: Tensor<'g>, ta: bool, tb: bool) -> Result<Tensor<'g>> {
+        let name = "addmm";
+        check_pair(name, &a, &b)?;
+        check_pair(name, &self, &a)?;
+        let (csh, ash, bsh) = (self.try_shape()?, a.try_shape()?, b.try_shape()?);
+        let dims = (ash.len() == 2 && bsh.len() == 2).then(|| {
+            let (m, k) = if ta {
+                (ash[1], ash[0])
+            } else {
+                (ash[0], ash[1])
+            };
+            let (kb, n) = if tb {
+                (bsh[1], bsh[0])
+            } else {
+                (bsh[0], bsh[1])
+            };
+            (m, k, kb, n)
+        });
+        let Some((m, k, kb, n)) = dims.filter(|d| d.1 == d.2 && a.device() == Device::Cpu) else {
+            return a.matmul_t(b, ta, tb)?.add(self);
+        };
+        debug_assert_eq!(k, kb);
+        // How `self` spreads over the [m, n] output: its rows (1 or m) and columns (1 or n).
+        let spread = match csh[..] {
+            [] => Some((1, 1)),
+            [c] if c == n || c == 1 => Some((1, c)),
+            [r, c] if (r == m || r == 1) && (c == n || c == 1) => Some((r, c)),
+            _ => None,
+        };
+        let Some((c_rows, c_cols)) = spread else {
+            return a.matmul_t(b, ta, tb)?.add(self);
+        };
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (dtype, cb) = {
+            let nd = i.node(name, self.id)?;
+            (nd.dtype, nd.buf)
+        };
+        let (ab, bb) = (i.node(name, a.id)?.buf, i.node(name, b.id)?.buf);
+        let len = checked_numel(name, &[m, n])?;
+        let out = i.alloc(name, dtype, len)?;
+        let threads = i.threads;
+        with_float!(dtype, T, {
+            let (o, [cs, xs, ys]) = i
+                .arena
+                .split_mut::<T, 3>(out, [cb, ab, bb])
+                .map_err(|source| GraphError::Alloc { op: name, source })?;
+            if n > 0 {
+                cpu::par::par_rows_mut(o, n, threads, cpu::par::PAR_MIN_ELEMS, |r, row| {
+                    let cr = if c_rows == 1 { 0 } else { r };
+                    if c_cols == 1 {
+                        row.fill(cs[cr]);
+                    } else {
+                        row.copy_from_slice(&cs[cr * n..(cr + 1) * n]);
+                    }
+                });
+            }
+            cpu::gemm(
+                m,
+                k,
+                n,
+                MatView::row_major(xs, 0, ash[1], ta),
+                MatView::row_major(ys, 0, bsh[1], tb),
+                o,
+                0,
+                true,
+                threads,
+            );
+        });
+        let id = i.push(
+            Shape::from_slice(&[m, n]),
+            dtype,
+            out,
+            Op::Addmm { ta, tb },
+            &[self.id, a.id, b.id],
+        );
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+
     /// op(self)·op(other) over the last two axes, where op transposes the last two axes when its
     /// flag is set — read through strides, no transpose is copied (`x.matmul_t(w, false, true)`
     /// is a linear layer's `x·wᵀ`). Both operands have rank ≥ 2; batch axes broadcast.
@@ -400,8 +485,15 @@ fn input_grad<'g>(
     product_summed_to(x, y, tx, ty, &target.shape(), c).map(Some)
 }
 
-pub(crate) fn backward<'g>(ta: bool, tb: bool, c: &Ctx<'g>) -> Result<Grads<'g>> {
-    let (a, b, g) = (c.input(0), c.input(1), c.gy);
+/// The gradients of `a` and `b` in `op(a)·op(b)` with incoming gradient `g`.
+fn product_grads<'g>(
+    a: Tensor<'g>,
+    b: Tensor<'g>,
+    g: Tensor<'g>,
+    ta: bool,
+    tb: bool,
+    c: &Ctx<'g>,
+) -> Result<(Option<Tensor<'g>>, Option<Tensor<'g>>)> {
     // C = op(A)·op(B). d op(A) = G·op(B)ᵀ, d op(B) = op(A)ᵀ·G; undo op for transposed operands.
     let ga = if !a.requires_grad() {
         None
@@ -417,5 +509,21 @@ pub(crate) fn backward<'g>(ta: bool, tb: bool, c: &Ctx<'g>) -> Result<Grads<'g>>
     } else {
         input_grad(b, a, g, !ta, false, c)?
     };
+    Ok((ga, gb))
+}
+
+pub(crate) fn backward<'g>(ta: bool, tb: bool, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let (ga, gb) = product_grads(c.input(0), c.input(1), c.gy, ta, tb, c)?;
     Ok(smallvec![ga, gb])
+}
+
+pub(crate) fn addmm_backward<'g>(ta: bool, tb: bool, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let bias = c.input(0);
+    let gc = if bias.requires_grad() {
+        Some(c.gy.sum_to(&bias.try_shape()?)?)
+    } else {
+        None
+    };
+    let (ga, gb) = product_grads(c.input(1), c.input(2), c.gy, ta, tb, c)?;
+    Ok(smallvec![gc, ga, gb])
 }

@@ -48,6 +48,11 @@ pub(crate) enum Op {
         ta: bool,
         tb: bool,
     },
+    /// `c + op(a)·op(b)` for matrices; inputs are `[c, a, b]` (see [`Tensor::addmm_t`]).
+    Addmm {
+        ta: bool,
+        tb: bool,
+    },
     Reshape,
     Permute(Arc<[usize]>),
     BroadcastTo,
@@ -124,6 +129,7 @@ impl Op {
                 op: ReduceOp::Max, ..
             } => "max",
             Op::Matmul { .. } => "matmul",
+            Op::Addmm { .. } => "addmm",
             Op::Reshape => "reshape",
             Op::Permute(_) => "permute",
             Op::BroadcastTo => "broadcast",
@@ -182,6 +188,7 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Binary(b) => binary::backward(*b, c),
         Op::Reduce { op, mask, keepdim } => reduce::backward(*op, mask, *keepdim, c),
         Op::Matmul { ta, tb } => matmul::backward(*ta, *tb, c),
+        Op::Addmm { ta, tb } => matmul::addmm_backward(*ta, *tb, c),
         Op::Softmax { axis, log } => softmax::backward(*axis, *log, c),
         Op::Select => binary::select_backward(c),
         Op::Custom(op) => custom::backward(op, c),
