@@ -1,7 +1,7 @@
 //! Convolution, pooling and dropout: values by hand, gradients by finite differences.
 
 use arenagrad_graph::check::{check_fn, gradcheck, gradgradcheck, GradcheckOptions};
-use arenagrad_graph::{device_test, DType, Graph, HostTensor};
+use arenagrad_graph::{device_test, DType, Graph, GraphError, HostTensor};
 
 fn ht(shape: &[usize], seed: u64) -> HostTensor {
     let n: usize = shape.iter().product();
@@ -76,7 +76,34 @@ fn conv2d_matches_the_definition(dev) {
         for (a, b) in y.to_vec_f64().unwrap().iter().zip(&want) {
             assert!((a - b).abs() < 1e-12, "{a} vs {b}");
         }
+        // The same with a bias: each output channel moved by its own value.
+        let bias: Vec<f64> = (0..ws[0]).map(|c| c as f64 * 0.5 - 1.0).collect();
+        let yb = g
+            .from_host(&x)
+            .unwrap()
+            .conv2d_bias(
+                g.from_host(&w).unwrap(),
+                Some(g.from_f64(&bias, &[ws[0]], DType::F64).unwrap()),
+                (s, s),
+                (p, p),
+                (d, d),
+                groups,
+            )
+            .unwrap();
+        let plane = oshape[2] * oshape[3];
+        for (e, (a, b)) in yb.to_vec_f64().unwrap().iter().zip(&want).enumerate() {
+            let c = (e / plane) % ws[0];
+            assert!((a - b - bias[c]).abs() < 1e-12, "{a} vs {b} + {}", bias[c]);
+        }
     }
+    // A bias that is not [out_channels] is a typed error naming the op.
+    let x = g.from_host(&ht(&[1, 2, 4, 4], 1)).unwrap();
+    let w = g.from_host(&ht(&[3, 2, 3, 3], 2)).unwrap();
+    let b = g.from_f64(&[0.0; 2], &[2], DType::F64).unwrap();
+    assert!(matches!(
+        x.conv2d_bias(w, Some(b), (1, 1), (0, 0), (1, 1), 1),
+        Err(GraphError::ShapeMismatch { op: "conv2d", .. })
+    ));
 }
 }
 
@@ -103,6 +130,24 @@ fn conv2d_grads(dev) {
     let r = gradgradcheck(
         check_fn(|_, x| x[0].conv2d(x[1], (1, 1), (0, 0), (1, 1), 1)?.tanh()),
         &[ht(&[1, 1, 3, 3], 7), ht(&[1, 1, 2, 2], 8)],
+        o,
+    )
+    .unwrap();
+    assert!(r.passed, "{r}");
+    // With a bias: first and second derivatives, several images and channels.
+    let r = gradcheck(
+        check_fn(|_, x| x[0].conv2d_bias(x[1], Some(x[2]), (1, 1), (1, 1), (1, 1), 1)),
+        &[ht(&[3, 2, 4, 3], 9), ht(&[4, 2, 3, 3], 10), ht(&[4], 11)],
+        o,
+    )
+    .unwrap();
+    assert!(r.passed, "{r}");
+    let r = gradgradcheck(
+        check_fn(|_, x| {
+            x[0].conv2d_bias(x[1], Some(x[2]), (1, 1), (1, 1), (1, 1), 1)?
+                .tanh()
+        }),
+        &[ht(&[2, 1, 3, 3], 12), ht(&[2, 1, 2, 2], 13), ht(&[2], 14)],
         o,
     )
     .unwrap();

@@ -282,6 +282,67 @@ fn gemm_column_split<T: crate::Float + Gemm>(
     super::pool::fork(n.div_ceil(per), &|j| run(j * per));
 }
 
+/// The shape of a host convolution's products over a batch: weight `[o, k]`, patch matrix
+/// `[k, n·l]` with the `n` images side by side (`im2col_batch`), output `[n, o, l]` image-major.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvDims {
+    /// Output channels.
+    pub o: usize,
+    /// Patch length (`C·kh·kw`).
+    pub k: usize,
+    /// Output positions per image (`Ho·Wo`).
+    pub l: usize,
+    /// Images.
+    pub n: usize,
+}
+
+impl ConvDims {
+    fn check(&self, w: usize, cols: usize, y: usize) {
+        let ConvDims { o, k, l, n } = *self;
+        assert!(
+            w >= o * k && cols >= k * n * l && y >= n * o * l,
+            "invariant: convolution operand out of bounds"
+        );
+    }
+}
+
+/// `y[b] = w · cols_b (+ bias)` for each image `b`, written straight into the image-major
+/// output (`cols_b` is columns `b·l..(b+1)·l` of the patch matrix, read in place through its row
+/// stride): no permute after a batch-wide product. Images split over threads.
+pub fn conv_gemm_forward<T: crate::Float + Gemm>(
+    w: &[T],
+    cols: &[T],
+    bias: Option<&[T]>,
+    d: ConvDims,
+    y: &mut [T],
+    threads: usize,
+) {
+    let ConvDims { o, k, l, n } = d;
+    d.check(w.len(), cols.len(), y.len());
+    if o == 0 || l == 0 {
+        return;
+    }
+    let y = &mut y[..n * o * l];
+    super::par::par_rows_mut(y, o * l, threads, super::par::PAR_MIN_ELEMS, |b, yb| {
+        if let Some(bias) = bias {
+            for (row, &v) in yb.chunks_mut(l).zip(bias) {
+                row.fill(v);
+            }
+        }
+        gemm(
+            o,
+            k,
+            l,
+            MatView::row_major(w, 0, k, false),
+            MatView::row_major(cols, b * l, n * l, false),
+            yb,
+            0,
+            bias.is_some(),
+            1,
+        );
+    });
+}
+
 /// Many products of one shape: `c[b] = op(a at a_offs[b]) · op(b at b_offs[b])`, with the outputs
 /// stored one after another in `c`. Batches are split across threads (each running the
 /// single-threaded kernel), which beats threading inside each small product.
@@ -465,6 +526,45 @@ mod tests {
         );
         let plus1: Vec<f64> = want.iter().map(|v| v + 1.0).collect();
         assert_eq!(c, plus1);
+    }
+
+    #[test]
+    fn convolution_forward_matches_naive_loops() {
+        // Large enough (past PAR_MIN_FLOPS) to split over threads, small under Miri.
+        let (o, k, l, n) = if cfg!(miri) {
+            (3, 4, 5, 3)
+        } else {
+            (24, 36, 49, 61)
+        };
+        let d = ConvDims { o, k, l, n };
+        let val = |i: usize, s: f64| ((i as f64 * s).sin() * 4.0).round() / 4.0;
+        let w: Vec<f64> = (0..o * k).map(|i| val(i, 0.37)).collect();
+        let cols: Vec<f64> = (0..k * n * l).map(|i| val(i, 0.11)).collect();
+        let bias: Vec<f64> = (0..o).map(|i| i as f64 - 2.0).collect();
+        // Naive: y[b][r][p] = bias[r] + Σ_j w[r][j]·cols[j][b·l + p].
+        let mut y_want = vec![0.0; n * o * l];
+        for b in 0..n {
+            for r in 0..o {
+                for p in 0..l {
+                    let mut acc = bias[r];
+                    for j in 0..k {
+                        acc += w[r * k + j] * cols[j * n * l + b * l + p];
+                    }
+                    y_want[(b * o + r) * l + p] = acc;
+                }
+            }
+        }
+        for threads in [1, 2, 3] {
+            let mut y = vec![f64::NAN; n * o * l];
+            conv_gemm_forward(&w, &cols, Some(&bias), d, &mut y, threads);
+            assert_eq!(y, y_want, "forward, {threads} threads");
+            let mut y0 = vec![f64::NAN; n * o * l];
+            conv_gemm_forward(&w, &cols, None, d, &mut y0, threads);
+            let no_bias: Vec<f64> = (0..n * o * l)
+                .map(|i| y_want[i] - bias[(i / l) % o])
+                .collect();
+            assert_eq!(y0, no_bias, "forward without bias, {threads} threads");
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@ pub use conv::{
     take_par, Window,
 };
 pub use elementwise::{binary, select, unary, unary_grad, unary_grad_in_place};
-pub use matmul::{gemm, gemm_batched, Gemm, MatView};
+pub use matmul::{conv_gemm_forward, gemm, gemm_batched, ConvDims, Gemm, MatView};
 pub use reduce::{reduce, softmax, softmax_grad, sum_row, ReduceOp};
 pub use shape::{
     broadcast_to, gather, index_add, index_select, narrow, permute, permute_par, place_along,

@@ -48,6 +48,12 @@ pub(crate) enum Op {
         ta: bool,
         tb: bool,
     },
+    /// A host convolution's product over a batch, image-major: inputs `[w [o, k], cols [k, n·l]]`
+    /// and optionally a bias `[o]`; output `[n, o, l]` (see [`conv`]).
+    ConvGemm {
+        n: usize,
+        l: usize,
+    },
     /// `c + op(a)·op(b)` for matrices; inputs are `[c, a, b]` (see [`Tensor::addmm_t`]).
     Addmm {
         ta: bool,
@@ -130,6 +136,7 @@ impl Op {
             } => "max",
             Op::Matmul { .. } => "matmul",
             Op::Addmm { .. } => "addmm",
+            Op::ConvGemm { .. } => "conv2d",
             Op::Reshape => "reshape",
             Op::Permute(_) => "permute",
             Op::BroadcastTo => "broadcast",
@@ -189,6 +196,7 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Reduce { op, mask, keepdim } => reduce::backward(*op, mask, *keepdim, c),
         Op::Matmul { ta, tb } => matmul::backward(*ta, *tb, c),
         Op::Addmm { ta, tb } => matmul::addmm_backward(*ta, *tb, c),
+        Op::ConvGemm { n, l } => conv::conv_gemm_backward(*n, *l, c),
         Op::Softmax { axis, log } => softmax::backward(*axis, *log, c),
         Op::Select => binary::select_backward(c),
         Op::Custom(op) => custom::backward(op, c),
