@@ -231,15 +231,21 @@ fn reduction_values_and_grads(dev) {
 }
 }
 
-device_test! {
-fn matmul_values_and_grads(dev) {
-    let g = Graph::on(dev).unwrap();
+/// `a` [2, 3] and `b` [3, 2] with `a·b = [[4, 5], [10, 11]]`.
+fn two_matrices(g: &Graph) -> (Tensor<'_>, Tensor<'_>) {
     let a = g
         .from_f64(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], DType::F64)
         .unwrap();
     let b = g
         .from_f64(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2], DType::F64)
         .unwrap();
+    (a, b)
+}
+
+device_test! {
+fn matmul_values_and_grads(dev) {
+    let g = Graph::on(dev).unwrap();
+    let (a, b) = two_matrices(&g);
     close(&values(&g, a.matmul(b).unwrap()), &[4.0, 5.0, 10.0, 11.0]);
     let v = g.from_f64(&[1.0, 1.0, 1.0], &[3], DType::F64).unwrap();
     let av = a.matmul(v).unwrap();
@@ -287,12 +293,7 @@ fn matmul_values_and_grads(dev) {
 device_test! {
 fn addmm_values_and_grads(dev) {
     let g = Graph::on(dev).unwrap();
-    let a = g
-        .from_f64(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], DType::F64)
-        .unwrap();
-    let b = g
-        .from_f64(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2], DType::F64)
-        .unwrap();
+    let (a, b) = two_matrices(&g);
     // a·b = [[4, 5], [10, 11]], plus each form of bias.
     let col = g.from_f64(&[100.0, 200.0], &[2, 1], DType::F64).unwrap();
     close(&values(&g, col.addmm_t(a, b, false, false).unwrap()), &[104.0, 105.0, 210.0, 211.0]);

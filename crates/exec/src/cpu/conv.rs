@@ -117,7 +117,7 @@ fn im2col_ld<T: Float>(x: &[T], win: &Window, pad: T, cols: &mut [T], ld: usize,
                         out[hi..].fill(pad);
                         if hi > lo {
                             let src = (c * win.h + ih as usize) * win.w + lo + kj - win.pw;
-                            copy_run(&mut out[lo..hi], &x[src..src + (hi - lo)]);
+                            zip_run(&mut out[lo..hi], &x[src..src + (hi - lo)], |o, v| *o = v);
                         }
                     }
                 }
@@ -134,29 +134,12 @@ pub fn col2im<T: Float>(cols: &[T], win: &Window, x: &mut [T]) {
     col2im_ld(cols, win, x, ho * wo, 0);
 }
 
-/// `dst = src` for one row of a patch: a run of a few dozen elements at most, copied in fixed
-/// blocks of four that compile to vector moves (`copy_from_slice` would call `memcpy`, whose
-/// call costs more than such a copy).
+/// `f(&mut dst[i], src[i])` over one row of a patch (a few dozen elements at most), in fixed
+/// blocks of four that compile to vector code: a plain loop over a run shorter than its vector
+/// width falls through to the scalar tail, and `copy_from_slice` would call `memcpy`, whose call
+/// costs more than such a copy.
 #[inline(always)]
-fn copy_run<T: Copy>(dst: &mut [T], src: &[T]) {
-    let n = dst.len().min(src.len());
-    let (dst, src) = (&mut dst[..n], &src[..n]);
-    let mut d = dst.chunks_exact_mut(4);
-    let mut s = src.chunks_exact(4);
-    for (a, b) in (&mut d).zip(&mut s) {
-        if let (Ok(a), Ok(b)) = (<&mut [T; 4]>::try_from(a), <&[T; 4]>::try_from(b)) {
-            *a = *b;
-        }
-    }
-    for (a, &b) in d.into_remainder().iter_mut().zip(s.remainder()) {
-        *a = b;
-    }
-}
-
-/// `dst += src` over a short run, in fixed blocks of four the compiler vectorises (a plain loop
-/// over a run shorter than its vector width falls through to the scalar tail).
-#[inline(always)]
-fn add_run<T: Float>(dst: &mut [T], src: &[T]) {
+fn zip_run<T: Copy>(dst: &mut [T], src: &[T], f: impl Fn(&mut T, T)) {
     let n = dst.len().min(src.len());
     let (dst, src) = (&mut dst[..n], &src[..n]);
     let mut d = dst.chunks_exact_mut(4);
@@ -164,12 +147,12 @@ fn add_run<T: Float>(dst: &mut [T], src: &[T]) {
     for (a, b) in (&mut d).zip(&mut s) {
         if let (Ok(a), Ok(b)) = (<&mut [T; 4]>::try_from(a), <&[T; 4]>::try_from(b)) {
             for k in 0..4 {
-                a[k] += b[k];
+                f(&mut a[k], b[k]);
             }
         }
     }
     for (a, &b) in d.into_remainder().iter_mut().zip(s.remainder()) {
-        *a += b;
+        f(a, b);
     }
 }
 
@@ -195,7 +178,11 @@ fn col2im_ld<T: Float>(cols: &[T], win: &Window, x: &mut [T], ld: usize, off: us
                         }
                         let dst = off + row * ld + oh * wo;
                         let src = (c * win.h + ih as usize) * win.w + lo + kj - win.pw;
-                        add_run(&mut x[src..src + (hi - lo)], &cols[dst + lo..dst + hi]);
+                        zip_run(
+                            &mut x[src..src + (hi - lo)],
+                            &cols[dst + lo..dst + hi],
+                            |o, v| *o += v,
+                        );
                     }
                 }
             }
