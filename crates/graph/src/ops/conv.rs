@@ -203,8 +203,8 @@ impl<'g> Tensor<'g> {
         self.conv2d_bias(weight, None, stride, padding, dilation, groups)
     }
 
-    /// [`Tensor::conv2d`] plus a per-channel `bias` of shape `[out_channels]`. On the host the
-    /// bias is the GEMM's starting value ([`Tensor::addmm_t`]) rather than a pass of its own.
+    /// [`Tensor::conv2d`] plus a per-channel `bias` of shape `[out_channels]`. On the host each
+    /// image's product starts from the bias in the output, so it costs no pass of its own.
     pub fn conv2d_bias(
         self,
         weight: Tensor<'g>,
