@@ -13,6 +13,9 @@
 # Environment:
 #   OUT                   where the log goes (default gpu-check-out)
 #   CARGO_BUILD_JOBS      parallel jobs (default 16)
+#   ARENAGRAD_BUNDLE      prebuilt test binaries and gpu_bench from scripts/gpu-bundle.sh (default:
+#                         gpu-bundle/ when it exists): no toolchain or build is needed then, which
+#                         is what a GPU machine without Rust and without network needs
 #   ARENAGRAD_VENDOR_DIR  a `cargo vendor` directory to build from, offline (default: vendor/
 #                         when it exists)
 #   PYTHON                the interpreter for the PyTorch scripts (default python3)
@@ -176,6 +179,28 @@ EOF
     fi
 }
 
+# Each bundled test binary runs one test at a time (they share one CUDA context per device).
+bundle_tests() {
+    local dir="$1" status=0 t
+    for t in "$dir"/tests/*; do
+        echo "-- $(basename "$t")"
+        "$t" --test-threads=1 || status=1
+    done
+    return "$status"
+}
+
+# The bundle's tests and benchmarks, then the summary.
+run_bundle() {
+    local dir="$1" have_torch="$2" reserve=0
+    record toolchain "-" "-" "prebuilt bundle"
+    if [ "$do_tests" -eq 1 ]; then
+        if [ "$do_bench" -eq 1 ]; then reserve=$((reserve + 75)); fi
+        if [ "$have_torch" -eq 1 ]; then reserve=$((reserve + 90)); fi
+        run_step tests 240 "$reserve" bundle_tests "$dir" || true
+    fi
+    benches_and_summary "$do_bench" "$have_torch" "$dir/bin/gpu_bench"
+}
+
 main() {
     echo "== gpu-check $(date -u '+%Y-%m-%dT%H:%M:%SZ') on $(uname -n), budget ${budget}s, ${CARGO_BUILD_JOBS} jobs"
     run_step gpu 30 0 gpu_summary || true
@@ -191,6 +216,14 @@ main() {
         fi
     fi
     add_torch_cuda_libs
+
+    local bundle="${ARENAGRAD_BUNDLE:-gpu-bundle}"
+    if [ -d "$bundle/tests" ] && [ -x "$bundle/bin/gpu_bench" ]; then
+        bundle="$(cd "$bundle" && pwd)"
+        echo "gpu-check: running the prebuilt binaries in $bundle (no build)"
+        run_bundle "$bundle" "$have_torch"
+        return $?
+    fi
 
     echo "== toolchain"
     local cargo_ok=0 start=$SECONDS
@@ -270,6 +303,15 @@ main() {
 
     local bench=(cargo run "${cargo_args[@]}" -q --release -p arenagrad --features cuda
         --example gpu_bench --)
+    benches_and_summary "$bench_ok" "$have_torch" "${bench[@]}"
+}
+
+# The benchmarks (BENCH_OK: gpu_bench is runnable as the command after the first two arguments),
+# the PyTorch counterparts (HAVE_TORCH), the summary table and the verdict.
+benches_and_summary() {
+    local bench_ok="$1" have_torch="$2"
+    shift 2
+    local bench=("$@")
     if [ "$bench_ok" -eq 1 ]; then
         run_step bench-seed_loop 60 0 "${bench[@]}" seed-loop --n 4096 --iters 50 || true
         run_step bench-mlp 60 0 "${bench[@]}" mlp --batch 1024 --steps 50 || true
@@ -280,7 +322,6 @@ main() {
         run_step torch-mlp 60 0 --soft "$python" scripts/torch_mlp.py --batch 1024 --steps 50 || true
         run_step torch-queue 60 0 --soft "$python" scripts/torch_queue.py --width 1024 --ops 100 || true
     fi
-
     echo
     echo "== summary (${SECONDS}s of ${budget}s)"
     printf '%-22s %-14s %6s  %s\n' "step" "status" "secs" "note"
