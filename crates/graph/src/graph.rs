@@ -225,6 +225,20 @@ impl Inner {
         }
     }
 
+    /// One host buffer to write and `N` to read, as [`Arena::split_mut`], with an error that
+    /// names `op`.
+    #[inline]
+    pub fn split_mut<T: arenagrad_alloc::Pod, const N: usize>(
+        &mut self,
+        op: &'static str,
+        out: BufId,
+        inputs: [BufId; N],
+    ) -> Result<(&mut [T], [&[T]; N])> {
+        self.arena
+            .split_mut(out, inputs)
+            .map_err(|source| GraphError::Alloc { op, source })
+    }
+
     /// A scratch buffer of `n` elements of `dtype`.
     #[inline]
     pub fn alloc(&mut self, op: &'static str, dtype: DType, n: usize) -> Result<BufId> {

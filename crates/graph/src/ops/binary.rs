@@ -41,10 +41,7 @@ impl<'g> Tensor<'g> {
         let threads = i.threads;
         match dev {
             Device::Cpu => with_float!(dtype, T, {
-                let (o, [a, b]) = i
-                    .arena
-                    .split_mut::<T, 2>(out, [ab, bb])
-                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                let (o, [a, b]) = i.split_mut::<T, 2>(name, out, [ab, bb])?;
                 cpu::binary(op, a, &ash, b, &bsh, o, &osh, threads);
             }),
             Device::Cuda(_) => {
@@ -145,10 +142,7 @@ impl Graph {
         let out = i.alloc_on(name, dev, dtype, len)?;
         match dev {
             Device::Cpu => with_float!(dtype, T, {
-                let (o, [c, x, y]) = i
-                    .arena
-                    .split_mut::<T, 3>(out, [cb, ab, bb])
-                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                let (o, [c, x, y]) = i.split_mut::<T, 3>(name, out, [cb, ab, bb])?;
                 cpu::select(c, &csh, x, &ash, y, &bsh, o, &osh);
             }),
             Device::Cuda(_) => {

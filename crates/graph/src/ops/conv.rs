@@ -149,21 +149,14 @@ impl<'g> Tensor<'g> {
         let out = i.alloc(op, dtype, len)?;
         let threads = i.threads;
         let d = cpu::ConvDims { o, k, l, n };
-        let alloc_err = |source| GraphError::Alloc { op, source };
         with_float!(dtype, T, {
             match bb {
                 Some(bb) => {
-                    let (y, [wv, cv, bv]) = i
-                        .arena
-                        .split_mut::<T, 3>(out, [wb, cb, bb])
-                        .map_err(alloc_err)?;
+                    let (y, [wv, cv, bv]) = i.split_mut::<T, 3>(op, out, [wb, cb, bb])?;
                     cpu::conv_gemm_forward(wv, cv, Some(bv), d, y, threads);
                 }
                 None => {
-                    let (y, [wv, cv]) = i
-                        .arena
-                        .split_mut::<T, 2>(out, [wb, cb])
-                        .map_err(alloc_err)?;
+                    let (y, [wv, cv]) = i.split_mut::<T, 2>(op, out, [wb, cb])?;
                     cpu::conv_gemm_forward(wv, cv, None, d, y, threads);
                 }
             }

@@ -101,10 +101,7 @@ impl<'g> Tensor<'g> {
         let out = i.alloc(name, dtype, len)?;
         let threads = i.threads;
         with_float!(dtype, T, {
-            let (o, [cs, xs, ys]) = i
-                .arena
-                .split_mut::<T, 3>(out, [cb, ab, bb])
-                .map_err(|source| GraphError::Alloc { op: name, source })?;
+            let (o, [cs, xs, ys]) = i.split_mut::<T, 3>(name, out, [cb, ab, bb])?;
             if n > 0 {
                 cpu::par::par_rows_mut(o, n, threads, cpu::par::PAR_MIN_ELEMS, |r, row| {
                     let cr = if c_rows == 1 { 0 } else { r };
@@ -251,10 +248,7 @@ impl<'g> Tensor<'g> {
             }
         }
         with_float!(dtype, T, {
-            let (o, [x, y]) = i
-                .arena
-                .split_mut::<T, 2>(out, [ab, bb])
-                .map_err(|source| GraphError::Alloc { op: name, source })?;
+            let (o, [x, y]) = i.split_mut::<T, 2>(name, out, [ab, bb])?;
             if batch.iter().product::<usize>() == 1 {
                 cpu::gemm(
                     m,
@@ -343,10 +337,7 @@ impl<'g> Tensor<'g> {
         let out = i.alloc_zeroed(name, dtype, m * n)?;
         let threads = i.threads;
         with_float!(dtype, T, {
-            let (o, [x, y]) = i
-                .arena
-                .split_mut::<T, 2>(out, [ab, bb])
-                .map_err(|source| GraphError::Alloc { op: name, source })?;
+            let (o, [x, y]) = i.split_mut::<T, 2>(name, out, [ab, bb])?;
             let groups = threads.min(batch).max(1);
             let one = |t: usize, acc: &mut [T], threads: usize| {
                 cpu::gemm(

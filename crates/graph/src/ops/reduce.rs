@@ -48,10 +48,7 @@ impl<'g> Tensor<'g> {
         let out = i.alloc_on(name, dev, dtype, len)?;
         match dev {
             Device::Cpu => with_float!(dtype, T, {
-                let (o, [x]) = i
-                    .arena
-                    .split_mut::<T, 1>(out, [xb])
-                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                let (o, [x]) = i.split_mut::<T, 1>(name, out, [xb])?;
                 if mask.iter().all(|&m| m) && op == ReduceOp::Sum {
                     o[0] = cpu::sum_row(x);
                 } else {

@@ -45,10 +45,7 @@ impl<'g> Tensor<'g> {
         };
         match dev {
             Device::Cpu => with_float!(dtype, T, {
-                let (o, [x]) = i
-                    .arena
-                    .split_mut::<T, 1>(out, [xb])
-                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                let (o, [x]) = i.split_mut::<T, 1>(name, out, [xb])?;
                 kernel(T::args(x, o, &shape));
             }),
             Device::Cuda(_) => device_move(i, name, dev, dtype, &op, &shape, &out_shape, xb, out)?,
@@ -366,10 +363,7 @@ impl Graph {
             };
             match dev {
                 Device::Cpu => with_float!(dtype, T, {
-                    let (o, [x]) = i
-                        .arena
-                        .split_mut::<T, 1>(out, [buf])
-                        .map_err(|source| GraphError::Alloc { op, source })?;
+                    let (o, [x]) = i.split_mut::<T, 1>(op, out, [buf])?;
                     cpu::place_along(x, &shape, ax, o, total, start);
                 }),
                 Device::Cuda(_) => device_move(

@@ -5,7 +5,7 @@ use smallvec::smallvec;
 
 use super::{Ctx, Grads, Op};
 use crate::device::on_cuda;
-use crate::error::{GraphError, Result};
+use crate::error::Result;
 use crate::shape::norm_axis;
 use crate::shape::Shape;
 use crate::{Device, Tensor};
@@ -23,10 +23,7 @@ impl<'g> Tensor<'g> {
         let out = i.alloc_on(name, dev, dtype, shape.iter().product())?;
         match dev {
             Device::Cpu => with_float!(dtype, T, {
-                let (o, [x]) = i
-                    .arena
-                    .split_mut::<T, 1>(out, [xb])
-                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                let (o, [x]) = i.split_mut::<T, 1>(name, out, [xb])?;
                 cpu::softmax(x, &shape, ax, log, o);
             }),
             Device::Cuda(_) => {
@@ -67,10 +64,7 @@ impl<'g> Tensor<'g> {
         let out = i.alloc_on(name, dev, dtype, shape.iter().product())?;
         match dev {
             Device::Cpu => with_float!(dtype, T, {
-                let (o, [ys, gs]) = i
-                    .arena
-                    .split_mut::<T, 2>(out, [yb, gb])
-                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                let (o, [ys, gs]) = i.split_mut::<T, 2>(name, out, [yb, gb])?;
                 cpu::softmax_grad(ys, gs, &shape, axis, log, o);
             }),
             Device::Cuda(_) => {

@@ -5,7 +5,7 @@ use smallvec::smallvec;
 
 use super::{Ctx, Grads, Op};
 use crate::device::on_cuda;
-use crate::error::{GraphError, Result};
+use crate::error::Result;
 use crate::graph::{Inner, NodeId};
 use crate::shape::Shape;
 use crate::{Device, Tensor};
@@ -26,10 +26,7 @@ impl<'g> Tensor<'g> {
         let threads = i.threads;
         match dev {
             Device::Cpu => with_float!(dtype, T, {
-                let (o, [x]) = i
-                    .arena
-                    .split_mut::<T, 1>(out, [xb])
-                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                let (o, [x]) = i.split_mut::<T, 1>(name, out, [xb])?;
                 cpu::unary(op, x, o, threads);
             }),
             Device::Cuda(_) => {
@@ -63,10 +60,7 @@ impl<'g> Tensor<'g> {
         let threads = i.threads;
         match dev {
             Device::Cpu => with_float!(dtype, T, {
-                let (o, [xs, ys, gs]) = i
-                    .arena
-                    .split_mut::<T, 3>(out, [xb, yb, gb])
-                    .map_err(|source| GraphError::Alloc { op: name, source })?;
+                let (o, [xs, ys, gs]) = i.split_mut::<T, 3>(name, out, [xb, yb, gb])?;
                 cpu::unary_grad(op, xs, ys, gs, o, threads);
             }),
             Device::Cuda(_) => {
@@ -169,10 +163,7 @@ pub(crate) fn backward_in_place(
     let (xb, yb) = (i.node(name, x)?.buf, i.node(name, y)?.buf);
     let threads = i.threads;
     with_float!(dtype, T, {
-        let (g, [xs, ys]) = i
-            .arena
-            .split_mut::<T, 2>(gb, [xb, yb])
-            .map_err(|source| GraphError::Alloc { op: name, source })?;
+        let (g, [xs, ys]) = i.split_mut::<T, 2>(name, gb, [xb, yb])?;
         cpu::unary_grad_in_place(op, xs, ys, g, threads);
     });
     Ok(true)
