@@ -104,69 +104,26 @@ pub fn softmax<T: Float>(x: &[T], shape: &[usize], axis: usize, log: bool, out: 
     if len == 0 {
         return;
     }
-    if inner == 1 && len < 64 {
-        // Short rows along the last axis (class scores, say): shift every row by its maximum,
-        // then one exp over the whole buffer — row by row, each call would pay the kernel's
-        // setup and scalar tail for a handful of elements — then normalise each row.
-        let rows = || x.chunks_exact(len);
-        let row_max = |xr: &[T]| {
-            let m = max_row(xr);
-            if m == T::neg_infinity() {
-                T::ZERO
-            } else {
-                m
-            }
-        };
-        for (xr, or) in rows().zip(out.chunks_exact_mut(len)) {
-            let m = row_max(xr);
-            for (o, &v) in or.iter_mut().zip(xr) {
-                *o = v - m;
-            }
-        }
-        exp_in_place(out);
-        for (xr, or) in rows().zip(out.chunks_exact_mut(len)) {
-            let s = sum_row(or);
-            if log {
-                let ls = s.ln() + row_max(xr);
-                for (o, &v) in or.iter_mut().zip(xr) {
-                    *o = v - ls;
-                }
-            } else {
-                let inv = T::ONE / s;
-                for o in or.iter_mut() {
-                    *o *= inv;
-                }
-            }
-        }
-        return;
-    }
     if inner == 1 {
-        // Along the last axis: contiguous rows, vectorised exp.
-        let mut buf = [T::ZERO; 64];
-        for (xr, or) in x.chunks_exact(len).zip(out.chunks_exact_mut(len)) {
-            let mut m = max_row(xr);
-            if m == T::neg_infinity() {
-                m = T::ZERO;
+        // Along the last axis: contiguous rows, each shifted by its maximum, exponentiated and
+        // normalised. Short rows (class scores, say) are all shifted first and take one exp over
+        // the whole buffer — row by row, each call would pay the kernel's setup and scalar tail
+        // for a handful of elements; long rows go one at a time, while the row is in cache.
+        let rows = x.chunks_exact(len).zip(out.chunks_exact_mut(len));
+        if len < 64 {
+            for (xr, or) in rows {
+                shift_row(xr, or, stable_max(xr));
             }
-            for (o, &v) in or.iter_mut().zip(xr) {
-                *o = v - m;
+            exp_in_place(out);
+            for (xr, or) in x.chunks_exact(len).zip(out.chunks_exact_mut(len)) {
+                normalise_row(xr, or, stable_max(xr), log);
             }
-            for c in or.chunks_mut(64) {
-                let b = &mut buf[..c.len()];
-                b.copy_from_slice(c);
-                T::exp_into(b, c);
-            }
-            let s = sum_row(or);
-            if log {
-                let ls = s.ln() + m;
-                for (o, &v) in or.iter_mut().zip(xr) {
-                    *o = v - ls;
-                }
-            } else {
-                let inv = T::ONE / s;
-                for o in or.iter_mut() {
-                    *o *= inv;
-                }
+        } else {
+            for (xr, or) in rows {
+                let m = stable_max(xr);
+                shift_row(xr, or, m);
+                exp_in_place(or);
+                normalise_row(xr, or, m, log);
             }
         }
         return;
@@ -199,6 +156,39 @@ pub fn softmax<T: Float>(x: &[T], shape: &[usize], axis: usize, log: bool, out: 
                     out[at(j)] *= inv;
                 }
             }
+        }
+    }
+}
+
+/// A row's maximum, or zero for a row of `-inf` (so that shifting it leaves `-inf`, not NaN).
+fn stable_max<T: Float>(xr: &[T]) -> T {
+    let m = max_row(xr);
+    if m == T::neg_infinity() {
+        T::ZERO
+    } else {
+        m
+    }
+}
+
+/// `or = xr - m`.
+fn shift_row<T: Float>(xr: &[T], or: &mut [T], m: T) {
+    for (o, &v) in or.iter_mut().zip(xr) {
+        *o = v - m;
+    }
+}
+
+/// Given `or = e^(xr - m)`: softmax `or / Σor`, or log-softmax `xr - (ln Σor + m)`.
+fn normalise_row<T: Float>(xr: &[T], or: &mut [T], m: T, log: bool) {
+    let s = sum_row(or);
+    if log {
+        let ls = s.ln() + m;
+        for (o, &v) in or.iter_mut().zip(xr) {
+            *o = v - ls;
+        }
+    } else {
+        let inv = T::ONE / s;
+        for o in or.iter_mut() {
+            *o *= inv;
         }
     }
 }
