@@ -98,31 +98,22 @@ fn im2col_ld<T: Float>(x: &[T], win: &Window, pad: T, cols: &mut [T], ld: usize,
     // Fast path: stride 1 and dilation 1 (any padding) — each output row of a kernel tap is a
     // shifted copy of an input row, with `pad` where it hangs over the edge.
     if win.sh == 1 && win.sw == 1 && win.dh == 1 && win.dw == 1 {
-        for c in 0..win.c {
-            for ki in 0..win.kh {
-                for kj in 0..win.kw {
-                    let row = (c * win.kh + ki) * win.kw + kj;
-                    // Output columns ow whose input column ow + kj - pw lies inside [0, w).
-                    let lo = win.pw.saturating_sub(kj).min(wo);
-                    let hi = (win.w + win.pw).saturating_sub(kj).min(wo).max(lo);
-                    for oh in 0..ho {
-                        let dst = off + row * ld + oh * wo;
-                        let out = &mut cols[dst..dst + wo];
-                        let ih = (oh + ki) as isize - win.ph as isize;
-                        if ih < 0 || ih as usize >= win.h {
-                            out.fill(pad);
-                            continue;
-                        }
-                        out[..lo].fill(pad);
-                        out[hi..].fill(pad);
-                        if hi > lo {
-                            let src = (c * win.h + ih as usize) * win.w + lo + kj - win.pw;
-                            zip_run(&mut out[lo..hi], &x[src..src + (hi - lo)], |o, v| *o = v);
-                        }
-                    }
+        for_each_tap_run(win, ho, wo, |r| {
+            let dst = off + r.row * ld + r.oh * wo;
+            let out = &mut cols[dst..dst + wo];
+            match r.src {
+                None => out.fill(pad),
+                Some(src) => {
+                    out[..r.lo].fill(pad);
+                    out[r.hi..].fill(pad);
+                    zip_run(
+                        &mut out[r.lo..r.hi],
+                        &x[src..src + (r.hi - r.lo)],
+                        |o, v| *o = v,
+                    );
                 }
             }
-        }
+        });
         return;
     }
     win.for_each(|row, col, src| cols[off + row * ld + col] = src.map_or(pad, |s| x[s]));
@@ -132,6 +123,45 @@ fn im2col_ld<T: Float>(x: &[T], win: &Window, pad: T, cols: &mut [T], ld: usize,
 pub fn col2im<T: Float>(cols: &[T], win: &Window, x: &mut [T]) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
     col2im_ld(cols, win, x, ho * wo, 0);
+}
+
+/// One output row of one kernel tap of a stride-1, dilation-1 window: row `row` of the patch
+/// matrix, output row `oh`. Its columns `lo..hi` read the input run that starts at `src`; the
+/// columns outside that range hang over the left or right edge. `src` is `None` when the whole
+/// row reads padding (it hangs over the top or bottom edge, or `lo == hi`).
+struct TapRun {
+    row: usize,
+    oh: usize,
+    lo: usize,
+    hi: usize,
+    src: Option<usize>,
+}
+
+/// Every [`TapRun`] of a stride-1, dilation-1 window with output `ho × wo`, channel by channel
+/// and tap by tap (the patch matrix's row order): the bounds im2col and col2im share.
+fn for_each_tap_run(win: &Window, ho: usize, wo: usize, mut f: impl FnMut(TapRun)) {
+    for c in 0..win.c {
+        for ki in 0..win.kh {
+            for kj in 0..win.kw {
+                let row = (c * win.kh + ki) * win.kw + kj;
+                // Output columns ow whose input column ow + kj - pw lies inside [0, w).
+                let lo = win.pw.saturating_sub(kj).min(wo);
+                let hi = (win.w + win.pw).saturating_sub(kj).min(wo).max(lo);
+                for oh in 0..ho {
+                    let ih = (oh + ki) as isize - win.ph as isize;
+                    let inside = ih >= 0 && (ih as usize) < win.h && hi > lo;
+                    let src = inside.then(|| (c * win.h + ih as usize) * win.w + lo + kj - win.pw);
+                    f(TapRun {
+                        row,
+                        oh,
+                        lo,
+                        hi,
+                        src,
+                    });
+                }
+            }
+        }
+    }
 }
 
 /// `f(&mut dst[i], src[i])` over one row of a patch (a few dozen elements at most), in fixed
@@ -162,31 +192,16 @@ fn col2im_ld<T: Float>(cols: &[T], win: &Window, x: &mut [T], ld: usize, off: us
     // Fast path, the mirror of im2col's: each output row of a kernel tap adds into a run of one
     // input row.
     if win.sh == 1 && win.sw == 1 && win.dh == 1 && win.dw == 1 {
-        for c in 0..win.c {
-            for ki in 0..win.kh {
-                for kj in 0..win.kw {
-                    let row = (c * win.kh + ki) * win.kw + kj;
-                    let lo = win.pw.saturating_sub(kj).min(wo);
-                    let hi = (win.w + win.pw).saturating_sub(kj).min(wo).max(lo);
-                    if hi == lo {
-                        continue;
-                    }
-                    for oh in 0..ho {
-                        let ih = (oh + ki) as isize - win.ph as isize;
-                        if ih < 0 || ih as usize >= win.h {
-                            continue;
-                        }
-                        let dst = off + row * ld + oh * wo;
-                        let src = (c * win.h + ih as usize) * win.w + lo + kj - win.pw;
-                        zip_run(
-                            &mut x[src..src + (hi - lo)],
-                            &cols[dst + lo..dst + hi],
-                            |o, v| *o += v,
-                        );
-                    }
-                }
+        for_each_tap_run(win, ho, wo, |r| {
+            if let Some(src) = r.src {
+                let dst = off + r.row * ld + r.oh * wo;
+                zip_run(
+                    &mut x[src..src + (r.hi - r.lo)],
+                    &cols[dst + r.lo..dst + r.hi],
+                    |o, v| *o += v,
+                );
             }
-        }
+        });
         return;
     }
     win.for_each(|row, col, src| {
