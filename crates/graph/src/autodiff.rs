@@ -15,11 +15,9 @@ use smallvec::SmallVec;
 use crate::error::{GraphError, Result};
 use crate::graph::{Inner, NodeId, NO_POS};
 use crate::ops::{self, Ctx, Op};
-use crate::param::HostDataRef;
 use crate::shape::Shape;
 use crate::Parameter;
 use crate::{Graph, Tensor};
-use arenagrad_exec::DType;
 
 /// Options of [`Tensor::backward_with`].
 #[derive(Debug, Clone, Copy, Default)]
@@ -353,10 +351,16 @@ fn unary_fast_path(i: &mut Inner, node_id: NodeId, gid: NodeId, retain: bool) ->
 /// `p.grad += g` (or `= g`) on the parameter's own storage.
 fn accumulate_into_param(g: &Graph, p: &Parameter, gid: NodeId) -> Result<()> {
     let i = g.inner.borrow();
-    match i.node("backward", gid)?.dtype {
-        DType::F32 => p.accumulate(&HostDataRef::F32(&i.read::<f32>("backward", gid)?)),
-        DType::F64 => p.accumulate(&HostDataRef::F64(&i.read::<f64>("backward", gid)?)),
-    }
+    with_float!(i.node("backward", gid)?.dtype, T, {
+        let src = i.read::<T>("backward", gid)?;
+        p.accumulate_with::<T>(src.len(), |acc, fresh| {
+            if fresh {
+                acc.copy_from_slice(&src);
+            } else {
+                acc.iter_mut().zip(src.iter()).for_each(|(a, &b)| *a += b);
+            }
+        });
+    });
     Ok(())
 }
 

@@ -138,7 +138,7 @@ impl Parameter {
     /// Adds into the gradient through `f(acc, fresh)`, where `acc` is the gradient's storage of
     /// `len` elements: `fresh` says it holds no gradient yet (old values that `f` must write
     /// over, as a GEMM without accumulation does). A gradient of another dtype or size is
-    /// replaced, as in [`Parameter::accumulate`].
+    /// replaced. Backward adds every parameter gradient through it.
     pub(crate) fn accumulate_with<T: crate::Elem>(
         &self,
         len: usize,
@@ -161,42 +161,6 @@ impl Parameter {
         }
         p.grad = Some(buf);
     }
-
-    pub(crate) fn accumulate(&self, g: &HostDataRef<'_>) {
-        let mut p = self.lock();
-        match (&mut p.grad, g) {
-            (Some(HostData::F32(acc)), HostDataRef::F32(s)) => {
-                acc.iter_mut().zip(*s).for_each(|(a, b)| *a += b)
-            }
-            (Some(HostData::F64(acc)), HostDataRef::F64(s)) => {
-                acc.iter_mut().zip(*s).for_each(|(a, b)| *a += b)
-            }
-            (None, r) => {
-                let fresh = match (p.spare.take(), r) {
-                    (Some(HostData::F32(mut v)), HostDataRef::F32(s)) if v.len() == s.len() => {
-                        v.copy_from_slice(s);
-                        HostData::F32(v)
-                    }
-                    (Some(HostData::F64(mut v)), HostDataRef::F64(s)) if v.len() == s.len() => {
-                        v.copy_from_slice(s);
-                        HostData::F64(v)
-                    }
-                    (_, HostDataRef::F32(s)) => HostData::F32(s.to_vec()),
-                    (_, HostDataRef::F64(s)) => HostData::F64(s.to_vec()),
-                };
-                p.grad = Some(fresh);
-            }
-            // A gradient of another dtype than the one held: replace it.
-            (slot, HostDataRef::F32(s)) => *slot = Some(HostData::F32(s.to_vec())),
-            (slot, HostDataRef::F64(s)) => *slot = Some(HostData::F64(s.to_vec())),
-        }
-    }
-}
-
-/// Borrowed elements of either dtype.
-pub(crate) enum HostDataRef<'a> {
-    F32(&'a [f32]),
-    F64(&'a [f64]),
 }
 
 impl Graph {
