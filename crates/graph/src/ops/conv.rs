@@ -122,16 +122,16 @@ impl<'g> Tensor<'g> {
             check_pair(op, &self, &b)?;
         }
         let (ws, cs) = (w.try_shape()?, self.try_shape()?);
-        let (o, k) = match ws[..] {
-            [o, k] => (o, k),
-            _ => (0, usize::MAX),
+        let bad = || GraphError::ShapeMismatch {
+            op,
+            lhs: ws.to_vec(),
+            rhs: cs.to_vec(),
+        };
+        let &[o, k] = &ws[..] else {
+            return Err(bad());
         };
         if cs[..] != [k, n * l] {
-            return Err(GraphError::ShapeMismatch {
-                op,
-                lhs: ws.to_vec(),
-                rhs: cs.to_vec(),
-            });
+            return Err(bad());
         }
         let shape: Shape = smallvec![n, o, l];
         let len = checked_numel(op, &shape)?;
