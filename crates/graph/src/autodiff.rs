@@ -103,6 +103,9 @@ fn run<'g>(
 ) -> Result<Vec<Option<NodeId>>> {
     let retain = opts.retain_graph || opts.create_graph;
     let create = opts.create_graph;
+    // Nothing recorded and no gradients handed back: the fast paths (gradients rewritten in
+    // place, weight gradients straight into parameters) may run.
+    let plain = !create && capture.is_none();
     let (root_pos, root_shape, root_dtype, root_dev) = {
         let i = g.inner.borrow();
         let n = i.node("backward", root.id)?;
@@ -179,7 +182,7 @@ fn run<'g>(
                 continue;
             };
             let node_id = i.tape[pos];
-            if !create && capture.is_none() && unary_fast_path(&mut i, node_id, gid, retain)? {
+            if plain && unary_fast_path(&mut i, node_id, gid, retain)? {
                 continue;
             }
             let n = &i.nodes[node_id];
@@ -214,9 +217,10 @@ fn run<'g>(
                     // A parameter's gradient goes straight into the parameter; the arena keeps
                     // no copy (`Tensor::grad` of its leaf reads the parameter's). Only a
                     // differentiable gradient (create_graph) also stays on the leaf.
-                    Op::Param(p) if !create => accumulate_into_param(g, p, gid)?,
                     Op::Param(p) => {
-                        accumulate_into_node(g, node_id, gid)?;
+                        if create {
+                            accumulate_into_node(g, node_id, gid)?;
+                        }
                         accumulate_into_param(g, p, gid)?;
                     }
                     _ => accumulate_into_node(g, node_id, gid)?,
@@ -236,7 +240,7 @@ fn run<'g>(
             inputs,
             gy: g.handle(gid),
             create_graph: create,
-            into_params: !create && capture.is_none(),
+            into_params: plain,
         };
         let in_place = match &op {
             Op::Unary(u) if !create => {
