@@ -63,31 +63,11 @@ impl<'g> Tensor<'g> {
         check_pair(name, &a, &b)?;
         check_pair(name, &self, &a)?;
         let (csh, ash, bsh) = (self.try_shape()?, a.try_shape()?, b.try_shape()?);
-        let dims = (ash.len() == 2 && bsh.len() == 2).then(|| {
-            let (m, k) = if ta {
-                (ash[1], ash[0])
-            } else {
-                (ash[0], ash[1])
-            };
-            let (kb, n) = if tb {
-                (bsh[1], bsh[0])
-            } else {
-                (bsh[0], bsh[1])
-            };
-            (m, k, kb, n)
-        });
-        let Some((m, k, kb, n)) = dims.filter(|d| d.1 == d.2 && a.device() == Device::Cpu) else {
-            return a.matmul_t(b, ta, tb)?.add(self);
+        let plan = match a.device() {
+            Device::Cpu => addmm_plan(&csh, &ash, &bsh, ta, tb),
+            Device::Cuda(_) => None,
         };
-        debug_assert_eq!(k, kb);
-        // How `self` spreads over the [m, n] output: its rows (1 or m) and columns (1 or n).
-        let spread = match csh[..] {
-            [] => Some((1, 1)),
-            [c] if c == n || c == 1 => Some((1, c)),
-            [r, c] if (r == m || r == 1) && (c == n || c == 1) => Some((r, c)),
-            _ => None,
-        };
-        let Some((c_rows, c_cols)) = spread else {
+        let Some((m, k, n, c_rows, c_cols)) = plan else {
             return a.matmul_t(b, ta, tb)?.add(self);
         };
         let mut guard = self.g.inner();
@@ -455,6 +435,30 @@ fn input_grad<'g>(
         }
     }
     product_summed_to(x, y, tx, ty, &target.shape(), c).map(Some)
+}
+
+/// `(m, k, n, c_rows, c_cols)` for `c + op(a)·op(b)` with matrices `a` and `b` whose inner
+/// dimensions agree and a `c` that spreads over the `[m, n]` product by whole rows or columns
+/// (`c_rows` is 1 or m, `c_cols` 1 or n); `None` for any other case.
+fn addmm_plan(
+    csh: &[usize],
+    ash: &[usize],
+    bsh: &[usize],
+    ta: bool,
+    tb: bool,
+) -> Option<(usize, usize, usize, usize, usize)> {
+    let (&[a0, a1], &[b0, b1]) = (ash, bsh) else {
+        return None;
+    };
+    let (m, k) = if ta { (a1, a0) } else { (a0, a1) };
+    let (kb, n) = if tb { (b1, b0) } else { (b0, b1) };
+    let (r, c) = match *csh {
+        [] => (1, 1),
+        [c] => (1, c),
+        [r, c] => (r, c),
+        _ => return None,
+    };
+    (k == kb && (r == m || r == 1) && (c == n || c == 1)).then_some((m, k, n, r, c))
 }
 
 /// The gradients of `a` and `b` in `op(a)·op(b)` with incoming gradient `g`.
