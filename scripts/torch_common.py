@@ -16,3 +16,19 @@ def require_cuda(script):
             f"(built for CUDA {torch.version.cuda}); this benchmark needs a GPU"
         )
     return torch
+
+
+def cuda_setup(script, seed, extra=None):
+    """`require_cuda`, then cuda:0 seeded with `seed`; prints a context line (versions, device,
+    TF32 matmul, `extra`) to stderr so that stdout holds only the result row. Returns
+    (torch, device)."""
+    torch = require_cuda(script)
+    dev = torch.device("cuda:0")
+    torch.manual_seed(seed)
+    notes = [f"tf32 matmul={torch.backends.cuda.matmul.allow_tf32}"] + ([extra] if extra else [])
+    print(
+        f"# torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(dev)}, "
+        + ", ".join(notes),
+        file=sys.stderr,
+    )
+    return torch, dev

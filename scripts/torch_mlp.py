@@ -18,7 +18,7 @@ import argparse
 import sys
 import time
 
-from torch_common import require_cuda
+from torch_common import cuda_setup
 
 
 def main():
@@ -31,17 +31,9 @@ def main():
     if args.batch < 1 or args.steps < 1 or args.warmup < 0:
         p.error("--batch and --steps must be at least 1, --warmup at least 0")
 
-    torch = require_cuda("torch_mlp")
+    torch, dev = cuda_setup("torch_mlp", args.seed)
     from torch import nn
     from torch.nn import functional as F
-
-    dev = torch.device("cuda:0")
-    torch.manual_seed(args.seed)
-    print(
-        f"# torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(dev)}, "
-        f"tf32 matmul={torch.backends.cuda.matmul.allow_tf32}",
-        file=sys.stderr,
-    )
 
     model = nn.Sequential(
         nn.Linear(784, 512),

@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 
-from torch_common import require_cuda
+from torch_common import cuda_setup
 
 
 def main():
@@ -43,14 +43,7 @@ def main():
     if args.width < 1 or args.ops < 1 or args.repeats < 1:
         p.error("--width, --ops and --repeats must be at least 1")
 
-    torch = require_cuda("torch_queue")
-    dev = torch.device("cuda:0")
-    torch.manual_seed(args.seed)
-    print(
-        f"# torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(dev)}, "
-        f"autograd={'off' if args.no_grad else 'on'}",
-        file=sys.stderr,
-    )
+    torch, dev = cuda_setup("torch_queue", args.seed, f"autograd={'off' if args.no_grad else 'on'}")
 
     layers = (args.ops + 1) // 2
     ws = [

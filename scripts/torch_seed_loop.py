@@ -17,7 +17,7 @@ import argparse
 import sys
 import time
 
-from torch_common import require_cuda
+from torch_common import cuda_setup
 
 
 def device_allocs(torch, dev):
@@ -36,14 +36,7 @@ def main():
     if args.n < 1 or args.iters < 2:
         p.error("--n must be at least 1 and --iters at least 2 (the first is not timed)")
 
-    torch = require_cuda("torch_seed_loop")
-    dev = torch.device("cuda:0")
-    torch.manual_seed(args.seed)
-    print(
-        f"# torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(dev)}, "
-        f"tf32 matmul={torch.backends.cuda.matmul.allow_tf32}",
-        file=sys.stderr,
-    )
+    torch, dev = cuda_setup("torch_seed_loop", args.seed)
 
     def iteration():
         x = torch.randn(args.n, args.n, device=dev, dtype=torch.float32, requires_grad=True)
