@@ -20,6 +20,22 @@ pub fn reduce<T: Float>(op: ReduceOp, x: &[T], shape: &[usize], reduced: &[bool]
         ReduceOp::Max => T::neg_infinity(),
     };
     out.fill(init);
+    if let Some((lead, outer, inner)) = reduced_block(shape, reduced) {
+        // The reduced axes form one leading or one trailing block (a bias gradient, a loss's
+        // mean, a row sum): plain loops over rows, no index bookkeeping.
+        let rows = x.chunks_exact(inner.max(1)).take(outer);
+        match (op, lead) {
+            (ReduceOp::Sum, true) => {
+                rows.for_each(|r| out.iter_mut().zip(r).for_each(|(o, &v)| *o += v))
+            }
+            (ReduceOp::Max, true) => {
+                rows.for_each(|r| out.iter_mut().zip(r).for_each(|(o, &v)| *o = o.max(v)))
+            }
+            (ReduceOp::Sum, false) => out.iter_mut().zip(rows).for_each(|(o, r)| *o = sum_row(r)),
+            (ReduceOp::Max, false) => out.iter_mut().zip(rows).for_each(|(o, r)| *o = max_row(r)),
+        }
+        return;
+    }
     let out_shape: Vec<usize> = shape
         .iter()
         .zip(reduced)
@@ -67,6 +83,36 @@ pub fn reduce<T: Float>(op: ReduceOp, x: &[T], shape: &[usize], reduced: &[bool]
     });
 }
 
+/// When the reduced axes (of extent above 1) are all before the kept ones or all after them:
+/// `(leading, outer, inner)`, the input seen as `outer` rows of `inner` elements, where the rows
+/// are what a leading block sums over and what a trailing block sums along.
+fn reduced_block(shape: &[usize], reduced: &[bool]) -> Option<(bool, usize, usize)> {
+    let (mut first, mut second, mut switches, mut prev) = (1usize, 1usize, 0, None);
+    let mut leading = false;
+    for (&d, &r) in shape.iter().zip(reduced).filter(|(&d, _)| d != 1) {
+        match prev {
+            None => leading = r,
+            Some(p) if p != r => switches += 1,
+            _ => {}
+        }
+        prev = Some(r);
+        if switches == 0 {
+            first *= d;
+        } else {
+            second *= d;
+        }
+    }
+    if shape.contains(&0) || switches > 1 {
+        return None;
+    }
+    // Everything reduced: one row along which to sum.
+    Some(if switches == 0 && leading {
+        (false, 1, first)
+    } else {
+        (leading, first, second)
+    })
+}
+
 /// Sum with eight independent accumulators: vectorises, and loses less precision than a single
 /// running sum on long rows.
 #[inline]
@@ -86,9 +132,24 @@ pub fn sum_row<T: Float>(row: &[T]) -> T {
     s
 }
 
+/// Maximum with eight independent lanes (NaN propagates through each), so the comparisons do
+/// not wait on one another.
 #[inline]
 fn max_row<T: Float>(row: &[T]) -> T {
-    row.iter().fold(T::neg_infinity(), |m, &v| m.max(v))
+    let mut acc = [T::neg_infinity(); 8];
+    let chunks = row.chunks_exact(8);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] = acc[i].max(c[i]);
+        }
+    }
+    let mut m = (acc[0].max(acc[4]).max(acc[1].max(acc[5])))
+        .max(acc[2].max(acc[6]).max(acc[3].max(acc[7])));
+    for &v in rem {
+        m = m.max(v);
+    }
+    m
 }
 
 /// Splits a shape around `axis` into (outer, extent, inner).
@@ -106,19 +167,28 @@ pub fn softmax<T: Float>(x: &[T], shape: &[usize], axis: usize, log: bool, out: 
     }
     if inner == 1 {
         // Along the last axis: contiguous rows, each shifted by its maximum, exponentiated and
-        // normalised. Short rows (class scores, say) are all shifted first and take one exp over
-        // the whole buffer — row by row, each call would pay the kernel's setup and scalar tail
-        // for a handful of elements; long rows go one at a time, while the row is in cache.
-        let rows = x.chunks_exact(len).zip(out.chunks_exact_mut(len));
+        // normalised. Short rows (class scores, say) go a group at a time: all shifted first,
+        // then one exp over the group — row by row, each call would pay the kernel's setup and
+        // scalar tail for a handful of elements. The group's maxima stay on the stack, so each
+        // is found once. Long rows go one at a time, while the row is in cache.
         if len < 64 {
-            for (xr, or) in rows {
-                shift_row(xr, or, stable_max(xr));
-            }
-            exp_in_place(out);
-            for (xr, or) in x.chunks_exact(len).zip(out.chunks_exact_mut(len)) {
-                normalise_row(xr, or, stable_max(xr), log);
+            const GROUP: usize = 256;
+            let per = (GROUP / len).max(1);
+            let mut maxima = [T::ZERO; GROUP];
+            for (xg, og) in x.chunks(per * len).zip(out.chunks_mut(per * len)) {
+                let rows = xg.chunks_exact(len).zip(og.chunks_exact_mut(len));
+                for ((xr, or), m) in rows.zip(maxima.iter_mut()) {
+                    *m = stable_max(xr);
+                    shift_row(xr, or, *m);
+                }
+                exp_in_place(og);
+                let rows = xg.chunks_exact(len).zip(og.chunks_exact_mut(len));
+                for ((xr, or), &m) in rows.zip(maxima.iter()) {
+                    normalise_row(xr, or, m, log);
+                }
             }
         } else {
+            let rows = x.chunks_exact(len).zip(out.chunks_exact_mut(len));
             for (xr, or) in rows {
                 let m = stable_max(xr);
                 shift_row(xr, or, m);
@@ -280,6 +350,78 @@ mod tests {
         let mut o = vec![0.0; 1];
         reduce(ReduceOp::Sum, &x, &[2, 3, 4], &[true, true, true], &mut o);
         assert_eq!(o, vec![276.0]);
+    }
+
+    /// Every subset of axes of a few shapes (extent-1 axes among them, so that blocks of reduced
+    /// axes are interrupted by axes that do not count): the result equals a sum or maximum taken
+    /// element by element over the input's multi-indices.
+    #[test]
+    fn every_axis_subset_matches_an_index_by_index_reduction() {
+        for shape in [vec![3, 1, 4, 5], vec![2, 3, 1], vec![1, 6], vec![4], vec![2, 1, 3, 1, 2]] {
+            let n: usize = shape.iter().product();
+            let x: Vec<f64> = (0..n).map(|i| ((i * 7919) % 23) as f64 - 11.0).collect();
+            let strides = contiguous_strides(&shape);
+            for mask in 0..1u32 << shape.len() {
+                let reduced: Vec<bool> = (0..shape.len()).map(|d| mask >> d & 1 == 1).collect();
+                let kept: Vec<usize> = (0..shape.len())
+                    .map(|d| if reduced[d] { 1 } else { shape[d] })
+                    .collect();
+                let ks = contiguous_strides(&kept);
+                let mut sum = vec![0.0; kept.iter().product()];
+                let mut max = vec![f64::NEG_INFINITY; sum.len()];
+                for (i, &v) in x.iter().enumerate() {
+                    let o: usize = (0..shape.len())
+                        .filter(|&d| !reduced[d])
+                        .map(|d| (i / strides[d]) % shape[d] * ks[d])
+                        .sum();
+                    sum[o] += v;
+                    max[o] = max[o].max(v);
+                }
+                let mut got = vec![0.0; sum.len()];
+                reduce(ReduceOp::Sum, &x, &shape, &reduced, &mut got);
+                assert_eq!(got, sum, "sum of {shape:?} over {reduced:?}");
+                reduce(ReduceOp::Max, &x, &shape, &reduced, &mut got);
+                assert_eq!(got, max, "max of {shape:?} over {reduced:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn max_propagates_nan_from_any_lane() {
+        for at in 0..19 {
+            let mut x = vec![1.0f32; 19];
+            x[at] = f32::NAN;
+            let mut o = [0.0f32];
+            reduce(ReduceOp::Max, &x, &[19], &[true], &mut o);
+            assert!(o[0].is_nan(), "NaN at {at}");
+        }
+    }
+
+    /// Short rows go through the grouped path: more rows than fit one group, a ragged last
+    /// group, a row of `-inf` and a row holding NaN; each row equals its own softmax.
+    #[test]
+    fn grouped_short_rows_match_row_by_row() {
+        let (rows, len) = (77, 10);
+        let mut x: Vec<f64> = (0..rows * len).map(|i| ((i * 37) % 101) as f64 * 0.3 - 15.0).collect();
+        x[30..40].fill(f64::NEG_INFINITY);
+        x[55] = f64::NAN;
+        for log in [false, true] {
+            let mut o = vec![0.0; x.len()];
+            softmax(&x, &[rows, len], 1, log, &mut o);
+            for (r, (xr, or)) in x.chunks(len).zip(o.chunks(len)).enumerate() {
+                let m = xr.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let m = if m == f64::NEG_INFINITY { 0.0 } else { m };
+                let s: f64 = xr.iter().map(|v| (v - m).exp()).sum();
+                for (&v, &got) in xr.iter().zip(or) {
+                    let want = if log { v - m - s.ln() } else { (v - m).exp() / s };
+                    match r {
+                        3 => assert!(got.is_nan() || got == want, "row 3: {got}"),
+                        5 => assert!(got.is_nan(), "a NaN row gives NaN, not {got}"),
+                        _ => assert!((got - want).abs() < 1e-12, "row {r}: {got} vs {want}"),
+                    }
+                }
+            }
+        }
     }
 
     #[test]
