@@ -59,6 +59,8 @@ mod shape;
 mod tensor;
 pub mod testing;
 
+/// The kernels the graph runs (also for code outside the graph, such as optimisers' updates).
+pub use arenagrad_exec as exec;
 pub use arenagrad_exec::{BinaryOp, DType, Float, UnaryOp};
 pub use autodiff::{grad, BackwardOptions};
 pub use device::{

@@ -1,6 +1,7 @@
 //! Elementwise kernels: unary maps, their fused derivatives, and broadcasting binary maps.
 
 use super::par::{par_chunks_mut, PAR_MIN_ELEMS};
+use super::wide::wide;
 use crate::layout::{broadcast_strides, contiguous_strides, walk};
 use crate::{BinaryOp, Float, UnaryOp};
 
@@ -35,12 +36,18 @@ fn gelu_grad<T: Float>(x: T) -> T {
 }
 
 #[inline(always)]
-fn map_into<T: Float>(x: &[T], out: &mut [T], threads: usize, f: impl Fn(T) -> T + Sync) {
+fn map_into<T: Float>(x: &[T], out: &mut [T], threads: usize, f: impl Fn(T) -> T + Sync + Copy) {
     par_chunks_mut(out, threads, PAR_MIN_ELEMS, |start, o| {
         let xs = &x[start..start + o.len()];
-        for (o, &v) in o.iter_mut().zip(xs) {
-            *o = f(v);
-        }
+        wide(
+            o.len(),
+            #[inline(always)]
+            move || {
+                for (o, &v) in o.iter_mut().zip(xs) {
+                    *o = f(v);
+                }
+            },
+        )
     });
 }
 
@@ -104,9 +111,16 @@ fn zip3_in_place<T: Float, F: Fn(T, T, T) -> T + Sync + ?Sized>(
 ) {
     par_chunks_mut(g, threads, PAR_MIN_ELEMS, |start, o| {
         let end = start + o.len();
-        for ((o, &xv), &yv) in o.iter_mut().zip(&x[start..end]).zip(&y[start..end]) {
-            *o = f(xv, yv, *o);
-        }
+        let (x, y) = (&x[start..end], &y[start..end]);
+        wide(
+            o.len(),
+            #[inline(always)]
+            move || {
+                for ((o, &xv), &yv) in o.iter_mut().zip(x).zip(y) {
+                    *o = f(xv, yv, *o);
+                }
+            },
+        )
     })
 }
 
@@ -152,9 +166,15 @@ pub fn unary_grad_in_place<T: Float>(op: UnaryOp, x: &[T], y: &[T], g: &mut [T],
         UnaryOp::Cos => zip3_in_place(x, y, g, threads, &|x, _, g| -(g * x.sin())),
         UnaryOp::Tanh => {
             // The hot case of the tiny-op chain: a plain loop the compiler vectorises.
-            for (o, &yv) in g.iter_mut().zip(y) {
-                *o *= T::ONE - yv * yv;
-            }
+            wide(
+                g.len(),
+                #[inline(always)]
+                move || {
+                    for (o, &yv) in g.iter_mut().zip(y) {
+                        *o *= T::ONE - yv * yv;
+                    }
+                },
+            )
         }
         UnaryOp::Sigmoid => zip3_in_place(x, y, g, threads, &|_, y, g| g * y * (T::ONE - y)),
         UnaryOp::Relu | UnaryOp::Step => zip3_in_place(x, y, g, threads, &|x, _, g| {
@@ -167,9 +187,15 @@ pub fn unary_grad_in_place<T: Float>(op: UnaryOp, x: &[T], y: &[T], g: &mut [T],
         UnaryOp::Gelu => zip3_in_place(x, y, g, threads, &|x, _, g| g * gelu_grad(x)),
         UnaryOp::Scale(s) => {
             let s = T::from_f64(s);
-            for v in g.iter_mut() {
-                *v *= s;
-            }
+            wide(
+                g.len(),
+                #[inline(always)]
+                move || {
+                    for v in g.iter_mut() {
+                        *v *= s;
+                    }
+                },
+            )
         }
         UnaryOp::Shift(_) => {}
         UnaryOp::Powf(p) => {
@@ -210,7 +236,7 @@ fn binary_fn<T: Float>(op: BinaryOp) -> fn(T, T) -> T {
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn binary_rows<T: Float, F: Fn(T, T) -> T + Sync>(
+fn binary_rows<T: Float, F: Fn(T, T) -> T + Sync + Copy>(
     f: F,
     a: &[T],
     ash: &[usize],
@@ -223,29 +249,48 @@ fn binary_rows<T: Float, F: Fn(T, T) -> T + Sync>(
     if ash == osh && bsh == osh {
         par_chunks_mut(out, threads, PAR_MIN_ELEMS, |start, o| {
             let end = start + o.len();
-            for ((o, &x), &y) in o.iter_mut().zip(&a[start..end]).zip(&b[start..end]) {
-                *o = f(x, y);
-            }
+            let (a, b) = (&a[start..end], &b[start..end]);
+            wide(
+                o.len(),
+                #[inline(always)]
+                move || {
+                    for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
+                        *o = f(x, y);
+                    }
+                },
+            )
         });
         return;
     }
     if b.len() == 1 && ash == osh {
         let y = b[0];
         par_chunks_mut(out, threads, PAR_MIN_ELEMS, |start, o| {
-            let end = start + o.len();
-            for (o, &x) in o.iter_mut().zip(&a[start..end]) {
-                *o = f(x, y);
-            }
+            let a = &a[start..start + o.len()];
+            wide(
+                o.len(),
+                #[inline(always)]
+                move || {
+                    for (o, &x) in o.iter_mut().zip(a) {
+                        *o = f(x, y);
+                    }
+                },
+            )
         });
         return;
     }
     if a.len() == 1 && bsh == osh {
         let x = a[0];
         par_chunks_mut(out, threads, PAR_MIN_ELEMS, |start, o| {
-            let end = start + o.len();
-            for (o, &y) in o.iter_mut().zip(&b[start..end]) {
-                *o = f(x, y);
-            }
+            let b = &b[start..start + o.len()];
+            wide(
+                o.len(),
+                #[inline(always)]
+                move || {
+                    for (o, &y) in o.iter_mut().zip(b) {
+                        *o = f(x, y);
+                    }
+                },
+            )
         });
         return;
     }

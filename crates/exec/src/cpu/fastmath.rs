@@ -7,6 +7,7 @@
 //! `f32`. `f64` keeps libm: it is the type for gradient checks, where the last digit matters.
 
 use super::par::{par_chunks_mut, PAR_MIN_ELEMS};
+use super::wide::wide;
 use crate::Float;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -71,55 +72,19 @@ pub trait FastMath: Sized {
 
 impl FastMath for f32 {
     fn tanh_into(x: &[f32], out: &mut [f32]) {
-        dispatch!(tanh_slice_f32(x, out))
+        wide(
+            out.len(),
+            #[inline(always)]
+            move || tanh_slice_f32(x, out),
+        )
     }
     fn exp_into(x: &[f32], out: &mut [f32]) {
-        dispatch!(exp_slice_f32(x, out))
+        wide(
+            out.len(),
+            #[inline(always)]
+            move || exp_slice_f32(x, out),
+        )
     }
-}
-
-/// Calls `$f(args)` compiled for the widest vector unit the CPU has: the loops in this file are
-/// written for the compiler to vectorise, and the baseline x86-64 target gives it 4-lane SSE;
-/// AVX2 doubles the lanes and AVX-512 quadruples them. The features are detected at run time
-/// (std caches the answer), so the library needs no `target-cpu` flag. Miri and other
-/// architectures run the portable build.
-macro_rules! dispatch {
-    ($f:ident($($arg:expr),*)) => {{
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: `$f` is compiled with `avx512f` enabled, and the CPU reports it.
-                return unsafe { wide::avx512::$f($($arg),*) };
-            }
-            if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: `$f` is compiled with `avx2` enabled, and the CPU reports it.
-                return unsafe { wide::avx2::$f($($arg),*) };
-            }
-        }
-        $f($($arg),*)
-    }};
-}
-use dispatch;
-
-/// The slice kernels again, each compiled with a wider vector unit enabled (see [`dispatch`]).
-#[cfg(all(target_arch = "x86_64", not(miri)))]
-mod wide {
-    macro_rules! with_features {
-        ($name:ident, $features:literal) => {
-            pub(super) mod $name {
-                #[target_feature(enable = $features)]
-                pub(in super::super) fn tanh_slice_f32(x: &[f32], out: &mut [f32]) {
-                    super::super::tanh_slice_f32(x, out)
-                }
-                #[target_feature(enable = $features)]
-                pub(in super::super) fn exp_slice_f32(x: &[f32], out: &mut [f32]) {
-                    super::super::exp_slice_f32(x, out)
-                }
-            }
-        };
-    }
-    with_features!(avx2, "avx2");
-    with_features!(avx512, "avx512f");
 }
 
 #[inline(always)]
@@ -232,18 +197,18 @@ mod tests {
             let mut o = vec![0.0; len];
             if std::arch::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU reports AVX2.
-                unsafe { wide::avx2::exp_slice_f32(x, &mut o) };
+                unsafe { super::super::wide::with_avx2(|| exp_slice_f32(x, &mut o)) };
                 assert_eq!(bits(&o), bits(&e), "avx2 exp, length {len}");
                 // SAFETY: as above.
-                unsafe { wide::avx2::tanh_slice_f32(x, &mut o) };
+                unsafe { super::super::wide::with_avx2(|| tanh_slice_f32(x, &mut o)) };
                 assert_eq!(bits(&o), bits(&t), "avx2 tanh, length {len}");
             }
             if std::arch::is_x86_feature_detected!("avx512f") {
                 // SAFETY: the CPU reports AVX-512F.
-                unsafe { wide::avx512::exp_slice_f32(x, &mut o) };
+                unsafe { super::super::wide::with_avx512(|| exp_slice_f32(x, &mut o)) };
                 assert_eq!(bits(&o), bits(&e), "avx512 exp, length {len}");
                 // SAFETY: as above.
-                unsafe { wide::avx512::tanh_slice_f32(x, &mut o) };
+                unsafe { super::super::wide::with_avx512(|| tanh_slice_f32(x, &mut o)) };
                 assert_eq!(bits(&o), bits(&t), "avx512 tanh, length {len}");
             }
         }

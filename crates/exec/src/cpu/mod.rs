@@ -8,6 +8,7 @@ pub mod par;
 pub mod pool;
 pub mod reduce;
 pub mod shape;
+pub mod wide;
 
 pub use conv::{
     col2im, col2im_batch, im2col, im2col_batch, max_pool_indices, put_add, put_into, take,
@@ -20,3 +21,4 @@ pub use shape::{
     broadcast_to, gather, index_add, index_select, narrow, permute, permute_par, place_along,
     scatter_add,
 };
+pub use wide::wide;

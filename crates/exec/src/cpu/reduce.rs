@@ -1,5 +1,6 @@
 //! Reductions over any set of axes, and softmax along one axis.
 
+use super::wide::wide;
 use crate::layout::{contiguous_strides, walk};
 use crate::Float;
 
@@ -24,16 +25,24 @@ pub fn reduce<T: Float>(op: ReduceOp, x: &[T], shape: &[usize], reduced: &[bool]
         // The reduced axes form one leading or one trailing block (a bias gradient, a loss's
         // mean, a row sum): plain loops over rows, no index bookkeeping.
         let rows = x.chunks_exact(inner.max(1)).take(outer);
-        match (op, lead) {
-            (ReduceOp::Sum, true) => {
-                rows.for_each(|r| out.iter_mut().zip(r).for_each(|(o, &v)| *o += v))
-            }
-            (ReduceOp::Max, true) => {
-                rows.for_each(|r| out.iter_mut().zip(r).for_each(|(o, &v)| *o = o.max(v)))
-            }
-            (ReduceOp::Sum, false) => out.iter_mut().zip(rows).for_each(|(o, r)| *o = sum_row(r)),
-            (ReduceOp::Max, false) => out.iter_mut().zip(rows).for_each(|(o, r)| *o = max_row(r)),
-        }
+        wide(
+            x.len(),
+            #[inline(always)]
+            move || match (op, lead) {
+                (ReduceOp::Sum, true) => {
+                    rows.for_each(|r| out.iter_mut().zip(r).for_each(|(o, &v)| *o += v))
+                }
+                (ReduceOp::Max, true) => {
+                    rows.for_each(|r| out.iter_mut().zip(r).for_each(|(o, &v)| *o = o.max(v)))
+                }
+                (ReduceOp::Sum, false) => {
+                    out.iter_mut().zip(rows).for_each(|(o, r)| *o = sum_row(r))
+                }
+                (ReduceOp::Max, false) => {
+                    out.iter_mut().zip(rows).for_each(|(o, r)| *o = max_row(r))
+                }
+            },
+        );
         return;
     }
     let out_shape: Vec<usize> = shape
@@ -115,7 +124,7 @@ fn reduced_block(shape: &[usize], reduced: &[bool]) -> Option<(bool, usize, usiz
 
 /// Sum with eight independent accumulators: vectorises, and loses less precision than a single
 /// running sum on long rows.
-#[inline]
+#[inline(always)]
 pub fn sum_row<T: Float>(row: &[T]) -> T {
     let mut acc = [T::ZERO; 8];
     let chunks = row.chunks_exact(8);
@@ -134,7 +143,7 @@ pub fn sum_row<T: Float>(row: &[T]) -> T {
 
 /// Maximum with eight independent lanes (NaN propagates through each), so the comparisons do
 /// not wait on one another.
-#[inline]
+#[inline(always)]
 fn max_row<T: Float>(row: &[T]) -> T {
     let mut acc = [T::neg_infinity(); 8];
     let chunks = row.chunks_exact(8);
@@ -171,31 +180,37 @@ pub fn softmax<T: Float>(x: &[T], shape: &[usize], axis: usize, log: bool, out: 
         // then one exp over the group — row by row, each call would pay the kernel's setup and
         // scalar tail for a handful of elements. The group's maxima stay on the stack, so each
         // is found once. Long rows go one at a time, while the row is in cache.
-        if len < 64 {
-            const GROUP: usize = 256;
-            let per = (GROUP / len).max(1);
-            let mut maxima = [T::ZERO; GROUP];
-            for (xg, og) in x.chunks(per * len).zip(out.chunks_mut(per * len)) {
-                let rows = xg.chunks_exact(len).zip(og.chunks_exact_mut(len));
-                for ((xr, or), m) in rows.zip(maxima.iter_mut()) {
-                    *m = stable_max(xr);
-                    shift_row(xr, or, *m);
+        wide(
+            x.len(),
+            #[inline(always)]
+            move || {
+                if len < 64 {
+                    const GROUP: usize = 256;
+                    let per = (GROUP / len).max(1);
+                    let mut maxima = [T::ZERO; GROUP];
+                    for (xg, og) in x.chunks(per * len).zip(out.chunks_mut(per * len)) {
+                        let rows = xg.chunks_exact(len).zip(og.chunks_exact_mut(len));
+                        for ((xr, or), m) in rows.zip(maxima.iter_mut()) {
+                            *m = stable_max(xr);
+                            shift_row(xr, or, *m);
+                        }
+                        exp_in_place(og);
+                        let rows = xg.chunks_exact(len).zip(og.chunks_exact_mut(len));
+                        for ((xr, or), &m) in rows.zip(maxima.iter()) {
+                            normalise_row(xr, or, m, log);
+                        }
+                    }
+                } else {
+                    let rows = x.chunks_exact(len).zip(out.chunks_exact_mut(len));
+                    for (xr, or) in rows {
+                        let m = stable_max(xr);
+                        shift_row(xr, or, m);
+                        exp_in_place(or);
+                        normalise_row(xr, or, m, log);
+                    }
                 }
-                exp_in_place(og);
-                let rows = xg.chunks_exact(len).zip(og.chunks_exact_mut(len));
-                for ((xr, or), &m) in rows.zip(maxima.iter()) {
-                    normalise_row(xr, or, m, log);
-                }
-            }
-        } else {
-            let rows = x.chunks_exact(len).zip(out.chunks_exact_mut(len));
-            for (xr, or) in rows {
-                let m = stable_max(xr);
-                shift_row(xr, or, m);
-                exp_in_place(or);
-                normalise_row(xr, or, m, log);
-            }
-        }
+            },
+        );
         return;
     }
     for o in 0..outer {
@@ -231,6 +246,7 @@ pub fn softmax<T: Float>(x: &[T], shape: &[usize], axis: usize, log: bool, out: 
 }
 
 /// A row's maximum, or zero for a row of `-inf` (so that shifting it leaves `-inf`, not NaN).
+#[inline(always)]
 fn stable_max<T: Float>(xr: &[T]) -> T {
     let m = max_row(xr);
     if m == T::neg_infinity() {
@@ -241,6 +257,7 @@ fn stable_max<T: Float>(xr: &[T]) -> T {
 }
 
 /// `or = xr - m`.
+#[inline(always)]
 fn shift_row<T: Float>(xr: &[T], or: &mut [T], m: T) {
     for (o, &v) in or.iter_mut().zip(xr) {
         *o = v - m;
@@ -248,6 +265,7 @@ fn shift_row<T: Float>(xr: &[T], or: &mut [T], m: T) {
 }
 
 /// Given `or = e^(xr - m)`: softmax `or / Σor`, or log-softmax `xr - (ln Σor + m)`.
+#[inline(always)]
 fn normalise_row<T: Float>(xr: &[T], or: &mut [T], m: T, log: bool) {
     let s = sum_row(or);
     if log {
@@ -264,6 +282,7 @@ fn normalise_row<T: Float>(xr: &[T], or: &mut [T], m: T, log: bool) {
 }
 
 /// `v[i] = e^v[i]`, through a stack buffer so the kernel can read and write separate slices.
+#[inline(always)]
 fn exp_in_place<T: Float>(v: &mut [T]) {
     let mut buf = [T::ZERO; 256];
     for c in v.chunks_mut(256) {
@@ -287,26 +306,32 @@ pub fn softmax_grad<T: Float>(
     if inner == 1 && len > 0 {
         // Along the last axis: contiguous rows; for log-softmax one vectorised exp over the
         // whole buffer first (the softmax itself, e^y).
-        if log {
-            T::exp_into(y, out);
-        }
-        let rows = y.chunks_exact(len).zip(g.chunks_exact(len));
-        for ((yr, gr), or) in rows.zip(out.chunks_exact_mut(len)) {
-            if log {
-                let s = sum_row(gr);
-                for (o, &gv) in or.iter_mut().zip(gr) {
-                    *o = gv - *o * s;
+        wide(
+            y.len(),
+            #[inline(always)]
+            move || {
+                if log {
+                    T::exp_into(y, out);
                 }
-            } else {
-                let mut s = T::ZERO;
-                for (&gv, &yv) in gr.iter().zip(yr) {
-                    s += gv * yv;
+                let rows = y.chunks_exact(len).zip(g.chunks_exact(len));
+                for ((yr, gr), or) in rows.zip(out.chunks_exact_mut(len)) {
+                    if log {
+                        let s = sum_row(gr);
+                        for (o, &gv) in or.iter_mut().zip(gr) {
+                            *o = gv - *o * s;
+                        }
+                    } else {
+                        let mut s = T::ZERO;
+                        for (&gv, &yv) in gr.iter().zip(yr) {
+                            s += gv * yv;
+                        }
+                        for ((o, &yv), &gv) in or.iter_mut().zip(yr).zip(gr) {
+                            *o = yv * (gv - s);
+                        }
+                    }
                 }
-                for ((o, &yv), &gv) in or.iter_mut().zip(yr).zip(gr) {
-                    *o = yv * (gv - s);
-                }
-            }
-        }
+            },
+        );
         return;
     }
     for o in 0..outer {
@@ -357,7 +382,13 @@ mod tests {
     /// element by element over the input's multi-indices.
     #[test]
     fn every_axis_subset_matches_an_index_by_index_reduction() {
-        for shape in [vec![3, 1, 4, 5], vec![2, 3, 1], vec![1, 6], vec![4], vec![2, 1, 3, 1, 2]] {
+        for shape in [
+            vec![3, 1, 4, 5],
+            vec![2, 3, 1],
+            vec![1, 6],
+            vec![4],
+            vec![2, 1, 3, 1, 2],
+        ] {
             let n: usize = shape.iter().product();
             let x: Vec<f64> = (0..n).map(|i| ((i * 7919) % 23) as f64 - 11.0).collect();
             let strides = contiguous_strides(&shape);
@@ -402,7 +433,9 @@ mod tests {
     #[test]
     fn grouped_short_rows_match_row_by_row() {
         let (rows, len) = (77, 10);
-        let mut x: Vec<f64> = (0..rows * len).map(|i| ((i * 37) % 101) as f64 * 0.3 - 15.0).collect();
+        let mut x: Vec<f64> = (0..rows * len)
+            .map(|i| ((i * 37) % 101) as f64 * 0.3 - 15.0)
+            .collect();
         x[30..40].fill(f64::NEG_INFINITY);
         x[55] = f64::NAN;
         for log in [false, true] {
@@ -413,7 +446,11 @@ mod tests {
                 let m = if m == f64::NEG_INFINITY { 0.0 } else { m };
                 let s: f64 = xr.iter().map(|v| (v - m).exp()).sum();
                 for (&v, &got) in xr.iter().zip(or) {
-                    let want = if log { v - m - s.ln() } else { (v - m).exp() / s };
+                    let want = if log {
+                        v - m - s.ln()
+                    } else {
+                        (v - m).exp() / s
+                    };
                     match r {
                         3 => assert!(got.is_nan() || got == want, "row 3: {got}"),
                         5 => assert!(got.is_nan(), "a NaN row gives NaN, not {got}"),

@@ -132,9 +132,16 @@ fn sgd_kernel<T: Elem>(p: &mut [T], g: &[T], buf: &mut Option<HostData>, c: &Sgd
     let decay = c.weight_decay != 0.0;
     let d_of = |g: T, p: T| if decay { g + wd * p } else { g };
     if c.momentum == 0.0 {
-        for (p, &g) in p.iter_mut().zip(g) {
-            *p -= lr * d_of(g, *p);
-        }
+        // `move`: the loop then reads its scalars from registers, not through the closure.
+        arenagrad_graph::exec::cpu::wide(
+            p.len(),
+            #[inline(always)]
+            move || {
+                for (p, &g) in p.iter_mut().zip(g) {
+                    *p -= lr * if decay { g + wd * *p } else { g };
+                }
+            },
+        );
         return;
     }
     let mu = T::from_f64(c.momentum);
