@@ -35,11 +35,39 @@ pub trait Gemm: Sized {
         rsc: isize,
         csc: isize,
     );
+
+    /// Calls `f` with a scratch buffer of `len` elements (contents unspecified), kept per thread
+    /// and reused, so that a product's temporary copy of an operand allocates nothing once warm.
+    fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R;
+
+    /// [`super::transpose::transpose`], with the type's fastest kernel.
+    fn transpose(src: &[Self], rows: usize, cols: usize, ld: usize, dst: &mut [Self]);
 }
 
 macro_rules! gemm_impl {
-    ($t:ty, $portable:path) => {
+    ($t:ty, $portable:path, $transpose:path) => {
         impl Gemm for $t {
+            fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [$t]) -> R) -> R {
+                thread_local! {
+                    static SCRATCH: std::cell::RefCell<Vec<$t>> =
+                        const { std::cell::RefCell::new(Vec::new()) };
+                }
+                SCRATCH.with(|s| match s.try_borrow_mut() {
+                    Ok(mut s) => {
+                        if s.len() < len {
+                            s.resize(len, 0.0);
+                        }
+                        f(&mut s[..len])
+                    }
+                    // In use further up this thread's stack: a fresh buffer.
+                    Err(_) => f(&mut vec![0.0; len]),
+                })
+            }
+
+            fn transpose(src: &[$t], rows: usize, cols: usize, ld: usize, dst: &mut [$t]) {
+                $transpose(src, rows, cols, ld, dst)
+            }
+
             unsafe fn gemm_raw(
                 m: usize,
                 k: usize,
@@ -95,8 +123,12 @@ macro_rules! gemm_impl {
         }
     };
 }
-gemm_impl!(f32, matrixmultiply::sgemm);
-gemm_impl!(f64, matrixmultiply::dgemm);
+gemm_impl!(f32, matrixmultiply::sgemm, super::transpose::transpose_f32);
+gemm_impl!(
+    f64,
+    matrixmultiply::dgemm,
+    super::transpose::transpose::<f64>
+);
 
 /// One operand of a matrix product: a slice and the strides of its 2-D view.
 #[derive(Debug, Clone, Copy)]
@@ -147,6 +179,9 @@ impl<'a, T> MatView<'a, T> {
     }
 }
 
+/// The largest B (in elements) that a single-threaded product copies out of transposed order.
+const TRANSPOSED_B_MAX: usize = 1 << 18;
+
 /// Work (m·k·n multiply-adds) below which a product runs on one thread.
 const PAR_MIN_FLOPS: usize = 1 << 21;
 
@@ -185,12 +220,14 @@ pub fn gemm<T: crate::Float + Gemm>(
     } else {
         1
     };
-    let run = |r0: usize, rows: usize, c: &mut [T]| {
+    let run = |r0: usize, rows: usize, c: &mut [T], b: MatView<'_, T>| {
         debug_assert_eq!(c.len(), rows * n);
-        // SAFETY: `a.fits(m, k)` and `b.fits(k, n)` were checked above, and rows r0..r0+rows of
-        // `a` lie within its first m rows, so every index the kernel reads is inside `a.data` /
-        // `b.data`; `c` is a unique `&mut` slice of exactly rows×n elements with row stride n,
-        // which cannot overlap the shared borrows of `a` and `b`.
+        debug_assert!(b.fits(k, n));
+        // SAFETY: `a.fits(m, k)` was checked above, and `b` is either the view checked there
+        // (`b.fits(k, n)`) or a k×n row-major copy of it; rows r0..r0+rows of `a` lie within its
+        // first m rows, so every index the kernel reads is inside `a.data` / `b.data`; `c` is a
+        // unique `&mut` slice of exactly rows×n elements with row stride n, which cannot overlap
+        // the shared borrows of `a` and `b`.
         unsafe {
             T::gemm_raw(
                 rows,
@@ -211,7 +248,25 @@ pub fn gemm<T: crate::Float + Gemm>(
         }
     };
     if t <= 1 {
-        run(0, m, c);
+        if b.rs == 1 && b.cs >= k && n.is_multiple_of(16) && k.saturating_mul(n) <= TRANSPOSED_B_MAX
+        {
+            // B stored transposed (a linear layer's `x·Wᵀ`, W `[out, in]`): the kernel would
+            // repack it on every call, through a strided loop and a fresh allocation. A copy in
+            // row-major order, made in 8×8 register blocks into a reused buffer, costs less and
+            // leaves the kernel nothing to pack (with n a multiple of its vector width).
+            T::with_scratch(k * n, |bt| {
+                T::transpose(&b.data[b.offset..], n, k, b.cs, bt);
+                let bt = MatView {
+                    data: &*bt,
+                    offset: 0,
+                    rs: n,
+                    cs: 1,
+                };
+                run(0, m, c, bt)
+            });
+            return;
+        }
+        run(0, m, c, b);
         return;
     }
     if n > m {
@@ -223,7 +278,7 @@ pub fn gemm<T: crate::Float + Gemm>(
     // Row blocks rounded to the kernel's 8-row panels, so no thread gets a ragged panel.
     let per = m.div_ceil(t).div_ceil(8) * 8;
     let parts: Vec<&mut [T]> = c.chunks_mut(per * n).collect();
-    super::pool::for_each_part(parts, |j, part| run(j * per, part.len() / n, part));
+    super::pool::for_each_part(parts, |j, part| run(j * per, part.len() / n, part, b));
 }
 
 /// A pointer to `C` shared by the threads of [`gemm_column_split`], each writing its own columns.
@@ -428,6 +483,71 @@ mod tests {
             }
         }
         c
+    }
+
+    #[test]
+    /// A product whose B is stored transposed with n a multiple of 16 goes through the
+    /// row-major copy: at an offset, with a padded row stride, overwriting and accumulating, in
+    /// both types; and a product with n = 15, which takes the kernel directly.
+    fn transposed_b_is_copied_right() {
+        for (m, k, n, ld) in [
+            (3, 5, 16, 5),
+            (32, 64, 64, 64),
+            (7, 9, 32, 12),
+            (2, 3, 15, 3),
+        ] {
+            let a: Vec<f64> = (0..m * k).map(|i| ((i * 7) % 11) as f64 - 5.0).collect();
+            // B's transpose: n rows of k, row stride ld, starting at element 4.
+            let bt: Vec<f64> = (0..4 + n * ld)
+                .map(|i| ((i * 5) % 13) as f64 - 6.0)
+                .collect();
+            let want: Vec<f64> = (0..m * n)
+                .map(|o| {
+                    (0..k)
+                        .map(|p| a[(o / n) * k + p] * bt[4 + (o % n) * ld + p])
+                        .sum()
+                })
+                .collect();
+            let b = MatView {
+                data: &bt[..],
+                offset: 4,
+                rs: 1,
+                cs: ld,
+            };
+            let mut c = vec![1.0f64; m * n];
+            gemm(
+                m,
+                k,
+                n,
+                MatView::row_major(&a, 0, k, false),
+                b,
+                &mut c,
+                0,
+                true,
+                1,
+            );
+            let plus_one: Vec<f64> = want.iter().map(|w| w + 1.0).collect();
+            assert_eq!(c, plus_one, "f64 {m}×{k}×{n}, accumulating");
+            let (a32, bt32): (Vec<f32>, Vec<f32>) = (
+                a.iter().map(|&v| v as f32).collect(),
+                bt.iter().map(|&v| v as f32).collect(),
+            );
+            let b = MatView::row_major(&bt32, 4, ld, true);
+            let mut c = vec![f32::NAN; m * n];
+            gemm(
+                m,
+                k,
+                n,
+                MatView::row_major(&a32, 0, k, false),
+                b,
+                &mut c,
+                0,
+                false,
+                1,
+            );
+            let want32: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+            assert_eq!(c, want32, "f32 {m}×{k}×{n}");
+        }
     }
 
     #[test]

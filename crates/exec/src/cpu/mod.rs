@@ -8,6 +8,7 @@ pub mod par;
 pub mod pool;
 pub mod reduce;
 pub mod shape;
+pub mod transpose;
 pub mod wide;
 
 pub use conv::{
