@@ -5,11 +5,14 @@
 //! function here. Kernels are grouped by what they do (`cpu::elementwise`, `cpu::reduce`,
 //! `cpu::matmul`, `cpu::shape`); an op's kernel carries the op's name.
 //!
-//! * Elementwise and reduction loops are written so that the compiler vectorises them; `tanh` and
+//! * Elementwise and reduction loops are written so that the compiler vectorises them, and hot
+//!   ones run through [`cpu::wide()`] in an AVX-512 or AVX2 build when the CPU has one; `tanh` and
 //!   `exp` in `f32` have branch-free versions ([`cpu::fastmath`]) because libm's are scalar calls.
-//! * Matmul goes through matrixmultiply's strided GEMM: transposes are strides, never copies.
+//! * Matmul goes through strided GEMM kernels (the `gemm` crate's; matrixmultiply's under Miri):
+//!   transposes are strides (a small product copies a transposed right operand once, which costs
+//!   less than the kernel's repacking).
 //! * Large work is split across the number of threads the caller passes — no global pool.
-//! * With the `cuda` feature, [`cuda`] runs the same kernels on an NVIDIA GPU: CUDA C compiled
+//! * With the `cuda` feature, `cuda` runs the same kernels on an NVIDIA GPU: CUDA C compiled
 //!   at run time with NVRTC, matrix products through cuBLAS, memory from the block cache of
 //!   `arenagrad-alloc`. The CUDA libraries are loaded at run time, so the feature builds without
 //!   them.

@@ -2,7 +2,7 @@
 //!
 //! Transposed operands are just swapped strides, so backward's `gᵀ·x` and `g·wᵀ` cost no copy
 //! (a small single-threaded product copies a transposed right operand to row-major order first,
-//! which costs less than the kernel's own repacking: see [`gemm`]).
+//! which costs less than the kernel's own repacking: see [`gemm()`]).
 //! Large products are split by blocks of output rows across the graph's threads, each running the
 //! single-threaded kernel; matrixmultiply's own `threading` feature was measured slower on two
 //! cores (175 vs. ~250 GFLOP/s at 1024³) because it also packs on one thread.

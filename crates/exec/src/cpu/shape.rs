@@ -3,7 +3,7 @@
 use crate::layout::{broadcast_strides, coalesce, contiguous_strides, walk};
 use crate::Float;
 
-/// `out` (contiguous, shape `shape` permuted by `perm`) = `x` permuted: out dim i is x dim perm[i].
+/// `out` (contiguous, shape `shape` permuted by `perm`) = `x` permuted: out dim i is x dim `perm[i]`.
 ///
 /// When the permutation moves the input's contiguous axis away from the innermost position (a
 /// transpose), rows are copied in 32×32 tiles so that both the reads and the writes stay in cache.
