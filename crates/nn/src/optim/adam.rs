@@ -146,17 +146,25 @@ fn adam_kernel<T: Elem>(
     {
         None => {
             let tiny = T::from_f64(1e-30);
-            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                let d = if l2 { g + wd * *p } else { g };
-                let nm = lerp(*m, d, w1, w1_small, one_minus_w1);
-                // Moments of a parameter whose gradient stays zero decay into subnormals, which
-                // are ~100× slower on x86: flush them (m/√v is unchanged where it matters).
-                *m = if nm.abs() < tiny { T::ZERO } else { nm };
-                let nv = *v * b2t + w2 * d * d;
-                *v = if nv < tiny { T::ZERO } else { nv };
-                let denom = v.sqrt() / bc2_sqrt + eps;
-                *p += neg_step * *m / denom;
-            }
+            arenagrad_graph::exec::cpu::wide(
+                n,
+                #[inline(always)]
+                move || {
+                    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut())
+                    {
+                        let d = if l2 { g + wd * *p } else { g };
+                        let nm = lerp(*m, d, w1, w1_small, one_minus_w1);
+                        // Moments of a parameter whose gradient stays zero decay into subnormals,
+                        // which are ~100× slower on x86: flush them (m/√v is unchanged where it
+                        // matters).
+                        *m = if nm.abs() < tiny { T::ZERO } else { nm };
+                        let nv = *v * b2t + w2 * d * d;
+                        *v = if nv < tiny { T::ZERO } else { nv };
+                        let denom = v.sqrt() / bc2_sqrt + eps;
+                        *p += neg_step * *m / denom;
+                    }
+                },
+            )
         }
         Some(vmax) => {
             for ((((p, &g), m), v), vm) in p
