@@ -86,6 +86,23 @@ fn permute_block<T: Float>(x: &[T], base: usize, oshape: &[usize], src: &[usize]
     });
 }
 
+/// Fills `out` with copies of `row` (`out.len()` a multiple of `row.len()`), doubling the filled
+/// prefix at each step: a handful of long copies instead of one short copy per row.
+pub fn repeat_rows<T: Copy>(row: &[T], out: &mut [T]) {
+    let n = row.len();
+    if n == 0 || out.is_empty() {
+        return;
+    }
+    debug_assert_eq!(out.len() % n, 0);
+    out[..n].copy_from_slice(row);
+    let mut filled = n;
+    while filled < out.len() {
+        let more = filled.min(out.len() - filled);
+        out.copy_within(0..more, filled);
+        filled += more;
+    }
+}
+
 /// `out` (shape `to`) = `x` (shape `from`) broadcast.
 pub fn broadcast_to<T: Float>(x: &[T], from: &[usize], to: &[usize], out: &mut [T]) {
     let src = broadcast_strides(from, to);
@@ -208,6 +225,16 @@ pub fn scatter_add<T: Float>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repeat_rows_fills_every_row() {
+        for rows in [1, 2, 3, 5, 8, 13] {
+            let row = [1.0f32, 2.0, 3.0];
+            let mut out = vec![0.0f32; rows * 3];
+            repeat_rows(&row, &mut out);
+            assert!(out.chunks(3).all(|r| r == row), "{rows} rows: {out:?}");
+        }
+    }
 
     #[test]
     fn tiled_transpose_matches_naive() {

@@ -82,7 +82,14 @@ impl<'g> Tensor<'g> {
         let threads = i.threads;
         with_float!(dtype, T, {
             let (o, [cs, xs, ys]) = i.split_mut::<T, 3>(name, out, [cb, ab, bb])?;
-            if n > 0 {
+            if n > 0 && c_rows == 1 && o.len() < cpu::par::PAR_MIN_ELEMS {
+                // One bias row for every output row (a linear layer's).
+                if c_cols == 1 {
+                    o.fill(cs[0]);
+                } else {
+                    cpu::shape::repeat_rows(&cs[..n], o);
+                }
+            } else if n > 0 {
                 cpu::par::par_rows_mut(o, n, threads, cpu::par::PAR_MIN_ELEMS, |r, row| {
                     let cr = if c_rows == 1 { 0 } else { r };
                     if c_cols == 1 {
