@@ -128,6 +128,8 @@ fn linear_init_is_seeded_and_bounded() {
 fn linear_gradcheck() {
     let mut rng = Rng::seed(1);
     assert_gradcheck(&f64_linear(4, 3, &mut rng), &input(&[5, 4], 2));
+    // Sixteen outputs: the forward product copies Wᵀ to row-major order before the kernel.
+    assert_gradcheck(&f64_linear(5, 16, &mut rng), &input(&[3, 5], 3));
     // The functional form, every argument as a checked input.
     let r = gradcheck(
         check_fn(|_g, xs| {
