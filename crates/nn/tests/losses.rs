@@ -1,6 +1,7 @@
 //! Losses against hand-computed values and gradients, and against finite differences.
 
 use arenagrad_graph::check::{check_fn, gradcheck, GradcheckOptions};
+use arenagrad_graph::{grad as autograd, BackwardOptions};
 use arenagrad_nn::loss::{self, CrossEntropyOptions, Reduction};
 use arenagrad_nn::{DType, Graph, GraphError, HostTensor, NnError, Tensor};
 
@@ -319,6 +320,61 @@ fn bce_second_derivative() {
     let r = gradgradcheck(
         check_fn(|_g, xs| loss::bce_with_logits(xs[0], xs[1]).map_err(graph_err)),
         &[x, t],
+        GradcheckOptions::default(),
+    )
+    .unwrap();
+    assert!(r.passed, "{r}");
+}
+
+/// The mean cross-entropy of host logits runs as one fused op; it must give what the composed
+/// form (`log_softmax`, then `nll_loss`) gives — value and gradient, in both types — and its
+/// create_graph rule must be right to second order.
+#[test]
+fn fused_cross_entropy_matches_the_composed_form() {
+    let (m, c) = (7, 5);
+    let v: Vec<f64> = (0..m * c)
+        .map(|i| ((i * 37) % 23) as f64 * 0.4 - 4.0)
+        .collect();
+    let targets = [4usize, 0, 2, 2, 1, 3, 0];
+    for (dtype, tol) in [(DType::F64, 1e-14), (DType::F32, 2e-6)] {
+        let g = Graph::new();
+        // (fused?, create_graph?) → (loss, gradient of 3·loss).
+        let run = |fused: bool, create_graph: bool| {
+            let x = g
+                .from_f64(&v, &[m, c], dtype)
+                .unwrap()
+                .set_requires_grad(true)
+                .unwrap();
+            let l = if fused {
+                loss::cross_entropy(x, &targets).unwrap()
+            } else {
+                loss::nll_loss(x.log_softmax(-1).unwrap(), &targets).unwrap()
+            };
+            let opts = BackwardOptions {
+                create_graph,
+                ..Default::default()
+            };
+            let gx = autograd(l.scale(3.0).unwrap(), &[x], opts).unwrap()[0].unwrap();
+            (l.item().unwrap(), gx.to_vec_f64().unwrap())
+        };
+        let (lc, gc) = run(false, false);
+        for create_graph in [false, true] {
+            let (lf, gf) = run(true, create_graph);
+            assert!(
+                (lf - lc).abs() <= tol * lc.abs(),
+                "{dtype:?}: loss {lf} vs {lc}"
+            );
+            for (a, b) in gf.iter().zip(&gc) {
+                assert!(
+                    (a - b).abs() <= tol * 3.0,
+                    "{dtype:?}, create_graph {create_graph}: gradient {a} vs {b}"
+                );
+            }
+        }
+    }
+    let r = arenagrad_graph::check::gradgradcheck(
+        check_fn(|_g, xs| loss::cross_entropy(xs[0], &targets).map_err(graph_err)),
+        &[ht(&v, &[m, c])],
         GradcheckOptions::default(),
     )
     .unwrap();
