@@ -262,18 +262,22 @@ pub fn col2im_batch<T: Float>(cols: &[T], n: usize, win: &Window, x: &mut [T], t
         1
     };
     let per = win.c.div_ceil(t);
-    // Thread j owns channels [j·per, (j+1)·per): its planes, listed channel by channel.
-    let mut groups: Vec<Vec<(usize, usize, &mut [T])>> = (0..t).map(|_| Vec::new()).collect();
+    // Each channel's planes, image after image; thread j owns channels [j·per, (j+1)·per).
+    let mut channels: Vec<Vec<&mut [T]>> = (0..win.c).map(|_| Vec::with_capacity(n)).collect();
     for (k, p) in x.chunks_mut(plane).enumerate() {
-        let (b, c) = (k / win.c, k % win.c);
-        groups[c / per].push((c, b, p));
+        channels[k % win.c].push(p);
     }
-    for g in &mut groups {
-        g.sort_by_key(|&(c, b, _)| (c, b));
+    let mut groups: Vec<Vec<Vec<&mut [T]>>> = Vec::with_capacity(t);
+    let mut rest = channels.into_iter();
+    while rest.len() > 0 {
+        groups.push(rest.by_ref().take(per).collect());
     }
-    let run = |_: usize, g: &mut Vec<(usize, usize, &mut [T])>| {
-        for (c, b, p) in g.iter_mut() {
-            col2im_ld(cols, &one, p, ld, *c * rows * ld + *b * l);
+    let run = |j: usize, g: &mut Vec<Vec<&mut [T]>>| {
+        for (dc, planes) in g.iter_mut().enumerate() {
+            let c = j * per + dc;
+            for (b, p) in planes.iter_mut().enumerate() {
+                col2im_ld(cols, &one, p, ld, c * rows * ld + b * l);
+            }
         }
     };
     if t <= 1 {
@@ -543,24 +547,26 @@ mod tests {
                 for b in 0..n {
                     let mut one = vec![0.0; k * l];
                     im2col(&x[b * per..(b + 1) * per], &win, 0.0, &mut one);
-                    for r in 0..k {
-                        assert_eq!(&all[r * n * l + b * l..][..l], &one[r * l..][..l]);
-                    }
+                    assert_eq!(image_cols(&all, b, n, k, l), one, "image {b}");
                 }
                 let y: Vec<f64> = (0..k * n * l).map(|i| (i as f64 * 0.29).cos()).collect();
                 let mut back = vec![0.0; n * per];
                 col2im_batch(&y, n, &win, &mut back, threads);
                 for b in 0..n {
-                    let mut cols = vec![0.0; k * l];
-                    for r in 0..k {
-                        cols[r * l..(r + 1) * l].copy_from_slice(&y[r * n * l + b * l..][..l]);
-                    }
                     let mut want = vec![0.0; per];
-                    col2im(&cols, &win, &mut want);
+                    col2im(&image_cols(&y, b, n, k, l), &win, &mut want);
                     assert_eq!(&back[b * per..(b + 1) * per], &want[..]);
                 }
             }
         }
+    }
+
+    /// Image `b`'s `[k, l]` patch matrix, cut out of a batch's `[k, n·l]` one.
+    fn image_cols<T: Copy>(batch: &[T], b: usize, n: usize, k: usize, l: usize) -> Vec<T> {
+        (0..k)
+            .flat_map(|r| &batch[r * n * l + b * l..][..l])
+            .copied()
+            .collect()
     }
 
     #[test]
@@ -588,12 +594,8 @@ mod tests {
         let mut want = vec![0.0f32; n * per];
         col2im_batch(&y, n, &win, &mut want, 1);
         for b in 0..n {
-            let mut cols = vec![0.0; k * l];
-            for r in 0..k {
-                cols[r * l..(r + 1) * l].copy_from_slice(&y[r * n * l + b * l..][..l]);
-            }
             let mut one = vec![0.0; per];
-            col2im(&cols, &win, &mut one);
+            col2im(&image_cols(&y, b, n, k, l), &win, &mut one);
             assert_eq!(&want[b * per..(b + 1) * per], &one[..]);
         }
         for threads in [2, 3, 8] {
