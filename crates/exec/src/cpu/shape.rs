@@ -51,25 +51,18 @@ fn permute_block<T: Float>(x: &[T], base: usize, oshape: &[usize], src: &[usize]
     let r = csh.len();
     if r >= 2 && csrc[r - 1] != 1 && csrc[r - 2] == 1 {
         // Batched transpose: out[.., i, j] = x[.., j, i] with i over dim r-2 (source stride 1).
+        // The output is contiguous, so its rows (over i) are nj apart: each batch entry is the
+        // transpose of an nj × ni source matrix with row stride sj.
         let (ni, nj) = (csh[r - 2], csh[r - 1]);
-        let (os_i, sj) = (cos[r - 2], csrc[r - 1]);
-        const TILE: usize = 32;
+        let sj = csrc[r - 1];
+        debug_assert_eq!(cos[r - 2], nj);
         walk(
             &csh[..r - 2],
             [&cos[..r - 2], &csrc[..r - 2]],
             |[oo, ox], n, [io, ix]| {
                 for t in 0..n {
                     let (ob, xb) = (oo + t * io, ox + t * ix);
-                    for i0 in (0..ni).step_by(TILE) {
-                        for j0 in (0..nj).step_by(TILE) {
-                            for i in i0..(i0 + TILE).min(ni) {
-                                let orow = ob + i * os_i;
-                                for j in j0..(j0 + TILE).min(nj) {
-                                    out[orow + j] = x[xb + i + j * sj];
-                                }
-                            }
-                        }
-                    }
+                    super::transpose::transpose(&x[xb..], nj, ni, sj, &mut out[ob..ob + ni * nj]);
                 }
             },
         );

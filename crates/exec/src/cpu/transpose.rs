@@ -12,7 +12,7 @@ pub fn transpose<T: Copy>(src: &[T], rows: usize, cols: usize, ld: usize, dst: &
         "invariant: transpose operand out of bounds"
     );
     // Square blocks, so that both the rows read and the rows written stay in cache.
-    const B: usize = 8;
+    const B: usize = 32;
     for i0 in (0..rows).step_by(B) {
         for j0 in (0..cols).step_by(B) {
             for j in j0..(j0 + B).min(cols) {
