@@ -390,9 +390,7 @@ fn product_summed_to<'g>(
 }
 
 /// The gradient of `target`, `sum_to(op(x)·op(y), target's shape)` — or `None` when it went
-/// straight into a parameter: when `target` is a parameter's leaf on the host, the backward is a
-/// plain one ([`Ctx::into_params`]) and both operands are matrices, the GEMM adds the product
-/// into the parameter's gradient storage, and no arena buffer holds a weight gradient.
+/// straight into a parameter ([`product_into_param`]).
 fn input_grad<'g>(
     target: Tensor<'g>,
     x: Tensor<'g>,
@@ -401,47 +399,62 @@ fn input_grad<'g>(
     ty: bool,
     c: &Ctx<'g>,
 ) -> Result<Option<Tensor<'g>>> {
-    if c.into_params {
-        let name = "matmul";
-        let i = c.g.inner.borrow();
-        let t = i.node(name, target.id)?;
-        let (xn, yn) = (i.node(name, x.id)?, i.node(name, y.id)?);
-        let on_host = [t.device(), xn.device(), yn.device()] == [Device::Cpu; 3];
-        let matrices = xn.shape.len() == 2 && yn.shape.len() == 2 && t.shape.len() == 2;
-        if let (Op::Param(p), true, true) = (&t.op, on_host, matrices) {
-            let (xs, ys) = (&xn.shape, &yn.shape);
-            let (m, k) = if tx { (xs[1], xs[0]) } else { (xs[0], xs[1]) };
-            let n = if ty { ys[0] } else { ys[1] };
-            if t.shape[..] == [m, n] && t.dtype == xn.dtype && t.dtype == yn.dtype {
-                let threads = i.threads;
-                with_float!(t.dtype, T, {
-                    let xd = i
-                        .arena
-                        .slice::<T>(xn.buf)
-                        .map_err(|source| GraphError::Alloc { op: name, source })?;
-                    let yd = i
-                        .arena
-                        .slice::<T>(yn.buf)
-                        .map_err(|source| GraphError::Alloc { op: name, source })?;
-                    p.accumulate_with::<T>(m * n, |acc, fresh| {
-                        cpu::gemm(
-                            m,
-                            k,
-                            n,
-                            MatView::row_major(xd, 0, xs[1], tx),
-                            MatView::row_major(yd, 0, ys[1], ty),
-                            acc,
-                            0,
-                            !fresh,
-                            threads,
-                        )
-                    });
-                });
-                return Ok(None);
-            }
-        }
+    if product_into_param(target, x, y, tx, ty, c)? {
+        return Ok(None);
     }
     product_summed_to(x, y, tx, ty, &target.shape(), c).map(Some)
+}
+
+/// Adds `op(x)·op(y)` straight into the gradient storage of `target` when it is a parameter's
+/// leaf on the host, the backward is a plain one ([`Ctx::into_params`]) and all three are
+/// matrices of one dtype: no arena buffer then holds a weight gradient. Returns false, having
+/// done nothing, where that does not apply.
+fn product_into_param<'g>(
+    target: Tensor<'g>,
+    x: Tensor<'g>,
+    y: Tensor<'g>,
+    tx: bool,
+    ty: bool,
+    c: &Ctx<'g>,
+) -> Result<bool> {
+    if !c.into_params {
+        return Ok(false);
+    }
+    let name = "matmul";
+    let i = c.g.inner.borrow();
+    let t = i.node(name, target.id)?;
+    let Op::Param(p) = &t.op else {
+        return Ok(false);
+    };
+    let (xn, yn) = (i.node(name, x.id)?, i.node(name, y.id)?);
+    let on_host = [t.device(), xn.device(), yn.device()] == [Device::Cpu; 3];
+    if !on_host || xn.shape.len() != 2 || yn.shape.len() != 2 || t.shape.len() != 2 {
+        return Ok(false);
+    }
+    let (xs, ys) = (&xn.shape, &yn.shape);
+    let (m, k) = if tx { (xs[1], xs[0]) } else { (xs[0], xs[1]) };
+    let n = if ty { ys[0] } else { ys[1] };
+    if t.shape[..] != [m, n] || t.dtype != xn.dtype || t.dtype != yn.dtype {
+        return Ok(false);
+    }
+    let threads = i.threads;
+    with_float!(t.dtype, T, {
+        let (xd, yd) = (i.read::<T>(name, x.id)?, i.read::<T>(name, y.id)?);
+        p.accumulate_with::<T>(m * n, |acc, fresh| {
+            cpu::gemm(
+                m,
+                k,
+                n,
+                MatView::row_major(&xd, 0, xs[1], tx),
+                MatView::row_major(&yd, 0, ys[1], ty),
+                acc,
+                0,
+                !fresh,
+                threads,
+            )
+        });
+    });
+    Ok(true)
 }
 
 /// `(m, k, n, c_rows, c_cols)` for `c + op(a)·op(b)` with matrices `a` and `b` whose inner
