@@ -15,26 +15,15 @@ import os
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c1, self.c2 = nn.Conv2d(1, 32, 3, padding=1), nn.Conv2d(32, 64, 3, padding=1)
-        self.f1, self.f2 = nn.Linear(64 * 7 * 7, 128), nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.c1(x)), 2)
-        x = F.max_pool2d(F.relu(self.c2(x)), 2)
-        return self.f2(F.relu(self.f1(x.flatten(1))))
+from torch_common import fashion_cnn
 
 
 def main():
     torch.set_num_threads(int(os.environ.get("THREADS", "2")))
     torch.manual_seed(0)
-    net = Net()
+    net = fashion_cnn()
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     x = torch.randn(64, 1, 28, 28)
     y = torch.randint(0, 10, (64,))

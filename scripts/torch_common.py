@@ -1,4 +1,4 @@
-"""What the PyTorch counterparts of `gpu_bench` share."""
+"""What the PyTorch counterparts of arenagrad's benchmarks and examples share."""
 
 import sys
 
@@ -32,3 +32,16 @@ def cuda_setup(script, seed, extra=None):
         file=sys.stderr,
     )
     return torch, dev
+
+
+def fashion_cnn():
+    """The main job's net (`examples/fashion_mnist.rs`): conv3x3(1->32)-relu-maxpool2-
+    conv3x3(32->64)-relu-maxpool2-linear(3136->128)-relu-linear(128->10), as a Sequential whose
+    state_dict names (`0.weight`, ...) are the ones the example's `--init` reads."""
+    import torch.nn as nn
+
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10),
+    )

@@ -19,8 +19,9 @@ import argparse, gzip, math, struct, sys, time
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+
+from torch_common import fashion_cnn
 
 
 def idx(path):
@@ -51,11 +52,7 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     x, y = load(a.data, "train")
-    net = nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10),
-    )
+    net = fashion_cnn()
     if a.init:
         from safetensors.torch import save_file
         save_file({k: v.contiguous() for k, v in net.state_dict().items()}, a.init)
