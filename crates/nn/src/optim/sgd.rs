@@ -130,15 +130,16 @@ fn sgd_kernel<T: Elem>(p: &mut [T], g: &[T], buf: &mut Option<HostData>, c: &Sgd
     let lr = T::from_f64(c.lr);
     let wd = T::from_f64(c.weight_decay);
     let decay = c.weight_decay != 0.0;
-    let d_of = |g: T, p: T| if decay { g + wd * p } else { g };
+    // `move` (here and below): the loop then reads these scalars from registers, not through
+    // references the closures would otherwise hold.
+    let d_of = move |g: T, p: T| if decay { g + wd * p } else { g };
     if c.momentum == 0.0 {
-        // `move`: the loop then reads its scalars from registers, not through the closure.
         arenagrad_graph::exec::cpu::wide(
             p.len(),
             #[inline(always)]
             move || {
                 for (p, &g) in p.iter_mut().zip(g) {
-                    *p -= lr * if decay { g + wd * *p } else { g };
+                    *p -= lr * d_of(g, *p);
                 }
             },
         );
