@@ -2,7 +2,7 @@
 //!
 //! An eager (define-by-run) automatic-differentiation and deep-learning engine, built so that a
 //! training iteration's whole graph — nodes and intermediate buffers — lives in one arena and is
-//! freed by one reset. Nodes sit in a generational slotmap and refer to their inputs by id, so no
+//! freed by one reset. Nodes sit in a generational slot map and refer to their inputs by id, so no
 //! graph can leak through reference cycles, even one that never reaches backward, and a handle
 //! from an ended iteration is a typed error rather than a read of someone else's data.
 //!

@@ -7,19 +7,14 @@ use arenagrad_alloc::{Arena, ArenaStats, BufId};
 use arenagrad_exec::DType;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use slotmap::SlotMap;
 use smallvec::SmallVec;
 
 use crate::error::{GraphError, Result};
 use crate::ops::Op;
 use crate::shape::Shape;
+pub use crate::store::NodeId;
+use crate::store::NodeStore;
 use crate::Tensor;
-
-slotmap::new_key_type! {
-    /// A node of the current iteration. Generational: after the iteration ends (or the node is
-    /// freed) the id no longer resolves, so it can never name another node's data.
-    pub struct NodeId;
-}
 
 /// Where a tensor lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -39,6 +34,13 @@ impl std::fmt::Display for Device {
     }
 }
 
+/// What the core of a hot op returns: the new node's id as one integer, or the error boxed.
+///
+/// Both halves travel in registers (a `Result<Tensor, GraphError>` is returned through memory,
+/// and reading it back right after the callee's narrower stores stalls the caller); the op's
+/// public method, inlined into its caller, turns it into a [`Tensor`] with [`Graph::finish`].
+pub(crate) type RawResult = std::result::Result<u64, Box<GraphError>>;
+
 /// Not on the tape.
 pub(crate) const NO_POS: u32 = u32::MAX;
 
@@ -47,10 +49,9 @@ pub(crate) struct Node {
     pub dtype: DType,
     /// The device, packed (see [`DevCode`]) to keep the node small.
     pub dev: DevCode,
+    /// The node's buffer; the node holds one claim on it (views take their own with
+    /// `Arena::retain`).
     pub buf: BufId,
-    /// Whether this node holds a claim on its buffer. Every node does today: views (reshape,
-    /// detach, a custom op's output) take their own with `Arena::retain`.
-    pub owns_buf: bool,
     pub requires_grad: bool,
     pub op: Op,
     pub inputs: SmallVec<[NodeId; 2]>,
@@ -65,6 +66,8 @@ pub(crate) struct Node {
     pub temp: bool,
     /// How many gradient slots of the running backward pass hold this node.
     pub grad_refs: u32,
+    /// The iteration the node was made in (set by [`NodeStore::insert_with`]), or 0 once freed.
+    pub epoch: u32,
 }
 
 /// A [`Device`] in two bytes: 0 is the host, `k + 1` is CUDA device `k`.
@@ -93,12 +96,11 @@ impl DevCode {
 
 impl Node {
     /// A node with no data yet: [`Inner::push_on`] fills it in where it lies.
-    const BLANK: Node = Node {
+    pub(crate) const BLANK: Node = Node {
         shape: Shape::new_const(),
         dtype: DType::F32,
         dev: DevCode(0),
         buf: BufId::NONE,
-        owns_buf: true,
         requires_grad: false,
         op: Op::Leaf,
         inputs: SmallVec::new_const(),
@@ -108,6 +110,7 @@ impl Node {
         retain_grad: false,
         temp: false,
         grad_refs: 0,
+        epoch: 0,
     };
 
     /// Where the node's buffer lives.
@@ -115,10 +118,23 @@ impl Node {
     pub fn device(&self) -> Device {
         self.dev.get()
     }
+
+    /// Whether the node holds heap memory (see [`NodeStore`]).
+    #[inline(always)]
+    pub fn holds_heap(&self) -> bool {
+        self.op.holds_heap() || self.inputs.spilled() || self.shape.spilled()
+    }
+
+    /// Lets go of the node's heap memory, leaving a husk for its slot's next node.
+    pub fn release_heap(&mut self) {
+        self.op = Op::Leaf;
+        self.inputs = SmallVec::new();
+        self.shape = Shape::new();
+    }
 }
 
 pub(crate) struct Inner {
-    pub nodes: SlotMap<NodeId, Node>,
+    pub nodes: NodeStore,
     pub tape: Vec<NodeId>,
     pub arena: Arena,
     pub grad_mode: bool,
@@ -192,21 +208,33 @@ impl Inner {
     ) -> NodeId {
         let record = self.grad_mode && inputs.iter().any(|i| self.nodes[*i].requires_grad);
         let temp = self.temp_mode;
-        // A blank node first, then its fields one by one: every field is written once, where it
-        // lives, instead of building the node on the stack and copying it into the map (a copy
-        // that reads back, in wide loads, what was just stored in narrow ones).
-        let id = self.nodes.insert(Node::BLANK);
-        let n = &mut self.nodes[id];
-        n.shape = shape;
-        n.dtype = dtype;
-        n.dev = DevCode::of(device);
-        n.buf = buf;
-        n.temp = temp;
+        let tape_pos = if record {
+            self.tape.len() as u32
+        } else {
+            NO_POS
+        };
+        // Every field written once, where it lives (the slot is a blank node or one of an
+        // earlier iteration), instead of building the node on the stack and copying it in (a
+        // copy that reads back, in wide loads, what was just stored in narrow ones).
+        let id = self.nodes.insert_with(|n| {
+            n.shape = shape;
+            n.dtype = dtype;
+            n.dev = DevCode::of(device);
+            n.buf = buf;
+            n.requires_grad = record;
+            n.op = if record { op() } else { Op::Leaf };
+            n.inputs.clear();
+            if record {
+                n.inputs.extend_from_slice(inputs);
+            }
+            n.tape_pos = tape_pos;
+            n.spent = false;
+            n.grad = None;
+            n.retain_grad = false;
+            n.temp = temp;
+            n.grad_refs = 0;
+        });
         if record {
-            n.requires_grad = true;
-            n.op = op();
-            n.inputs.extend_from_slice(inputs);
-            n.tape_pos = self.tape.len() as u32;
             self.tape.push(id);
         }
         if temp {
@@ -217,11 +245,10 @@ impl Inner {
 
     /// Frees a gradient temporary: its id goes stale and its buffer is reused.
     pub fn free_temp(&mut self, id: NodeId) {
-        if let Some(n) = self.nodes.remove(id) {
-            if n.owns_buf {
-                self.release_buf(n.device(), n.buf)
-                    .expect("invariant: a live temporary owns a live buffer");
-            }
+        // Every node holds one claim on its buffer (views take their own with `Arena::retain`).
+        if let Some((dev, buf)) = self.nodes.remove(id).map(|n| (n.device(), n.buf)) {
+            self.release_buf(dev, buf)
+                .expect("invariant: a live temporary owns a live buffer");
         }
     }
 
@@ -329,7 +356,7 @@ impl Graph {
     pub fn with_threads(threads: usize) -> Self {
         Graph {
             inner: RefCell::new(Inner {
-                nodes: SlotMap::with_key(),
+                nodes: NodeStore::new(),
                 tape: Vec::new(),
                 arena: Arena::new(),
                 grad_mode: true,
@@ -428,6 +455,15 @@ impl Graph {
         Tensor { g: self, id }
     }
 
+    /// The handle for what an op's core returned (see [`RawResult`]).
+    #[inline(always)]
+    pub(crate) fn finish(&self, r: RawResult) -> Result<Tensor<'_>> {
+        match r {
+            Ok(k) => Ok(self.handle(NodeId::from_bits(k))),
+            Err(e) => Err(*e),
+        }
+    }
+
     /// Resolves an id stored as data back into a handle, checking that it belongs to this graph
     /// and to the current iteration.
     pub fn get(&self, id: crate::TensorId) -> Result<Tensor<'_>> {
@@ -465,6 +501,7 @@ mod size_tests {
         let n = std::mem::size_of::<super::Node>();
         let op = std::mem::size_of::<crate::ops::Op>();
         assert!(op <= 32, "Op is {op} bytes");
-        assert!(n <= 128, "Node is {n} bytes");
+        // Two cache lines and the store's epoch word (the layout rounds it to 136).
+        assert!(n <= 136, "Node is {n} bytes");
     }
 }

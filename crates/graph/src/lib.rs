@@ -2,7 +2,7 @@
 //!
 //! An iteration builds a graph eagerly: each op checks its operands, allocates its output from
 //! the [`Graph`]'s bump arena, runs its kernel, and — when an input requires grad and grad mode is
-//! on — records a node. Nodes live in a generational slotmap and point at their inputs by
+//! on — records a node. Nodes live in a generational slot map and point at their inputs by
 //! [`NodeId`], never by reference, so a graph cannot form the reference cycles that make
 //! ref-counted graphs leak. [`Graph::reset`] frees the whole iteration (nodes and buffers) at once,
 //! whether or not backward ran.
@@ -56,6 +56,7 @@ mod ops;
 mod overload;
 mod param;
 mod shape;
+mod store;
 mod tensor;
 pub mod testing;
 

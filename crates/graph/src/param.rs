@@ -189,7 +189,7 @@ impl Graph {
         let n = &mut i.nodes[id];
         n.requires_grad = true;
         n.tape_pos = pos;
-        n.op = Op::Param(p.clone());
+        i.nodes.set_op(id, Op::Param(p.clone()));
         drop(i);
         Ok(self.handle(id))
     }

@@ -7,12 +7,18 @@ use smallvec::smallvec;
 use super::{check_pair, Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
+use crate::graph::RawResult;
 use crate::shape::{checked_numel, Shape};
 use crate::{Device, Graph, Tensor};
 
 impl<'g> Tensor<'g> {
     /// Applies an elementwise function of two broadcast tensors.
+    #[inline]
     pub fn binary(self, op: BinaryOp, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.g.finish(self.binary_raw(op, other))
+    }
+
+    fn binary_raw(self, op: BinaryOp, other: Tensor<'g>) -> RawResult {
         let name = op.name();
         check_pair(name, &self, &other)?;
         let mut guard = self.g.inner();
@@ -51,35 +57,42 @@ impl<'g> Tensor<'g> {
         }
         let id = i.push(osh, dtype, out, Op::Binary(op), &[self.id, other.id]);
         drop(guard);
-        Ok(self.g.handle(id))
+        Ok(id.to_bits())
     }
 
     /// self + other (broadcasting).
+    #[inline]
     pub fn add(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
         self.binary(BinaryOp::Add, other)
     }
     /// self - other (broadcasting).
+    #[inline]
     pub fn sub(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
         self.binary(BinaryOp::Sub, other)
     }
     /// self · other (broadcasting).
+    #[inline]
     pub fn mul(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
         self.binary(BinaryOp::Mul, other)
     }
     /// self / other (broadcasting).
+    #[inline]
     pub fn div(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
         self.binary(BinaryOp::Div, other)
     }
     /// self ^ other (broadcasting). The gradient with respect to the exponent uses ln(self), so it
     /// is defined for positive bases.
+    #[inline]
     pub fn pow(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
         self.binary(BinaryOp::Pow, other)
     }
     /// Elementwise maximum (broadcasting); ties split the gradient evenly.
+    #[inline]
     pub fn maximum(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
         self.binary(BinaryOp::Maximum, other)
     }
     /// Elementwise minimum (broadcasting); ties split the gradient evenly.
+    #[inline]
     pub fn minimum(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
         self.binary(BinaryOp::Minimum, other)
     }

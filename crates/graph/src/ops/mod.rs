@@ -121,6 +121,42 @@ pub(crate) enum Op {
 }
 
 impl Op {
+    /// Whether the op holds heap memory (an `Arc`), which the node store lets go of at the
+    /// reset. Exhaustive, so that a new variant has to say.
+    #[inline(always)]
+    pub fn holds_heap(&self) -> bool {
+        match self {
+            Op::Leaf
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Matmul { .. }
+            | Op::ConvGemm { .. }
+            | Op::Addmm { .. }
+            | Op::Reshape
+            | Op::BroadcastTo
+            | Op::Concat { .. }
+            | Op::Narrow { .. }
+            | Op::Place { .. }
+            | Op::Softmax { .. }
+            | Op::Select
+            | Op::TakeFlat { .. }
+            | Op::PutFlat { .. }
+            | Op::ToDevice { .. } => false,
+            Op::Param(_)
+            | Op::Reduce { .. }
+            | Op::Permute(_)
+            | Op::IndexSelect { .. }
+            | Op::IndexAdd { .. }
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. }
+            | Op::Unfold(_)
+            | Op::Fold(_)
+            | Op::UnfoldBatch(_)
+            | Op::FoldBatch(_)
+            | Op::Custom(_) => true,
+        }
+    }
+
     /// The op's name, as errors and the program format spell it.
     pub fn name(&self) -> &'static str {
         match self {

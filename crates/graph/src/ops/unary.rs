@@ -6,7 +6,7 @@ use smallvec::smallvec;
 use super::{Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::Result;
-use crate::graph::{Inner, NodeId};
+use crate::graph::{Inner, NodeId, RawResult};
 use crate::shape::Shape;
 use crate::{Device, Tensor};
 
@@ -15,7 +15,12 @@ const GELU_C: f64 = 0.044_715;
 
 impl<'g> Tensor<'g> {
     /// Applies an elementwise function.
+    #[inline]
     pub fn unary(self, op: UnaryOp) -> Result<Tensor<'g>> {
+        self.g.finish(self.unary_raw(op))
+    }
+
+    fn unary_raw(self, op: UnaryOp) -> RawResult {
         let name = op.name();
         let mut guard = self.g.inner();
         let i = &mut *guard;
@@ -36,7 +41,7 @@ impl<'g> Tensor<'g> {
         }
         let id = i.push_with(dev, shape, dtype, out, || Op::Unary(op), &[self.id]);
         drop(guard);
-        Ok(self.g.handle(id))
+        Ok(id.to_bits())
     }
 
     /// The fused derivative `gy · op'(x)` (never recorded).
@@ -74,62 +79,77 @@ impl<'g> Tensor<'g> {
     }
 
     /// -x
+    #[inline]
     pub fn neg(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Neg)
     }
     /// e^x
+    #[inline]
     pub fn exp(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Exp)
     }
     /// ln x
+    #[inline]
     pub fn log(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Log)
     }
     /// √x
+    #[inline]
     pub fn sqrt(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Sqrt)
     }
     /// |x|
+    #[inline]
     pub fn abs(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Abs)
     }
     /// sin x
+    #[inline]
     pub fn sin(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Sin)
     }
     /// cos x
+    #[inline]
     pub fn cos(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Cos)
     }
     /// tanh x
+    #[inline]
     pub fn tanh(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Tanh)
     }
     /// 1 / (1 + e^-x)
+    #[inline]
     pub fn sigmoid(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Sigmoid)
     }
     /// max(x, 0)
+    #[inline]
     pub fn relu(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Relu)
     }
     /// GELU, tanh approximation: ½x(1 + tanh(√(2/π)(x + 0.044715x³))).
+    #[inline]
     pub fn gelu(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Gelu)
     }
     /// x · s
+    #[inline]
     pub fn scale(self, s: f64) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Scale(s))
     }
     /// x + s
+    #[inline]
     pub fn shift(self, s: f64) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Shift(s))
     }
     /// x^p for a constant p.
+    #[inline]
     pub fn powf(self, p: f64) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Powf(p))
     }
     /// x · x
+    #[inline]
     pub fn square(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Powf(2.0))
     }
@@ -151,12 +171,7 @@ pub(crate) fn backward_in_place(
     }
     let name = op.name();
     let gn = i.node(name, gid)?;
-    if !gn.temp
-        || gn.grad_refs != 1
-        || !gn.owns_buf
-        || gn.device() != Device::Cpu
-        || !i.arena.is_unique(gn.buf)
-    {
+    if !gn.temp || gn.grad_refs != 1 || gn.device() != Device::Cpu || !i.arena.is_unique(gn.buf) {
         return Ok(false);
     }
     let (gb, dtype) = (gn.buf, gn.dtype);
