@@ -513,26 +513,28 @@ impl Arena {
         out: BufId,
         inputs: [BufId; N],
     ) -> Result<(&mut [T], [&[T]; N]), AllocError> {
-        for i in &inputs {
-            if i.slot == out.slot {
+        // Filled in place (`array::from_fn` left its closure out of line, one call per input).
+        let mut ins: [&[T]; N] = [&[]; N];
+        for (dst, id) in ins.iter_mut().zip(inputs) {
+            if id.slot == out.slot {
                 return Err(AllocError::Aliased { slot: out.slot });
             }
-            self.check::<T>(*i)?;
+            let s = self.check::<T>(id)?;
+            // SAFETY: the slot was checked live, of this epoch and of type `T`, so it points at
+            // `len` initialised `T`s that stay valid while `self` is borrowed. Shared borrows of
+            // inputs may alias each other, which is fine; that none overlaps the output is
+            // argued below.
+            *dst = unsafe { std::slice::from_raw_parts(s.ptr.as_ptr().cast::<T>(), s.len) };
         }
         let o = self.check_mut::<T>(out)?;
         // SAFETY: all slots were checked live, of this epoch and of type `T`, and the output is
         // not a shared slot. Live bump slots never share memory (a recycled region is only handed
         // to a new slot after its old slot is marked dead), shared slots point outside the bump
         // (into memory their owners hold), and the output slot differs from every input slot, so
-        // the unique borrow of the output does not overlap the shared borrows of the inputs. `&mut self` keeps any
-        // other access out for the lifetime of the returned slices.
+        // the unique borrow of the output does not overlap the shared borrows of the inputs.
+        // `&mut self` keeps any other access out for the lifetime of the returned slices.
         let out_slice =
             unsafe { std::slice::from_raw_parts_mut(o.ptr.as_ptr().cast::<T>(), o.len) };
-        let ins = std::array::from_fn(|k| {
-            let s = &self.slots[inputs[k].slot as usize];
-            // SAFETY: see above; shared borrows of inputs may alias each other, which is fine.
-            unsafe { std::slice::from_raw_parts(s.ptr.as_ptr().cast::<T>(), s.len) }
-        });
         Ok((out_slice, ins))
     }
 
