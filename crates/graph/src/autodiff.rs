@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 use crate::error::{GraphError, Result};
 use crate::graph::{Inner, NodeId, NO_POS};
 use crate::ops::{self, Ctx, Op};
-use crate::shape::Shape;
+use crate::shape::copy_of;
 use crate::Parameter;
 use crate::{Graph, Tensor};
 
@@ -112,12 +112,7 @@ fn run<'g>(
         if !n.requires_grad || n.tape_pos == NO_POS {
             return Err(GraphError::NoGradFn);
         }
-        (
-            n.tape_pos as usize,
-            Shape::from_slice(&n.shape),
-            n.dtype,
-            n.device(),
-        )
+        (n.tape_pos as usize, copy_of(&n.shape), n.dtype, n.device())
     };
     let seed = match opts.grad {
         Some(s) => {

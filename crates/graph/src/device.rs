@@ -19,7 +19,7 @@ use arenagrad_exec::DType;
 use crate::error::{GraphError, Result};
 use crate::graph::{Device, Inner, NodeId};
 use crate::ops::Op;
-use crate::shape::Shape;
+use crate::shape::{copy_of, Shape};
 use crate::{Elem, Graph, Tensor};
 
 #[cfg(feature = "cuda")]
@@ -479,7 +479,7 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (shape, dtype): (Shape, DType) = {
             let n = i.node(op, self.id)?;
-            (Shape::from_slice(&n.shape), n.dtype)
+            (copy_of(&n.shape), n.dtype)
         };
         let buf = with_float!(dtype, T, {
             let host: Vec<T> = i.read::<T>(op, self.id)?.into_owned();

@@ -225,7 +225,10 @@ impl Inner {
             n.op = if record { op() } else { Op::Leaf };
             n.inputs.clear();
             if record {
-                n.inputs.extend_from_slice(inputs);
+                // One push at a time: `extend_from_slice` reserves and calls `memcpy`.
+                for &x in inputs {
+                    n.inputs.push(x);
+                }
             }
             n.tape_pos = tape_pos;
             n.spent = false;

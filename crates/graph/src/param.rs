@@ -7,7 +7,7 @@ use arenagrad_exec::DType;
 use crate::error::{GraphError, Result};
 use crate::host::{HostData, HostTensor};
 use crate::ops::Op;
-use crate::shape::Shape;
+use crate::shape::copy_of;
 use crate::{Graph, Tensor};
 
 #[derive(Debug)]
@@ -178,7 +178,7 @@ impl Graph {
             HostData::F64(_) => i.arena.alloc_shared(value, f64_elems),
         }
         .map_err(|source| GraphError::Alloc { op, source })?;
-        let shape = Shape::from_slice(&guard.value.shape);
+        let shape = copy_of(&guard.value.shape);
         let dtype = guard.value.dtype();
         drop(guard);
         let id = i.push(shape, dtype, buf, Op::Leaf, &[]);

@@ -7,6 +7,18 @@ use crate::error::{GraphError, Result};
 /// A tensor's extents; up to four dimensions live inline.
 pub type Shape = SmallVec<[usize; 4]>;
 
+/// A copy of `s`. Shapes of up to four axes are copied as four words, with no call to `memcpy`
+/// (which a copy of a variable length becomes, and which a tiny op's whole budget notices).
+#[inline(always)]
+pub fn copy_of(s: &[usize]) -> Shape {
+    if s.len() <= 4 {
+        let at = |k: usize| s.get(k).copied().unwrap_or(0);
+        Shape::from_buf_and_len([at(0), at(1), at(2), at(3)], s.len())
+    } else {
+        Shape::from_slice(s)
+    }
+}
+
 /// Element count, or a typed error when it overflows or cannot be addressed.
 ///
 /// Extents are also bounded as if zeros were ones, so that a zero-element tensor cannot carry
@@ -52,4 +64,17 @@ pub fn axes_mask(op: &'static str, axes: &[isize], shape: &[usize]) -> Result<Sm
         m[a] = true;
     }
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn copy_of_copies_every_rank() {
+        let dims = [3usize, 1, 4, 1, 5, 9];
+        for r in 0..=dims.len() {
+            let c = super::copy_of(&dims[..r]);
+            assert_eq!(c.as_slice(), &dims[..r]);
+            assert_eq!(c.spilled(), r > 4);
+        }
+    }
 }

@@ -9,7 +9,7 @@ use crate::graph::{Graph, NodeId, NO_POS};
 use crate::host::HostElem;
 use crate::host::{HostData, HostTensor};
 use crate::ops::Op;
-use crate::shape::{checked_numel, Shape};
+use crate::shape::{checked_numel, copy_of, Shape};
 use crate::Elem;
 use arenagrad_exec::Float;
 
@@ -68,7 +68,7 @@ impl Graph {
             HostData::F64(v) => i.arena.alloc_from_slice(v),
         }
         .map_err(|source| GraphError::Alloc { op, source })?;
-        let id = i.push(Shape::from_slice(shape), data.dtype(), buf, Op::Leaf, &[]);
+        let id = i.push(copy_of(shape), data.dtype(), buf, Op::Leaf, &[]);
         let dev = i.device;
         i.settle(op, id, dev)?;
         drop(i);
@@ -92,7 +92,7 @@ impl Graph {
             .arena
             .alloc_from_slice(data)
             .map_err(|source| GraphError::Alloc { op, source })?;
-        let id = i.push(Shape::from_slice(shape), T::DTYPE, buf, Op::Leaf, &[]);
+        let id = i.push(copy_of(shape), T::DTYPE, buf, Op::Leaf, &[]);
         let dev = i.device;
         i.settle(op, id, dev)?;
         drop(i);
@@ -128,7 +128,7 @@ impl Graph {
         if let crate::Device::Cuda(_) = dev {
             let buf = i.alloc_on(op, dev, dtype, n)?;
             crate::device::on_cuda!(i, op, dev, [buf], |be, [p]| be.fill(dtype, p, n, value));
-            let id = i.push_on(dev, Shape::from_slice(shape), dtype, buf, Op::Leaf, &[]);
+            let id = i.push_on(dev, copy_of(shape), dtype, buf, Op::Leaf, &[]);
             drop(i);
             return Ok(self.handle(id));
         }
@@ -136,7 +136,7 @@ impl Graph {
             i.arena.alloc_with::<T>(n, |_| T::from_f64(value))
         })
         .map_err(|source| GraphError::Alloc { op, source })?;
-        let id = i.push(Shape::from_slice(shape), dtype, buf, Op::Leaf, &[]);
+        let id = i.push(copy_of(shape), dtype, buf, Op::Leaf, &[]);
         drop(i);
         Ok(self.handle(id))
     }
@@ -190,7 +190,7 @@ impl Graph {
             DType::F64 => i.arena.alloc_with::<f64>(n, |_| f(rng)),
         }
         .map_err(|source| GraphError::Alloc { op, source })?;
-        let id = i.push(Shape::from_slice(shape), dtype, buf, Op::Leaf, &[]);
+        let id = i.push(copy_of(shape), dtype, buf, Op::Leaf, &[]);
         let dev = i.device;
         i.settle(op, id, dev)?;
         drop(guard);
@@ -228,7 +228,7 @@ impl<'g> Tensor<'g> {
 
     /// The shape, or a stale-handle error.
     pub fn try_shape(&self) -> Result<Shape> {
-        self.with_node("shape", |n| Shape::from_slice(&n.shape))
+        self.with_node("shape", |n| copy_of(&n.shape))
     }
 
     /// The shape. A handle is valid for as long as it exists (it borrows the graph), so this
@@ -388,7 +388,7 @@ impl<'g> Tensor<'g> {
         let op = "detach";
         let mut i = self.g.inner();
         let n = i.node(op, self.id)?;
-        let (shape, dtype, dev, buf) = (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf);
+        let (shape, dtype, dev, buf) = (copy_of(&n.shape), n.dtype, n.device(), n.buf);
         i.retain_buf(op, dev, buf)?;
         let id = i.push_on(dev, shape, dtype, buf, Op::Leaf, &[]);
         drop(i);

@@ -8,7 +8,7 @@ use super::{check_pair, Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::graph::RawResult;
-use crate::shape::{checked_numel, Shape};
+use crate::shape::{checked_numel, copy_of, Shape};
 use crate::{Device, Graph, Tensor};
 
 impl<'g> Tensor<'g> {
@@ -25,11 +25,11 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (ash, dtype, dev, ab) = {
             let n = i.node(name, self.id)?;
-            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
+            (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
         let (bsh, bb) = {
             let n = i.node(name, other.id)?;
-            (Shape::from_slice(&n.shape), n.buf)
+            (copy_of(&n.shape), n.buf)
         };
         let osh: Shape = if ash == bsh {
             ash.clone()
@@ -134,15 +134,15 @@ impl Graph {
         let i = &mut *guard;
         let (csh, dtype, dev, cb) = {
             let n = i.node(name, cond.id)?;
-            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
+            (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
         let (ash, ab) = {
             let n = i.node(name, a.id)?;
-            (Shape::from_slice(&n.shape), n.buf)
+            (copy_of(&n.shape), n.buf)
         };
         let (bsh, bb) = {
             let n = i.node(name, b.id)?;
-            (Shape::from_slice(&n.shape), n.buf)
+            (copy_of(&n.shape), n.buf)
         };
         let mismatch = |l: &[usize], r: &[usize]| GraphError::ShapeMismatch {
             op: name,

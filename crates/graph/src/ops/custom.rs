@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 use super::{check_pair, Ctx, Grads, Op};
 use crate::error::{GraphError, Result};
 use crate::graph::NodeId;
-use crate::shape::Shape;
+use crate::shape::copy_of;
 use crate::{Graph, Tensor};
 
 /// The backward rule of a user-defined op.
@@ -43,7 +43,7 @@ impl Graph {
         let mut i = self.inner();
         let (shape, dtype, buf) = {
             let n = i.node(name, value.id)?;
-            (Shape::from_slice(&n.shape), n.dtype, n.buf)
+            (copy_of(&n.shape), n.dtype, n.buf)
         };
         let ids: SmallVec<[NodeId; 2]> = inputs.iter().map(|t| t.id).collect();
         let dev = i.device_of(name, value.id)?;

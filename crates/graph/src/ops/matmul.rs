@@ -11,7 +11,7 @@ use super::{check_pair, Ctx, Grads, Op};
 #[cfg(feature = "cuda")]
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
-use crate::shape::{checked_numel, Shape};
+use crate::shape::{checked_numel, copy_of, Shape};
 use crate::{Device, Tensor};
 
 impl<'g> Tensor<'g> {
@@ -112,7 +112,7 @@ impl<'g> Tensor<'g> {
             );
         });
         let id = i.push(
-            Shape::from_slice(&[m, n]),
+            copy_of(&[m, n]),
             dtype,
             out,
             Op::Addmm { ta, tb },
@@ -132,11 +132,11 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (ash, dtype, dev, ab) = {
             let n = i.node(name, self.id)?;
-            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
+            (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
         let (bsh, bb) = {
             let n = i.node(name, other.id)?;
-            (Shape::from_slice(&n.shape), n.buf)
+            (copy_of(&n.shape), n.buf)
         };
         let bad = || GraphError::MatmulShape {
             op: name,
@@ -162,7 +162,7 @@ impl<'g> Tensor<'g> {
         }
         let (abatch, bbatch) = (&ash[..ra - 2], &bsh[..rb - 2]);
         let batch = broadcast_shapes(abatch, bbatch).ok_or_else(bad)?;
-        let mut osh: Shape = Shape::from_slice(&batch);
+        let mut osh: Shape = copy_of(&batch);
         osh.push(m);
         osh.push(n);
         let len = checked_numel(name, &osh)?;
@@ -305,11 +305,11 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (ash, dtype, ab) = {
             let n = i.node(name, self.id)?;
-            (Shape::from_slice(&n.shape), n.dtype, n.buf)
+            (copy_of(&n.shape), n.dtype, n.buf)
         };
         let (bsh, bb) = {
             let n = i.node(name, other.id)?;
-            (Shape::from_slice(&n.shape), n.buf)
+            (copy_of(&n.shape), n.buf)
         };
         let r = ash.len();
         let (m, k) = if ta {
@@ -359,7 +359,7 @@ impl<'g> Tensor<'g> {
                 }
             }
         });
-        let id = i.push(Shape::from_slice(&[m, n]), dtype, out, Op::Leaf, &[]);
+        let id = i.push(copy_of(&[m, n]), dtype, out, Op::Leaf, &[]);
         drop(guard);
         Ok(self.g.handle(id))
     }

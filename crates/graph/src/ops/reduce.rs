@@ -7,7 +7,7 @@ use smallvec::smallvec;
 use super::{Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
-use crate::shape::{axes_mask, Shape};
+use crate::shape::{axes_mask, copy_of, Shape};
 use crate::{Device, Tensor};
 
 impl<'g> Tensor<'g> {
@@ -20,7 +20,7 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (shape, dtype, dev, xb) = {
             let n = i.node(name, self.id)?;
-            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
+            (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
         let mask = axes_mask(name, axes, &shape)?;
         if op == ReduceOp::Max && mask.iter().zip(&shape).any(|(&m, &d)| m && d == 0) {

@@ -18,7 +18,7 @@ use super::{check_pair, Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::graph::{Inner, NodeId};
-use crate::shape::{checked_numel, norm_axis, Shape};
+use crate::shape::{checked_numel, copy_of, norm_axis, Shape};
 use crate::{Device, Graph, Tensor};
 
 impl<'g> Tensor<'g> {
@@ -35,7 +35,7 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (shape, dtype, dev, xb) = {
             let n = i.node(name, self.id)?;
-            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
+            (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
         let len = checked_numel(name, &out_shape)?;
         let out = if zeroed {
@@ -167,7 +167,7 @@ impl<'g> Tensor<'g> {
                 })
             }
         }
-        let to = Shape::from_slice(shape);
+        let to = copy_of(shape);
         let tk = to.clone();
         self.data_op(op, to, Op::BroadcastTo, false, move |a| a.broadcast(&tk))
     }
@@ -291,7 +291,7 @@ impl<'g> Tensor<'g> {
                 shape: shape.to_vec(),
             });
         }
-        let out = Shape::from_slice(idx_shape);
+        let out = copy_of(idx_shape);
         let idx: Arc<[usize]> = Arc::from(idx);
         let (ik, ish) = (idx.clone(), out.clone());
         self.data_op(op, out, Op::Gather { axis: ax, idx }, false, move |a| {
@@ -359,7 +359,7 @@ impl Graph {
         for p in parts {
             let (shape, buf) = {
                 let n = i.node(op, p.id)?;
-                (Shape::from_slice(&n.shape), n.buf)
+                (copy_of(&n.shape), n.buf)
             };
             match dev {
                 Device::Cpu => with_float!(dtype, T, {

@@ -6,8 +6,8 @@ use smallvec::smallvec;
 use super::{Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::Result;
+use crate::shape::copy_of;
 use crate::shape::norm_axis;
-use crate::shape::Shape;
 use crate::{Device, Tensor};
 
 impl<'g> Tensor<'g> {
@@ -17,7 +17,7 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (shape, dtype, dev, xb) = {
             let n = i.node(name, self.id)?;
-            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
+            (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
         let ax = norm_axis(name, axis, &shape)?;
         let out = i.alloc_on(name, dev, dtype, shape.iter().product())?;
@@ -58,7 +58,7 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (shape, dtype, dev, yb) = {
             let n = i.node(name, y.id)?;
-            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
+            (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
         let gb = i.node(name, g.id)?.buf;
         let out = i.alloc_on(name, dev, dtype, shape.iter().product())?;

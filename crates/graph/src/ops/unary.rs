@@ -7,7 +7,7 @@ use super::{Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::Result;
 use crate::graph::{Inner, NodeId, RawResult};
-use crate::shape::Shape;
+use crate::shape::copy_of;
 use crate::{Device, Tensor};
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -25,7 +25,7 @@ impl<'g> Tensor<'g> {
         let mut guard = self.g.inner();
         let i = &mut *guard;
         let n = i.node(name, self.id)?;
-        let (shape, dtype, dev, xb) = (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf);
+        let (shape, dtype, dev, xb) = (copy_of(&n.shape), n.dtype, n.device(), n.buf);
         let len = shape.iter().product();
         let out = i.alloc_on(name, dev, dtype, len)?;
         let threads = i.threads;
@@ -56,7 +56,7 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (shape, dtype, dev, xb) = {
             let n = i.node(name, x.id)?;
-            (Shape::from_slice(&n.shape), n.dtype, n.device(), n.buf)
+            (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
         let yb = i.node(name, y.id)?.buf;
         let gb = i.node(name, gy.id)?.buf;
