@@ -327,17 +327,17 @@ fn unary_fast_path(i: &mut Inner, node_id: NodeId, gid: NodeId, retain: bool) ->
     if n.spent || n.retain_grad {
         return Ok(false);
     }
-    let x = n.inputs[0];
-    let Some(slot) = i
+    let (x, yb) = (n.inputs[0], n.buf);
+    let Some((slot, xb)) = i
         .nodes
         .get(x)
         .filter(|xn| xn.requires_grad && xn.tape_pos != NO_POS)
-        .map(|xn| xn.tape_pos as usize)
-        .filter(|&p| i.grad_slots[p].is_none())
+        .map(|xn| (xn.tape_pos as usize, xn.buf))
+        .filter(|&(p, _)| i.grad_slots[p].is_none())
     else {
         return Ok(false);
     };
-    if !ops::unary::backward_in_place(i, u, x, node_id, gid)? {
+    if !ops::unary::backward_in_place_bufs(i, u, xb, yb, gid)? {
         return Ok(false);
     }
     i.grad_slots[slot] = Some(gid);

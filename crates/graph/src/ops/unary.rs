@@ -1,5 +1,6 @@
 //! Elementwise functions of one tensor, and the scalar forms (`x * s`, `x + s`, `x^p`).
 
+use arenagrad_alloc::BufId;
 use arenagrad_exec::{cpu, UnaryOp};
 use smallvec::smallvec;
 
@@ -166,6 +167,20 @@ pub(crate) fn backward_in_place(
     y: NodeId,
     gid: NodeId,
 ) -> Result<bool> {
+    let name = op.name();
+    let (xb, yb) = (i.node(name, x)?.buf, i.node(name, y)?.buf);
+    backward_in_place_bufs(i, op, xb, yb, gid)
+}
+
+/// [`backward_in_place`] for a caller that has the input's and the output's buffers at hand.
+#[inline(always)]
+pub(crate) fn backward_in_place_bufs(
+    i: &mut Inner,
+    op: UnaryOp,
+    xb: BufId,
+    yb: BufId,
+    gid: NodeId,
+) -> Result<bool> {
     if matches!(op, UnaryOp::Sign | UnaryOp::Step | UnaryOp::GeluGrad) {
         return Ok(false);
     }
@@ -175,7 +190,6 @@ pub(crate) fn backward_in_place(
         return Ok(false);
     }
     let (gb, dtype) = (gn.buf, gn.dtype);
-    let (xb, yb) = (i.node(name, x)?.buf, i.node(name, y)?.buf);
     let threads = i.threads;
     with_float!(dtype, T, {
         let (g, [xs, ys]) = i.split_mut::<T, 2>(name, gb, [xb, yb])?;
