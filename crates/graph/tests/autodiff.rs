@@ -323,6 +323,33 @@ fn custom_square<'g>(g: &'g Graph, x: Tensor<'g>, op: Arc<dyn CustomOp>) -> Resu
     g.custom(op, &[x], value)
 }
 
+/// What an iteration's nodes hold (here a custom op's `Arc`) is let go of at the reset, whether
+/// or not backward ran, and the node slots the next iteration writes over start clean.
+#[test]
+fn reset_lets_go_of_what_the_iteration_held() {
+    let op: Arc<dyn CustomOp> = Arc::new(Square);
+    let mut g = Graph::new();
+    for it in 0..4 {
+        let x = g
+            .from_slice(&[1.0f64, -2.0], &[2])
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap();
+        // Long shapes and input lists spill out of line; they go too.
+        let wide = x.reshape(&[1, 1, 1, 1, 2]).unwrap();
+        let cat = g.concat(&[x, x, x], 0).unwrap();
+        let y = custom_square(&g, x, op.clone()).unwrap();
+        assert_eq!(Arc::strong_count(&op), 2);
+        if it % 2 == 0 {
+            let l = y.add(wide.reshape(&[2]).unwrap()).unwrap().sum().unwrap();
+            l.add(cat.sum().unwrap()).unwrap().backward().unwrap();
+            assert_eq!(v(x.grad().unwrap().unwrap()), vec![6.0, 0.0]);
+        }
+        g.reset();
+        assert_eq!(Arc::strong_count(&op), 1, "iteration {it}");
+    }
+}
+
 #[test]
 fn gradcheck_catches_a_planted_wrong_backward() {
     let x = [HostTensor::new(vec![0.5f64, -1.25, 2.0], &[3]).unwrap()];
