@@ -217,25 +217,42 @@ impl Inner {
         // earlier iteration), instead of building the node on the stack and copying it in (a
         // copy that reads back, in wide loads, what was just stored in narrow ones).
         let id = self.nodes.insert_with(|n| {
-            n.shape = shape;
-            n.dtype = dtype;
-            n.dev = DevCode::of(device);
-            n.buf = buf;
-            n.requires_grad = record;
-            n.op = if record { op() } else { Op::Leaf };
-            n.inputs.clear();
+            // Destructured, so that a field added to `Node` must be given its value here.
+            let Node {
+                shape: n_shape,
+                dtype: n_dtype,
+                dev,
+                buf: n_buf,
+                requires_grad,
+                op: n_op,
+                inputs: n_inputs,
+                tape_pos: n_tape_pos,
+                spent,
+                grad,
+                retain_grad,
+                temp: n_temp,
+                grad_refs,
+                epoch: _,
+            } = n;
+            *n_shape = shape;
+            *n_dtype = dtype;
+            *dev = DevCode::of(device);
+            *n_buf = buf;
+            *requires_grad = record;
+            *n_op = if record { op() } else { Op::Leaf };
+            n_inputs.clear();
             if record {
                 // One push at a time: `extend_from_slice` reserves and calls `memcpy`.
                 for &x in inputs {
-                    n.inputs.push(x);
+                    n_inputs.push(x);
                 }
             }
-            n.tape_pos = tape_pos;
-            n.spent = false;
-            n.grad = None;
-            n.retain_grad = false;
-            n.temp = temp;
-            n.grad_refs = 0;
+            *n_tape_pos = tape_pos;
+            *spent = false;
+            *grad = None;
+            *retain_grad = false;
+            *n_temp = temp;
+            *grad_refs = 0;
         });
         if record {
             self.tape.push(id);

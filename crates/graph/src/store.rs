@@ -1,11 +1,11 @@
 //! Where an iteration's nodes live: a generational slot map whose generation is the iteration.
 //!
 //! A node's id is its index and the iteration (epoch) it was made in, and each node records its
-//! epoch, so a lookup is one bounds check and one compare: an id from an ended iteration carries
-//! an older epoch than the node now in its slot, and a freed node's slot is marked dead. Ending
-//! the iteration bumps the epoch — O(1) in the nodes, where a map with one version per slot must
-//! touch every slot to bump it (with `slotmap`, clearing 10,000 nodes cost about 8 ns per node,
-//! an eighth of a tiny op's whole forward and backward).
+//! epoch, so a lookup is two compares and a bounds check: an id from an ended iteration carries
+//! an older epoch than the store's, and a freed node's epoch is marked dead. Ending the
+//! iteration bumps the store's epoch — O(1) in the nodes, where a map with one version per slot
+//! must touch every slot to bump it (with `slotmap`, clearing 10,000 nodes cost about 8 ns per
+//! node, an eighth of a tiny op's whole forward and backward).
 //!
 //! Slots are kept across iterations and written over in place: a new node's fields are stored
 //! where they live rather than built on the stack and copied in. Only the few nodes that hold
