@@ -7,7 +7,7 @@
 //! `f32`. `f64` keeps libm: it is the type for gradient checks, where the last digit matters.
 
 use super::par::{par_chunks_mut, PAR_MIN_ELEMS};
-use super::wide::wide;
+use super::wide::{wide, WIDE_MIN_ELEMS};
 use crate::Float;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -88,6 +88,17 @@ pub trait FastMath: Sized {
 
 impl FastMath for f32 {
     fn tanh_into(x: &[f32], out: &mut [f32]) {
+        if out.len() < WIDE_MIN_ELEMS {
+            // A few elements: each takes its own branch (the same formulas, so the same bits).
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = if v.abs() < 0.4 {
+                    tanh_small_f32(v)
+                } else {
+                    tanh_big_f32(v)
+                };
+            }
+            return;
+        }
         wide(
             out.len(),
             #[inline(always)]
@@ -154,6 +165,9 @@ impl FastMath for f64 {
 
 /// `tanh` over a slice, split across threads when large.
 pub fn tanh_slice<T: Float>(x: &[T], out: &mut [T], threads: usize) {
+    if out.len() < WIDE_MIN_ELEMS {
+        return T::tanh_into(x, out);
+    }
     par_chunks_mut(out, threads, PAR_MIN_ELEMS, |s, o| {
         T::tanh_into(&x[s..s + o.len()], o)
     });
@@ -161,6 +175,9 @@ pub fn tanh_slice<T: Float>(x: &[T], out: &mut [T], threads: usize) {
 
 /// `exp` over a slice, split across threads when large.
 pub fn exp_slice<T: Float>(x: &[T], out: &mut [T], threads: usize) {
+    if out.len() < WIDE_MIN_ELEMS {
+        return T::exp_into(x, out);
+    }
     par_chunks_mut(out, threads, PAR_MIN_ELEMS, |s, o| {
         T::exp_into(&x[s..s + o.len()], o)
     });
