@@ -285,6 +285,7 @@ impl Arena {
 
     /// Reserves memory for `len` elements of `T` and returns the slot. `fresh` says whether the
     /// memory came from the bump (uninitialised) rather than the free list (holding old `Pod` data).
+    #[inline(always)]
     fn reserve<T: Pod>(&mut self, len: usize) -> Result<(BufId, bool), AllocError> {
         let bytes = Self::byte_size::<T>(len)?;
         let reused = if bytes / BUF_ALIGN < SMALL_CLASSES {
@@ -398,6 +399,7 @@ impl Arena {
     /// A buffer of `len` elements whose contents are unspecified (but initialised): the caller is
     /// expected to overwrite all of them. Cheaper than [`Arena::alloc_zeroed`] when the buffer comes
     /// from the free list.
+    #[inline]
     pub fn alloc_scratch<T: Pod>(&mut self, len: usize) -> Result<BufId, AllocError> {
         let (id, fresh) = self.reserve::<T>(len)?;
         // Bump memory is initialised when it comes from the single chunk that was cleared once
@@ -442,7 +444,7 @@ impl Arena {
         Ok(id)
     }
 
-    #[inline]
+    #[inline(always)]
     fn check<T: Pod>(&self, id: BufId) -> Result<&Slot, AllocError> {
         match self.slots.get(id.slot as usize) {
             Some(slot) if slot.live && id.epoch == self.epoch => {
@@ -460,7 +462,7 @@ impl Arena {
     }
 
     /// [`Arena::check`] for a buffer about to be written: shared buffers are read-only.
-    #[inline]
+    #[inline(always)]
     fn check_mut<T: Pod>(&self, id: BufId) -> Result<&Slot, AllocError> {
         let slot = self.check::<T>(id)?;
         if slot.shared {
@@ -508,6 +510,7 @@ impl Arena {
 
     /// One buffer to write and `N` distinct others to read, borrowed together — the shape of a
     /// kernel call. The inputs may repeat among themselves but not name the output.
+    #[inline(always)]
     pub fn split_mut<T: Pod, const N: usize>(
         &mut self,
         out: BufId,

@@ -206,7 +206,25 @@ impl Inner {
         op: impl FnOnce() -> Op,
         inputs: &[NodeId],
     ) -> NodeId {
-        let record = self.grad_mode && inputs.iter().any(|i| self.nodes[*i].requires_grad);
+        let needs_grad = inputs.iter().any(|i| self.nodes[*i].requires_grad);
+        self.push_known(device, shape, dtype, buf, op, inputs, needs_grad)
+    }
+
+    /// [`Inner::push_with`] for a caller that has just looked its inputs up and knows whether
+    /// one requires grad.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn push_known(
+        &mut self,
+        device: Device,
+        shape: Shape,
+        dtype: DType,
+        buf: BufId,
+        op: impl FnOnce() -> Op,
+        inputs: &[NodeId],
+        needs_grad: bool,
+    ) -> NodeId {
+        let record = self.grad_mode && needs_grad;
         let temp = self.temp_mode;
         let tape_pos = if record {
             self.tape.len() as u32
@@ -239,7 +257,14 @@ impl Inner {
             *dev = DevCode::of(device);
             *n_buf = buf;
             *requires_grad = record;
-            *n_op = if record { op() } else { Op::Leaf };
+            // The slot's old op holds no heap memory (the reset let go of any), so it is
+            // forgotten here rather than dropped through `drop_in_place`'s out-of-line call.
+            let old = std::mem::replace(n_op, if record { op() } else { Op::Leaf });
+            if old.holds_heap() {
+                drop(old);
+            } else {
+                std::mem::forget(old);
+            }
             n_inputs.clear();
             if record {
                 // One push at a time: `extend_from_slice` reserves and calls `memcpy`.
@@ -274,7 +299,7 @@ impl Inner {
 
     /// One host buffer to write and `N` to read, as [`Arena::split_mut`], with an error that
     /// names `op`.
-    #[inline]
+    #[inline(always)]
     pub fn split_mut<T: arenagrad_alloc::Pod, const N: usize>(
         &mut self,
         op: &'static str,

@@ -11,11 +11,23 @@ pub type Shape = SmallVec<[usize; 4]>;
 /// (which a copy of a variable length becomes, and which a tiny op's whole budget notices).
 #[inline(always)]
 pub fn copy_of(s: &[usize]) -> Shape {
+    copy_and_numel(s).0
+}
+
+/// [`copy_of`] and the element count of `s` (the product of its extents, 1 for a scalar),
+/// computed from the same four words. The caller has checked the count before (`s` is a
+/// tensor's shape), so the product cannot overflow.
+#[inline(always)]
+pub fn copy_and_numel(s: &[usize]) -> (Shape, usize) {
     if s.len() <= 4 {
         let at = |k: usize| s.get(k).copied().unwrap_or(0);
-        Shape::from_buf_and_len([at(0), at(1), at(2), at(3)], s.len())
+        let n = s.iter().take(4).fold(1usize, |p, &d| p.wrapping_mul(d));
+        (
+            Shape::from_buf_and_len([at(0), at(1), at(2), at(3)], s.len()),
+            n,
+        )
     } else {
-        Shape::from_slice(s)
+        (Shape::from_slice(s), s.iter().product())
     }
 }
 

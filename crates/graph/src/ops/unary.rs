@@ -8,7 +8,7 @@ use super::{Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::Result;
 use crate::graph::{Inner, NodeId, RawResult};
-use crate::shape::copy_of;
+use crate::shape::{copy_and_numel, copy_of};
 use crate::{Device, Tensor};
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -26,8 +26,8 @@ impl<'g> Tensor<'g> {
         let mut guard = self.g.inner();
         let i = &mut *guard;
         let n = i.node(name, self.id)?;
-        let (shape, dtype, dev, xb) = (copy_of(&n.shape), n.dtype, n.device(), n.buf);
-        let len = shape.iter().product();
+        let ((shape, len), dtype, dev, xb) = (copy_and_numel(&n.shape), n.dtype, n.device(), n.buf);
+        let needs_grad = n.requires_grad;
         let out = i.alloc_on(name, dev, dtype, len)?;
         let threads = i.threads;
         match dev {
@@ -40,7 +40,15 @@ impl<'g> Tensor<'g> {
                     .unary(dtype, op, x, o, len))
             }
         }
-        let id = i.push_with(dev, shape, dtype, out, || Op::Unary(op), &[self.id]);
+        let id = i.push_known(
+            dev,
+            shape,
+            dtype,
+            out,
+            || Op::Unary(op),
+            &[self.id],
+            needs_grad,
+        );
         drop(guard);
         Ok(id.to_bits())
     }
