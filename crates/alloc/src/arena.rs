@@ -154,6 +154,8 @@ pub struct Arena {
     initialised_bytes: usize,
     /// The owners of this iteration's shared buffers, kept alive until the reset.
     owners: Vec<Arc<dyn Any + Send + Sync>>,
+    /// Buffers of this iteration that died before the reset (`slots.len() - dead` are live).
+    dead: usize,
 }
 
 // SAFETY: every pointer in `slots` and `free` points into chunks owned by `self.bump`, which is
@@ -190,6 +192,7 @@ impl Arena {
             stats: ArenaStats::default(),
             initialised_bytes: 0,
             owners: Vec::new(),
+            dead: 0,
         }
     }
 
@@ -220,9 +223,15 @@ impl Arena {
     }
 
     /// Current statistics.
+    ///
+    /// The counts of this iteration's buffers and the peak of its bumped bytes are derived here
+    /// rather than kept up to date by every allocation.
     pub fn stats(&self) -> ArenaStats {
         ArenaStats {
             capacity: self.bump.allocated_bytes(),
+            allocations: self.slots.len() as u64,
+            live_buffers: self.slots.len() - self.dead,
+            peak_bytes_bumped: self.stats.peak_bytes_bumped.max(self.stats.bytes_bumped),
             ..self.stats
         }
     }
@@ -244,6 +253,7 @@ impl Arena {
         // bumpalo keeps only its newest chunk on reset. If this iteration needed more than that
         // chunk holds, the next one would map fresh chunks again (and fault every page in), so
         // start over with one chunk that holds the whole peak: from then on the loop is steady.
+        self.stats.peak_bytes_bumped = self.stats.peak_bytes_bumped.max(self.stats.bytes_bumped);
         let grew = self.bump.allocated_bytes() != self.initialised_bytes;
         self.bump.reset();
         if grew
@@ -257,9 +267,8 @@ impl Arena {
         self.epoch = self.epoch.wrapping_add(1);
         self.stats.bytes_in_use = 0;
         self.stats.bytes_bumped = 0;
-        self.stats.allocations = 0;
         self.stats.reused = 0;
-        self.stats.live_buffers = 0;
+        self.dead = 0;
         self.stats.resets += 1;
     }
 
@@ -315,8 +324,6 @@ impl Arena {
                             reserved: self.bump.allocated_bytes(),
                         })?;
                 self.stats.bytes_bumped += bytes;
-                self.stats.peak_bytes_bumped =
-                    self.stats.peak_bytes_bumped.max(self.stats.bytes_bumped);
                 (p, true)
             }
         };
@@ -332,8 +339,6 @@ impl Arena {
         });
         self.stats.bytes_in_use += bytes;
         self.stats.peak_bytes_in_use = self.stats.peak_bytes_in_use.max(self.stats.bytes_in_use);
-        self.stats.allocations += 1;
-        self.stats.live_buffers += 1;
         Ok((
             BufId {
                 slot,
@@ -381,8 +386,6 @@ impl Arena {
             holders: 1,
         });
         self.owners.push(owner);
-        self.stats.allocations += 1;
-        self.stats.live_buffers += 1;
         Ok(BufId {
             slot,
             epoch: self.epoch,
@@ -633,7 +636,7 @@ impl Arena {
             return Ok(());
         }
         slot.live = false;
-        self.stats.live_buffers -= 1;
+        self.dead += 1;
         if slot.shared {
             // Not ours: its owner is let go at the reset.
             return Ok(());
