@@ -261,6 +261,44 @@ mod tests {
         }
     }
 
+    /// Short slices take each element's branch, long ones compute both and select: the same bits.
+    #[test]
+    fn short_and_long_slices_give_the_same_tanh() {
+        let x: Vec<f32> = [
+            0.0,
+            -0.0,
+            0.399_999_98,
+            0.4,
+            -0.4,
+            0.400_000_03,
+            1.5,
+            -7.25,
+            9.5,
+            30.0,
+            f32::MIN_POSITIVE,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            0.0137,
+            -0.2,
+        ]
+        .into_iter()
+        .cycle()
+        .take(40)
+        .collect();
+        let mut long = vec![0.0f32; x.len()];
+        f32::tanh_into(&x, &mut long);
+        for (k, (&v, &want)) in x.iter().zip(&long).enumerate() {
+            let mut one = [0.0f32];
+            f32::tanh_into(&[v], &mut one);
+            if want.is_nan() {
+                assert!(one[0].is_nan(), "tanh({v}) at {k}");
+            } else {
+                assert_eq!(one[0].to_bits(), want.to_bits(), "tanh({v}) at {k}");
+            }
+        }
+    }
+
     #[test]
     // Miri perturbs the results of transcendental functions by a few ulps on purpose, so the
     // reference itself is off there.
