@@ -1,7 +1,7 @@
 //! Elementwise kernels: unary maps, their fused derivatives, and broadcasting binary maps.
 
 use super::par::{par_chunks_mut, PAR_MIN_ELEMS};
-use super::wide::{wide, WIDE_MIN_ELEMS};
+use super::wide::wide;
 use crate::layout::{broadcast_strides, contiguous_strides, walk};
 use crate::{BinaryOp, Float, UnaryOp};
 
@@ -37,13 +37,6 @@ fn gelu_grad<T: Float>(x: T) -> T {
 
 #[inline(always)]
 fn map_into<T: Float>(x: &[T], out: &mut [T], threads: usize, f: impl Fn(T) -> T + Sync + Copy) {
-    if out.len() < WIDE_MIN_ELEMS {
-        // Tiny (a chain of small tensors): one plain loop, none of the splitting and dispatch.
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = f(v);
-        }
-        return;
-    }
     par_chunks_mut(out, threads, PAR_MIN_ELEMS, |start, o| {
         let xs = &x[start..start + o.len()];
         wide(
@@ -116,12 +109,6 @@ fn zip3_in_place<T: Float, F: Fn(T, T, T) -> T + Sync + ?Sized>(
     threads: usize,
     f: &F,
 ) {
-    if g.len() < WIDE_MIN_ELEMS {
-        for ((o, &xv), &yv) in g.iter_mut().zip(x).zip(y) {
-            *o = f(xv, yv, *o);
-        }
-        return;
-    }
     par_chunks_mut(g, threads, PAR_MIN_ELEMS, |start, o| {
         let end = start + o.len();
         let (x, y) = (&x[start..end], &y[start..end]);

@@ -165,9 +165,6 @@ impl FastMath for f64 {
 
 /// `tanh` over a slice, split across threads when large.
 pub fn tanh_slice<T: Float>(x: &[T], out: &mut [T], threads: usize) {
-    if out.len() < WIDE_MIN_ELEMS {
-        return T::tanh_into(x, out);
-    }
     par_chunks_mut(out, threads, PAR_MIN_ELEMS, |s, o| {
         T::tanh_into(&x[s..s + o.len()], o)
     });
@@ -175,9 +172,6 @@ pub fn tanh_slice<T: Float>(x: &[T], out: &mut [T], threads: usize) {
 
 /// `exp` over a slice, split across threads when large.
 pub fn exp_slice<T: Float>(x: &[T], out: &mut [T], threads: usize) {
-    if out.len() < WIDE_MIN_ELEMS {
-        return T::exp_into(x, out);
-    }
     par_chunks_mut(out, threads, PAR_MIN_ELEMS, |s, o| {
         T::exp_into(&x[s..s + o.len()], o)
     });

@@ -8,7 +8,24 @@
 pub const PAR_MIN_ELEMS: usize = 1 << 16;
 
 /// Runs `f(start, out_chunk)` over `out` split into up to `threads` contiguous chunks.
+///
+/// Work too small to split (nearly every call) runs `f` in line, decided without a division:
+/// a chain of tiny tensors pays no call and no split logic per kernel.
+#[inline(always)]
 pub fn par_chunks_mut<T: Send>(
+    out: &mut [T],
+    threads: usize,
+    min: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    if threads <= 1 || out.len() < min.saturating_mul(2) {
+        f(0, out);
+        return;
+    }
+    split_chunks_mut(out, threads, min, f);
+}
+
+fn split_chunks_mut<T: Send>(
     out: &mut [T],
     threads: usize,
     min: usize,
