@@ -191,30 +191,16 @@ impl Inner {
         op: Op,
         inputs: &[NodeId],
     ) -> NodeId {
-        self.push_with(device, shape, dtype, buf, move || op, inputs)
-    }
-
-    /// [`Inner::push_on`] with the op made by `op()` only when it is recorded, right where the
-    /// node keeps it (the hot elementwise ops build it there rather than copy it in).
-    #[inline(always)]
-    pub fn push_with(
-        &mut self,
-        device: Device,
-        shape: Shape,
-        dtype: DType,
-        buf: BufId,
-        op: impl FnOnce() -> Op,
-        inputs: &[NodeId],
-    ) -> NodeId {
         let needs_grad = inputs.iter().any(|i| self.nodes[*i].requires_grad);
-        self.push_known(device, shape, dtype, buf, op, inputs, needs_grad)
+        self.push_with(device, shape, dtype, buf, move || op, inputs, needs_grad)
     }
 
-    /// [`Inner::push_with`] for a caller that has just looked its inputs up and knows whether
-    /// one requires grad.
+    /// [`Inner::push_on`] for a caller that has just looked its inputs up and knows whether one
+    /// requires grad (`needs_grad`), with the op made by `op()` only when it is recorded, right
+    /// where the node keeps it (the hot elementwise ops build it there rather than copy it in).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub fn push_known(
+    pub fn push_with(
         &mut self,
         device: Device,
         shape: Shape,

@@ -40,7 +40,7 @@ impl<'g> Tensor<'g> {
                     .unary(dtype, op, x, o, len))
             }
         }
-        let id = i.push_known(
+        let id = i.push_with(
             dev,
             shape,
             dtype,
