@@ -114,13 +114,7 @@ impl NodeStore {
     /// [`NodeStore::get`], mutable.
     #[inline(always)]
     pub fn get_mut(&mut self, id: NodeId) -> Option<&mut Node> {
-        if id.epoch != self.epoch {
-            return None;
-        }
-        match self.nodes.get_mut(id.idx as usize) {
-            Some(n) if n.epoch == id.epoch.get() => Some(n),
-            _ => None,
-        }
+        find_mut(&mut self.nodes, self.epoch, id)
     }
 
     /// Gives a node of this iteration a new op (one that may hold heap memory).
@@ -141,17 +135,10 @@ impl NodeStore {
     /// Frees a node: its id goes stale at once, its slot at the next [`NodeStore::clear`].
     /// Returns the node as it was, or `None` if the id did not resolve.
     pub fn remove(&mut self, id: NodeId) -> Option<&Node> {
-        if id.epoch != self.epoch {
-            return None;
-        }
-        match self.nodes.get_mut(id.idx as usize) {
-            Some(n) if n.epoch == id.epoch.get() => {
-                n.epoch = DEAD;
-                self.live -= 1;
-                Some(n)
-            }
-            _ => None,
-        }
+        let n = find_mut(&mut self.nodes, self.epoch, id)?;
+        n.epoch = DEAD;
+        self.live -= 1;
+        Some(n)
     }
 
     /// Live nodes.
@@ -170,6 +157,18 @@ impl NodeStore {
         self.live = 0;
         self.epoch = self.epoch.checked_add(1).unwrap_or(NonZeroU32::MIN);
     }
+}
+
+/// The live node `id` names among `nodes` of the iteration `epoch` (a function of the fields, so
+/// that [`NodeStore::remove`] can update its count while it holds the node).
+#[inline(always)]
+fn find_mut(nodes: &mut [Node], epoch: NonZeroU32, id: NodeId) -> Option<&mut Node> {
+    if id.epoch != epoch {
+        return None;
+    }
+    nodes
+        .get_mut(id.idx as usize)
+        .filter(|n| n.epoch == id.epoch.get())
 }
 
 impl std::ops::Index<NodeId> for NodeStore {
