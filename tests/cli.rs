@@ -29,17 +29,34 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// A program file in a fresh temporary directory.
-fn file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "arenagrad-cli-{}-{}",
-        std::process::id(),
-        name.replace('.', "_")
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
+/// A program file in a fresh temporary directory, removed with the directory when dropped.
+struct TempFile {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl TempFile {
+    fn new(name: &str, text: &str) -> TempFile {
+        let dir = std::env::temp_dir().join(format!(
+            "arenagrad-cli-{}-{}",
+            std::process::id(),
+            name.replace('.', "_")
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        TempFile { dir, path }
+    }
+
+    fn arg(&self) -> &str {
+        self.path.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 const SMOOTH: &str = "x = input 2 3 : 0.5 -1 2 0.25 1.5 -0.75\n\
@@ -83,8 +100,8 @@ fn help_lists_the_subcommands() {
 
 #[test]
 fn run_reads_files_and_stdin() {
-    let f = file("smooth.ag", SMOOTH);
-    let a = arenagrad(&["run", "--json", f.to_str().unwrap()], None);
+    let f = TempFile::new("smooth.ag", SMOOTH);
+    let a = arenagrad(&["run", "--json", f.arg()], None);
     let b = arenagrad(&["run", "--json", "-"], Some(SMOOTH.as_bytes()));
     assert!(a.status.success() && b.status.success(), "{}", stderr(&a));
     assert_eq!(stdout(&a), stdout(&b));
@@ -97,7 +114,7 @@ fn run_reads_files_and_stdin() {
     assert_eq!(j["values"].as_object().unwrap().len(), 2);
     assert_eq!(j["grads"].as_object().unwrap().len(), 1);
     // Without --json: a readable listing.
-    let h = stdout(&arenagrad(&["run", f.to_str().unwrap()], None));
+    let h = stdout(&arenagrad(&["run", f.arg()], None));
     assert!(h.contains("output s: shape [2, 3]"), "{h}");
     assert!(h.contains("grad x: shape [2, 3]"), "{h}");
     assert!(h.contains("value w: shape [3] [0.5, -1.0, 2.0]"), "{h}");
