@@ -144,14 +144,20 @@ pub struct Arena {
     slots: Vec<Slot>,
     free: HashMap<usize, Vec<NonNull<u8>>, BuildSizeHasher>,
     /// Free lists of small buffers, indexed by size in cache lines: no hashing on the hot path.
-    small_free: Vec<Vec<NonNull<u8>>>,
+    small_free: Box<[Vec<NonNull<u8>>; SMALL_CLASSES]>,
     epoch: u32,
     stats: ArenaStats,
-    /// When non-zero: the bump has a single chunk of this many bytes (its `allocated_bytes`),
-    /// every byte of which has been written once. Memory handed out from it is initialised (it
-    /// holds old `Pod` values), so scratch buffers need no clearing — a steady loop never pays
-    /// for a memset. Becomes 0 if the bump grows another chunk.
-    initialised_bytes: usize,
+    /// The bump's chunk, taken whole at every reset and handed out by the arena itself: buffers
+    /// are carved upwards from `region`, `region_used` of its `region_len` bytes so far. Every
+    /// byte of it was written when the chunk was new, so a carved buffer holds old `Pod` values
+    /// and needs no clearing (a steady loop never pays for a memset), and carving is an add and
+    /// a compare. When it runs out, buffers come from the bump itself (cleared), and the next
+    /// reset makes one chunk that holds the whole iteration.
+    region: NonNull<u8>,
+    region_used: usize,
+    region_len: usize,
+    /// Some buffer of this iteration came from outside the region.
+    overflowed: bool,
     /// The owners of this iteration's shared buffers, kept alive until the reset.
     owners: Vec<Arc<dyn Any + Send + Sync>>,
     /// Buffers of this iteration that died before the reset (`slots.len() - dead` are live).
@@ -187,34 +193,46 @@ impl Arena {
             bump: Bump::new(),
             slots: Vec::new(),
             free: HashMap::default(),
-            small_free: (0..SMALL_CLASSES).map(|_| Vec::new()).collect(),
+            small_free: Box::new(std::array::from_fn(|_| Vec::new())),
             epoch: 0,
             stats: ArenaStats::default(),
-            initialised_bytes: 0,
+            region: NonNull::dangling(),
+            region_used: 0,
+            region_len: 0,
+            overflowed: false,
             owners: Vec::new(),
             dead: 0,
         }
     }
 
-    /// Writes zeros over the whole (single, empty) chunk once, so that later scratch buffers
-    /// carved from it are initialised memory.
-    fn initialise_chunk(&mut self) {
+    /// Takes the bump's (single, empty) chunk whole as the region the arena carves buffers from.
+    /// The memory is cleared the first time a chunk is taken; later it is the same memory (the
+    /// bump keeps its chunk across resets and hands out the same top), which holds old `Pod`
+    /// values: initialised.
+    fn take_region(&mut self) {
+        let (old, old_len) = (self.region, self.region_len);
+        self.region = NonNull::dangling();
+        self.region_used = 0;
+        self.region_len = 0;
         // One alignment's worth short of the capacity: the bump hands out memory downwards
         // from a top that need not be aligned, so asking for every byte could miss by a few and
-        // make it map a new chunk twice the size (and this would zero that instead).
+        // make it map a new chunk twice the size.
         let cap = self.bump.chunk_capacity().saturating_sub(BUF_ALIGN) & !(BUF_ALIGN - 1);
         if cap == 0 {
             return;
         }
         let layout = std::alloc::Layout::from_size_align(cap, BUF_ALIGN)
             .expect("invariant: chunk capacity is a valid layout size");
-        if let Ok(p) = self.bump.try_alloc_layout(layout) {
+        let Ok(p) = self.bump.try_alloc_layout(layout) else {
+            return;
+        };
+        if p != old || cap != old_len {
             // SAFETY: `p` was just returned by the bump for `cap` bytes; nothing else refers to
             // it, so writing all of it is in bounds and unaliased.
             unsafe { std::ptr::write_bytes(p.as_ptr(), 0, cap) };
         }
-        self.bump.reset();
-        self.initialised_bytes = self.bump.allocated_bytes();
+        self.region = p;
+        self.region_len = cap;
     }
 
     /// The arena's current epoch (incremented by every reset).
@@ -231,9 +249,16 @@ impl Arena {
             capacity: self.bump.allocated_bytes(),
             allocations: self.slots.len() as u64,
             live_buffers: self.slots.len() - self.dead,
+            peak_bytes_in_use: self.peak_in_use(),
             peak_bytes_bumped: self.stats.peak_bytes_bumped.max(self.stats.bytes_bumped),
             ..self.stats
         }
+    }
+
+    /// The peak of the bytes in use, kept where they go down (they reach a peak just before a
+    /// buffer dies or the arena resets), not at every allocation.
+    fn peak_in_use(&self) -> usize {
+        self.stats.peak_bytes_in_use.max(self.stats.bytes_in_use)
     }
 
     /// Restarts the peak counters at the current values.
@@ -247,23 +272,23 @@ impl Arena {
         self.slots.clear();
         self.owners.clear();
         self.free.clear();
-        for l in &mut self.small_free {
+        for l in self.small_free.iter_mut() {
             l.clear();
         }
         // bumpalo keeps only its newest chunk on reset. If this iteration needed more than that
         // chunk holds, the next one would map fresh chunks again (and fault every page in), so
         // start over with one chunk that holds the whole peak: from then on the loop is steady.
         self.stats.peak_bytes_bumped = self.stats.peak_bytes_bumped.max(self.stats.bytes_bumped);
-        let grew = self.bump.allocated_bytes() != self.initialised_bytes;
+        self.stats.peak_bytes_in_use = self.peak_in_use();
         self.bump.reset();
-        if grew
-            || self.initialised_bytes == 0
-            || self.stats.bytes_bumped > self.bump.chunk_capacity()
-        {
+        if self.overflowed || self.stats.bytes_bumped > self.bump.chunk_capacity() {
             let want = self.stats.peak_bytes_bumped + self.stats.peak_bytes_bumped / 8;
             self.bump = Bump::with_capacity(want.max(BUF_ALIGN));
-            self.initialise_chunk();
+            // A new chunk: its memory is cleared when taken, whatever its address.
+            self.region_len = 0;
         }
+        self.take_region();
+        self.overflowed = false;
         self.epoch = self.epoch.wrapping_add(1);
         self.stats.bytes_in_use = 0;
         self.stats.bytes_bumped = 0;
@@ -293,9 +318,40 @@ impl Arena {
     }
 
     /// Reserves memory for `len` elements of `T` and returns the slot. `fresh` says whether the
-    /// memory came from the bump (uninitialised) rather than the free list (holding old `Pod` data).
+    /// memory may be uninitialised (it came from the bump itself, not from the region or a free
+    /// list, which hold old `Pod` values).
+    ///
+    /// Small buffers take the short way in line: a free list, else the region. Everything else,
+    /// and what they cannot serve, goes through [`Arena::reserve_slow`].
     #[inline(always)]
     fn reserve<T: Pod>(&mut self, len: usize) -> Result<(BufId, bool), AllocError> {
+        // Below this many elements the byte size is under `SMALL_CLASSES` cache lines, with no
+        // overflow to check.
+        let small_len = (SMALL_CLASSES * BUF_ALIGN - 1) / std::mem::size_of::<T>();
+        if len > small_len {
+            return self.reserve_slow::<T>(len);
+        }
+        let bytes = ((len * std::mem::size_of::<T>()).max(1) + (BUF_ALIGN - 1)) & !(BUF_ALIGN - 1);
+        let ptr = if let Some(p) = self.small_free[(bytes / BUF_ALIGN) % SMALL_CLASSES].pop() {
+            self.stats.reused += 1;
+            p
+        } else if bytes <= self.region_len - self.region_used {
+            // SAFETY: `region_used + bytes <= region_len`, so the offset stays inside the region
+            // the bump handed out (see `take_region`).
+            let p = unsafe { self.region.add(self.region_used) };
+            self.region_used += bytes;
+            self.stats.bytes_bumped += bytes;
+            p
+        } else {
+            return self.reserve_slow::<T>(len);
+        };
+        Ok((self.push_slot::<T>(ptr, bytes, len), false))
+    }
+
+    /// [`Arena::reserve`] for large buffers, and for small ones when the free list and the
+    /// region are empty.
+    #[inline(never)]
+    fn reserve_slow<T: Pod>(&mut self, len: usize) -> Result<(BufId, bool), AllocError> {
         let bytes = Self::byte_size::<T>(len)?;
         let reused = if bytes / BUF_ALIGN < SMALL_CLASSES {
             self.small_free[bytes / BUF_ALIGN].pop()
@@ -305,6 +361,13 @@ impl Arena {
         let (ptr, fresh) = match reused {
             Some(p) => {
                 self.stats.reused += 1;
+                (p, false)
+            }
+            None if bytes <= self.region_len - self.region_used => {
+                // SAFETY: as in `reserve`: the offset stays inside the region.
+                let p = unsafe { self.region.add(self.region_used) };
+                self.region_used += bytes;
+                self.stats.bytes_bumped += bytes;
                 (p, false)
             }
             None => {
@@ -324,9 +387,16 @@ impl Arena {
                             reserved: self.bump.allocated_bytes(),
                         })?;
                 self.stats.bytes_bumped += bytes;
+                self.overflowed = true;
                 (p, true)
             }
         };
+        Ok((self.push_slot::<T>(ptr, bytes, len), fresh))
+    }
+
+    /// Records a new live buffer of `len` elements of `T` at `ptr` (`bytes` reserved).
+    #[inline(always)]
+    fn push_slot<T: Pod>(&mut self, ptr: NonNull<u8>, bytes: usize, len: usize) -> BufId {
         let slot = u32::try_from(self.slots.len()).expect("invariant: fewer than 2^32 buffers");
         self.slots.push(Slot {
             ptr,
@@ -338,14 +408,10 @@ impl Arena {
             holders: 1,
         });
         self.stats.bytes_in_use += bytes;
-        self.stats.peak_bytes_in_use = self.stats.peak_bytes_in_use.max(self.stats.bytes_in_use);
-        Ok((
-            BufId {
-                slot,
-                epoch: self.epoch,
-            },
-            fresh,
-        ))
+        BufId {
+            slot,
+            epoch: self.epoch,
+        }
     }
 
     /// A read-only buffer over memory the arena does not own: `view(&owner)` is read in place,
@@ -402,14 +468,10 @@ impl Arena {
     /// A buffer of `len` elements whose contents are unspecified (but initialised): the caller is
     /// expected to overwrite all of them. Cheaper than [`Arena::alloc_zeroed`] when the buffer comes
     /// from the free list.
-    #[inline]
+    #[inline(always)]
     pub fn alloc_scratch<T: Pod>(&mut self, len: usize) -> Result<BufId, AllocError> {
         let (id, fresh) = self.reserve::<T>(len)?;
-        // Bump memory is initialised when it comes from the single chunk that was cleared once
-        // (see `initialised_bytes`); memory from a chunk grown since is not.
-        let steady =
-            self.initialised_bytes != 0 && self.bump.allocated_bytes() == self.initialised_bytes;
-        if fresh && !steady {
+        if fresh {
             // Fresh bump memory is uninitialised: make it zeros before any reference to it exists.
             let slot = &self.slots[id.slot as usize];
             // SAFETY: `slot.ptr` was just returned by the bump for `slot.bytes` bytes, aligned to
@@ -519,6 +581,35 @@ impl Arena {
         out: BufId,
         inputs: [BufId; N],
     ) -> Result<(&mut [T], [&[T]; N]), AllocError> {
+        self.split_checked(out, inputs, false)
+    }
+
+    /// [`Arena::split_mut`] for rewriting `out` in place: [`AllocError::NotUnique`] (and
+    /// nothing borrowed) where other owners share it (views), whose values would change too.
+    #[inline(always)]
+    pub fn split_unique<T: Pod, const N: usize>(
+        &mut self,
+        out: BufId,
+        inputs: [BufId; N],
+    ) -> Result<(&mut [T], [&[T]; N]), AllocError> {
+        self.split_checked(out, inputs, true)
+    }
+
+    #[inline(always)]
+    fn split_checked<T: Pod, const N: usize>(
+        &mut self,
+        out: BufId,
+        inputs: [BufId; N],
+        unique: bool,
+    ) -> Result<(&mut [T], [&[T]; N]), AllocError> {
+        let o = self.check_mut::<T>(out)?;
+        if unique && o.holders != 1 {
+            return Err(AllocError::NotUnique {
+                slot: out.slot,
+                holders: o.holders,
+            });
+        }
+        let (optr, olen) = (o.ptr, o.len);
         // Filled in place (`array::from_fn` left its closure out of line, one call per input).
         let mut ins: [&[T]; N] = [&[]; N];
         for (dst, id) in ins.iter_mut().zip(inputs) {
@@ -532,15 +623,13 @@ impl Arena {
             // argued below.
             *dst = unsafe { std::slice::from_raw_parts(s.ptr.as_ptr().cast::<T>(), s.len) };
         }
-        let o = self.check_mut::<T>(out)?;
         // SAFETY: all slots were checked live, of this epoch and of type `T`, and the output is
         // not a shared slot. Live bump slots never share memory (a recycled region is only handed
         // to a new slot after its old slot is marked dead), shared slots point outside the bump
         // (into memory their owners hold), and the output slot differs from every input slot, so
         // the unique borrow of the output does not overlap the shared borrows of the inputs.
         // `&mut self` keeps any other access out for the lifetime of the returned slices.
-        let out_slice =
-            unsafe { std::slice::from_raw_parts_mut(o.ptr.as_ptr().cast::<T>(), o.len) };
+        let out_slice = unsafe { std::slice::from_raw_parts_mut(optr.as_ptr().cast::<T>(), olen) };
         Ok((out_slice, ins))
     }
 
@@ -637,6 +726,7 @@ impl Arena {
         }
         slot.live = false;
         self.dead += 1;
+        self.stats.peak_bytes_in_use = self.stats.peak_bytes_in_use.max(self.stats.bytes_in_use);
         if slot.shared {
             // Not ours: its owner is let go at the reset.
             return Ok(());
@@ -903,5 +993,70 @@ mod tests {
         assert_eq!(a.stats().peak_bytes_in_use, 192);
         a.recycle(y).unwrap();
         assert_eq!(a.stats().live_buffers, 0);
+        // The peak survives the reset and is not lowered by a smaller iteration.
+        a.reset();
+        a.alloc_scratch::<f32>(1).unwrap();
+        assert_eq!(a.stats().bytes_in_use, 64);
+        assert_eq!(a.stats().peak_bytes_in_use, 192);
+        a.alloc_scratch::<f32>(100).unwrap(); // 448 bytes
+        assert_eq!(a.stats().peak_bytes_in_use, 512);
+        a.reset_peak();
+        assert_eq!(a.stats().peak_bytes_in_use, 512);
+        a.reset();
+        assert_eq!(a.stats().peak_bytes_in_use, 512);
+    }
+
+    #[test]
+    fn buffers_past_the_region_are_cleared_and_the_next_chunk_holds_them() {
+        let mut a = Arena::new();
+        // Iteration 1: no region yet, everything from the bump. Iteration 2: the kept chunk is
+        // carved. Iteration 3: four times as much, most of it past the region.
+        for (round, count) in [(0, 8usize), (1, 8), (2, 32), (3, 32), (4, 32)] {
+            let mut ids = Vec::new();
+            for k in 0..count {
+                let id = a.alloc_scratch::<f64>(100 + k).unwrap();
+                // Scratch memory is initialised (Miri checks the reads): old values or zeros.
+                assert!(a.slice::<f64>(id).unwrap().iter().all(|v| v.is_finite()));
+                a.slice_mut::<f64>(id).unwrap().fill(f64::from(round));
+                ids.push(id);
+            }
+            for (k, id) in ids.iter().enumerate() {
+                assert_eq!(a.slice::<f64>(*id).unwrap().len(), 100 + k);
+                assert!(a
+                    .slice::<f64>(*id)
+                    .unwrap()
+                    .iter()
+                    .all(|&v| v == f64::from(round)));
+            }
+            let cap = a.stats().capacity;
+            a.reset();
+            if round >= 3 {
+                // The chunk made after the growth holds the whole iteration: no more growth.
+                assert_eq!(a.stats().capacity, cap, "round {round}");
+            }
+        }
+    }
+
+    #[test]
+    fn split_unique_refuses_a_shared_buffer() {
+        let mut a = Arena::new();
+        let x = a.alloc_from_slice(&[1.0f32, 2.0]).unwrap();
+        let g = a.alloc_from_slice(&[3.0f32, 4.0]).unwrap();
+        a.retain(g).unwrap(); // a view shares it
+        assert_eq!(
+            a.split_unique::<f32, 1>(g, [x]).unwrap_err(),
+            AllocError::NotUnique {
+                slot: g.slot(),
+                holders: 2
+            }
+        );
+        a.recycle(g).unwrap();
+        let (o, [xs]) = a.split_unique::<f32, 1>(g, [x]).unwrap();
+        o.iter_mut().zip(xs).for_each(|(o, x)| *o *= x);
+        assert_eq!(a.slice::<f32>(g).unwrap(), &[3.0, 8.0]);
+        assert!(matches!(
+            a.split_unique::<f32, 1>(g, [g]),
+            Err(AllocError::Aliased { .. })
+        ));
     }
 }

@@ -60,6 +60,15 @@ pub enum AllocError {
         /// The slot in question.
         slot: u32,
     },
+    /// A buffer to be rewritten in place ([`Arena::split_unique`]) has other owners (views
+    /// share it), so writing it would change their values too.
+    #[error("buffer slot {slot} has {holders} owners and cannot be rewritten in place")]
+    NotUnique {
+        /// The slot in question.
+        slot: u32,
+        /// How many owners it has.
+        holders: u32,
+    },
     /// A request whose byte size does not fit in `usize`.
     #[error("a buffer of {elems} elements of {elem_bytes} bytes overflows the address space")]
     TooLarge {
