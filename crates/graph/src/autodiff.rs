@@ -170,16 +170,14 @@ fn run<'g>(
     };
     let mut captured: Vec<Option<NodeId>> = vec![None; capture.map_or(0, <[NodeId]>::len)];
 
-    for pos in (0..=root_pos).rev() {
+    // Tape positions not yet visited: the walk goes down from the root.
+    let mut left = root_pos + 1;
+    loop {
         let (gid, node_id, op, inputs, spent, retain_grad) = {
             let mut i = g.inner();
-            let Some(gid) = i.grad_slots[pos].take() else {
-                continue;
+            let Some((gid, node_id)) = next_step(&mut i, &mut left, plain, retain)? else {
+                break;
             };
-            let node_id = i.tape[pos];
-            if plain && unary_fast_path(&mut i, node_id, gid, retain)? {
-                continue;
-            }
             let n = &i.nodes[node_id];
             (
                 gid,
@@ -315,12 +313,37 @@ fn run<'g>(
     Ok(captured)
 }
 
+/// Walks the tape down from position `left - 1` past the steps that need no rule — empty
+/// gradient slots, and (when `plain`) elementwise steps done in place ([`unary_fast_path`]) — all
+/// under the caller's one borrow of the graph. Returns the next step that needs its rule, its
+/// gradient taken out of the slot, or `None` once the tape is done.
+fn next_step(
+    i: &mut Inner,
+    left: &mut usize,
+    plain: bool,
+    retain: bool,
+) -> Result<Option<(NodeId, NodeId)>> {
+    while *left > 0 {
+        *left -= 1;
+        let pos = *left;
+        let Some(gid) = i.grad_slots[pos].take() else {
+            continue;
+        };
+        let node_id = i.tape[pos];
+        if plain && unary_fast_path(i, node_id, gid, retain)? {
+            continue;
+        }
+        return Ok(Some((gid, node_id)));
+    }
+    Ok(None)
+}
+
 /// The common step of a plain backward through an elementwise op: its gradient `gid` is
 /// rewritten in place for the input ([`ops::unary::backward_in_place`]) and moves, with its one
 /// claim, into the input's slot, which is empty — nothing to build, add, check or free. Returns
 /// false, having changed nothing, where that does not apply.
 fn unary_fast_path(i: &mut Inner, node_id: NodeId, gid: NodeId, retain: bool) -> Result<bool> {
-    let n = &i.nodes[node_id];
+    let n = &mut i.nodes[node_id];
     let Op::Unary(u) = n.op else {
         return Ok(false);
     };
@@ -328,23 +351,25 @@ fn unary_fast_path(i: &mut Inner, node_id: NodeId, gid: NodeId, retain: bool) ->
         return Ok(false);
     }
     let (x, yb) = (n.inputs[0], n.buf);
-    let Some((slot, xb)) = i
+    // Marked while the node is at hand, and unmarked below where the step is not done here.
+    n.spent = !retain;
+    let slot = i
         .nodes
         .get(x)
         .filter(|xn| xn.requires_grad && xn.tape_pos != NO_POS)
         .map(|xn| (xn.tape_pos as usize, xn.buf))
-        .filter(|&(p, _)| i.grad_slots[p].is_none())
-    else {
-        return Ok(false);
+        .filter(|&(p, _)| i.grad_slots[p].is_none());
+    let done = match slot {
+        Some((slot, xb)) if ops::unary::backward_in_place_bufs(i, u, xb, yb, gid)? => {
+            i.grad_slots[slot] = Some(gid);
+            true
+        }
+        _ => false,
     };
-    if !ops::unary::backward_in_place_bufs(i, u, xb, yb, gid)? {
-        return Ok(false);
+    if !done {
+        i.nodes[node_id].spent = false;
     }
-    i.grad_slots[slot] = Some(gid);
-    if !retain {
-        i.nodes[node_id].spent = true;
-    }
-    Ok(true)
+    Ok(done)
 }
 
 /// `p.grad += g` (or `= g`) on the parameter's own storage.

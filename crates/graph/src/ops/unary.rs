@@ -1,12 +1,12 @@
 //! Elementwise functions of one tensor, and the scalar forms (`x * s`, `x + s`, `x^p`).
 
-use arenagrad_alloc::BufId;
+use arenagrad_alloc::{AllocError, BufId};
 use arenagrad_exec::{cpu, UnaryOp};
 use smallvec::smallvec;
 
 use super::{Ctx, Grads, Op};
 use crate::device::on_cuda;
-use crate::error::Result;
+use crate::error::{GraphError, Result};
 use crate::graph::{Inner, NodeId, RawResult};
 use crate::shape::{copy_and_numel, copy_of};
 use crate::{Device, Tensor};
@@ -194,14 +194,18 @@ pub(crate) fn backward_in_place_bufs(
     }
     let name = op.name();
     let gn = i.node(name, gid)?;
-    if !gn.temp || gn.grad_refs != 1 || gn.device() != Device::Cpu || !i.arena.is_unique(gn.buf) {
+    if !gn.temp || gn.grad_refs != 1 || gn.device() != Device::Cpu {
         return Ok(false);
     }
     let (gb, dtype) = (gn.buf, gn.dtype);
     let threads = i.threads;
     with_float!(dtype, T, {
-        let (g, [xs, ys]) = i.split_mut::<T, 2>(name, gb, [xb, yb])?;
-        cpu::unary_grad_in_place(op, xs, ys, g, threads);
+        match i.arena.split_unique::<T, 2>(gb, [xb, yb]) {
+            Ok((g, [xs, ys])) => cpu::unary_grad_in_place(op, xs, ys, g, threads),
+            // A view shares the gradient's buffer.
+            Err(AllocError::NotUnique { .. }) => return Ok(false),
+            Err(source) => return Err(GraphError::Alloc { op: name, source }),
+        }
     });
     Ok(true)
 }
