@@ -96,6 +96,16 @@ struct Slot {
     holders: u32,
 }
 
+/// What [`Arena::reserve`] hands back: the new slot, its memory (`bytes` of it), and whether that
+/// memory may be uninitialised (it came from the bump itself, not from the region or a free list,
+/// which hold old `Pod` values).
+struct Reserved {
+    id: BufId,
+    ptr: NonNull<u8>,
+    bytes: usize,
+    fresh: bool,
+}
+
 /// Memory statistics of an [`Arena`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ArenaStats {
@@ -317,14 +327,12 @@ impl Arena {
         Ok(rounded)
     }
 
-    /// Reserves memory for `len` elements of `T` and returns the slot. `fresh` says whether the
-    /// memory may be uninitialised (it came from the bump itself, not from the region or a free
-    /// list, which hold old `Pod` values).
+    /// Reserves memory for `len` elements of `T` and returns the slot.
     ///
     /// Small buffers take the short way in line: a free list, else the region. Everything else,
     /// and what they cannot serve, goes through [`Arena::reserve_slow`].
     #[inline(always)]
-    fn reserve<T: Pod>(&mut self, len: usize) -> Result<(BufId, bool), AllocError> {
+    fn reserve<T: Pod>(&mut self, len: usize) -> Result<Reserved, AllocError> {
         // Below this many elements the byte size is under `SMALL_CLASSES` cache lines, with no
         // overflow to check.
         let small_len = (SMALL_CLASSES * BUF_ALIGN - 1) / std::mem::size_of::<T>();
@@ -345,13 +353,18 @@ impl Arena {
         } else {
             return self.reserve_slow::<T>(len);
         };
-        Ok((self.push_slot::<T>(ptr, bytes, len), false))
+        Ok(Reserved {
+            id: self.push_slot::<T>(ptr, bytes, len),
+            ptr,
+            bytes,
+            fresh: false,
+        })
     }
 
     /// [`Arena::reserve`] for large buffers, and for small ones when the free list and the
     /// region are empty.
     #[inline(never)]
-    fn reserve_slow<T: Pod>(&mut self, len: usize) -> Result<(BufId, bool), AllocError> {
+    fn reserve_slow<T: Pod>(&mut self, len: usize) -> Result<Reserved, AllocError> {
         let bytes = Self::byte_size::<T>(len)?;
         let reused = if bytes / BUF_ALIGN < SMALL_CLASSES {
             self.small_free[bytes / BUF_ALIGN].pop()
@@ -391,7 +404,12 @@ impl Arena {
                 (p, true)
             }
         };
-        Ok((self.push_slot::<T>(ptr, bytes, len), fresh))
+        Ok(Reserved {
+            id: self.push_slot::<T>(ptr, bytes, len),
+            ptr,
+            bytes,
+            fresh,
+        })
     }
 
     /// Records a new live buffer of `len` elements of `T` at `ptr` (`bytes` reserved).
@@ -460,7 +478,8 @@ impl Arena {
 
     /// A buffer of `len` zeros.
     pub fn alloc_zeroed<T: Pod>(&mut self, len: usize) -> Result<BufId, AllocError> {
-        let (id, _) = self.reserve::<T>(len)?;
+        // Initialised whole first (see `alloc_from_slice`), then its elements zeroed.
+        let id = self.reserve_initialised::<T>(len)?.id;
         self.slice_mut::<T>(id)?.fill(T::default());
         Ok(id)
     }
@@ -470,30 +489,66 @@ impl Arena {
     /// from the free list.
     #[inline(always)]
     pub fn alloc_scratch<T: Pod>(&mut self, len: usize) -> Result<BufId, AllocError> {
-        let (id, fresh) = self.reserve::<T>(len)?;
-        if fresh {
-            // Fresh bump memory is uninitialised: make it zeros before any reference to it exists.
-            let slot = &self.slots[id.slot as usize];
-            // SAFETY: `slot.ptr` was just returned by the bump for `slot.bytes` bytes, aligned to
+        Ok(self.reserve_initialised::<T>(len)?.id)
+    }
+
+    /// [`Arena::reserve`], with fresh memory cleared: every byte of the buffer is initialised.
+    #[inline(always)]
+    fn reserve_initialised<T: Pod>(&mut self, len: usize) -> Result<Reserved, AllocError> {
+        let r = self.reserve::<T>(len)?;
+        if r.fresh {
+            // SAFETY: `r.ptr` was just returned by the bump for `r.bytes` bytes, aligned to
             // BUF_ALIGN; nothing else refers to it yet, so writing every byte is in bounds and
             // unaliased.
-            unsafe { std::ptr::write_bytes(slot.ptr.as_ptr(), 0, slot.bytes) };
+            unsafe { std::ptr::write_bytes(r.ptr.as_ptr(), 0, r.bytes) };
         }
-        Ok(id)
+        Ok(r)
+    }
+
+    /// A new buffer of `len` elements to write and `N` live ones to read, borrowed together:
+    /// [`Arena::alloc_scratch`] and [`Arena::split_mut`] in one step, without checking the new
+    /// buffer again. Its contents are unspecified (but initialised), as `alloc_scratch`'s.
+    #[inline(always)]
+    pub fn alloc_split<T: Pod, const N: usize>(
+        &mut self,
+        len: usize,
+        inputs: [BufId; N],
+    ) -> Result<(BufId, &mut [T], [&[T]; N]), AllocError> {
+        // The inputs first: checked live, they name slots that exist, none of them the new one.
+        let mut parts = [(NonNull::<T>::dangling(), 0); N];
+        for (part, id) in parts.iter_mut().zip(inputs) {
+            let s = self.check::<T>(id)?;
+            *part = (s.ptr.cast::<T>(), s.len);
+        }
+        let r = self.reserve_initialised::<T>(len)?;
+        let mut ins: [&[T]; N] = [&[]; N];
+        for (dst, (p, n)) in ins.iter_mut().zip(parts) {
+            // SAFETY: each input was checked live, of this epoch and of type `T`, so it points
+            // at `n` initialised `T`s in memory that stays valid while `self` is borrowed
+            // (reserving moves no buffer's memory). Shared borrows of inputs may alias each other.
+            *dst = unsafe { std::slice::from_raw_parts(p.as_ptr(), n) };
+        }
+        // SAFETY: the new buffer's `len` elements lie in `r.bytes` bytes just reserved (aligned
+        // to BUF_ALIGN, initialised by `reserve_initialised`), memory no live buffer holds: it
+        // came from a dead buffer's free list, the region's unused part or the bump, so the
+        // unique borrow overlaps none of the inputs. `&mut self` keeps any other access out for
+        // the lifetime of the returned slices.
+        let out = unsafe { std::slice::from_raw_parts_mut(r.ptr.as_ptr().cast::<T>(), len) };
+        Ok((r.id, out, ins))
     }
 
     /// A buffer holding a copy of `data`.
     pub fn alloc_from_slice<T: Pod>(&mut self, data: &[T]) -> Result<BufId, AllocError> {
-        let (id, _) = self.reserve::<T>(data.len())?;
-        let slot = &self.slots[id.slot as usize];
+        // Initialised whole, not only the `data.len()` elements: the bytes rounding the size up
+        // are read by whoever gets the memory next from the free list.
+        let r = self.reserve_initialised::<T>(data.len())?;
         // SAFETY: the slot holds at least `data.len() * size_of::<T>()` bytes aligned for `T`
         // (BUF_ALIGN ≥ align_of::<T>() for every Pod type); `data` is a distinct live borrow that
-        // cannot overlap memory the arena just reserved; after the copy all `len` elements are
-        // initialised.
+        // cannot overlap memory the arena just reserved.
         unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), slot.ptr.as_ptr().cast::<T>(), data.len())
+            std::ptr::copy_nonoverlapping(data.as_ptr(), r.ptr.as_ptr().cast::<T>(), data.len())
         };
-        Ok(id)
+        Ok(r.id)
     }
 
     /// A buffer of `len` elements produced by `f(index)`.
@@ -1034,6 +1089,56 @@ mod tests {
                 // The chunk made after the growth holds the whole iteration: no more growth.
                 assert_eq!(a.stats().capacity, cap, "round {round}");
             }
+        }
+    }
+
+    #[test]
+    fn recycled_memory_is_initialised_past_the_last_owners_length() {
+        // Fresh bump memory (the first iteration) given to short buffers, recycled, then handed
+        // to buffers that fill the whole rounded size: every byte must have been written
+        // (Miri checks the reads).
+        let mut a = Arena::new();
+        let x = a.alloc_from_slice(&[1.0f32]).unwrap();
+        let z = a.alloc_zeroed::<f32>(3).unwrap();
+        a.recycle(x).unwrap();
+        a.recycle(z).unwrap();
+        for _ in 0..2 {
+            let id = a.alloc_scratch::<f32>(16).unwrap();
+            assert!(a.stats().reused > 0);
+            assert!(a.slice::<f32>(id).unwrap().iter().all(|v| v.is_finite()));
+        }
+    }
+
+    #[test]
+    fn alloc_split_makes_a_buffer_beside_its_inputs() {
+        let mut a = Arena::new();
+        for round in 0..3 {
+            let x = a.alloc_from_slice(&[1.0f64, 2.0, 3.0]).unwrap();
+            let y = a.alloc_from_slice(&[10.0f64, 20.0, 30.0]).unwrap();
+            let (out, o, [xs, ys]) = a.alloc_split::<f64, 2>(3, [x, y]).unwrap();
+            for ((o, x), y) in o.iter_mut().zip(xs).zip(ys) {
+                *o = x + y;
+            }
+            assert_eq!(a.slice::<f64>(out).unwrap(), &[11.0, 22.0, 33.0]);
+            assert_eq!(a.slice::<f64>(x).unwrap(), &[1.0, 2.0, 3.0]);
+            // Reusing a recycled buffer's memory, and with no inputs.
+            a.recycle(out).unwrap();
+            let (again, o, []) = a.alloc_split::<f64, 0>(3, []).unwrap();
+            assert_eq!(o.len(), 3);
+            assert!(o.iter().all(|v| v.is_finite()));
+            assert_ne!(again, out);
+            // A stale or mistyped input is an error, and nothing is reserved.
+            let before = a.stats().allocations;
+            assert!(matches!(
+                a.alloc_split::<f64, 1>(1, [out]),
+                Err(AllocError::StaleBuffer { .. })
+            ));
+            assert!(matches!(
+                a.alloc_split::<f32, 1>(1, [x]),
+                Err(AllocError::WrongType { .. })
+            ));
+            assert_eq!(a.stats().allocations, before, "round {round}");
+            a.reset();
         }
     }
 
