@@ -297,6 +297,21 @@ impl Inner {
             .map_err(|source| GraphError::Alloc { op, source })
     }
 
+    /// A new host buffer of `len` elements to write and `N` to read, as [`Arena::alloc_split`],
+    /// with an error that names `op`.
+    #[inline(always)]
+    #[allow(clippy::type_complexity)]
+    pub fn alloc_split<T: arenagrad_alloc::Pod, const N: usize>(
+        &mut self,
+        op: &'static str,
+        len: usize,
+        inputs: [BufId; N],
+    ) -> Result<(BufId, &mut [T], [&[T]; N])> {
+        self.arena
+            .alloc_split(len, inputs)
+            .map_err(|source| GraphError::Alloc { op, source })
+    }
+
     /// A scratch buffer of `n` elements of `dtype`.
     #[inline(always)]
     pub fn alloc(&mut self, op: &'static str, dtype: DType, n: usize) -> Result<BufId> {

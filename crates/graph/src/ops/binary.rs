@@ -43,18 +43,20 @@ impl<'g> Tensor<'g> {
             })?)
         };
         let len = checked_numel(name, &osh)?;
-        let out = i.alloc_on(name, dev, dtype, len)?;
         let threads = i.threads;
-        match dev {
+        let out = match dev {
             Device::Cpu => with_float!(dtype, T, {
-                let (o, [a, b]) = i.split_mut::<T, 2>(name, out, [ab, bb])?;
+                let (out, o, [a, b]) = i.alloc_split::<T, 2>(name, len, [ab, bb])?;
                 cpu::binary(op, a, &ash, b, &bsh, o, &osh, threads);
+                out
             }),
             Device::Cuda(_) => {
+                let out = i.alloc_on(name, dev, dtype, len)?;
                 on_cuda!(i, name, dev, [ab, bb, out], |be, [a, b, o]| be
-                    .binary(dtype, op, a, &ash, b, &bsh, o, &osh))
+                    .binary(dtype, op, a, &ash, b, &bsh, o, &osh));
+                out
             }
-        }
+        };
         let id = i.push(osh, dtype, out, Op::Binary(op), &[self.id, other.id]);
         drop(guard);
         Ok(id.to_bits())

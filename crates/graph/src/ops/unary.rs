@@ -28,18 +28,20 @@ impl<'g> Tensor<'g> {
         let n = i.node(name, self.id)?;
         let ((shape, len), dtype, dev, xb) = (copy_and_numel(&n.shape), n.dtype, n.device(), n.buf);
         let needs_grad = n.requires_grad;
-        let out = i.alloc_on(name, dev, dtype, len)?;
         let threads = i.threads;
-        match dev {
+        let out = match dev {
             Device::Cpu => with_float!(dtype, T, {
-                let (o, [x]) = i.split_mut::<T, 1>(name, out, [xb])?;
+                let (out, o, [x]) = i.alloc_split::<T, 1>(name, len, [xb])?;
                 cpu::unary(op, x, o, threads);
+                out
             }),
             Device::Cuda(_) => {
+                let out = i.alloc_on(name, dev, dtype, len)?;
                 on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
-                    .unary(dtype, op, x, o, len))
+                    .unary(dtype, op, x, o, len));
+                out
             }
-        }
+        };
         let id = i.push_with(
             dev,
             shape,
