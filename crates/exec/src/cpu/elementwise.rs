@@ -1,7 +1,7 @@
 //! Elementwise kernels: unary maps, their fused derivatives, and broadcasting binary maps.
 
 use super::par::{par_chunks_mut, PAR_MIN_ELEMS};
-use super::wide::wide;
+use super::wide::{wide, WIDE_MIN_ELEMS};
 use crate::layout::{broadcast_strides, contiguous_strides, walk};
 use crate::{BinaryOp, Float, UnaryOp};
 
@@ -35,8 +35,57 @@ fn gelu_grad<T: Float>(x: T) -> T {
     half * (T::ONE + t) + half * x * (T::ONE - t * t) * c * (T::ONE + T::from_f64(3.0) * k * x * x)
 }
 
+/// Below this many elements an elementwise kernel is one plain loop, with no thread split and no
+/// width dispatch, in a function small enough to need no saved registers: at that size (the
+/// tiny-op chain's) the call around the loop is most of the cost.
+const TINY_ELEMS: usize = WIDE_MIN_ELEMS;
+
+/// Runs `f`, the hot loop over `len` elements, at the widest SIMD level, or when `tiny` as a
+/// plain [`tiny_loop`].
 #[inline(always)]
-fn map_into<T: Float>(x: &[T], out: &mut [T], threads: usize, f: impl Fn(T) -> T + Sync + Copy) {
+fn wide_unless<R>(tiny: bool, len: usize, f: impl FnOnce() -> R) -> R {
+    if tiny {
+        tiny_loop(f)
+    } else {
+        wide(len, f)
+    }
+}
+
+/// A tiny kernel's loop, in a function of its own: the dispatching function then makes no call
+/// it must come back from (each arm jumps to its loop), so it saves no registers. [`map_tiny`]
+/// and [`zip3_tiny`] take their slices as arguments, in registers.
+#[inline(never)]
+fn tiny_loop<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// [`map_into`]'s tiny loop (see [`tiny_loop`]).
+#[inline(never)]
+fn map_tiny<T: Float>(x: &[T], out: &mut [T], f: impl Fn(T) -> T) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = f(v);
+    }
+}
+
+/// [`zip3_in_place`]'s tiny loop (see [`tiny_loop`]).
+#[inline(never)]
+fn zip3_tiny<T: Float, F: Fn(T, T, T) -> T + ?Sized>(x: &[T], y: &[T], g: &mut [T], f: &F) {
+    for ((o, &xv), &yv) in g.iter_mut().zip(x).zip(y) {
+        *o = f(xv, yv, *o);
+    }
+}
+
+#[inline(always)]
+fn map_into<T: Float>(
+    x: &[T],
+    out: &mut [T],
+    threads: usize,
+    tiny: bool,
+    f: impl Fn(T) -> T + Sync + Copy,
+) {
+    if tiny {
+        return map_tiny(x, out, f);
+    }
     par_chunks_mut(out, threads, PAR_MIN_ELEMS, |start, o| {
         let xs = &x[start..start + o.len()];
         wide(
@@ -52,21 +101,49 @@ fn map_into<T: Float>(x: &[T], out: &mut [T], threads: usize, f: impl Fn(T) -> T
 }
 
 /// `out[i] = op(x[i])`. `x` and `out` have the same length.
+#[inline(always)]
 pub fn unary<T: Float>(op: UnaryOp, x: &[T], out: &mut [T], threads: usize) {
+    if out.len() < TINY_ELEMS {
+        unary_tiny(op, x, out)
+    } else {
+        unary_wide(op, x, out, threads)
+    }
+}
+
+#[inline(never)]
+fn unary_tiny<T: Float>(op: UnaryOp, x: &[T], out: &mut [T]) {
+    unary_any(op, x, out, 1, true)
+}
+
+#[inline(never)]
+fn unary_wide<T: Float>(op: UnaryOp, x: &[T], out: &mut [T], threads: usize) {
+    unary_any(op, x, out, threads, false)
+}
+
+#[inline(always)]
+fn unary_any<T: Float>(op: UnaryOp, x: &[T], out: &mut [T], threads: usize, tiny: bool) {
     debug_assert_eq!(x.len(), out.len());
     match op {
-        UnaryOp::Neg => map_into(x, out, threads, |v| -v),
+        UnaryOp::Neg => map_into(x, out, threads, tiny, |v| -v),
+        UnaryOp::Exp if tiny => T::exp_into(x, out),
         UnaryOp::Exp => super::fastmath::exp_slice(x, out, threads),
-        UnaryOp::Log => map_into(x, out, threads, |v| v.ln()),
-        UnaryOp::Sqrt => map_into(x, out, threads, |v| v.sqrt()),
-        UnaryOp::Abs => map_into(x, out, threads, |v| v.abs()),
-        UnaryOp::Sin => map_into(x, out, threads, |v| v.sin()),
-        UnaryOp::Cos => map_into(x, out, threads, |v| v.cos()),
+        UnaryOp::Log => map_into(x, out, threads, tiny, |v| v.ln()),
+        UnaryOp::Sqrt => map_into(x, out, threads, tiny, |v| v.sqrt()),
+        UnaryOp::Abs => map_into(x, out, threads, tiny, |v| v.abs()),
+        UnaryOp::Sin => map_into(x, out, threads, tiny, |v| v.sin()),
+        UnaryOp::Cos => map_into(x, out, threads, tiny, |v| v.cos()),
+        UnaryOp::Tanh if tiny => T::tanh_into(x, out),
         UnaryOp::Tanh => super::fastmath::tanh_slice(x, out, threads),
-        UnaryOp::Sigmoid => map_into(x, out, threads, sigmoid),
-        UnaryOp::Relu => map_into(x, out, threads, |v| if v > T::ZERO { v } else { T::ZERO }),
-        UnaryOp::Gelu => map_into(x, out, threads, gelu),
-        UnaryOp::Sign => map_into(x, out, threads, |v| {
+        UnaryOp::Sigmoid => map_into(x, out, threads, tiny, sigmoid),
+        UnaryOp::Relu => map_into(
+            x,
+            out,
+            threads,
+            tiny,
+            |v| if v > T::ZERO { v } else { T::ZERO },
+        ),
+        UnaryOp::Gelu => map_into(x, out, threads, tiny, gelu),
+        UnaryOp::Sign => map_into(x, out, threads, tiny, |v| {
             if v > T::ZERO {
                 T::ONE
             } else if v < T::ZERO {
@@ -75,40 +152,46 @@ pub fn unary<T: Float>(op: UnaryOp, x: &[T], out: &mut [T], threads: usize) {
                 T::ZERO
             }
         }),
-        UnaryOp::Step => map_into(
-            x,
-            out,
-            threads,
-            |v| if v > T::ZERO { T::ONE } else { T::ZERO },
-        ),
+        UnaryOp::Step => map_into(x, out, threads, tiny, |v| {
+            if v > T::ZERO {
+                T::ONE
+            } else {
+                T::ZERO
+            }
+        }),
         UnaryOp::Scale(s) => {
             let s = T::from_f64(s);
-            map_into(x, out, threads, move |v| v * s)
+            map_into(x, out, threads, tiny, move |v| v * s)
         }
         UnaryOp::Shift(s) => {
             let s = T::from_f64(s);
-            map_into(x, out, threads, move |v| v + s)
+            map_into(x, out, threads, tiny, move |v| v + s)
         }
         UnaryOp::Powf(p) => {
             if p == 2.0 {
-                map_into(x, out, threads, |v| v * v)
+                map_into(x, out, threads, tiny, |v| v * v)
             } else {
                 let p = T::from_f64(p);
-                map_into(x, out, threads, move |v| v.powf(p))
+                map_into(x, out, threads, tiny, move |v| v.powf(p))
             }
         }
-        UnaryOp::GeluGrad => map_into(x, out, threads, gelu_grad),
+        UnaryOp::GeluGrad => map_into(x, out, threads, tiny, gelu_grad),
     }
 }
 
 /// `g[i] = f(x[i], y[i], g[i])`, monomorphised per `f` so the loop inlines and vectorises.
+#[inline(always)]
 fn zip3_in_place<T: Float, F: Fn(T, T, T) -> T + Sync + ?Sized>(
     x: &[T],
     y: &[T],
     g: &mut [T],
     threads: usize,
+    tiny: bool,
     f: &F,
 ) {
+    if tiny {
+        return zip3_tiny(x, y, g, f);
+    }
     par_chunks_mut(g, threads, PAR_MIN_ELEMS, |start, o| {
         let end = start + o.len();
         let (x, y) = (&x[start..end], &y[start..end]);
@@ -142,7 +225,34 @@ pub fn unary_grad<T: Float>(
 /// [`unary_grad`] written over the incoming gradient: `g[i] = g[i] * op'(x[i])`. Backward uses
 /// it when it holds the only claim on the gradient, so a chain of elementwise ops needs no new
 /// buffer per step.
+#[inline(always)]
 pub fn unary_grad_in_place<T: Float>(op: UnaryOp, x: &[T], y: &[T], g: &mut [T], threads: usize) {
+    if g.len() < TINY_ELEMS {
+        unary_grad_tiny(op, x, y, g)
+    } else {
+        unary_grad_wide(op, x, y, g, threads)
+    }
+}
+
+#[inline(never)]
+fn unary_grad_tiny<T: Float>(op: UnaryOp, x: &[T], y: &[T], g: &mut [T]) {
+    unary_grad_any(op, x, y, g, 1, true)
+}
+
+#[inline(never)]
+fn unary_grad_wide<T: Float>(op: UnaryOp, x: &[T], y: &[T], g: &mut [T], threads: usize) {
+    unary_grad_any(op, x, y, g, threads, false)
+}
+
+#[inline(always)]
+fn unary_grad_any<T: Float>(
+    op: UnaryOp,
+    x: &[T],
+    y: &[T],
+    g: &mut [T],
+    threads: usize,
+    tiny: bool,
+) {
     debug_assert!(x.len() == g.len() && y.len() == g.len());
     match op {
         UnaryOp::Neg => {
@@ -150,10 +260,10 @@ pub fn unary_grad_in_place<T: Float>(op: UnaryOp, x: &[T], y: &[T], g: &mut [T],
                 *v = -*v;
             }
         }
-        UnaryOp::Exp => zip3_in_place(x, y, g, threads, &|_, y, g| g * y),
-        UnaryOp::Log => zip3_in_place(x, y, g, threads, &|x, _, g| g / x),
-        UnaryOp::Sqrt => zip3_in_place(x, y, g, threads, &|_, y, g| g * T::from_f64(0.5) / y),
-        UnaryOp::Abs | UnaryOp::Sign => zip3_in_place(x, y, g, threads, &|x, _, g| {
+        UnaryOp::Exp => zip3_in_place(x, y, g, threads, tiny, &|_, y, g| g * y),
+        UnaryOp::Log => zip3_in_place(x, y, g, threads, tiny, &|x, _, g| g / x),
+        UnaryOp::Sqrt => zip3_in_place(x, y, g, threads, tiny, &|_, y, g| g * T::from_f64(0.5) / y),
+        UnaryOp::Abs | UnaryOp::Sign => zip3_in_place(x, y, g, threads, tiny, &|x, _, g| {
             if x > T::ZERO {
                 g
             } else if x < T::ZERO {
@@ -162,11 +272,12 @@ pub fn unary_grad_in_place<T: Float>(op: UnaryOp, x: &[T], y: &[T], g: &mut [T],
                 T::ZERO
             }
         }),
-        UnaryOp::Sin => zip3_in_place(x, y, g, threads, &|x, _, g| g * x.cos()),
-        UnaryOp::Cos => zip3_in_place(x, y, g, threads, &|x, _, g| -(g * x.sin())),
+        UnaryOp::Sin => zip3_in_place(x, y, g, threads, tiny, &|x, _, g| g * x.cos()),
+        UnaryOp::Cos => zip3_in_place(x, y, g, threads, tiny, &|x, _, g| -(g * x.sin())),
         UnaryOp::Tanh => {
             // The hot case of the tiny-op chain: a plain loop the compiler vectorises.
-            wide(
+            wide_unless(
+                tiny,
                 g.len(),
                 #[inline(always)]
                 move || {
@@ -176,18 +287,19 @@ pub fn unary_grad_in_place<T: Float>(op: UnaryOp, x: &[T], y: &[T], g: &mut [T],
                 },
             )
         }
-        UnaryOp::Sigmoid => zip3_in_place(x, y, g, threads, &|_, y, g| g * y * (T::ONE - y)),
-        UnaryOp::Relu | UnaryOp::Step => zip3_in_place(x, y, g, threads, &|x, _, g| {
+        UnaryOp::Sigmoid => zip3_in_place(x, y, g, threads, tiny, &|_, y, g| g * y * (T::ONE - y)),
+        UnaryOp::Relu | UnaryOp::Step => zip3_in_place(x, y, g, threads, tiny, &|x, _, g| {
             if x > T::ZERO {
                 g
             } else {
                 T::ZERO
             }
         }),
-        UnaryOp::Gelu => zip3_in_place(x, y, g, threads, &|x, _, g| g * gelu_grad(x)),
+        UnaryOp::Gelu => zip3_in_place(x, y, g, threads, tiny, &|x, _, g| g * gelu_grad(x)),
         UnaryOp::Scale(s) => {
             let s = T::from_f64(s);
-            wide(
+            wide_unless(
+                tiny,
                 g.len(),
                 #[inline(always)]
                 move || {
@@ -201,7 +313,7 @@ pub fn unary_grad_in_place<T: Float>(op: UnaryOp, x: &[T], y: &[T], g: &mut [T],
         UnaryOp::Powf(p) => {
             let pm1 = T::from_f64(p - 1.0);
             let p = T::from_f64(p);
-            zip3_in_place(x, y, g, threads, &move |x, _, g| g * p * x.powf(pm1))
+            zip3_in_place(x, y, g, threads, tiny, &move |x, _, g| g * p * x.powf(pm1))
         }
         UnaryOp::GeluGrad => {
             // d/dx gelu'(x), by central difference of the closed form would lose precision; the
@@ -381,6 +493,72 @@ pub fn select<T: Float>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const ALL_UNARY: [UnaryOp; 18] = [
+        UnaryOp::Neg,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Abs,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::Gelu,
+        UnaryOp::GeluGrad,
+        UnaryOp::Sign,
+        UnaryOp::Step,
+        UnaryOp::Scale(-1.5),
+        UnaryOp::Shift(0.25),
+        UnaryOp::Powf(2.0),
+        UnaryOp::Powf(1.5),
+    ];
+
+    /// Kernels under `TINY_ELEMS` elements take their own loops: each element must come out as
+    /// it does in a long slice (the vectorised, possibly threaded path), bit for bit.
+    fn tiny_matches_wide<T: Float + std::fmt::Debug>(vals: &[T]) {
+        let long: Vec<T> = vals.iter().cycle().take(4 * 1024 + 3).copied().collect();
+        let y_of = |op, x: &[T]| {
+            let mut y = vec![T::ZERO; x.len()];
+            unary(op, x, &mut y, 2);
+            y
+        };
+        let bits = |v: &[T]| v.iter().map(|x| x.to_f64().to_bits()).collect::<Vec<_>>();
+        for op in ALL_UNARY {
+            let y_long = y_of(op, &long);
+            // The incoming gradient of the in-place derivative: distinct values per element.
+            let g_long: Vec<T> = (0..long.len())
+                .map(|i| T::from_f64(0.5 + (i % 7) as f64 * 0.25))
+                .collect();
+            let mut dg_long = g_long.clone();
+            if op != UnaryOp::GeluGrad {
+                unary_grad_in_place(op, &long, &y_long, &mut dg_long, 2);
+            }
+            for n in 1..TINY_ELEMS {
+                let (x, y) = (&long[..n], y_of(op, &long[..n]));
+                assert_eq!(bits(&y), bits(&y_long[..n]), "{op:?} forward, {n} elements");
+                if op != UnaryOp::GeluGrad {
+                    let mut dg = g_long[..n].to_vec();
+                    unary_grad_in_place(op, x, &y, &mut dg, 2);
+                    assert_eq!(
+                        bits(&dg),
+                        bits(&dg_long[..n]),
+                        "{op:?} backward, {n} elements"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiny_kernels_give_the_long_kernels_bits() {
+        let vals = [
+            0.3, -0.2, 1.7, -2.5, 0.0, 9.0, -0.01, 0.45, -7.25, 3.5, 0.999, -1.0, 20.0, 1e-3, -40.0,
+        ];
+        tiny_matches_wide::<f64>(&vals);
+        tiny_matches_wide::<f32>(&vals.map(|v| v as f32));
+    }
 
     #[test]
     fn broadcast_add_rows_and_columns() {
