@@ -17,37 +17,62 @@
 //! all are reclaimed at the reset. Epochs are 32 bits: an id stays stale for 2³² − 1 iterations
 //! before its epoch could come round again (the arena's buffer handles make the same trade).
 
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroU64};
 
 use crate::graph::Node;
 
 /// A node of the current iteration. Generational: after the iteration ends (or the node is
 /// freed) the id no longer resolves, so it can never name another node's data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NodeId {
-    idx: u32,
-    /// Never zero, so that an `Option<NodeId>` is as small as an id.
-    epoch: NonZeroU32,
+///
+/// The slot index and the iteration's epoch share one `u64` (the epoch in the high half, never
+/// zero, so that an `Option<NodeId>` is as small as an id): an id is built, copied and compared
+/// as one word, never assembled from two narrow stores and read back by a wide load (which the
+/// CPU cannot forward; see `BufId`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(NonZeroU64);
+
+impl std::fmt::Debug for NodeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeId")
+            .field("idx", &self.idx())
+            .field("epoch", &self.epoch())
+            .finish()
+    }
 }
 
 /// [`Node::epoch`] of a freed node: never an iteration's.
 const DEAD: u32 = 0;
 
 impl NodeId {
+    #[inline(always)]
+    fn new(idx: u32, epoch: NonZeroU32) -> Self {
+        // Non-zero, as the epoch is.
+        Self::from_bits(u64::from(epoch.get()) << 32 | u64::from(idx))
+    }
+
+    /// The slot index.
+    #[inline(always)]
+    fn idx(self) -> u32 {
+        self.0.get() as u32
+    }
+
+    /// The iteration the id was made in.
+    #[inline(always)]
+    fn epoch(self) -> u32 {
+        (self.0.get() >> 32) as u32
+    }
+
     /// The id as one integer (what the ops' register-returned cores carry).
     #[inline(always)]
     pub(crate) fn to_bits(self) -> u64 {
-        (u64::from(self.epoch.get()) << 32) | u64::from(self.idx)
+        self.0.get()
     }
 
     /// The id back from [`NodeId::to_bits`].
     #[inline(always)]
     pub(crate) fn from_bits(bits: u64) -> Self {
-        NodeId {
-            idx: bits as u32,
-            // Only ever called on `to_bits`'s output, whose epoch is non-zero.
-            epoch: NonZeroU32::new((bits >> 32) as u32).unwrap_or(NonZeroU32::MAX),
-        }
+        // Only ever called on non-zero bits (`to_bits`'s output, or `new`'s).
+        NodeId(NonZeroU64::new(bits).unwrap_or(NonZeroU64::MAX))
     }
 }
 
@@ -91,10 +116,7 @@ impl NodeStore {
         }
         self.used += 1;
         self.live += 1;
-        NodeId {
-            idx,
-            epoch: self.epoch,
-        }
+        NodeId::new(idx, self.epoch)
     }
 
     /// The node, if the id is of this iteration and the node is not freed. (Slots past `used`
@@ -102,11 +124,11 @@ impl NodeStore {
     /// iteration never points past `used`.)
     #[inline(always)]
     pub fn get(&self, id: NodeId) -> Option<&Node> {
-        if id.epoch != self.epoch {
+        if id.epoch() != self.epoch.get() {
             return None;
         }
-        match self.nodes.get(id.idx as usize) {
-            Some(n) if n.epoch == id.epoch.get() => Some(n),
+        match self.nodes.get(id.idx() as usize) {
+            Some(n) if n.epoch == id.epoch() => Some(n),
             _ => None,
         }
     }
@@ -122,7 +144,7 @@ impl NodeStore {
         if let Some(n) = self.get_mut(id) {
             n.op = op;
             if n.holds_heap() {
-                self.heavy.push(id.idx);
+                self.heavy.push(id.idx());
             }
         }
     }
@@ -163,12 +185,12 @@ impl NodeStore {
 /// that [`NodeStore::remove`] can update its count while it holds the node).
 #[inline(always)]
 fn find_mut(nodes: &mut [Node], epoch: NonZeroU32, id: NodeId) -> Option<&mut Node> {
-    if id.epoch != epoch {
+    if id.epoch() != epoch.get() {
         return None;
     }
     nodes
-        .get_mut(id.idx as usize)
-        .filter(|n| n.epoch == id.epoch.get())
+        .get_mut(id.idx() as usize)
+        .filter(|n| n.epoch == id.epoch())
 }
 
 impl std::ops::Index<NodeId> for NodeStore {
@@ -192,6 +214,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn ids_pack_index_and_epoch_in_one_word() {
+        for (i, e) in [
+            (0u32, 1u32),
+            (5, 9),
+            (u32::MAX, u32::MAX),
+            (0, u32::MAX),
+            (u32::MAX, 1),
+        ] {
+            let id = NodeId::new(i, NonZeroU32::new(e).unwrap());
+            assert_eq!((id.idx(), id.epoch()), (i, e));
+            assert_eq!(NodeId::from_bits(id.to_bits()), id);
+            assert_eq!(
+                format!("{id:?}"),
+                format!("NodeId {{ idx: {i}, epoch: {e} }}")
+            );
+        }
+        assert_eq!(std::mem::size_of::<Option<NodeId>>(), 8);
+    }
+
+    #[test]
     fn ids_go_stale_when_freed_and_when_the_iteration_ends() {
         let mut s = NodeStore::new();
         let a = s.insert_with(|n| *n = Node::BLANK);
@@ -208,10 +250,10 @@ mod tests {
         assert!(s.get(b).is_none() && s.remove(b).is_none());
         // The next iteration reuses index 0 under a new epoch: the old ids name nothing.
         let c = s.insert_with(|n| *n = Node::BLANK);
-        assert_eq!(c.idx, a.idx);
+        assert_eq!(c.idx(), a.idx());
         assert!(s.get(a).is_none() && s.get(b).is_none());
         let d = s.insert_with(|n| *n = Node::BLANK);
-        assert_eq!(d.idx, b.idx);
+        assert_eq!(d.idx(), b.idx());
         assert!(s.get(b).is_none() && s.contains_key(d));
         assert!(s.contains_key(c));
         assert_eq!(NodeId::from_bits(c.to_bits()), c);
