@@ -238,26 +238,24 @@ impl Inner {
                 grad_refs,
                 epoch: _,
             } = n;
-            *n_shape = shape;
+            // The slot holds no heap memory (the reset let go of any: see `NodeStore`), so its
+            // old values are written over without being read or dropped. Reading them (to drop
+            // them) would wait on a cache line of the last iteration's, in every op.
+            debug_assert!(!n_op.holds_heap() && !n_inputs.spilled() && !n_shape.spilled());
+            overwrite(n_shape, shape);
             *n_dtype = dtype;
             *dev = DevCode::of(device);
             *n_buf = buf;
             *requires_grad = record;
-            // The slot's old op holds no heap memory (the reset let go of any), so it is
-            // forgotten here rather than dropped through `drop_in_place`'s out-of-line call.
-            let old = std::mem::replace(n_op, if record { op() } else { Op::Leaf });
-            if old.holds_heap() {
-                drop(old);
-            } else {
-                std::mem::forget(old);
-            }
-            n_inputs.clear();
+            overwrite(n_op, if record { op() } else { Op::Leaf });
+            let mut ids = SmallVec::new();
             if record {
                 // One push at a time: `extend_from_slice` reserves and calls `memcpy`.
                 for &x in inputs {
-                    n_inputs.push(x);
+                    ids.push(x);
                 }
             }
+            overwrite(n_inputs, ids);
             *n_tape_pos = tape_pos;
             *spent = false;
             *grad = None;
@@ -330,6 +328,13 @@ impl Inner {
         };
         r.map_err(|source| GraphError::Alloc { op, source })
     }
+}
+
+/// Writes `value` over `slot` without dropping (or reading) what was there: for a slot known to
+/// hold no heap memory. (A forgotten `replace`: the read of the old value is dead, and goes.)
+#[inline(always)]
+fn overwrite<T>(slot: &mut T, value: T) {
+    std::mem::forget(std::mem::replace(slot, value));
 }
 
 static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);

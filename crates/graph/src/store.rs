@@ -101,7 +101,8 @@ impl NodeStore {
     }
 
     /// Adds a node written by `fill`, which must set every field of the slot it is given (a
-    /// blank node or one of an earlier iteration), and returns its id.
+    /// blank node or one of an earlier iteration: either way one that holds no heap memory, as
+    /// [`NodeStore::clear`] lets go of all of it), and returns its id.
     #[inline(always)]
     pub fn insert_with(&mut self, fill: impl FnOnce(&mut Node)) -> NodeId {
         let idx = u32::try_from(self.used).expect("invariant: fewer than 2^32 nodes");
