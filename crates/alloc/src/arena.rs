@@ -9,18 +9,48 @@ use bumpalo::Bump;
 
 use crate::AllocError;
 
-/// Every arena buffer starts on a cache line, which also satisfies every [`Pod`] type's alignment.
+/// Arena buffers of a cache line or more start on a cache line.
 const BUF_ALIGN: usize = 64;
 
-/// Buffers below `SMALL_CLASSES` cache lines (16 KiB) use the array of free lists.
-const SMALL_CLASSES: usize = 256;
+/// Smaller ones (a scalar, a few elements) take 16, 32 or 48 bytes on a 16-byte boundary: a chain
+/// of scalar ops then needs a quarter of the memory, and stays in cache. Both satisfy every
+/// [`Pod`] type's alignment.
+const TINY_ALIGN: usize = 16;
+
+/// Buffers below this many bytes use the array of free lists.
+const SMALL_BYTES: usize = 256 * BUF_ALIGN;
+
+/// The free lists of small buffers: one per size (see [`size_class`]).
+const SMALL_CLASSES: usize = SMALL_BYTES / BUF_ALIGN + 3;
+
+/// A buffer's byte size and alignment for `raw` bytes of elements (at least 1, and small enough
+/// not to overflow): a multiple of 16 below a cache line, of 64 from there.
+#[inline(always)]
+fn rounded(raw: usize) -> (usize, usize) {
+    if raw <= BUF_ALIGN - TINY_ALIGN {
+        ((raw + TINY_ALIGN - 1) & !(TINY_ALIGN - 1), TINY_ALIGN)
+    } else {
+        ((raw + BUF_ALIGN - 1) & !(BUF_ALIGN - 1), BUF_ALIGN)
+    }
+}
+
+/// The free list of a rounded byte size below [`SMALL_BYTES`]: 1 to 3 for 16, 32 and 48 bytes,
+/// then `bytes / 64 + 3`. Buffers of one class have one size and one alignment.
+#[inline(always)]
+fn size_class(bytes: usize) -> usize {
+    if bytes < BUF_ALIGN {
+        bytes / TINY_ALIGN
+    } else {
+        bytes / BUF_ALIGN + 3
+    }
+}
 
 mod sealed {
     pub trait Sealed {}
 }
 
 /// Plain element types: every bit pattern is a valid value, there is no drop glue, and the
-/// alignment is at most 64 bytes. Recycled buffers are handed out without clearing because of this.
+/// alignment is at most 16 bytes. Recycled buffers are handed out without clearing because of this.
 pub trait Pod: Copy + Default + Send + Sync + 'static + sealed::Sealed {
     /// A short name used in error messages.
     const NAME: &'static str;
@@ -36,6 +66,7 @@ macro_rules! pod {
                 const NAME: &'static str = stringify!($t);
                 const CODE: u8 = $code;
             }
+            const _: () = assert!(std::mem::align_of::<$t>() <= TINY_ALIGN);
         )*
         /// The element types a buffer can hold, by [`Pod::CODE`].
         const POD_NAMES: &[&str] = &[$(stringify!($t)),*];
@@ -168,14 +199,16 @@ pub struct Arena {
     small_free: Box<[Vec<NonNull<u8>>; SMALL_CLASSES]>,
     epoch: u32,
     stats: ArenaStats,
-    /// The bump's chunk, taken whole at every reset and handed out by the arena itself: buffers
-    /// are carved upwards from `region`, `region_used` of its `region_len` bytes so far. Every
-    /// byte of it was written when the chunk was new, so a carved buffer holds old `Pod` values
-    /// and needs no clearing (a steady loop never pays for a memset), and carving is an add and
-    /// a compare. When it runs out, buffers come from the bump itself (cleared), and the next
-    /// reset makes one chunk that holds the whole iteration.
+    /// The bump's chunk, taken whole at every reset and handed out by the arena itself, as
+    /// `region_len` bytes from `region`: buffers of a cache line or more are carved upwards from
+    /// the bottom (`region_lo`), smaller ones downwards from the top (`region_hi`), so each end
+    /// keeps its alignment with no padding. Every byte of it was written when the chunk was new,
+    /// so a carved buffer holds old `Pod` values and needs no clearing (a steady loop never pays
+    /// for a memset), and carving is an add and a compare. When it runs out, buffers come from
+    /// the bump itself (cleared), and the next reset makes one chunk that holds the iteration.
     region: NonNull<u8>,
-    region_used: usize,
+    region_lo: usize,
+    region_hi: usize,
     region_len: usize,
     /// Some buffer of this iteration came from outside the region.
     overflowed: bool,
@@ -218,7 +251,8 @@ impl Arena {
             epoch: 0,
             stats: ArenaStats::default(),
             region: NonNull::dangling(),
-            region_used: 0,
+            region_lo: 0,
+            region_hi: 0,
             region_len: 0,
             overflowed: false,
             owners: Vec::new(),
@@ -233,7 +267,8 @@ impl Arena {
     fn take_region(&mut self) {
         let (old, old_len) = (self.region, self.region_len);
         self.region = NonNull::dangling();
-        self.region_used = 0;
+        self.region_lo = 0;
+        self.region_hi = 0;
         self.region_len = 0;
         // One alignment's worth short of the capacity: the bump hands out memory downwards
         // from a top that need not be aligned, so asking for every byte could miss by a few and
@@ -253,6 +288,7 @@ impl Arena {
             unsafe { std::ptr::write_bytes(p.as_ptr(), 0, cap) };
         }
         self.region = p;
+        self.region_hi = cap;
         self.region_len = cap;
     }
 
@@ -318,24 +354,20 @@ impl Arena {
         self.stats.resets += 1;
     }
 
-    fn byte_size<T: Pod>(len: usize) -> Result<usize, AllocError> {
+    /// The byte size and alignment of a buffer of `len` elements of `T` (see [`rounded`]).
+    fn byte_size<T: Pod>(len: usize) -> Result<(usize, usize), AllocError> {
         let elem = std::mem::size_of::<T>();
         let too_large = AllocError::TooLarge {
             elems: len,
             elem_bytes: elem,
         };
-        let bytes = len.checked_mul(elem).ok_or(too_large.clone())?;
-        // Round to the alignment so that recycled buffers of equal key are interchangeable, and
-        // never hand out a zero-sized region (every buffer gets a distinct address).
-        let rounded = bytes
-            .max(1)
-            .checked_add(BUF_ALIGN - 1)
-            .ok_or(too_large.clone())?
-            & !(BUF_ALIGN - 1);
-        if rounded > isize::MAX as usize {
+        // Rounded so that recycled buffers of equal size are interchangeable, and never zero
+        // (every buffer gets a distinct address).
+        let raw = len.checked_mul(elem).ok_or(too_large.clone())?.max(1);
+        if raw > isize::MAX as usize - BUF_ALIGN {
             return Err(too_large);
         }
-        Ok(rounded)
+        Ok(rounded(raw))
     }
 
     /// Reserves memory for `len` elements of `T` and returns the slot.
@@ -344,22 +376,17 @@ impl Arena {
     /// and what they cannot serve, goes through [`Arena::reserve_slow`].
     #[inline(always)]
     fn reserve<T: Pod>(&mut self, len: usize) -> Result<Reserved, AllocError> {
-        // Below this many elements the byte size is under `SMALL_CLASSES` cache lines, with no
-        // overflow to check.
-        let small_len = (SMALL_CLASSES * BUF_ALIGN - 1) / std::mem::size_of::<T>();
+        // Below this many elements the byte size is under `SMALL_BYTES`, with no overflow to
+        // check.
+        let small_len = (SMALL_BYTES - 1) / std::mem::size_of::<T>();
         if len > small_len {
             return self.reserve_slow::<T>(len);
         }
-        let bytes = ((len * std::mem::size_of::<T>()).max(1) + (BUF_ALIGN - 1)) & !(BUF_ALIGN - 1);
-        let ptr = if let Some(p) = self.small_free[(bytes / BUF_ALIGN) % SMALL_CLASSES].pop() {
+        let (bytes, align) = rounded((len * std::mem::size_of::<T>()).max(1));
+        let ptr = if let Some(p) = self.small_free[size_class(bytes) % SMALL_CLASSES].pop() {
             self.stats.reused += 1;
             p
-        } else if bytes <= self.region_len - self.region_used {
-            // SAFETY: `region_used + bytes <= region_len`, so the offset stays inside the region
-            // the bump handed out (see `take_region`).
-            let p = unsafe { self.region.add(self.region_used) };
-            self.region_used += bytes;
-            self.stats.bytes_bumped += bytes;
+        } else if let Some(p) = self.carve(bytes, align) {
             p
         } else {
             return self.reserve_slow::<T>(len);
@@ -372,13 +399,37 @@ impl Arena {
         })
     }
 
+    /// `bytes` (rounded by [`rounded`], with its `align`) from the region, if they fit.
+    #[inline(always)]
+    fn carve(&mut self, bytes: usize, align: usize) -> Option<NonNull<u8>> {
+        if bytes > self.region_hi - self.region_lo {
+            return None;
+        }
+        // The region starts on a BUF_ALIGN boundary and its length is a multiple of it; the
+        // bottom end moves by multiples of BUF_ALIGN, the top end by multiples of TINY_ALIGN, so
+        // each stays aligned for what it hands out.
+        let start = if align == BUF_ALIGN {
+            self.region_lo += bytes;
+            self.region_lo - bytes
+        } else {
+            self.region_hi -= bytes;
+            self.region_hi
+        };
+        self.stats.bytes_bumped += bytes;
+        // SAFETY: `region_lo <= region_hi <= region_len` holds (checked above before either end
+        // moved by `bytes`), and `[start, start + bytes)` lies between the old and the new end,
+        // inside the region the bump handed out (see `take_region`) and outside every buffer
+        // carved before.
+        Some(unsafe { self.region.add(start) })
+    }
+
     /// [`Arena::reserve`] for large buffers, and for small ones when the free list and the
     /// region are empty.
     #[inline(never)]
     fn reserve_slow<T: Pod>(&mut self, len: usize) -> Result<Reserved, AllocError> {
-        let bytes = Self::byte_size::<T>(len)?;
-        let reused = if bytes / BUF_ALIGN < SMALL_CLASSES {
-            self.small_free[bytes / BUF_ALIGN].pop()
+        let (bytes, align) = Self::byte_size::<T>(len)?;
+        let reused = if bytes < SMALL_BYTES {
+            self.small_free[size_class(bytes)].pop()
         } else {
             self.free.get_mut(&bytes).and_then(Vec::pop)
         };
@@ -387,33 +438,28 @@ impl Arena {
                 self.stats.reused += 1;
                 (p, false)
             }
-            None if bytes <= self.region_len - self.region_used => {
-                // SAFETY: as in `reserve`: the offset stays inside the region.
-                let p = unsafe { self.region.add(self.region_used) };
-                self.region_used += bytes;
-                self.stats.bytes_bumped += bytes;
-                (p, false)
-            }
-            None => {
-                let layout =
-                    std::alloc::Layout::from_size_align(bytes, BUF_ALIGN).map_err(|_| {
-                        AllocError::TooLarge {
-                            elems: len,
-                            elem_bytes: std::mem::size_of::<T>(),
-                        }
-                    })?;
-                let p =
-                    self.bump
-                        .try_alloc_layout(layout)
-                        .map_err(|_| AllocError::OutOfMemory {
+            None => match self.carve(bytes, align) {
+                Some(p) => (p, false),
+                None => {
+                    let layout =
+                        std::alloc::Layout::from_size_align(bytes, align).map_err(|_| {
+                            AllocError::TooLarge {
+                                elems: len,
+                                elem_bytes: std::mem::size_of::<T>(),
+                            }
+                        })?;
+                    let p = self.bump.try_alloc_layout(layout).map_err(|_| {
+                        AllocError::OutOfMemory {
                             requested: bytes,
                             allocated: self.stats.bytes_in_use,
                             reserved: self.bump.allocated_bytes(),
-                        })?;
-                self.stats.bytes_bumped += bytes;
-                self.overflowed = true;
-                (p, true)
-            }
+                        }
+                    })?;
+                    self.stats.bytes_bumped += bytes;
+                    self.overflowed = true;
+                    (p, true)
+                }
+            },
         };
         Ok(Reserved {
             id: self.push_slot::<T>(ptr, bytes, len),
@@ -502,9 +548,8 @@ impl Arena {
     fn reserve_initialised<T: Pod>(&mut self, len: usize) -> Result<Reserved, AllocError> {
         let r = self.reserve::<T>(len)?;
         if r.fresh {
-            // SAFETY: `r.ptr` was just returned by the bump for `r.bytes` bytes, aligned to
-            // BUF_ALIGN; nothing else refers to it yet, so writing every byte is in bounds and
-            // unaliased.
+            // SAFETY: `r.ptr` was just returned by the bump for `r.bytes` bytes; nothing else
+            // refers to it yet, so writing every byte is in bounds and unaliased.
             unsafe { std::ptr::write_bytes(r.ptr.as_ptr(), 0, r.bytes) };
         }
         Ok(r)
@@ -534,7 +579,8 @@ impl Arena {
             *dst = unsafe { std::slice::from_raw_parts(p.as_ptr(), n) };
         }
         // SAFETY: the new buffer's `len` elements lie in `r.bytes` bytes just reserved (aligned
-        // to BUF_ALIGN, initialised by `reserve_initialised`), memory no live buffer holds: it
+        // to TINY_ALIGN or more, ≥ align_of::<T>() for every Pod type; initialised by
+        // `reserve_initialised`), memory no live buffer holds: it
         // came from a dead buffer's free list, the region's unused part or the bump, so the
         // unique borrow overlaps none of the inputs. `&mut self` keeps any other access out for
         // the lifetime of the returned slices.
@@ -548,7 +594,7 @@ impl Arena {
         // are read by whoever gets the memory next from the free list.
         let r = self.reserve_initialised::<T>(data.len())?;
         // SAFETY: the slot holds at least `data.len() * size_of::<T>()` bytes aligned for `T`
-        // (BUF_ALIGN ≥ align_of::<T>() for every Pod type); `data` is a distinct live borrow that
+        // (TINY_ALIGN ≥ align_of::<T>() for every Pod type); `data` is a distinct live borrow that
         // cannot overlap memory the arena just reserved.
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), r.ptr.as_ptr().cast::<T>(), data.len())
@@ -791,8 +837,8 @@ impl Arena {
             // Not ours: its owner is let go at the reset.
             return Ok(());
         }
-        if slot.bytes / BUF_ALIGN < SMALL_CLASSES {
-            self.small_free[slot.bytes / BUF_ALIGN].push(slot.ptr);
+        if slot.bytes < SMALL_BYTES {
+            self.small_free[size_class(slot.bytes)].push(slot.ptr);
         } else {
             self.free.entry(slot.bytes).or_default().push(slot.ptr);
         }
@@ -1072,15 +1118,15 @@ mod tests {
         assert_eq!(a.stats().live_buffers, 0);
         // The peak survives the reset and is not lowered by a smaller iteration.
         a.reset();
-        a.alloc_scratch::<f32>(1).unwrap();
-        assert_eq!(a.stats().bytes_in_use, 64);
+        a.alloc_scratch::<f32>(1).unwrap(); // 16 bytes
+        assert_eq!(a.stats().bytes_in_use, 16);
         assert_eq!(a.stats().peak_bytes_in_use, 192);
         a.alloc_scratch::<f32>(100).unwrap(); // 448 bytes
-        assert_eq!(a.stats().peak_bytes_in_use, 512);
+        assert_eq!(a.stats().peak_bytes_in_use, 464);
         a.reset_peak();
-        assert_eq!(a.stats().peak_bytes_in_use, 512);
+        assert_eq!(a.stats().peak_bytes_in_use, 464);
         a.reset();
-        assert_eq!(a.stats().peak_bytes_in_use, 512);
+        assert_eq!(a.stats().peak_bytes_in_use, 464);
     }
 
     #[test]
@@ -1120,13 +1166,20 @@ mod tests {
         // to buffers that fill the whole rounded size: every byte must have been written
         // (Miri checks the reads).
         let mut a = Arena::new();
-        let x = a.alloc_from_slice(&[1.0f32]).unwrap();
-        let z = a.alloc_zeroed::<f32>(3).unwrap();
-        a.recycle(x).unwrap();
-        a.recycle(z).unwrap();
-        for _ in 0..2 {
-            let id = a.alloc_scratch::<f32>(16).unwrap();
-            assert!(a.stats().reused > 0);
+        // 4 and 52 bytes of elements (rounded to 16 and 64), then 12 and 56 (to 16 and 64).
+        let bufs = [
+            a.alloc_from_slice(&[1.0f32]).unwrap(),
+            a.alloc_from_slice(&[1.0f32; 13]).unwrap(),
+            a.alloc_zeroed::<f32>(3).unwrap(),
+            a.alloc_zeroed::<f32>(14).unwrap(),
+        ];
+        for b in bufs {
+            a.recycle(b).unwrap();
+        }
+        for n in [4, 16, 4, 16] {
+            let before = a.stats().reused;
+            let id = a.alloc_scratch::<f32>(n).unwrap();
+            assert_eq!(a.stats().reused, before + 1);
             assert!(a.slice::<f32>(id).unwrap().iter().all(|v| v.is_finite()));
         }
     }
@@ -1162,6 +1215,43 @@ mod tests {
             assert_eq!(a.stats().allocations, before, "round {round}");
             a.reset();
         }
+    }
+
+    #[test]
+    fn small_buffers_pack_on_16_bytes_and_larger_ones_start_on_lines() {
+        let mut a = Arena::new();
+        // Round 0 takes memory from the bump, later rounds carve the kept chunk.
+        for round in 0..3 {
+            let mut bufs = Vec::new();
+            for n in [1usize, 3, 4, 5, 12, 13, 16, 17, 1, 100, 2] {
+                let id = a.alloc_scratch::<f32>(n).unwrap();
+                let at = a.slice::<f32>(id).unwrap().as_ptr() as usize;
+                let (bytes, align) = rounded(n * 4);
+                assert_eq!(
+                    (bytes, align),
+                    if n * 4 <= 48 {
+                        ((n * 4).div_ceil(16) * 16, 16)
+                    } else {
+                        ((n * 4).div_ceil(64) * 64, 64)
+                    }
+                );
+                assert_eq!(at % align, 0, "{n} elements at {at:#x}, round {round}");
+                bufs.push((at, bytes, id));
+            }
+            bufs.sort_by_key(|b| b.0);
+            for w in bufs.windows(2) {
+                assert!(w[0].0 + w[0].1 <= w[1].0, "overlap: {w:?}");
+            }
+            // A recycled buffer serves its own size only.
+            let (at, bytes, id) = *bufs.iter().find(|b| b.1 == 32).unwrap();
+            a.recycle(id).unwrap();
+            let other = a.alloc_scratch::<f32>(12).unwrap(); // 48 bytes: another class
+            assert_ne!(a.slice::<f32>(other).unwrap().as_ptr() as usize, at);
+            let same = a.alloc_scratch::<f64>(bytes / 8).unwrap();
+            assert_eq!(a.slice::<f64>(same).unwrap().as_ptr() as usize, at);
+            a.reset();
+        }
+        assert!(size_class(SMALL_BYTES - BUF_ALIGN) < SMALL_CLASSES);
     }
 
     #[test]
