@@ -313,6 +313,10 @@ fn run<'g>(
     Ok(captured)
 }
 
+/// How far ahead of the walk [`next_step`] prefetches nodes: a chain's nodes were written long
+/// ago, in creation order, and the walk reads them back in reverse.
+const PREFETCH_STEPS: usize = 8;
+
 /// Walks the tape down from position `left - 1` past the steps that need no rule — empty
 /// gradient slots, and (when `plain`) elementwise steps done in place ([`unary_fast_path`]) — all
 /// under the caller's one borrow of the graph. Returns the next step that needs its rule, its
@@ -326,6 +330,9 @@ fn next_step(
     while *left > 0 {
         *left -= 1;
         let pos = *left;
+        if let Some(&ahead) = i.tape.get(pos.wrapping_sub(PREFETCH_STEPS)) {
+            i.nodes.prefetch(ahead);
+        }
         let Some(gid) = i.grad_slots[pos].take() else {
             continue;
         };

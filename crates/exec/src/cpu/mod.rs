@@ -22,4 +22,4 @@ pub use shape::{
     broadcast_to, gather, index_add, index_select, narrow, permute, permute_par, place_along,
     scatter_add,
 };
-pub use wide::{set_simd, simd, simd_available, wide, Simd};
+pub use wide::{prefetch, set_simd, simd, simd_available, wide, Simd};
