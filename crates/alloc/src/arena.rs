@@ -77,6 +77,9 @@ pod!(0 f32, 1 f64, 2 u8, 3 u32, 4 i32, 5 u64, 6 i64, 7 usize);
 /// What [`Arena::split_mixed`] hands out: the output, the input and the auxiliary buffer.
 pub type MixedSplit<'a, O, I, A> = (&'a mut [O], &'a [I], &'a [A]);
 
+/// What [`Arena::alloc_split`] hands out: the new buffer, its elements and the inputs'.
+pub type AllocSplit<'a, T, const N: usize> = (BufId, &'a mut [T], [&'a [T]; N]);
+
 /// A handle to one buffer of one arena iteration: a slot index and the epoch it was made in.
 ///
 /// Handles are `Copy` and cheap. After [`Arena::reset`] (a new epoch) or after
@@ -563,7 +566,7 @@ impl Arena {
         &mut self,
         len: usize,
         inputs: [BufId; N],
-    ) -> Result<(BufId, &mut [T], [&[T]; N]), AllocError> {
+    ) -> Result<AllocSplit<'_, T, N>, AllocError> {
         // The inputs first: checked live, they name slots that exist, none of them the new one.
         let mut parts = [(NonNull::<T>::dangling(), 0); N];
         for (part, id) in parts.iter_mut().zip(inputs) {

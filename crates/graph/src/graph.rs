@@ -3,7 +3,7 @@
 use std::cell::{RefCell, RefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use arenagrad_alloc::{Arena, ArenaStats, BufId};
+use arenagrad_alloc::{AllocSplit, Arena, ArenaStats, BufId};
 use arenagrad_exec::DType;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -298,13 +298,12 @@ impl Inner {
     /// A new host buffer of `len` elements to write and `N` to read, as [`Arena::alloc_split`],
     /// with an error that names `op`.
     #[inline(always)]
-    #[allow(clippy::type_complexity)]
     pub fn alloc_split<T: arenagrad_alloc::Pod, const N: usize>(
         &mut self,
         op: &'static str,
         len: usize,
         inputs: [BufId; N],
-    ) -> Result<(BufId, &mut [T], [&[T]; N])> {
+    ) -> Result<AllocSplit<'_, T, N>> {
         self.arena
             .alloc_split(len, inputs)
             .map_err(|source| GraphError::Alloc { op, source })

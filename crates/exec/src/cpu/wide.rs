@@ -113,6 +113,20 @@ pub(crate) fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Asks the CPU to bring the cache line at `p` closer, ahead of a read. Any address will do:
+/// a prefetch reads nothing the program can see and never faults.
+#[inline(always)]
+pub fn prefetch<T>(p: *const T) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: `_mm_prefetch` needs SSE, which every x86-64 CPU has; it is a hint that does not
+    // access memory architecturally, so no validity is required of `p`.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>())
+    };
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    let _ = p;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,18 +201,4 @@ mod tests {
         }
         set_simd(before);
     }
-}
-
-/// Asks the CPU to bring the cache line at `p` closer, ahead of a read. Any address will do:
-/// a prefetch reads nothing the program can see and never faults.
-#[inline(always)]
-pub fn prefetch<T>(p: *const T) {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    // SAFETY: `_mm_prefetch` needs SSE, which every x86-64 CPU has; it is a hint that does not
-    // access memory architecturally, so no validity is required of `p`.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>())
-    };
-    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    let _ = p;
 }
