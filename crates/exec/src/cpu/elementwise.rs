@@ -518,14 +518,35 @@ mod tests {
     /// Kernels under `TINY_ELEMS` elements take their own loops: each element must come out as
     /// it does in a long slice (the vectorised, possibly threaded path), bit for bit.
     fn tiny_matches_wide<T: Float + std::fmt::Debug>(vals: &[T]) {
-        let long: Vec<T> = vals.iter().cycle().take(4 * 1024 + 3).copied().collect();
+        // Long enough for the threaded path natively; under Miri, for the vectorised one.
+        let long_len = if cfg!(miri) { 67 } else { 4 * 1024 + 3 };
+        let long: Vec<T> = vals.iter().cycle().take(long_len).copied().collect();
         let y_of = |op, x: &[T]| {
             let mut y = vec![T::ZERO; x.len()];
             unary(op, x, &mut y, 2);
             y
         };
-        let bits = |v: &[T]| v.iter().map(|x| x.to_f64().to_bits()).collect::<Vec<_>>();
+        // Bit for bit (any NaN for a NaN).
+        let same = |a: &[T], b: &[T]| {
+            a.len() == b.len()
+                && a.iter().zip(b).all(|(a, b)| {
+                    let (a, b) = (a.to_f64(), b.to_f64());
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+                })
+        };
+        // Miri makes libm's functions return slightly different results from call to call:
+        // there the comparison takes the ops computed without them.
+        let libm_free = |op| {
+            use UnaryOp::*;
+            matches!(
+                op,
+                Neg | Abs | Sqrt | Relu | Sign | Step | Scale(_) | Shift(_)
+            )
+        };
         for op in ALL_UNARY {
+            if cfg!(miri) && !libm_free(op) {
+                continue;
+            }
             let y_long = y_of(op, &long);
             // The incoming gradient of the in-place derivative: distinct values per element.
             let g_long: Vec<T> = (0..long.len())
@@ -537,15 +558,11 @@ mod tests {
             }
             for n in 1..TINY_ELEMS {
                 let (x, y) = (&long[..n], y_of(op, &long[..n]));
-                assert_eq!(bits(&y), bits(&y_long[..n]), "{op:?} forward, {n} elements");
+                assert!(same(&y, &y_long[..n]), "{op:?} forward, {n} elements");
                 if op != UnaryOp::GeluGrad {
                     let mut dg = g_long[..n].to_vec();
-                    unary_grad_in_place(op, x, &y, &mut dg, 2);
-                    assert_eq!(
-                        bits(&dg),
-                        bits(&dg_long[..n]),
-                        "{op:?} backward, {n} elements"
-                    );
+                    unary_grad_in_place(op, x, &y_long[..n], &mut dg, 2);
+                    assert!(same(&dg, &dg_long[..n]), "{op:?} backward, {n} elements");
                 }
             }
         }
