@@ -198,7 +198,7 @@ pub struct Arena {
     bump: Bump,
     slots: Vec<Slot>,
     free: HashMap<usize, Vec<NonNull<u8>>, BuildSizeHasher>,
-    /// Free lists of small buffers, indexed by size in cache lines: no hashing on the hot path.
+    /// Free lists of small buffers, indexed by [`size_class`]: no hashing on the hot path.
     small_free: Box<[Vec<NonNull<u8>>; SMALL_CLASSES]>,
     epoch: u32,
     stats: ArenaStats,
@@ -221,7 +221,8 @@ pub struct Arena {
     dead: usize,
 }
 
-// SAFETY: every pointer in `slots` and `free` points into chunks owned by `self.bump`, which is
+// SAFETY: every pointer in `slots`, `free`, `small_free` and `region` points into chunks owned by
+// `self.bump` (`region` may also dangle, with `region_len` 0), which is
 // `Send`, or (shared slots) into memory owned by an entry of `owners`, which is `Send + Sync` and
 // only ever read; no pointer into the bump is shared with anything outside the arena, and all
 // access to the memory goes through `&self`/`&mut self` methods, so moving the whole arena to
