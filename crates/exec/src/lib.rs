@@ -65,6 +65,31 @@ pub enum UnaryOp {
     Powf(f64),
 }
 
+/// Every unary op, with scalars and powers that exercise their cases (for tests that go
+/// through all of them).
+#[cfg(test)]
+pub(crate) const ALL_UNARY_OPS: [UnaryOp; 19] = [
+    UnaryOp::Neg,
+    UnaryOp::Exp,
+    UnaryOp::Log,
+    UnaryOp::Sqrt,
+    UnaryOp::Abs,
+    UnaryOp::Sin,
+    UnaryOp::Cos,
+    UnaryOp::Tanh,
+    UnaryOp::Sigmoid,
+    UnaryOp::Relu,
+    UnaryOp::Gelu,
+    UnaryOp::GeluGrad,
+    UnaryOp::Sign,
+    UnaryOp::Step,
+    UnaryOp::Scale(-1.7),
+    UnaryOp::Shift(0.3),
+    UnaryOp::Powf(2.0),
+    UnaryOp::Powf(3.0),
+    UnaryOp::Powf(0.7),
+];
+
 impl UnaryOp {
     /// The op's name as the program format spells it.
     pub fn name(self) -> &'static str {

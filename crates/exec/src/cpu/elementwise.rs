@@ -494,27 +494,6 @@ pub fn select<T: Float>(
 mod tests {
     use super::*;
 
-    const ALL_UNARY: [UnaryOp; 18] = [
-        UnaryOp::Neg,
-        UnaryOp::Exp,
-        UnaryOp::Log,
-        UnaryOp::Sqrt,
-        UnaryOp::Abs,
-        UnaryOp::Sin,
-        UnaryOp::Cos,
-        UnaryOp::Tanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::Relu,
-        UnaryOp::Gelu,
-        UnaryOp::GeluGrad,
-        UnaryOp::Sign,
-        UnaryOp::Step,
-        UnaryOp::Scale(-1.5),
-        UnaryOp::Shift(0.25),
-        UnaryOp::Powf(2.0),
-        UnaryOp::Powf(1.5),
-    ];
-
     /// Kernels under `TINY_ELEMS` elements take their own loops: each element must come out as
     /// it does in a long slice (the vectorised, possibly threaded path), bit for bit.
     fn tiny_matches_wide<T: Float + std::fmt::Debug>(vals: &[T]) {
@@ -543,7 +522,7 @@ mod tests {
                 Neg | Abs | Sqrt | Relu | Sign | Step | Scale(_) | Shift(_)
             )
         };
-        for op in ALL_UNARY {
+        for op in crate::ALL_UNARY_OPS {
             if cfg!(miri) && !libm_free(op) {
                 continue;
             }

@@ -445,28 +445,6 @@ fn gemm_plan_is_the_row_major_product() {
 // ---------------------------------------------------------------------------------------------
 // On a device: every kernel against its CPU counterpart, in f32 and f64.
 
-const UNARY_OPS: [UnaryOp; 19] = [
-    UnaryOp::Neg,
-    UnaryOp::Exp,
-    UnaryOp::Log,
-    UnaryOp::Sqrt,
-    UnaryOp::Abs,
-    UnaryOp::Sin,
-    UnaryOp::Cos,
-    UnaryOp::Tanh,
-    UnaryOp::Sigmoid,
-    UnaryOp::Relu,
-    UnaryOp::Gelu,
-    UnaryOp::GeluGrad,
-    UnaryOp::Sign,
-    UnaryOp::Step,
-    UnaryOp::Scale(-1.7),
-    UnaryOp::Shift(0.3),
-    UnaryOp::Powf(2.0),
-    UnaryOp::Powf(3.0),
-    UnaryOp::Powf(0.7),
-];
-
 fn unary_inputs<T: Float>(rng: &mut Rng, op: UnaryOp, n: usize) -> Vec<T> {
     let mut x: Vec<T> = match op {
         UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Powf(0.7) => rng.vec(n, 0.05, 4.0),
@@ -488,7 +466,7 @@ fn unary_inputs<T: Float>(rng: &mut Rng, op: UnaryOp, n: usize) -> Vec<T> {
 fn check_unary<T: Float>(be: &CudaBackend) {
     let mut rng = Rng::new(1);
     let n = 3001;
-    for op in UNARY_OPS {
+    for op in crate::ALL_UNARY_OPS {
         let x: Vec<T> = unary_inputs(&mut rng, op, n);
         let mut want = vec![T::ZERO; n];
         cpu::unary(op, &x, &mut want, 1);
@@ -515,7 +493,7 @@ fn check_unary<T: Float>(be: &CudaBackend) {
 fn check_unary_grad<T: Float>(be: &CudaBackend) {
     let mut rng = Rng::new(2);
     let n = 2003;
-    for op in UNARY_OPS {
+    for op in crate::ALL_UNARY_OPS {
         let x: Vec<T> = unary_inputs(&mut rng, op, n);
         let mut y = vec![T::ZERO; n];
         cpu::unary(op, &x, &mut y, 1);
