@@ -380,9 +380,9 @@ impl Arena {
     /// and what they cannot serve, goes through [`Arena::reserve_slow`].
     #[inline(always)]
     fn reserve<T: Pod>(&mut self, len: usize) -> Result<Reserved, AllocError> {
-        // Below this many elements the byte size is under `SMALL_BYTES`, with no overflow to
-        // check.
-        let small_len = (SMALL_BYTES - 1) / std::mem::size_of::<T>();
+        // Up to this many elements the rounded byte size stays under `SMALL_BYTES` (the sizes
+        // the array of free lists serves), with no overflow to check.
+        let small_len = (SMALL_BYTES - BUF_ALIGN) / std::mem::size_of::<T>();
         if len > small_len {
             return self.reserve_slow::<T>(len);
         }
@@ -1256,6 +1256,23 @@ mod tests {
             a.reset();
         }
         assert!(size_class(SMALL_BYTES - BUF_ALIGN) < SMALL_CLASSES);
+    }
+
+    #[test]
+    fn buffers_just_under_the_small_limit_are_reused() {
+        // 16,380 bytes round up to 16 KiB, the first size kept in the map of large free lists:
+        // a second request of the same length must find the first's memory there, also when the
+        // region (there from the second iteration on) has room.
+        let mut a = Arena::new();
+        a.alloc_scratch::<f32>(1 << 16).unwrap();
+        a.reset();
+        for n in [4095usize, 4096, 4080] {
+            let x = a.alloc_scratch::<f32>(n).unwrap();
+            a.recycle(x).unwrap();
+            let before = a.stats().reused;
+            a.alloc_scratch::<f32>(n).unwrap();
+            assert_eq!(a.stats().reused, before + 1, "{n} elements");
+        }
     }
 
     #[test]
