@@ -376,15 +376,16 @@ impl Arena {
 
     /// Reserves memory for `len` elements of `T` and returns the slot.
     ///
-    /// Small buffers take the short way in line: a free list, else the region. Everything else,
-    /// and what they cannot serve, goes through [`Arena::reserve_slow`].
+    /// Small buffers take the short way in line: their free list, else the region. Large ones
+    /// go through [`Arena::reserve_large`]; what neither the lists nor the region can serve comes
+    /// from [`Arena::reserve_fresh`].
     #[inline(always)]
     fn reserve<T: Pod>(&mut self, len: usize) -> Result<Reserved, AllocError> {
         // Up to this many elements the rounded byte size stays under `SMALL_BYTES` (the sizes
         // the array of free lists serves), with no overflow to check.
         let small_len = (SMALL_BYTES - BUF_ALIGN) / std::mem::size_of::<T>();
         if len > small_len {
-            return self.reserve_slow::<T>(len);
+            return self.reserve_large::<T>(len);
         }
         let (bytes, align) = rounded((len * std::mem::size_of::<T>()).max(1));
         let ptr = if let Some(p) = self.small_free[size_class(bytes) % SMALL_CLASSES].pop() {
@@ -393,14 +394,9 @@ impl Arena {
         } else if let Some(p) = self.carve(bytes, align) {
             p
         } else {
-            return self.reserve_slow::<T>(len);
+            return self.reserve_fresh::<T>(len, bytes, align);
         };
-        Ok(Reserved {
-            id: self.push_slot::<T>(ptr, bytes, len),
-            ptr,
-            bytes,
-            fresh: false,
-        })
+        Ok(self.reserved::<T>(ptr, bytes, len, false))
     }
 
     /// `bytes` (rounded by [`rounded`], with its `align`) from the region, if they fit.
@@ -427,55 +423,59 @@ impl Arena {
         Some(unsafe { self.region.add(start) })
     }
 
-    /// [`Arena::reserve`] for large buffers, and for small ones when the free list and the
-    /// region are empty.
+    /// [`Arena::reserve`] for buffers of `SMALL_BYTES` or more: their free list in the map, else
+    /// the region, else fresh memory.
     #[inline(never)]
-    fn reserve_slow<T: Pod>(&mut self, len: usize) -> Result<Reserved, AllocError> {
+    fn reserve_large<T: Pod>(&mut self, len: usize) -> Result<Reserved, AllocError> {
         let (bytes, align) = Self::byte_size::<T>(len)?;
-        let reused = if bytes < SMALL_BYTES {
-            self.small_free[size_class(bytes)].pop()
+        let ptr = if let Some(p) = self.free.get_mut(&bytes).and_then(Vec::pop) {
+            self.stats.reused += 1;
+            p
+        } else if let Some(p) = self.carve(bytes, align) {
+            p
         } else {
-            self.free.get_mut(&bytes).and_then(Vec::pop)
+            return self.reserve_fresh::<T>(len, bytes, align);
         };
-        let (ptr, fresh) = match reused {
-            Some(p) => {
-                self.stats.reused += 1;
-                (p, false)
+        Ok(self.reserved::<T>(ptr, bytes, len, false))
+    }
+
+    /// Memory past the region, from the bump itself: uninitialised (`fresh`), and a sign that
+    /// the next reset should make a chunk that holds the whole iteration.
+    #[inline(never)]
+    fn reserve_fresh<T: Pod>(
+        &mut self,
+        len: usize,
+        bytes: usize,
+        align: usize,
+    ) -> Result<Reserved, AllocError> {
+        let layout = std::alloc::Layout::from_size_align(bytes, align).map_err(|_| {
+            AllocError::TooLarge {
+                elems: len,
+                elem_bytes: std::mem::size_of::<T>(),
             }
-            None => match self.carve(bytes, align) {
-                Some(p) => (p, false),
-                None => {
-                    let layout =
-                        std::alloc::Layout::from_size_align(bytes, align).map_err(|_| {
-                            AllocError::TooLarge {
-                                elems: len,
-                                elem_bytes: std::mem::size_of::<T>(),
-                            }
-                        })?;
-                    let p = self.bump.try_alloc_layout(layout).map_err(|_| {
-                        AllocError::OutOfMemory {
-                            requested: bytes,
-                            allocated: self.stats.bytes_in_use,
-                            reserved: self.bump.allocated_bytes(),
-                        }
-                    })?;
-                    self.stats.bytes_bumped += bytes;
-                    self.overflowed = true;
-                    (p, true)
-                }
-            },
-        };
-        Ok(Reserved {
-            id: self.push_slot::<T>(ptr, bytes, len),
-            ptr,
-            bytes,
-            fresh,
-        })
+        })?;
+        let p = self
+            .bump
+            .try_alloc_layout(layout)
+            .map_err(|_| AllocError::OutOfMemory {
+                requested: bytes,
+                allocated: self.stats.bytes_in_use,
+                reserved: self.bump.allocated_bytes(),
+            })?;
+        self.stats.bytes_bumped += bytes;
+        self.overflowed = true;
+        Ok(self.reserved::<T>(p, bytes, len, true))
     }
 
     /// Records a new live buffer of `len` elements of `T` at `ptr` (`bytes` reserved).
     #[inline(always)]
-    fn push_slot<T: Pod>(&mut self, ptr: NonNull<u8>, bytes: usize, len: usize) -> BufId {
+    fn reserved<T: Pod>(
+        &mut self,
+        ptr: NonNull<u8>,
+        bytes: usize,
+        len: usize,
+        fresh: bool,
+    ) -> Reserved {
         let slot = u32::try_from(self.slots.len()).expect("invariant: fewer than 2^32 buffers");
         self.slots.push(Slot {
             ptr,
@@ -487,7 +487,12 @@ impl Arena {
             holders: 1,
         });
         self.stats.bytes_in_use += bytes;
-        BufId::from_parts(slot, self.epoch)
+        Reserved {
+            id: BufId::from_parts(slot, self.epoch),
+            ptr,
+            bytes,
+            fresh,
+        }
     }
 
     /// A read-only buffer over memory the arena does not own: `view(&owner)` is read in place,
