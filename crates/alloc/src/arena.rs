@@ -394,7 +394,7 @@ impl Arena {
         } else if let Some(p) = self.carve(bytes, align) {
             p
         } else {
-            return self.reserve_fresh::<T>(len, bytes, align);
+            return self.reserve_fresh::<T>(len);
         };
         Ok(self.reserved::<T>(ptr, bytes, len, false))
     }
@@ -434,20 +434,17 @@ impl Arena {
         } else if let Some(p) = self.carve(bytes, align) {
             p
         } else {
-            return self.reserve_fresh::<T>(len, bytes, align);
+            return self.reserve_fresh::<T>(len);
         };
         Ok(self.reserved::<T>(ptr, bytes, len, false))
     }
 
     /// Memory past the region, from the bump itself: uninitialised (`fresh`), and a sign that
-    /// the next reset should make a chunk that holds the whole iteration.
+    /// the next reset should make a chunk that holds the whole iteration. (It takes only `len`,
+    /// and works out the size again, so that the in-line path keeps nothing else live for it.)
     #[inline(never)]
-    fn reserve_fresh<T: Pod>(
-        &mut self,
-        len: usize,
-        bytes: usize,
-        align: usize,
-    ) -> Result<Reserved, AllocError> {
+    fn reserve_fresh<T: Pod>(&mut self, len: usize) -> Result<Reserved, AllocError> {
+        let (bytes, align) = Self::byte_size::<T>(len)?;
         let layout = std::alloc::Layout::from_size_align(bytes, align).map_err(|_| {
             AllocError::TooLarge {
                 elems: len,
@@ -802,16 +799,6 @@ impl Arena {
             })
             .collect();
         Ok((out_slice, ins))
-    }
-
-    /// Whether `id` is live and has exactly one owner, so that writing it changes no other
-    /// tensor's value.
-    pub fn is_unique(&self, id: BufId) -> bool {
-        id.epoch() == self.epoch
-            && self
-                .slots
-                .get(id.slot() as usize)
-                .is_some_and(|s| s.live && s.holders == 1)
     }
 
     /// Adds an owner to a live buffer: a zero-copy view (a reshape) shares the memory, and the
