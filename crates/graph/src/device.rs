@@ -147,7 +147,7 @@ impl Inner {
     }
 
     /// An uninitialised buffer of `n` elements on `dev`.
-    #[inline(always)]
+    #[inline]
     pub fn alloc_on(
         &mut self,
         op: &'static str,

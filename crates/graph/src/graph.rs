@@ -310,7 +310,7 @@ impl Inner {
     }
 
     /// A scratch buffer of `n` elements of `dtype`.
-    #[inline(always)]
+    #[inline]
     pub fn alloc(&mut self, op: &'static str, dtype: DType, n: usize) -> Result<BufId> {
         let r = match dtype {
             DType::F32 => self.arena.alloc_scratch::<f32>(n),
