@@ -51,12 +51,7 @@ pub fn grad<'g>(
     inputs: &[Tensor<'g>],
     opts: BackwardOptions<'g>,
 ) -> Result<Vec<Option<Tensor<'g>>>> {
-    for x in inputs {
-        if !std::ptr::eq(x.g, output.g) {
-            return Err(GraphError::GraphMismatch { op: "grad" });
-        }
-    }
-    let ids: Vec<NodeId> = inputs.iter().map(|t| t.id).collect();
+    let ids = output.g.owns_all("grad", inputs)?;
     let got = run(output.g, output, opts, Some(&ids))?;
     Ok(got
         .into_iter()
@@ -116,9 +111,7 @@ fn run<'g>(
     };
     let seed = match opts.grad {
         Some(s) => {
-            if !std::ptr::eq(s.g, g) {
-                return Err(GraphError::GraphMismatch { op: "backward" });
-            }
+            g.owns("backward", &s)?;
             let sh = s.try_shape()?;
             if s.device() != root_dev {
                 return Err(GraphError::DeviceMismatch {

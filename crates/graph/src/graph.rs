@@ -501,6 +501,29 @@ impl Graph {
         GradModeGuard { g: self, prev }
     }
 
+    /// The one check that a tensor handed to an op of this graph belongs to it: its id, or
+    /// [`GraphError::GraphMismatch`]. Every entry point that takes a [`Tensor`] besides its
+    /// receiver resolves it through here (directly, through [`Graph::owns_all`], or through
+    /// `ops::check_pair`); `tests/graph_mismatch.rs` calls each such method with a tensor of
+    /// another graph, and fails when a public method taking a tensor is missing from its list.
+    #[inline(always)]
+    pub(crate) fn owns(&self, op: &'static str, t: &Tensor<'_>) -> Result<NodeId> {
+        if std::ptr::eq(self, t.g) {
+            Ok(t.id)
+        } else {
+            Err(GraphError::GraphMismatch { op })
+        }
+    }
+
+    /// [`Graph::owns`] for a list of tensors.
+    pub(crate) fn owns_all(
+        &self,
+        op: &'static str,
+        ts: &[Tensor<'_>],
+    ) -> Result<SmallVec<[NodeId; 2]>> {
+        ts.iter().map(|t| self.owns(op, t)).collect()
+    }
+
     pub(crate) fn handle(&self, id: NodeId) -> Tensor<'_> {
         Tensor { g: self, id }
     }

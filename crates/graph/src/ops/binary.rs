@@ -130,6 +130,7 @@ impl Graph {
         b: Tensor<'g>,
     ) -> Result<Tensor<'g>> {
         let name = "where";
+        self.owns_all(name, &[cond, a, b])?;
         check_pair(name, &cond, &a)?;
         check_pair(name, &a, &b)?;
         let mut guard = self.inner();

@@ -208,6 +208,11 @@ impl<'g> Tensor<'g> {
         groups: usize,
     ) -> Result<Tensor<'g>> {
         let op = "conv2d";
+        // Before anything is recorded: a refused call leaves both graphs as they were.
+        check_pair(op, &self, &weight)?;
+        if let Some(b) = bias {
+            check_pair(op, &self, &b)?;
+        }
         let (xs, ws) = (self.try_shape()?, weight.try_shape()?);
         let bad = || GraphError::ShapeMismatch {
             op,

@@ -4,11 +4,8 @@
 
 use std::sync::Arc;
 
-use smallvec::SmallVec;
-
 use super::{check_pair, Ctx, Grads, Op};
 use crate::error::{GraphError, Result};
-use crate::graph::NodeId;
 use crate::shape::copy_of;
 use crate::{Graph, Tensor};
 
@@ -37,6 +34,8 @@ impl Graph {
         value: Tensor<'g>,
     ) -> Result<Tensor<'g>> {
         let name = op.name();
+        self.owns(name, &value)?;
+        let ids = self.owns_all(name, inputs)?;
         for x in inputs {
             check_pair(name, &value, x)?;
         }
@@ -45,7 +44,6 @@ impl Graph {
             let n = i.node(name, value.id)?;
             (copy_of(&n.shape), n.dtype, n.buf)
         };
-        let ids: SmallVec<[NodeId; 2]> = inputs.iter().map(|t| t.id).collect();
         let dev = i.device_of(name, value.id)?;
         i.retain_buf(name, dev, buf)?;
         let id = i.push_on(dev, shape, dtype, buf, Op::Custom(op), &ids);
@@ -65,6 +63,7 @@ pub(crate) fn backward<'g>(op: &Arc<dyn CustomOp>, c: &Ctx<'g>) -> Result<Grads<
     }
     for (gr, x) in grads.iter().zip(&inputs) {
         if let Some(gr) = gr {
+            c.g.owns(op.name(), gr)?;
             let (gs, xs) = (gr.try_shape()?, x.try_shape()?);
             if gs != xs {
                 return Err(GraphError::ShapeMismatch {

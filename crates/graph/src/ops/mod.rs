@@ -249,9 +249,7 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
 
 /// Checks that two tensors can meet in one op: same graph, device and dtype.
 pub(crate) fn check_pair(op: &'static str, a: &Tensor<'_>, b: &Tensor<'_>) -> Result<()> {
-    if !std::ptr::eq(a.g, b.g) {
-        return Err(GraphError::GraphMismatch { op });
-    }
+    a.g.owns(op, b)?;
     let (da, db) = {
         let i = a.g.inner.borrow();
         let (na, nb) = (i.node(op, a.id)?, i.node(op, b.id)?);

@@ -17,7 +17,7 @@ use super::{check_pair, Ctx, Grads, Op};
 #[cfg(feature = "cuda")]
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
-use crate::graph::{Inner, NodeId};
+use crate::graph::Inner;
 use crate::shape::{checked_numel, copy_of, norm_axis, Shape};
 use crate::{Device, Graph, Tensor};
 
@@ -321,6 +321,7 @@ impl Graph {
             op,
             what: "needs at least one tensor",
         })?;
+        let ids = self.owns_all(op, parts)?;
         let s0 = first.try_shape()?;
         let ax = norm_axis(op, axis, &s0)?;
         let mut total = 0usize;
@@ -355,7 +356,6 @@ impl Graph {
         let len = checked_numel(op, &out_shape)?;
         let out = i.alloc_on(op, dev, dtype, len)?;
         let mut start = 0;
-        let ids: SmallVec<[NodeId; 2]> = parts.iter().map(|p| p.id).collect();
         for p in parts {
             let (shape, buf) = {
                 let n = i.node(op, p.id)?;
