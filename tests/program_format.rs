@@ -114,7 +114,7 @@ fn shapes_of_every_op() {
     assert!(grad("k0"), "detach stops only its own output");
     // And the engine agrees with every predicted shape.
     let r = p.run(&RunOptions::default()).unwrap();
-    assert_eq!(r.output.tensor.shape, Vec::<usize>::new());
+    assert_eq!(r.output.tensor.shape(), Vec::<usize>::new());
     assert_eq!(r.values.len(), 5);
     assert_eq!(
         r.grads.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(),

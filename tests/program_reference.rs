@@ -62,7 +62,8 @@ fn check_library(c: &Case) {
         .run(&RunOptions::default())
         .unwrap_or_else(|e| panic!("{}: {e}", c.name));
     assert_eq!(
-        r.output.tensor.shape, c.out_shape,
+        r.output.tensor.shape(),
+        c.out_shape,
         "{}: output shape",
         c.name
     );

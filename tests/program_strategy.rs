@@ -153,6 +153,6 @@ proptest! {
     #[test]
     fn shapes_respect_their_bounds(s in strategy::shape(3, 5), t in strategy::shaped_tensor(2, 3)) {
         prop_assert!(s.len() <= 3 && s.iter().all(|&d| (1..=5).contains(&d)));
-        prop_assert_eq!(t.numel(), t.shape.iter().product::<usize>());
+        prop_assert_eq!(t.numel(), t.shape().iter().product::<usize>());
     }
 }

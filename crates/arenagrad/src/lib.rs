@@ -18,7 +18,7 @@
 //!     loss.backward().unwrap();
 //!     g.reset(); // frees the iteration; w keeps its accumulated gradient
 //! }
-//! assert_eq!(w.grad().unwrap().shape, vec![2, 1]);
+//! assert_eq!(w.grad().unwrap().shape(), &[2, 1]);
 //! ```
 //!
 //! The crates underneath, from the bottom: `arenagrad-alloc` (the host bump arena and the GPU
@@ -36,8 +36,8 @@ pub use arenagrad_graph::{
     synchronize,
 };
 pub use arenagrad_graph::{
-    grad, BackwardOptions, CustomOp, DType, Device, Graph, GraphError, HostData, HostTensor,
-    Parameter, Result, Tensor, TensorId,
+    grad, BackwardOptions, CustomOp, DType, Device, Graph, GraphError, HostData, HostDataMut,
+    HostTensor, Parameter, Result, Tensor, TensorId,
 };
 
 /// Gradient checking against finite differences (`gradcheck`, `gradgradcheck`).
@@ -54,7 +54,8 @@ pub mod program;
 /// The names most programs need.
 pub mod prelude {
     pub use arenagrad_graph::{
-        BackwardOptions, DType, Device, Graph, GraphError, HostData, HostTensor, Parameter, Tensor,
+        BackwardOptions, DType, Device, Graph, GraphError, HostData, HostDataMut, HostTensor,
+        Parameter, Tensor,
     };
 }
 

@@ -117,7 +117,7 @@ fn loss(
         // evaluate the same way here as in the analytic pass.
         let xs = inputs
             .iter()
-            .map(|h| g.var(&h.to_f64_vec(), &h.shape, DType::F64))
+            .map(|h| g.var(&h.to_f64_vec(), h.shape(), DType::F64))
             .collect::<Result<Vec<_>>>()?;
         let y = f(g, &xs)?.to_vec_f64()?;
         let w = w.get_or_insert_with(|| weights(y.len(), seed));
@@ -140,7 +140,7 @@ where
         let r = (|| {
             let xs = inputs
                 .iter()
-                .map(|h| g.var(&h.to_f64_vec(), &h.shape, DType::F64))
+                .map(|h| g.var(&h.to_f64_vec(), h.shape(), DType::F64))
                 .collect::<Result<Vec<_>>>()?;
             let y = f(&g, &xs)?;
             let ws = weights(y.numel(), opts.seed);
@@ -164,11 +164,8 @@ where
     let mut passed = true;
     let mut work: Vec<HostTensor> = inputs
         .iter()
-        .map(|h| HostTensor {
-            shape: h.shape.clone(),
-            data: crate::HostData::F64(h.to_f64_vec()),
-        })
-        .collect();
+        .map(|h| HostTensor::new(h.to_f64_vec(), h.shape()))
+        .collect::<Result<_>>()?;
     for (k, a) in analytic.iter().enumerate() {
         let mut worst = InputReport {
             input: k,
@@ -211,16 +208,16 @@ where
 }
 
 fn get(h: &HostTensor, j: usize) -> f64 {
-    match &h.data {
+    match h.data() {
         crate::HostData::F64(v) => v[j],
         crate::HostData::F32(v) => f64::from(v[j]),
     }
 }
 
 fn set(h: &mut HostTensor, j: usize, x: f64) {
-    match &mut h.data {
-        crate::HostData::F64(v) => v[j] = x,
-        crate::HostData::F32(v) => v[j] = x as f32,
+    match h.data_mut() {
+        crate::HostDataMut::F64(v) => v[j] = x,
+        crate::HostDataMut::F32(v) => v[j] = x as f32,
     }
 }
 

@@ -148,6 +148,16 @@ pub enum GraphError {
         /// The shape.
         shape: ShapeVec,
     },
+    /// Host memory for a tensor could not be reserved (the system refused the allocation).
+    #[error("{op}: out of memory reserving {bytes} bytes for a tensor of shape {shape:?}")]
+    OutOfMemory {
+        /// The op.
+        op: &'static str,
+        /// The shape.
+        shape: ShapeVec,
+        /// Bytes asked for.
+        bytes: usize,
+    },
     /// An op that needs a scalar got something else.
     #[error("{op}: expected a single-element tensor, got shape {shape:?}")]
     NotScalar {

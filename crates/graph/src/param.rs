@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arenagrad_exec::DType;
 
 use crate::error::{GraphError, Result};
-use crate::host::{HostData, HostTensor};
+use crate::host::{HostData, HostDataMut, HostTensor};
 use crate::ops::Op;
 use crate::shape::copy_of;
 use crate::{Graph, Tensor};
@@ -65,7 +65,7 @@ impl Parameter {
 
     /// The shape.
     pub fn shape(&self) -> Vec<usize> {
-        self.lock().value.shape.clone()
+        self.lock().value.shape().to_vec()
     }
 
     /// The dtype.
@@ -86,11 +86,11 @@ impl Parameter {
     /// Replaces the value; the shape and dtype must stay the same.
     pub fn set_value(&self, v: HostTensor) -> Result<()> {
         let mut p = self.lock();
-        if v.shape != p.value.shape {
+        if v.shape() != p.value.shape() {
             return Err(GraphError::ShapeMismatch {
                 op: "Parameter::set_value",
-                lhs: p.value.shape.clone(),
-                rhs: v.shape,
+                lhs: p.value.shape().to_vec(),
+                rhs: v.shape().to_vec(),
             });
         }
         if v.dtype() != p.value.dtype() {
@@ -107,9 +107,9 @@ impl Parameter {
     /// A copy of the accumulated gradient, if any backward reached this parameter.
     pub fn grad(&self) -> Option<HostTensor> {
         let p = self.lock();
-        p.grad.as_ref().map(|g| HostTensor {
-            shape: p.value.shape.clone(),
-            data: g.clone(),
+        p.grad.as_ref().map(|g| {
+            HostTensor::checked("Parameter::grad", g.clone(), p.value.shape())
+                .expect("invariant: a gradient has its parameter's number of elements")
         })
     }
 
@@ -121,18 +121,20 @@ impl Parameter {
         }
     }
 
-    /// Gives `f` the value (mutably) and the gradient together — what an optimiser step needs,
-    /// without copying either. The value is written in place unless a graph that has not been
-    /// reset still reads it: then that graph keeps the old value and the parameter a new copy.
-    pub fn update<R>(&self, f: impl FnOnce(&mut HostData, Option<&HostData>) -> R) -> R {
+    /// Gives `f` the value's elements (mutably) and the gradient together — what an optimiser
+    /// step needs, without copying either. The elements come as slices, so the value keeps its
+    /// shape and dtype whatever `f` does. The value is written in place unless a graph that has
+    /// not been reset still reads it: then that graph keeps the old value and the parameter a
+    /// new copy.
+    pub fn update<R>(&self, f: impl FnOnce(HostDataMut<'_>, Option<&HostData>) -> R) -> R {
         let mut p = self.lock();
         let p = &mut *p;
-        f(&mut Arc::make_mut(&mut p.value).data, p.grad.as_ref())
+        f(Arc::make_mut(&mut p.value).data_mut(), p.grad.as_ref())
     }
 
-    /// Gives `f` the gradient mutably (for clipping).
-    pub fn update_grad<R>(&self, f: impl FnOnce(Option<&mut HostData>) -> R) -> R {
-        f(self.lock().grad.as_mut())
+    /// Gives `f` the gradient's elements mutably (for clipping).
+    pub fn update_grad<R>(&self, f: impl FnOnce(Option<HostDataMut<'_>>) -> R) -> R {
+        f(self.lock().grad.as_mut().map(HostDataMut::of))
     }
 
     /// Adds into the gradient through `f(acc, fresh)`, where `acc` is the gradient's storage of
@@ -154,6 +156,8 @@ impl Parameter {
         }
         let mut buf = match p.spare.take() {
             Some(d) if d.as_slice::<T>().is_some_and(|s| s.len() == len) => d,
+            // Backward has this many elements of gradient in its arena already; a failure to
+            // reserve its host copy is as fatal as any other allocation failure of Vec.
             _ => T::into_host(vec![T::ZERO; len]),
         };
         if let Some(acc) = buf.as_mut_slice::<T>() {
@@ -173,12 +177,12 @@ impl Graph {
         let guard = p.lock();
         let mut i = self.inner();
         let value = Arc::clone(&guard.value);
-        let buf = match &guard.value.data {
+        let buf = match guard.value.data() {
             HostData::F32(_) => i.arena.alloc_shared(value, f32_elems),
             HostData::F64(_) => i.arena.alloc_shared(value, f64_elems),
         }
         .map_err(|source| GraphError::Alloc { op, source })?;
-        let shape = copy_of(&guard.value.shape);
+        let shape = copy_of(guard.value.shape());
         let dtype = guard.value.dtype();
         drop(guard);
         let id = i.push(shape, dtype, buf, Op::Leaf, &[]);
@@ -197,16 +201,10 @@ impl Graph {
 
 /// The `f32` elements of a host tensor (none if it holds `f64`).
 fn f32_elems(t: &HostTensor) -> &[f32] {
-    match &t.data {
-        HostData::F32(v) => v,
-        HostData::F64(_) => &[],
-    }
+    t.as_slice::<f32>().unwrap_or(&[])
 }
 
 /// The `f64` elements of a host tensor (none if it holds `f32`).
 fn f64_elems(t: &HostTensor) -> &[f64] {
-    match &t.data {
-        HostData::F64(v) => v,
-        HostData::F32(_) => &[],
-    }
+    t.as_slice::<f64>().unwrap_or(&[])
 }

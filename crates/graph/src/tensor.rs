@@ -106,7 +106,7 @@ impl Graph {
 
     /// A constant tensor from owned host data.
     pub fn from_host(&self, t: &HostTensor) -> Result<Tensor<'_>> {
-        self.leaf_from("from_host", t.data.clone(), &t.shape)
+        self.leaf_from("from_host", t.data().clone(), t.shape())
     }
 
     /// A tensor filled with `value`.
@@ -304,12 +304,19 @@ impl<'g> Tensor<'g> {
         let i = self.g.inner.borrow();
         let n = i.node(op, self.id)?;
         let data = with_float!(n.dtype, T, {
-            T::into_host(i.read::<T>(op, self.id)?.into_owned())
+            let src = i.read::<T>(op, self.id)?;
+            // Reserved fallibly: a copy the host cannot hold is an error, not an abort.
+            let mut v = Vec::new();
+            v.try_reserve_exact(src.len())
+                .map_err(|_| GraphError::OutOfMemory {
+                    op,
+                    shape: n.shape.to_vec(),
+                    bytes: src.len().saturating_mul(std::mem::size_of::<T>()),
+                })?;
+            v.extend_from_slice(&src);
+            T::into_host(v)
         });
-        Ok(HostTensor {
-            shape: n.shape.to_vec(),
-            data,
-        })
+        HostTensor::checked(op, data, &n.shape)
     }
 
     /// The single value of a one-element tensor, as `f64`.

@@ -556,7 +556,7 @@ fn parameters_are_read_in_place_and_gradients_go_straight_in() {
         assert!(close(&v(got[0].unwrap()), &want));
         assert!(close(&w.grad().unwrap().to_f64_vec(), &want));
         // An update while the graph still reads the value copies it: the graph keeps the old.
-        w.update(|v, _| v.as_mut_slice::<f64>().unwrap()[0] = 100.0);
+        w.update(|mut v, _| v.as_mut_slice::<f64>().unwrap()[0] = 100.0);
         assert_eq!(v(wt)[0], 1.0);
         assert_eq!(w.value().to_f64_vec()[0], 100.0);
         // Zeroing through the leaf zeroes the parameter.

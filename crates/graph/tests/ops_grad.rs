@@ -15,7 +15,7 @@ fn ht(shape: &[usize], seed: u64) -> HostTensor {
 
 fn pos(shape: &[usize], seed: u64) -> HostTensor {
     let mut h = ht(shape, seed);
-    if let arenagrad_graph::HostData::F64(v) = &mut h.data {
+    if let arenagrad_graph::HostDataMut::F64(v) = h.data_mut() {
         v.iter_mut().for_each(|x| *x = x.abs() + 0.3);
     }
     h

@@ -17,7 +17,7 @@
 //! ```
 
 use arenagrad_graph::check::GradcheckOptions;
-use arenagrad_graph::{DType, Graph, HostData, HostTensor, Parameter};
+use arenagrad_graph::{DType, Graph, HostDataMut, HostTensor, Parameter};
 
 use crate::error::{NnError, Result};
 use crate::module::Module;
@@ -105,17 +105,14 @@ pub fn gradcheck_module<M: Module + ?Sized>(
             });
         }
     }
-    let x = HostTensor {
-        shape: input.shape.clone(),
-        data: HostData::F64(input.to_f64_vec()),
-    };
+    let x = HostTensor::new(input.to_f64_vec(), input.shape())?;
     let mut g = Graph::with_threads(1);
     module.zero_grad();
     // Analytic gradients from one backward pass.
     g.seed(opts.seed);
     let (w, gx) = {
         let r = (|| -> Result<(Vec<f64>, Vec<f64>)> {
-            let xt = g.var(&x.to_f64_vec(), &x.shape, DType::F64)?;
+            let xt = g.var(&x.to_f64_vec(), x.shape(), DType::F64)?;
             let y = module.forward(&g, xt)?;
             let mut rng = Rng::seed(opts.seed);
             let w: Vec<f64> = (0..y.numel()).map(|_| rng.normal()).collect();
@@ -175,17 +172,17 @@ pub fn gradcheck_module<M: Module + ?Sized>(
     // The input.
     let mut xw = x.clone();
     judge("input", &analytic[0], &mut |j| {
-        let HostData::F64(v) = &mut xw.data else {
+        let HostDataMut::F64(v) = xw.data_mut() else {
             unreachable!("invariant: converted to f64 above")
         };
         let orig = v[j];
         v[j] = orig + opts.eps;
         let lp = loss_value(&mut g, module, &xw, &w, opts.seed)?;
-        if let HostData::F64(v) = &mut xw.data {
+        if let HostDataMut::F64(v) = xw.data_mut() {
             v[j] = orig - opts.eps;
         }
         let lm = loss_value(&mut g, module, &xw, &w, opts.seed)?;
-        if let HostData::F64(v) = &mut xw.data {
+        if let HostDataMut::F64(v) = xw.data_mut() {
             v[j] = orig;
         }
         Ok((lp - lm) / (2.0 * opts.eps))
@@ -196,7 +193,7 @@ pub fn gradcheck_module<M: Module + ?Sized>(
         judge(name, &analytic[k + 1], &mut |j| {
             let set = |p: &Parameter, val: Option<f64>| -> f64 {
                 p.update(|v, _| {
-                    let HostData::F64(v) = v else {
+                    let HostDataMut::F64(v) = v else {
                         unreachable!("invariant: checked f64 above")
                     };
                     let orig = v[j];

@@ -77,13 +77,13 @@ impl View for &Blob {
 }
 
 fn to_blob(t: &HostTensor) -> Blob {
-    let (dtype, bytes) = match &t.data {
+    let (dtype, bytes) = match t.data() {
         HostData::F32(v) => (Dtype::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
         HostData::F64(v) => (Dtype::F64, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
     };
     Blob {
         dtype,
-        shape: t.shape.clone(),
+        shape: t.shape().to_vec(),
         bytes,
     }
 }
@@ -172,7 +172,7 @@ pub fn tensors_from_bytes(bytes: &[u8], path: &Path) -> Result<Vec<(String, Host
                     })
                 }
             };
-            Ok((name, HostTensor { shape, data }))
+            Ok((name, HostTensor::from_data(data, &shape)?))
         })
         .collect()
 }
@@ -327,10 +327,10 @@ pub fn load_state_dict<M: Module + ?Sized>(
     for (name, p, _) in &state {
         match file.get(name) {
             None => mismatch.missing.push(name.clone()),
-            Some(t) if t.shape != p.shape() => mismatch.shapes.push(ShapeConflict {
+            Some(t) if t.shape() != p.shape() => mismatch.shapes.push(ShapeConflict {
                 name: name.clone(),
                 expected: p.shape(),
-                found: t.shape.clone(),
+                found: t.shape().to_vec(),
             }),
             Some(_) => plan.push((name.clone(), p.clone())),
         }
@@ -354,13 +354,12 @@ pub fn load_state_dict<M: Module + ?Sized>(
     for (name, p) in &plan {
         // Planned names are in the file (a name a module lists twice is read twice).
         let Some(t) = file.get(name) else { continue };
-        let data = if t.data.dtype() == p.dtype() {
-            t.data.clone()
+        let data = if t.data().dtype() == p.dtype() {
+            t.data().clone()
         } else {
-            HostData::from_f64(p.dtype(), &t.data.to_f64_vec())
+            HostData::from_f64(p.dtype(), &t.data().to_f64_vec())
         };
-        let shape = t.shape.clone();
-        values.push((p, HostTensor { shape, data }));
+        values.push((p, HostTensor::from_data(data, t.shape())?));
     }
     for (p, v) in values {
         p.set_value(v)?;

@@ -11,8 +11,8 @@
 //! let mut rng = Rng::seed(0);
 //! let mut seen = 0;
 //! for (x, y) in ds.shuffled_batches(3, &mut rng)? {
-//!     assert_eq!(&x.shape[1..], &[1, 2, 2]); // [B, 1, H, W], values in [0, 1]
-//!     assert_eq!(x.shape[0], y.len());
+//!     assert_eq!(&x.shape()[1..], &[1, 2, 2]); // [B, 1, H, W], values in [0, 1]
+//!     assert_eq!(x.shape()[0], y.len());
 //!     seen += y.len();
 //! }
 //! assert_eq!(seen, 4);
@@ -22,7 +22,7 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use arenagrad_graph::{HostData, HostTensor};
+use arenagrad_graph::HostTensor;
 use flate2::read::GzDecoder;
 
 use crate::error::{NnError, Result};
@@ -463,13 +463,7 @@ impl Dataset {
         }
         let mut shape = vec![indices.len()];
         shape.extend_from_slice(&self.sample_shape);
-        Ok((
-            HostTensor {
-                shape,
-                data: HostData::F32(x),
-            },
-            y,
-        ))
+        Ok((HostTensor::new(x, &shape)?, y))
     }
 
     /// Mini-batches in order (the last one smaller if `batch_size` does not divide the length).

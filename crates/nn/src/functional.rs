@@ -13,7 +13,7 @@
 //! # Ok::<(), arenagrad_nn::NnError>(())
 //! ```
 
-use arenagrad_graph::{Graph, HostData, Parameter, Tensor};
+use arenagrad_graph::{Graph, HostDataMut, Parameter, Tensor};
 
 use crate::error::{input_shape, NnError, Result};
 
@@ -185,10 +185,10 @@ pub fn batch_norm<'g>(
 
 fn update_running(p: &Parameter, batch: &[f64], momentum: f64, factor: f64) {
     p.update(|v, _| match v {
-        HostData::F32(r) => r.iter_mut().zip(batch).for_each(|(r, &b)| {
+        HostDataMut::F32(r) => r.iter_mut().zip(batch).for_each(|(r, &b)| {
             *r = (1.0 - momentum as f32) * *r + momentum as f32 * (b * factor) as f32
         }),
-        HostData::F64(r) => r
+        HostDataMut::F64(r) => r
             .iter_mut()
             .zip(batch)
             .for_each(|(r, &b)| *r = (1.0 - momentum) * *r + momentum * (b * factor)),

@@ -8,10 +8,10 @@
 //! let w = Init::KaimingNormal { a: 0.0, mode: FanMode::FanIn, nonlinearity: Nonlinearity::Relu }
 //!     .tensor(&[256, 128], DType::F32, &mut rng)
 //!     .unwrap();
-//! assert_eq!(w.shape, vec![256, 128]);
+//! assert_eq!(w.shape(), &[256, 128]);
 //! ```
 
-use arenagrad_graph::{DType, HostData, HostTensor};
+use arenagrad_graph::{DType, HostDataMut, HostTensor};
 
 use crate::error::{config, Result};
 use crate::Rng;
@@ -160,7 +160,7 @@ impl Init {
         dtype: DType,
         rng: &mut Rng,
     ) -> Result<HostTensor> {
-        let n = shape
+        shape
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d))
             .ok_or_else(|| config("Init", format!("shape {shape:?} is too large")))?;
@@ -180,24 +180,26 @@ impl Init {
                 ))
             }
         };
-        let values: Vec<f64> = match *self {
-            Init::Zeros => vec![0.0; n],
-            Init::Ones => vec![1.0; n],
-            Init::Constant(c) => vec![c; n],
+        // Each initialiser as one draw per element, in order; the tensor is reserved fallibly
+        // (a shape the host cannot hold is `OutOfMemory`, not an abort) and filled in place.
+        let mut draw: Box<dyn FnMut(&mut Rng) -> f64> = match *self {
+            Init::Zeros => Box::new(|_| 0.0),
+            Init::Ones => Box::new(|_| 1.0),
+            Init::Constant(c) => Box::new(move |_| c),
             Init::Uniform { low, high } => {
                 if low.is_nan() || high.is_nan() || low > high {
                     return Err(config("Init::Uniform", format!("low {low} > high {high}")));
                 }
-                (0..n).map(|_| rng.uniform_range(low, high)).collect()
+                Box::new(move |r| r.uniform_range(low, high))
             }
-            Init::Normal { mean, std } => normal(n, mean, std, rng)?,
+            Init::Normal { mean, std } => normal(mean, std)?,
             Init::XavierUniform { gain } => {
                 let b = gain * (6.0 / nonzero((fan_in + fan_out) as f64)?).sqrt();
-                (0..n).map(|_| rng.uniform_range(-b, b)).collect()
+                Box::new(move |r| r.uniform_range(-b, b))
             }
             Init::XavierNormal { gain } => {
                 let s = gain * (2.0 / nonzero((fan_in + fan_out) as f64)?).sqrt();
-                normal(n, 0.0, s, rng)?
+                normal(0.0, s)?
             }
             Init::KaimingUniform {
                 a,
@@ -206,7 +208,7 @@ impl Init {
             } => {
                 let std = calculate_gain(nonlinearity, a) / nonzero(fan(mode))?.sqrt();
                 let b = 3f64.sqrt() * std;
-                (0..n).map(|_| rng.uniform_range(-b, b)).collect()
+                Box::new(move |r| r.uniform_range(-b, b))
             }
             Init::KaimingNormal {
                 a,
@@ -214,25 +216,28 @@ impl Init {
                 nonlinearity,
             } => {
                 let std = calculate_gain(nonlinearity, a) / nonzero(fan(mode))?.sqrt();
-                normal(n, 0.0, std, rng)?
+                normal(0.0, std)?
             }
             Init::FanInUniform => {
                 let b = 1.0 / nonzero(fan_in as f64)?.sqrt();
-                (0..n).map(|_| rng.uniform_range(-b, b)).collect()
+                Box::new(move |r| r.uniform_range(-b, b))
             }
         };
-        Ok(HostTensor {
-            shape: shape.to_vec(),
-            data: HostData::from_f64(dtype, &values),
-        })
+        let mut t = HostTensor::zeros(shape, dtype)?;
+        match t.data_mut() {
+            HostDataMut::F32(v) => v.iter_mut().for_each(|x| *x = draw(rng) as f32),
+            HostDataMut::F64(v) => v.iter_mut().for_each(|x| *x = draw(rng)),
+        }
+        Ok(t)
     }
 }
 
-fn normal(n: usize, mean: f64, std: f64, rng: &mut Rng) -> Result<Vec<f64>> {
+/// One draw of `N(mean, std²)`.
+fn normal(mean: f64, std: f64) -> Result<Box<dyn FnMut(&mut Rng) -> f64>> {
     if std.is_nan() || std < 0.0 {
         return Err(config("Init::Normal", format!("std {std} is negative")));
     }
-    Ok((0..n).map(|_| mean + std * rng.normal()).collect())
+    Ok(Box::new(move |r| mean + std * r.normal()))
 }
 
 /// A layer's weight of `shape` and, when `bias`, its bias `[shape[0]]`, both drawn from their

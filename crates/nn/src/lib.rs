@@ -66,7 +66,9 @@ mod module;
 pub mod optim;
 mod rng;
 
-pub use arenagrad_graph::{DType, Graph, GraphError, HostData, HostTensor, Parameter, Tensor};
+pub use arenagrad_graph::{
+    DType, Graph, GraphError, HostData, HostDataMut, HostTensor, Parameter, Tensor,
+};
 pub use error::{NnError, Result, ShapeConflict, StateMismatch};
 pub use layers::basic::{Dropout, Flatten, Lambda, LeakyReLU, ReLU, Sigmoid, Tanh, GELU};
 pub use layers::conv::{AvgPool2d, Conv2d, Conv2dConfig, MaxPool2d};

@@ -5,8 +5,8 @@ use std::io::Write;
 use std::path::Path;
 
 use arenagrad_nn::{
-    checkpoint, BatchNorm1d, BatchNormConfig, DType, Graph, HostData, HostTensor, Linear,
-    LinearConfig, Module, NnError, ReLU, Rng, Sequential,
+    checkpoint, BatchNorm1d, BatchNormConfig, DType, Graph, HostData, HostDataMut, HostTensor,
+    Linear, LinearConfig, Module, NnError, ReLU, Rng, Sequential,
 };
 
 fn model(seed: u64, hidden: usize) -> Sequential {
@@ -34,7 +34,7 @@ fn bits(m: &dyn Module) -> Vec<(String, Vec<u64>)> {
     m.named_state()
         .into_iter()
         .map(|(n, p, _)| {
-            let b = match p.value().data {
+            let b = match p.value().data() {
                 HostData::F32(v) => v.iter().map(|x| u64::from(x.to_bits())).collect(),
                 HostData::F64(v) => v.iter().map(|x| x.to_bits()).collect(),
             };
@@ -61,7 +61,7 @@ fn round_trip_is_bit_exact() {
     // Values a text format would mangle.
     let special = [f32::NAN, f32::INFINITY, -0.0, f32::MIN_POSITIVE / 8.0];
     let mut w = a.get(0).unwrap().named_parameters()[0].1.value();
-    if let HostData::F32(v) = &mut w.data {
+    if let HostDataMut::F32(v) = w.data_mut() {
         v[..4].copy_from_slice(&special);
     }
     a.get(0).unwrap().named_parameters()[0]
@@ -188,7 +188,7 @@ fn dtypes_convert_on_load() {
         .iter()
         .map(|&v| v as f32)
         .collect();
-    assert_eq!(f32_layer.weight().value().data, HostData::F32(want));
+    assert_eq!(f32_layer.weight().value().data(), &HostData::F32(want));
 }
 
 fn header_len(bytes: &[u8]) -> usize {

@@ -148,9 +148,9 @@ fn dataset_from_files_and_batches() {
     assert_eq!(ds.sample_shape(), &[1, 4, 3]);
     assert_eq!(ds.num_classes(), 10);
     let (x, y) = ds.batch(&[3, 0]).unwrap();
-    assert_eq!(x.shape, vec![2, 1, 4, 3]);
+    assert_eq!(x.shape(), vec![2, 1, 4, 3]);
     assert_eq!(y, vec![3, 0]);
-    let HostData::F32(v) = &x.data else { panic!() };
+    let HostData::F32(v) = x.data() else { panic!() };
     assert_eq!(v[0], 21.0 / 255.0); // image 3, pixel 0 = 3·7
     assert_eq!(v[12], 0.0);
     assert!(v.iter().all(|p| (0.0..=1.0).contains(p)));
@@ -180,7 +180,7 @@ fn shuffling_is_seeded_and_covers_every_sample_once() {
         ds.shuffled_batches(5, rng)
             .unwrap()
             .flat_map(|(x, _)| {
-                let HostData::F32(v) = x.data else { panic!() };
+                let HostData::F32(v) = x.data() else { panic!() };
                 // Recover each image's index from its first pixel (index · 7).
                 v.chunks(12)
                     .map(|img| (img[0] * 255.0).round() as usize / 7)
@@ -201,7 +201,7 @@ fn shuffling_is_seeded_and_covers_every_sample_once() {
     // Labels travel with their images.
     let mut r = Rng::seed(9);
     for (x, y) in ds.shuffled_batches(4, &mut r).unwrap() {
-        let HostData::F32(v) = x.data else { panic!() };
+        let HostData::F32(v) = x.data() else { panic!() };
         for (img, &label) in v.chunks(12).zip(&y) {
             assert_eq!(((img[0] * 255.0).round() as usize / 7) % 10, label);
         }

@@ -181,7 +181,7 @@ fn located(file: &str, e: impl std::fmt::Display) -> Failure {
 fn format_tensor(t: &HostTensor) -> String {
     let v = t.to_f64_vec();
     let items: Vec<String> = v.iter().map(|x| format!("{x:?}")).collect();
-    format!("shape {:?} [{}]", t.shape, items.join(", "))
+    format!("shape {:?} [{}]", t.shape(), items.join(", "))
 }
 
 fn print_human(out: &mut impl Write, r: &RunResult) -> std::io::Result<()> {

@@ -75,10 +75,8 @@ pub fn broadcast_pair(
 /// An `f64` tensor of the given shape with values in `range`.
 pub fn tensor(shape: Vec<usize>, range: std::ops::Range<f64>) -> impl Strategy<Value = HostTensor> {
     let n: usize = shape.iter().product();
-    vec(range, n).prop_map(move |v| HostTensor {
-        shape: shape.clone(),
-        data: crate::HostData::F64(v),
-    })
+    vec(range, n)
+        .prop_map(move |v| HostTensor::new(v, &shape).expect("invariant: n values for the shape"))
 }
 
 /// A shape (as [`shape`]) with an `f64` tensor of it, values in (-2, 2).

@@ -75,20 +75,21 @@ fn shapes_agree(p: &Program, r: &RunResult, limits: &Limits) -> Result<(), Viola
         .check(limits)
         .map_err(|e| violation(&format!("ran, but the check fails: {e}"), p))?;
     let last = infos.len() - 1;
-    if r.output.tensor.shape != infos[last].shape {
+    if r.output.tensor.shape() != infos[last].shape {
         return Err(violation(
             &format!(
                 "output shape {:?}, predicted {:?}",
-                r.output.tensor.shape, infos[last].shape
+                r.output.tensor.shape(),
+                infos[last].shape
             ),
             p,
         ));
     }
     for g in &r.grads {
         let i = p.index_of(&g.name).unwrap_or(0);
-        if g.tensor.shape != infos[i].shape || g.tensor.numel() != g.tensor.data.len() {
+        if g.tensor.shape() != infos[i].shape || g.tensor.numel() != g.tensor.data().len() {
             return Err(violation(
-                &format!("gradient of `{}` has shape {:?}", g.name, g.tensor.shape),
+                &format!("gradient of `{}` has shape {:?}", g.name, g.tensor.shape()),
                 p,
             ));
         }

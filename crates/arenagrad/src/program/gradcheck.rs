@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 
 use arenagrad_graph::check::{check_fn, gradcheck, gradgradcheck, GradcheckOptions, InputReport};
-use arenagrad_graph::{DType, GraphError, HostData, HostTensor};
+use arenagrad_graph::{DType, GraphError, HostTensor};
 
 use super::ast::{Expr, Program};
 use super::error::ProgramError;
@@ -137,10 +137,9 @@ impl Program {
         let mut names = Vec::new();
         for (&i, v) in leaf_idx.iter().zip(&values) {
             if self.stmts[i].expr.is_input() {
-                inputs.push(HostTensor {
-                    shape: infos[i].shape.clone(),
-                    data: HostData::F64(v.clone()),
-                });
+                let t = HostTensor::new(v.clone(), &infos[i].shape)
+                    .map_err(|e| self.engine_err(i, e))?;
+                inputs.push(t);
                 names.push(self.stmts[i].name.clone());
             }
         }
@@ -200,7 +199,7 @@ impl Program {
                 .map(|r| {
                     let shape = inputs
                         .get(r.input)
-                        .map_or_else(Vec::new, |h| h.shape.clone());
+                        .map_or_else(Vec::new, |h| h.shape().to_vec());
                     InputCheck {
                         name: names.get(r.input).cloned().unwrap_or_default(),
                         worst_index: unravel(r.worst_index, &shape),

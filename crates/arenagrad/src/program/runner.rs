@@ -393,9 +393,9 @@ impl RunResult {
     pub fn to_json(&self) -> String {
         fn tensor(out: &mut String, t: &HostTensor) {
             out.push_str("{\"shape\":");
-            out.push_str(&serde_json::to_string(&t.shape).unwrap_or_else(|_| "[]".into()));
+            out.push_str(&serde_json::to_string(t.shape()).unwrap_or_else(|_| "[]".into()));
             out.push_str(",\"data\":");
-            let data = match &t.data {
+            let data = match t.data() {
                 HostData::F32(v) => serde_json::to_string(v),
                 HostData::F64(v) => serde_json::to_string(v),
             };
@@ -603,10 +603,8 @@ impl Program {
             if self.stmts[i].expr.is_input() {
                 let gr = match t.grad().map_err(|e| self.engine_err(i, e))? {
                     Some(gt) => host(i, gt)?,
-                    None => HostTensor {
-                        shape: infos[i].shape.clone(),
-                        data: HostData::zeros(opts.dtype, t.numel()),
-                    },
+                    None => HostTensor::zeros(&infos[i].shape, opts.dtype)
+                        .map_err(|e| self.engine_err(i, e))?,
                 };
                 grads.push(NamedTensor { name, tensor: gr });
             }

@@ -62,19 +62,19 @@ impl BatchNorm {
             ));
         }
         let fill = |name: &str, v: f64| {
-            Parameter::new(
-                name,
-                HostTensor {
-                    shape: vec![channels],
-                    data: arenagrad_graph::HostData::from_f64(cfg.dtype, &vec![v; channels]),
-                },
-            )
+            HostTensor::full(&[channels], v, cfg.dtype).map(|t| Parameter::new(name, t))
         };
         Ok(BatchNorm {
-            weight: cfg.affine.then(|| fill("weight", 1.0)),
-            bias: cfg.affine.then(|| fill("bias", 0.0)),
-            running_mean: cfg.track_running_stats.then(|| fill("running_mean", 0.0)),
-            running_var: cfg.track_running_stats.then(|| fill("running_var", 1.0)),
+            weight: cfg.affine.then(|| fill("weight", 1.0)).transpose()?,
+            bias: cfg.affine.then(|| fill("bias", 0.0)).transpose()?,
+            running_mean: cfg
+                .track_running_stats
+                .then(|| fill("running_mean", 0.0))
+                .transpose()?,
+            running_var: cfg
+                .track_running_stats
+                .then(|| fill("running_var", 1.0))
+                .transpose()?,
             eps: cfg.eps,
             momentum: cfg.momentum,
             training: true,
@@ -276,23 +276,23 @@ impl LayerNorm {
         if cfg.eps.is_nan() || cfg.eps < 0.0 {
             return Err(config("LayerNorm", format!("eps {} must be ≥ 0", cfg.eps)));
         }
-        let n = normalized_shape
+        normalized_shape
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d))
             .ok_or_else(|| config("LayerNorm", format!("{normalized_shape:?} is too large")))?;
         let fill = |name: &str, v: f64| {
-            Parameter::new(
-                name,
-                HostTensor {
-                    shape: normalized_shape.to_vec(),
-                    data: arenagrad_graph::HostData::from_f64(cfg.dtype, &vec![v; n]),
-                },
-            )
+            HostTensor::full(normalized_shape, v, cfg.dtype).map(|t| Parameter::new(name, t))
         };
         Ok(LayerNorm {
             normalized_shape: normalized_shape.to_vec(),
-            weight: cfg.elementwise_affine.then(|| fill("weight", 1.0)),
-            bias: cfg.elementwise_affine.then(|| fill("bias", 0.0)),
+            weight: cfg
+                .elementwise_affine
+                .then(|| fill("weight", 1.0))
+                .transpose()?,
+            bias: cfg
+                .elementwise_affine
+                .then(|| fill("bias", 0.0))
+                .transpose()?,
             eps: cfg.eps,
         })
     }

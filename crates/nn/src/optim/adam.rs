@@ -1,6 +1,6 @@
 //! Adam and AdamW.
 
-use arenagrad_graph::{Elem, HostData, Parameter};
+use arenagrad_graph::{Elem, HostData, HostDataMut, Parameter};
 
 use super::{check_non_negative, dedup, grad_dtype_error, Optimizer};
 use crate::error::{config, Result};
@@ -98,20 +98,8 @@ fn lerp<T: Elem>(a: T, b: T, w: T, w_small: bool, one_minus_w: T) -> T {
     }
 }
 
-fn adam_kernel<T: Elem>(
-    p: &mut [T],
-    g: &[T],
-    st: &mut Option<AdamState>,
-    c: &AdamConfig,
-    decoupled: bool,
-) {
+fn adam_kernel<T: Elem>(p: &mut [T], g: &[T], st: &mut AdamState, c: &AdamConfig, decoupled: bool) {
     let n = p.len();
-    let st = st.get_or_insert_with(|| AdamState {
-        step: 0,
-        exp_avg: HostData::zeros(T::DTYPE, n),
-        exp_avg_sq: HostData::zeros(T::DTYPE, n),
-        max_exp_avg_sq: c.amsgrad.then(|| HostData::zeros(T::DTYPE, n)),
-    });
     st.step += 1;
     let t = st.step as f64;
     let (b1, b2) = c.betas;
@@ -195,12 +183,25 @@ fn step_all(
     op: &'static str,
 ) -> Result<()> {
     for (p, st) in params.iter().zip(states.iter_mut()) {
+        if st.is_none() && p.update_grad(|g| g.is_some()) {
+            // The moments are made fallibly, before the value is touched: a parameter whose
+            // state the host cannot hold is an error and is left as it was.
+            let (dtype, n, shape) = (p.dtype(), p.numel(), p.shape());
+            let zeros = || HostData::zeros(op, dtype, n, &shape);
+            *st = Some(AdamState {
+                step: 0,
+                exp_avg: zeros()?,
+                exp_avg_sq: zeros()?,
+                max_exp_avg_sq: if cfg.amsgrad { Some(zeros()?) } else { None },
+            });
+        }
         p.update(|value, grad| {
+            let Some(st) = st.as_mut() else { return Ok(()) };
             let Some(grad) = grad else { return Ok(()) };
             match (value, grad) {
-                (HostData::F32(v), HostData::F32(g)) => adam_kernel(v, g, st, cfg, decoupled),
-                (HostData::F64(v), HostData::F64(g)) => adam_kernel(v, g, st, cfg, decoupled),
-                (v, g) => return Err(grad_dtype_error(op, v, g)),
+                (HostDataMut::F32(v), HostData::F32(g)) => adam_kernel(v, g, st, cfg, decoupled),
+                (HostDataMut::F64(v), HostData::F64(g)) => adam_kernel(v, g, st, cfg, decoupled),
+                (v, g) => return Err(grad_dtype_error(op, &v, g)),
             }
             Ok(())
         })?;

@@ -36,7 +36,7 @@ pub use adam::{Adam, AdamConfig, AdamState, AdamW};
 pub use schedule::{CosineAnnealingLr, LrSchedule, StepLr};
 pub use sgd::{Sgd, SgdConfig};
 
-use arenagrad_graph::{HostData, Parameter};
+use arenagrad_graph::{HostData, HostDataMut, Parameter};
 
 use crate::error::{config, NnError, Result};
 
@@ -86,7 +86,7 @@ pub(crate) fn check_non_negative(component: &'static str, what: &str, v: f64) ->
     Ok(())
 }
 
-fn grad_dtype_error(op: &'static str, value: &HostData, grad: &HostData) -> NnError {
+fn grad_dtype_error(op: &'static str, value: &HostDataMut<'_>, grad: &HostData) -> NnError {
     NnError::DType {
         op,
         expected: value.dtype(),
@@ -116,10 +116,10 @@ pub fn clip_grad_norm(params: &[Parameter], max_norm: f64) -> Result<f64> {
     let mut sq = 0.0f64;
     for p in params {
         p.update_grad(|g| match g {
-            Some(HostData::F32(v)) => {
+            Some(HostDataMut::F32(v)) => {
                 sq += v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>()
             }
-            Some(HostData::F64(v)) => sq += v.iter().map(|&x| x * x).sum::<f64>(),
+            Some(HostDataMut::F64(v)) => sq += v.iter().map(|&x| x * x).sum::<f64>(),
             None => {}
         });
     }
@@ -128,8 +128,8 @@ pub fn clip_grad_norm(params: &[Parameter], max_norm: f64) -> Result<f64> {
     if coef < 1.0 {
         for p in params {
             p.update_grad(|g| match g {
-                Some(HostData::F32(v)) => v.iter_mut().for_each(|x| *x *= coef as f32),
-                Some(HostData::F64(v)) => v.iter_mut().for_each(|x| *x *= coef),
+                Some(HostDataMut::F32(v)) => v.iter_mut().for_each(|x| *x *= coef as f32),
+                Some(HostDataMut::F64(v)) => v.iter_mut().for_each(|x| *x *= coef),
                 None => {}
             });
         }
@@ -142,11 +142,11 @@ pub fn clip_grad_value(params: &[Parameter], clip: f64) -> Result<()> {
     check_non_negative("clip_grad_value", "clip", clip)?;
     for p in params {
         p.update_grad(|g| match g {
-            Some(HostData::F32(v)) => {
+            Some(HostDataMut::F32(v)) => {
                 let c = clip as f32;
                 v.iter_mut().for_each(|x| *x = x.clamp(-c, c))
             }
-            Some(HostData::F64(v)) => v.iter_mut().for_each(|x| *x = x.clamp(-clip, clip)),
+            Some(HostDataMut::F64(v)) => v.iter_mut().for_each(|x| *x = x.clamp(-clip, clip)),
             None => {}
         });
     }

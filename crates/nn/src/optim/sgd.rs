@@ -1,6 +1,6 @@
 //! Stochastic gradient descent.
 
-use arenagrad_graph::{Elem, HostData, Parameter};
+use arenagrad_graph::{Elem, HostData, HostDataMut, Parameter};
 
 use super::{check_non_negative, dedup, grad_dtype_error, Optimizer};
 use crate::error::{config, Result};
@@ -180,9 +180,9 @@ impl Optimizer for Sgd {
             p.update(|value, grad| {
                 let Some(grad) = grad else { return Ok(()) };
                 match (value, grad) {
-                    (HostData::F32(v), HostData::F32(g)) => sgd_kernel(v, g, buf, &cfg),
-                    (HostData::F64(v), HostData::F64(g)) => sgd_kernel(v, g, buf, &cfg),
-                    (v, g) => return Err(grad_dtype_error("Sgd::step", v, g)),
+                    (HostDataMut::F32(v), HostData::F32(g)) => sgd_kernel(v, g, buf, &cfg),
+                    (HostDataMut::F64(v), HostData::F64(g)) => sgd_kernel(v, g, buf, &cfg),
+                    (v, g) => return Err(grad_dtype_error("Sgd::step", &v, g)),
                 }
                 Ok(())
             })?;
