@@ -242,3 +242,39 @@ fn dropout_scales_survivors_and_is_identity_in_eval(dev) {
     assert!(x.dropout(1.5, true).is_err());
 }
 }
+
+/// Window arithmetic that overflows (a dilated kernel, padding, patch length) is refused, never
+/// wrapped into an output larger than the input.
+#[test]
+fn overflowing_windows_are_refused() {
+    let g = Graph::new();
+    let x = g.ones(&[1, 1, 4, 4], DType::F32).unwrap();
+    let w = g.ones(&[1, 1, 2, 2], DType::F32).unwrap();
+    let m = usize::MAX;
+    let bad = |r: arenagrad_graph::Result<arenagrad_graph::Tensor<'_>>| match r {
+        Err(GraphError::BadArgument { op, .. }) => {
+            op == "conv2d" || op == "unfold" || op.ends_with("pool2d")
+        }
+        Err(GraphError::TooLarge { .. }) => true,
+        other => panic!("{other:?}"),
+    };
+    for (s, p, d) in [
+        ((1, 1), (0, 0), (m, 1)),
+        ((1, 1), (0, 0), (1, m)),
+        ((1, 1), (0, 0), (m / 2 + 1, 1)),
+        ((1, 1), (m, 0), (1, 1)),
+        ((1, 1), (m / 2, 0), (1, 1)),
+        ((1, 1), (0, m / 4), (1, 1)),
+    ] {
+        assert!(bad(x.conv2d(w, s, p, d, 1)), "{s:?} {p:?} {d:?}");
+        assert!(bad(x.unfold2d((2, 2), s, p, d)), "{s:?} {p:?} {d:?}");
+    }
+    // A huge stride is fine: one output position.
+    let y = x.conv2d(w, (m, m), (0, 0), (1, 1), 1).unwrap();
+    assert_eq!(y.shape().as_slice(), &[1, 1, 1, 1]);
+    // Kernels whose patch length overflows.
+    assert!(bad(x.unfold2d((m, 2), (1, 1), (0, 0), (1, 1))));
+    assert!(bad(x.max_pool2d((m, m), (1, 1), (0, 0))));
+    assert!(bad(x.max_pool2d((2, 2), (1, 1), (m, 0))));
+    assert!(bad(x.avg_pool2d((2, 2), (1, 1), (0, m))));
+}

@@ -294,7 +294,7 @@ pub fn max_pool2d<'g>(
     if xs.len() != 4 {
         return Err(input_shape("max_pool2d", "[N, C, H, W]", &xs));
     }
-    if padding.0 * 2 > kernel.0 || padding.1 * 2 > kernel.1 {
+    if padding.0 > kernel.0 / 2 || padding.1 > kernel.1 / 2 {
         return Err(NnError::InvalidConfig {
             component: "max_pool2d",
             reason: format!("padding {padding:?} must be at most half the kernel {kernel:?}"),

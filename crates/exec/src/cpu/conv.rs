@@ -30,8 +30,10 @@ pub struct Window {
 }
 
 impl Window {
-    /// Output height and width, or `None` when the (dilated) kernel does not fit the padded input
-    /// or a stride/dilation is zero.
+    /// Output height and width, or `None` when the (dilated) kernel does not fit the padded input,
+    /// a stride/dilation/kernel extent is zero, or any of the window's arithmetic (the dilated
+    /// kernel, the padded input, the patch length `c·kh·kw`, an input offset as `isize`)
+    /// overflows — every later index computation stays within these bounds.
     pub fn out_hw(&self) -> Option<(usize, usize)> {
         if self.sh == 0
             || self.sw == 0
@@ -42,13 +44,20 @@ impl Window {
         {
             return None;
         }
-        let eh = self.dh.checked_mul(self.kh - 1)? + 1;
-        let ew = self.dw.checked_mul(self.kw - 1)? + 1;
+        let eh = self.dh.checked_mul(self.kh - 1)?.checked_add(1)?;
+        let ew = self.dw.checked_mul(self.kw - 1)?.checked_add(1)?;
         let hp = self.h.checked_add(self.ph.checked_mul(2)?)?;
         let wp = self.w.checked_add(self.pw.checked_mul(2)?)?;
         if hp < eh || wp < ew {
             return None;
         }
+        // Offsets are computed as `isize` (padding makes them negative), and the patch matrix
+        // has `c·kh·kw` rows.
+        let limit = isize::MAX as usize;
+        if hp > limit || wp > limit {
+            return None;
+        }
+        self.c.checked_mul(self.kh)?.checked_mul(self.kw)?;
         Some(((hp - eh) / self.sh + 1, (wp - ew) / self.sw + 1))
     }
 

@@ -279,7 +279,7 @@ impl<'g> Tensor<'g> {
         padding: (usize, usize),
     ) -> Result<Tensor<'g>> {
         let op = "max_pool2d";
-        if padding.0 * 2 > kernel.0 || padding.1 * 2 > kernel.1 {
+        if padding.0 > kernel.0 / 2 || padding.1 > kernel.1 / 2 {
             return Err(GraphError::BadArgument {
                 op,
                 what: "padding must be at most half the kernel",

@@ -258,7 +258,7 @@ fn pool_check(
 ) -> Result<()> {
     positive(op, "kernel", kernel)?;
     positive(op, "stride", stride)?;
-    if padding.0 * 2 > kernel.0 || padding.1 * 2 > kernel.1 {
+    if padding.0 > kernel.0 / 2 || padding.1 > kernel.1 / 2 {
         return Err(config(
             op,
             format!("padding {padding:?} must be at most half the kernel {kernel:?}"),
