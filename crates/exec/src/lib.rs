@@ -47,15 +47,15 @@ pub enum UnaryOp {
     Tanh,
     /// 1 / (1 + e^-x)
     Sigmoid,
-    /// max(x, 0)
+    /// max(x, 0); NaN stays NaN (PyTorch's rule: a diverging run must not look healthy).
     Relu,
     /// GELU, tanh approximation.
     Gelu,
     /// The derivative of [`UnaryOp::Gelu`] (used by its second-order rule).
     GeluGrad,
-    /// sign(x) ∈ {-1, 0, 1}
+    /// sign(x) ∈ {-1, 0, 1}; 0 for NaN (as PyTorch's `sign`).
     Sign,
-    /// 1 where x > 0, else 0.
+    /// 0 where x ≤ 0, else 1 (NaN included): relu's derivative as a value.
     Step,
     /// x · s
     Scale(f64),
@@ -132,9 +132,10 @@ pub enum BinaryOp {
     Maximum,
     /// min(a, b)
     Minimum,
-    /// 1 where a > b, ½ where a = b, else 0: how `maximum`/`minimum` split their gradient.
+    /// 0 where a < b, ½ where a = b, else 1 (a NaN on either side included): how
+    /// `maximum`/`minimum` split their gradient, as PyTorch does.
     GtMask,
-    /// 1 where a = b, else 0.
+    /// 1 where a = b or both are NaN, else 0 (how a max reduction finds its maxima).
     EqMask,
 }
 

@@ -82,6 +82,16 @@ pub enum GraphError {
         /// The tensor's shape.
         shape: ShapeVec,
     },
+    /// An axis listed twice (directly, or once counted from the end).
+    #[error("{op}: axis {axis} appears more than once in the axes of a tensor of shape {shape:?}")]
+    RepeatedAxis {
+        /// The op.
+        op: &'static str,
+        /// The axis as given (its second appearance).
+        axis: isize,
+        /// The tensor's shape.
+        shape: ShapeVec,
+    },
     /// A permutation that is not one of the tensor's axes.
     #[error("{op}: {perm:?} is not a permutation of the axes of a tensor of shape {shape:?}")]
     BadPermutation {

@@ -73,8 +73,16 @@ pub fn axes_mask(op: &'static str, axes: &[isize], shape: &[usize]) -> Result<Sm
         return Ok(smallvec::smallvec![true; shape.len()]);
     }
     let mut m: SmallVec<[bool; 4]> = smallvec::smallvec![false; shape.len()];
-    for &a in axes {
-        let a = norm_axis(op, a, shape)?;
+    for &given in axes {
+        let a = norm_axis(op, given, shape)?;
+        if m[a] {
+            // `[0, 0]` or `[1, -1]`: PyTorch refuses a dimension listed twice.
+            return Err(GraphError::RepeatedAxis {
+                op,
+                axis: given,
+                shape: shape.to_vec(),
+            });
+        }
         m[a] = true;
     }
     Ok(m)

@@ -380,12 +380,21 @@ impl<'g> Tensor<'g> {
     }
 
     /// Keeps this intermediate's gradient after backward (readable with [`Tensor::grad`]).
+    /// As in PyTorch, a tensor that does not require grad has no gradient to keep:
+    /// it is refused with [`GraphError::BadArgument`].
     pub fn retain_grad(&self) -> Result<()> {
+        let op = "retain_grad";
         let mut i = self.g.inner();
         let n = i
             .nodes
             .get_mut(self.id)
-            .ok_or(GraphError::StaleTensor { op: "retain_grad" })?;
+            .ok_or(GraphError::StaleTensor { op })?;
+        if !n.requires_grad {
+            return Err(GraphError::BadArgument {
+                op,
+                what: "can't retain_grad on a tensor that does not require grad",
+            });
+        }
         n.retain_grad = true;
         Ok(())
     }

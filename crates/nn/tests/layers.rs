@@ -699,3 +699,19 @@ fn gradcheck_module_catches_a_wrong_gradient() {
     let r = gradcheck_module(&wrong, &input(&[4], 3), GradcheckOptions::default()).unwrap();
     assert!(!r.passed, "{r}");
 }
+
+/// LeakyReLU as PyTorch: the gradient is the negative slope at 0 and at NaN, and NaN stays NaN.
+#[test]
+fn leaky_relu_at_zero_and_nan() {
+    let g = Graph::new();
+    let x = g
+        .var(&[0.0, -0.0, f64::NAN, 2.0, -2.0], &[5], DType::F64)
+        .unwrap();
+    let y = LeakyReLU::new(0.01).forward(&g, x).unwrap();
+    let yv = f64s(y);
+    assert!(yv[2].is_nan());
+    close(&[yv[0], yv[1], yv[3], yv[4]], &[0.0, 0.0, 2.0, -0.02], 0.0);
+    y.sum().unwrap().backward().unwrap();
+    let gx = f64s(x.grad().unwrap().unwrap());
+    close(&gx, &[0.01, 0.01, 0.01, 1.0, 0.01], 0.0);
+}

@@ -380,3 +380,36 @@ fn fused_cross_entropy_matches_the_composed_form() {
     .unwrap();
     assert!(r.passed, "{r}");
 }
+
+/// The fused cross-entropy keeps its precision for large logits (PyTorch: loss ln 2, gradient
+/// ±1/4 for two rows of equal logits), in f32, by the fused and the `create_graph` paths.
+#[test]
+fn cross_entropy_is_precise_for_large_logits() {
+    for v in [1e4, 1e6, 1e7, 3e7] {
+        for create in [false, true] {
+            let g = Graph::new();
+            let x = g.var(&[v; 4], &[2, 2], DType::F32).unwrap();
+            let l = loss::cross_entropy(x, &[0, 1]).unwrap();
+            let lv = l.item().unwrap() as f32;
+            assert!(
+                (lv - std::f32::consts::LN_2).abs() <= f32::EPSILON,
+                "loss at {v}: {lv}"
+            );
+            let gx = if create {
+                let opts = BackwardOptions {
+                    create_graph: true,
+                    ..Default::default()
+                };
+                autograd(l, &[x], opts).unwrap()[0].unwrap()
+            } else {
+                l.backward().unwrap();
+                x.grad().unwrap().unwrap()
+            };
+            assert_eq!(
+                gx.to_vec::<f32>().unwrap(),
+                vec![-0.25, 0.25, 0.25, -0.25],
+                "gradient at {v} (create_graph {create})"
+            );
+        }
+    }
+}

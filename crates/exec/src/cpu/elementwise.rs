@@ -8,6 +8,19 @@ use crate::{BinaryOp, Float, UnaryOp};
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_C: f64 = 0.044_715;
 
+/// `x^p` as PyTorch computes a power with a scalar exponent: `±0.5` through the square root
+/// (so `(-inf)^0.5` is NaN, not C's `+inf`), every other exponent through `pow`.
+#[inline(always)]
+fn pow_scalar<T: Float>(x: T, p: f64) -> T {
+    if p == 0.5 {
+        x.sqrt()
+    } else if p == -0.5 {
+        T::ONE / x.sqrt()
+    } else {
+        x.powf(T::from_f64(p))
+    }
+}
+
 #[inline(always)]
 fn sigmoid<T: Float>(x: T) -> T {
     // Stable on both tails: never exponentiates a large positive number.
@@ -135,12 +148,13 @@ fn unary_any<T: Float>(op: UnaryOp, x: &[T], out: &mut [T], threads: usize, tiny
         UnaryOp::Tanh if tiny => T::tanh_into(x, out),
         UnaryOp::Tanh => super::fastmath::tanh_slice(x, out, threads),
         UnaryOp::Sigmoid => map_into(x, out, threads, tiny, sigmoid),
+        // `v < 0`, so that NaN stays NaN (as PyTorch's relu) and −0 stays −0.
         UnaryOp::Relu => map_into(
             x,
             out,
             threads,
             tiny,
-            |v| if v > T::ZERO { v } else { T::ZERO },
+            |v| if v < T::ZERO { T::ZERO } else { v },
         ),
         UnaryOp::Gelu => map_into(x, out, threads, tiny, gelu),
         UnaryOp::Sign => map_into(x, out, threads, tiny, |v| {
@@ -152,11 +166,13 @@ fn unary_any<T: Float>(op: UnaryOp, x: &[T], out: &mut [T], threads: usize, tiny
                 T::ZERO
             }
         }),
+        // relu's derivative as a value: 0 where `v <= 0`, else 1 (NaN included, as PyTorch's
+        // `threshold_backward` passes the gradient through a NaN).
         UnaryOp::Step => map_into(x, out, threads, tiny, |v| {
-            if v > T::ZERO {
-                T::ONE
-            } else {
+            if v <= T::ZERO {
                 T::ZERO
+            } else {
+                T::ONE
             }
         }),
         UnaryOp::Scale(s) => {
@@ -171,8 +187,7 @@ fn unary_any<T: Float>(op: UnaryOp, x: &[T], out: &mut [T], threads: usize, tiny
             if p == 2.0 {
                 map_into(x, out, threads, tiny, |v| v * v)
             } else {
-                let p = T::from_f64(p);
-                map_into(x, out, threads, tiny, move |v| v.powf(p))
+                map_into(x, out, threads, tiny, move |v| pow_scalar(v, p))
             }
         }
         UnaryOp::GeluGrad => map_into(x, out, threads, tiny, gelu_grad),
@@ -289,10 +304,10 @@ fn unary_grad_any<T: Float>(
         }
         UnaryOp::Sigmoid => zip3_in_place(x, y, g, threads, tiny, &|_, y, g| g * y * (T::ONE - y)),
         UnaryOp::Relu | UnaryOp::Step => zip3_in_place(x, y, g, threads, tiny, &|x, _, g| {
-            if x > T::ZERO {
-                g
-            } else {
+            if x <= T::ZERO {
                 T::ZERO
+            } else {
+                g
             }
         }),
         UnaryOp::Gelu => zip3_in_place(x, y, g, threads, tiny, &|x, _, g| g * gelu_grad(x)),
@@ -310,10 +325,15 @@ fn unary_grad_any<T: Float>(
             )
         }
         UnaryOp::Shift(_) => {}
+        // x⁰ is constant: its derivative is 0 everywhere, also where `0·x⁻¹` would be NaN
+        // (PyTorch's rule).
+        UnaryOp::Powf(p) if p == 0.0 => g.fill(T::ZERO),
         UnaryOp::Powf(p) => {
-            let pm1 = T::from_f64(p - 1.0);
-            let p = T::from_f64(p);
-            zip3_in_place(x, y, g, threads, tiny, &move |x, _, g| g * p * x.powf(pm1))
+            let pm1 = p - 1.0;
+            let pt = T::from_f64(p);
+            zip3_in_place(x, y, g, threads, tiny, &move |x, _, g| {
+                g * pt * pow_scalar(x, pm1)
+            })
         }
         UnaryOp::GeluGrad => {
             // d/dx gelu'(x), by central difference of the closed form would lose precision; the
@@ -333,16 +353,26 @@ fn binary_fn<T: Float>(op: BinaryOp) -> fn(T, T) -> T {
         BinaryOp::Pow => |a, b| a.powf(b),
         BinaryOp::Maximum => |a: T, b| a.max(b),
         BinaryOp::Minimum => |a: T, b| a.min(b),
+        // maximum's share of the gradient for `a`: none where `a < b`, half on a tie, all
+        // otherwise (a NaN on either side included, as PyTorch's rule).
         BinaryOp::GtMask => |a, b| {
-            if a > b {
-                T::ONE
+            if a < b {
+                T::ZERO
             } else if a == b {
                 T::from_f64(0.5)
+            } else {
+                T::ONE
+            }
+        },
+        // NaN matches NaN, so the maximum of a slice holding NaN is found among its NaNs.
+        #[allow(clippy::eq_op)]
+        BinaryOp::EqMask => |a, b| {
+            if a == b || (a != a && b != b) {
+                T::ONE
             } else {
                 T::ZERO
             }
         },
-        BinaryOp::EqMask => |a, b| if a == b { T::ONE } else { T::ZERO },
     }
 }
 

@@ -231,9 +231,11 @@ pub fn softmax<T: Float>(x: &[T], shape: &[usize], axis: usize, log: bool, out: 
                 s += e;
             }
             if log {
-                let ls = s.ln() + m;
+                // `(v − m) − ln s`, not `v − (ln s + m)`: for large logits `ln s + m` rounds
+                // `ln s` away (see `normalise_row`).
+                let ls = s.ln();
                 for j in 0..len {
-                    out[at(j)] = x[at(j)] - ls;
+                    out[at(j)] = (x[at(j)] - m) - ls;
                 }
             } else {
                 let inv = T::ONE / s;
@@ -264,14 +266,17 @@ fn shift_row<T: Float>(xr: &[T], or: &mut [T], m: T) {
     }
 }
 
-/// Given `or = e^(xr - m)`: softmax `or / Σor`, or log-softmax `xr - (ln Σor + m)`.
+/// Given `or = e^(xr - m)`: softmax `or / Σor`, or log-softmax `(xr − m) − ln Σor`.
+///
+/// The log-softmax subtracts the maximum first, as PyTorch does: `xr − (ln Σ + m)` adds a small
+/// `ln Σ` to a large `m` and rounds it away (logits of 1e7 in f32 gave −1 for −ln 2).
 #[inline(always)]
 fn normalise_row<T: Float>(xr: &[T], or: &mut [T], m: T, log: bool) {
     let s = sum_row(or);
     if log {
-        let ls = s.ln() + m;
+        let ls = s.ln();
         for (o, &v) in or.iter_mut().zip(xr) {
-            *o = v - ls;
+            *o = (v - m) - ls;
         }
     } else {
         let inv = T::ONE / s;

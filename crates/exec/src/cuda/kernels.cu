@@ -108,6 +108,14 @@ template <typename T> __device__ __forceinline__ T fmin_(T a, T b) {
     return (a <= b || a != a) ? a : b;
 }
 
+// x^p as PyTorch computes a scalar power (and as cpu::elementwise's pow_scalar): ±0.5 through
+// the square root, so (-inf)^0.5 is NaN rather than pow's +inf.
+template <typename T> __device__ __forceinline__ T pow_scalar_(T x, double p) {
+    if (p == 0.5) return M<T>::sqrt_(x);
+    if (p == -0.5) return (T)1 / M<T>::sqrt_(x);
+    return M<T>::pow_(x, (T)p);
+}
+
 #define GRID_LOOP(i, n)                                                                        \
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)(n);                     \
          i += (u64)blockDim.x * gridDim.x)
@@ -194,14 +202,14 @@ template <typename T> __device__ __forceinline__ T unary_one(u64 op, T v, double
     case U_COS: return M<T>::cos_(v);
     case U_TANH: return M<T>::tanh_(v);
     case U_SIGMOID: return sigmoid_(v);
-    case U_RELU: return v > (T)0 ? v : (T)0;
+    case U_RELU: return v < (T)0 ? (T)0 : v;
     case U_GELU: return gelu_(v);
     case U_GELU_GRAD: return gelu_grad_(v);
     case U_SIGN: return v > (T)0 ? (T)1 : (v < (T)0 ? (T)-1 : (T)0);
-    case U_STEP: return v > (T)0 ? (T)1 : (T)0;
+    case U_STEP: return v <= (T)0 ? (T)0 : (T)1;
     case U_SCALE: return v * (T)p;
     case U_SHIFT: return v + (T)p;
-    case U_POWF: return p == 2.0 ? v * v : M<T>::pow_(v, (T)p);
+    case U_POWF: return p == 2.0 ? v * v : pow_scalar_(v, p);
     default: return M<T>::nan_();
     }
 }
@@ -226,11 +234,11 @@ __device__ __forceinline__ T unary_grad_one(u64 op, T x, T y, T g, double p) {
     case U_TANH: return g * ((T)1 - y * y);
     case U_SIGMOID: return g * y * ((T)1 - y);
     case U_RELU:
-    case U_STEP: return x > (T)0 ? g : (T)0;
+    case U_STEP: return x <= (T)0 ? (T)0 : g;
     case U_GELU: return g * gelu_grad_(x);
     case U_SCALE: return g * (T)p;
     case U_SHIFT: return g;
-    case U_POWF: return g * (T)p * M<T>::pow_(x, (T)(p - 1.0));
+    case U_POWF: return p == 0.0 ? (T)0 : g * (T)p * pow_scalar_(x, p - 1.0);
     default: return M<T>::nan_();
     }
 }
@@ -261,8 +269,8 @@ template <typename T> __device__ __forceinline__ T binary_one(u64 op, T a, T b) 
     case B_POW: return M<T>::pow_(a, b);
     case B_MAXIMUM: return fmax_(a, b);
     case B_MINIMUM: return fmin_(a, b);
-    case B_GT_MASK: return a > b ? (T)1 : (a == b ? (T)0.5 : (T)0);
-    case B_EQ_MASK: return a == b ? (T)1 : (T)0;
+    case B_GT_MASK: return a < b ? (T)0 : (a == b ? (T)0.5 : (T)1);
+    case B_EQ_MASK: return (a == b || (a != a && b != b)) ? (T)1 : (T)0;
     default: return M<T>::nan_();
     }
 }
@@ -386,8 +394,9 @@ __device__ __forceinline__ void softmax_thread_k(const T* x, T* out, u64 outer, 
             s += e;
         }
         if (log_) {
-            T ls = M<T>::log_(s) + m;
-            for (u64 j = 0; j < len; ++j) out[base + j * inner] = x[base + j * inner] - ls;
+            // (v - m) - ln s: adding ln s to a large m first would round it away.
+            T ls = M<T>::log_(s);
+            for (u64 j = 0; j < len; ++j) out[base + j * inner] = (x[base + j * inner] - m) - ls;
         } else {
             T inv = (T)1 / s;
             for (u64 j = 0; j < len; ++j) out[base + j * inner] *= inv;
@@ -408,8 +417,9 @@ __device__ __forceinline__ void softmax_block_k(const T* x, T* out, u64 outer, u
         for (u64 j = threadIdx.x; j < len; j += BLOCK) s += M<T>::exp_(x[base + j * inner] - m);
         s = block_reduce<T>(R_SUM, s, sh);
         if (log_) {
-            T ls = M<T>::log_(s) + m;
-            for (u64 j = threadIdx.x; j < len; j += BLOCK) out[base + j * inner] = x[base + j * inner] - ls;
+            T ls = M<T>::log_(s);
+            for (u64 j = threadIdx.x; j < len; j += BLOCK)
+                out[base + j * inner] = (x[base + j * inner] - m) - ls;
         } else {
             T inv = (T)1 / s;
             for (u64 j = threadIdx.x; j < len; j += BLOCK)

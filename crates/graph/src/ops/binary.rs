@@ -199,29 +199,56 @@ pub(crate) fn backward<'g>(op: BinaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
             (Some(ga), gb)
         }
         BinaryOp::Pow => {
+            // PyTorch's masking: d/da is 0 where b = 0 (not 0·a⁻¹ = NaN at a = 0), and d/db is
+            // 0 where a = 0 and b ≥ 0 (not 0·ln 0 = NaN, or 1·ln 0 = −inf at b = 0).
+            let zero = c.g.full_on(&[], 0.0, gy.dtype(), gy.device())?;
             let ga = if need_a {
                 let bm1 = b.shift(-1.0)?;
-                Some(gy.mul(b)?.mul(a.pow(bm1)?)?)
+                let d = b.mul(a.pow(bm1)?)?;
+                let b_zero = b.binary(BinaryOp::EqMask, zero)?.detach()?;
+                Some(gy.mul(c.g.select(b_zero, zero, d)?)?)
             } else {
                 None
             };
             let gb = if need_b {
-                Some(gy.mul(y)?.mul(a.log()?)?)
+                let d = y.mul(a.log()?)?;
+                // b ≥ 0, NaN excluded: not (b < 0 or NaN), the cases GtMask(0, b) = 1 marks.
+                let b_neg = zero.binary(BinaryOp::GtMask, b)?;
+                let one = c.g.full_on(&[], 1.0, gy.dtype(), gy.device())?;
+                let b_nonneg = b_neg.binary(BinaryOp::EqMask, one)?.neg()?.shift(1.0)?;
+                let a_zero = a.binary(BinaryOp::EqMask, zero)?;
+                let masked = a_zero.mul(b_nonneg)?.detach()?;
+                Some(gy.mul(c.g.select(masked, zero, d)?)?)
             } else {
                 None
             };
             (ga, gb)
         }
         BinaryOp::Maximum | BinaryOp::Minimum => {
-            let mask = if op == BinaryOp::Maximum {
-                a.binary(BinaryOp::GtMask, b)?
+            // Each side's share (PyTorch's rule): all of the gradient where it is the larger
+            // (for maximum) or where either is NaN, half on a tie, none where it lost.
+            let (wa, wb) = if op == BinaryOp::Maximum {
+                (
+                    a.binary(BinaryOp::GtMask, b)?,
+                    b.binary(BinaryOp::GtMask, a)?,
+                )
             } else {
-                b.binary(BinaryOp::GtMask, a)?
-            }
-            .detach()?;
-            let ga = gy.mul(mask)?;
-            let gb = if need_b { Some(gy.sub(ga)?) } else { None };
-            (Some(ga), gb)
+                (
+                    b.binary(BinaryOp::GtMask, a)?,
+                    a.binary(BinaryOp::GtMask, b)?,
+                )
+            };
+            let ga = if need_a {
+                Some(gy.mul(wa.detach()?)?)
+            } else {
+                None
+            };
+            let gb = if need_b {
+                Some(gy.mul(wb.detach()?)?)
+            } else {
+                None
+            };
+            (ga, gb)
         }
         BinaryOp::GtMask | BinaryOp::EqMask => (None, None),
     };

@@ -137,6 +137,9 @@ pub(crate) fn backward<'g>(
     let gx = match op {
         ReduceOp::Sum => g,
         ReduceOp::Max => {
+            // The tie rule: the gradient is split evenly among the positions equal to the
+            // maximum — and, where the maximum is NaN, among the NaNs (EqMask matches NaN with
+            // NaN), as PyTorch's full `max()`; never 0/0.
             let y = c.out.expand_reduced(&full, mask)?;
             let hit = x.binary(BinaryOp::EqMask, y)?.detach()?;
             let axes: Vec<isize> = mask

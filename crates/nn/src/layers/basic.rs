@@ -1,6 +1,6 @@
 //! Parameter-free layers: activations, dropout, flatten, and closures as modules.
 
-use arenagrad_graph::{BinaryOp, Graph, Tensor};
+use arenagrad_graph::{BinaryOp, Graph, Tensor, UnaryOp};
 
 use crate::error::{config, input_shape, Result};
 use crate::module::Module;
@@ -70,8 +70,10 @@ impl LeakyReLU {
 
 impl Module for LeakyReLU {
     fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
-        let zero = g.full_on(&[], 0.0, x.dtype(), x.device())?;
-        let positive = x.binary(BinaryOp::GtMask, zero)?;
+        // PyTorch's rule: x where x > 0, else slope·x — at 0 and at NaN the gradient is the
+        // slope. `sign(x) == 1` marks exactly x > 0 (sign is 0 at NaN).
+        let one = g.full_on(&[], 1.0, x.dtype(), x.device())?;
+        let positive = x.unary(UnaryOp::Sign)?.binary(BinaryOp::EqMask, one)?;
         Ok(g.select(positive, x, x.scale(self.slope)?)?)
     }
 }

@@ -1,0 +1,256 @@
+//! Numerical conventions at the edges — NaN, ±0, ±inf, ties, masked derivatives — against
+//! PyTorch's answers (2.15, f64, exported by hand from `torch.autograd`). Every gradient is
+//! checked twice: through the fused backward kernels, and through the `create_graph` rules
+//! written in tensor ops, which must agree. `docs/testing.md` lists these rules in one table.
+
+use arenagrad_graph::{grad, BackwardOptions, DType, Graph, GraphError, Result, Tensor};
+
+const NAN: f64 = f64::NAN;
+const INF: f64 = f64::INFINITY;
+
+/// Equal as PyTorch prints them: NaN matches NaN, infinities match exactly, zeros match
+/// whatever their sign, finite values to 1e-12 relative.
+fn same(a: f64, b: f64) -> bool {
+    (a.is_nan() && b.is_nan())
+        || a == b
+        || (a.is_finite() && b.is_finite() && (a - b).abs() <= 1e-12 * a.abs().max(b.abs()))
+}
+
+fn assert_all_same(what: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let ok = got.iter().zip(want).all(|(&a, &b)| same(a, b));
+    assert!(ok, "{what}:\n   got {got:?}\n  want {want:?}");
+}
+
+type Un = for<'g> fn(Tensor<'g>) -> Result<Tensor<'g>>;
+type Bin = for<'g> fn(Tensor<'g>, Tensor<'g>) -> Result<Tensor<'g>>;
+
+/// `(f(x), d Σf / dx)`, by a plain backward (fused kernels) and by `grad` with `create_graph`.
+fn unary_both(f: Un, xs: &[f64]) -> [(Vec<f64>, Vec<f64>); 2] {
+    let run = |create: bool| {
+        let g = Graph::new();
+        let x = g.var(xs, &[xs.len()], DType::F64).unwrap();
+        let y = f(x).unwrap();
+        let vals = y.to_vec::<f64>().unwrap();
+        let l = y.sum().unwrap();
+        let gr = if create {
+            let opts = BackwardOptions {
+                create_graph: true,
+                ..Default::default()
+            };
+            grad(l, &[x], opts).unwrap()[0].unwrap()
+        } else {
+            l.backward().unwrap();
+            x.grad().unwrap().unwrap()
+        };
+        (vals, gr.to_vec::<f64>().unwrap())
+    };
+    [run(false), run(true)]
+}
+
+/// The inputs of the unary table: NaN, 0, 1, −1, +inf, −inf.
+const X: [f64; 6] = [NAN, 0.0, 1.0, -1.0, INF, -INF];
+
+#[test]
+fn unary_ops_at_the_edges_match_pytorch() {
+    let e = std::f64::consts::E;
+    let t1 = 0.761_594_155_955_764_9; // tanh 1
+    let dt1 = 0.419_974_341_614_026_1; // 1 − tanh² 1
+    let s1 = 0.731_058_578_630_004_9; // σ(1)
+    let ds1 = 0.196_611_933_241_481_85; // σ(1)(1 − σ(1))
+    let (sin1, cos1) = (1f64.sin(), 1f64.cos());
+    #[rustfmt::skip]
+    let table: Vec<(&str, Un, [f64; 6], [f64; 6])> = vec![
+        ("relu", |x| x.relu(), [NAN, 0.0, 1.0, 0.0, INF, 0.0], [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]),
+        ("abs", |x| x.abs(), [NAN, 0.0, 1.0, 1.0, INF, INF], [0.0, 0.0, 1.0, -1.0, 1.0, -1.0]),
+        ("neg", |x| x.neg(), [NAN, 0.0, -1.0, 1.0, -INF, INF], [-1.0; 6]),
+        ("sqrt", |x| x.sqrt(), [NAN, 0.0, 1.0, NAN, INF, NAN], [NAN, INF, 0.5, NAN, 0.0, NAN]),
+        ("log", |x| x.log(), [NAN, -INF, 0.0, NAN, INF, NAN], [NAN, INF, 1.0, -1.0, 0.0, 0.0]),
+        ("exp", |x| x.exp(), [NAN, 1.0, e, 1.0 / e, INF, 0.0], [NAN, 1.0, e, 1.0 / e, INF, 0.0]),
+        ("tanh", |x| x.tanh(), [NAN, 0.0, t1, -t1, 1.0, -1.0], [NAN, 1.0, dt1, dt1, 0.0, 0.0]),
+        ("sigmoid", |x| x.sigmoid(), [NAN, 0.5, s1, 1.0 - s1, 1.0, 0.0], [NAN, 0.25, ds1, ds1, 0.0, 0.0]),
+        ("sin", |x| x.sin(), [NAN, 0.0, sin1, -sin1, NAN, NAN], [NAN, 1.0, cos1, cos1, NAN, NAN]),
+        ("powf(0)", |x| x.powf(0.0), [1.0; 6], [0.0; 6]),
+        ("powf(2)", |x| x.powf(2.0), [NAN, 0.0, 1.0, 1.0, INF, INF], [NAN, 0.0, 2.0, -2.0, INF, -INF]),
+        ("powf(3)", |x| x.powf(3.0), [NAN, 0.0, 1.0, -1.0, INF, -INF], [NAN, 0.0, 3.0, 3.0, INF, INF]),
+        ("powf(0.5)", |x| x.powf(0.5), [NAN, 0.0, 1.0, NAN, INF, NAN], [NAN, INF, 0.5, NAN, 0.0, NAN]),
+        ("powf(-1)", |x| x.powf(-1.0), [NAN, INF, 1.0, -1.0, 0.0, 0.0], [NAN, -INF, -1.0, -1.0, 0.0, 0.0]),
+    ];
+    for (name, f, want_y, want_g) in table {
+        // Six elements take the tiny kernels; 48 the wide (vectorised) ones.
+        for reps in [1, 8] {
+            let xs = X.repeat(reps);
+            let [fused, graph] = unary_both(f, &xs);
+            let (want_y, want_g) = (want_y.repeat(reps), want_g.repeat(reps));
+            assert_all_same(&format!("{name} value ×{reps}"), &fused.0, &want_y);
+            assert_all_same(
+                &format!("{name} gradient (fused) ×{reps}"),
+                &fused.1,
+                &want_g,
+            );
+            assert_all_same(
+                &format!("{name} gradient (graph) ×{reps}"),
+                &graph.1,
+                &want_g,
+            );
+        }
+    }
+}
+
+/// `(a op b, d Σ/da, d Σ/db)` by both backward paths.
+fn binary_both(f: Bin, a: &[f64], b: &[f64]) -> [(Vec<f64>, Vec<f64>, Vec<f64>); 2] {
+    let run = |create: bool| {
+        let g = Graph::new();
+        let x = g.var(a, &[a.len()], DType::F64).unwrap();
+        let y = g.var(b, &[b.len()], DType::F64).unwrap();
+        let out = f(x, y).unwrap();
+        let vals = out.to_vec::<f64>().unwrap();
+        let l = out.sum().unwrap();
+        let (ga, gb) = if create {
+            let opts = BackwardOptions {
+                create_graph: true,
+                ..Default::default()
+            };
+            let r = grad(l, &[x, y], opts).unwrap();
+            (r[0].unwrap(), r[1].unwrap())
+        } else {
+            l.backward().unwrap();
+            (x.grad().unwrap().unwrap(), y.grad().unwrap().unwrap())
+        };
+        (
+            vals,
+            ga.to_vec::<f64>().unwrap(),
+            gb.to_vec::<f64>().unwrap(),
+        )
+    };
+    [run(false), run(true)]
+}
+
+#[test]
+fn binary_ops_at_the_edges_match_pytorch() {
+    let a = [NAN, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, -1.0, INF];
+    let b = [1.0, NAN, 1.0, 0.0, 2.0, -1.0, NAN, 0.0, 0.5, 0.0];
+    let ln2 = std::f64::consts::LN_2;
+    #[rustfmt::skip]
+    let table: Vec<(&str, Bin, [f64; 10], [f64; 10], [f64; 10])> = vec![
+        ("maximum", |x, y| x.maximum(y),
+            [NAN, NAN, 1.0, 0.0, 2.0, 0.0, NAN, 2.0, 0.5, INF],
+            [1.0, 1.0, 0.5, 0.5, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0],
+            [1.0, 1.0, 0.5, 0.5, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]),
+        ("minimum", |x, y| x.minimum(y),
+            [NAN, NAN, 1.0, 0.0, 0.0, -1.0, NAN, 0.0, -1.0, 0.0],
+            [1.0, 1.0, 0.5, 0.5, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0],
+            [1.0, 1.0, 0.5, 0.5, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0]),
+        ("pow", |x, y| x.pow(y),
+            [NAN, 1.0, 1.0, 1.0, 0.0, INF, NAN, 1.0, NAN, 1.0],
+            [1.0, NAN, 1.0, 0.0, 0.0, -INF, NAN, 0.0, NAN, 0.0],
+            [NAN, 0.0, 0.0, 0.0, 0.0, -INF, NAN, ln2, NAN, INF]),
+        ("div", |x, y| x.div(y),
+            [NAN, NAN, 1.0, NAN, 0.0, 0.0, NAN, INF, -2.0, INF],
+            [1.0, NAN, 1.0, INF, 0.5, -1.0, NAN, INF, 2.0, INF],
+            [NAN, NAN, -1.0, NAN, 0.0, 0.0, NAN, -INF, 4.0, -INF]),
+        ("mul", |x, y| x.mul(y),
+            [NAN, NAN, 1.0, 0.0, 0.0, 0.0, NAN, 0.0, -0.5, NAN],
+            [1.0, NAN, 1.0, 0.0, 2.0, -1.0, NAN, 0.0, 0.5, 0.0],
+            [NAN, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, -1.0, INF]),
+    ];
+    for (name, f, want_y, want_ga, want_gb) in table {
+        for (path, (y, ga, gb)) in ["fused", "create_graph"].iter().zip(binary_both(f, &a, &b)) {
+            assert_all_same(&format!("{name} value"), &y, &want_y);
+            assert_all_same(&format!("{name} d/da ({path})"), &ga, &want_ga);
+            assert_all_same(&format!("{name} d/db ({path})"), &gb, &want_gb);
+        }
+    }
+}
+
+#[test]
+fn max_splits_its_gradient_among_ties_and_nans() {
+    // PyTorch's full `max()`: evenly among the maxima, and among the NaNs when it is NaN.
+    #[rustfmt::skip]
+    let cases: [(&[f64], f64, &[f64]); 5] = [
+        (&[NAN, NAN, NAN], NAN, &[1.0 / 3.0; 3]),
+        (&[1.0, NAN, 3.0, NAN], NAN, &[0.0, 0.5, 0.0, 0.5]),
+        (&[2.0, 2.0, 1.0], 2.0, &[0.5, 0.5, 0.0]),
+        (&[-INF, -INF], -INF, &[0.5, 0.5]),
+        (&[1.0, 5.0, 2.0], 5.0, &[0.0, 1.0, 0.0]),
+    ];
+    for (xs, want_y, want_g) in cases {
+        let [fused, graph] = unary_both(|x| x.max(), xs);
+        assert_all_same(&format!("max {xs:?}"), &fused.0, &[want_y]);
+        assert_all_same(&format!("max' {xs:?} (fused)"), &fused.1, want_g);
+        assert_all_same(&format!("max' {xs:?} (create_graph)"), &graph.1, want_g);
+    }
+    // Along an axis, row by row.
+    let g = Graph::new();
+    let x = g
+        .var(&[NAN, NAN, 1.0, 1.0, 3.0, NAN], &[3, 2], DType::F64)
+        .unwrap();
+    let y = x.max_axes(&[1], false).unwrap();
+    assert_all_same("max_axes", &y.to_vec::<f64>().unwrap(), &[NAN, 1.0, NAN]);
+    y.sum().unwrap().backward().unwrap();
+    let gx = x.grad().unwrap().unwrap().to_vec::<f64>().unwrap();
+    assert_all_same("max_axes'", &gx, &[0.5, 0.5, 0.5, 0.5, 0.0, 1.0]);
+}
+
+#[test]
+fn log_softmax_keeps_its_precision_for_large_logits() {
+    let want = -std::f32::consts::LN_2;
+    for v in [1e3f32, 1e4, 1e6, 1e7, 3e7] {
+        let g = Graph::new();
+        let x = g
+            .var(&[f64::from(v), f64::from(v)], &[1, 2], DType::F32)
+            .unwrap();
+        let y = x.log_softmax(-1).unwrap();
+        let got = y.to_vec::<f32>().unwrap();
+        assert!(
+            got.iter().all(|&p| (p - want).abs() <= f32::EPSILON),
+            "log_softmax([{v}, {v}]) = {got:?}, want {want}"
+        );
+        let pick = g.from_f64(&[1.0, 0.0], &[1, 2], DType::F32).unwrap();
+        y.mul(pick).unwrap().sum().unwrap().backward().unwrap();
+        let gx = x.grad().unwrap().unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(gx, vec![0.5, -0.5], "gradient at [{v}, {v}]");
+        let s = x.softmax(-1).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(s, vec![0.5, 0.5]);
+    }
+}
+
+#[test]
+fn retain_grad_needs_a_tensor_that_requires_grad() {
+    let g = Graph::new();
+    let c = g.ones(&[2], DType::F64).unwrap();
+    assert!(matches!(
+        c.retain_grad(),
+        Err(GraphError::BadArgument {
+            op: "retain_grad",
+            ..
+        })
+    ));
+    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let h = x.mul(x).unwrap();
+    h.retain_grad().unwrap();
+    h.sum().unwrap().backward().unwrap();
+    assert_eq!(
+        h.grad().unwrap().unwrap().to_vec::<f64>().unwrap(),
+        vec![1.0, 1.0]
+    );
+}
+
+#[test]
+fn repeated_reduction_axes_are_refused() {
+    let g = Graph::new();
+    let x = g.ones(&[2, 3], DType::F64).unwrap();
+    for axes in [&[0isize, 0][..], &[1, -1], &[-2, 0]] {
+        for r in [
+            x.sum_axes(axes, false),
+            x.mean_axes(axes, false),
+            x.max_axes(axes, true),
+        ] {
+            assert!(
+                matches!(r, Err(GraphError::RepeatedAxis { .. })),
+                "{axes:?}: {r:?}"
+            );
+        }
+    }
+    assert_eq!(x.sum_axes(&[0, -1], false).unwrap().item().unwrap(), 6.0);
+}
