@@ -243,3 +243,60 @@ fn seeds_and_dtypes() {
         assert_eq!(p.as_f64().unwrap() as f32, q.as_f64().unwrap() as f32);
     }
 }
+
+/// Under a 2 GB address-space limit (`ulimit -v 2000000`) every program of the fuzz corpora, and
+/// programs whose buffers pass the size checks but not the limit, are answered with exit 0, 1
+/// or 2 — a result or a typed error — never a panic (101) or an abort (134, 139).
+#[test]
+fn under_a_memory_limit_the_cli_never_aborts() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus");
+    let mut programs: Vec<(String, String)> = Vec::new();
+    for target in ["parse", "build_run", "grad"] {
+        let mut files: Vec<_> = std::fs::read_dir(root.join(target))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        for f in files {
+            let data = std::fs::read(&f).unwrap();
+            let text = arenagrad::program::fuzzing::describe(target, &data).unwrap();
+            programs.push((
+                format!("{target}/{}", f.file_name().unwrap().to_string_lossy()),
+                text,
+            ));
+        }
+    }
+    for (name, text) in [
+        // Passes the size checks; its buffers and copies exceed 2 GB.
+        ("large_sum", "x = input 8192 8192\ny = sum x\n"),
+        // Refused by the run's element count (values, gradients, copies).
+        ("largest_sum", "x = input 16384 16384\ny = sum x\n"),
+        // Refused by the gradient check's work count.
+        ("large_gradcheck", "x = input 1000 1000\ny = sum x\n"),
+    ] {
+        programs.push((name.to_string(), text.to_string()));
+    }
+    assert!(programs.len() >= 15);
+    let bin = env!("CARGO_BIN_EXE_arenagrad");
+    for (k, (name, text)) in programs.iter().enumerate() {
+        let f = TempFile::new(&format!("limited{k}.ag"), text);
+        for sub in ["run", "gradcheck"] {
+            let o = Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "ulimit -v 2000000 && exec \"$0\" {sub} \"$1\" > /dev/null"
+                ))
+                .arg(bin)
+                .arg(f.arg())
+                .output()
+                .unwrap();
+            let code = o.status.code();
+            assert!(
+                matches!(code, Some(0..=2)),
+                "{name} ({sub}): exit {code:?} (signal or panic)\n{}\n{}",
+                text,
+                stderr(&o)
+            );
+        }
+    }
+}

@@ -29,6 +29,26 @@ pub struct GradcheckOptions {
     pub device: crate::Device,
 }
 
+impl GradcheckOptions {
+    /// Refuses a step that is not a positive finite number and tolerances that are negative or
+    /// NaN: with them every comparison would fail (or pass) whatever the gradients are.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what| {
+            Err(crate::GraphError::BadArgument {
+                op: "gradcheck",
+                what,
+            })
+        };
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return bad("eps must be a positive finite step");
+        }
+        if self.atol.is_nan() || self.atol < 0.0 || self.rtol.is_nan() || self.rtol < 0.0 {
+            return bad("atol and rtol must be non-negative numbers");
+        }
+        Ok(())
+    }
+}
+
 impl Default for GradcheckOptions {
     fn default() -> Self {
         GradcheckOptions {
@@ -132,6 +152,7 @@ pub fn gradcheck<F>(f: F, inputs: &[HostTensor], opts: GradcheckOptions) -> Resu
 where
     F: for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
 {
+    opts.validate()?;
     let mut g = Graph::with_threads(1);
     g.set_device(opts.device)?;
     // Analytic: one backward of Σ w·f.

@@ -77,7 +77,16 @@ impl Graph {
 
     /// A constant tensor copied from a slice of `f32` or `f64`.
     pub fn from_slice<T: Elem>(&self, data: &[T], shape: &[usize]) -> Result<Tensor<'_>> {
-        let op = "from_slice";
+        self.slice_leaf("from_slice", data, shape)
+    }
+
+    /// [`Graph::from_slice`] under the name of the op that called it.
+    fn slice_leaf<T: Elem>(
+        &self,
+        op: &'static str,
+        data: &[T],
+        shape: &[usize],
+    ) -> Result<Tensor<'_>> {
         let expected = checked_numel(op, shape)?;
         if expected != data.len() {
             return Err(GraphError::DataLength {
@@ -101,7 +110,14 @@ impl Graph {
 
     /// A constant tensor from `f64` values, stored as `dtype`.
     pub fn from_f64(&self, data: &[f64], shape: &[usize], dtype: DType) -> Result<Tensor<'_>> {
-        self.leaf_from("from_f64", HostData::from_f64(dtype, data), shape)
+        match dtype {
+            // Straight into the arena: no host copy on the way.
+            DType::F64 => self.slice_leaf("from_f64", data, shape),
+            DType::F32 => {
+                let narrowed = owned("from_f64", shape, data.into(), |v| v as f32)?;
+                self.leaf_from("from_f64", HostData::F32(narrowed), shape)
+            }
+        }
     }
 
     /// A constant tensor from owned host data.
@@ -290,12 +306,18 @@ impl<'g> Tensor<'g> {
     pub fn to_vec<T: Elem>(&self) -> Result<Vec<T>> {
         let op = "to_vec";
         let i = self.g.inner.borrow();
-        Ok(i.read::<T>(op, self.id)?.into_owned())
+        let n = i.node(op, self.id)?;
+        owned(op, &n.shape, i.read::<T>(op, self.id)?, |v| v)
     }
 
     /// Copies the values out widened to `f64`, whatever the dtype.
     pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
-        Ok(self.to_host()?.to_f64_vec())
+        let op = "to_vec_f64";
+        let i = self.g.inner.borrow();
+        let n = i.node(op, self.id)?;
+        with_float!(n.dtype, T, {
+            owned(op, &n.shape, i.read::<T>(op, self.id)?, T::to_f64)
+        })
     }
 
     /// Copies the tensor out of the iteration.
@@ -304,17 +326,7 @@ impl<'g> Tensor<'g> {
         let i = self.g.inner.borrow();
         let n = i.node(op, self.id)?;
         let data = with_float!(n.dtype, T, {
-            let src = i.read::<T>(op, self.id)?;
-            // Reserved fallibly: a copy the host cannot hold is an error, not an abort.
-            let mut v = Vec::new();
-            v.try_reserve_exact(src.len())
-                .map_err(|_| GraphError::OutOfMemory {
-                    op,
-                    shape: n.shape.to_vec(),
-                    bytes: src.len().saturating_mul(std::mem::size_of::<T>()),
-                })?;
-            v.extend_from_slice(&src);
-            T::into_host(v)
+            T::into_host(owned(op, &n.shape, i.read::<T>(op, self.id)?, |v| v)?)
         });
         HostTensor::checked(op, data, &n.shape)
     }
@@ -410,4 +422,23 @@ impl<'g> Tensor<'g> {
         drop(i);
         Ok(self.g.handle(id))
     }
+}
+
+/// The values of `src` mapped through `f` into a vector of their own, reserved fallibly: a copy
+/// the host cannot hold is [`GraphError::OutOfMemory`], not an abort.
+fn owned<T: Copy, U>(
+    op: &'static str,
+    shape: &[usize],
+    src: std::borrow::Cow<'_, [T]>,
+    f: impl Fn(T) -> U,
+) -> Result<Vec<U>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(src.len())
+        .map_err(|_| GraphError::OutOfMemory {
+            op,
+            shape: shape.to_vec(),
+            bytes: src.len().saturating_mul(std::mem::size_of::<U>()),
+        })?;
+    v.extend(src.iter().map(|&x| f(x)));
+    Ok(v)
 }

@@ -24,6 +24,8 @@ fn assert_all_same(what: &str, got: &[f64], want: &[f64]) {
 
 type Un = for<'g> fn(Tensor<'g>) -> Result<Tensor<'g>>;
 type Bin = for<'g> fn(Tensor<'g>, Tensor<'g>) -> Result<Tensor<'g>>;
+/// One row of the binary table: a value per input pair.
+type Row = [f64; 10];
 
 /// `(f(x), d Σf / dx)`, by a plain backward (fused kernels) and by `grad` with `create_graph`.
 fn unary_both(f: Un, xs: &[f64]) -> [(Vec<f64>, Vec<f64>); 2] {
@@ -132,7 +134,7 @@ fn binary_ops_at_the_edges_match_pytorch() {
     let b = [1.0, NAN, 1.0, 0.0, 2.0, -1.0, NAN, 0.0, 0.5, 0.0];
     let ln2 = std::f64::consts::LN_2;
     #[rustfmt::skip]
-    let table: Vec<(&str, Bin, [f64; 10], [f64; 10], [f64; 10])> = vec![
+    let table: Vec<(&str, Bin, Row, Row, Row)> = vec![
         ("maximum", |x, y| x.maximum(y),
             [NAN, NAN, 1.0, 0.0, 2.0, 0.0, NAN, 2.0, 0.5, INF],
             [1.0, 1.0, 0.5, 0.5, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0],

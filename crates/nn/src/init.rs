@@ -182,7 +182,7 @@ impl Init {
         };
         // Each initialiser as one draw per element, in order; the tensor is reserved fallibly
         // (a shape the host cannot hold is `OutOfMemory`, not an abort) and filled in place.
-        let mut draw: Box<dyn FnMut(&mut Rng) -> f64> = match *self {
+        let mut draw: Draw = match *self {
             Init::Zeros => Box::new(|_| 0.0),
             Init::Ones => Box::new(|_| 1.0),
             Init::Constant(c) => Box::new(move |_| c),
@@ -232,8 +232,11 @@ impl Init {
     }
 }
 
+/// One element's value, drawn from the generator (or not, for constants).
+type Draw = Box<dyn FnMut(&mut Rng) -> f64>;
+
 /// One draw of `N(mean, std²)`.
-fn normal(mean: f64, std: f64) -> Result<Box<dyn FnMut(&mut Rng) -> f64>> {
+fn normal(mean: f64, std: f64) -> Result<Draw> {
     if std.is_nan() || std < 0.0 {
         return Err(config("Init::Normal", format!("std {std} is negative")));
     }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use arenagrad::check::GradcheckOptions;
 use arenagrad::program::{dtype_name, CheckOptions, Limits, Program, RunOptions, RunResult};
-use arenagrad::{DType, HostTensor};
+use arenagrad::{DType, HostData, HostTensor};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Run, differentiate, gradient-check and draw arenagrad programs.
@@ -63,9 +63,15 @@ struct LimitArgs {
     /// Most elements any one tensor may hold
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_elements)]
     max_elements: usize,
-    /// Most elements all tensors may hold together
+    /// Most elements all of a run's buffers may hold together (values, gradients, copies)
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_total_elements)]
     max_total_elements: usize,
+    /// Most work the forward pass may do (elements made plus matmul multiply-adds)
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_work)]
+    max_work: u64,
+    /// Most work a gradient check may do (two forward passes per input element)
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_check_work)]
+    max_check_work: u64,
 }
 
 impl LimitArgs {
@@ -73,6 +79,8 @@ impl LimitArgs {
         Limits {
             max_elements: self.max_elements,
             max_total_elements: self.max_total_elements,
+            max_work: self.max_work,
+            max_check_work: self.max_check_work,
             ..Limits::default()
         }
     }
@@ -178,25 +186,48 @@ fn located(file: &str, e: impl std::fmt::Display) -> Failure {
     Failure::usage(format!("{shown}: {e}"))
 }
 
-fn format_tensor(t: &HostTensor) -> String {
-    let v = t.to_f64_vec();
-    let items: Vec<String> = v.iter().map(|x| format!("{x:?}")).collect();
-    format!("shape {:?} [{}]", t.shape(), items.join(", "))
+/// `shape [..] [v, v, ...]`, written element by element: the output of a large program is
+/// streamed, never built as one string.
+fn write_tensor(out: &mut impl Write, t: &HostTensor) -> std::io::Result<()> {
+    write!(out, "shape {:?} [", t.shape())?;
+    fn items<T: std::fmt::Debug>(out: &mut impl Write, v: &[T]) -> std::io::Result<()> {
+        for (k, x) in v.iter().enumerate() {
+            if k > 0 {
+                out.write_all(b", ")?;
+            }
+            write!(out, "{x:?}")?;
+        }
+        Ok(())
+    }
+    // Widened to f64 one element at a time, as the values are printed.
+    match t.data() {
+        HostData::F32(v) => {
+            for (k, x) in v.iter().enumerate() {
+                if k > 0 {
+                    out.write_all(b", ")?;
+                }
+                write!(out, "{:?}", f64::from(*x))?;
+            }
+        }
+        HostData::F64(v) => items(out, v)?,
+    }
+    out.write_all(b"]")
 }
 
 fn print_human(out: &mut impl Write, r: &RunResult) -> std::io::Result<()> {
     writeln!(out, "dtype {}", dtype_name(r.dtype))?;
-    writeln!(
-        out,
-        "output {}: {}",
-        r.output.name,
-        format_tensor(&r.output.tensor)
-    )?;
+    write!(out, "output {}: ", r.output.name)?;
+    write_tensor(out, &r.output.tensor)?;
+    writeln!(out)?;
     for v in &r.values {
-        writeln!(out, "value {}: {}", v.name, format_tensor(&v.tensor))?;
+        write!(out, "value {}: ", v.name)?;
+        write_tensor(out, &v.tensor)?;
+        writeln!(out)?;
     }
     for g in &r.grads {
-        writeln!(out, "grad {}: {}", g.name, format_tensor(&g.tensor))?;
+        write!(out, "grad {}: ", g.name)?;
+        write_tensor(out, &g.tensor)?;
+        writeln!(out)?;
     }
     Ok(())
 }
@@ -219,12 +250,13 @@ fn run(a: &RunArgs) -> Result<u8, Failure> {
     };
     let r = p.run(&opts).map_err(|e| located(&a.file, e))?;
     let stdout = std::io::stdout();
-    let mut out = stdout.lock();
+    let mut out = std::io::BufWriter::new(stdout.lock());
     let w = if a.json {
-        writeln!(out, "{}", r.to_json())
+        r.write_json(&mut out).and_then(|()| writeln!(out))
     } else {
         print_human(&mut out, &r)
-    };
+    }
+    .and_then(|()| out.flush());
     w.map_err(|e| Failure::usage(format!("cannot write the output: {e}")))?;
     Ok(0)
 }
@@ -237,14 +269,23 @@ fn gradcheck(a: &GradcheckArgs) -> Result<u8, Failure> {
                 .into(),
         ));
     }
+    let tolerances = GradcheckOptions {
+        eps: a.eps,
+        atol: a.atol,
+        rtol: a.rtol,
+        ..GradcheckOptions::default()
+    };
+    // A step of 0, NaN or inf (or a negative tolerance) is a usage error, not a failed check.
+    tolerances.validate().map_err(|e| {
+        Failure::usage(format!(
+            "--eps {} --atol {} --rtol {}: {e}",
+            a.eps, a.atol, a.rtol
+        ))
+    })?;
     let p = load(&a.file)?;
     let opts = CheckOptions {
-        tolerances: GradcheckOptions {
-            eps: a.eps,
-            atol: a.atol,
-            rtol: a.rtol,
-            ..GradcheckOptions::default()
-        },
+        tolerances,
+        progress: true,
         second_order: a.order == 2,
         seed: a.seed,
         limits: a.limits.limits(),

@@ -2,14 +2,15 @@
 //! `gradgradcheck`) on the function from the program's inputs to its output, with the report
 //! naming each input and its worst element.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::time::{Duration, Instant};
 
 use arenagrad_graph::check::{check_fn, gradcheck, gradgradcheck, GradcheckOptions, InputReport};
 use arenagrad_graph::{DType, GraphError, HostTensor};
 
 use super::ast::{Expr, Program};
 use super::error::ProgramError;
-use super::infer::{check, Limits};
+use super::infer::{check, check_run, Limits, StmtInfo};
 use super::runner::Overrides;
 
 /// How to check a program's gradients.
@@ -25,6 +26,8 @@ pub struct CheckOptions {
     pub limits: Limits,
     /// Replacement op implementations (see [`Overrides`]).
     pub overrides: Overrides,
+    /// Report progress on standard error every few seconds while a long check runs.
+    pub progress: bool,
 }
 
 impl Default for CheckOptions {
@@ -35,6 +38,7 @@ impl Default for CheckOptions {
             seed: 0,
             limits: Limits::default(),
             overrides: Overrides::new(),
+            progress: false,
         }
     }
 }
@@ -131,6 +135,8 @@ impl Program {
     /// [`CheckOptions::second_order`], second derivatives as well.
     pub fn gradcheck(&self, opts: &CheckOptions) -> Result<ProgramCheckReport, ProgramError> {
         let infos = check(self, &opts.limits)?;
+        check_run(self, &infos, &opts.limits)?;
+        let evaluations = self.check_cost(&infos, opts)?;
         let values = self.leaf_values(opts.seed)?;
         let leaf_idx = self.leaves();
         let mut inputs = Vec::new();
@@ -152,7 +158,10 @@ impl Program {
         }
         let failure: RefCell<Option<ProgramError>> = RefCell::new(None);
         let (infos, values, leaf_idx, failure_ref) = (&infos, &values, &leaf_idx, &failure);
+        let progress = Progress::new(opts.progress, evaluations);
+        let progress = &progress;
         let f = check_fn(move |g, xs| {
+            progress.tick();
             let mut leaves = Vec::with_capacity(leaf_idx.len());
             let mut k = 0;
             for (&i, v) in leaf_idx.iter().zip(values) {
@@ -228,5 +237,105 @@ impl Program {
             second_order,
             passed,
         })
+    }
+}
+
+impl Program {
+    /// How many times a gradient check of this program runs it (forward passes, each with its
+    /// backward where the check needs one), refused with [`ProgramError::TooLarge`] when the
+    /// work they add up to exceeds [`Limits::max_check_work`].
+    fn check_cost(&self, infos: &[StmtInfo], opts: &CheckOptions) -> Result<u64, ProgramError> {
+        let forward: u64 = infos
+            .iter()
+            .fold(0u64, |a, i| a.saturating_add(i.work.max(1)));
+        let elements: u64 = self
+            .stmts
+            .iter()
+            .zip(infos)
+            .filter(|(s, _)| s.expr.is_input())
+            .fold(0u64, |a, (_, i)| {
+                a.saturating_add(i.shape.iter().product::<usize>() as u64)
+            });
+        // First derivatives: one analytic pass (forward and backward, ~3 forwards), then two
+        // forward passes per input element. Second derivatives repeat that over a function
+        // that is itself a forward and a backward (~3 forwards).
+        let first = elements.saturating_mul(2).saturating_add(1);
+        let evaluations = if opts.second_order {
+            first.saturating_mul(2)
+        } else {
+            first
+        };
+        let passes = if opts.second_order {
+            first.saturating_add(3).saturating_mul(4)
+        } else {
+            first.saturating_add(2)
+        };
+        let work = passes.saturating_mul(forward);
+        let limit = opts.limits.max_check_work;
+        if work > limit {
+            let (line, column) = self.op_pos(self.stmts.len() - 1);
+            return Err(ProgramError::TooLarge {
+                line,
+                column,
+                message: format!(
+                    "a gradient check of this program runs it about {passes} times ({elements} \
+                     input elements, two passes each{}) at {forward} units of work a pass: \
+                     {work} units, more than the limit of {limit} (raise Limits::max_check_work, \
+                     or the CLI's --max-check-work)",
+                    if opts.second_order {
+                        ", and again for second derivatives"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+        Ok(evaluations)
+    }
+}
+
+/// Counts a check's evaluations of the program and, when asked, reports how far it is on
+/// standard error every few seconds.
+struct Progress {
+    on: bool,
+    total: u64,
+    done: Cell<u64>,
+    start: Instant,
+    last: Cell<Instant>,
+}
+
+impl Progress {
+    const EVERY: Duration = Duration::from_secs(2);
+
+    fn new(on: bool, total: u64) -> Self {
+        let now = Instant::now();
+        Progress {
+            on,
+            total,
+            done: Cell::new(0),
+            start: now,
+            last: Cell::new(now),
+        }
+    }
+
+    fn tick(&self) {
+        let done = self.done.get() + 1;
+        self.done.set(done);
+        if !self.on || self.last.get().elapsed() < Self::EVERY {
+            return;
+        }
+        self.last.set(Instant::now());
+        let frac = done as f64 / self.total.max(1) as f64;
+        let spent = self.start.elapsed().as_secs_f64();
+        let left = if frac > 0.0 {
+            spent * (1.0 - frac) / frac
+        } else {
+            0.0
+        };
+        eprintln!(
+            "gradcheck: {done}/{} evaluations ({:.0}%), about {left:.0} s left",
+            self.total,
+            100.0 * frac.min(1.0)
+        );
     }
 }

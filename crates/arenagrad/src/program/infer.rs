@@ -14,35 +14,42 @@ pub struct Limits {
     pub max_rank: usize,
     /// Most elements one tensor may hold.
     pub max_elements: usize,
-    /// Most elements all statements' values may hold together.
+    /// Most elements all of a run's buffers may hold together: every statement's value, the
+    /// gradients backward makes, the leaves' generated values and the host copies of the
+    /// output, the values and the gradients that a run hands back.
     pub max_total_elements: usize,
     /// Most work the forward pass may do, counted as output elements plus matmul
     /// multiply-adds, summed over statements.
     pub max_work: u64,
+    /// Most work a gradient check may do: each input element costs two forward passes (and
+    /// second derivatives three times that again), in the units of `max_work`.
+    pub max_check_work: u64,
 }
 
 impl Default for Limits {
-    /// 32 dimensions, 2^28 elements per tensor (2 GiB of `f64`), 2^30 elements in all, and
-    /// 2^44 units of work.
+    /// 32 dimensions, 2^28 elements per tensor (2 GiB of `f64`), 2^30 elements in all, 2^44
+    /// units of work, and 2^34 for a gradient check (about a minute on one core).
     fn default() -> Self {
         Limits {
             max_rank: 32,
             max_elements: 1 << 28,
             max_total_elements: 1 << 30,
             max_work: 1 << 44,
+            max_check_work: 1 << 34,
         }
     }
 }
 
 impl Limits {
     /// Small limits for fuzzing and property tests: 8 dimensions, 4096 elements per tensor,
-    /// 65536 in all, 2^22 units of work.
+    /// 65536 in all, 2^22 units of work, 2^28 for a gradient check.
     pub fn small() -> Self {
         Limits {
             max_rank: 8,
             max_elements: 1 << 12,
             max_total_elements: 1 << 16,
             max_work: 1 << 22,
+            max_check_work: 1 << 28,
         }
     }
 }
@@ -54,6 +61,51 @@ pub struct StmtInfo {
     pub shape: Vec<usize>,
     /// Whether gradients flow through it (an `input`, or an op on one, except `detach`).
     pub requires_grad: bool,
+    /// The forward work it does (its elements, plus multiply-adds for a matmul).
+    pub work: u64,
+}
+
+/// What running a checked program holds at most, in elements: every statement's value, a
+/// gradient for each statement that requires grad, each leaf's generated values (alive while
+/// the leaves are made), and the host copies of the output, the leaves' values and the inputs'
+/// gradients.
+pub fn run_elements(p: &Program, infos: &[StmtInfo]) -> usize {
+    let mut total = 0usize;
+    for (s, info) in p.stmts.iter().zip(infos) {
+        let n = info.shape.iter().product::<usize>();
+        let mut k = 1 + usize::from(info.requires_grad);
+        if let Expr::Leaf { requires_grad, .. } = &s.expr {
+            k += 2 + usize::from(*requires_grad);
+        }
+        total = total.saturating_add(n.saturating_mul(k));
+    }
+    let out = infos
+        .last()
+        .map_or(0, |i| i.shape.iter().product::<usize>());
+    total.saturating_add(out)
+}
+
+/// [`run_elements`] against `limits.max_total_elements`.
+pub(crate) fn check_run(
+    p: &Program,
+    infos: &[StmtInfo],
+    limits: &Limits,
+) -> Result<(), ProgramError> {
+    let need = run_elements(p, infos);
+    if need > limits.max_total_elements {
+        let at = At {
+            p,
+            i: p.stmts.len() - 1,
+        };
+        return Err(at.large(
+            None,
+            format!(
+                "running the program makes buffers of {need} elements (values, gradients and                  host copies), more than the limit of {} in all",
+                limits.max_total_elements
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Resolves a possibly negative axis against a rank.
@@ -496,6 +548,9 @@ pub(crate) fn check(p: &Program, limits: &Limits) -> Result<Vec<StmtInfo>, Progr
         infos.push(StmtInfo {
             shape,
             requires_grad,
+            work: u64::try_from(n)
+                .unwrap_or(u64::MAX)
+                .saturating_add(extra_work),
         });
     }
     Ok(infos)

@@ -8,7 +8,7 @@ use arenagrad_graph::{CustomOp, DType, Graph, GraphError, HostData, HostTensor, 
 
 use super::ast::{BinaryKind, Expr, Program, ReduceKind, ScalarKind, UnaryKind};
 use super::error::ProgramError;
-use super::infer::{check, Limits, StmtInfo};
+use super::infer::{check, check_run, Limits, StmtInfo};
 
 /// A replacement implementation of an op, for [`Overrides`]: given the statement and its
 /// operands' tensors (in the order [`Expr::operands`] lists them), it returns the statement's
@@ -391,40 +391,58 @@ impl RunResult {
     /// `{"dtype":..,"output":{"shape":..,"data":..},"values":{NAME:..},"grads":{NAME:..}}`.
     /// Non-finite numbers are written as `null`.
     pub fn to_json(&self) -> String {
-        fn tensor(out: &mut String, t: &HostTensor) {
-            out.push_str("{\"shape\":");
-            out.push_str(&serde_json::to_string(t.shape()).unwrap_or_else(|_| "[]".into()));
-            out.push_str(",\"data\":");
-            let data = match t.data() {
-                HostData::F32(v) => serde_json::to_string(v),
-                HostData::F64(v) => serde_json::to_string(v),
-            };
-            out.push_str(&data.unwrap_or_else(|_| "[]".into()));
-            out.push('}');
+        let mut out = Vec::new();
+        self.write_json(&mut out)
+            .expect("invariant: writing to a Vec cannot fail");
+        String::from_utf8(out).expect("invariant: serde_json writes UTF-8")
+    }
+
+    /// Writes [`RunResult::to_json`]'s object to `w` as it goes, element by element, without
+    /// building it in memory first (the output of a large program is as large as its tensors).
+    pub fn write_json(&self, w: &mut impl std::io::Write) -> std::io::Result<()> {
+        fn tensor(w: &mut impl std::io::Write, t: &HostTensor) -> std::io::Result<()> {
+            w.write_all(b"{\"shape\":")?;
+            serde_json::to_writer(&mut *w, t.shape())?;
+            w.write_all(b",\"data\":[")?;
+            // Each element as serde_json writes it (shortest form; non-finite as `null`).
+            match t.data() {
+                HostData::F32(v) => elements(w, v.len(), |w, k| serde_json::to_writer(w, &v[k]))?,
+                HostData::F64(v) => elements(w, v.len(), |w, k| serde_json::to_writer(w, &v[k]))?,
+            }
+            w.write_all(b"]}")
         }
-        fn map(out: &mut String, items: &[NamedTensor]) {
-            out.push('{');
+        fn elements<W: std::io::Write>(
+            w: &mut W,
+            n: usize,
+            one: impl Fn(&mut W, usize) -> serde_json::Result<()>,
+        ) -> std::io::Result<()> {
+            for k in 0..n {
+                if k > 0 {
+                    w.write_all(b",")?;
+                }
+                one(w, k)?;
+            }
+            Ok(())
+        }
+        fn map(w: &mut impl std::io::Write, items: &[NamedTensor]) -> std::io::Result<()> {
+            w.write_all(b"{")?;
             for (k, t) in items.iter().enumerate() {
                 if k > 0 {
-                    out.push(',');
+                    w.write_all(b",")?;
                 }
-                out.push_str(&serde_json::to_string(&t.name).unwrap_or_else(|_| "\"?\"".into()));
-                out.push(':');
-                tensor(out, &t.tensor);
+                serde_json::to_writer(&mut *w, &t.name)?;
+                w.write_all(b":")?;
+                tensor(w, &t.tensor)?;
             }
-            out.push('}');
+            w.write_all(b"}")
         }
-        let mut out = String::new();
-        out.push_str("{\"dtype\":\"");
-        out.push_str(dtype_name(self.dtype));
-        out.push_str("\",\"output\":");
-        tensor(&mut out, &self.output.tensor);
-        out.push_str(",\"values\":");
-        map(&mut out, &self.values);
-        out.push_str(",\"grads\":");
-        map(&mut out, &self.grads);
-        out.push('}');
-        out
+        write!(w, "{{\"dtype\":\"{}\",\"output\":", dtype_name(self.dtype))?;
+        tensor(w, &self.output.tensor)?;
+        w.write_all(b",\"values\":")?;
+        map(w, &self.values)?;
+        w.write_all(b",\"grads\":")?;
+        map(w, &self.grads)?;
+        w.write_all(b"}")
     }
 }
 
@@ -551,6 +569,7 @@ impl Program {
     /// input's gradient.
     pub fn run(&self, opts: &RunOptions) -> Result<RunResult, ProgramError> {
         let infos = check(self, &opts.limits)?;
+        check_run(self, &infos, &opts.limits)?;
         let values = self.leaf_values(opts.seed)?;
         let g = match opts.threads {
             Some(n) => Graph::with_threads(n),
@@ -579,6 +598,8 @@ impl Program {
             };
             leaves.push(t);
         }
+        // The leaves hold their values now.
+        drop(values);
         let ts = self.build_checked(&g, &leaves, &infos, &opts.overrides)?;
         let last = ts.len() - 1;
         let out = ts[last];

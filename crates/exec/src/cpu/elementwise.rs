@@ -327,7 +327,7 @@ fn unary_grad_any<T: Float>(
         UnaryOp::Shift(_) => {}
         // x⁰ is constant: its derivative is 0 everywhere, also where `0·x⁻¹` would be NaN
         // (PyTorch's rule).
-        UnaryOp::Powf(p) if p == 0.0 => g.fill(T::ZERO),
+        UnaryOp::Powf(0.0) => g.fill(T::ZERO),
         UnaryOp::Powf(p) => {
             let pm1 = p - 1.0;
             let pt = T::from_f64(p);

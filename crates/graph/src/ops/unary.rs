@@ -243,7 +243,7 @@ pub(crate) fn backward<'g>(op: UnaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
         UnaryOp::Relu => gy.mul(x.unary(UnaryOp::Step)?.detach()?)?,
         UnaryOp::Gelu => gy.mul(gelu_grad_graph(x)?)?,
         // x⁰ is constant: a zero gradient, not 0·x⁻¹ (NaN at 0), as PyTorch.
-        UnaryOp::Powf(p) if p == 0.0 => c.g.full_on(&x.shape(), 0.0, x.dtype(), x.device())?,
+        UnaryOp::Powf(0.0) => c.g.full_on(&x.shape(), 0.0, x.dtype(), x.device())?,
         UnaryOp::Powf(p) => gy.mul(x.powf(p - 1.0)?.scale(p)?)?,
     };
     Ok(smallvec![Some(gx)])
