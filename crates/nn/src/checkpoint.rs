@@ -2,7 +2,9 @@
 //!
 //! * [`save`] writes atomically: the bytes go to a temporary file beside the target, which is
 //!   synced and then renamed over it (and the directory synced). A crash, a full disk or a failed
-//!   write at any point leaves the previous checkpoint as it was.
+//!   write at any point leaves the previous checkpoint as it was. A `path` that is a symbolic
+//!   link is written through: the file it points to is replaced (atomically, from a temporary
+//!   file beside it) and the link stays a link.
 //! * [`load`] checks everything before changing anything: a file whose names or shapes do not
 //!   match the module is a [`NnError::StateMismatch`] listing every missing, unexpected and
 //!   mis-shaped name, and the module is left untouched. A truncated or corrupted file is a typed
@@ -97,6 +99,97 @@ fn crc_of<'a>(tensors: impl Iterator<Item = &'a [u8]>) -> u32 {
     crc.sum()
 }
 
+/// Follows `path` through symbolic links (each relative target read against its link's
+/// directory) to the path of the file it finally names, which need not exist yet; a chain of
+/// more than 40 links is a loop and an error.
+fn resolve_links(path: &Path) -> Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(&p).map_err(io(&p))?;
+                p = match p.parent() {
+                    Some(d) if target.is_relative() => d.join(target),
+                    _ => target,
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    Err(NnError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::other("too many levels of symbolic links"),
+    })
+}
+
+/// The header's top-level keys (tensor names and `__metadata__`) in order, or why the header
+/// cannot be scanned. safetensors reads the header into a map, so a name listed twice would
+/// silently keep one of its entries; this scan sees every key.
+fn header_keys(header: &[u8]) -> std::result::Result<Vec<String>, &'static str> {
+    let text = std::str::from_utf8(header).map_err(|_| "the header is not UTF-8")?;
+    let mut chars = text.chars();
+    let mut keys = Vec::new();
+    let (mut depth, mut expect_key) = (0usize, false);
+    while let Some(c) = chars.next() {
+        match c {
+            '{' | '[' => {
+                depth += 1;
+                expect_key = depth == 1 && c == '{';
+            }
+            '}' | ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 1 => expect_key = true,
+            '"' => {
+                let s = json_string(&mut chars)?;
+                if depth == 1 && expect_key {
+                    keys.push(s);
+                    expect_key = false;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(keys)
+}
+
+/// The rest of a JSON string whose opening quote was read, escapes decoded.
+fn json_string(chars: &mut std::str::Chars<'_>) -> std::result::Result<String, &'static str> {
+    let mut out = String::new();
+    loop {
+        match chars.next().ok_or("an unterminated string in the header")? {
+            '"' => return Ok(out),
+            '\\' => match chars.next().ok_or("an unterminated escape in the header")? {
+                'n' => out.push('\n'),
+                't' => out.push('\t'),
+                'r' => out.push('\r'),
+                'b' => out.push('\u{8}'),
+                'f' => out.push('\u{c}'),
+                'u' => {
+                    let unit = hex4(chars)?;
+                    let code = if (0xD800..0xDC00).contains(&unit) {
+                        // A high surrogate: its low half follows as another `\uXXXX`.
+                        if chars.next() != Some('\\') || chars.next() != Some('u') {
+                            return Err("a lone surrogate in the header");
+                        }
+                        let low = hex4(chars)?;
+                        0x10000 + ((unit - 0xD800) << 10) + (low.wrapping_sub(0xDC00) & 0x3FF)
+                    } else {
+                        unit
+                    };
+                    out.push(char::from_u32(code).unwrap_or('\u{FFFD}'));
+                }
+                other => out.push(other),
+            },
+            other => out.push(other),
+        }
+    }
+}
+
+/// Four hexadecimal digits of a `\u` escape.
+fn hex4(chars: &mut std::str::Chars<'_>) -> std::result::Result<u32, &'static str> {
+    let digits: String = chars.take(4).collect();
+    u32::from_str_radix(&digits, 16).map_err(|_| "a bad \\u escape in the header")
+}
+
 /// Serialises named tensors to safetensors bytes (with the checksum metadata). Names must be
 /// unique; a repeated name keeps its last tensor.
 pub fn tensors_to_bytes<'a>(
@@ -121,6 +214,24 @@ pub fn tensors_to_bytes<'a>(
 /// Parses safetensors bytes into named tensors (sorted by name), verifying the checksum when the
 /// file has one. `path` only labels errors.
 pub fn tensors_from_bytes(bytes: &[u8], path: &Path) -> Result<Vec<(String, HostTensor)>> {
+    // The header first (safetensors itself checks its length and JSON): a name it lists twice
+    // would be read as one tensor.
+    if let Some(header) = bytes
+        .get(..8)
+        .map(|n| u64::from_le_bytes(n.try_into().expect("invariant: 8 bytes")))
+        .and_then(|n| usize::try_from(n).ok())
+        .and_then(|n| bytes.get(8..8usize.checked_add(n)?))
+    {
+        if let Ok(keys) = header_keys(header) {
+            let mut seen = std::collections::HashSet::new();
+            if let Some(dup) = keys.iter().find(|k| !seen.insert(k.as_str())) {
+                return Err(NnError::Metadata {
+                    path: path.to_path_buf(),
+                    reason: format!("the header lists {dup:?} more than once"),
+                });
+            }
+        }
+    }
     let st = SafeTensors::deserialize(bytes).map_err(|source| NnError::Safetensors {
         path: path.to_path_buf(),
         source,
@@ -196,6 +307,10 @@ pub fn write_atomic<W: Write>(
     wrap: impl FnOnce(File) -> W,
 ) -> Result<()> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
+    // Through symbolic links to the file they name: renaming over the link itself would
+    // replace it with a plain file and leave its target stale.
+    let resolved = resolve_links(path)?;
+    let path = resolved.as_path();
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),

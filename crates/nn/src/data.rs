@@ -115,7 +115,8 @@ pub fn parse_idx(bytes: &[u8]) -> Result<IdxArray> {
 
 /// Reads an IDX array from any reader (gzipped or not); `path` only labels errors. The body is
 /// read only as far as the header says, so a gzip bomb or trailing garbage cannot make it
-/// allocate more than the header's dimensions.
+/// allocate more than the header's dimensions; bytes past them make the file
+/// [`NnError::IdxCorrupt`] (a file whose header and length disagree is not the array it claims).
 pub fn read_idx_from(mut r: impl Read, path: &Path) -> Result<IdxArray> {
     let io_err = |source| NnError::Io {
         path: path.to_path_buf(),
@@ -144,7 +145,7 @@ pub fn read_idx_from(mut r: impl Read, path: &Path) -> Result<IdxArray> {
         };
         let a = read_raw(&mut dec, path).map_err(corrupt)?;
         // Reading on to the end checks the gzip trailer (CRC-32 and length), so a file cut or
-        // damaged there fails too. Trailing data is read only up to a bound.
+        // damaged there fails too. Data past the dimensions is counted only up to a bound.
         let mut sink = [0u8; 4096];
         let mut trailing = 0usize;
         while trailing < (1 << 20) {
@@ -160,10 +161,30 @@ pub fn read_idx_from(mut r: impl Read, path: &Path) -> Result<IdxArray> {
                 }
             }
         }
+        refuse_trailing(trailing, 1 << 20, path)?;
         Ok(a)
     } else {
-        read_raw(rest, path)
+        let mut rest = rest;
+        let a = read_raw(&mut rest, path)?;
+        let mut probe = [0u8; 4096];
+        let trailing = read_up_to(&mut rest, &mut probe).map_err(io_err)?;
+        refuse_trailing(trailing, probe.len(), path)?;
+        Ok(a)
     }
+}
+
+/// Bytes past the header's dimensions (`trailing`, counted up to `bound`) are an error.
+fn refuse_trailing(trailing: usize, bound: usize, path: &Path) -> Result<()> {
+    if trailing == 0 {
+        return Ok(());
+    }
+    Err(NnError::IdxCorrupt {
+        path: path.to_path_buf(),
+        reason: format!(
+            "{}{trailing} bytes follow the data its header's dimensions describe",
+            if trailing >= bound { "at least " } else { "" }
+        ),
+    })
 }
 
 /// Reads until `buf` is full or the input ends; returns the bytes read.

@@ -442,3 +442,84 @@ fn batchnorm_running_stats_survive_a_round_trip_and_drive_eval() {
         b.forward(&g, x).unwrap().to_vec::<f64>().unwrap()
     );
 }
+
+/// A safetensors file whose header is `header` (padded to 8 bytes) over `data`.
+fn file_with_header(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut h = header.as_bytes().to_vec();
+    while !h.len().is_multiple_of(8) {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&h);
+    out.extend_from_slice(data);
+    out
+}
+
+#[test]
+fn a_header_listing_a_name_twice_is_refused() {
+    let entry = r#"{"dtype":"F32","shape":[1],"data_offsets":[0,4]}"#;
+    let data = 1.5f32.to_le_bytes();
+    let path = Path::new("dup.safetensors");
+    // Once: fine. Twice, spelled alike or through an escape: refused.
+    let ok = file_with_header(&format!(r#"{{"w":{entry}}}"#), &data);
+    assert_eq!(checkpoint::tensors_from_bytes(&ok, path).unwrap().len(), 1);
+    for twice in [
+        format!(r#"{{"w":{entry},"w":{entry}}}"#),
+        format!(r#"{{"w":{entry}, "\u0077":{entry}}}"#),
+        format!(r#"{{"__metadata__":{{"a":"b"}},"w":{entry},"__metadata__":{{"a":"c"}}}}"#),
+    ] {
+        let bytes = file_with_header(&twice, &data);
+        let e = checkpoint::tensors_from_bytes(&bytes, path).unwrap_err();
+        assert!(
+            matches!(&e, NnError::Metadata { reason, .. } if reason.contains("more than once")),
+            "{twice}: {e}"
+        );
+    }
+    // Nested objects may repeat their keys' names across entries.
+    let two = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
+    let bytes = file_with_header(two, &[data, data].concat());
+    assert_eq!(
+        checkpoint::tensors_from_bytes(&bytes, path).unwrap().len(),
+        2
+    );
+}
+
+/// Saving to a symbolic link writes the file it points to; the link stays a link.
+#[cfg(unix)]
+#[test]
+fn saving_through_a_symlink_writes_its_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("real.safetensors");
+    let link = dir.path().join("latest.safetensors");
+    std::os::unix::fs::symlink("real.safetensors", &link).unwrap();
+    let a = model(3, 4);
+    checkpoint::save(&a, &link).unwrap();
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(target.is_file());
+    let b = model(4, 4);
+    checkpoint::load(&b, &target).unwrap();
+    assert_eq!(bits(&a), bits(&b));
+    // A second save through the link replaces the target again.
+    let c = model(5, 4);
+    checkpoint::save(&c, &link).unwrap();
+    checkpoint::load(&b, &link).unwrap();
+    assert_eq!(bits(&b), bits(&c));
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // A loop of links is an error, and leaves no temporary behind.
+    let l1 = dir.path().join("l1");
+    let l2 = dir.path().join("l2");
+    std::os::unix::fs::symlink("l2", &l1).unwrap();
+    std::os::unix::fs::symlink("l1", &l2).unwrap();
+    assert!(matches!(checkpoint::save(&a, &l1), Err(NnError::Io { .. })));
+    let stray: Vec<_> = dir_entries(dir.path())
+        .into_iter()
+        .filter(|n| n.contains(".tmp-"))
+        .collect();
+    assert!(stray.is_empty(), "{stray:?}");
+}

@@ -234,3 +234,25 @@ fn bad_datasets_are_typed() {
     ));
     assert!(Dataset::new(vec![0; 8], vec![0, 1], &[2, 2]).is_ok());
 }
+
+/// Bytes past the dimensions a header gives are refused, plain or gzipped.
+#[test]
+fn data_past_the_header_is_refused() {
+    let (images, _) = synthetic(3);
+    let plain = encode_idx(&images, false).unwrap();
+    assert!(parse_idx(&plain).is_ok());
+    for extra in [1usize, 7, 5000] {
+        let mut longer = plain.clone();
+        longer.extend(std::iter::repeat_n(0u8, extra));
+        let e = parse_idx(&longer).unwrap_err();
+        assert!(
+            matches!(&e, NnError::IdxCorrupt { reason, .. } if reason.contains("follow")),
+            "{extra} bytes: {e}"
+        );
+        // The same bytes gzipped.
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut enc, &longer).unwrap();
+        let gz = enc.finish().unwrap();
+        assert!(matches!(parse_idx(&gz), Err(NnError::IdxCorrupt { .. })));
+    }
+}
