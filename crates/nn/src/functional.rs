@@ -13,7 +13,7 @@
 //! # Ok::<(), arenagrad_nn::NnError>(())
 //! ```
 
-use arenagrad_graph::{Graph, HostDataMut, Parameter, Tensor};
+use arenagrad_graph::{Graph, GraphError, HostDataMut, Parameter, Tensor};
 
 use crate::error::{input_shape, NnError, Result};
 
@@ -115,6 +115,14 @@ pub fn batch_norm<'g>(
     training: bool,
     eps: f64,
 ) -> Result<Tensor<'g>> {
+    // Before the running statistics move: a refused call changes nothing.
+    let foreign = [Some(x), weight, bias]
+        .into_iter()
+        .flatten()
+        .any(|t| !std::ptr::eq(t.graph(), g));
+    if foreign {
+        return Err(GraphError::GraphMismatch { op: "batch_norm" }.into());
+    }
     let xs = x.try_shape()?;
     if xs.len() < 2 {
         return Err(input_shape("batch_norm", "[N, C, …]", &xs));

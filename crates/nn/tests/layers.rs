@@ -715,3 +715,27 @@ fn leaky_relu_at_zero_and_nan() {
     let gx = f64s(x.grad().unwrap().unwrap());
     close(&gx, &[0.01, 0.01, 0.01, 1.0, 0.01], 0.0);
 }
+
+/// A batch norm given a tensor of another graph refuses it before its running statistics move.
+#[test]
+fn batch_norm_refuses_another_graphs_tensor_and_keeps_its_statistics() {
+    let bn = BatchNorm1d::new(2).unwrap();
+    let before = arenagrad_nn::checkpoint::state_dict(&bn);
+    assert!(before.iter().any(|(n, _)| n == "running_mean"));
+    let g1 = Graph::new();
+    let g2 = Graph::new();
+    let x = g1
+        .var(&[1.0, 2.0, 3.0, 5.0, 8.0, 13.0], &[3, 2], DType::F32)
+        .unwrap();
+    let r = bn.forward(&g2, x);
+    assert!(
+        matches!(
+            r,
+            Err(NnError::Graph(
+                arenagrad_nn::GraphError::GraphMismatch { .. }
+            ))
+        ),
+        "{r:?}"
+    );
+    assert_eq!(before, arenagrad_nn::checkpoint::state_dict(&bn));
+}
