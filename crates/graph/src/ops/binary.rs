@@ -227,24 +227,22 @@ pub(crate) fn backward<'g>(op: BinaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
         BinaryOp::Maximum | BinaryOp::Minimum => {
             // Each side's share (PyTorch's rule): all of the gradient where it is the larger
             // (for maximum) or where either is NaN, half on a tie, none where it lost.
-            let (wa, wb) = if op == BinaryOp::Maximum {
-                (
-                    a.binary(BinaryOp::GtMask, b)?,
-                    b.binary(BinaryOp::GtMask, a)?,
-                )
+            // `share(p, q)`: the gradient times GtMask(p, q), p's part when p should win.
+            let share = |p: Tensor<'g>, q: Tensor<'g>| -> Result<Tensor<'g>> {
+                gy.mul(p.binary(BinaryOp::GtMask, q)?.detach()?)
+            };
+            let (first, second) = if op == BinaryOp::Maximum {
+                ((a, b), (b, a))
             } else {
-                (
-                    b.binary(BinaryOp::GtMask, a)?,
-                    a.binary(BinaryOp::GtMask, b)?,
-                )
+                ((b, a), (a, b))
             };
             let ga = if need_a {
-                Some(gy.mul(wa.detach()?)?)
+                Some(share(first.0, first.1)?)
             } else {
                 None
             };
             let gb = if need_b {
-                Some(gy.mul(wb.detach()?)?)
+                Some(share(second.0, second.1)?)
             } else {
                 None
             };
