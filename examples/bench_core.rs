@@ -1,5 +1,5 @@
 //! Prints the engine's speed figures as a table, on the workloads of the peer benchmark
-//! (`shared/peers`): W1 the seeds' loop at 1024×1024, W2 tiny-op overhead, W3/W4 MLP training
+//! (PyTorch, candle, dfdx): W1 the randn-matmul loop at 1024×1024, W2 tiny-op overhead, W3/W4 MLP training
 //! steps (ReLU, cross-entropy, plain SGD lr 0.01, median of 50 steps after 5 warm-up), and GEMM;
 //! then one training step of the main job's CNN (Adam, batch 64, random images).
 //!
@@ -91,7 +91,7 @@ fn gemm_raw(n: usize, threads: usize, reps: usize) -> f64 {
     2.0 * (n as f64).powi(3) / median(t) / 1e9
 }
 
-/// The seeds' loop; returns (ms/iter, ms of randn alone, ms of 3 bare GEMMs + randn).
+/// The randn-matmul loop; returns (ms/iter, ms of randn alone, ms of 3 bare GEMMs + randn).
 fn seed_loop(g: &mut Graph, n: usize, iters: usize) -> (f64, f64, f64) {
     let mut t = Vec::new();
     for _ in 0..iters {
@@ -239,7 +239,7 @@ fn train_step(
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    // `--only w2,w4` runs just those workloads (w1 = seeds' loop and GEMM, w2, w3, w4, cnn).
+    // `--only w2,w4` runs just those workloads (w1 = randn-matmul loop and GEMM, w2, w3, w4, cnn).
     let only: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--only")
@@ -285,7 +285,7 @@ fn w1(g: &mut Graph, threads: usize, quick: bool) {
     println!("| raw GEMM kernel, 1 thread | {g1:.0} GFLOP/s | |");
     println!("| raw GEMM kernel, row-split over {threads} threads | {gt:.0} GFLOP/s | |");
     let (ms, randn, bare) = seed_loop(g, 1024, if quick { 5 } else { 30 });
-    println!("| seeds' loop 1024², randn+matmul+sum+backward | {ms:.1} ms/iter (randn {randn:.1}) | ≤ 30 |");
+    println!("| randn-matmul loop 1024², randn+matmul+sum+backward | {ms:.1} ms/iter (randn {randn:.1}) | ≤ 30 |");
     println!(
         "| 3 bare GEMMs + randn (same run) | {bare:.1} ms/iter; graph overhead {:+.1}% | ≤ +15% |",
         (ms / bare - 1.0) * 100.0

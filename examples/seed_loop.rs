@@ -41,7 +41,7 @@ fn main() -> Result<(), GraphError> {
     let n = arg("--size", 1024);
     let backward = !std::env::args().any(|a| a == "--no-backward");
     let mut g = Graph::new();
-    println!("seeds' loop: randn({n}, {n}) -> (x @ x).sum() -> backward={backward}, {iters} iterations, {} threads", g.threads());
+    println!("randn-matmul loop: randn({n}, {n}) -> (x @ x).sum() -> backward={backward}, {iters} iterations, {} threads", g.threads());
     println!(
         "{:>6} {:>10} {:>12} {:>14} {:>14} {:>10}",
         "iter", "RSS MiB", "ms/iter", "arena peak MiB", "arena cap MiB", "resets"

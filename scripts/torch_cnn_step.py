@@ -8,7 +8,7 @@ optimiser step; the median of 30 steps after 5 warm-up steps is printed, split l
 
     | main job's CNN 32/64, b64 Adam step (random data, PyTorch) | <f> ms (fwd <f>, bwd <f>, opt <f>) | |
 
-Threads: THREADS (default 2), as in shared/peers.
+Threads: THREADS (default 2), as arenagrad's bench_core.
 """
 
 import os

@@ -1,5 +1,5 @@
 //! Criterion benchmarks of the graph, grouped by family: tiny-op overhead (W2), GEMM through the
-//! graph, and the seeds' loop. `cargo bench -p arenagrad-graph`.
+//! graph, and the randn-matmul loop. `cargo bench -p arenagrad-graph`.
 #![allow(missing_docs)] // criterion's macros generate undocumented items
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};

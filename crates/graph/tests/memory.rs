@@ -1,4 +1,4 @@
-//! Memory: the seeds' loop (`x = randn(requires_grad); (x @ x).sum().backward()`) must leave the
+//! Memory: the randn-matmul loop (`x = randn(requires_grad); (x @ x).sum().backward()`) must leave the
 //! arena's peak and the process's resident memory flat, with and without backward. One test in
 //! this binary, so no other test's allocations share the process while RSS is read.
 
