@@ -1,6 +1,6 @@
 //! Stochastic gradient descent.
 
-use arenagrad_graph::{Elem, HostData, HostDataMut, Parameter};
+use arenagrad_graph::{Elem, GraphError, HostData, HostDataMut, Parameter};
 
 use super::{check_non_negative, dedup, grad_dtype_error, Optimizer};
 use crate::error::{config, Result};
@@ -126,7 +126,12 @@ impl Sgd {
 /// `f32`, far below anything that moves a weight).
 const FLUSH_BELOW: f64 = 1e-30;
 
-fn sgd_kernel<T: Elem>(p: &mut [T], g: &[T], buf: &mut Option<HostData>, c: &SgdConfig) {
+fn sgd_kernel<T: Elem>(
+    p: &mut [T],
+    g: &[T],
+    buf: &mut Option<HostData>,
+    c: &SgdConfig,
+) -> Result<()> {
     let lr = T::from_f64(c.lr);
     let wd = T::from_f64(c.weight_decay);
     let decay = c.weight_decay != 0.0;
@@ -143,7 +148,7 @@ fn sgd_kernel<T: Elem>(p: &mut [T], g: &[T], buf: &mut Option<HostData>, c: &Sgd
                 }
             },
         );
-        return;
+        return Ok(());
     }
     let mu = T::from_f64(c.momentum);
     let keep = T::from_f64(1.0 - c.dampening);
@@ -161,7 +166,15 @@ fn sgd_kernel<T: Elem>(p: &mut [T], g: &[T], buf: &mut Option<HostData>, c: &Sgd
             }
         }
         None => {
-            let mut b = Vec::with_capacity(p.len());
+            // The momentum buffer is reserved before the value is touched: a parameter whose
+            // buffer the host cannot hold is an error and stays as it was.
+            let mut b = Vec::new();
+            b.try_reserve_exact(p.len())
+                .map_err(|_| GraphError::OutOfMemory {
+                    op: "Sgd::step",
+                    shape: vec![p.len()],
+                    bytes: p.len().saturating_mul(std::mem::size_of::<T>()),
+                })?;
             for (p, &g) in p.iter_mut().zip(g) {
                 let d = d_of(g, *p);
                 b.push(d);
@@ -171,6 +184,7 @@ fn sgd_kernel<T: Elem>(p: &mut [T], g: &[T], buf: &mut Option<HostData>, c: &Sgd
             *buf = Some(T::into_host(b));
         }
     }
+    Ok(())
 }
 
 impl Optimizer for Sgd {
@@ -180,8 +194,8 @@ impl Optimizer for Sgd {
             p.update(|value, grad| {
                 let Some(grad) = grad else { return Ok(()) };
                 match (value, grad) {
-                    (HostDataMut::F32(v), HostData::F32(g)) => sgd_kernel(v, g, buf, &cfg),
-                    (HostDataMut::F64(v), HostData::F64(g)) => sgd_kernel(v, g, buf, &cfg),
+                    (HostDataMut::F32(v), HostData::F32(g)) => sgd_kernel(v, g, buf, &cfg)?,
+                    (HostDataMut::F64(v), HostData::F64(g)) => sgd_kernel(v, g, buf, &cfg)?,
                     (v, g) => return Err(grad_dtype_error("Sgd::step", &v, g)),
                 }
                 Ok(())
