@@ -9,8 +9,14 @@
 //!
 //! # Kernels
 //!
-//! The kernels are CUDA C in `kernels.cu` ([`kernel_source`]), compiled with NVRTC to PTX once
-//! per process and architecture ([`compile_kernels`]) and loaded into each device's context.
+//! The kernels are CUDA C in `kernels.cu` ([`kernel_source`]), compiled with NVRTC once per
+//! process and architecture and loaded into each device's context: to machine code for the
+//! device's own architecture (an `sm_XY` cubin, [`compile_cubin`]) when NVRTC can emit it, else
+//! to PTX for the newest virtual architecture it supports ([`compile_kernels`]), which the driver
+//! compiles when loading. Machine code matters: an NVRTC newer than the driver writes PTX of an
+//! ISA version the driver cannot read (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`), while a cubin
+//! needs only a driver that knows the architecture. [`versions`] says which NVRTC and driver
+//! were found.
 //! Each kernel exists for `f32` and `f64` and computes what the CPU kernel of the same name
 //! computes, element for element (reductions may add in another order). Matrix products go to
 //! cuBLAS.
@@ -217,23 +223,175 @@ pub fn compile_kernels(arch: Option<&'static str>) -> Result<String, CudaError> 
     Ok(ptx)
 }
 
+/// Compiles [`kernel_source`] with NVRTC to machine code for `sm` (e.g. `"sm_90"`) and returns
+/// the cubin (an ELF image the driver loads as it is). Compiled once per process and
+/// architecture, then cached. Needs NVRTC only, no device.
+pub fn compile_cubin(sm: &'static str) -> Result<Vec<u8>, CudaError> {
+    use cudarc::nvrtc::{result as nr, sys as ns};
+    static CUBIN: OnceLock<Mutex<HashMap<&'static str, Vec<u8>>>> = OnceLock::new();
+    if !nvrtc_present() {
+        return Err(CudaError::Compile {
+            log: "NVRTC (libnvrtc) could not be loaded".into(),
+        });
+    }
+    let mut cache = CUBIN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(bin) = cache.get(sm) {
+        return Ok(bin.clone());
+    }
+    let fail = |what: &str, e: &dyn fmt::Display| CudaError::Compile {
+        log: format!("{what} ({sm}): {e}"),
+    };
+    let src = std::ffi::CString::new(kernel_source()).expect("invariant: no NUL in kernels.cu");
+    let name = c"arenagrad_kernels.cu";
+    let prog = nr::create_program(&src, Some(name)).map_err(|e| fail("nvrtcCreateProgram", &e))?;
+    /// Destroys the program however compilation ends.
+    struct Prog(ns::nvrtcProgram);
+    impl Drop for Prog {
+        fn drop(&mut self) {
+            // SAFETY: the program came from `create_program` and is destroyed only here.
+            let _ = unsafe { nr::destroy_program(self.0) };
+        }
+    }
+    let prog = Prog(prog);
+    // No contraction of a·b + c into one rounding, as for the PTX (see `compile_kernels`).
+    let options = [format!("--gpu-architecture={sm}"), "--fmad=false".into()];
+    // SAFETY: `prog` is a live program (destroyed only when `Prog` drops, after this).
+    if let Err(e) = unsafe { nr::compile_program(prog.0, &options) } {
+        // SAFETY: as above; the log is a NUL-terminated string NVRTC wrote for this program.
+        let log = unsafe { nr::get_program_log(prog.0) }
+            .map(|l| {
+                // SAFETY: `get_program_log` returns the log with its terminating NUL.
+                unsafe { std::ffi::CStr::from_ptr(l.as_ptr()) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .unwrap_or_default();
+        return Err(fail(
+            "nvrtcCompileProgram",
+            &format!("{e:?}: {log} (options {options:?})"),
+        ));
+    }
+    let mut size = 0usize;
+    // SAFETY: a compiled live program; NVRTC writes one usize through a valid pointer.
+    let r = unsafe { ns::nvrtcGetCUBINSize(prog.0, &mut size) };
+    if r != ns::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+        return Err(fail("nvrtcGetCUBINSize", &format!("{r:?}, {size} bytes")));
+    }
+    let mut bin = vec![0u8; size];
+    // SAFETY: `bin` has room for the `size` bytes NVRTC just said the cubin takes.
+    let r = unsafe { ns::nvrtcGetCUBIN(prog.0, bin.as_mut_ptr().cast()) };
+    if r != ns::nvrtcResult::NVRTC_SUCCESS {
+        return Err(fail("nvrtcGetCUBIN", &format!("{r:?}")));
+    }
+    cache.insert(sm, bin.clone());
+    Ok(bin)
+}
+
+/// The NVRTC and driver versions found, for logs: e.g. `"NVRTC 13.2; driver CUDA 13.0"`, with
+/// "not found" for a library that cannot be loaded.
+pub fn versions() -> String {
+    let nvrtc = if nvrtc_present() {
+        let (mut major, mut minor) = (0i32, 0i32);
+        // SAFETY: NVRTC can be loaded (checked just before); it writes two ints through valid
+        // pointers.
+        match unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) } {
+            cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS => format!("NVRTC {major}.{minor}"),
+            r => format!("NVRTC (version unknown: {r:?})"),
+        }
+    } else {
+        "NVRTC not found".into()
+    };
+    let driver = if driver_present() {
+        let mut v = 0i32;
+        // SAFETY: the driver library can be loaded; cuDriverGetVersion needs no cuInit and
+        // writes one int through a valid pointer.
+        match unsafe { dsys::cuDriverGetVersion(&mut v) } {
+            dsys::CUresult::CUDA_SUCCESS => {
+                format!("driver CUDA {}.{}", v / 1000, (v % 1000) / 10)
+            }
+            r => format!("driver (version unknown: {r:?})"),
+        }
+    } else {
+        "driver not found".into()
+    };
+    format!("{nvrtc}; {driver}")
+}
+
+/// How a device's kernels were built: machine code for its architecture, or PTX the driver
+/// compiled at load time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KernelImage {
+    /// A cubin for `sm_XY`.
+    Cubin(&'static str),
+    /// PTX for `compute_XY`, with why no cubin was used.
+    Ptx(&'static str, String),
+}
+
+impl fmt::Display for KernelImage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KernelImage::Cubin(sm) => write!(f, "{sm} machine code"),
+            KernelImage::Ptx(arch, why) => write!(f, "{arch} PTX ({why})"),
+        }
+    }
+}
+
+/// A static name for an architecture (`"sm_90"`, `"compute_90"`), leaked once per value.
+fn arch_name(prefix: &'static str, cc: i32) -> &'static str {
+    static NAMES: OnceLock<Mutex<HashMap<(&'static str, i32), &'static str>>> = OnceLock::new();
+    let mut names = NAMES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    names
+        .entry((prefix, cc))
+        .or_insert_with(|| Box::leak(format!("{prefix}_{cc}").into_boxed_str()))
+}
+
+/// The device's kernels: a cubin for its own architecture when NVRTC supports it and it loads,
+/// else PTX for the newest virtual architecture NVRTC supports that the device runs.
+fn load_kernels(
+    ctx: &Arc<CudaContext>,
+    major: i32,
+    minor: i32,
+) -> Result<(Arc<cudarc::driver::CudaModule>, KernelImage), CudaError> {
+    let cc = major * 10 + minor;
+    let why = if nvrtc_archs().contains(&cc) {
+        let sm = arch_name("sm", cc);
+        match compile_cubin(sm) {
+            Ok(bin) => match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin)) {
+                Ok(m) => return Ok((m, KernelImage::Cubin(sm))),
+                Err(e) => format!("the {sm} cubin did not load: {e}"),
+            },
+            Err(e) => format!("no {sm} cubin: {e}"),
+        }
+    } else {
+        format!("NVRTC cannot emit machine code for sm_{cc}")
+    };
+    let arch = arch_for(major, minor);
+    let ptx = compile_kernels(Some(arch))?;
+    let module = ctx
+        .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+        .map_err(|e| CudaError::Driver {
+            op: "cuModuleLoadData",
+            msg: format!("{e} (kernels as {arch} PTX, since {why}; {})", versions()),
+        })?;
+    Ok((module, KernelImage::Ptx(arch, why)))
+}
+
 /// The newest virtual architecture NVRTC can compile for that a device of compute capability
 /// `major.minor` runs, as `"compute_XY"` (leaked once per distinct value).
 fn arch_for(major: i32, minor: i32) -> &'static str {
-    static NAMES: OnceLock<Mutex<HashMap<i32, &'static str>>> = OnceLock::new();
     let cc = major * 10 + minor;
     let best = nvrtc_archs()
         .into_iter()
         .filter(|&a| a <= cc)
         .max()
         .unwrap_or(cc);
-    let mut names = NAMES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    names
-        .entry(best)
-        .or_insert_with(|| Box::leak(format!("compute_{best}").into_boxed_str()))
+    arch_name("compute", best)
 }
 
 /// The architectures NVRTC supports (as `10·major + minor`), or none if it cannot say.
@@ -355,6 +513,8 @@ const STREAM: StreamId = StreamId(1);
 pub struct CudaBackend {
     ordinal: usize,
     name: String,
+    /// How the kernels were built for this device.
+    image: KernelImage,
     sm_count: u64,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -370,6 +530,7 @@ impl fmt::Debug for CudaBackend {
         f.debug_struct("CudaBackend")
             .field("ordinal", &self.ordinal)
             .field("name", &self.name)
+            .field("kernels", &self.image)
             .finish_non_exhaustive()
     }
 }
@@ -442,10 +603,7 @@ impl CudaBackend {
         let sm_count = ctx
             .attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv("cuDeviceGetAttribute"))?;
-        let ptx = compile_kernels(Some(arch_for(major, minor)))?;
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-            .map_err(drv("cuModuleLoadData"))?;
+        let (module, image) = load_kernels(&ctx, major, minor)?;
         let funcs = KERNEL_BASES
             .iter()
             .map(|base| {
@@ -472,6 +630,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             ordinal,
             name,
+            image,
             sm_count: u64::try_from(sm_count).unwrap_or(1).max(1),
             ctx,
             stream,
@@ -501,6 +660,11 @@ impl CudaBackend {
     /// The device's name, as the driver reports it.
     pub fn name(&self) -> String {
         self.name.clone()
+    }
+
+    /// How the kernels were built for this device (machine code, or PTX and why).
+    pub fn kernel_image(&self) -> &KernelImage {
+        &self.image
     }
 
     /// The device's block cache. Allocate on [`CudaBackend::stream_id`].

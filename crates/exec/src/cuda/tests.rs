@@ -248,6 +248,23 @@ fn kernels_compile_with_nvrtc() {
         }
         assert_eq!(compile_kernels(arch).unwrap(), ptx, "cached");
     }
+    // Machine code for the H100/H200's architecture: an ELF image holding every kernel, which
+    // a driver of any NVRTC's age loads (no PTX ISA version to outrun it).
+    eprintln!("{}", versions());
+    let bin = compile_cubin("sm_90").unwrap_or_else(|e| panic!("sm_90: {e}"));
+    assert_eq!(&bin[..4], b"\x7fELF", "a cubin is an ELF image");
+    for name in kernel_names() {
+        let sym = format!("{name}\0");
+        assert!(
+            bin.windows(sym.len()).any(|w| w == sym.as_bytes()),
+            "the sm_90 cubin lacks kernel {name}"
+        );
+    }
+    assert_eq!(compile_cubin("sm_90").unwrap(), bin, "cached");
+    assert!(matches!(
+        compile_cubin("sm_1"),
+        Err(CudaError::Compile { .. })
+    ));
 }
 
 #[test]
