@@ -2,12 +2,15 @@
 //! same lines):
 //!
 //! ```text
+//! cargo run --release -p arenagrad --features cuda --example gpu_bench -- info
 //! cargo run --release -p arenagrad --features cuda --example gpu_bench -- seed-loop --n 4096 --iters 50
 //! cargo run --release -p arenagrad --features cuda --example gpu_bench -- mlp --batch 1024 --steps 50
 //! cargo run --release -p arenagrad --features cuda --example gpu_bench -- queue --width 1024 --ops 100
 //! ```
 //!
-//! * `seed-loop`: the loop of the memory-leak post, `x = randn(n, n, requires_grad)`,
+//! * `info`: the NVRTC and driver versions, and each device with how its kernels were built
+//!   (machine code for its architecture, or PTX and why).
+//! * `seed-loop`: a leak check, `x = randn(n, n, requires_grad)`,
 //!   `(x @ x).sum().backward()`, with the caching allocator's `num_device_alloc` after the first
 //!   and after the last iteration (a steady loop must not grow it).
 //! * `mlp`: a 784-512-512-10 ReLU MLP training step (cross-entropy, SGD) and the peak of device
@@ -157,6 +160,22 @@ fn queue(_dev: Device, _width: usize, _ops: usize) -> Result<(), Box<dyn std::er
     Err("queue times CUDA events: build with --features cuda".into())
 }
 
+/// The NVRTC and driver versions, then each device with how its kernels were built.
+fn info() -> Result<(), Box<dyn std::error::Error>> {
+    use arenagrad::exec::cuda;
+    println!("info {}", cuda::versions());
+    let n = cuda::device_count()?;
+    for o in 0..n {
+        let be = cuda::CudaBackend::get(o)?;
+        println!(
+            "info cuda:{o} {}: kernels as {}",
+            be.name(),
+            be.kernel_image()
+        );
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let run = || -> Result<(), Box<dyn std::error::Error>> {
@@ -165,7 +184,8 @@ fn main() -> ExitCode {
             Some("seed-loop") => seed_loop(dev, arg(&args, "--n", 4096)?, arg(&args, "--iters", 50)?)?,
             Some("mlp") => mlp(dev, arg(&args, "--batch", 1024)?, arg(&args, "--steps", 50)?)?,
             Some("queue") => queue(dev, arg(&args, "--width", 1024)?, arg(&args, "--ops", 100)?)?,
-            _ => return Err("usage: gpu_bench seed-loop|mlp|queue [--n N --iters N | --batch N --steps N | --width N --ops N] [--device ORDINAL]".into()),
+            Some("info") => info()?,
+            _ => return Err("usage: gpu_bench info|seed-loop|mlp|queue [--n N --iters N | --batch N --steps N | --width N --ops N] [--device ORDINAL]".into()),
         }
         Ok(())
     };

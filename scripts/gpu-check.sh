@@ -7,8 +7,10 @@
 #   scripts/gpu-check.sh [--budget SECONDS] [--no-tests] [--no-bench] [--no-torch]
 #
 # Output goes to stdout and to ${OUT:-gpu-check-out}/gpu-check.log; each step's own output is
-# also kept in ${OUT:-gpu-check-out}/steps/. Exits non-zero if a build, test or gpu_bench step
-# failed or ran out of time; the PyTorch steps are reported but do not change the exit status.
+# also kept, one after another under a header, in ${OUT:-gpu-check-out}/steps.log — two files in
+# all, whatever the steps (a machine that sends back only a few files loses none). Exits non-zero
+# if a build, test or gpu_bench step failed or ran out of time; the PyTorch steps are reported but
+# do not change the exit status.
 #
 # Environment:
 #   OUT                   where the log goes (default gpu-check-out)
@@ -46,8 +48,22 @@ case "$budget" in
 esac
 
 out_dir="${OUT:-gpu-check-out}"
-mkdir -p "$out_dir/steps"
+mkdir -p "$out_dir"
 log="$out_dir/gpu-check.log"
+# Each step's output, kept outside $out_dir and gathered into $out_dir/steps.log at the end.
+steps_dir="$(mktemp -d)"
+trap 'gather_steps' EXIT
+
+# Appends every step's log to $out_dir/steps.log, in the order the steps ran.
+gather_steps() {
+    local f
+    : > "$out_dir/steps.log"
+    for f in $(ls -tr "$steps_dir" 2>/dev/null); do
+        printf '\n===== %s\n' "${f%.log}" >> "$out_dir/steps.log"
+        cat "$steps_dir/$f" >> "$out_dir/steps.log"
+    done
+    rm -rf "$steps_dir"
+}
 
 export ARENAGRAD_TEST_CUDA=1
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-16}"
@@ -92,7 +108,7 @@ run_step() {
     fi
     local start=$SECONDS status
     set +e
-    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$out_dir/steps/$name.log"
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$steps_dir/$name.log"
     status=${PIPESTATUS[0]}
     set -e
     local took=$((SECONDS - start))
@@ -157,7 +173,11 @@ ensure_cargo() {
 add_torch_cuda_libs() {
     local cache
     cache="$(ldconfig -p 2>/dev/null || true)"
-    if grep -q 'libcublas\.so' <<<"$cache" && grep -q 'libnvrtc\.so' <<<"$cache"; then
+    # The names the CUDA 13 build loads (`.so`, `.so.13`, `.so.12`), each on its own: `libcublas.so`
+    # alone would also match `libcublas.so.11`, and `libcublasLt.so` must not count for cuBLAS.
+    add_driver_dir "$cache"
+    if grep -Eq '[[:space:]]libcublas\.so(\.1[23])? ' <<<"$cache" &&
+        grep -Eq '[[:space:]]libnvrtc\.so(\.1[23])? ' <<<"$cache"; then
         return 0
     fi
     local dirs
@@ -179,6 +199,24 @@ EOF
     fi
 }
 
+# The driver's libcuda.so.1 outside the ldconfig cache (containers often mount it elsewhere):
+# its folder goes on LD_LIBRARY_PATH.
+add_driver_dir() {
+    if grep -Eq '[[:space:]]libcuda\.so\.1 ' <<<"$1"; then
+        return 0
+    fi
+    local d
+    for d in /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/local/nvidia/lib \
+        /usr/lib/wsl/lib /usr/local/cuda/compat /usr/lib/x86_64-linux-gnu/nvidia/current; do
+        if [ -e "$d/libcuda.so.1" ]; then
+            export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+            echo "gpu-check: libcuda.so.1 is not in the ldconfig cache; using $d"
+            return 0
+        fi
+    done
+    echo "gpu-check: libcuda.so.1 not found (ldconfig cache and the usual driver folders)"
+}
+
 # Each bundled test binary runs one test at a time (they share one CUDA context per device).
 bundle_tests() {
     local dir="$1" status=0 t
@@ -196,6 +234,7 @@ run_bundle() {
     if [ "$do_tests" -eq 1 ]; then
         if [ "$do_bench" -eq 1 ]; then reserve=$((reserve + 75)); fi
         if [ "$have_torch" -eq 1 ]; then reserve=$((reserve + 90)); fi
+        run_step info 30 "$reserve" "$dir/bin/gpu_bench" info || true
         run_step tests 240 "$reserve" bundle_tests "$dir" || true
     fi
     benches_and_summary "$do_bench" "$have_torch" "$dir/bin/gpu_bench"
@@ -303,6 +342,9 @@ main() {
 
     local bench=(cargo run "${cargo_args[@]}" -q --release -p arenagrad --features cuda
         --example gpu_bench --)
+    if [ "$bench_ok" -eq 1 ]; then
+        run_step info 60 0 "${bench[@]}" info || true
+    fi
     benches_and_summary "$bench_ok" "$have_torch" "${bench[@]}"
 }
 
@@ -334,9 +376,9 @@ benches_and_summary() {
     for key in seed_loop mlp queue; do
         for engine in arenagrad torch; do
             if [ "$engine" = arenagrad ]; then
-                file="$out_dir/steps/bench-$key.log"
+                file="$steps_dir/bench-$key.log"
             else
-                file="$out_dir/steps/torch-$key.log"
+                file="$steps_dir/torch-$key.log"
             fi
             row="(not run)"
             if [ -f "$file" ]; then
