@@ -103,25 +103,36 @@ impl fmt::Display for StreamId {
     }
 }
 
-/// The device had no memory for a raw allocation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RawOom;
+/// Why the device's own allocator gave no memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RawAllocError {
+    /// The device has no memory left: the cache returns its free segments and tries once more.
+    OutOfMemory,
+    /// The device failed for another reason (for CUDA, any error of `cuMemAlloc` but
+    /// out-of-memory, such as a sticky fault left by a kernel): the driver's message. Retrying
+    /// or flushing the cache cannot help, so the cache reports it as it is.
+    Device(String),
+}
 
-impl fmt::Display for RawOom {
+impl fmt::Display for RawAllocError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the device is out of memory")
+        match self {
+            RawAllocError::OutOfMemory => f.write_str("the device is out of memory"),
+            RawAllocError::Device(msg) => write!(f, "the device failed: {msg}"),
+        }
     }
 }
 
-impl std::error::Error for RawOom {}
+impl std::error::Error for RawAllocError {}
 
 /// The device's own allocator, which [`BlockCache`] calls only to get and return whole segments.
 ///
 /// A CUDA implementation is `cuMemAlloc` / `cuMemFree`; [`SimulatedDevice`] is a fake one for
 /// tests. Implementations return addresses aligned to at least [`MIN_BLOCK_SIZE`] bytes.
 pub trait RawDeviceAlloc {
-    /// Allocates `bytes` bytes of device memory, or reports that the device has none left.
-    fn malloc(&mut self, bytes: usize) -> Result<DevicePtr, RawOom>;
+    /// Allocates `bytes` bytes of device memory, or reports that the device has none left
+    /// ([`RawAllocError::OutOfMemory`]) or failed otherwise ([`RawAllocError::Device`]).
+    fn malloc(&mut self, bytes: usize) -> Result<DevicePtr, RawAllocError>;
     /// Returns memory obtained from [`RawDeviceAlloc::malloc`]; `ptr` is the address it returned.
     fn free(&mut self, ptr: DevicePtr);
 }
@@ -149,6 +160,15 @@ pub enum CacheError {
         allocated: usize,
         /// Bytes held from the device at the time (after returning the free segments).
         reserved: usize,
+    },
+    /// The device failed to allocate for a reason other than a lack of memory (the driver's
+    /// message); the cache was not emptied for it.
+    #[error("the device failed to allocate {requested} bytes: {msg}")]
+    Device {
+        /// Bytes the caller asked for.
+        requested: usize,
+        /// What the device reported.
+        msg: String,
     },
     /// The handle is not a live allocation of this cache: it was already freed, or never came
     /// from it.

@@ -134,6 +134,7 @@ impl DeviceArena {
                 allocated,
                 reserved,
             },
+            CacheError::Device { requested, msg } => AllocError::Device { requested, msg },
             CacheError::UnknownBlock { id } => {
                 unreachable!("BlockCache::alloc reported an unknown block ({id})")
             }

@@ -77,6 +77,15 @@ pub enum AllocError {
         /// Bytes per element.
         elem_bytes: usize,
     },
+    /// The device failed to allocate for a reason other than a lack of memory (for CUDA a
+    /// driver error, such as a fault left by an earlier kernel): the driver's message.
+    #[error("device allocation of {requested} bytes failed: {msg}")]
+    Device {
+        /// Bytes requested.
+        requested: usize,
+        /// What the device reported.
+        msg: String,
+    },
     /// The device (or the host) could not provide the memory.
     #[error(
         "out of memory: requested {requested} bytes with {allocated} allocated and {reserved} reserved"

@@ -5,8 +5,8 @@ use std::fmt;
 
 use super::stats::MemoryStats;
 use super::{
-    pool_for, round_size, segment_size, should_split, CacheError, DevicePtr, Pool, RawDeviceAlloc,
-    RawOom, StreamId,
+    pool_for, round_size, segment_size, should_split, CacheError, DevicePtr, Pool, RawAllocError,
+    RawDeviceAlloc, StreamId,
 };
 
 /// Names one allocation made by a [`BlockCache`]: the block's slot and a serial number unique
@@ -154,6 +154,12 @@ impl<D: RawDeviceAlloc> BlockCache<D> {
     /// The device the cache allocates from.
     pub fn device(&self) -> &D {
         &self.device
+    }
+
+    /// The device, mutably (a test's [`SimulatedDevice`] is told to fail through it). Segments
+    /// the cache holds must not be freed through it.
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.device
     }
 
     /// Allocates at least `bytes` bytes for use on `stream`.
@@ -446,16 +452,24 @@ impl<D: RawDeviceAlloc> BlockCache<D> {
         let Some(size) = segment_size(rounded) else {
             return Err(self.out_of_memory(bytes));
         };
+        let device_failed = |msg| CacheError::Device {
+            requested: bytes,
+            msg,
+        };
         let ptr = match self.device.malloc(size) {
             Ok(ptr) => ptr,
-            Err(RawOom) => {
+            Err(RawAllocError::OutOfMemory) => {
                 self.empty_cache();
                 self.stats.num_alloc_retries += 1;
                 match self.device.malloc(size) {
                     Ok(ptr) => ptr,
-                    Err(RawOom) => return Err(self.out_of_memory(bytes)),
+                    Err(RawAllocError::OutOfMemory) => return Err(self.out_of_memory(bytes)),
+                    Err(RawAllocError::Device(msg)) => return Err(device_failed(msg)),
                 }
             }
+            // Not a lack of memory: emptying the cache would not help (and a faulted context
+            // may fail the frees too).
+            Err(RawAllocError::Device(msg)) => return Err(device_failed(msg)),
         };
         let slot = self.insert_node(Node {
             addr: ptr.0,

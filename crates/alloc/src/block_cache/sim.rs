@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{DevicePtr, RawDeviceAlloc, RawOom, MIN_BLOCK_SIZE};
+use super::{DevicePtr, RawAllocError, RawDeviceAlloc, MIN_BLOCK_SIZE};
 
 /// The first address [`SimulatedDevice`] hands out.
 const BASE_ADDR: u64 = 0x7f00_0000_0000;
@@ -13,7 +13,7 @@ const GUARD_GAP: u64 = 4096;
 /// A fake device: a capacity in bytes and an address space that is never backed by memory.
 ///
 /// It hands out addresses aligned to [`MIN_BLOCK_SIZE`], never reuses an address, refuses
-/// ([`RawOom`]) any allocation that would take the live bytes past the capacity (and any
+/// ([`RawAllocError::OutOfMemory`]) any allocation that would take the live bytes past the capacity (and any
 /// 0-byte one), and counts calls. Freeing an address that is not the start of a live segment panics: for a test that is
 /// a bug of the cache, which a real driver might not report.
 #[derive(Debug, Clone)]
@@ -26,6 +26,8 @@ pub struct SimulatedDevice {
     malloc_calls: u64,
     failed_mallocs: u64,
     free_calls: u64,
+    /// A failure other than out-of-memory for the next `malloc` (see [`SimulatedDevice::fail_next`]).
+    fault: Option<String>,
 }
 
 impl SimulatedDevice {
@@ -39,7 +41,14 @@ impl SimulatedDevice {
             malloc_calls: 0,
             failed_mallocs: 0,
             free_calls: 0,
+            fault: None,
         }
+    }
+
+    /// Makes the next `malloc` fail with [`RawAllocError::Device`] carrying `msg`, as a driver
+    /// does after a kernel fault.
+    pub fn fail_next(&mut self, msg: impl Into<String>) {
+        self.fault = Some(msg.into());
     }
 
     /// The capacity given to [`SimulatedDevice::new`].
@@ -57,7 +66,7 @@ impl SimulatedDevice {
         self.malloc_calls
     }
 
-    /// Calls of [`RawDeviceAlloc::malloc`] that returned [`RawOom`].
+    /// Calls of [`RawDeviceAlloc::malloc`] that failed.
     pub fn failed_mallocs(&self) -> u64 {
         self.failed_mallocs
     }
@@ -111,8 +120,12 @@ impl SimulatedDevice {
 }
 
 impl RawDeviceAlloc for SimulatedDevice {
-    fn malloc(&mut self, bytes: usize) -> Result<DevicePtr, RawOom> {
+    fn malloc(&mut self, bytes: usize) -> Result<DevicePtr, RawAllocError> {
         self.malloc_calls += 1;
+        if let Some(msg) = self.fault.take() {
+            self.failed_mallocs += 1;
+            return Err(RawAllocError::Device(msg));
+        }
         let fits = self
             .used
             .checked_add(bytes)
@@ -120,7 +133,7 @@ impl RawDeviceAlloc for SimulatedDevice {
         // The address space is 64-bit; a request that could not fit in it cannot fit the capacity.
         if !fits || bytes == 0 {
             self.failed_mallocs += 1;
-            return Err(RawOom);
+            return Err(RawAllocError::OutOfMemory);
         }
         let addr = self.next_addr;
         let span = (bytes as u64).div_ceil(MIN_BLOCK_SIZE as u64) * MIN_BLOCK_SIZE as u64;
@@ -151,8 +164,8 @@ mod tests {
         assert_eq!(a.0 % MIN_BLOCK_SIZE as u64, 0);
         assert_eq!(b.0 % MIN_BLOCK_SIZE as u64, 0);
         assert!(b.0 >= a.0 + 4000 + GUARD_GAP, "segments are not adjacent");
-        assert_eq!(dev.malloc(1), Err(RawOom));
-        assert_eq!(dev.malloc(0), Err(RawOom));
+        assert_eq!(dev.malloc(1), Err(RawAllocError::OutOfMemory));
+        assert_eq!(dev.malloc(0), Err(RawAllocError::OutOfMemory));
         assert_eq!((dev.malloc_calls(), dev.failed_mallocs()), (4, 2));
         assert_eq!(dev.used_bytes(), 10_000);
         assert_eq!(

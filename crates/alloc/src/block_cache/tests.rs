@@ -156,6 +156,41 @@ fn an_unroundable_request_is_out_of_memory_without_touching_the_device() {
     assert_eq!(stat(&c, "num_alloc_retries"), 1);
 }
 
+/// A device failure that is not a lack of memory (a driver's sticky fault) is reported as what
+/// it is: no cache flush, no retry, no out-of-memory count, and the cache keeps its free blocks.
+#[test]
+fn device_failures_are_not_out_of_memory() {
+    let mut c = cache(64 * MIB);
+    let kept = c.alloc(MIB, S0).unwrap();
+    c.free(kept).unwrap();
+    let reserved = stat(&c, "reserved_bytes.all.current");
+    c.device_mut()
+        .fail_next("CUDA_ERROR_ILLEGAL_ADDRESS, an illegal memory access was encountered");
+    // Larger than the cached segment's blocks can serve, so the device is asked.
+    let err = c.alloc(40 * MIB, S0).unwrap_err();
+    assert!(
+        matches!(&err, CacheError::Device { requested, msg }
+            if *requested == 40 * MIB && msg.contains("ILLEGAL_ADDRESS")),
+        "{err:?}"
+    );
+    assert_eq!(stat(&c, "num_ooms"), 0);
+    assert_eq!(stat(&c, "num_alloc_retries"), 0);
+    assert_eq!(
+        stat(&c, "reserved_bytes.all.current"),
+        reserved,
+        "nothing was flushed"
+    );
+    assert_eq!(
+        c.device().malloc_calls(),
+        2,
+        "one call for the segment, one refused"
+    );
+    // The next request is served again.
+    let b = c.alloc(40 * MIB, S0).unwrap();
+    c.free(b).unwrap();
+    check_structure(&c);
+}
+
 #[test]
 fn pool_choice_and_segment_sizes() {
     assert_eq!(pool_for(512), Pool::Small);

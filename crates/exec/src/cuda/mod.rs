@@ -51,7 +51,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use arenagrad_alloc::block_cache::{
-    BlockCache, CacheError, DevicePtr, RawDeviceAlloc, RawOom, StreamId,
+    BlockCache, CacheError, DevicePtr, RawAllocError, RawDeviceAlloc, StreamId,
 };
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
@@ -426,8 +426,8 @@ impl CudaRaw {
         self.ctx.ordinal()
     }
 
-    /// The last driver failure other than out-of-memory (the [`RawDeviceAlloc`] interface can
-    /// report only [`RawOom`], so other failures of `cuMemAlloc`/`cuMemFree` are kept here).
+    /// The last failure of `cuMemFree` (which the [`RawDeviceAlloc`] interface cannot report);
+    /// failures of `cuMemAlloc` go back to the cache as [`RawAllocError::Device`].
     pub fn last_error(&self) -> Option<&str> {
         self.last_error.as_deref()
     }
@@ -443,20 +443,20 @@ impl fmt::Debug for CudaRaw {
 }
 
 impl RawDeviceAlloc for CudaRaw {
-    fn malloc(&mut self, bytes: usize) -> Result<DevicePtr, RawOom> {
+    fn malloc(&mut self, bytes: usize) -> Result<DevicePtr, RawAllocError> {
         if let Err(e) = self.ctx.bind_to_thread() {
-            self.last_error = Some(format!("cuCtxSetCurrent: {e}"));
-            return Err(RawOom);
+            return Err(RawAllocError::Device(format!("cuCtxSetCurrent: {e}")));
         }
         // SAFETY: the device's context is current on this thread; the memory comes back
         // uninitialised, which is how the cache hands it out.
         match unsafe { dr::malloc_sync(bytes) } {
             Ok(ptr) => Ok(DevicePtr(ptr)),
-            Err(DriverError(dsys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)) => Err(RawOom),
-            Err(e) => {
-                self.last_error = Some(format!("cuMemAlloc({bytes}): {e}"));
-                Err(RawOom)
+            Err(DriverError(dsys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)) => {
+                Err(RawAllocError::OutOfMemory)
             }
+            // A sticky fault (an illegal address from a kernel) and every other driver error
+            // are reported as what they are, not as a lack of memory.
+            Err(e) => Err(RawAllocError::Device(format!("cuMemAlloc({bytes}): {e}"))),
         }
     }
 
