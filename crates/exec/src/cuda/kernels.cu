@@ -523,13 +523,21 @@ __device__ __forceinline__ void scatter_add_k(const T* g, u64 outer, u64 ext, u6
 }
 
 template <typename T>
-__device__ __forceinline__ void take_k(const T* x, const u32* idx, u64 n, T* out) {
-    GRID_LOOP(i, n) out[i] = x[idx[i]];
+__device__ __forceinline__ void take_k(const T* x, u64 xn, const u32* idx, u64 n, T* out) {
+    // An index past x reads NaN (as gather_k): a bad index must not fault the context.
+    GRID_LOOP(i, n) {
+        u64 j = idx[i];
+        out[i] = j < xn ? x[j] : M<T>::nan_();
+    }
 }
 
 template <typename T>
-__device__ __forceinline__ void put_add_k(const T* g, const u32* idx, u64 n, T* out) {
-    GRID_LOOP(i, n) atomic_add(&out[idx[i]], g[i]);
+__device__ __forceinline__ void put_add_k(const T* g, const u32* idx, u64 n, T* out, u64 on) {
+    // An index past out adds nothing.
+    GRID_LOOP(i, n) {
+        u64 j = idx[i];
+        if (j < on) atomic_add(&out[j], g[i]);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -685,9 +693,10 @@ BOTH(gather, (u64 x, u64 outer, u64 ext, u64 inner, u64 idx, u64 iext, u64 out),
      gather_k<T>((const T*)x, outer, ext, inner, (const u32*)idx, iext, (T*)out))
 BOTH(scatter_add, (u64 g, u64 outer, u64 ext, u64 inner, u64 idx, u64 iext, u64 out),
      scatter_add_k<T>((const T*)g, outer, ext, inner, (const u32*)idx, iext, (T*)out))
-BOTH(take, (u64 x, u64 idx, u64 n, u64 out), take_k<T>((const T*)x, (const u32*)idx, n, (T*)out))
-BOTH(put_add, (u64 g, u64 idx, u64 n, u64 out),
-     put_add_k<T>((const T*)g, (const u32*)idx, n, (T*)out))
+BOTH(take, (u64 x, u64 xn, u64 idx, u64 n, u64 out),
+     take_k<T>((const T*)x, xn, (const u32*)idx, n, (T*)out))
+BOTH(put_add, (u64 g, u64 idx, u64 n, u64 out, u64 on),
+     put_add_k<T>((const T*)g, (const u32*)idx, n, (T*)out, on))
 BOTH(im2col, (u64 x, u64 n, Win w, u64 out), im2col_k<T>((const T*)x, n, w, (T*)out))
 BOTH(col2im, (u64 cols, u64 n, Win w, u64 out), col2im_k<T>((const T*)cols, n, w, (T*)out))
 BOTH(max_pool_indices, (u64 x, u64 n, Win w, u64 idx),

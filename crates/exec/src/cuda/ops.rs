@@ -453,12 +453,14 @@ impl CudaBackend {
             x.0, n as u64, w, idx.0)
     }
 
-    /// `out[i] = x[idx[i]]` for `i < n` (`idx`: `u32`, each within `x`), as
-    /// [`crate::cpu::take`].
+    /// `out[i] = x[idx[i]]` for `i < n` (`idx`: `u32`), as [`crate::cpu::take`], with `x` of
+    /// `x_len` elements: an index past it reads NaN (checked on the device, as `gather`), so a
+    /// bad index cannot fault the context.
     pub fn take(
         &self,
         dt: DType,
         x: DevicePtr,
+        x_len: usize,
         idx: DevicePtr,
         n: usize,
         out: DevicePtr,
@@ -468,11 +470,12 @@ impl CudaBackend {
             return Ok(());
         }
         self.bind()?;
-        launch!(self, K::Take, dt, "take", blocks_for(n); x.0, idx.0, n, out.0)
+        launch!(self, K::Take, dt, "take", blocks_for(n); x.0, x_len as u64, idx.0, n, out.0)
     }
 
-    /// `out[idx[i]] += g[i]` for `i < n`, atomically (`idx`: `u32`, each within `out`; `out`
-    /// zeroed by the caller), as [`crate::cpu::put_add`].
+    /// `out[idx[i]] += g[i]` for `i < n`, atomically (`idx`: `u32`; `out` of `out_len`
+    /// elements, zeroed by the caller), as [`crate::cpu::put_add`]: an index past `out` adds
+    /// nothing (checked on the device).
     pub fn put_add(
         &self,
         dt: DType,
@@ -480,13 +483,14 @@ impl CudaBackend {
         idx: DevicePtr,
         n: usize,
         out: DevicePtr,
+        out_len: usize,
     ) -> Result<(), CudaError> {
         let n = n as u64;
         if n == 0 {
             return Ok(());
         }
         self.bind()?;
-        launch!(self, K::PutAdd, dt, "put_add", blocks_for(n); g.0, idx.0, n, out.0)
+        launch!(self, K::PutAdd, dt, "put_add", blocks_for(n); g.0, idx.0, n, out.0, out_len as u64)
     }
 }
 

@@ -925,7 +925,7 @@ fn check_indexing<T: Float>(be: &CudaBackend) {
     let mut want = vec![T::ZERO; n];
     cpu::take(&x, &idx32, &mut want);
     let dout = alloc(be, n * T::DTYPE.size());
-    be.take(T::DTYPE, dx.ptr(), didx.ptr(), n, dout.ptr())
+    be.take(T::DTYPE, dx.ptr(), x.len(), didx.ptr(), n, dout.ptr())
         .unwrap();
     assert_close("take", &down::<T>(be, &dout, n), &want, None);
     let g: Vec<T> = rng.vec(n, -1.0, 1.0);
@@ -933,7 +933,7 @@ fn check_indexing<T: Float>(be: &CudaBackend) {
     let mut want = vec![T::ZERO; x.len()];
     cpu::put_add(&g, &idx32, &mut want);
     let dacc = zeros::<T>(be, x.len());
-    be.put_add(T::DTYPE, dg.ptr(), didx.ptr(), n, dacc.ptr())
+    be.put_add(T::DTYPE, dg.ptr(), didx.ptr(), n, dacc.ptr(), x.len())
         .unwrap();
     let scale = vec![T::from_f64(n as f64); x.len()];
     assert_close(
@@ -941,6 +941,26 @@ fn check_indexing<T: Float>(be: &CudaBackend) {
         &down::<T>(be, &dacc, x.len()),
         &want,
         Some(&scale),
+    );
+    // An index past the data reads NaN (take) and adds nothing (put_add): checked on the
+    // device, so one bad index cannot fault the context.
+    let bad = up_u32(be, &[x.len() as u32, 0, u32::MAX]);
+    be.take(T::DTYPE, dx.ptr(), x.len(), bad.ptr(), 3, dout.ptr())
+        .unwrap();
+    let got = down::<T>(be, &dout, 3);
+    #[allow(clippy::eq_op)]
+    let nan = |v: T| v != v;
+    assert!(
+        nan(got[0]) && got[1] == x[0] && nan(got[2]),
+        "take: {got:?}"
+    );
+    let dacc = zeros::<T>(be, x.len());
+    be.put_add(T::DTYPE, dg.ptr(), bad.ptr(), 3, dacc.ptr(), x.len())
+        .unwrap();
+    let acc = down::<T>(be, &dacc, x.len());
+    assert!(
+        acc[0] == g[1] && acc[1..].iter().all(|&v| v == T::ZERO),
+        "put_add: {acc:?}"
     );
 }
 

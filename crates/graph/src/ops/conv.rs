@@ -311,7 +311,7 @@ impl<'g> Tensor<'g> {
             let out = i.alloc_on(op, dev, dtype, total)?;
             on_cuda!(i, op, dev, [xb, idx, out], |be, [x, ix, o]| be
                 .max_pool_indices(dtype, x, n, &win, ix)
-                .and_then(|()| be.take(dtype, x, ix, total, o)));
+                .and_then(|()| be.take(dtype, x, n * per_in, ix, total, o)));
             let id = i.push(out_shape, dtype, out, Op::TakeFlat { idx }, &[self.id]);
             drop(guard);
             return Ok(self.g.handle(id));
@@ -380,9 +380,9 @@ impl<'g> Tensor<'g> {
             }),
             Device::Cuda(_) => {
                 on_cuda!(i, op, dev, [xb, idx, out], |be, [x, ix, o]| if put {
-                    be.put_add(dtype, x, ix, xlen, o)
+                    be.put_add(dtype, x, ix, xlen, o, len)
                 } else {
-                    be.take(dtype, x, ix, len, o)
+                    be.take(dtype, x, xlen, ix, len, o)
                 })
             }
         }
