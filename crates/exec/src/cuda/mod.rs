@@ -63,12 +63,17 @@ use cudarc::nvrtc::{CompileError, CompileOptions};
 use crate::{DType, Float};
 use params::{ReduceParams, Strided, Win, K, KERNEL_BASES};
 
+/// Calls of `CudaBackend::init`, so a test can see that a failed start is not repeated.
+#[cfg(test)]
+pub(crate) static INIT_ATTEMPTS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 /// The most dimensions a strided kernel takes, after merging the dimensions that are contiguous
 /// for every operand.
 pub const MAX_DIMS: usize = 8;
 
 /// Errors of the CUDA backend.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum CudaError {
     /// No usable device: the driver library is missing, there is no device, or the ordinal is
     /// out of range.
@@ -569,23 +574,27 @@ impl CudaBackend {
     ///
     /// [`CudaError::NoCudaDevice`] when the driver library is missing, the driver finds no
     /// device, or `ordinal` is out of range; [`CudaError::Compile`] when NVRTC is missing or
-    /// fails. A missing cuBLAS is reported by [`CudaBackend::gemm`] only.
+    /// fails. A missing cuBLAS is reported by [`CudaBackend::gemm`] only. A failed start is
+    /// remembered, as PyTorch's lazy initialisation does: later calls for that device return the
+    /// same error at once instead of loading libraries and compiling kernels again.
     pub fn get(ordinal: usize) -> Result<Arc<CudaBackend>, CudaError> {
-        static BACKENDS: OnceLock<Mutex<HashMap<usize, Arc<CudaBackend>>>> = OnceLock::new();
+        type Started = Result<Arc<CudaBackend>, CudaError>;
+        static BACKENDS: OnceLock<Mutex<HashMap<usize, Started>>> = OnceLock::new();
         let mut all = BACKENDS
             .get_or_init(Default::default)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(be) = all.get(&ordinal) {
-            be.bind()?;
-            return Ok(be.clone());
-        }
-        let be = Arc::new(CudaBackend::init(ordinal)?);
-        all.insert(ordinal, be.clone());
+        let started = all
+            .entry(ordinal)
+            .or_insert_with(|| CudaBackend::init(ordinal).map(Arc::new));
+        let be = started.clone()?;
+        be.bind()?;
         Ok(be)
     }
 
     fn init(ordinal: usize) -> Result<CudaBackend, CudaError> {
+        #[cfg(test)]
+        INIT_ATTEMPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let none = |reason: String| CudaError::NoCudaDevice { ordinal, reason };
         let n = match device_count() {
             Ok(n) => n,

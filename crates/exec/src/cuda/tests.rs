@@ -177,6 +177,16 @@ fn missing_driver_is_a_typed_error_and_a_device_works() {
             CudaBackend::get(3),
             Err(CudaError::NoCudaDevice { ordinal: 3, .. })
         ));
+        // The failed start is remembered: asking again does not try again.
+        let tried = INIT_ATTEMPTS.load(std::sync::atomic::Ordering::Relaxed);
+        for _ in 0..3 {
+            assert!(CudaBackend::get(3).is_err());
+        }
+        assert_eq!(
+            INIT_ATTEMPTS.load(std::sync::atomic::Ordering::Relaxed),
+            tried,
+            "a failed start is not repeated"
+        );
         return;
     }
     let n = match device_count() {
