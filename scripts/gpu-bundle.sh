@@ -9,7 +9,7 @@
 #   scripts/gpu-bundle.sh [OUT_DIR]     (default gpu-bundle)
 #
 # Prints the bundle's size: with the working tree it must fit what the machine's file transfer
-# takes (64 MiB for the device tool of this project).
+# takes (64 MiB where a remote run carries the working tree with it).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
