@@ -161,6 +161,7 @@ fn queue(_dev: Device, _width: usize, _ops: usize) -> Result<(), Box<dyn std::er
 }
 
 /// The NVRTC and driver versions, then each device with how its kernels were built.
+#[cfg(feature = "cuda")]
 fn info() -> Result<(), Box<dyn std::error::Error>> {
     use arenagrad::exec::cuda;
     println!("info {}", cuda::versions());
@@ -174,6 +175,11 @@ fn info() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn info() -> Result<(), Box<dyn std::error::Error>> {
+    Err("built without the `cuda` feature: rebuild with --features cuda".into())
 }
 
 fn main() -> ExitCode {
