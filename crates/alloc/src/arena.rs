@@ -54,7 +54,7 @@ mod sealed {
 pub trait Pod: Copy + Default + Send + Sync + 'static + sealed::Sealed {
     /// A short name used in error messages.
     const NAME: &'static str;
-    /// This type's position in [`POD_NAMES`]: what a buffer records of its element type.
+    /// This type's position in `POD_NAMES`: what a buffer records of its element type.
     const CODE: u8;
 }
 

@@ -349,7 +349,7 @@ impl<'g> Tensor<'g> {
     ///
     /// A parameter's leaf ([`Graph::param`]) answers with the parameter's own gradient, as in
     /// PyTorch where the leaf *is* the parameter: accumulated across backward passes and
-    /// iterations until [`Parameter::zero_grad`], and copied into the arena when asked for. The
+    /// iterations until [`Parameter::zero_grad`](crate::Parameter::zero_grad), and copied into the arena when asked for. The
     /// one exception is a gradient made with `create_graph`, which stays on the leaf as a
     /// differentiable tensor.
     pub fn grad(&self) -> Result<Option<Tensor<'g>>> {

@@ -156,7 +156,7 @@ impl<D: RawDeviceAlloc> BlockCache<D> {
         &self.device
     }
 
-    /// The device, mutably (a test's [`SimulatedDevice`] is told to fail through it). Segments
+    /// The device, mutably (a test's [`SimulatedDevice`](super::SimulatedDevice) is told to fail through it). Segments
     /// the cache holds must not be freed through it.
     pub fn device_mut(&mut self) -> &mut D {
         &mut self.device
