@@ -258,6 +258,7 @@ fn overflowing_windows_are_refused() {
         Err(GraphError::TooLarge { .. }) => true,
         other => panic!("{other:?}"),
     };
+    let nodes = g.stats().nodes;
     for (s, p, d) in [
         ((1, 1), (0, 0), (m, 1)),
         ((1, 1), (0, 0), (1, m)),
@@ -269,6 +270,7 @@ fn overflowing_windows_are_refused() {
         assert!(bad(x.conv2d(w, s, p, d, 1)), "{s:?} {p:?} {d:?}");
         assert!(bad(x.unfold2d((2, 2), s, p, d)), "{s:?} {p:?} {d:?}");
     }
+    assert_eq!(g.stats().nodes, nodes, "a refused window records nothing");
     // A huge stride is fine: one output position.
     let y = x.conv2d(w, (m, m), (0, 0), (1, 1), 1).unwrap();
     assert_eq!(y.shape().as_slice(), &[1, 1, 1, 1]);
