@@ -576,3 +576,21 @@ fn gradcheck_reports_name_the_input_and_worst_element() {
     assert!(r.passed, "{r}");
     assert_eq!(r.second_order.as_ref().unwrap().len(), 1);
 }
+
+/// The run's element count is refused with a message that reads as one sentence.
+#[test]
+fn the_run_limit_names_what_it_counts() {
+    let p = Program::parse("x = input 100 100\ny = sum x\n").unwrap();
+    let e = p
+        .run(&RunOptions {
+            limits: Limits {
+                max_total_elements: 30_000,
+                ..Limits::default()
+            },
+            ..RunOptions::default()
+        })
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, ProgramError::TooLarge { line: 2, .. }), "{msg}");
+    assert!(msg.contains("(values, gradients and host copies)"), "{msg}");
+}

@@ -100,7 +100,8 @@ pub(crate) fn check_run(
         return Err(at.large(
             None,
             format!(
-                "running the program makes buffers of {need} elements (values, gradients and                  host copies), more than the limit of {} in all",
+                "running the program makes buffers of {need} elements (values, gradients and \
+                 host copies), more than the limit of {} in all",
                 limits.max_total_elements
             ),
         ));
