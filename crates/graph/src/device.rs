@@ -257,7 +257,7 @@ impl Inner {
             #[cfg(feature = "cuda")]
             Device::Cuda(o) => {
                 let len = n.shape.iter().product();
-                let mut v = vec![T::ZERO; len];
+                let mut v = crate::host::try_filled(op, len, T::ZERO, &n.shape)?;
                 let side = self
                     .cuda
                     .iter()

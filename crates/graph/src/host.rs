@@ -35,9 +35,19 @@ impl HostData {
     /// `n` zeros of `dtype`, or [`GraphError::OutOfMemory`] (naming `op` and `shape`) when the
     /// system cannot provide them: the memory is reserved fallibly, never aborting the process.
     pub fn zeros(op: &'static str, dtype: DType, n: usize, shape: &[usize]) -> Result<Self> {
+        Self::filled(op, dtype, n, 0.0, shape)
+    }
+    /// `n` copies of `value` as `dtype`, reserved as [`HostData::zeros`] reserves.
+    fn filled(
+        op: &'static str,
+        dtype: DType,
+        n: usize,
+        value: f64,
+        shape: &[usize],
+    ) -> Result<Self> {
         Ok(match dtype {
-            DType::F32 => HostData::F32(try_filled(op, n, 0.0, shape)?),
-            DType::F64 => HostData::F64(try_filled(op, n, 0.0, shape)?),
+            DType::F32 => HostData::F32(try_filled(op, n, value as f32, shape)?),
+            DType::F64 => HostData::F64(try_filled(op, n, value, shape)?),
         })
     }
     /// Values converted from `f64`.
@@ -64,20 +74,28 @@ impl HostData {
     }
 }
 
-/// `n` copies of `v` in memory reserved fallibly (see [`HostData::zeros`]).
+/// An empty vector with room for `n` elements, reserved fallibly: where the host cannot
+/// provide them, [`GraphError::OutOfMemory`] naming `op` and the tensor's `shape` — every host
+/// buffer of a tensor is reserved through here.
+pub(crate) fn try_vec<T>(op: &'static str, shape: &[usize], n: usize) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(n)
+        .map_err(|_| GraphError::OutOfMemory {
+            op,
+            shape: shape.to_vec(),
+            bytes: n.saturating_mul(std::mem::size_of::<T>()),
+        })?;
+    Ok(out)
+}
+
+/// `n` copies of `v` in memory reserved by [`try_vec`].
 pub(crate) fn try_filled<T: Copy>(
     op: &'static str,
     n: usize,
     v: T,
     shape: &[usize],
 ) -> Result<Vec<T>> {
-    let mut out = Vec::new();
-    let oom = || GraphError::OutOfMemory {
-        op,
-        shape: shape.to_vec(),
-        bytes: n.saturating_mul(std::mem::size_of::<T>()),
-    };
-    out.try_reserve_exact(n).map_err(|_| oom())?;
+    let mut out = try_vec(op, shape, n)?;
     out.resize(n, v);
     Ok(out)
 }
@@ -243,24 +261,17 @@ impl HostTensor {
     }
     /// Zeros; [`GraphError::OutOfMemory`] when the host cannot provide them.
     pub fn zeros(shape: &[usize], dtype: DType) -> Result<Self> {
-        let op = "HostTensor::zeros";
-        let n = crate::shape::checked_numel(op, shape)?;
-        Ok(HostTensor {
-            shape: shape.to_vec(),
-            data: HostData::zeros(op, dtype, n, shape)?,
-        })
+        Self::filled("HostTensor::zeros", shape, 0.0, dtype)
     }
     /// Every element `value`; [`GraphError::OutOfMemory`] when the host cannot hold them.
     pub fn full(shape: &[usize], value: f64, dtype: DType) -> Result<Self> {
-        let op = "HostTensor::full";
+        Self::filled("HostTensor::full", shape, value, dtype)
+    }
+    fn filled(op: &'static str, shape: &[usize], value: f64, dtype: DType) -> Result<Self> {
         let n = crate::shape::checked_numel(op, shape)?;
-        let data = match dtype {
-            DType::F32 => HostData::F32(try_filled(op, n, value as f32, shape)?),
-            DType::F64 => HostData::F64(try_filled(op, n, value, shape)?),
-        };
         Ok(HostTensor {
             shape: shape.to_vec(),
-            data,
+            data: HostData::filled(op, dtype, n, value, shape)?,
         })
     }
     /// The shape.

@@ -1,5 +1,7 @@
 //! Tensor handles, leaves, and reading values out.
 
+use std::borrow::Cow;
+
 use arenagrad_exec::DType;
 use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
@@ -114,7 +116,7 @@ impl Graph {
             // Straight into the arena: no host copy on the way.
             DType::F64 => self.slice_leaf("from_f64", data, shape),
             DType::F32 => {
-                let narrowed = owned("from_f64", shape, data.into(), |v| v as f32)?;
+                let narrowed = owned("from_f64", shape, data, |v| v as f32)?;
                 self.leaf_from("from_f64", HostData::F32(narrowed), shape)
             }
         }
@@ -307,7 +309,7 @@ impl<'g> Tensor<'g> {
         let op = "to_vec";
         let i = self.g.inner.borrow();
         let n = i.node(op, self.id)?;
-        owned(op, &n.shape, i.read::<T>(op, self.id)?, |v| v)
+        copied(op, &n.shape, i.read::<T>(op, self.id)?)
     }
 
     /// Copies the values out widened to `f64`, whatever the dtype.
@@ -316,7 +318,7 @@ impl<'g> Tensor<'g> {
         let i = self.g.inner.borrow();
         let n = i.node(op, self.id)?;
         with_float!(n.dtype, T, {
-            owned(op, &n.shape, i.read::<T>(op, self.id)?, T::to_f64)
+            owned(op, &n.shape, &i.read::<T>(op, self.id)?, T::to_f64)
         })
     }
 
@@ -326,7 +328,7 @@ impl<'g> Tensor<'g> {
         let i = self.g.inner.borrow();
         let n = i.node(op, self.id)?;
         let data = with_float!(n.dtype, T, {
-            T::into_host(owned(op, &n.shape, i.read::<T>(op, self.id)?, |v| v)?)
+            T::into_host(copied(op, &n.shape, i.read::<T>(op, self.id)?)?)
         });
         HostTensor::checked(op, data, &n.shape)
     }
@@ -424,21 +426,24 @@ impl<'g> Tensor<'g> {
     }
 }
 
-/// The values of `src` mapped through `f` into a vector of their own, reserved fallibly: a copy
-/// the host cannot hold is [`GraphError::OutOfMemory`], not an abort.
+/// The values of `src` mapped through `f` into a vector of their own, reserved fallibly
+/// ([`crate::host::try_vec`]): a copy the host cannot hold is an error, not an abort.
 fn owned<T: Copy, U>(
     op: &'static str,
     shape: &[usize],
-    src: std::borrow::Cow<'_, [T]>,
+    src: &[T],
     f: impl Fn(T) -> U,
 ) -> Result<Vec<U>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(src.len())
-        .map_err(|_| GraphError::OutOfMemory {
-            op,
-            shape: shape.to_vec(),
-            bytes: src.len().saturating_mul(std::mem::size_of::<U>()),
-        })?;
+    let mut v = crate::host::try_vec(op, shape, src.len())?;
     v.extend(src.iter().map(|&x| f(x)));
     Ok(v)
+}
+
+/// The values of `src` as a vector of their own: taken as they are when the read already made
+/// one (a device's values copied to the host), else copied by [`owned`].
+fn copied<T: Copy>(op: &'static str, shape: &[usize], src: Cow<'_, [T]>) -> Result<Vec<T>> {
+    match src {
+        Cow::Owned(v) => Ok(v),
+        Cow::Borrowed(s) => owned(op, shape, s, |v| v),
+    }
 }

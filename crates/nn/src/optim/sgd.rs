@@ -1,6 +1,6 @@
 //! Stochastic gradient descent.
 
-use arenagrad_graph::{Elem, GraphError, HostData, HostDataMut, Parameter};
+use arenagrad_graph::{Elem, HostData, HostDataMut, Parameter};
 
 use super::{check_non_negative, dedup, grad_dtype_error, Optimizer};
 use crate::error::{config, Result};
@@ -168,20 +168,17 @@ fn sgd_kernel<T: Elem>(
         None => {
             // The momentum buffer is reserved before the value is touched: a parameter whose
             // buffer the host cannot hold is an error and stays as it was.
-            let mut b = Vec::new();
-            b.try_reserve_exact(p.len())
-                .map_err(|_| GraphError::OutOfMemory {
-                    op: "Sgd::step",
-                    shape: vec![p.len()],
-                    bytes: p.len().saturating_mul(std::mem::size_of::<T>()),
-                })?;
-            for (p, &g) in p.iter_mut().zip(g) {
+            let mut fresh = HostData::zeros("Sgd::step", T::DTYPE, p.len(), &[p.len()])?;
+            let b = fresh
+                .as_mut_slice::<T>()
+                .expect("invariant: made with the parameter's dtype");
+            for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
                 let d = d_of(g, *p);
-                b.push(d);
+                *b = d;
                 let step = if c.nesterov { d + mu * d } else { d };
                 *p -= lr * step;
             }
-            *buf = Some(T::into_host(b));
+            *buf = Some(fresh);
         }
     }
     Ok(())
