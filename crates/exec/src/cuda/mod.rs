@@ -193,19 +193,39 @@ pub(crate) fn kernel_names() -> Vec<String> {
 /// default) and returns the PTX. Compiled once per process and architecture, then cached.
 /// Needs NVRTC only, no device.
 pub fn compile_kernels(arch: Option<&'static str>) -> Result<String, CudaError> {
-    static PTX: OnceLock<Mutex<HashMap<Option<&'static str>, String>>> = OnceLock::new();
+    static PTX: Compiled<Option<&'static str>, String> = OnceLock::new();
+    compiled_once(&PTX, arch, || compile_ptx(arch))
+}
+
+/// Compiled kernel images by architecture, one map per kind of image.
+type Compiled<K, V> = OnceLock<Mutex<HashMap<K, V>>>;
+
+/// The image for `key` from `cache`, compiled by `compile` the first time (under the lock, so
+/// each architecture is compiled once per process); [`CudaError::Compile`] without NVRTC.
+fn compiled_once<K: Eq + std::hash::Hash, V: Clone>(
+    cache: &Compiled<K, V>,
+    key: K,
+    compile: impl FnOnce() -> Result<V, CudaError>,
+) -> Result<V, CudaError> {
     if !nvrtc_present() {
         return Err(CudaError::Compile {
             log: "NVRTC (libnvrtc) could not be loaded".into(),
         });
     }
-    let mut cache = PTX
+    let mut cache = cache
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    if let Some(ptx) = cache.get(&arch) {
-        return Ok(ptx.clone());
+    if let Some(image) = cache.get(&key) {
+        return Ok(image.clone());
     }
+    let image = compile()?;
+    cache.insert(key, image.clone());
+    Ok(image)
+}
+
+/// [`compile_kernels`]' compilation itself.
+fn compile_ptx(arch: Option<&'static str>) -> Result<String, CudaError> {
     let opts = CompileOptions {
         arch,
         // No contraction of a·b + c into one rounding: the results stay those of the CPU code.
@@ -223,29 +243,21 @@ pub fn compile_kernels(arch: Option<&'static str>) -> Result<String, CudaError> 
             },
         }
     })?;
-    let ptx = ptx.to_src();
-    cache.insert(arch, ptx.clone());
-    Ok(ptx)
+    Ok(ptx.to_src())
 }
 
 /// Compiles [`kernel_source`] with NVRTC to machine code for `sm` (e.g. `"sm_90"`) and returns
 /// the cubin (an ELF image the driver loads as it is). Compiled once per process and
 /// architecture, then cached. Needs NVRTC only, no device.
 pub fn compile_cubin(sm: &'static str) -> Result<Vec<u8>, CudaError> {
+    static CUBIN: Compiled<&'static str, Vec<u8>> = OnceLock::new();
+    compiled_once(&CUBIN, sm, || compile_sm(sm))
+}
+
+/// [`compile_cubin`]'s compilation itself: cudarc compiles only to PTX, so the program is
+/// driven through NVRTC's own calls.
+fn compile_sm(sm: &'static str) -> Result<Vec<u8>, CudaError> {
     use cudarc::nvrtc::{result as nr, sys as ns};
-    static CUBIN: OnceLock<Mutex<HashMap<&'static str, Vec<u8>>>> = OnceLock::new();
-    if !nvrtc_present() {
-        return Err(CudaError::Compile {
-            log: "NVRTC (libnvrtc) could not be loaded".into(),
-        });
-    }
-    let mut cache = CUBIN
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    if let Some(bin) = cache.get(sm) {
-        return Ok(bin.clone());
-    }
     let fail = |what: &str, e: &dyn fmt::Display| CudaError::Compile {
         log: format!("{what} ({sm}): {e}"),
     };
@@ -291,7 +303,6 @@ pub fn compile_cubin(sm: &'static str) -> Result<Vec<u8>, CudaError> {
     if r != ns::nvrtcResult::NVRTC_SUCCESS {
         return Err(fail("nvrtcGetCUBIN", &format!("{r:?}")));
     }
-    cache.insert(sm, bin.clone());
     Ok(bin)
 }
 
@@ -364,7 +375,8 @@ fn load_kernels(
     minor: i32,
 ) -> Result<(Arc<cudarc::driver::CudaModule>, KernelImage), CudaError> {
     let cc = major * 10 + minor;
-    let why = if nvrtc_archs().contains(&cc) {
+    let archs = nvrtc_archs();
+    let why = if archs.contains(&cc) {
         let sm = arch_name("sm", cc);
         match compile_cubin(sm) {
             Ok(bin) => match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin)) {
@@ -376,7 +388,7 @@ fn load_kernels(
     } else {
         format!("NVRTC cannot emit machine code for sm_{cc}")
     };
-    let arch = arch_for(major, minor);
+    let arch = arch_for(&archs, cc);
     let ptx = compile_kernels(Some(arch))?;
     let module = ctx
         .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
@@ -387,12 +399,12 @@ fn load_kernels(
     Ok((module, KernelImage::Ptx(arch, why)))
 }
 
-/// The newest virtual architecture NVRTC can compile for that a device of compute capability
-/// `major.minor` runs, as `"compute_XY"` (leaked once per distinct value).
-fn arch_for(major: i32, minor: i32) -> &'static str {
-    let cc = major * 10 + minor;
-    let best = nvrtc_archs()
-        .into_iter()
+/// The newest virtual architecture among NVRTC's `archs` that a device of compute capability
+/// `cc` (`10·major + minor`) runs, as `"compute_XY"` (`cc` itself when NVRTC cannot say).
+fn arch_for(archs: &[i32], cc: i32) -> &'static str {
+    let best = archs
+        .iter()
+        .copied()
         .filter(|&a| a <= cc)
         .max()
         .unwrap_or(cc);
