@@ -122,72 +122,35 @@ fn resolve_links(path: &Path) -> Result<PathBuf> {
     })
 }
 
-/// The header's top-level keys (tensor names and `__metadata__`) in order, or why the header
-/// cannot be scanned. safetensors reads the header into a map, so a name listed twice would
-/// silently keep one of its entries; this scan sees every key.
-fn header_keys(header: &[u8]) -> std::result::Result<Vec<String>, &'static str> {
-    let text = std::str::from_utf8(header).map_err(|_| "the header is not UTF-8")?;
-    let mut chars = text.chars();
-    let mut keys = Vec::new();
-    let (mut depth, mut expect_key) = (0usize, false);
-    while let Some(c) = chars.next() {
-        match c {
-            '{' | '[' => {
-                depth += 1;
-                expect_key = depth == 1 && c == '{';
-            }
-            '}' | ']' => depth = depth.saturating_sub(1),
-            ',' if depth == 1 => expect_key = true,
-            '"' => {
-                let s = json_string(&mut chars)?;
-                if depth == 1 && expect_key {
-                    keys.push(s);
-                    expect_key = false;
+/// The first name a safetensors header lists twice, read with a JSON parser key by key (the
+/// header is a JSON object; safetensors reads it into a map, which keeps one of a repeated
+/// name's entries). `None` when every key is distinct or the header is not a JSON object (which
+/// safetensors then refuses itself).
+fn repeated_key(header: &[u8]) -> Option<String> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    struct FirstRepeat;
+    impl<'de> Visitor<'de> for FirstRepeat {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            let mut repeat = None;
+            while let Some(key) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                if !seen.insert(key.clone()) && repeat.is_none() {
+                    repeat = Some(key);
                 }
             }
-            _ => {}
+            Ok(repeat)
         }
     }
-    Ok(keys)
-}
-
-/// The rest of a JSON string whose opening quote was read, escapes decoded.
-fn json_string(chars: &mut std::str::Chars<'_>) -> std::result::Result<String, &'static str> {
-    let mut out = String::new();
-    loop {
-        match chars.next().ok_or("an unterminated string in the header")? {
-            '"' => return Ok(out),
-            '\\' => match chars.next().ok_or("an unterminated escape in the header")? {
-                'n' => out.push('\n'),
-                't' => out.push('\t'),
-                'r' => out.push('\r'),
-                'b' => out.push('\u{8}'),
-                'f' => out.push('\u{c}'),
-                'u' => {
-                    let unit = hex4(chars)?;
-                    let code = if (0xD800..0xDC00).contains(&unit) {
-                        // A high surrogate: its low half follows as another `\uXXXX`.
-                        if chars.next() != Some('\\') || chars.next() != Some('u') {
-                            return Err("a lone surrogate in the header");
-                        }
-                        let low = hex4(chars)?;
-                        0x10000 + ((unit - 0xD800) << 10) + (low.wrapping_sub(0xDC00) & 0x3FF)
-                    } else {
-                        unit
-                    };
-                    out.push(char::from_u32(code).unwrap_or('\u{FFFD}'));
-                }
-                other => out.push(other),
-            },
-            other => out.push(other),
-        }
-    }
-}
-
-/// Four hexadecimal digits of a `\u` escape.
-fn hex4(chars: &mut std::str::Chars<'_>) -> std::result::Result<u32, &'static str> {
-    let digits: String = chars.take(4).collect();
-    u32::from_str_radix(&digits, 16).map_err(|_| "a bad \\u escape in the header")
+    let mut de = serde_json::Deserializer::from_slice(header);
+    de.deserialize_map(FirstRepeat).ok().flatten()
 }
 
 /// Serialises named tensors to safetensors bytes (with the checksum metadata). Names must be
@@ -222,14 +185,11 @@ pub fn tensors_from_bytes(bytes: &[u8], path: &Path) -> Result<Vec<(String, Host
         .and_then(|n| usize::try_from(n).ok())
         .and_then(|n| bytes.get(8..8usize.checked_add(n)?))
     {
-        if let Ok(keys) = header_keys(header) {
-            let mut seen = std::collections::HashSet::new();
-            if let Some(dup) = keys.iter().find(|k| !seen.insert(k.as_str())) {
-                return Err(NnError::Metadata {
-                    path: path.to_path_buf(),
-                    reason: format!("the header lists {dup:?} more than once"),
-                });
-            }
+        if let Some(dup) = repeated_key(header) {
+            return Err(NnError::Metadata {
+                path: path.to_path_buf(),
+                reason: format!("the header lists {dup:?} more than once"),
+            });
         }
     }
     let st = SafeTensors::deserialize(bytes).map_err(|source| NnError::Safetensors {
