@@ -189,26 +189,19 @@ fn located(file: &str, e: impl std::fmt::Display) -> Failure {
 /// `shape [..] [v, v, ...]`, written element by element: the output of a large program is
 /// streamed, never built as one string.
 fn write_tensor(out: &mut impl Write, t: &HostTensor) -> std::io::Result<()> {
-    write!(out, "shape {:?} [", t.shape())?;
-    fn items<T: std::fmt::Debug>(out: &mut impl Write, v: &[T]) -> std::io::Result<()> {
-        for (k, x) in v.iter().enumerate() {
+    /// The elements, each widened to f64 as it is printed.
+    fn items<T: Copy + Into<f64>>(out: &mut impl Write, v: &[T]) -> std::io::Result<()> {
+        for (k, &x) in v.iter().enumerate() {
             if k > 0 {
                 out.write_all(b", ")?;
             }
-            write!(out, "{x:?}")?;
+            write!(out, "{:?}", x.into())?;
         }
         Ok(())
     }
-    // Widened to f64 one element at a time, as the values are printed.
+    write!(out, "shape {:?} [", t.shape())?;
     match t.data() {
-        HostData::F32(v) => {
-            for (k, x) in v.iter().enumerate() {
-                if k > 0 {
-                    out.write_all(b", ")?;
-                }
-                write!(out, "{:?}", f64::from(*x))?;
-            }
-        }
+        HostData::F32(v) => items(out, v)?,
         HostData::F64(v) => items(out, v)?,
     }
     out.write_all(b"]")

@@ -1,7 +1,7 @@
 //! Elementwise functions of two tensors with numpy broadcasting, and `where`.
 
 use arenagrad_exec::layout::broadcast_shapes;
-use arenagrad_exec::{cpu, BinaryOp};
+use arenagrad_exec::{cpu, BinaryOp, UnaryOp};
 use smallvec::smallvec;
 
 use super::{check_pair, Ctx, Grads, Op};
@@ -130,7 +130,7 @@ impl Graph {
         b: Tensor<'g>,
     ) -> Result<Tensor<'g>> {
         let name = "where";
-        self.owns_all(name, &[cond, a, b])?;
+        let ids = self.owns_all(name, &[cond, a, b])?;
         check_pair(name, &cond, &a)?;
         check_pair(name, &a, &b)?;
         let mut guard = self.inner();
@@ -166,13 +166,7 @@ impl Graph {
                     .select(dtype, c, &csh, x, &ash, y, &bsh, o, &osh))
             }
         }
-        let id = i.push(
-            Shape::from_vec(osh),
-            dtype,
-            out,
-            Op::Select,
-            &[cond.id, a.id, b.id],
-        );
+        let id = i.push(Shape::from_vec(osh), dtype, out, Op::Select, &ids);
         drop(guard);
         Ok(self.handle(id))
     }
@@ -212,10 +206,8 @@ pub(crate) fn backward<'g>(op: BinaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
             };
             let gb = if need_b {
                 let d = y.mul(a.log()?)?;
-                // b ≥ 0, NaN excluded: not (b < 0 or NaN), the cases GtMask(0, b) = 1 marks.
-                let b_neg = zero.binary(BinaryOp::GtMask, b)?;
-                let one = c.g.full_on(&[], 1.0, gy.dtype(), gy.device())?;
-                let b_nonneg = b_neg.binary(BinaryOp::EqMask, one)?.neg()?.shift(1.0)?;
+                // b ≥ 0, NaN excluded: 1 − step(−b), as step(−b) is 0 exactly where −b ≤ 0.
+                let b_nonneg = b.neg()?.unary(UnaryOp::Step)?.neg()?.shift(1.0)?;
                 let a_zero = a.binary(BinaryOp::EqMask, zero)?;
                 let masked = a_zero.mul(b_nonneg)?.detach()?;
                 Some(gy.mul(c.g.select(masked, zero, d)?)?)

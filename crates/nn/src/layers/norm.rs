@@ -61,20 +61,12 @@ impl BatchNorm {
                 ),
             ));
         }
-        let fill = |name: &str, v: f64| {
-            HostTensor::full(&[channels], v, cfg.dtype).map(|t| Parameter::new(name, t))
-        };
+        let fill = |on, name, v| filled(on, name, &[channels], v, cfg.dtype);
         Ok(BatchNorm {
-            weight: cfg.affine.then(|| fill("weight", 1.0)).transpose()?,
-            bias: cfg.affine.then(|| fill("bias", 0.0)).transpose()?,
-            running_mean: cfg
-                .track_running_stats
-                .then(|| fill("running_mean", 0.0))
-                .transpose()?,
-            running_var: cfg
-                .track_running_stats
-                .then(|| fill("running_var", 1.0))
-                .transpose()?,
+            weight: fill(cfg.affine, "weight", 1.0)?,
+            bias: fill(cfg.affine, "bias", 0.0)?,
+            running_mean: fill(cfg.track_running_stats, "running_mean", 0.0)?,
+            running_var: fill(cfg.track_running_stats, "running_var", 1.0)?,
             eps: cfg.eps,
             momentum: cfg.momentum,
             training: true,
@@ -280,19 +272,11 @@ impl LayerNorm {
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d))
             .ok_or_else(|| config("LayerNorm", format!("{normalized_shape:?} is too large")))?;
-        let fill = |name: &str, v: f64| {
-            HostTensor::full(normalized_shape, v, cfg.dtype).map(|t| Parameter::new(name, t))
-        };
+        let on = cfg.elementwise_affine;
         Ok(LayerNorm {
             normalized_shape: normalized_shape.to_vec(),
-            weight: cfg
-                .elementwise_affine
-                .then(|| fill("weight", 1.0))
-                .transpose()?,
-            bias: cfg
-                .elementwise_affine
-                .then(|| fill("bias", 0.0))
-                .transpose()?,
+            weight: filled(on, "weight", normalized_shape, 1.0, cfg.dtype)?,
+            bias: filled(on, "bias", normalized_shape, 0.0, cfg.dtype)?,
             eps: cfg.eps,
         })
     }
@@ -339,4 +323,22 @@ impl Module for LayerNorm {
             v.param("bias", p);
         }
     }
+}
+
+/// When `on`, a parameter `name` of `shape` with every element `value` (reserved fallibly, as
+/// [`HostTensor::full`]); the optional weights and statistics of the norm layers.
+fn filled(
+    on: bool,
+    name: &str,
+    shape: &[usize],
+    value: f64,
+    dtype: arenagrad_graph::DType,
+) -> Result<Option<Parameter>> {
+    if !on {
+        return Ok(None);
+    }
+    Ok(Some(Parameter::new(
+        name,
+        HostTensor::full(shape, value, dtype)?,
+    )))
 }
