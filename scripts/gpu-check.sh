@@ -54,14 +54,17 @@ log="$out_dir/gpu-check.log"
 steps_dir="$(mktemp -d)"
 trap 'gather_steps' EXIT
 
-# Appends every step's log to $out_dir/steps.log, in the order the steps ran.
+# Appends every step's log to $out_dir/steps.log, in the order the steps ran (run_step lists
+# their names in $steps_dir/order).
 gather_steps() {
-    local f
+    local name
     : > "$out_dir/steps.log"
-    for f in $(ls -tr "$steps_dir" 2>/dev/null); do
-        printf '\n===== %s\n' "${f%.log}" >> "$out_dir/steps.log"
-        cat "$steps_dir/$f" >> "$out_dir/steps.log"
-    done
+    if [ -f "$steps_dir/order" ]; then
+        while read -r name; do
+            printf '\n===== %s\n' "$name" >> "$out_dir/steps.log"
+            cat "$steps_dir/$name.log" >> "$out_dir/steps.log" 2>/dev/null || true
+        done < "$steps_dir/order"
+    fi
     rm -rf "$steps_dir"
 }
 
@@ -108,6 +111,7 @@ run_step() {
     fi
     local start=$SECONDS status
     set +e
+    echo "$name" >> "$steps_dir/order"
     timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$steps_dir/$name.log"
     status=${PIPESTATUS[0]}
     set -e
@@ -175,7 +179,6 @@ add_torch_cuda_libs() {
     cache="$(ldconfig -p 2>/dev/null || true)"
     # The names the CUDA 13 build loads (`.so`, `.so.13`, `.so.12`), each on its own: `libcublas.so`
     # alone would also match `libcublas.so.11`, and `libcublasLt.so` must not count for cuBLAS.
-    add_driver_dir "$cache"
     if grep -Eq '[[:space:]]libcublas\.so(\.1[23])? ' <<<"$cache" &&
         grep -Eq '[[:space:]]libnvrtc\.so(\.1[23])? ' <<<"$cache"; then
         return 0
@@ -202,7 +205,7 @@ EOF
 # The driver's libcuda.so.1 outside the ldconfig cache (containers often mount it elsewhere):
 # its folder goes on LD_LIBRARY_PATH.
 add_driver_dir() {
-    if grep -Eq '[[:space:]]libcuda\.so\.1 ' <<<"$1"; then
+    if ldconfig -p 2>/dev/null | grep -Eq '[[:space:]]libcuda\.so\.1 '; then
         return 0
     fi
     local d
@@ -254,6 +257,7 @@ main() {
             record torch "SKIPPED" "-" "no PyTorch"
         fi
     fi
+    add_driver_dir
     add_torch_cuda_libs
 
     local bundle="${ARENAGRAD_BUNDLE:-gpu-bundle}"

@@ -238,9 +238,7 @@ impl Program {
             passed,
         })
     }
-}
 
-impl Program {
     /// How many times a gradient check of this program runs it (forward passes, each with its
     /// backward where the check needs one), refused with [`ProgramError::TooLarge`] when the
     /// work they add up to exceeds [`Limits::max_check_work`].
