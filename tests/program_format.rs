@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use arenagrad::program::{
-    BinaryKind, CheckOptions, Expr, Limits, OpImpl, Overrides, Program, ProgramError, RunOptions,
-    UnaryKind, OP_NAMES,
+    op_names, BinaryOp, CheckOptions, Expr, Limits, OpImpl, Overrides, Program, ProgramError,
+    RunOptions, UnaryOp,
 };
 use arenagrad::{Graph, GraphError, Tensor};
 
@@ -38,6 +38,9 @@ u7 = sigmoid u6
 u8 = relu u7
 u9 = gelu u8
 u10 = detach u9
+u11 = silu u9
+u12 = softplus u11
+u13 = erf u12
 k0 = scale u9 -2
 k1 = shift k0 1e-3
 k2 = powf pb 1.5
@@ -63,7 +66,7 @@ fn every_op_parses_prints_and_parses_back() {
     let p = Program::parse(EVERY_OP).unwrap();
     let ops: std::collections::BTreeSet<&str> =
         p.statements().iter().map(|s| s.expr.op_name()).collect();
-    for op in OP_NAMES {
+    for op in op_names() {
         assert!(ops.contains(op), "EVERY_OP lacks `{op}`");
     }
     let text = p.to_string();
@@ -151,10 +154,9 @@ fn numbers_round_trip_bit_for_bit() {
     for (k, v) in values.iter().enumerate() {
         p.push(
             &format!("s{k}"),
-            Expr::Scalar {
-                op: arenagrad::program::ScalarKind::Scale,
+            Expr::Unary {
+                op: UnaryOp::Scale(*v),
                 x: 0,
-                value: *v,
             },
         )
         .unwrap();
@@ -427,7 +429,7 @@ fn programs_built_in_code() {
         .push(
             "y",
             Expr::Binary {
-                op: BinaryKind::Mul,
+                op: BinaryOp::Mul,
                 lhs: x,
                 rhs: x,
             },
@@ -437,7 +439,7 @@ fn programs_built_in_code() {
         .push(
             "y",
             Expr::Unary {
-                op: UnaryKind::Neg,
+                op: UnaryOp::Neg,
                 x: y
             }
         )
@@ -446,7 +448,7 @@ fn programs_built_in_code() {
         .push(
             "Z",
             Expr::Unary {
-                op: UnaryKind::Neg,
+                op: UnaryOp::Neg,
                 x: y
             }
         )
@@ -455,7 +457,7 @@ fn programs_built_in_code() {
         .push(
             "z",
             Expr::Unary {
-                op: UnaryKind::Neg,
+                op: UnaryOp::Neg,
                 x: 9
             }
         )

@@ -322,6 +322,32 @@ fn unary_cases() -> Vec<Case> {
             out: map(&X, gelu),
             grads: vec![("x", map(&X, dgelu))],
         },
+        Case {
+            name: "silu",
+            text: x.clone() + "y = silu x\n",
+            out_shape: vec![3],
+            out: map(&X, |v| v * sig(v)),
+            grads: vec![("x", map(&X, |v| sig(v) * (1.0 + v * (1.0 - sig(v)))))],
+        },
+        // Below and above PyTorch's threshold of 20, where softplus is x itself.
+        Case {
+            name: "softplus",
+            text: input("x", &[3], &[-3.0, 0.5, 25.0]) + "y = softplus x\n",
+            out_shape: vec![3],
+            out: vec![(-3.0f64).exp().ln_1p(), 0.5f64.exp().ln_1p(), 25.0],
+            grads: vec![("x", vec![sig(-3.0), sig(0.5), 1.0])],
+        },
+        // erf from Python's `math.erf` (C's erf); d/dx erf x = 2/√π · e^(−x²).
+        Case {
+            name: "erf",
+            text: x.clone() + "y = erf x\n",
+            out_shape: vec![3],
+            out: vec![0.5204998778130465, -0.8427007929497149, 0.9953222650189527],
+            grads: vec![(
+                "x",
+                map(&X, |v| 2.0 / std::f64::consts::PI.sqrt() * (-v * v).exp()),
+            )],
+        },
         // y = x · detach(x): the detached factor is a constant, so dy/dx = x, not 2x.
         one(
             "detach",
@@ -759,7 +785,7 @@ fn every_op_is_covered() {
             seen.insert(s.expr.op_name());
         }
     }
-    for op in arenagrad::program::OP_NAMES {
+    for op in arenagrad::program::op_names() {
         assert!(seen.contains(op), "no reference case uses `{op}`");
     }
 }

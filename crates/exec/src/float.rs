@@ -72,6 +72,10 @@ pub trait Float:
     fn sqrt(self) -> Self;
     /// Hyperbolic tangent.
     fn tanh(self) -> Self;
+    /// ln(1 + x), accurate near 0.
+    fn ln_1p(self) -> Self;
+    /// The error function (libm's, as C's `erf`).
+    fn erf(self) -> Self;
     /// Sine.
     fn sin(self) -> Self;
     /// Cosine.
@@ -89,7 +93,7 @@ pub trait Float:
 }
 
 macro_rules! float_impl {
-    ($t:ty, $d:expr) => {
+    ($t:ty, $d:expr, $erf:path) => {
         impl Float for $t {
             const DTYPE: DType = $d;
             const ZERO: Self = 0.0;
@@ -117,6 +121,14 @@ macro_rules! float_impl {
             #[inline(always)]
             fn tanh(self) -> Self {
                 <$t>::tanh(self)
+            }
+            #[inline(always)]
+            fn ln_1p(self) -> Self {
+                <$t>::ln_1p(self)
+            }
+            #[inline(always)]
+            fn erf(self) -> Self {
+                $erf(self)
             }
             #[inline(always)]
             fn sin(self) -> Self {
@@ -157,5 +169,5 @@ macro_rules! float_impl {
         }
     };
 }
-float_impl!(f32, DType::F32);
-float_impl!(f64, DType::F64);
+float_impl!(f32, DType::F32, libm::erff);
+float_impl!(f64, DType::F64, libm::erf);

@@ -99,6 +99,50 @@ fn unary_ops_at_the_edges_match_pytorch() {
     }
 }
 
+/// silu, softplus and erf against PyTorch 2.15's values and gradients (float64, exported with
+/// `torch.nn.functional.silu`/`softplus` and `torch.erf`), at the edges and around softplus's
+/// threshold of 20, by both backward paths.
+#[test]
+#[allow(clippy::approx_constant)] // the values as PyTorch printed them
+fn silu_softplus_erf_match_pytorch() {
+    const XS: [f64; 9] = [NAN, 0.0, 1.0, -1.0, INF, -INF, 20.0, 20.5, -30.0];
+    #[rustfmt::skip]
+    let table: Vec<(&str, Un, [f64; 9], [f64; 9])> = vec![
+        ("silu", |x| x.silu(),
+            [NAN, 0.0, 0.7310585786300049, -0.2689414213699951, INF, NAN, 19.999999958776925,
+             20.499999974371867, -2.8072868906517896e-12],
+            [NAN, 0.5, 0.9276705118714869, 0.07232948812851325, NAN, NAN, 1.0000000391619202,
+             1.000000024377981, -2.713710660963134e-12]),
+        ("softplus", |x| x.softplus(),
+            [NAN, 0.6931471805599453, 1.3132616875182228, 0.31326168751822286, INF, 0.0,
+             20.000000002061153, 20.5, 9.357622968839737e-14],
+            [NAN, 0.5, 0.7310585786300049, 0.2689414213699951, 1.0, 0.0, 0.9999999979388464,
+             1.0, 9.3576229688393e-14]),
+        ("erf", |x| x.erf(),
+            [NAN, 0.0, 0.8427007929497149, -0.8427007929497149, 1.0, -1.0, 1.0, 1.0, -1.0],
+            [NAN, 1.1283791670955126, 0.4151074974205947, 0.4151074974205947, 0.0, 0.0,
+             2.1610374743867984e-174, 3.4689579821931465e-183, 0.0]),
+    ];
+    for (name, f, want_y, want_g) in table {
+        for reps in [1, 8] {
+            let xs = XS.repeat(reps);
+            let [fused, graph] = unary_both(f, &xs);
+            let (want_y, want_g) = (want_y.repeat(reps), want_g.repeat(reps));
+            assert_all_same(&format!("{name} value ×{reps}"), &fused.0, &want_y);
+            assert_all_same(
+                &format!("{name} gradient (fused) ×{reps}"),
+                &fused.1,
+                &want_g,
+            );
+            assert_all_same(
+                &format!("{name} gradient (graph) ×{reps}"),
+                &graph.1,
+                &want_g,
+            );
+        }
+    }
+}
+
 /// `(a op b, d Σ/da, d Σ/db)` by both backward paths.
 fn binary_both(f: Bin, a: &[f64], b: &[f64]) -> [(Vec<f64>, Vec<f64>, Vec<f64>); 2] {
     let run = |create: bool| {

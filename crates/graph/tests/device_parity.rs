@@ -99,6 +99,9 @@ parity_tests! {
     sigmoid: &[&[3, 5]], false, |g, x| x[0].sigmoid();
     relu: &[&[3, 5]], false, |g, x| x[0].relu();
     gelu: &[&[3, 5]], false, |g, x| x[0].gelu();
+    silu: &[&[3, 5]], false, |g, x| x[0].silu();
+    softplus: &[&[3, 5]], false, |g, x| x[0].scale(8.0)?.softplus();
+    erf: &[&[3, 5]], false, |g, x| x[0].erf();
     scale_shift: &[&[3, 5]], false, |g, x| x[0].scale(2.5)?.shift(-1.0);
     powf: &[&[3, 5]], true, |g, x| x[0].powf(2.5);
     add_broadcast: &[&[2, 3, 4], &[3, 1]], false, |g, x| x[0].add(x[1]);

@@ -182,6 +182,11 @@ fn unary_grads(dev) {
     check(dev, "sigmoid", check_fn(|_, x| x[0].sigmoid()), &x);
     check(dev, "relu", check_fn(|_, x| x[0].relu()), &x);
     check(dev, "gelu", check_fn(|_, x| x[0].gelu()), &x);
+    check(dev, "silu", check_fn(|_, x| x[0].silu()), &x);
+    check(dev, "softplus", check_fn(|_, x| x[0].softplus()), &x);
+    // Across the threshold at 20 (x itself above it).
+    check(dev, "softplus tail", check_fn(|_, x| x[0].scale(12.0)?.softplus()), &x);
+    check(dev, "erf", check_fn(|_, x| x[0].erf()), &x);
     check(dev, "scale", check_fn(|_, x| x[0].scale(-2.5)), &x);
     check(dev, "shift", check_fn(|_, x| x[0].shift(0.7)), &x);
     check(dev, "powf", check_fn(|_, x| x[0].powf(3.0)), &x);
@@ -471,9 +476,12 @@ fn second_derivatives(dev) {
     )
     .unwrap();
     assert!(r.passed, "addmm: {r}");
-    let cases: [(&str, Unary); 8] = [
+    let cases: [(&str, Unary); 11] = [
         ("sigmoid", (|_: &Graph, x: &[Tensor<'_>]| x[0].sigmoid())),
         ("gelu", (|_: &Graph, x: &[Tensor<'_>]| x[0].gelu())),
+        ("silu", (|_: &Graph, x: &[Tensor<'_>]| x[0].silu())),
+        ("softplus", (|_: &Graph, x: &[Tensor<'_>]| x[0].softplus())),
+        ("erf", (|_: &Graph, x: &[Tensor<'_>]| x[0].erf())),
         ("exp", (|_: &Graph, x: &[Tensor<'_>]| x[0].exp())),
         ("sin", (|_: &Graph, x: &[Tensor<'_>]| x[0].sin())),
         ("softmax", (|_: &Graph, x: &[Tensor<'_>]| x[0].softmax(-1))),
@@ -529,6 +537,9 @@ fn f32_matches_f64(dev) {
         ("exp", |t| t.exp()),
         ("sigmoid", |t| t.sigmoid()),
         ("gelu", |t| t.gelu()),
+        ("silu", |t| t.silu()),
+        ("softplus", |t| t.softplus()),
+        ("erf", |t| t.erf()),
         ("softmax", |t| t.reshape(&[4, 10])?.softmax(1)),
     ] {
         let a = f(g.from_f64(&v, &[40], DType::F32).unwrap())

@@ -28,7 +28,7 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 
 use crate::program::generate;
-pub use crate::program::generate::{GenConfig, LeafChoice, OpChoice, ALL_OPS, SMOOTH_OPS};
+pub use crate::program::generate::{all_ops, smooth_ops, GenConfig, LeafChoice, OpChoice};
 use crate::program::Program;
 use crate::HostTensor;
 

@@ -2,64 +2,7 @@
 
 use super::error::ProgramError;
 
-/// Elementwise functions of two broadcast operands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BinaryKind {
-    /// `add a b`
-    Add,
-    /// `sub a b`
-    Sub,
-    /// `mul a b`
-    Mul,
-    /// `div a b`
-    Div,
-    /// `pow a b`
-    Pow,
-    /// `maximum a b`
-    Maximum,
-    /// `minimum a b`
-    Minimum,
-}
-
-/// Elementwise functions of one operand.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum UnaryKind {
-    /// `neg a`
-    Neg,
-    /// `exp a`
-    Exp,
-    /// `log a`
-    Log,
-    /// `sqrt a`
-    Sqrt,
-    /// `abs a`
-    Abs,
-    /// `sin a`
-    Sin,
-    /// `cos a`
-    Cos,
-    /// `tanh a`
-    Tanh,
-    /// `sigmoid a`
-    Sigmoid,
-    /// `relu a`
-    Relu,
-    /// `gelu a` (tanh approximation)
-    Gelu,
-    /// `detach a`: the same values, with no gradient flowing back.
-    Detach,
-}
-
-/// Elementwise functions of one operand and a constant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ScalarKind {
-    /// `scale a S`: a·S
-    Scale,
-    /// `shift a S`: a+S
-    Shift,
-    /// `powf a P`: a^P
-    Powf,
-}
+pub use arenagrad_exec::{BinaryOp, UnaryOp};
 
 /// Sum-like reductions over a list of axes (none: every axis).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,30 +26,28 @@ pub enum Expr {
         /// The values, if given.
         values: Option<Vec<f64>>,
     },
-    /// A broadcasting binary op.
+    /// A broadcasting binary op: a public row of the binary op table
+    /// ([`BinaryOp::is_public`]), `add a b`.
     Binary {
         /// Which op.
-        op: BinaryKind,
+        op: BinaryOp,
         /// Left operand.
         lhs: usize,
         /// Right operand.
         rhs: usize,
     },
-    /// An elementwise unary op.
+    /// An elementwise op: a public row of the unary op table ([`UnaryOp::is_public`]), `exp a`,
+    /// or with its constant, `scale a S`, `shift a S`, `powf a P`.
     Unary {
-        /// Which op.
-        op: UnaryKind,
+        /// Which op (with its constant, if it has one).
+        op: UnaryOp,
         /// The operand.
         x: usize,
     },
-    /// An elementwise op with a constant.
-    Scalar {
-        /// Which op.
-        op: ScalarKind,
+    /// `detach a`: the same values, with no gradient flowing back.
+    Detach {
         /// The operand.
         x: usize,
-        /// The constant.
-        value: f64,
     },
     /// `sum`/`mean` over axes (empty: all), without keepdim.
     Reduce {
@@ -190,32 +131,9 @@ pub enum Expr {
     },
 }
 
-/// Every op name of format version 1, leaves first.
-pub const OP_NAMES: &[&str] = &[
-    "input",
-    "const",
-    "add",
-    "sub",
-    "mul",
-    "div",
-    "pow",
-    "maximum",
-    "minimum",
-    "neg",
-    "exp",
-    "log",
-    "sqrt",
-    "abs",
-    "sin",
-    "cos",
-    "tanh",
-    "sigmoid",
-    "relu",
-    "gelu",
+/// The format's own ops, besides the leaves and the elementwise ops of the op tables.
+pub const FORMAT_OPS: &[&str] = &[
     "detach",
-    "scale",
-    "shift",
-    "powf",
     "sum",
     "mean",
     "max",
@@ -230,77 +148,38 @@ pub const OP_NAMES: &[&str] = &[
     "slice",
 ];
 
-impl BinaryKind {
-    /// Every binary op.
-    pub const ALL: [BinaryKind; 7] = [
-        BinaryKind::Add,
-        BinaryKind::Sub,
-        BinaryKind::Mul,
-        BinaryKind::Div,
-        BinaryKind::Pow,
-        BinaryKind::Maximum,
-        BinaryKind::Minimum,
-    ];
-    /// The name in the format.
-    pub fn name(self) -> &'static str {
-        match self {
-            BinaryKind::Add => "add",
-            BinaryKind::Sub => "sub",
-            BinaryKind::Mul => "mul",
-            BinaryKind::Div => "div",
-            BinaryKind::Pow => "pow",
-            BinaryKind::Maximum => "maximum",
-            BinaryKind::Minimum => "minimum",
-        }
-    }
+/// Every op name of format version 1: the leaves (`input`, `const`), the public rows of the
+/// binary and unary op tables, then [`FORMAT_OPS`].
+pub fn op_names() -> &'static [&'static str] {
+    static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    NAMES.get_or_init(|| {
+        let mut v = vec!["input", "const"];
+        v.extend(binary_ops().map(BinaryOp::name));
+        v.extend(unary_ops().map(UnaryOp::name));
+        v.extend(FORMAT_OPS);
+        v
+    })
 }
 
-impl UnaryKind {
-    /// Every unary op.
-    pub const ALL: [UnaryKind; 12] = [
-        UnaryKind::Neg,
-        UnaryKind::Exp,
-        UnaryKind::Log,
-        UnaryKind::Sqrt,
-        UnaryKind::Abs,
-        UnaryKind::Sin,
-        UnaryKind::Cos,
-        UnaryKind::Tanh,
-        UnaryKind::Sigmoid,
-        UnaryKind::Relu,
-        UnaryKind::Gelu,
-        UnaryKind::Detach,
-    ];
-    /// The name in the format.
-    pub fn name(self) -> &'static str {
-        match self {
-            UnaryKind::Neg => "neg",
-            UnaryKind::Exp => "exp",
-            UnaryKind::Log => "log",
-            UnaryKind::Sqrt => "sqrt",
-            UnaryKind::Abs => "abs",
-            UnaryKind::Sin => "sin",
-            UnaryKind::Cos => "cos",
-            UnaryKind::Tanh => "tanh",
-            UnaryKind::Sigmoid => "sigmoid",
-            UnaryKind::Relu => "relu",
-            UnaryKind::Gelu => "gelu",
-            UnaryKind::Detach => "detach",
-        }
-    }
+/// The binary ops of the format.
+pub fn binary_ops() -> impl Iterator<Item = BinaryOp> {
+    BinaryOp::KINDS.iter().copied().filter(|b| b.is_public())
 }
 
-impl ScalarKind {
-    /// Every op with a constant.
-    pub const ALL: [ScalarKind; 3] = [ScalarKind::Scale, ScalarKind::Shift, ScalarKind::Powf];
-    /// The name in the format.
-    pub fn name(self) -> &'static str {
-        match self {
-            ScalarKind::Scale => "scale",
-            ScalarKind::Shift => "shift",
-            ScalarKind::Powf => "powf",
-        }
-    }
+/// The unary ops of the format (those with a constant at their first sample value).
+pub fn unary_ops() -> impl Iterator<Item = UnaryOp> {
+    UnaryOp::KINDS.iter().copied().filter(|u| u.is_public())
+}
+
+/// The format's binary op called `name`.
+pub fn binary_op(name: &str) -> Option<BinaryOp> {
+    binary_ops().find(|b| b.name() == name)
+}
+
+/// The format's unary op called `name` (with a constant: at its first sample value; set it with
+/// [`UnaryOp::with_param`]).
+pub fn unary_op(name: &str) -> Option<UnaryOp> {
+    unary_ops().find(|u| u.name() == name)
 }
 
 impl ReduceKind {
@@ -327,7 +206,7 @@ impl Expr {
             } => "const",
             Expr::Binary { op, .. } => op.name(),
             Expr::Unary { op, .. } => op.name(),
-            Expr::Scalar { op, .. } => op.name(),
+            Expr::Detach { .. } => "detach",
             Expr::Reduce { op, .. } => op.name(),
             Expr::Max { .. } => "max",
             Expr::Softmax { log: false, .. } => "softmax",
@@ -348,7 +227,7 @@ impl Expr {
             Expr::Leaf { .. } => Vec::new(),
             Expr::Binary { lhs, rhs, .. } | Expr::Matmul { lhs, rhs } => vec![*lhs, *rhs],
             Expr::Unary { x, .. }
-            | Expr::Scalar { x, .. }
+            | Expr::Detach { x }
             | Expr::Reduce { x, .. }
             | Expr::Max { x, .. }
             | Expr::Softmax { x, .. }
@@ -422,19 +301,14 @@ impl PartialEq for Expr {
                     rhs: r2,
                 },
             ) => o1 == o2 && l1 == l2 && r1 == r2,
-            (Unary { op: o1, x: x1 }, Unary { op: o2, x: x2 }) => o1 == o2 && x1 == x2,
-            (
-                Scalar {
-                    op: o1,
-                    x: x1,
-                    value: v1,
-                },
-                Scalar {
-                    op: o2,
-                    x: x2,
-                    value: v2,
-                },
-            ) => o1 == o2 && x1 == x2 && f64_same(*v1, *v2),
+            (Unary { op: o1, x: x1 }, Unary { op: o2, x: x2 }) => {
+                let same_param = match (o1.param(), o2.param()) {
+                    (Some(a), Some(b)) => f64_same(a, b),
+                    (a, b) => a.is_none() && b.is_none(),
+                };
+                o1.name() == o2.name() && same_param && x1 == x2
+            }
+            (Detach { x: x1 }, Detach { x: x2 }) => x1 == x2,
             (
                 Reduce {
                     op: o1,

@@ -18,9 +18,9 @@
 use arenagrad_graph::check::GradcheckOptions;
 use arenagrad_graph::{DType, Graph};
 
-use super::ast::{BinaryKind, Expr, Program, ReduceKind, ScalarKind, UnaryKind};
+use super::ast::{binary_op, unary_op, Expr, Program, ReduceKind};
 use super::error::ProgramError;
-use super::generate::{self, ByteReader, GenConfig, ALL_OPS};
+use super::generate::{self, all_ops, ByteReader, GenConfig};
 use super::gradcheck::CheckOptions;
 use super::infer::Limits;
 use super::runner::{Overrides, RunOptions, RunResult};
@@ -239,27 +239,25 @@ pub fn raw_program(data: &[u8]) -> Program {
     let mut k = 0;
     while !r.is_empty() && k < 16 {
         let n = p.len();
-        let op = ALL_OPS[usize::from(r.u8()) % ALL_OPS.len()];
+        let ops = all_ops();
+        let op = ops[usize::from(r.u8()) % ops.len()];
         let operand = |r: &mut ByteReader<'_>| usize::from(r.u8()) % n;
-        let e = if let Some(&b) = BinaryKind::ALL.iter().find(|b| b.name() == op) {
+        let e = if let Some(b) = binary_op(op) {
             Expr::Binary {
                 op: b,
                 lhs: operand(&mut r),
                 rhs: operand(&mut r),
             }
-        } else if let Some(&u) = UnaryKind::ALL.iter().find(|u| u.name() == op) {
-            Expr::Unary {
-                op: u,
-                x: operand(&mut r),
-            }
-        } else if let Some(&s) = ScalarKind::ALL.iter().find(|s| s.name() == op) {
-            Expr::Scalar {
-                op: s,
-                x: operand(&mut r),
-                value: float_attr(&mut r),
-            }
+        } else if let Some(u) = unary_op(op) {
+            let x = operand(&mut r);
+            let op = match u.param() {
+                Some(_) => u.with_param(float_attr(&mut r)),
+                None => u,
+            };
+            Expr::Unary { op, x }
         } else {
             match op {
+                "detach" => Expr::Detach { x: operand(&mut r) },
                 "sum" | "mean" => {
                     let x = operand(&mut r);
                     let count = usize::from(r.u8()) % 4;

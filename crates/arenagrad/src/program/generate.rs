@@ -9,29 +9,16 @@
 //! (what shrinking does) still gives a valid program, and the output's unused statements are
 //! dropped, so a shrunk failing program is small.
 
-use super::ast::{BinaryKind, Expr, Program, ReduceKind, ScalarKind, UnaryKind, OP_NAMES};
+use super::ast::{
+    binary_op, binary_ops, op_names, unary_op, unary_ops, Expr, Program, ReduceKind, UnaryOp,
+    FORMAT_OPS,
+};
 use super::infer::norm_axis;
+use arenagrad_exec::{Domain, Positive};
 
-/// Ops whose derivatives exist everywhere on the values generated (no kinks, no `detach`): what
-/// a gradient check can use.
-pub const SMOOTH_OPS: &[&str] = &[
-    "add",
-    "sub",
-    "mul",
-    "div",
-    "pow",
-    "neg",
-    "exp",
-    "log",
-    "sqrt",
-    "sin",
-    "cos",
-    "tanh",
-    "sigmoid",
-    "gelu",
-    "scale",
-    "shift",
-    "powf",
+/// The format's own ops whose derivatives exist everywhere (with the smooth rows of the op
+/// tables, [`smooth_ops`]).
+const SMOOTH_FORMAT_OPS: &[&str] = &[
     "sum",
     "mean",
     "softmax",
@@ -45,8 +32,23 @@ pub const SMOOTH_OPS: &[&str] = &[
     "slice",
 ];
 
-/// Every non-leaf op of the format: [`OP_NAMES`] after its two leaf kinds.
-pub const ALL_OPS: &[&str] = OP_NAMES.split_at(2).1;
+/// Ops whose derivatives exist everywhere on the values generated (no kinks, no `detach`): what
+/// a gradient check can use. The smooth public rows of the op tables, then the format's own.
+pub fn smooth_ops() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = binary_ops()
+        .filter(|b| b.is_smooth())
+        .map(|b| b.name())
+        .collect();
+    v.extend(unary_ops().filter(|u| u.is_smooth()).map(|u| u.name()));
+    v.extend(SMOOTH_FORMAT_OPS);
+    debug_assert!(SMOOTH_FORMAT_OPS.iter().all(|o| FORMAT_OPS.contains(o)));
+    v
+}
+
+/// Every non-leaf op of the format: [`op_names`] after its two leaf kinds.
+pub fn all_ops() -> &'static [&'static str] {
+    op_names().split_at(2).1
+}
 
 /// What generated programs may contain.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,21 +65,21 @@ pub struct GenConfig {
 }
 
 impl GenConfig {
-    /// Smooth ops only ([`SMOOTH_OPS`]): programs whose gradients a finite-difference check can
+    /// Smooth ops only ([`smooth_ops`]): programs whose gradients a finite-difference check can
     /// verify. Rank up to 3, extents up to 4, at most 64 elements per tensor.
     pub fn smooth() -> Self {
         GenConfig {
             max_rank: 3,
             max_dim: 4,
             max_elements: 64,
-            ops: SMOOTH_OPS.to_vec(),
+            ops: smooth_ops(),
         }
     }
 
-    /// Every op ([`ALL_OPS`]), same sizes as [`GenConfig::smooth`].
+    /// Every op ([`all_ops`]), same sizes as [`GenConfig::smooth`].
     pub fn all() -> Self {
         GenConfig {
-            ops: ALL_OPS.to_vec(),
+            ops: all_ops().to_vec(),
             ..GenConfig::smooth()
         }
     }
@@ -231,7 +233,7 @@ impl Gen<'_> {
         let shape = self.vals[a].shape.clone();
         self.push(
             Expr::Unary {
-                op: UnaryKind::Neg,
+                op: UnaryOp::Neg,
                 x: a,
             },
             shape,
@@ -260,8 +262,9 @@ impl Gen<'_> {
         let sa = self.vals[a].shape.clone();
         let pa = self.vals[a].pos;
         let r = sa.len();
-        if let Some(&k) = BinaryKind::ALL.iter().find(|k| k.name() == name) {
-            if k == BinaryKind::Pow && !pa {
+        if let Some(k) = binary_op(name) {
+            let (da, db) = k.domain();
+            if da == Domain::Positive && !pa {
                 match Self::pick(&positives, c.a) {
                     Some(p) => a = p,
                     None => return self.fallback(a),
@@ -270,7 +273,7 @@ impl Gen<'_> {
             let sa = self.vals[a].shape.clone();
             let cands: Vec<usize> = (0..n)
                 .filter(|&j| {
-                    (k != BinaryKind::Div || self.vals[j].pos)
+                    (db != Domain::Positive || self.vals[j].pos)
                         && broadcast(&sa, &self.vals[j].shape).is_some_and(|s| self.fits(&s))
                 })
                 .collect();
@@ -279,13 +282,11 @@ impl Gen<'_> {
             };
             let shape = broadcast(&sa, &self.vals[b].shape).unwrap_or_default();
             let (pa, pb) = (self.vals[a].pos, self.vals[b].pos);
-            let pos = match k {
-                BinaryKind::Add | BinaryKind::Mul | BinaryKind::Div | BinaryKind::Minimum => {
-                    pa && pb
-                }
-                BinaryKind::Pow => true,
-                BinaryKind::Maximum => pa || pb,
-                BinaryKind::Sub => false,
+            let pos = match k.positive() {
+                Positive::Never => false,
+                Positive::Always => true,
+                Positive::IfInput => pa && pb,
+                Positive::IfEither => pa || pb,
             };
             return self.push(
                 Expr::Binary {
@@ -297,42 +298,31 @@ impl Gen<'_> {
                 pos,
             );
         }
-        if let Some(&k) = UnaryKind::ALL.iter().find(|k| k.name() == name) {
-            if matches!(k, UnaryKind::Log | UnaryKind::Sqrt) && !pa {
+        if name == "detach" {
+            let shape = self.vals[a].shape.clone();
+            return self.push(Expr::Detach { x: a }, shape, pa);
+        }
+        if let Some(k) = unary_op(name) {
+            let k = match k {
+                UnaryOp::Scale(_) => k.with_param(SCALES[usize::from(t0) % SCALES.len()]),
+                UnaryOp::Shift(_) => k.with_param(SHIFTS[usize::from(t0) % SHIFTS.len()]),
+                UnaryOp::Powf(_) => k.with_param(POWERS[usize::from(t0) % POWERS.len()]),
+                _ => k,
+            };
+            if k.domain() == Domain::Positive && !pa {
                 match Self::pick(&positives, c.b) {
                     Some(p) => a = p,
                     None => return self.fallback(a),
                 }
             }
             let pa = self.vals[a].pos;
-            let pos = match k {
-                UnaryKind::Exp | UnaryKind::Sigmoid => true,
-                UnaryKind::Sqrt | UnaryKind::Detach => pa,
-                _ => false,
+            let pos = match k.positive() {
+                Positive::Never => false,
+                Positive::Always => true,
+                Positive::IfInput | Positive::IfEither => pa,
             };
             let shape = self.vals[a].shape.clone();
             return self.push(Expr::Unary { op: k, x: a }, shape, pos);
-        }
-        if let Some(&k) = ScalarKind::ALL.iter().find(|k| k.name() == name) {
-            let value = match k {
-                ScalarKind::Scale => SCALES[usize::from(t0) % SCALES.len()],
-                ScalarKind::Shift => SHIFTS[usize::from(t0) % SHIFTS.len()],
-                ScalarKind::Powf => POWERS[usize::from(t0) % POWERS.len()],
-            };
-            let needs_pos = k == ScalarKind::Powf && (value.fract() != 0.0 || value < 0.0);
-            if needs_pos && !pa {
-                match Self::pick(&positives, c.b) {
-                    Some(p) => a = p,
-                    None => return self.fallback(a),
-                }
-            }
-            let pa = self.vals[a].pos;
-            let pos = match k {
-                ScalarKind::Powf => pa,
-                _ => pa && value > 0.0,
-            };
-            let shape = self.vals[a].shape.clone();
-            return self.push(Expr::Scalar { op: k, x: a, value }, shape, pos);
         }
         let axis_of = |t: u8, neg: bool| -> i64 {
             let d = usize::from(t) % r.max(1);
@@ -646,7 +636,7 @@ pub(crate) fn remap(e: &mut Expr, map: &[usize]) {
             f(rhs);
         }
         Expr::Unary { x, .. }
-        | Expr::Scalar { x, .. }
+        | Expr::Detach { x }
         | Expr::Reduce { x, .. }
         | Expr::Max { x, .. }
         | Expr::Softmax { x, .. }

@@ -233,7 +233,7 @@ pub(crate) fn check(p: &Program, limits: &Limits) -> Result<Vec<StmtInfo>, Progr
                     })?
                 }
             }
-            Expr::Unary { .. } | Expr::Scalar { .. } => sh(0).to_vec(),
+            Expr::Unary { .. } | Expr::Detach { .. } => sh(0).to_vec(),
             Expr::Reduce { axes, .. } => {
                 let s = sh(0);
                 let mut mask = vec![axes.is_empty(); s.len()];
@@ -540,10 +540,7 @@ pub(crate) fn check(p: &Program, limits: &Limits) -> Result<Vec<StmtInfo>, Progr
         }
         let requires_grad = match expr {
             Expr::Leaf { requires_grad, .. } => *requires_grad,
-            Expr::Unary {
-                op: super::ast::UnaryKind::Detach,
-                ..
-            } => false,
+            Expr::Detach { .. } => false,
             _ => ops.iter().any(|&o| infos[o].requires_grad),
         };
         infos.push(StmtInfo {

@@ -53,7 +53,8 @@ mod printer;
 mod runner;
 
 pub use ast::{
-    is_valid_name, BinaryKind, Expr, Program, ReduceKind, ScalarKind, Stmt, UnaryKind, OP_NAMES,
+    binary_op, binary_ops, is_valid_name, op_names, unary_op, unary_ops, BinaryOp, Expr, Program,
+    ReduceKind, Stmt, UnaryOp, FORMAT_OPS,
 };
 pub use error::ProgramError;
 pub use gradcheck::{CheckOptions, InputCheck, ProgramCheckReport};

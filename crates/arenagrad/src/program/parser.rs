@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 
 use super::ast::{
-    is_valid_name, BinaryKind, Expr, Program, ReduceKind, ScalarKind, Stmt, StmtSpan, UnaryKind,
-    OP_NAMES,
+    binary_op, is_valid_name, op_names, unary_op, Expr, Program, ReduceKind, Stmt, StmtSpan,
+    UnaryOp,
 };
 use super::error::ProgramError;
 
@@ -326,7 +326,7 @@ fn statement(
             ))
         }
     };
-    let op = match OP_NAMES.iter().find(|&&o| o == op_tok.text) {
+    let op = match op_names().iter().find(|&&o| o == op_tok.text) {
         Some(o) => *o,
         None => {
             return Err(err(
@@ -334,7 +334,7 @@ fn statement(
                 format!(
                     "expected an op, found {}; the ops are: {}",
                     show(op_tok.text),
-                    OP_NAMES.join(", ")
+                    op_names().join(", ")
                 ),
             ))
         }
@@ -359,25 +359,29 @@ fn statement(
 }
 
 fn args(l: &mut Line<'_, '_>, op: &str, op_col: usize) -> Result<Expr, ProgramError> {
-    if let Some(k) = BinaryKind::ALL.iter().find(|k| k.name() == op) {
+    if let Some(op) = binary_op(op) {
         let lhs = l.name("the first operand (a name)")?;
         let rhs = l.name("the second operand (a name)")?;
-        return Ok(Expr::Binary { op: *k, lhs, rhs });
+        return Ok(Expr::Binary { op, lhs, rhs });
     }
-    if let Some(k) = UnaryKind::ALL.iter().find(|k| k.name() == op) {
+    if let Some(op) = unary_op(op) {
         let x = l.name("the operand (a name)")?;
-        return Ok(Expr::Unary { op: *k, x });
-    }
-    if let Some(k) = ScalarKind::ALL.iter().find(|k| k.name() == op) {
-        let x = l.name("the operand (a name)")?;
-        let what = match k {
-            ScalarKind::Powf => "the exponent (a number)",
-            _ => "the constant (a number)",
+        let op = match op.param() {
+            None => op,
+            Some(_) => {
+                let what = match op {
+                    UnaryOp::Powf(_) => "the exponent (a number)",
+                    _ => "the constant (a number)",
+                };
+                op.with_param(l.float(what)?)
+            }
         };
-        let value = l.float(what)?;
-        return Ok(Expr::Scalar { op: *k, x, value });
+        return Ok(Expr::Unary { op, x });
     }
     Ok(match op {
+        "detach" => Expr::Detach {
+            x: l.name("the operand (a name)")?,
+        },
         "input" | "const" => leaf(l, op == "input")?,
         "sum" | "mean" => {
             let x = l.name("the operand (a name)")?;

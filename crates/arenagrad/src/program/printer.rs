@@ -34,11 +34,13 @@ pub(crate) fn tokens(p: &Program, i: usize) -> Vec<String> {
             t.push(name(*lhs));
             t.push(name(*rhs));
         }
-        Expr::Unary { x, .. } => t.push(name(*x)),
-        Expr::Scalar { x, value, .. } => {
+        Expr::Unary { x, op } => {
             t.push(name(*x));
-            t.push(float(*value));
+            if let Some(p) = op.param() {
+                t.push(float(p));
+            }
         }
+        Expr::Detach { x } => t.push(name(*x)),
         Expr::Reduce { x, axes, .. } => {
             t.push(name(*x));
             t.extend(axes.iter().map(|a| a.to_string()));

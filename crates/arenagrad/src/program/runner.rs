@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use arenagrad_graph::{CustomOp, DType, Graph, GraphError, HostData, HostTensor, Tensor};
 
-use super::ast::{BinaryKind, Expr, Program, ReduceKind, ScalarKind, UnaryKind};
+use super::ast::{Expr, Program, ReduceKind};
 use super::error::ProgramError;
 use super::infer::{check, check_run, Limits, StmtInfo};
 
@@ -235,43 +235,9 @@ pub fn apply_default<'g>(
             op: "program",
             what: "a leaf is not an op",
         }),
-        Expr::Binary { op, .. } => {
-            let (a, b) = (arg(0)?, arg(1)?);
-            match op {
-                BinaryKind::Add => a.add(b),
-                BinaryKind::Sub => a.sub(b),
-                BinaryKind::Mul => a.mul(b),
-                BinaryKind::Div => a.div(b),
-                BinaryKind::Pow => a.pow(b),
-                BinaryKind::Maximum => a.maximum(b),
-                BinaryKind::Minimum => a.minimum(b),
-            }
-        }
-        Expr::Unary { op, .. } => {
-            let a = arg(0)?;
-            match op {
-                UnaryKind::Neg => a.neg(),
-                UnaryKind::Exp => a.exp(),
-                UnaryKind::Log => a.log(),
-                UnaryKind::Sqrt => a.sqrt(),
-                UnaryKind::Abs => a.abs(),
-                UnaryKind::Sin => a.sin(),
-                UnaryKind::Cos => a.cos(),
-                UnaryKind::Tanh => a.tanh(),
-                UnaryKind::Sigmoid => a.sigmoid(),
-                UnaryKind::Relu => a.relu(),
-                UnaryKind::Gelu => a.gelu(),
-                UnaryKind::Detach => a.detach(),
-            }
-        }
-        Expr::Scalar { op, value, .. } => {
-            let a = arg(0)?;
-            match op {
-                ScalarKind::Scale => a.scale(*value),
-                ScalarKind::Shift => a.shift(*value),
-                ScalarKind::Powf => a.powf(*value),
-            }
-        }
+        Expr::Binary { op, .. } => arg(0)?.binary(*op, arg(1)?),
+        Expr::Unary { op, .. } => arg(0)?.unary(*op),
+        Expr::Detach { .. } => arg(0)?.detach(),
         Expr::Reduce { op, axes, .. } => {
             let a = arg(0)?;
             let axes = axes.iter().map(|&x| ax(x)).collect::<Result<Vec<_>, _>>()?;

@@ -1,78 +1,24 @@
 //! Elementwise kernels: unary maps, their fused derivatives, and broadcasting binary maps.
+//!
+//! The per-element functions are the op tables' rows ([`crate::ops`]); this file has the loops
+//! (tiny, vectorised, threaded) they run in. A few ops take a hand-written path instead of their
+//! row (`exp` and `tanh` through [`super::fastmath`], `shift`'s derivative of 1 as no pass at
+//! all); a test holds each such path to its row.
 
 use super::par::{par_chunks_mut, PAR_MIN_ELEMS};
 use super::wide::{wide, WIDE_MIN_ELEMS};
 use crate::layout::{broadcast_strides, contiguous_strides, walk};
+use crate::ops::{BinaryKernel, UnaryGradKernel, UnaryKernel};
 use crate::{BinaryOp, Float, UnaryOp};
-
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-const GELU_C: f64 = 0.044_715;
-
-/// `x^p` as PyTorch computes a power with a scalar exponent: `±0.5` through the square root
-/// (so `(-inf)^0.5` is NaN, not C's `+inf`), every other exponent through `pow`.
-#[inline(always)]
-fn pow_scalar<T: Float>(x: T, p: f64) -> T {
-    if p == 0.5 {
-        x.sqrt()
-    } else if p == -0.5 {
-        T::ONE / x.sqrt()
-    } else {
-        x.powf(T::from_f64(p))
-    }
-}
-
-#[inline(always)]
-fn sigmoid<T: Float>(x: T) -> T {
-    // Stable on both tails: never exponentiates a large positive number.
-    if x >= T::ZERO {
-        T::ONE / (T::ONE + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (T::ONE + e)
-    }
-}
-
-#[inline(always)]
-fn gelu<T: Float>(x: T) -> T {
-    let c = T::from_f64(SQRT_2_OVER_PI);
-    let u = c * (x + T::from_f64(GELU_C) * x * x * x);
-    T::from_f64(0.5) * x * (T::ONE + u.tanh())
-}
-
-#[inline(always)]
-fn gelu_grad<T: Float>(x: T) -> T {
-    let c = T::from_f64(SQRT_2_OVER_PI);
-    let k = T::from_f64(GELU_C);
-    let t = (c * (x + k * x * x * x)).tanh();
-    let half = T::from_f64(0.5);
-    half * (T::ONE + t) + half * x * (T::ONE - t * t) * c * (T::ONE + T::from_f64(3.0) * k * x * x)
-}
 
 /// Below this many elements an elementwise kernel is one plain loop, with no thread split and no
 /// width dispatch, in a function small enough to need no saved registers: at that size (the
 /// tiny-op chain's) the call around the loop is most of the cost.
 const TINY_ELEMS: usize = WIDE_MIN_ELEMS;
 
-/// Runs `f`, the hot loop over `len` elements, at the widest SIMD level, or when `tiny` as a
-/// plain [`tiny_loop`].
-#[inline(always)]
-fn wide_unless<R>(tiny: bool, len: usize, f: impl FnOnce() -> R) -> R {
-    if tiny {
-        tiny_loop(f)
-    } else {
-        wide(len, f)
-    }
-}
-
-/// A tiny kernel's loop, in a function of its own: the dispatching function then makes no call
-/// it must come back from (each arm jumps to its loop), so it saves no registers. [`map_tiny`]
-/// and [`zip3_tiny`] take their slices as arguments, in registers.
-#[inline(never)]
-fn tiny_loop<R>(f: impl FnOnce() -> R) -> R {
-    f()
-}
-
-/// [`map_into`]'s tiny loop (see [`tiny_loop`]).
+/// [`map_into`]'s tiny loop, in a function of its own: the dispatching function then makes no
+/// call it must come back from (each arm jumps to its loop), so it saves no registers; the
+/// slices come as arguments, in registers.
 #[inline(never)]
 fn map_tiny<T: Float>(x: &[T], out: &mut [T], f: impl Fn(T) -> T) {
     for (o, &v) in out.iter_mut().zip(x) {
@@ -80,7 +26,7 @@ fn map_tiny<T: Float>(x: &[T], out: &mut [T], f: impl Fn(T) -> T) {
     }
 }
 
-/// [`zip3_in_place`]'s tiny loop (see [`tiny_loop`]).
+/// [`zip3_in_place`]'s tiny loop (see [`map_tiny`]).
 #[inline(never)]
 fn zip3_tiny<T: Float, F: Fn(T, T, T) -> T + ?Sized>(x: &[T], y: &[T], g: &mut [T], f: &F) {
     for ((o, &xv), &yv) in g.iter_mut().zip(x).zip(y) {
@@ -133,65 +79,43 @@ fn unary_wide<T: Float>(op: UnaryOp, x: &[T], out: &mut [T], threads: usize) {
     unary_any(op, x, out, threads, false)
 }
 
+/// [`map_into`] over one slice, as a [`UnaryKernel`].
+struct Map<'a, T> {
+    x: &'a [T],
+    out: &'a mut [T],
+    threads: usize,
+    tiny: bool,
+}
+
+impl<T: Float> UnaryKernel<T> for Map<'_, T> {
+    type Out = ();
+    #[inline(always)]
+    fn run<F: Fn(T) -> T + Sync + Copy>(self, f: F) {
+        map_into(self.x, self.out, self.threads, self.tiny, f)
+    }
+}
+
 #[inline(always)]
 fn unary_any<T: Float>(op: UnaryOp, x: &[T], out: &mut [T], threads: usize, tiny: bool) {
     debug_assert_eq!(x.len(), out.len());
     match op {
-        UnaryOp::Neg => map_into(x, out, threads, tiny, |v| -v),
         UnaryOp::Exp if tiny => T::exp_into(x, out),
         UnaryOp::Exp => super::fastmath::exp_slice(x, out, threads),
-        UnaryOp::Log => map_into(x, out, threads, tiny, |v| v.ln()),
-        UnaryOp::Sqrt => map_into(x, out, threads, tiny, |v| v.sqrt()),
-        UnaryOp::Abs => map_into(x, out, threads, tiny, |v| v.abs()),
-        UnaryOp::Sin => map_into(x, out, threads, tiny, |v| v.sin()),
-        UnaryOp::Cos => map_into(x, out, threads, tiny, |v| v.cos()),
         UnaryOp::Tanh if tiny => T::tanh_into(x, out),
         UnaryOp::Tanh => super::fastmath::tanh_slice(x, out, threads),
-        UnaryOp::Sigmoid => map_into(x, out, threads, tiny, sigmoid),
-        // `v < 0`, so that NaN stays NaN (as PyTorch's relu) and −0 stays −0.
-        UnaryOp::Relu => map_into(
-            x,
-            out,
-            threads,
-            tiny,
-            |v| if v < T::ZERO { T::ZERO } else { v },
-        ),
-        UnaryOp::Gelu => map_into(x, out, threads, tiny, gelu),
-        UnaryOp::Sign => map_into(x, out, threads, tiny, |v| {
-            if v > T::ZERO {
-                T::ONE
-            } else if v < T::ZERO {
-                -T::ONE
-            } else {
-                T::ZERO
-            }
-        }),
-        // relu's derivative as a value: 0 where `v <= 0`, else 1 (NaN included, as PyTorch's
-        // `threshold_backward` passes the gradient through a NaN).
-        UnaryOp::Step => map_into(x, out, threads, tiny, |v| {
-            if v <= T::ZERO {
-                T::ZERO
-            } else {
-                T::ONE
-            }
-        }),
-        UnaryOp::Scale(s) => {
-            let s = T::from_f64(s);
-            map_into(x, out, threads, tiny, move |v| v * s)
-        }
-        UnaryOp::Shift(s) => {
-            let s = T::from_f64(s);
-            map_into(x, out, threads, tiny, move |v| v + s)
-        }
-        UnaryOp::Powf(p) => {
-            if p == 2.0 {
-                map_into(x, out, threads, tiny, |v| v * v)
-            } else {
-                map_into(x, out, threads, tiny, move |v| pow_scalar(v, p))
-            }
-        }
-        UnaryOp::GeluGrad => map_into(x, out, threads, tiny, gelu_grad),
+        _ => unary_row(op, x, out, threads, tiny),
     }
+}
+
+/// The unary op as its table row writes it (no hand-written path).
+#[inline(always)]
+fn unary_row<T: Float>(op: UnaryOp, x: &[T], out: &mut [T], threads: usize, tiny: bool) {
+    op.with_forward(Map {
+        x,
+        out,
+        threads,
+        tiny,
+    })
 }
 
 /// `g[i] = f(x[i], y[i], g[i])`, monomorphised per `f` so the loop inlines and vectorises.
@@ -259,6 +183,23 @@ fn unary_grad_wide<T: Float>(op: UnaryOp, x: &[T], y: &[T], g: &mut [T], threads
     unary_grad_any(op, x, y, g, threads, false)
 }
 
+/// [`zip3_in_place`] over one gradient, as a [`UnaryGradKernel`].
+struct Zip3<'a, T> {
+    x: &'a [T],
+    y: &'a [T],
+    g: &'a mut [T],
+    threads: usize,
+    tiny: bool,
+}
+
+impl<T: Float> UnaryGradKernel<T> for Zip3<'_, T> {
+    type Out = ();
+    #[inline(always)]
+    fn run<F: Fn(T, T, T) -> T + Sync + Copy>(self, f: F) {
+        zip3_in_place(self.x, self.y, self.g, self.threads, self.tiny, &f)
+    }
+}
+
 #[inline(always)]
 fn unary_grad_any<T: Float>(
     op: UnaryOp,
@@ -270,110 +211,29 @@ fn unary_grad_any<T: Float>(
 ) {
     debug_assert!(x.len() == g.len() && y.len() == g.len());
     match op {
-        UnaryOp::Neg => {
-            for v in g.iter_mut() {
-                *v = -*v;
-            }
-        }
-        UnaryOp::Exp => zip3_in_place(x, y, g, threads, tiny, &|_, y, g| g * y),
-        UnaryOp::Log => zip3_in_place(x, y, g, threads, tiny, &|x, _, g| g / x),
-        UnaryOp::Sqrt => zip3_in_place(x, y, g, threads, tiny, &|_, y, g| g * T::from_f64(0.5) / y),
-        UnaryOp::Abs | UnaryOp::Sign => zip3_in_place(x, y, g, threads, tiny, &|x, _, g| {
-            if x > T::ZERO {
-                g
-            } else if x < T::ZERO {
-                -g
-            } else {
-                T::ZERO
-            }
-        }),
-        UnaryOp::Sin => zip3_in_place(x, y, g, threads, tiny, &|x, _, g| g * x.cos()),
-        UnaryOp::Cos => zip3_in_place(x, y, g, threads, tiny, &|x, _, g| -(g * x.sin())),
-        UnaryOp::Tanh => {
-            // The hot case of the tiny-op chain: a plain loop the compiler vectorises.
-            wide_unless(
-                tiny,
-                g.len(),
-                #[inline(always)]
-                move || {
-                    for (o, &yv) in g.iter_mut().zip(y) {
-                        *o *= T::ONE - yv * yv;
-                    }
-                },
-            )
-        }
-        UnaryOp::Sigmoid => zip3_in_place(x, y, g, threads, tiny, &|_, y, g| g * y * (T::ONE - y)),
-        UnaryOp::Relu | UnaryOp::Step => zip3_in_place(x, y, g, threads, tiny, &|x, _, g| {
-            if x <= T::ZERO {
-                T::ZERO
-            } else {
-                g
-            }
-        }),
-        UnaryOp::Gelu => zip3_in_place(x, y, g, threads, tiny, &|x, _, g| g * gelu_grad(x)),
-        UnaryOp::Scale(s) => {
-            let s = T::from_f64(s);
-            wide_unless(
-                tiny,
-                g.len(),
-                #[inline(always)]
-                move || {
-                    for v in g.iter_mut() {
-                        *v *= s;
-                    }
-                },
-            )
-        }
+        // A derivative of 1 leaves the gradient as it is.
         UnaryOp::Shift(_) => {}
-        // x⁰ is constant: its derivative is 0 everywhere, also where `0·x⁻¹` would be NaN
-        // (PyTorch's rule).
-        UnaryOp::Powf(0.0) => g.fill(T::ZERO),
-        UnaryOp::Powf(p) => {
-            let pm1 = p - 1.0;
-            let pt = T::from_f64(p);
-            zip3_in_place(x, y, g, threads, tiny, &move |x, _, g| {
-                g * pt * pow_scalar(x, pm1)
-            })
-        }
-        UnaryOp::GeluGrad => {
-            // d/dx gelu'(x), by central difference of the closed form would lose precision; the
-            // graph never asks for it (gelu's create_graph rule is written in primitive ops).
-            unreachable!("invariant: GeluGrad has no fused derivative")
-        }
+        _ => unary_grad_row(op, x, y, g, threads, tiny),
     }
 }
 
+/// The unary derivative as its table row writes it.
 #[inline(always)]
-fn binary_fn<T: Float>(op: BinaryOp) -> fn(T, T) -> T {
-    match op {
-        BinaryOp::Add => |a, b| a + b,
-        BinaryOp::Sub => |a, b| a - b,
-        BinaryOp::Mul => |a, b| a * b,
-        BinaryOp::Div => |a, b| a / b,
-        BinaryOp::Pow => |a, b| a.powf(b),
-        BinaryOp::Maximum => |a: T, b| a.max(b),
-        BinaryOp::Minimum => |a: T, b| a.min(b),
-        // maximum's share of the gradient for `a`: none where `a < b`, half on a tie, all
-        // otherwise (a NaN on either side included, as PyTorch's rule).
-        BinaryOp::GtMask => |a, b| {
-            if a < b {
-                T::ZERO
-            } else if a == b {
-                T::from_f64(0.5)
-            } else {
-                T::ONE
-            }
-        },
-        // NaN matches NaN, so the maximum of a slice holding NaN is found among its NaNs.
-        #[allow(clippy::eq_op)]
-        BinaryOp::EqMask => |a, b| {
-            if a == b || (a != a && b != b) {
-                T::ONE
-            } else {
-                T::ZERO
-            }
-        },
-    }
+fn unary_grad_row<T: Float>(
+    op: UnaryOp,
+    x: &[T],
+    y: &[T],
+    g: &mut [T],
+    threads: usize,
+    tiny: bool,
+) {
+    op.with_grad(Zip3 {
+        x,
+        y,
+        g,
+        threads,
+        tiny,
+    })
 }
 
 #[inline(always)]
@@ -480,12 +340,42 @@ pub fn binary<T: Float>(
     osh: &[usize],
     threads: usize,
 ) {
-    match op {
-        BinaryOp::Add => binary_rows(|x, y| x + y, a, ash, b, bsh, out, osh, threads),
-        BinaryOp::Sub => binary_rows(|x, y| x - y, a, ash, b, bsh, out, osh, threads),
-        BinaryOp::Mul => binary_rows(|x, y| x * y, a, ash, b, bsh, out, osh, threads),
-        BinaryOp::Div => binary_rows(|x, y| x / y, a, ash, b, bsh, out, osh, threads),
-        _ => binary_rows(binary_fn::<T>(op), a, ash, b, bsh, out, osh, threads),
+    op.with_fn(Rows {
+        a,
+        ash,
+        b,
+        bsh,
+        out,
+        osh,
+        threads,
+    })
+}
+
+/// [`binary_rows`] over one broadcast pair, as a [`BinaryKernel`].
+struct Rows<'a, T> {
+    a: &'a [T],
+    ash: &'a [usize],
+    b: &'a [T],
+    bsh: &'a [usize],
+    out: &'a mut [T],
+    osh: &'a [usize],
+    threads: usize,
+}
+
+impl<T: Float> BinaryKernel<T> for Rows<'_, T> {
+    type Out = ();
+    #[inline(always)]
+    fn run<F: Fn(T, T) -> T + Sync + Copy>(self, f: F) {
+        let Rows {
+            a,
+            ash,
+            b,
+            bsh,
+            out,
+            osh,
+            threads,
+        } = self;
+        binary_rows(f, a, ash, b, bsh, out, osh, threads)
     }
 }
 
@@ -552,7 +442,7 @@ mod tests {
                 Neg | Abs | Sqrt | Relu | Sign | Step | Scale(_) | Shift(_)
             )
         };
-        for op in crate::ALL_UNARY_OPS {
+        for &op in UnaryOp::SAMPLES {
             if cfg!(miri) && !libm_free(op) {
                 continue;
             }
@@ -562,17 +452,13 @@ mod tests {
                 .map(|i| T::from_f64(0.5 + (i % 7) as f64 * 0.25))
                 .collect();
             let mut dg_long = g_long.clone();
-            if op != UnaryOp::GeluGrad {
-                unary_grad_in_place(op, &long, &y_long, &mut dg_long, 2);
-            }
+            unary_grad_in_place(op, &long, &y_long, &mut dg_long, 2);
             for n in 1..TINY_ELEMS {
                 let (x, y) = (&long[..n], y_of(op, &long[..n]));
                 assert!(same(&y, &y_long[..n]), "{op:?} forward, {n} elements");
-                if op != UnaryOp::GeluGrad {
-                    let mut dg = g_long[..n].to_vec();
-                    unary_grad_in_place(op, x, &y_long[..n], &mut dg, 2);
-                    assert!(same(&dg, &dg_long[..n]), "{op:?} backward, {n} elements");
-                }
+                let mut dg = g_long[..n].to_vec();
+                unary_grad_in_place(op, x, &y_long[..n], &mut dg, 2);
+                assert!(same(&dg, &dg_long[..n]), "{op:?} backward, {n} elements");
             }
         }
     }
@@ -584,6 +470,49 @@ mod tests {
         ];
         tiny_matches_wide::<f64>(&vals);
         tiny_matches_wide::<f32>(&vals.map(|v| v as f32));
+    }
+
+    /// The hand-written paths (fastmath's `exp` and `tanh`, `shift`'s empty derivative) give
+    /// what the table's rows give: within a few units in the last place for the approximations,
+    /// bit for bit otherwise.
+    #[test]
+    #[cfg_attr(miri, ignore)] // libm differs from call to call under Miri
+    fn hand_written_paths_match_their_rows() {
+        fn check<T: Float>(tol: f64) {
+            let x: Vec<T> = (0..300)
+                .map(|i| T::from_f64((i as f64 - 150.0) * 0.07))
+                .collect();
+            for &op in UnaryOp::SAMPLES {
+                for tiny in [true, false] {
+                    let (mut a, mut b) = (vec![T::ZERO; x.len()], vec![T::ZERO; x.len()]);
+                    unary_any(op, &x, &mut a, 2, tiny);
+                    unary_row(op, &x, &mut b, 2, tiny);
+                    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+                        let (a, b) = (a.to_f64(), b.to_f64());
+                        let ok = a == b
+                            || (a.is_nan() && b.is_nan())
+                            || (a - b).abs() <= tol * b.abs().max(1e-30);
+                        assert!(ok, "{op:?} forward at {}: {a} vs row {b}", x[i]);
+                    }
+                    let y = b;
+                    let g0: Vec<T> = (0..x.len())
+                        .map(|i| T::from_f64(0.5 + i as f64 * 0.01))
+                        .collect();
+                    let (mut ga, mut gb) = (g0.clone(), g0);
+                    unary_grad_any(op, &x, &y, &mut ga, 2, tiny);
+                    unary_grad_row(op, &x, &y, &mut gb, 2, tiny);
+                    for (a, b) in ga.iter().zip(&gb) {
+                        assert!(
+                            a.to_f64().to_bits() == b.to_f64().to_bits()
+                                || (a.to_f64().is_nan() && b.to_f64().is_nan()),
+                            "{op:?} derivative"
+                        );
+                    }
+                }
+            }
+        }
+        check::<f32>(4.0 * f32::EPSILON as f64);
+        check::<f64>(4.0 * f64::EPSILON);
     }
 
     #[test]

@@ -4,14 +4,7 @@ use super::wide::wide;
 use crate::layout::{contiguous_strides, walk};
 use crate::Float;
 
-/// What a reduction computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReduceOp {
-    /// Sum.
-    Sum,
-    /// Maximum (NaN propagates).
-    Max,
-}
+pub use crate::ops::ReduceOp;
 
 /// Reduces `x` of `shape` over the axes where `reduced[d]` is true. `out` is laid out as the
 /// keep-dim result (reduced axes of extent 1), so its length is the product of the kept extents.

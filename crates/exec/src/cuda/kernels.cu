@@ -6,6 +6,10 @@
 // `crates/exec/src/cpu` computes, element for element; only the order of floating-point
 // additions in reductions may differ.
 //
+// The elementwise ops themselves are not written here: `kernel_source()` prepends the op tables'
+// CUDA columns (crates/exec/src/ops) as `#define`s — the op codes (`U_*`, `B_*`, `R_*`) and the
+// `switch` cases UNARY_CASES, UNARY_GRAD_CASES and BINARY_CASES used below.
+//
 // Conventions, shared with `mod.rs`:
 // * Device pointers, sizes and op codes are passed as 64-bit integers (`unsigned long long`),
 //   scalar parameters as `double` (rounded to the element type here, as the CPU kernels do).
@@ -59,6 +63,8 @@ template <> struct M<float> {
         return x > 88.72f ? __int_as_float(0x7f800000) : expf(x);
     }
     static __device__ __forceinline__ float log_(float x) { return logf(x); }
+    static __device__ __forceinline__ float log1p_(float x) { return log1pf(x); }
+    static __device__ __forceinline__ float erf_(float x) { return erff(x); }
     static __device__ __forceinline__ float sqrt_(float x) { return sqrtf(x); }
     static __device__ __forceinline__ float abs_(float x) { return fabsf(x); }
     static __device__ __forceinline__ float sin_(float x) { return sinf(x); }
@@ -71,6 +77,8 @@ template <> struct M<float> {
 template <> struct M<double> {
     static __device__ __forceinline__ double exp_(double x) { return exp(x); }
     static __device__ __forceinline__ double log_(double x) { return log(x); }
+    static __device__ __forceinline__ double log1p_(double x) { return log1p(x); }
+    static __device__ __forceinline__ double erf_(double x) { return erf(x); }
     static __device__ __forceinline__ double sqrt_(double x) { return sqrt(x); }
     static __device__ __forceinline__ double abs_(double x) { return fabs(x); }
     static __device__ __forceinline__ double sin_(double x) { return sin(x); }
@@ -149,25 +157,6 @@ template <typename T> __device__ __forceinline__ void fill_k(T* out, u64 n, doub
     GRID_LOOP(i, n) out[i] = x;
 }
 
-// Op codes of UnaryOp, in the order of `unary_code` in mod.rs.
-#define U_NEG 0
-#define U_EXP 1
-#define U_LOG 2
-#define U_SQRT 3
-#define U_ABS 4
-#define U_SIN 5
-#define U_COS 6
-#define U_TANH 7
-#define U_SIGMOID 8
-#define U_RELU 9
-#define U_GELU 10
-#define U_GELU_GRAD 11
-#define U_SIGN 12
-#define U_STEP 13
-#define U_SCALE 14
-#define U_SHIFT 15
-#define U_POWF 16
-
 template <typename T> __device__ __forceinline__ T sigmoid_(T x) {
     if (x >= (T)0) {
         return (T)1 / ((T)1 + M<T>::exp_(-x));
@@ -191,25 +180,11 @@ template <typename T> __device__ __forceinline__ T gelu_grad_(T x) {
     return half * ((T)1 + t) + half * x * ((T)1 - t * t) * c * ((T)1 + (T)3.0 * k * x * x);
 }
 
-template <typename T> __device__ __forceinline__ T unary_one(u64 op, T v, double p) {
+// The unary table's forward: `UNARY_CASES` (prepended from arenagrad_exec::ops) is one
+// `case CODE: return (expr);` per row, in `x` and `p`.
+template <typename T> __device__ __forceinline__ T unary_one(u64 op, T x, double p) {
     switch (op) {
-    case U_NEG: return -v;
-    case U_EXP: return M<T>::exp_(v);
-    case U_LOG: return M<T>::log_(v);
-    case U_SQRT: return M<T>::sqrt_(v);
-    case U_ABS: return M<T>::abs_(v);
-    case U_SIN: return M<T>::sin_(v);
-    case U_COS: return M<T>::cos_(v);
-    case U_TANH: return M<T>::tanh_(v);
-    case U_SIGMOID: return sigmoid_(v);
-    case U_RELU: return v < (T)0 ? (T)0 : v;
-    case U_GELU: return gelu_(v);
-    case U_GELU_GRAD: return gelu_grad_(v);
-    case U_SIGN: return v > (T)0 ? (T)1 : (v < (T)0 ? (T)-1 : (T)0);
-    case U_STEP: return v <= (T)0 ? (T)0 : (T)1;
-    case U_SCALE: return v * (T)p;
-    case U_SHIFT: return v + (T)p;
-    case U_POWF: return p == 2.0 ? v * v : pow_scalar_(v, p);
+    UNARY_CASES
     default: return M<T>::nan_();
     }
 }
@@ -219,26 +194,11 @@ __device__ __forceinline__ void unary_k(const T* x, T* out, u64 n, u64 op, doubl
     GRID_LOOP(i, n) out[i] = unary_one<T>(op, x[i], p);
 }
 
-// gy * op'(x), written as cpu::unary_grad writes it (y is the forward output).
+// The unary table's derivative g * op'(x), in `x`, `y` (the forward output), `g` and `p`.
 template <typename T>
 __device__ __forceinline__ T unary_grad_one(u64 op, T x, T y, T g, double p) {
     switch (op) {
-    case U_NEG: return -g;
-    case U_EXP: return g * y;
-    case U_LOG: return g / x;
-    case U_SQRT: return g * (T)0.5 / y;
-    case U_ABS:
-    case U_SIGN: return x > (T)0 ? g : (x < (T)0 ? -g : (T)0);
-    case U_SIN: return g * M<T>::cos_(x);
-    case U_COS: return -(g * M<T>::sin_(x));
-    case U_TANH: return g * ((T)1 - y * y);
-    case U_SIGMOID: return g * y * ((T)1 - y);
-    case U_RELU:
-    case U_STEP: return x <= (T)0 ? (T)0 : g;
-    case U_GELU: return g * gelu_grad_(x);
-    case U_SCALE: return g * (T)p;
-    case U_SHIFT: return g;
-    case U_POWF: return p == 0.0 ? (T)0 : g * (T)p * pow_scalar_(x, p - 1.0);
+    UNARY_GRAD_CASES
     default: return M<T>::nan_();
     }
 }
@@ -249,28 +209,10 @@ __device__ __forceinline__ void unary_grad_k(const T* x, const T* y, const T* gy
     GRID_LOOP(i, n) out[i] = unary_grad_one<T>(op, x[i], y[i], gy[i], p);
 }
 
-// Op codes of BinaryOp, in the order of `binary_code` in mod.rs.
-#define B_ADD 0
-#define B_SUB 1
-#define B_MUL 2
-#define B_DIV 3
-#define B_POW 4
-#define B_MAXIMUM 5
-#define B_MINIMUM 6
-#define B_GT_MASK 7
-#define B_EQ_MASK 8
-
+// The binary table's function, in `a` and `b`.
 template <typename T> __device__ __forceinline__ T binary_one(u64 op, T a, T b) {
     switch (op) {
-    case B_ADD: return a + b;
-    case B_SUB: return a - b;
-    case B_MUL: return a * b;
-    case B_DIV: return a / b;
-    case B_POW: return M<T>::pow_(a, b);
-    case B_MAXIMUM: return fmax_(a, b);
-    case B_MINIMUM: return fmin_(a, b);
-    case B_GT_MASK: return a < b ? (T)0 : (a == b ? (T)0.5 : (T)1);
-    case B_EQ_MASK: return (a == b || (a != a && b != b)) ? (T)1 : (T)0;
+    BINARY_CASES
     default: return M<T>::nan_();
     }
 }
@@ -310,9 +252,6 @@ __device__ __forceinline__ void copy_strided_k(const T* src, u64 src_off, T* dst
 
 // ---------------------------------------------------------------------------------------------
 // Reductions.
-
-#define R_SUM 0
-#define R_MAX 1
 
 template <typename T> __device__ __forceinline__ T reduce_init(u64 op) {
     return op == R_MAX ? M<T>::neg_inf() : (T)0;

@@ -175,9 +175,11 @@ pub fn device_count() -> Result<usize, CudaError> {
     }
 }
 
-/// The CUDA C source of the kernels.
+/// The CUDA C source of the kernels: the op tables' definitions ([`crate::ops`]: op codes and
+/// `switch` cases) followed by `kernels.cu`.
 pub fn kernel_source() -> &'static str {
-    include_str!("kernels.cu")
+    static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SOURCE.get_or_init(|| crate::ops::cuda_defines() + include_str!("kernels.cu"))
 }
 
 /// The names of every kernel the backend loads.

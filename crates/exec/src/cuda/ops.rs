@@ -7,8 +7,7 @@
 use arenagrad_alloc::block_cache::DevicePtr;
 
 use super::params::{
-    self, around_axis, binary_code, blocks_for, blocks_per_item, check_broadcast, count, invalid,
-    reduce_code, strided, unary_code, K,
+    self, around_axis, blocks_for, blocks_per_item, check_broadcast, count, invalid, strided, K,
 };
 use super::{launch, CudaBackend, CudaError};
 use crate::cpu::{ReduceOp, Window};
@@ -49,13 +48,12 @@ impl CudaBackend {
             return Ok(());
         }
         self.bind()?;
-        let (code, p) = unary_code(op);
+        let (code, p) = (op.code(), op.param().unwrap_or(0.0));
         launch!(self, K::Unary, dt, "unary", blocks_for(n); x.0, out.0, n, code, p)
     }
 
     /// `out[i] = gy[i]·op'(x[i])` for `i < n`, with `y = op(x)` the forward output, as
-    /// [`crate::cpu::unary_grad`]. [`UnaryOp::GeluGrad`] has no fused derivative (as on the CPU):
-    /// [`CudaError::InvalidArgument`].
+    /// [`crate::cpu::unary_grad`].
     #[allow(clippy::too_many_arguments)]
     pub fn unary_grad(
         &self,
@@ -67,18 +65,12 @@ impl CudaBackend {
         out: DevicePtr,
         n: usize,
     ) -> Result<(), CudaError> {
-        if op == UnaryOp::GeluGrad {
-            return Err(invalid(
-                "unary_grad",
-                "gelu_grad has no fused derivative (its second-order rule uses primitive ops)",
-            ));
-        }
         let n = n as u64;
         if n == 0 {
             return Ok(());
         }
         self.bind()?;
-        let (code, p) = unary_code(op);
+        let (code, p) = (op.code(), op.param().unwrap_or(0.0));
         launch!(self, K::UnaryGrad, dt, "unary_grad", blocks_for(n);
             x.0, y.0, gy.0, out.0, n, code, p)
     }
@@ -111,7 +103,7 @@ impl CudaBackend {
         let p = strided(OP, out_shape, [&so, &sa, &sb])?;
         self.bind()?;
         launch!(self, K::Binary, dt, "binary", blocks_for(n);
-            a.0, b.0, out.0, n, p, binary_code(op))
+            a.0, b.0, out.0, n, p, op.code())
     }
 
     /// `out = cond != 0 ? a : b`, the three broadcast to `out_shape`, as [`crate::cpu::select`].
@@ -189,7 +181,7 @@ impl CudaBackend {
         out: DevicePtr,
     ) -> Result<(), CudaError> {
         let p = params::reduce_params("reduce", shape, mask)?;
-        let code = reduce_code(op);
+        let code = op.code();
         if p.n_out == 0 {
             return Ok(());
         }

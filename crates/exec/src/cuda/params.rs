@@ -1,10 +1,9 @@
-//! Kernel parameters: the `#[repr(C)]` mirrors of the structs in `kernels.cu`, the op codes, the
+//! Kernel parameters: the `#[repr(C)]` mirrors of the structs in `kernels.cu`, the
 //! launch geometry, and the checks that turn shapes into them.
 
 use super::{CudaError, MAX_DIMS};
-use crate::cpu::{ReduceOp, Window};
+use crate::cpu::Window;
 use crate::layout::coalesce;
-use crate::{BinaryOp, UnaryOp};
 
 /// Threads per block of every launch (`BLOCK` in `kernels.cu`).
 pub(crate) const BLOCK: u32 = 256;
@@ -113,52 +112,6 @@ pub(crate) const KERNEL_BASES: [&str; 21] = [
     "col2im",
     "max_pool_indices",
 ];
-
-/// `UnaryOp` as the `U_*` code of `kernels.cu` and its scalar parameter.
-pub(crate) fn unary_code(op: UnaryOp) -> (u64, f64) {
-    match op {
-        UnaryOp::Neg => (0, 0.0),
-        UnaryOp::Exp => (1, 0.0),
-        UnaryOp::Log => (2, 0.0),
-        UnaryOp::Sqrt => (3, 0.0),
-        UnaryOp::Abs => (4, 0.0),
-        UnaryOp::Sin => (5, 0.0),
-        UnaryOp::Cos => (6, 0.0),
-        UnaryOp::Tanh => (7, 0.0),
-        UnaryOp::Sigmoid => (8, 0.0),
-        UnaryOp::Relu => (9, 0.0),
-        UnaryOp::Gelu => (10, 0.0),
-        UnaryOp::GeluGrad => (11, 0.0),
-        UnaryOp::Sign => (12, 0.0),
-        UnaryOp::Step => (13, 0.0),
-        UnaryOp::Scale(s) => (14, s),
-        UnaryOp::Shift(s) => (15, s),
-        UnaryOp::Powf(p) => (16, p),
-    }
-}
-
-/// `BinaryOp` as the `B_*` code of `kernels.cu`.
-pub(crate) fn binary_code(op: BinaryOp) -> u64 {
-    match op {
-        BinaryOp::Add => 0,
-        BinaryOp::Sub => 1,
-        BinaryOp::Mul => 2,
-        BinaryOp::Div => 3,
-        BinaryOp::Pow => 4,
-        BinaryOp::Maximum => 5,
-        BinaryOp::Minimum => 6,
-        BinaryOp::GtMask => 7,
-        BinaryOp::EqMask => 8,
-    }
-}
-
-/// `ReduceOp` as the `R_*` code of `kernels.cu`.
-pub(crate) fn reduce_code(op: ReduceOp) -> u64 {
-    match op {
-        ReduceOp::Sum => 0,
-        ReduceOp::Max => 1,
-    }
-}
 
 pub(crate) fn invalid(op: &'static str, msg: impl Into<String>) -> CudaError {
     CudaError::InvalidArgument {

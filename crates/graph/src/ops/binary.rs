@@ -166,7 +166,7 @@ impl Graph {
                     .select(dtype, c, &csh, x, &ash, y, &bsh, o, &osh))
             }
         }
-        let id = i.push(Shape::from_vec(osh), dtype, out, Op::Select, &ids);
+        let id = i.push(Shape::from_vec(osh), dtype, out, Op::Where, &ids);
         drop(guard);
         Ok(self.handle(id))
     }

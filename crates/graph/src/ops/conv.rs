@@ -165,7 +165,7 @@ impl<'g> Tensor<'g> {
             Some(b) => smallvec![w.id, self.id, b.id],
             None => smallvec![w.id, self.id],
         };
-        let id = i.push(shape, dtype, out, Op::ConvGemm { n, l }, &inputs);
+        let id = i.push(shape, dtype, out, Op::Conv2d { n, l }, &inputs);
         drop(guard);
         Ok(self.g.handle(id))
     }
@@ -312,7 +312,7 @@ impl<'g> Tensor<'g> {
             on_cuda!(i, op, dev, [xb, idx, out], |be, [x, ix, o]| be
                 .max_pool_indices(dtype, x, n, &win, ix)
                 .and_then(|()| be.take(dtype, x, n * per_in, ix, total, o)));
-            let id = i.push(out_shape, dtype, out, Op::TakeFlat { idx }, &[self.id]);
+            let id = i.push(out_shape, dtype, out, Op::MaxPool2d { idx }, &[self.id]);
             drop(guard);
             return Ok(self.g.handle(id));
         }
@@ -336,7 +336,7 @@ impl<'g> Tensor<'g> {
                 cpu::take(x, &ix[b * per_out..(b + 1) * per_out], ob);
             });
         });
-        let id = i.push(out_shape, dtype, out, Op::TakeFlat { idx }, &[self.id]);
+        let id = i.push(out_shape, dtype, out, Op::MaxPool2d { idx }, &[self.id]);
         drop(guard);
         Ok(self.g.handle(id))
     }
@@ -387,9 +387,9 @@ impl<'g> Tensor<'g> {
             }
         }
         let rec = if put {
-            Op::PutFlat { idx }
+            Op::MaxPool2dBackward { idx }
         } else {
-            Op::TakeFlat { idx }
+            Op::MaxPool2d { idx }
         };
         let id = i.push(shape, dtype, out, rec, &[self.id]);
         drop(guard);

@@ -6,8 +6,11 @@
 //! off), the hot rules take a fused path instead — one kernel computing `gy · f'(x)` — since nothing
 //! needs to be differentiated again.
 //!
-//! Adding an op: add a variant to [`Op`], a forward method in the family's file that computes the
-//! output and calls `Inner::push`, and a `backward` arm there; register the arm in [`backward`].
+//! Adding an elementwise op: a row in `arenagrad_exec::ops` and its `create_graph` arm in
+//! `unary.rs`. Adding another op: a variant of [`Op`] (its name in [`Op::name`], whether it holds
+//! heap memory in [`Op::holds_heap`]), a forward method in the family's file that computes the
+//! output and calls `Inner::push`, and its backward rule there, called from [`backward`]. All
+//! three matches are exhaustive, so the compiler lists what is missing.
 
 use std::sync::Arc;
 
@@ -50,7 +53,7 @@ pub(crate) enum Op {
     },
     /// A host convolution's product over a batch, image-major: inputs `[w [o, k], cols [k, n·l]]`
     /// and optionally a bias `[o]`; output `[n, o, l]` (see [`conv`]).
-    ConvGemm {
+    Conv2d {
         n: usize,
         l: usize,
     },
@@ -65,12 +68,12 @@ pub(crate) enum Op {
     Concat {
         axis: usize,
     },
-    Narrow {
+    Slice {
         axis: usize,
         start: usize,
     },
-    /// Narrow's adjoint: zeros of the output's shape with the input placed at `start`.
-    Place {
+    /// Slice's adjoint: zeros of the output's shape with the input placed at `start`.
+    SliceBackward {
         axis: usize,
         start: usize,
     },
@@ -97,7 +100,7 @@ pub(crate) enum Op {
         log: bool,
     },
     /// `cond ? a : b`; inputs are `[cond, a, b]`.
-    Select,
+    Where,
     /// im2col over `[N, C, H, W]` and its adjoint col2im; see [`conv`].
     Unfold(Arc<arenagrad_exec::cpu::Window>),
     Fold(Arc<arenagrad_exec::cpu::Window>),
@@ -106,10 +109,10 @@ pub(crate) enum Op {
     UnfoldBatch(Arc<arenagrad_exec::cpu::Window>),
     FoldBatch(Arc<arenagrad_exec::cpu::Window>),
     /// `out[i] = x[idx[i]]` over flat indices kept in the arena (max pooling), and its adjoint.
-    TakeFlat {
+    MaxPool2d {
         idx: arenagrad_alloc::BufId,
     },
-    PutFlat {
+    MaxPool2dBackward {
         idx: arenagrad_alloc::BufId,
     },
     /// A user-defined op.
@@ -130,17 +133,17 @@ impl Op {
             | Op::Unary(_)
             | Op::Binary(_)
             | Op::Matmul { .. }
-            | Op::ConvGemm { .. }
+            | Op::Conv2d { .. }
             | Op::Addmm { .. }
             | Op::Reshape
             | Op::BroadcastTo
             | Op::Concat { .. }
-            | Op::Narrow { .. }
-            | Op::Place { .. }
+            | Op::Slice { .. }
+            | Op::SliceBackward { .. }
             | Op::Softmax { .. }
-            | Op::Select
-            | Op::TakeFlat { .. }
-            | Op::PutFlat { .. }
+            | Op::Where
+            | Op::MaxPool2d { .. }
+            | Op::MaxPool2dBackward { .. }
             | Op::ToDevice { .. } => false,
             Op::Param(_)
             | Op::Reduce { .. }
@@ -172,27 +175,27 @@ impl Op {
             } => "max",
             Op::Matmul { .. } => "matmul",
             Op::Addmm { .. } => "addmm",
-            Op::ConvGemm { .. } => "conv2d",
+            Op::Conv2d { .. } => "conv2d",
             Op::Reshape => "reshape",
             Op::Permute(_) => "permute",
             Op::BroadcastTo => "broadcast",
             Op::Concat { .. } => "concat",
-            Op::Narrow { .. } => "slice",
-            Op::Place { .. } => "slice_backward",
+            Op::Slice { .. } => "slice",
+            Op::SliceBackward { .. } => "slice_backward",
             Op::IndexSelect { .. } => "index_select",
             Op::IndexAdd { .. } => "index_add",
             Op::Gather { .. } => "gather",
             Op::ScatterAdd { .. } => "scatter_add",
             Op::Softmax { log: false, .. } => "softmax",
             Op::Softmax { log: true, .. } => "log_softmax",
-            Op::Select => "where",
+            Op::Where => "where",
             Op::Custom(c) => c.name(),
             Op::Unfold(_) => "unfold",
             Op::Fold(_) => "fold",
             Op::UnfoldBatch(_) => "unfold_batch",
             Op::FoldBatch(_) => "fold_batch",
-            Op::TakeFlat { .. } => "max_pool2d",
-            Op::PutFlat { .. } => "max_pool2d_backward",
+            Op::MaxPool2d { .. } => "max_pool2d",
+            Op::MaxPool2dBackward { .. } => "max_pool2d_backward",
             Op::ToDevice { .. } => "to_device",
         }
     }
@@ -223,7 +226,8 @@ impl<'g> Ctx<'g> {
 /// Gradients for each input (None: no gradient flows to that input).
 pub(crate) type Grads<'g> = SmallVec<[Option<Tensor<'g>>; 3]>;
 
-/// Runs the backward rule of `op`.
+/// Runs the backward rule of `op`. Exhaustive, with no catch-all: a new variant without a rule
+/// does not compile.
 pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
     match op {
         Op::Leaf | Op::Param(_) => Ok(SmallVec::new()),
@@ -232,18 +236,27 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Reduce { op, mask, keepdim } => reduce::backward(*op, mask, *keepdim, c),
         Op::Matmul { ta, tb } => matmul::backward(*ta, *tb, c),
         Op::Addmm { ta, tb } => matmul::addmm_backward(*ta, *tb, c),
-        Op::ConvGemm { n, l } => conv::conv_gemm_backward(*n, *l, c),
+        Op::Conv2d { n, l } => conv::conv_gemm_backward(*n, *l, c),
         Op::Softmax { axis, log } => softmax::backward(*axis, *log, c),
-        Op::Select => binary::select_backward(c),
+        Op::Where => binary::select_backward(c),
         Op::Custom(op) => custom::backward(op, c),
         Op::Unfold(w) => conv::unfold_backward(w, c),
         Op::Fold(w) => conv::fold_backward(w, c),
         Op::UnfoldBatch(w) => conv::unfold_batch_backward(w, c),
         Op::FoldBatch(w) => conv::fold_batch_backward(w, c),
-        Op::TakeFlat { idx } => conv::take_backward(*idx, c),
-        Op::PutFlat { idx } => conv::put_backward(*idx, c),
+        Op::MaxPool2d { idx } => conv::take_backward(*idx, c),
+        Op::MaxPool2dBackward { idx } => conv::put_backward(*idx, c),
         Op::ToDevice { from } => Ok(smallvec::smallvec![Some(c.gy.to_device(*from)?)]),
-        other => shape::backward(other, c),
+        Op::Reshape => shape::reshape_backward(c),
+        Op::Permute(p) => shape::permute_backward(p, c),
+        Op::BroadcastTo => shape::broadcast_backward(c),
+        Op::Concat { axis } => shape::concat_backward(*axis, c),
+        Op::Slice { axis, start } => shape::slice_backward(*axis, *start, c),
+        Op::SliceBackward { axis, start } => shape::slice_backward_backward(*axis, *start, c),
+        Op::IndexSelect { axis, idx } => shape::index_select_backward(*axis, idx, c),
+        Op::IndexAdd { axis, idx } => shape::index_add_backward(*axis, idx, c),
+        Op::Gather { axis, idx } => shape::gather_backward(*axis, idx, c),
+        Op::ScatterAdd { axis, idx } => shape::scatter_add_backward(*axis, idx, c),
     }
 }
 

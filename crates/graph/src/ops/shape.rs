@@ -1,6 +1,7 @@
 //! Ops that move data: reshape, permute/transpose, broadcast, concat, slice, index-select, gather.
-//! Each copies into a fresh contiguous buffer, so every tensor is contiguous and kernels need no
-//! stride logic beyond broadcasting. (Matmul reads transposes as strides on its own.)
+//! `reshape` is a view (a new node on the same buffer); the others copy into a fresh contiguous
+//! buffer, so every tensor is contiguous and kernels need no stride logic beyond broadcasting.
+//! (Matmul reads transposes as strides on its own.)
 
 use std::sync::Arc;
 
@@ -188,7 +189,7 @@ impl<'g> Tensor<'g> {
         }
         let mut out = shape.clone();
         out[ax] = end - start;
-        self.data_op(op, out, Op::Narrow { axis: ax, start }, false, move |a| {
+        self.data_op(op, out, Op::Slice { axis: ax, start }, false, move |a| {
             a.narrow(ax, start, end - start)
         })
     }
@@ -209,7 +210,7 @@ impl<'g> Tensor<'g> {
         self.data_op(
             "slice_backward",
             out,
-            Op::Place { axis, start },
+            Op::SliceBackward { axis, start },
             true,
             move |a| a.place(axis, extent, start),
         )
@@ -371,7 +372,7 @@ impl Graph {
                     op,
                     dev,
                     dtype,
-                    &Op::Place { axis: ax, start },
+                    &Op::SliceBackward { axis: ax, start },
                     &shape,
                     &out_shape,
                     buf,
@@ -434,12 +435,12 @@ fn device_move(
             on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
                 .copy_strided(dtype, os, x, 0, &src, o, 0, &ost));
         }
-        Op::Narrow { axis, start } => {
+        Op::Slice { axis, start } => {
             let off = start * xst[*axis];
             on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
                 .copy_strided(dtype, os, x, off, &xst, o, 0, &ost));
         }
-        Op::Place { axis, start } => {
+        Op::SliceBackward { axis, start } => {
             let off = start * ost[*axis];
             on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
                 .copy_strided(dtype, xs, x, 0, &xst, o, off, &ost));
@@ -578,50 +579,88 @@ impl KernelArgs<'_> {
     }
 }
 
-pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
-    let g = c.gy;
-    let x = c.input(0);
-    let gx = match op {
-        Op::Reshape => {
-            let s: Vec<isize> = x.shape().iter().map(|&d| d as isize).collect();
-            g.reshape(&s)?
-        }
-        Op::Permute(p) => {
-            let mut inv = vec![0; p.len()];
-            for (k, &pk) in p.iter().enumerate() {
-                inv[pk] = k;
-            }
-            g.permute(&inv)?
-        }
-        Op::BroadcastTo => g.sum_to(&x.shape())?,
-        Op::Narrow { axis, start } => g.place(*axis, *start, x.shape()[*axis])?,
-        Op::Place { axis, start } => {
-            let len = x.shape()[*axis];
-            g.slice(*axis as isize, *start, start + len)?
-        }
-        Op::IndexSelect { axis, idx } => g.index_add(*axis, idx.clone(), x.shape()[*axis])?,
-        Op::IndexAdd { axis, idx } => g.index_select(*axis as isize, idx)?,
-        Op::Gather { axis, idx } => g.scatter_add(*axis, idx.clone(), x.shape())?,
-        Op::ScatterAdd { axis, idx } => {
-            let ish = x.shape();
-            g.gather(*axis as isize, idx, &ish)?
-        }
-        Op::Concat { axis } => {
-            let mut grads: Grads<'g> = SmallVec::new();
-            let mut start = 0;
-            for k in 0..c.inputs.len() {
-                let p = c.input(k);
-                let len = p.shape()[*axis];
-                grads.push(if p.requires_grad() {
-                    Some(g.slice(*axis as isize, start, start + len)?)
-                } else {
-                    None
-                });
-                start += len;
-            }
-            return Ok(grads);
-        }
-        _ => unreachable!("invariant: shape::backward only gets shape ops"),
-    };
-    Ok(smallvec![Some(gx)])
+/// The backward rules of the shape ops, one function per op (dispatched from [`super::backward`]).
+fn one<'g>(g: Tensor<'g>) -> Result<Grads<'g>> {
+    Ok(smallvec![Some(g)])
+}
+
+pub(crate) fn reshape_backward<'g>(c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let s: Vec<isize> = c.input(0).shape().iter().map(|&d| d as isize).collect();
+    one(c.gy.reshape(&s)?)
+}
+
+pub(crate) fn permute_backward<'g>(p: &[usize], c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let mut inv = vec![0; p.len()];
+    for (k, &pk) in p.iter().enumerate() {
+        inv[pk] = k;
+    }
+    one(c.gy.permute(&inv)?)
+}
+
+pub(crate) fn broadcast_backward<'g>(c: &Ctx<'g>) -> Result<Grads<'g>> {
+    one(c.gy.sum_to(&c.input(0).shape())?)
+}
+
+pub(crate) fn slice_backward<'g>(axis: usize, start: usize, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    one(c.gy.place(axis, start, c.input(0).shape()[axis])?)
+}
+
+/// The backward of slice's adjoint: slicing again.
+pub(crate) fn slice_backward_backward<'g>(
+    axis: usize,
+    start: usize,
+    c: &Ctx<'g>,
+) -> Result<Grads<'g>> {
+    let len = c.input(0).shape()[axis];
+    one(c.gy.slice(axis as isize, start, start + len)?)
+}
+
+pub(crate) fn index_select_backward<'g>(
+    axis: usize,
+    idx: &Arc<[usize]>,
+    c: &Ctx<'g>,
+) -> Result<Grads<'g>> {
+    one(c
+        .gy
+        .index_add(axis, idx.clone(), c.input(0).shape()[axis])?)
+}
+
+pub(crate) fn index_add_backward<'g>(
+    axis: usize,
+    idx: &Arc<[usize]>,
+    c: &Ctx<'g>,
+) -> Result<Grads<'g>> {
+    one(c.gy.index_select(axis as isize, idx)?)
+}
+
+pub(crate) fn gather_backward<'g>(
+    axis: usize,
+    idx: &Arc<[usize]>,
+    c: &Ctx<'g>,
+) -> Result<Grads<'g>> {
+    one(c.gy.scatter_add(axis, idx.clone(), c.input(0).shape())?)
+}
+
+pub(crate) fn scatter_add_backward<'g>(
+    axis: usize,
+    idx: &Arc<[usize]>,
+    c: &Ctx<'g>,
+) -> Result<Grads<'g>> {
+    one(c.gy.gather(axis as isize, idx, &c.input(0).shape())?)
+}
+
+pub(crate) fn concat_backward<'g>(axis: usize, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let mut grads: Grads<'g> = SmallVec::new();
+    let mut start = 0;
+    for k in 0..c.inputs.len() {
+        let p = c.input(k);
+        let len = p.shape()[axis];
+        grads.push(if p.requires_grad() {
+            Some(c.gy.slice(axis as isize, start, start + len)?)
+        } else {
+            None
+        });
+        start += len;
+    }
+    Ok(grads)
 }

@@ -1,6 +1,7 @@
 //! Elementwise functions of one tensor, and the scalar forms (`x * s`, `x + s`, `x^p`).
 
 use arenagrad_alloc::{AllocError, BufId};
+use arenagrad_exec::ops::{GELU_C, SOFTPLUS_THRESHOLD, SQRT_2_OVER_PI, TWO_OVER_SQRT_PI};
 use arenagrad_exec::{cpu, UnaryOp};
 use smallvec::smallvec;
 
@@ -10,9 +11,6 @@ use crate::error::{GraphError, Result};
 use crate::graph::{Inner, NodeId, RawResult};
 use crate::shape::{copy_and_numel, copy_of};
 use crate::{Device, Tensor};
-
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-const GELU_C: f64 = 0.044_715;
 
 impl<'g> Tensor<'g> {
     /// Applies an elementwise function.
@@ -144,6 +142,21 @@ impl<'g> Tensor<'g> {
     pub fn gelu(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Gelu)
     }
+    /// SiLU (swish): x · σ(x).
+    #[inline]
+    pub fn silu(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Silu)
+    }
+    /// softplus: ln(1 + eˣ), and `x` itself above 20 (PyTorch's default threshold).
+    #[inline]
+    pub fn softplus(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Softplus)
+    }
+    /// The error function.
+    #[inline]
+    pub fn erf(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::Erf)
+    }
     /// x · s
     #[inline]
     pub fn scale(self, s: f64) -> Result<Tensor<'g>> {
@@ -191,7 +204,7 @@ pub(crate) fn backward_in_place_bufs(
     yb: BufId,
     gid: NodeId,
 ) -> Result<bool> {
-    if matches!(op, UnaryOp::Sign | UnaryOp::Step | UnaryOp::GeluGrad) {
+    if matches!(op, UnaryOp::Sign | UnaryOp::Step) {
         return Ok(false);
     }
     let name = op.name();
@@ -224,10 +237,14 @@ fn gelu_grad_graph<'g>(x: Tensor<'g>) -> Result<Tensor<'g>> {
     left.add(right)
 }
 
+/// The backward rule. Without `create_graph`, one fused kernel (the op table's derivative);
+/// with it, the derivative written in differentiable ops, one arm per op: the match has no
+/// catch-all, so an op without a rule does not compile.
 pub(crate) fn backward<'g>(op: UnaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let (x, y, gy) = (c.input(0), c.out, c.gy);
     let gx = match op {
-        UnaryOp::Sign | UnaryOp::Step | UnaryOp::GeluGrad => return Ok(smallvec![None]),
+        // Piecewise constant: no gradient flows (PyTorch's `sign`).
+        UnaryOp::Sign | UnaryOp::Step => return Ok(smallvec![None]),
         UnaryOp::Shift(_) => gy,
         UnaryOp::Scale(s) => gy.scale(s)?,
         UnaryOp::Neg => gy.neg()?,
@@ -242,6 +259,21 @@ pub(crate) fn backward<'g>(op: UnaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
         UnaryOp::Sigmoid => gy.mul(y.mul(y.neg()?.shift(1.0)?)?)?,
         UnaryOp::Relu => gy.mul(x.unary(UnaryOp::Step)?.detach()?)?,
         UnaryOp::Gelu => gy.mul(gelu_grad_graph(x)?)?,
+        UnaryOp::Silu => {
+            let s = x.sigmoid()?;
+            gy.mul(s.mul(x.mul(s.neg()?.shift(1.0)?)?.shift(1.0)?)?)?
+        }
+        UnaryOp::Softplus => {
+            // σ(x), and exactly 1 above the threshold (where the forward is x): σ + m·(1 − σ)
+            // with m the threshold's mask, a constant.
+            let s = x.sigmoid()?;
+            let m = x
+                .shift(-SOFTPLUS_THRESHOLD)?
+                .unary(UnaryOp::Step)?
+                .detach()?;
+            gy.mul(s.add(m.mul(s.neg()?.shift(1.0)?)?)?)?
+        }
+        UnaryOp::Erf => gy.mul(x.mul(x)?.neg()?.exp()?.scale(TWO_OVER_SQRT_PI)?)?,
         // x⁰ is constant: a zero gradient, not 0·x⁻¹ (NaN at 0), as PyTorch.
         UnaryOp::Powf(0.0) => c.g.full_on(&x.shape(), 0.0, x.dtype(), x.device())?,
         UnaryOp::Powf(p) => gy.mul(x.powf(p - 1.0)?.scale(p)?)?,

@@ -1,0 +1,420 @@
+//! The op tables: one row per elementwise op and per reduction, and everything else comes from
+//! the rows — the [`UnaryOp`]/[`BinaryOp`]/[`ReduceOp`] enums, their names and lists, the CPU
+//! kernels' per-op closures (`cpu::elementwise` runs them), the CUDA op codes and `switch` cases
+//! prepended to the kernel source, and what random programs need to know (domain, positivity,
+//! smoothness). So the CPU and CUDA codes cannot drift, and a derivative is written once per
+//! language. The macros that read the rows are in `table.rs`.
+//!
+//! Adding a unary op: a row here; its `create_graph` rule (the derivative in differentiable
+//! tensor ops) in `arenagrad-graph`'s `ops/unary.rs`, whose match does not compile until it has
+//! one; and a test. The program format, its generator and the CUDA kernels pick the row up.
+
+mod table;
+
+use crate::Float;
+use table::{binary_table, unary_table};
+
+/// Where an op's operand must lie for the op (and its derivative) to be defined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Domain {
+    /// Any value.
+    All,
+    /// Positive values only (`log`, `sqrt`, fractional powers).
+    Positive,
+}
+
+/// Whether an op's output is positive (random programs feed `log` and `sqrt` from such ops).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Positive {
+    /// Not in general.
+    Never,
+    /// Always.
+    Always,
+    /// When its operand is (both operands, for a binary op).
+    IfInput,
+    /// When either operand is.
+    IfEither,
+}
+
+/// A kernel that runs a unary op's forward, given as a closure ([`UnaryOp::with_forward`]).
+pub trait UnaryKernel<T: Float> {
+    /// What the kernel returns.
+    type Out;
+    /// Runs the kernel with `f`, the op on one element.
+    fn run<F: Fn(T) -> T + Sync + Copy>(self, f: F) -> Self::Out;
+}
+
+/// A kernel that runs a unary op's derivative ([`UnaryOp::with_grad`]).
+pub trait UnaryGradKernel<T: Float> {
+    /// What the kernel returns.
+    type Out;
+    /// Runs the kernel with `f(x, y, g) = g · op'(x)`, where `y = op(x)`.
+    fn run<F: Fn(T, T, T) -> T + Sync + Copy>(self, f: F) -> Self::Out;
+}
+
+/// A kernel that runs a binary op ([`BinaryOp::with_fn`]).
+pub trait BinaryKernel<T: Float> {
+    /// What the kernel returns.
+    type Out;
+    /// Runs the kernel with `f`, the op on one pair.
+    fn run<F: Fn(T, T) -> T + Sync + Copy>(self, f: F) -> Self::Out;
+}
+
+/// √(2/π), in GELU's tanh approximation.
+pub const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+/// The cubic coefficient of GELU's tanh approximation.
+pub const GELU_C: f64 = 0.044_715;
+/// 2/√π, erf's slope at 0.
+pub const TWO_OVER_SQRT_PI: f64 = std::f64::consts::FRAC_2_SQRT_PI;
+/// Above this, softplus is `x` (PyTorch's default threshold).
+pub const SOFTPLUS_THRESHOLD: f64 = 20.0;
+
+/// `x^p` as PyTorch computes a power with a scalar exponent: `±0.5` through the square root
+/// (so `(-inf)^0.5` is NaN, not C's `+inf`), every other exponent through `pow`.
+#[inline(always)]
+pub(crate) fn pow_scalar<T: Float>(x: T, p: f64) -> T {
+    if p == 0.5 {
+        x.sqrt()
+    } else if p == -0.5 {
+        T::ONE / x.sqrt()
+    } else {
+        x.powf(T::from_f64(p))
+    }
+}
+
+/// 1 / (1 + e^-x), stable on both tails: never exponentiates a large positive number.
+#[inline(always)]
+pub(crate) fn sigmoid<T: Float>(x: T) -> T {
+    if x >= T::ZERO {
+        T::ONE / (T::ONE + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (T::ONE + e)
+    }
+}
+
+#[inline(always)]
+fn gelu<T: Float>(x: T) -> T {
+    let c = T::from_f64(SQRT_2_OVER_PI);
+    let u = c * (x + T::from_f64(GELU_C) * x * x * x);
+    T::from_f64(0.5) * x * (T::ONE + u.tanh())
+}
+
+#[inline(always)]
+fn gelu_grad<T: Float>(x: T) -> T {
+    let c = T::from_f64(SQRT_2_OVER_PI);
+    let k = T::from_f64(GELU_C);
+    let t = (c * (x + k * x * x * x)).tanh();
+    let half = T::from_f64(0.5);
+    half * (T::ONE + t) + half * x * (T::ONE - t * t) * c * (T::ONE + T::from_f64(3.0) * k * x * x)
+}
+
+/// -1, 0 or 1 by the sign of `v` (0 for NaN); `d|x|/dx` times `g`, with 0 at 0.
+#[inline(always)]
+fn signed<T: Float>(v: T, g: T) -> T {
+    if v > T::ZERO {
+        g
+    } else if v < T::ZERO {
+        -g
+    } else {
+        T::ZERO
+    }
+}
+
+unary_table! {
+    /// -x
+    Neg => "neg" {
+        public: true, smooth: true, domain: Domain::All, positive: Positive::Never,
+        cpu: |x| -x,
+        grad: |_, _, g| -g,
+        cuda: "-x",
+        cuda_grad: "-g",
+    }
+    /// e^x
+    Exp => "exp" {
+        public: true, smooth: true, domain: Domain::All, positive: Positive::Always,
+        cpu: |x| x.exp(),
+        grad: |_, y, g| g * y,
+        cuda: "M<T>::exp_(x)",
+        cuda_grad: "g * y",
+    }
+    /// ln x
+    Log => "log" {
+        public: true, smooth: true, domain: Domain::Positive, positive: Positive::Never,
+        cpu: |x| x.ln(),
+        grad: |x, _, g| g / x,
+        cuda: "M<T>::log_(x)",
+        cuda_grad: "g / x",
+    }
+    /// √x
+    Sqrt => "sqrt" {
+        public: true, smooth: true, domain: Domain::Positive, positive: Positive::IfInput,
+        cpu: |x| x.sqrt(),
+        grad: |_, y, g| g * T::from_f64(0.5) / y,
+        cuda: "M<T>::sqrt_(x)",
+        cuda_grad: "g * (T)0.5 / y",
+    }
+    /// |x|; its derivative is 0 at 0 (PyTorch's).
+    Abs => "abs" {
+        public: true, smooth: false, domain: Domain::All, positive: Positive::Never,
+        cpu: |x| x.abs(),
+        grad: |x, _, g| signed(x, g),
+        cuda: "M<T>::abs_(x)",
+        cuda_grad: "x > (T)0 ? g : (x < (T)0 ? -g : (T)0)",
+    }
+    /// sin x
+    Sin => "sin" {
+        public: true, smooth: true, domain: Domain::All, positive: Positive::Never,
+        cpu: |x| x.sin(),
+        grad: |x, _, g| g * x.cos(),
+        cuda: "M<T>::sin_(x)",
+        cuda_grad: "g * M<T>::cos_(x)",
+    }
+    /// cos x
+    Cos => "cos" {
+        public: true, smooth: true, domain: Domain::All, positive: Positive::Never,
+        cpu: |x| x.cos(),
+        grad: |x, _, g| -(g * x.sin()),
+        cuda: "M<T>::cos_(x)",
+        cuda_grad: "-(g * M<T>::sin_(x))",
+    }
+    /// tanh x
+    Tanh => "tanh" {
+        public: true, smooth: true, domain: Domain::All, positive: Positive::Never,
+        cpu: |x| x.tanh(),
+        grad: |_, y, g| g * (T::ONE - y * y),
+        cuda: "M<T>::tanh_(x)",
+        cuda_grad: "g * ((T)1 - y * y)",
+    }
+    /// 1 / (1 + e^-x)
+    Sigmoid => "sigmoid" {
+        public: true, smooth: true, domain: Domain::All, positive: Positive::Always,
+        cpu: |x| sigmoid(x),
+        grad: |_, y, g| g * y * (T::ONE - y),
+        cuda: "sigmoid_(x)",
+        cuda_grad: "g * y * ((T)1 - y)",
+    }
+    /// max(x, 0); NaN stays NaN and the derivative at 0 is 0 (PyTorch's rules: a diverging run
+    /// must not look healthy).
+    Relu => "relu" {
+        public: true, smooth: false, domain: Domain::All, positive: Positive::Never,
+        // `x < 0`, so that NaN stays NaN and −0 stays −0.
+        cpu: |x| if x < T::ZERO { T::ZERO } else { x },
+        grad: |x, _, g| if x <= T::ZERO { T::ZERO } else { g },
+        cuda: "x < (T)0 ? (T)0 : x",
+        cuda_grad: "x <= (T)0 ? (T)0 : g",
+    }
+    /// GELU, tanh approximation: ½x(1 + tanh(√(2/π)(x + 0.044715x³))).
+    Gelu => "gelu" {
+        public: true, smooth: true, domain: Domain::All, positive: Positive::Never,
+        cpu: |x| gelu(x),
+        grad: |x, _, g| g * gelu_grad(x),
+        cuda: "gelu_(x)",
+        cuda_grad: "g * gelu_grad_(x)",
+    }
+    /// SiLU (swish): x · σ(x).
+    Silu => "silu" {
+        public: true, smooth: true, domain: Domain::All, positive: Positive::Never,
+        cpu: |x| x * sigmoid(x),
+        grad: |x, _, g| {
+            let s = sigmoid(x);
+            g * s * (T::ONE + x * (T::ONE - s))
+        },
+        cuda: "x * sigmoid_(x)",
+        cuda_grad: "g * sigmoid_(x) * ((T)1 + x * ((T)1 - sigmoid_(x)))",
+    }
+    /// softplus: ln(1 + e^x), and `x` itself above 20 (PyTorch's default threshold, β = 1).
+    Softplus => "softplus" {
+        public: true, smooth: true, domain: Domain::All, positive: Positive::Always,
+        cpu: |x| if x > T::from_f64(SOFTPLUS_THRESHOLD) { x } else { x.exp().ln_1p() },
+        grad: |x, _, g| if x > T::from_f64(SOFTPLUS_THRESHOLD) { g } else { g * sigmoid(x) },
+        cuda: "x > (T)20 ? x : M<T>::log1p_(M<T>::exp_(x))",
+        cuda_grad: "x > (T)20 ? g : g * sigmoid_(x)",
+    }
+    /// The error function, erf x = 2/√π ∫₀ˣ e^(−t²) dt.
+    Erf => "erf" {
+        public: true, smooth: true, domain: Domain::All, positive: Positive::Never,
+        cpu: |x| x.erf(),
+        grad: |x, _, g| g * T::from_f64(TWO_OVER_SQRT_PI) * (-(x * x)).exp(),
+        cuda: "M<T>::erf_(x)",
+        cuda_grad: "g * (T)1.1283791670955126 * M<T>::exp_(-(x * x))",
+    }
+    /// sign(x) ∈ {-1, 0, 1}; 0 for NaN (as PyTorch's `sign`). Piecewise constant: no gradient.
+    Sign => "sign" {
+        public: false, smooth: false, domain: Domain::All, positive: Positive::Never,
+        cpu: |x| signed(x, T::ONE),
+        grad: |_, _, _| T::ZERO,
+        cuda: "x > (T)0 ? (T)1 : (x < (T)0 ? (T)-1 : (T)0)",
+        cuda_grad: "(T)0",
+    }
+    /// 0 where x ≤ 0, else 1 (NaN included): relu's derivative as a value (PyTorch's
+    /// `threshold_backward` passes the gradient through a NaN). Piecewise constant.
+    Step => "step" {
+        public: false, smooth: false, domain: Domain::All, positive: Positive::Never,
+        cpu: |x| if x <= T::ZERO { T::ZERO } else { T::ONE },
+        grad: |_, _, _| T::ZERO,
+        cuda: "x <= (T)0 ? (T)0 : (T)1",
+        cuda_grad: "(T)0",
+    }
+    /// x · p
+    Scale(p) samples [-1.7, 0.5] => "scale" {
+        public: true, smooth: true, domain: Domain::All,
+        positive: if p > 0.0 { Positive::IfInput } else { Positive::Never },
+        cpu: |x| x * T::from_f64(p),
+        grad: |_, _, g| g * T::from_f64(p),
+        cuda: "x * (T)p",
+        cuda_grad: "g * (T)p",
+    }
+    /// x + p
+    Shift(p) samples [0.3] => "shift" {
+        public: true, smooth: true, domain: Domain::All,
+        positive: if p > 0.0 { Positive::IfInput } else { Positive::Never },
+        cpu: |x| x + T::from_f64(p),
+        grad: |_, _, g| g,
+        cuda: "x + (T)p",
+        cuda_grad: "g",
+    }
+    /// x^p. `±0.5` go through the square root (PyTorch's rule); x⁰'s derivative is 0
+    /// everywhere, also where `0·x⁻¹` would be NaN.
+    Powf(p) samples [2.0, 3.0, 0.7, 0.0, -0.5] => "powf" {
+        public: true, smooth: true,
+        domain: if p.fract() == 0.0 && p >= 0.0 { Domain::All } else { Domain::Positive },
+        positive: Positive::IfInput,
+        cpu: |x| if p == 2.0 { x * x } else { pow_scalar(x, p) },
+        grad: |x, _, g| if p == 0.0 { T::ZERO } else { g * T::from_f64(p) * pow_scalar(x, p - 1.0) },
+        cuda: "p == 2.0 ? x * x : pow_scalar_(x, p)",
+        cuda_grad: "p == 0.0 ? (T)0 : g * (T)p * pow_scalar_(x, p - 1.0)",
+    }
+}
+
+binary_table! {
+    /// a + b
+    Add => "add" {
+        public: true, smooth: true, domain: (Domain::All, Domain::All),
+        positive: Positive::IfInput,
+        cpu: |a, b| a + b,
+        cuda: "a + b",
+    }
+    /// a - b
+    Sub => "sub" {
+        public: true, smooth: true, domain: (Domain::All, Domain::All),
+        positive: Positive::Never,
+        cpu: |a, b| a - b,
+        cuda: "a - b",
+    }
+    /// a · b
+    Mul => "mul" {
+        public: true, smooth: true, domain: (Domain::All, Domain::All),
+        positive: Positive::IfInput,
+        cpu: |a, b| a * b,
+        cuda: "a * b",
+    }
+    /// a / b
+    Div => "div" {
+        public: true, smooth: true, domain: (Domain::All, Domain::Positive),
+        positive: Positive::IfInput,
+        cpu: |a, b| a / b,
+        cuda: "a / b",
+    }
+    /// a^b
+    Pow => "pow" {
+        public: true, smooth: true, domain: (Domain::Positive, Domain::All),
+        positive: Positive::Always,
+        cpu: |a, b| a.powf(b),
+        cuda: "M<T>::pow_(a, b)",
+    }
+    /// max(a, b); NaN on either side wins.
+    Maximum => "maximum" {
+        public: true, smooth: false, domain: (Domain::All, Domain::All),
+        positive: Positive::IfEither,
+        cpu: |a, b| a.max(b),
+        cuda: "fmax_(a, b)",
+    }
+    /// min(a, b); NaN on either side wins.
+    Minimum => "minimum" {
+        public: true, smooth: false, domain: (Domain::All, Domain::All),
+        positive: Positive::IfInput,
+        cpu: |a, b| a.min(b),
+        cuda: "fmin_(a, b)",
+    }
+    /// 0 where a < b, ½ where a = b, else 1 (a NaN on either side included): how
+    /// `maximum`/`minimum` split their gradient, as PyTorch does.
+    GtMask => "gt_mask" {
+        public: false, smooth: false, domain: (Domain::All, Domain::All),
+        positive: Positive::Never,
+        cpu: |a, b| if a < b { T::ZERO } else if a == b { T::from_f64(0.5) } else { T::ONE },
+        cuda: "a < b ? (T)0 : (a == b ? (T)0.5 : (T)1)",
+    }
+    /// 1 where a = b or both are NaN, else 0 (how a max reduction finds its maxima, NaN among
+    /// them).
+    EqMask => "eq_mask" {
+        public: false, smooth: false, domain: (Domain::All, Domain::All),
+        positive: Positive::Never,
+        cpu: |a, b| if a == b || (a != a && b != b) { T::ONE } else { T::ZERO },
+        cuda: "(a == b || (a != a && b != b)) ? (T)1 : (T)0",
+    }
+}
+
+/// What a reduction computes: the reduction table. Each op's identity and combine step are in
+/// `cpu::reduce` and in the CUDA kernels (`R_*` codes from [`ReduceOp::code`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum,
+    /// Maximum (NaN propagates).
+    Max,
+}
+
+impl ReduceOp {
+    /// Every reduction.
+    pub const KINDS: &'static [ReduceOp] = &[ReduceOp::Sum, ReduceOp::Max];
+
+    /// The name, as errors and the program format spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Max => "max",
+        }
+    }
+
+    /// The op's code in the CUDA kernels.
+    pub fn code(self) -> u64 {
+        self as u64
+    }
+}
+
+/// The table's CUDA columns as C preprocessor definitions, prepended to the kernel source: the
+/// op codes (`U_NEG`, `B_ADD`, `R_SUM`, ...) and the `switch` cases of the unary forward
+/// (`UNARY_CASES`, in `x` and `p`), the unary derivative (`UNARY_GRAD_CASES`, in `x`, `y`, `g`,
+/// `p`) and the binary function (`BINARY_CASES`, in `a`, `b`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn cuda_defines() -> String {
+    use std::fmt::Write;
+    let mut s = String::from("// Generated from the op tables (arenagrad_exec::ops).\n");
+    let codes = [
+        ("U", UNARY_CUDA.iter().map(|r| r.0).collect::<Vec<_>>()),
+        ("B", BINARY_CUDA.iter().map(|r| r.0).collect()),
+        ("R", ReduceOp::KINDS.iter().map(|r| r.name()).collect()),
+    ];
+    for (prefix, names) in codes {
+        for (k, name) in names.iter().enumerate() {
+            let _ = writeln!(s, "#define {prefix}_{} {k}", name.to_uppercase());
+        }
+    }
+    let cases = [
+        (
+            "UNARY_CASES",
+            UNARY_CUDA.iter().map(|r| r.1).collect::<Vec<_>>(),
+        ),
+        ("UNARY_GRAD_CASES", UNARY_CUDA.iter().map(|r| r.2).collect()),
+        ("BINARY_CASES", BINARY_CUDA.iter().map(|r| r.1).collect()),
+    ];
+    for (name, exprs) in cases {
+        let _ = writeln!(s, "#define {name} \\");
+        for (k, expr) in exprs.iter().enumerate() {
+            let _ = writeln!(s, "    case {k}: return ({expr}); \\");
+        }
+        s.push('\n');
+    }
+    s
+}
