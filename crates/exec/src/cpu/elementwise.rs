@@ -2,8 +2,9 @@
 //!
 //! The per-element functions are the op tables' rows ([`crate::ops`]); this file has the loops
 //! (tiny, vectorised, threaded) they run in. A few ops take a hand-written path instead of their
-//! row (`exp` and `tanh` through [`super::fastmath`], `shift`'s derivative of 1 as no pass at
-//! all); a test holds each such path to its row.
+//! row (`exp` and `tanh` through [`super::fastmath`], the derivatives of `tanh` and `scale` as
+//! single-slice loops, `shift`'s derivative of 1 as no pass at all); a test holds each such path
+//! to its row.
 
 use super::par::{par_chunks_mut, PAR_MIN_ELEMS};
 use super::wide::{wide, WIDE_MIN_ELEMS};
@@ -15,6 +16,24 @@ use crate::{BinaryOp, Float, UnaryOp};
 /// width dispatch, in a function small enough to need no saved registers: at that size (the
 /// tiny-op chain's) the call around the loop is most of the cost.
 const TINY_ELEMS: usize = WIDE_MIN_ELEMS;
+
+/// Runs `f`, the hot loop over `len` elements, at the widest SIMD level, or when `tiny` as a
+/// plain [`tiny_loop`].
+#[inline(always)]
+fn wide_unless<R>(tiny: bool, len: usize, f: impl FnOnce() -> R) -> R {
+    if tiny {
+        tiny_loop(f)
+    } else {
+        wide(len, f)
+    }
+}
+
+/// A tiny kernel's loop, in a function of its own: the dispatching function then makes no call
+/// it must come back from (each arm jumps to its loop), so it saves no registers.
+#[inline(never)]
+fn tiny_loop<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
 
 /// [`map_into`]'s tiny loop, in a function of its own: the dispatching function then makes no
 /// call it must come back from (each arm jumps to its loop), so it saves no registers; the
@@ -213,6 +232,30 @@ fn unary_grad_any<T: Float>(
     match op {
         // A derivative of 1 leaves the gradient as it is.
         UnaryOp::Shift(_) => {}
+        // The tiny-op chain's hot cases: one slice's plain loop, no thread split.
+        UnaryOp::Tanh => wide_unless(
+            tiny,
+            g.len(),
+            #[inline(always)]
+            move || {
+                for (o, &yv) in g.iter_mut().zip(y) {
+                    *o *= T::ONE - yv * yv;
+                }
+            },
+        ),
+        UnaryOp::Scale(s) => {
+            let s = T::from_f64(s);
+            wide_unless(
+                tiny,
+                g.len(),
+                #[inline(always)]
+                move || {
+                    for v in g.iter_mut() {
+                        *v *= s;
+                    }
+                },
+            )
+        }
         _ => unary_grad_row(op, x, y, g, threads, tiny),
     }
 }
@@ -472,7 +515,7 @@ mod tests {
         tiny_matches_wide::<f32>(&vals.map(|v| v as f32));
     }
 
-    /// The hand-written paths (fastmath's `exp` and `tanh`, `shift`'s empty derivative) give
+    /// The hand-written paths (fastmath's `exp` and `tanh`, the `tanh` and `scale` derivative loops,
     /// what the table's rows give: within a few units in the last place for the approximations,
     /// bit for bit otherwise.
     #[test]
