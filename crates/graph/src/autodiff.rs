@@ -10,6 +10,8 @@
 //! arena's free list — as soon as the last gradient slot holding it is consumed, so backward's
 //! memory is the forward's activations plus the live gradient frontier.
 
+use std::cell::RefMut;
+
 use smallvec::SmallVec;
 
 use crate::error::{GraphError, Result};
@@ -90,6 +92,10 @@ fn keep(i: &mut Inner, id: NodeId) {
     }
 }
 
+/// One backward pass: seeds the root's slot ([`seed`], [`begin`]), then walks the tape down,
+/// running each step's rule, adding its gradients into the inputs' slots ([`accumulate`]) and
+/// freeing the temporaries nobody holds ([`free_temporaries`]). `capture`: the nodes whose
+/// gradients [`grad`] hands back instead of accumulating them into leaves.
 fn run<'g>(
     g: &'g Graph,
     root: Tensor<'g>,
@@ -101,66 +107,8 @@ fn run<'g>(
     // Nothing recorded and no gradients handed back: the fast paths (gradients rewritten in
     // place, weight gradients straight into parameters) may run.
     let plain = !create && capture.is_none();
-    let (root_pos, root_shape, root_dtype, root_dev) = {
-        let i = g.inner.borrow();
-        let n = i.node("backward", root.id)?;
-        if !n.requires_grad || n.tape_pos == NO_POS {
-            return Err(GraphError::NoGradFn);
-        }
-        (n.tape_pos as usize, copy_of(&n.shape), n.dtype, n.device())
-    };
-    let seed = match opts.grad {
-        Some(s) => {
-            g.owns("backward", &s)?;
-            let sh = s.try_shape()?;
-            if s.device() != root_dev {
-                return Err(GraphError::DeviceMismatch {
-                    op: "backward",
-                    lhs: root_dev,
-                    rhs: s.device(),
-                });
-            }
-            if sh != root_shape {
-                return Err(GraphError::ShapeMismatch {
-                    op: "backward",
-                    lhs: root_shape.to_vec(),
-                    rhs: sh.to_vec(),
-                });
-            }
-            if s.dtype() != root_dtype {
-                return Err(GraphError::DTypeMismatch {
-                    op: "backward",
-                    lhs: root_dtype,
-                    rhs: s.dtype(),
-                });
-            }
-            s
-        }
-        None => {
-            if root_shape.iter().product::<usize>() != 1 {
-                return Err(GraphError::NotScalar {
-                    op: "backward",
-                    shape: root_shape.to_vec(),
-                });
-            }
-            let _ng = g.no_grad();
-            g.full_on(&root_shape, 1.0, root_dtype, root_dev)?
-        }
-    };
-    let _restore = {
-        let mut i = g.inner();
-        let prev = i.grad_mode;
-        i.grad_mode = create;
-        i.temp_mode = !create;
-        if opts.grad.is_none() && !create {
-            i.nodes[seed.id].temp = true;
-        }
-        i.grad_slots.clear();
-        i.grad_slots.resize(root_pos + 1, None);
-        i.grad_slots[root_pos] = Some(seed.id);
-        i.nodes[seed.id].grad_refs += 1;
-        ModeRestore { g, grad_mode: prev }
-    };
+    let (root_pos, seed_t) = seed(g, root, &opts)?;
+    let _restore = begin(g, root_pos, seed_t, create, opts.grad.is_none());
     let mut captured: Vec<Option<NodeId>> = vec![None; capture.map_or(0, <[NodeId]>::len)];
 
     // Tape positions not yet visited: the walk goes down from the root.
@@ -182,35 +130,12 @@ fn run<'g>(
             )
         };
         if let Some(c) = capture {
-            for (k, want) in c.iter().enumerate() {
-                if *want == node_id {
-                    let mut i = g.inner();
-                    keep(&mut i, gid);
-                    captured[k] = Some(match captured[k] {
-                        None => gid,
-                        Some(prev) => {
-                            drop(i);
-                            g.handle(prev).add(g.handle(gid))?.id
-                        }
-                    });
-                }
-            }
+            capture_grad(g, c, &mut captured, node_id, gid)?;
         }
         let is_leaf = matches!(op, Op::Leaf | Op::Param(_));
         if is_leaf || retain_grad {
             if capture.is_none() {
-                match &op {
-                    // A parameter's gradient goes straight into the parameter; the arena keeps
-                    // no copy (`Tensor::grad` of its leaf reads the parameter's). Only a
-                    // differentiable gradient (create_graph) also stays on the leaf.
-                    Op::Param(p) => {
-                        if create {
-                            accumulate_into_node(g, node_id, gid)?;
-                        }
-                        accumulate_into_param(g, p, gid)?;
-                    }
-                    _ => accumulate_into_node(g, node_id, gid)?,
-                }
+                deliver(g, &op, node_id, gid, create)?;
             }
             if is_leaf {
                 release(&mut g.inner(), gid);
@@ -243,67 +168,207 @@ fn run<'g>(
         if !retain {
             i.nodes[node_id].spent = true;
         }
-        for (k, gi) in grads.into_iter().enumerate() {
-            let Some(t) = gi else { continue };
-            let input = ctx.inputs[k];
-            let n = &i.nodes[input];
-            if !n.requires_grad || n.tape_pos == NO_POS {
-                continue;
-            }
-            // A rule (a custom op's, say) must hand back a gradient where its input lives:
-            // kernels read both buffers with the input's dtype on the input's device.
-            let gn = i.node(op.name(), t.id)?;
-            if gn.device() != n.device() {
-                return Err(GraphError::DeviceMismatch {
-                    op: op.name(),
-                    lhs: n.device(),
-                    rhs: gn.device(),
-                });
-            }
-            if gn.dtype != n.dtype {
-                return Err(GraphError::DTypeMismatch {
-                    op: op.name(),
-                    lhs: n.dtype,
-                    rhs: gn.dtype,
-                });
-            }
-            let ipos = n.tape_pos as usize;
-            match i.grad_slots[ipos] {
-                None => {
-                    i.grad_slots[ipos] = Some(t.id);
-                    i.nodes[t.id].grad_refs += 1;
-                }
-                Some(old) => {
-                    drop(i);
-                    let sum = g.handle(old).add(t)?;
-                    i = g.inner();
-                    i.grad_slots[ipos] = Some(sum.id);
-                    i.nodes[sum.id].grad_refs += 1;
-                    release(&mut i, old);
-                    // `t` may be held elsewhere (a pass-through gradient); free it only if not.
-                    if i.nodes
-                        .get(t.id)
-                        .is_some_and(|n| n.grad_refs == 0 && n.temp)
-                    {
-                        i.free_temp(t.id);
-                    }
-                }
-            }
-        }
-        // Intermediates the rule made and nobody holds.
-        if !i.temp_log.is_empty() {
-            let mut log = std::mem::take(&mut i.temp_log);
-            for &id in &log {
-                if i.nodes.get(id).is_some_and(|n| n.grad_refs == 0 && n.temp) {
-                    i.free_temp(id);
-                }
-            }
-            log.clear();
-            i.temp_log = log;
-        }
+        i = accumulate(g, i, &op, &ctx.inputs, grads)?;
+        free_temporaries(&mut i);
         release(&mut i, gid);
     }
     Ok(captured)
+}
+
+/// Checks the root and makes the gradient the walk starts from: the user's (same graph, device,
+/// shape and dtype as the root) or, for a one-element root, a one. Returns the root's tape
+/// position with it.
+fn seed<'g>(
+    g: &'g Graph,
+    root: Tensor<'g>,
+    opts: &BackwardOptions<'g>,
+) -> Result<(usize, Tensor<'g>)> {
+    const OP: &str = "backward";
+    let (root_pos, root_shape, root_dtype, root_dev) = {
+        let i = g.inner.borrow();
+        let n = i.node(OP, root.id)?;
+        if !n.requires_grad || n.tape_pos == NO_POS {
+            return Err(GraphError::NoGradFn);
+        }
+        (n.tape_pos as usize, copy_of(&n.shape), n.dtype, n.device())
+    };
+    let seed = match opts.grad {
+        Some(s) => {
+            g.owns(OP, &s)?;
+            let sh = s.try_shape()?;
+            if s.device() != root_dev {
+                return Err(GraphError::DeviceMismatch {
+                    op: OP,
+                    lhs: root_dev,
+                    rhs: s.device(),
+                });
+            }
+            if sh != root_shape {
+                return Err(GraphError::ShapeMismatch {
+                    op: OP,
+                    lhs: root_shape.to_vec(),
+                    rhs: sh.to_vec(),
+                });
+            }
+            if s.dtype() != root_dtype {
+                return Err(GraphError::DTypeMismatch {
+                    op: OP,
+                    lhs: root_dtype,
+                    rhs: s.dtype(),
+                });
+            }
+            s
+        }
+        None => {
+            if root_shape.iter().product::<usize>() != 1 {
+                return Err(GraphError::NotScalar {
+                    op: OP,
+                    shape: root_shape.to_vec(),
+                });
+            }
+            let _ng = g.no_grad();
+            g.full_on(&root_shape, 1.0, root_dtype, root_dev)?
+        }
+    };
+    Ok((root_pos, seed))
+}
+
+/// Sets the graph up for the walk (grad mode as `create` asks, gradients made as temporaries
+/// unless recorded) and puts the seed in the root's slot; the guard undoes it however the walk
+/// ends. A seed the engine made is itself a temporary.
+fn begin<'g>(
+    g: &'g Graph,
+    root_pos: usize,
+    seed: Tensor<'g>,
+    create: bool,
+    own_seed: bool,
+) -> ModeRestore<'g> {
+    let mut i = g.inner();
+    let prev = i.grad_mode;
+    i.grad_mode = create;
+    i.temp_mode = !create;
+    if own_seed && !create {
+        i.nodes[seed.id].temp = true;
+    }
+    i.grad_slots.clear();
+    i.grad_slots.resize(root_pos + 1, None);
+    i.grad_slots[root_pos] = Some(seed.id);
+    i.nodes[seed.id].grad_refs += 1;
+    ModeRestore { g, grad_mode: prev }
+}
+
+/// [`grad`]'s side: keeps the gradient arriving at a node it asked for (summed when the node
+/// appears twice in its list's positions).
+fn capture_grad(
+    g: &Graph,
+    capture: &[NodeId],
+    captured: &mut [Option<NodeId>],
+    node_id: NodeId,
+    gid: NodeId,
+) -> Result<()> {
+    for (k, want) in capture.iter().enumerate() {
+        if *want == node_id {
+            let mut i = g.inner();
+            keep(&mut i, gid);
+            captured[k] = Some(match captured[k] {
+                None => gid,
+                Some(prev) => {
+                    drop(i);
+                    g.handle(prev).add(g.handle(gid))?.id
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A leaf's (or a `retain_grad` node's) gradient into its `.grad`. A parameter's goes straight
+/// into the parameter; the arena keeps no copy (`Tensor::grad` of its leaf reads the
+/// parameter's). Only a differentiable gradient (create_graph) also stays on the leaf.
+fn deliver(g: &Graph, op: &Op, node_id: NodeId, gid: NodeId, create: bool) -> Result<()> {
+    match op {
+        Op::Param(p) => {
+            if create {
+                accumulate_into_node(g, node_id, gid)?;
+            }
+            accumulate_into_param(g, p, gid)
+        }
+        _ => accumulate_into_node(g, node_id, gid),
+    }
+}
+
+/// Adds a rule's gradients into its inputs' slots (summing with what a slot holds), after
+/// checking that each lives where its input does. Takes and gives back the caller's borrow.
+fn accumulate<'a>(
+    g: &'a Graph,
+    mut i: RefMut<'a, Inner>,
+    op: &Op,
+    inputs: &[NodeId],
+    grads: ops::Grads<'a>,
+) -> Result<RefMut<'a, Inner>> {
+    for (k, gi) in grads.into_iter().enumerate() {
+        let Some(t) = gi else { continue };
+        let input = inputs[k];
+        let n = &i.nodes[input];
+        if !n.requires_grad || n.tape_pos == NO_POS {
+            continue;
+        }
+        // A rule (a custom op's, say) must hand back a gradient where its input lives:
+        // kernels read both buffers with the input's dtype on the input's device.
+        let gn = i.node(op.name(), t.id)?;
+        if gn.device() != n.device() {
+            return Err(GraphError::DeviceMismatch {
+                op: op.name(),
+                lhs: n.device(),
+                rhs: gn.device(),
+            });
+        }
+        if gn.dtype != n.dtype {
+            return Err(GraphError::DTypeMismatch {
+                op: op.name(),
+                lhs: n.dtype,
+                rhs: gn.dtype,
+            });
+        }
+        let ipos = n.tape_pos as usize;
+        match i.grad_slots[ipos] {
+            None => {
+                i.grad_slots[ipos] = Some(t.id);
+                i.nodes[t.id].grad_refs += 1;
+            }
+            Some(old) => {
+                drop(i);
+                let sum = g.handle(old).add(t)?;
+                i = g.inner();
+                i.grad_slots[ipos] = Some(sum.id);
+                i.nodes[sum.id].grad_refs += 1;
+                release(&mut i, old);
+                // `t` may be held elsewhere (a pass-through gradient); free it only if not.
+                if i.nodes
+                    .get(t.id)
+                    .is_some_and(|n| n.grad_refs == 0 && n.temp)
+                {
+                    i.free_temp(t.id);
+                }
+            }
+        }
+    }
+    Ok(i)
+}
+
+/// Frees the intermediates a rule made that no slot holds.
+fn free_temporaries(i: &mut Inner) {
+    if i.temp_log.is_empty() {
+        return;
+    }
+    let mut log = std::mem::take(&mut i.temp_log);
+    for &id in &log {
+        if i.nodes.get(id).is_some_and(|n| n.grad_refs == 0 && n.temp) {
+            i.free_temp(id);
+        }
+    }
+    log.clear();
+    i.temp_log = log;
 }
 
 /// How far ahead of the walk [`next_step`] prefetches nodes: a chain's nodes were written long

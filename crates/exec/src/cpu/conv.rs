@@ -1,5 +1,6 @@
 //! im2col and col2im: the patch layout that turns a 2-D convolution into one GEMM per image.
 
+use super::Gemm;
 use crate::Float;
 
 /// The geometry of a 2-D sliding window over `[channels, h, w]` images.
@@ -292,7 +293,7 @@ pub fn col2im_batch<T: Float>(cols: &[T], n: usize, win: &Window, x: &mut [T], t
     if t <= 1 {
         groups.iter_mut().for_each(|g| run(0, g));
     } else {
-        super::pool::for_each_owned(groups, run);
+        super::thread_pool::for_each_owned(groups, run);
     }
 }
 
@@ -482,7 +483,7 @@ pub fn put_into<T: Float>(g: &[T], idx: &[u32], out: &mut [T], threads: usize) {
                 rest = tail;
                 start = end;
             }
-            super::pool::for_each_owned(parts, |j, (start, part)| {
+            super::thread_pool::for_each_owned(parts, |j, (start, part)| {
                 part.fill(T::ZERO);
                 let (lo, hi) = (j * per, ((j + 1) * per).min(n));
                 for (&v, &k) in g[lo..hi].iter().zip(&idx[lo..hi]) {
@@ -496,9 +497,109 @@ pub fn put_into<T: Float>(g: &[T], idx: &[u32], out: &mut [T], threads: usize) {
     put_add(&g[..n], &idx[..n], out);
 }
 
+/// The shape of a host convolution's products over a batch: weight `[o, k]`, patch matrix
+/// `[k, n·l]` with the `n` images side by side (`im2col_batch`), output `[n, o, l]` image-major.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvDims {
+    /// Output channels.
+    pub o: usize,
+    /// Patch length (`C·kh·kw`).
+    pub k: usize,
+    /// Output positions per image (`Ho·Wo`).
+    pub l: usize,
+    /// Images.
+    pub n: usize,
+}
+
+impl ConvDims {
+    fn check(&self, w: usize, cols: usize, y: usize) {
+        let ConvDims { o, k, l, n } = *self;
+        assert!(
+            w >= o * k && cols >= k * n * l && y >= n * o * l,
+            "invariant: convolution operand out of bounds"
+        );
+    }
+}
+
+/// `y[b] = w · cols_b (+ bias)` for each image `b`, written straight into the image-major
+/// output (`cols_b` is columns `b·l..(b+1)·l` of the patch matrix, read in place through its row
+/// stride): no permute after a batch-wide product. Images split over threads.
+pub fn conv_gemm_forward<T: Float + Gemm>(
+    w: &[T],
+    cols: &[T],
+    bias: Option<&[T]>,
+    d: ConvDims,
+    y: &mut [T],
+    threads: usize,
+) {
+    let ConvDims { o, k, l, n } = d;
+    d.check(w.len(), cols.len(), y.len());
+    if o == 0 || l == 0 {
+        return;
+    }
+    let y = &mut y[..n * o * l];
+    super::par::par_rows_mut(y, o * l, threads, super::par::PAR_MIN_ELEMS, |b, yb| {
+        if let Some(bias) = bias {
+            for (row, &v) in yb.chunks_mut(l).zip(bias) {
+                row.fill(v);
+            }
+        }
+        super::gemm(
+            o,
+            k,
+            l,
+            super::MatView::row_major(w, 0, k, false),
+            super::MatView::row_major(cols, b * l, n * l, false),
+            yb,
+            0,
+            bias.is_some(),
+            1,
+        );
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn convolution_forward_matches_naive_loops() {
+        // Large enough (past PAR_MIN_FLOPS) to split over threads, small under Miri.
+        let (o, k, l, n) = if cfg!(miri) {
+            (3, 4, 5, 3)
+        } else {
+            (24, 36, 49, 61)
+        };
+        let d = ConvDims { o, k, l, n };
+        let val = |i: usize, s: f64| ((i as f64 * s).sin() * 4.0).round() / 4.0;
+        let w: Vec<f64> = (0..o * k).map(|i| val(i, 0.37)).collect();
+        let cols: Vec<f64> = (0..k * n * l).map(|i| val(i, 0.11)).collect();
+        let bias: Vec<f64> = (0..o).map(|i| i as f64 - 2.0).collect();
+        // Naive: y[b][r][p] = bias[r] + Σ_j w[r][j]·cols[j][b·l + p].
+        let mut y_want = vec![0.0; n * o * l];
+        for b in 0..n {
+            for r in 0..o {
+                for p in 0..l {
+                    let mut acc = bias[r];
+                    for j in 0..k {
+                        acc += w[r * k + j] * cols[j * n * l + b * l + p];
+                    }
+                    y_want[(b * o + r) * l + p] = acc;
+                }
+            }
+        }
+        for threads in [1, 2, 3] {
+            let mut y = vec![f64::NAN; n * o * l];
+            conv_gemm_forward(&w, &cols, Some(&bias), d, &mut y, threads);
+            assert_eq!(y, y_want, "forward, {threads} threads");
+            let mut y0 = vec![f64::NAN; n * o * l];
+            conv_gemm_forward(&w, &cols, None, d, &mut y0, threads);
+            let no_bias: Vec<f64> = (0..n * o * l)
+                .map(|i| y_want[i] - bias[(i / l) % o])
+                .collect();
+            assert_eq!(y0, no_bias, "forward without bias, {threads} threads");
+        }
+    }
 
     #[test]
     fn im2col_and_col2im_are_adjoint() {

@@ -280,7 +280,7 @@ pub fn gemm<T: crate::Float + Gemm>(
     // Row blocks rounded to the kernel's 8-row panels, so no thread gets a ragged panel.
     let per = m.div_ceil(t).div_ceil(8) * 8;
     let parts: Vec<&mut [T]> = c.chunks_mut(per * n).collect();
-    super::pool::for_each_part(parts, |j, part| run(j * per, part.len() / n, part, b));
+    super::thread_pool::for_each_part(parts, |j, part| run(j * per, part.len() / n, part, b));
 }
 
 /// A pointer to `C` shared by the threads of [`gemm_column_split`], each writing its own columns.
@@ -336,68 +336,7 @@ fn gemm_column_split<T: crate::Float + Gemm>(
             )
         }
     };
-    super::pool::fork(n.div_ceil(per), &|j| run(j * per));
-}
-
-/// The shape of a host convolution's products over a batch: weight `[o, k]`, patch matrix
-/// `[k, n·l]` with the `n` images side by side (`im2col_batch`), output `[n, o, l]` image-major.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConvDims {
-    /// Output channels.
-    pub o: usize,
-    /// Patch length (`C·kh·kw`).
-    pub k: usize,
-    /// Output positions per image (`Ho·Wo`).
-    pub l: usize,
-    /// Images.
-    pub n: usize,
-}
-
-impl ConvDims {
-    fn check(&self, w: usize, cols: usize, y: usize) {
-        let ConvDims { o, k, l, n } = *self;
-        assert!(
-            w >= o * k && cols >= k * n * l && y >= n * o * l,
-            "invariant: convolution operand out of bounds"
-        );
-    }
-}
-
-/// `y[b] = w · cols_b (+ bias)` for each image `b`, written straight into the image-major
-/// output (`cols_b` is columns `b·l..(b+1)·l` of the patch matrix, read in place through its row
-/// stride): no permute after a batch-wide product. Images split over threads.
-pub fn conv_gemm_forward<T: crate::Float + Gemm>(
-    w: &[T],
-    cols: &[T],
-    bias: Option<&[T]>,
-    d: ConvDims,
-    y: &mut [T],
-    threads: usize,
-) {
-    let ConvDims { o, k, l, n } = d;
-    d.check(w.len(), cols.len(), y.len());
-    if o == 0 || l == 0 {
-        return;
-    }
-    let y = &mut y[..n * o * l];
-    super::par::par_rows_mut(y, o * l, threads, super::par::PAR_MIN_ELEMS, |b, yb| {
-        if let Some(bias) = bias {
-            for (row, &v) in yb.chunks_mut(l).zip(bias) {
-                row.fill(v);
-            }
-        }
-        gemm(
-            o,
-            k,
-            l,
-            MatView::row_major(w, 0, k, false),
-            MatView::row_major(cols, b * l, n * l, false),
-            yb,
-            0,
-            bias.is_some(),
-            1,
-        );
-    });
+    super::thread_pool::fork(n.div_ceil(per), &|j| run(j * per));
 }
 
 /// Many products of one shape: `c[b] = op(a at a_offs[b]) · op(b at b_offs[b])`, with the outputs
@@ -457,7 +396,7 @@ pub fn gemm_batched<T: crate::Float + Gemm>(
     }
     let per = batches.div_ceil(t);
     let parts: Vec<&mut [T]> = c.chunks_mut(per * mn).collect();
-    super::pool::for_each_part(parts, |j, chunk| run(j * per, chunk));
+    super::thread_pool::for_each_part(parts, |j, chunk| run(j * per, chunk));
 }
 
 #[cfg(test)]
@@ -649,45 +588,6 @@ mod tests {
         );
         let plus1: Vec<f64> = want.iter().map(|v| v + 1.0).collect();
         assert_eq!(c, plus1);
-    }
-
-    #[test]
-    fn convolution_forward_matches_naive_loops() {
-        // Large enough (past PAR_MIN_FLOPS) to split over threads, small under Miri.
-        let (o, k, l, n) = if cfg!(miri) {
-            (3, 4, 5, 3)
-        } else {
-            (24, 36, 49, 61)
-        };
-        let d = ConvDims { o, k, l, n };
-        let val = |i: usize, s: f64| ((i as f64 * s).sin() * 4.0).round() / 4.0;
-        let w: Vec<f64> = (0..o * k).map(|i| val(i, 0.37)).collect();
-        let cols: Vec<f64> = (0..k * n * l).map(|i| val(i, 0.11)).collect();
-        let bias: Vec<f64> = (0..o).map(|i| i as f64 - 2.0).collect();
-        // Naive: y[b][r][p] = bias[r] + Σ_j w[r][j]·cols[j][b·l + p].
-        let mut y_want = vec![0.0; n * o * l];
-        for b in 0..n {
-            for r in 0..o {
-                for p in 0..l {
-                    let mut acc = bias[r];
-                    for j in 0..k {
-                        acc += w[r * k + j] * cols[j * n * l + b * l + p];
-                    }
-                    y_want[(b * o + r) * l + p] = acc;
-                }
-            }
-        }
-        for threads in [1, 2, 3] {
-            let mut y = vec![f64::NAN; n * o * l];
-            conv_gemm_forward(&w, &cols, Some(&bias), d, &mut y, threads);
-            assert_eq!(y, y_want, "forward, {threads} threads");
-            let mut y0 = vec![f64::NAN; n * o * l];
-            conv_gemm_forward(&w, &cols, None, d, &mut y0, threads);
-            let no_bias: Vec<f64> = (0..n * o * l)
-                .map(|i| y_want[i] - bias[(i / l) % o])
-                .collect();
-            assert_eq!(y0, no_bias, "forward without bias, {threads} threads");
-        }
     }
 
     #[test]

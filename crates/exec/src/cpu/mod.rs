@@ -5,18 +5,18 @@ pub mod elementwise;
 pub mod fastmath;
 pub mod matmul;
 pub mod par;
-pub mod pool;
 pub mod reduce;
 pub mod shape;
+pub mod thread_pool;
 pub mod transpose;
 pub mod wide;
 
 pub use conv::{
-    col2im, col2im_batch, im2col, im2col_batch, max_pool_indices, put_add, put_into, take,
-    take_par, Window,
+    col2im, col2im_batch, conv_gemm_forward, im2col, im2col_batch, max_pool_indices, put_add,
+    put_into, take, take_par, ConvDims, Window,
 };
 pub use elementwise::{binary, select, unary, unary_grad, unary_grad_in_place};
-pub use matmul::{conv_gemm_forward, gemm, gemm_batched, ConvDims, Gemm, MatView};
+pub use matmul::{gemm, gemm_batched, Gemm, MatView};
 pub use reduce::{reduce, softmax, softmax_grad, sum_row, ReduceOp};
 pub use shape::{
     broadcast_to, gather, index_add, index_select, narrow, permute, permute_par, place_along,

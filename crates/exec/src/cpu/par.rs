@@ -39,7 +39,7 @@ fn split_chunks_mut<T: Send>(
     }
     let chunk = n.div_ceil(t);
     let parts: Vec<&mut [T]> = out.chunks_mut(chunk).collect();
-    super::pool::for_each_part(parts, |j, part| f(j * chunk, part));
+    super::thread_pool::for_each_part(parts, |j, part| f(j * chunk, part));
 }
 
 /// Runs `f(index, row)` for every `row_len`-sized row of `out`, splitting whole rows across up
@@ -68,7 +68,7 @@ pub fn par_rows_mut<T: Send>(
     }
     let per = rows.div_ceil(t);
     let parts: Vec<&mut [T]> = out.chunks_mut(per * row_len).collect();
-    super::pool::for_each_part(parts, |j, chunk| {
+    super::thread_pool::for_each_part(parts, |j, chunk| {
         for (k, r) in chunk.chunks_mut(row_len).enumerate() {
             f(j * per + k, r);
         }

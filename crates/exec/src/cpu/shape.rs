@@ -36,7 +36,7 @@ pub fn permute_par<T: Float>(
     let per_row = out.len() / rows;
     let per = rows.div_ceil(t);
     let parts: Vec<&mut [T]> = out.chunks_mut(per * per_row).collect();
-    super::pool::for_each_part(parts, |j, block| {
+    super::thread_pool::for_each_part(parts, |j, block| {
         let mut sub = oshape.clone();
         sub[0] = block.len() / per_row;
         permute_block(x, j * per * src[0], &sub, &src, block);

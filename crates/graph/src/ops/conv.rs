@@ -15,6 +15,7 @@ use arenagrad_exec::cpu::{self, Window};
 use arenagrad_exec::UnaryOp;
 use smallvec::{smallvec, SmallVec};
 
+use super::shape::{both, KernelArgs};
 use super::{check_pair, Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
@@ -497,4 +498,57 @@ pub(crate) fn fold_batch_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads
 pub(crate) fn fold_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let n = c.input(0).shape()[0];
     Ok(smallvec![Some(c.gy.unfold_win(*win, n)?)])
+}
+
+/// The host kernels of unfold and fold (im2col, col2im), per image or for a whole batch.
+impl KernelArgs<'_> {
+    pub(crate) fn unfold(self, win: &cpu::Window, threads: usize) {
+        let (ho, wo) = win.out_hw().expect("invariant: checked window");
+        let (pi, po) = (win.c * win.h * win.w, win.patch_len() * ho * wo);
+        both!(self, x, o, _s => {
+            cpu::par::par_rows_mut(o, po, threads, cpu::par::PAR_MIN_ELEMS, |b, ob| {
+                cpu::im2col(&x[b * pi..(b + 1) * pi], win, arenagrad_exec::Float::ZERO, ob);
+            })
+        })
+    }
+    pub(crate) fn unfold_batch(self, win: &cpu::Window, n: usize, threads: usize) {
+        both!(self, x, o, _s => cpu::im2col_batch(x, n, win, arenagrad_exec::Float::ZERO, o, threads))
+    }
+    pub(crate) fn fold_batch(self, win: &cpu::Window, n: usize, threads: usize) {
+        both!(self, x, o, _s => cpu::col2im_batch(x, n, win, o, threads))
+    }
+    pub(crate) fn fold(self, win: &cpu::Window, threads: usize) {
+        let (ho, wo) = win.out_hw().expect("invariant: checked window");
+        let (pi, po) = (win.patch_len() * ho * wo, win.c * win.h * win.w);
+        both!(self, x, o, _s => {
+            cpu::par::par_rows_mut(o, po, threads, cpu::par::PAR_MIN_ELEMS, |b, ob| {
+                cpu::col2im(&x[b * pi..(b + 1) * pi], win, ob);
+            })
+        })
+    }
+}
+
+/// Unfold and fold on a CUDA device (what `data_op` runs for them there).
+#[cfg(feature = "cuda")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fold_on_cuda(
+    i: &mut crate::graph::Inner,
+    name: &'static str,
+    dev: Device,
+    dtype: DType,
+    op: &Op,
+    w: &Window,
+    xs: &[usize],
+    os: &[usize],
+    xb: BufId,
+    out: BufId,
+) -> Result<()> {
+    if matches!(op, Op::Unfold(_)) {
+        on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
+            .im2col(dtype, x, xs[0], w, o));
+    } else {
+        on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
+            .col2im(dtype, x, os[0], w, o));
+    }
+    Ok(())
 }

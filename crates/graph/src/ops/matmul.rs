@@ -349,7 +349,7 @@ impl<'g> Tensor<'g> {
                 let mut partial = vec![<T as arenagrad_exec::Float>::ZERO; (groups - 1) * m * n];
                 let mut parts: Vec<&mut [T]> = vec![&mut *o];
                 parts.extend(partial.chunks_mut(m * n));
-                cpu::pool::for_each_part(parts, |g, acc| {
+                cpu::thread_pool::for_each_part(parts, |g, acc| {
                     (g * per..((g + 1) * per).min(batch)).for_each(|t| one(t, acc, 1));
                 });
                 for p in partial.chunks(m * n) {

@@ -11,7 +11,6 @@ use arenagrad_exec::layout::broadcast_shapes;
 #[cfg(feature = "cuda")]
 use arenagrad_exec::layout::{broadcast_strides, contiguous_strides};
 use arenagrad_exec::DType;
-use arenagrad_exec::Float;
 use smallvec::{smallvec, SmallVec};
 
 use super::{check_pair, Ctx, Grads, Op};
@@ -481,13 +480,8 @@ fn device_move(
                 .scatter_add(dtype, x, xs, *axis, p, os, o));
             i.release_buf(dev, ib)?;
         }
-        Op::Unfold(w) => {
-            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
-                .im2col(dtype, x, xs[0], w, o));
-        }
-        Op::Fold(w) => {
-            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
-                .col2im(dtype, x, os[0], w, o));
+        Op::Unfold(w) | Op::Fold(w) => {
+            super::conv::fold_on_cuda(i, name, dev, dtype, op, w, xs, os, xb, out)?
         }
         _ => {
             return Err(GraphError::BadArgument {
@@ -527,6 +521,7 @@ macro_rules! both {
         }
     };
 }
+pub(crate) use both;
 
 impl KernelArgs<'_> {
     fn permute(self, perm: &[usize], threads: usize) {
@@ -552,30 +547,6 @@ impl KernelArgs<'_> {
     }
     fn scatter_add(self, axis: usize, idx: &[usize], ishape: &[usize], full: &[usize]) {
         both!(self, x, o, _s => cpu::scatter_add(x, full, axis, idx, ishape, o))
-    }
-    pub(crate) fn unfold(self, win: &cpu::Window, threads: usize) {
-        let (ho, wo) = win.out_hw().expect("invariant: checked window");
-        let (pi, po) = (win.c * win.h * win.w, win.patch_len() * ho * wo);
-        both!(self, x, o, _s => {
-            cpu::par::par_rows_mut(o, po, threads, cpu::par::PAR_MIN_ELEMS, |b, ob| {
-                cpu::im2col(&x[b * pi..(b + 1) * pi], win, Float::ZERO, ob);
-            })
-        })
-    }
-    pub(crate) fn unfold_batch(self, win: &cpu::Window, n: usize, threads: usize) {
-        both!(self, x, o, _s => cpu::im2col_batch(x, n, win, Float::ZERO, o, threads))
-    }
-    pub(crate) fn fold_batch(self, win: &cpu::Window, n: usize, threads: usize) {
-        both!(self, x, o, _s => cpu::col2im_batch(x, n, win, o, threads))
-    }
-    pub(crate) fn fold(self, win: &cpu::Window, threads: usize) {
-        let (ho, wo) = win.out_hw().expect("invariant: checked window");
-        let (pi, po) = (win.patch_len() * ho * wo, win.c * win.h * win.w);
-        both!(self, x, o, _s => {
-            cpu::par::par_rows_mut(o, po, threads, cpu::par::PAR_MIN_ELEMS, |b, ob| {
-                cpu::col2im(&x[b * pi..(b + 1) * pi], win, ob);
-            })
-        })
     }
 }
 
