@@ -60,8 +60,11 @@ mod store;
 mod tensor;
 pub mod testing;
 
-/// The kernels the graph runs (also for code outside the graph, such as optimisers' updates).
+/// The kernels the graph runs, for applications that call one directly.
 pub use arenagrad_exec as exec;
+/// Runs a loop over parameters at the widest SIMD level the CPU has (optimisers' updates, which
+/// work on host data outside any graph): see [`arenagrad_exec::cpu::wide`].
+pub use arenagrad_exec::cpu::wide;
 pub use arenagrad_exec::{BinaryOp, DType, Float, UnaryOp};
 pub use autodiff::{grad, BackwardOptions};
 pub use device::{

@@ -559,3 +559,32 @@ fn f32_matches_f64(dev) {
     }
 }
 }
+
+device_test! {
+fn cross_entropy_mean_value_grads_and_errors(dev) {
+    let g = Graph::on(dev).unwrap();
+    // Rows [2, 0, 0] and [0, 3, 0] against classes 0 and 1, by hand.
+    let x = g
+        .from_f64(&[2.0, 0.0, 0.0, 0.0, 3.0, 0.0], &[2, 3], DType::F64)
+        .unwrap();
+    let want = ((1.0 + 2.0 * (-2f64).exp()).ln() + (1.0 + 2.0 * (-3f64).exp()).ln()) / 2.0;
+    close(&values(&g, x.cross_entropy_mean(&[0, 1]).unwrap()), &[want]);
+    let f = check_fn(|_, x| x[0].cross_entropy_mean(&[2, 0, 1, 2]));
+    check(dev, "cross_entropy", f, &[ht(&[4, 3], 7)]);
+    let o = GradcheckOptions {
+        device: dev,
+        ..GradcheckOptions::default()
+    };
+    let r = gradgradcheck(f, &[ht(&[4, 3], 8)], o).unwrap();
+    assert!(r.passed, "cross_entropy, second order: {r}");
+    use arenagrad_graph::GraphError;
+    let err = |r: Result<Tensor<'_>>| r.map(|_| ()).unwrap_err();
+    assert!(matches!(err(x.cross_entropy_mean(&[0])), GraphError::ShapeMismatch { .. }));
+    assert!(matches!(
+        err(x.cross_entropy_mean(&[0, 3])),
+        GraphError::IndexOutOfRange { index: 3, .. }
+    ));
+    let flat = x.reshape(&[6]).unwrap();
+    assert!(matches!(err(flat.cross_entropy_mean(&[0])), GraphError::BadArgument { .. }));
+}
+}

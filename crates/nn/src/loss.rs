@@ -16,8 +16,7 @@
 
 use std::sync::Arc;
 
-use arenagrad_graph::exec::cpu;
-use arenagrad_graph::{CustomOp, DType, Device, Elem, Graph, HostData, Tensor};
+use arenagrad_graph::{CustomOp, Graph, Tensor};
 
 use crate::error::{config, input_shape, NnError, Result};
 
@@ -138,8 +137,10 @@ pub fn cross_entropy_with<'g>(
         ));
     }
     let (rows, out_shape) = class_rows("cross_entropy", logits, targets)?;
-    if eps == 0.0 && opts.reduction == Reduction::Mean && rows.device() == Device::Cpu {
-        return fused_cross_entropy(rows, targets);
+    if eps == 0.0 && opts.reduction == Reduction::Mean {
+        // One recorded op (log-softmax and the targets' mean fused): the composed form below
+        // records five nodes and runs five backward kernels.
+        return Ok(rows.cross_entropy_mean(targets)?);
     }
     let lsm = rows.log_softmax(-1)?;
     let nll = pick_neg(lsm, targets)?;
@@ -150,104 +151,6 @@ pub fn cross_entropy_with<'g>(
         nll
     };
     finish(per_sample, &out_shape, opts.reduction)
-}
-
-/// The mean cross-entropy of host class-score rows `[m, c]` as one recorded op, as PyTorch fuses
-/// log-softmax and NLL: forward is one log-softmax pass over the rows and the mean of the targets'
-/// entries; backward is `(softmax − onehot)·gy/m` in one pass — or, under `create_graph`, the
-/// same written in tensor ops, so that it can be differentiated again. The composed form
-/// (`log_softmax`, `gather`, `neg`, `mean`) records five nodes and runs five backward kernels.
-fn fused_cross_entropy<'g>(rows: Tensor<'g>, targets: &[usize]) -> Result<Tensor<'g>> {
-    match rows.dtype() {
-        DType::F32 => fused_cross_entropy_as::<f32>(rows, targets),
-        DType::F64 => fused_cross_entropy_as::<f64>(rows, targets),
-    }
-}
-
-fn fused_cross_entropy_as<'g, T: Elem>(rows: Tensor<'g>, targets: &[usize]) -> Result<Tensor<'g>> {
-    let g = rows.graph();
-    let (m, c) = (targets.len(), rows.try_shape()?[1]);
-    let x = rows.to_vec::<T>()?;
-    let mut lsm = vec![T::ZERO; x.len()];
-    cpu::softmax(&x, &[m, c], 1, true, &mut lsm);
-    // As the composed form computes it: the negated entries summed, then scaled by 1/m.
-    let picked: Vec<T> = targets
-        .iter()
-        .enumerate()
-        .map(|(r, &t)| -lsm[r * c + t])
-        .collect();
-    let loss = cpu::sum_row(&picked) * T::from_f64(1.0 / m as f64);
-    let value = {
-        let _ng = g.no_grad();
-        g.from_slice(&[loss], &[])?
-    };
-    let op = FusedCrossEntropy {
-        targets: targets.to_vec(),
-        classes: c,
-        log_probs: T::into_host(lsm),
-    };
-    Ok(g.custom(Arc::new(op), &[rows], value)?)
-}
-
-/// The backward rule of [`fused_cross_entropy`], with what the forward computed.
-struct FusedCrossEntropy {
-    targets: Vec<usize>,
-    classes: usize,
-    /// The rows' log-softmax.
-    log_probs: HostData,
-}
-
-impl FusedCrossEntropy {
-    /// `(e^lsm − onehot)·k` as a `[m, c]` tensor.
-    fn grad<'g, T: Elem>(&self, g: &'g Graph, k: f64) -> arenagrad_graph::Result<Tensor<'g>> {
-        let lsm =
-            T::host_slice(&self.log_probs).expect("invariant: log-probs have the rows' dtype");
-        let mut gx = vec![T::ZERO; lsm.len()];
-        T::exp_into(lsm, &mut gx);
-        for (r, &t) in self.targets.iter().enumerate() {
-            gx[r * self.classes + t] -= T::ONE;
-        }
-        let k = T::from_f64(k);
-        gx.iter_mut().for_each(|v| *v *= k);
-        g.from_slice(&gx, &[self.targets.len(), self.classes])
-    }
-}
-
-impl CustomOp for FusedCrossEntropy {
-    fn name(&self) -> &'static str {
-        "cross_entropy"
-    }
-
-    fn backward<'g>(
-        &self,
-        g: &'g Graph,
-        inputs: &[Tensor<'g>],
-        _output: Tensor<'g>,
-        gy: Tensor<'g>,
-    ) -> arenagrad_graph::Result<Vec<Option<Tensor<'g>>>> {
-        let x = inputs[0];
-        if !x.requires_grad() {
-            return Ok(vec![None]);
-        }
-        let (m, c) = (self.targets.len(), self.classes);
-        let inv_m = 1.0 / m as f64;
-        if g.is_grad_enabled() {
-            // create_graph: differentiable in x (through softmax) and in gy.
-            let mut onehot = vec![0.0; m * c];
-            for (r, &t) in self.targets.iter().enumerate() {
-                onehot[r * c + t] = 1.0;
-            }
-            let onehot = g.from_f64(&onehot, &[m, c], x.dtype())?;
-            let gx = x.softmax(-1)?.sub(onehot)?.mul(gy.scale(inv_m)?)?;
-            return Ok(vec![Some(gx)]);
-        }
-        let k = gy.item()? * inv_m;
-        let gx = match x.dtype() {
-            DType::F32 => self.grad::<f32>(g, k)?,
-            DType::F64 => self.grad::<f64>(g, k)?,
-        };
-        Ok(vec![Some(gx)])
-    }
 }
 
 /// `−rows[i, targets[i]]` as a vector `[M]`.

@@ -290,6 +290,36 @@ fn exp_in_place<T: Float>(v: &mut [T]) {
     }
 }
 
+/// The mean negative log-likelihood of `targets` in log-probability rows `lsm` of `classes`
+/// entries: `−Σ_r lsm[r, targets[r]] / m`, summed in the lanes [`sum_row`] uses (so it equals
+/// the composed `gather`, `neg`, `sum`, `scale`). `targets` are in range.
+pub fn nll_mean<T: Float>(lsm: &[T], classes: usize, targets: &[usize]) -> T {
+    let m = targets.len();
+    let picked = |r: usize| -lsm[r * classes + targets[r]];
+    let full = m / 8 * 8;
+    let mut acc = [T::ZERO; 8];
+    for base in (0..full).step_by(8) {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a += picked(base + k);
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for r in full..m {
+        s += picked(r);
+    }
+    s * T::from_f64(1.0 / m as f64)
+}
+
+/// The derivative of [`nll_mean`] of `log_softmax(x)` in `x`, times `k`: `(e^lsm − onehot)·k`,
+/// in one pass after one vectorised exp.
+pub fn nll_mean_grad<T: Float>(lsm: &[T], classes: usize, targets: &[usize], k: T, out: &mut [T]) {
+    T::exp_into(lsm, out);
+    for (r, &t) in targets.iter().enumerate() {
+        out[r * classes + t] -= T::ONE;
+    }
+    out.iter_mut().for_each(|v| *v *= k);
+}
+
 /// The fused softmax derivatives along `axis`, given the forward output `y` and upstream `g`:
 /// softmax: `g·y - y·Σ(g·y)`; log-softmax: `g - softmax·Σg` with softmax = e^y.
 pub fn softmax_grad<T: Float>(

@@ -99,6 +99,11 @@ pub(crate) enum Op {
         axis: usize,
         log: bool,
     },
+    /// The mean cross-entropy of `[m, c]` rows against `targets`; inputs are `[rows, lsm]`, the
+    /// rows' log-softmax (see [`softmax`]).
+    CrossEntropy {
+        targets: Arc<[usize]>,
+    },
     /// `cond ? a : b`; inputs are `[cond, a, b]`.
     Where,
     /// im2col over `[N, C, H, W]` and its adjoint col2im; see [`conv`].
@@ -156,6 +161,7 @@ impl Op {
             | Op::Fold(_)
             | Op::UnfoldBatch(_)
             | Op::FoldBatch(_)
+            | Op::CrossEntropy { .. }
             | Op::Custom(_) => true,
         }
     }
@@ -188,6 +194,7 @@ impl Op {
             Op::ScatterAdd { .. } => "scatter_add",
             Op::Softmax { log: false, .. } => "softmax",
             Op::Softmax { log: true, .. } => "log_softmax",
+            Op::CrossEntropy { .. } => "cross_entropy",
             Op::Where => "where",
             Op::Custom(c) => c.name(),
             Op::Unfold(_) => "unfold",
@@ -238,6 +245,7 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Addmm { ta, tb } => matmul::addmm_backward(*ta, *tb, c),
         Op::Conv2d { n, l } => conv::conv_gemm_backward(*n, *l, c),
         Op::Softmax { axis, log } => softmax::backward(*axis, *log, c),
+        Op::CrossEntropy { targets } => softmax::cross_entropy_backward(targets, c),
         Op::Where => binary::select_backward(c),
         Op::Custom(op) => custom::backward(op, c),
         Op::Unfold(w) => conv::unfold_backward(w, c),

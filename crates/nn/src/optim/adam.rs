@@ -134,7 +134,7 @@ fn adam_kernel<T: Elem>(p: &mut [T], g: &[T], st: &mut AdamState, c: &AdamConfig
     {
         None => {
             let tiny = T::from_f64(1e-30);
-            arenagrad_graph::exec::cpu::wide(
+            arenagrad_graph::wide(
                 n,
                 #[inline(always)]
                 move || {

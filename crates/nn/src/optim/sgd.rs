@@ -139,7 +139,7 @@ fn sgd_kernel<T: Elem>(
     // references the closures would otherwise hold.
     let d_of = move |g: T, p: T| if decay { g + wd * p } else { g };
     if c.momentum == 0.0 {
-        arenagrad_graph::exec::cpu::wide(
+        arenagrad_graph::wide(
             p.len(),
             #[inline(always)]
             move || {
