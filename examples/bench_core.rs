@@ -3,7 +3,7 @@
 //! steps (ReLU, cross-entropy, plain SGD lr 0.01, median of 50 steps after 5 warm-up), and GEMM;
 //! then one training step of the main job's CNN (Adam, batch 64, random images).
 //!
-//! `cargo run --release -p arenagrad --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn]`
+//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn]`
 //! Threads: `ARENAGRAD_NUM_THREADS` (default: all cores).
 
 use std::time::Instant;

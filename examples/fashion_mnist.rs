@@ -2,7 +2,7 @@
 //! epoch, saves a checkpoint, reloads it into a fresh model and evaluates again.
 //!
 //! ```text
-//! cargo run --release -p arenagrad --example fashion_mnist -- [--data DIR] [--model cnn|mlp]
+//! cargo run --release --example fashion_mnist -- [--data DIR] [--model cnn|mlp]
 //!     [--epochs 2] [--batch 64] [--lr 2e-3] [--schedule cosine|constant] [--channels 32,64]
 //!     [--limit N] [--seed 0] [--checkpoint PATH] [--init PATH] [--order shuffled|fixed]
 //!     [--steps N] [--log-every N]

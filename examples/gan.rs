@@ -6,7 +6,7 @@
 //! backward pass) and the generator's optimiser steps. Writes `gan.png`: real vs. generated
 //! samples and the two loss curves, and prints how many of the 8 modes the generator covers.
 //!
-//! `cargo run --release -p arenagrad --example gan -- [--steps 3000] [--out gan.png] [--seed 0]`
+//! `cargo run --release --example gan -- [--steps 3000] [--out gan.png] [--seed 0]`
 
 use arenagrad::nn::optim::{Adam, AdamConfig, Optimizer};
 use arenagrad::nn::{loss, LeakyReLU, Linear, Module, NnError, Rng, Sequential};

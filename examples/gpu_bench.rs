@@ -2,10 +2,10 @@
 //! same lines):
 //!
 //! ```text
-//! cargo run --release -p arenagrad --features cuda --example gpu_bench -- info
-//! cargo run --release -p arenagrad --features cuda --example gpu_bench -- seed-loop --n 4096 --iters 50
-//! cargo run --release -p arenagrad --features cuda --example gpu_bench -- mlp --batch 1024 --steps 50
-//! cargo run --release -p arenagrad --features cuda --example gpu_bench -- queue --width 1024 --ops 100
+//! cargo run --release --features cuda --example gpu_bench -- info
+//! cargo run --release --features cuda --example gpu_bench -- seed-loop --n 4096 --iters 50
+//! cargo run --release --features cuda --example gpu_bench -- mlp --batch 1024 --steps 50
+//! cargo run --release --features cuda --example gpu_bench -- queue --width 1024 --ops 100
 //! ```
 //!
 //! * `info`: the NVRTC and driver versions, and each device with how its kernels were built

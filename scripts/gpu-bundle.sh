@@ -47,7 +47,7 @@ for name in $wanted; do
     fi
 done
 
-cargo build --release -p arenagrad --features cuda --example gpu_bench
+cargo build --release --features cuda --example gpu_bench
 cp target/release/examples/gpu_bench "$out/bin/gpu_bench"
 strip --strip-debug "$out/bin/gpu_bench"
 

@@ -294,7 +294,7 @@ main() {
 
     # Every member's `cuda` feature, as package/feature.
     local features=() manifest pkg
-    for manifest in crates/*/Cargo.toml; do
+    for manifest in Cargo.toml crates/*/Cargo.toml; do
         if grep -qE '^cuda[[:space:]]*=' "$manifest"; then
             # The first `name =` is the package's ([[example]] and [[bin]] tables come later).
             pkg="$(sed -n '/^name[[:space:]]*=/{s/^name[[:space:]]*=[[:space:]]*"\(.*\)"/\1/p;q}' "$manifest")"
@@ -325,12 +325,12 @@ main() {
                     echo "gpu-check: examples/gpu_bench.rs is missing" >&2
                     record build-bench "FAILED" "-" "no examples/gpu_bench.rs"
                     failed=1
-                elif [[ ",$feature_list," != *",arenagrad/cuda,"* ]]; then
-                    echo "gpu-check: package arenagrad has no 'cuda' feature" >&2
-                    record build-bench "FAILED" "-" "no arenagrad/cuda"
+                elif [[ ",$feature_list," != *",arenagrad-suite/cuda,"* ]]; then
+                    echo "gpu-check: package arenagrad-suite (the examples) has no 'cuda' feature" >&2
+                    record build-bench "FAILED" "-" "no arenagrad-suite/cuda"
                     failed=1
                 elif run_step build-bench 300 30 cargo build "${cargo_args[@]}" --release \
-                    -p arenagrad --features cuda --example gpu_bench; then
+                    -p arenagrad-suite --features cuda --example gpu_bench; then
                     bench_ok=1
                 fi
             fi
@@ -344,7 +344,7 @@ main() {
         fi
     fi
 
-    local bench=(cargo run "${cargo_args[@]}" -q --release -p arenagrad --features cuda
+    local bench=(cargo run "${cargo_args[@]}" -q --release -p arenagrad-suite --features cuda
         --example gpu_bench --)
     if [ "$bench_ok" -eq 1 ]; then
         run_step info 60 0 "${bench[@]}" info || true

@@ -10,7 +10,7 @@ file order, printing `step S loss L` every --log-every steps, so that arenagrad 
 training from the same weights and the two loss sequences can be compared step for step:
 
     python3 scripts/torch_fashion_mnist.py --init /tmp/init.safetensors --steps 150 > torch.txt
-    cargo run --release -p arenagrad --example fashion_mnist -- --init /tmp/init.safetensors \\
+    cargo run --release --example fashion_mnist -- --init /tmp/init.safetensors \\
         --order fixed --steps 150 --log-every 10 --epochs 1 | grep '^step' > arenagrad.txt
 
 Needs torch and numpy (and safetensors for --init).

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use arenagrad::program::fuzzing::{self, Outcome};
 
 fn corpus_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus")
 }
 
 #[test]

@@ -4,7 +4,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Err(v) = arenagrad::program::fuzzing::check_grad(data) {
+    if let Err(v) = arenagrad_program::fuzzing::check_grad(data) {
         panic!("{v}");
     }
 });

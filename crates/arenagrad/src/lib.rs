@@ -22,8 +22,14 @@
 //! ```
 //!
 //! The crates underneath, from the bottom: `arenagrad-alloc` (the host bump arena and the GPU
-//! block cache), `arenagrad-exec` (kernels), `arenagrad-graph` (tensors, ops, autodiff) and
-//! `arenagrad-nn` (modules, losses, optimisers).
+//! block cache), `arenagrad-exec` (kernels and the op tables), `arenagrad-graph` (tensors, ops,
+//! autodiff), `arenagrad-nn` (modules, losses, optimisers) and `arenagrad-program` (feature
+//! `program`: tensor programs as text, run, checked and generated; the `arenagrad` command-line
+//! tool is its binary).
+//!
+//! Features: `checkpoint` (default; `nn::checkpoint`, safetensors files), `program` (default),
+//! `proptest` (`check::strategy`), `cuda` (CUDA devices). An application that only trains can
+//! turn the defaults off: it then builds no JSON or command-line code.
 #![forbid(unsafe_code)]
 
 pub use arenagrad_alloc as alloc;
@@ -46,10 +52,12 @@ pub mod check {
 
     /// proptest strategies: shapes, broadcast pairs, tensors and well-typed random programs.
     #[cfg(feature = "proptest")]
-    pub mod strategy;
+    pub use arenagrad_program::strategy;
 }
 
-pub mod program;
+/// Tensor programs as text: parse, run, gradient-check, generate, fuzz.
+#[cfg(feature = "program")]
+pub use arenagrad_program as program;
 
 /// The names most programs need.
 pub mod prelude {
@@ -59,7 +67,8 @@ pub mod prelude {
     };
 }
 
-/// The README's example, compiled and run as a doctest so that it cannot rot.
-#[doc = include_str!("../../../README.md")]
+/// The crate's README, whose example is compiled and run as a doctest so that it cannot rot
+/// (the repository's README shows the same example, held to it by a test).
+#[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctest;

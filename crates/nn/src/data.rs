@@ -338,7 +338,7 @@ pub fn encode_idx(a: &IdxArray, gzip: bool) -> Result<Vec<u8>> {
 /// Writes an IDX file (gzipped with `gzip`), atomically.
 pub fn write_idx(path: impl AsRef<Path>, a: &IdxArray, gzip: bool) -> Result<()> {
     let bytes = encode_idx(a, gzip)?;
-    crate::checkpoint::write_atomic(path.as_ref(), &bytes, |f| f)
+    crate::files::write_atomic(path.as_ref(), &bytes, |f| f)
 }
 
 /// An image-classification dataset held in memory as bytes: `len` images of `sample_shape`

@@ -133,6 +133,7 @@ pub enum NnError {
     },
     /// A checkpoint that is not a valid safetensors file (truncated, corrupted header, offsets
     /// outside the file, ...).
+    #[cfg(feature = "checkpoint")]
     #[error("{path}: not a valid safetensors checkpoint: {source}")]
     Safetensors {
         /// The file.

@@ -54,9 +54,11 @@
 #![forbid(unsafe_code)]
 
 pub mod check;
+#[cfg(feature = "checkpoint")]
 pub mod checkpoint;
 pub mod data;
 mod error;
+mod files;
 pub mod functional;
 pub mod init;
 mod layers;
@@ -80,6 +82,8 @@ pub use rng::Rng;
 
 /// The names a training program needs.
 pub mod prelude {
+    #[cfg(feature = "checkpoint")]
+    pub use crate::checkpoint;
     pub use crate::data::Dataset;
     pub use crate::loss;
     pub use crate::metrics;
@@ -88,8 +92,8 @@ pub mod prelude {
         SgdConfig, StepLr,
     };
     pub use crate::{
-        checkpoint, AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Conv2dConfig, DType, Dropout,
-        Embedding, Flatten, Graph, HostTensor, LayerNorm, LeakyReLU, Linear, LinearConfig,
-        MaxPool2d, Module, NnError, Parameter, ReLU, Rng, Sequential, Sigmoid, Tanh, Tensor, GELU,
+        AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Conv2dConfig, DType, Dropout, Embedding,
+        Flatten, Graph, HostTensor, LayerNorm, LeakyReLU, Linear, LinearConfig, MaxPool2d, Module,
+        NnError, Parameter, ReLU, Rng, Sequential, Sigmoid, Tanh, Tensor, GELU,
     };
 }

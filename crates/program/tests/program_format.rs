@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use arenagrad::program::{
+use arenagrad_graph::{Graph, GraphError, Tensor};
+use arenagrad_program::{
     op_names, BinaryOp, CheckOptions, Expr, Limits, OpImpl, Overrides, Program, ProgramError,
     RunOptions, UnaryOp,
 };
-use arenagrad::{Graph, GraphError, Tensor};
 
 /// One statement of every op (and both leaf kinds, with and without values).
 const EVERY_OP: &str = "\

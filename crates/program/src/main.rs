@@ -4,9 +4,9 @@
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
-use arenagrad::check::GradcheckOptions;
-use arenagrad::program::{dtype_name, CheckOptions, Limits, Program, RunOptions, RunResult};
-use arenagrad::{DType, HostData, HostTensor};
+use arenagrad_graph::check::GradcheckOptions;
+use arenagrad_graph::{DType, HostData, HostTensor};
+use arenagrad_program::{dtype_name, CheckOptions, Limits, Program, RunOptions, RunResult};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Run, differentiate, gradient-check and draw arenagrad programs.

@@ -1,6 +1,12 @@
 //! Graphs as data: a small text format for programs over arenagrad's ops, with a parser, a
 //! printer, shape rules, a runner (forward, backward, values out), whole-program gradient checks,
-//! Graphviz output, random program generation and the checks behind the fuzz targets.
+//! Graphviz output, random program generation, the checks behind the fuzz targets, and (feature
+//! `proptest`) proptest strategies. The `arenagrad` command-line tool (feature `cli`) runs,
+//! checks and draws programs from files.
+//!
+//! The elementwise ops are the public rows of `arenagrad_exec`'s op tables ([`unary_ops`],
+//! [`binary_ops`]): an op added there is in the format, the generator and the fuzz targets with
+//! nothing to add here. The format's own ops are [`FORMAT_OPS`].
 //!
 //! # The format (version 1)
 //!
@@ -15,8 +21,9 @@
 //! | `x = const D0 D1 ...` | a leaf that does not |
 //! | `x = input 2 2 : 0.5 -1 2 3.25` | values given, row-major (else standard normal draws from the seeded RNG) |
 //! | `add a b`, `sub`, `mul`, `div`, `pow`, `maximum`, `minimum` | elementwise, numpy broadcasting |
-//! | `neg a`, `exp`, `log`, `sqrt`, `abs`, `sin`, `cos`, `tanh`, `sigmoid`, `relu`, `gelu`, `detach` | elementwise (`gelu`: tanh approximation) |
+//! | `neg a`, `exp`, `log`, `sqrt`, `abs`, `sin`, `cos`, `tanh`, `sigmoid`, `relu`, `gelu`, `silu`, `softplus`, `erf` | elementwise (`gelu`: tanh approximation) |
 //! | `scale a S`, `shift a S`, `powf a P` | a·S, a+S, a^P |
+//! | `detach a` | the same values, no gradient flowing back |
 //! | `sum a [AXIS...]`, `mean a [AXIS...]` | over the axes (none: all elements) |
 //! | `max a AXIS` | maximum along one axis (keepdim false) |
 //! | `softmax a AXIS`, `log_softmax a AXIS` | along one axis |
@@ -32,7 +39,7 @@
 //! exceeds the [`Limits`] is a typed error before anything is allocated.
 //!
 //! ```
-//! use arenagrad::program::{Program, RunOptions};
+//! use arenagrad_program::{Program, RunOptions};
 //!
 //! let p = Program::parse("x = input 3 : 1 2 3\ny = mul x x\nz = sum y\n").unwrap();
 //! let r = p.run(&RunOptions::default()).unwrap();
@@ -51,6 +58,8 @@ mod infer;
 mod parser;
 mod printer;
 mod runner;
+#[cfg(feature = "proptest")]
+pub mod strategy;
 
 pub use ast::{
     binary_op, binary_ops, is_valid_name, op_names, unary_op, unary_ops, BinaryOp, Expr, Program,

@@ -10,8 +10,8 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use arenagrad::program::{Program, RunOptions};
-use arenagrad::DType;
+use arenagrad_graph::DType;
+use arenagrad_program::{Program, RunOptions};
 use serde_json::Value;
 
 struct Case {
@@ -148,7 +148,7 @@ fn check_binary(c: &Case) {
     assert_eq!(values.len(), p.leaves().len(), "{}: values", c.name);
     for i in p.leaves() {
         let s = &p.statements()[i];
-        if let arenagrad::program::Expr::Leaf {
+        if let arenagrad_program::Expr::Leaf {
             values: Some(v),
             shape,
             ..
@@ -785,7 +785,7 @@ fn every_op_is_covered() {
             seen.insert(s.expr.op_name());
         }
     }
-    for op in arenagrad::program::op_names() {
+    for op in arenagrad_program::op_names() {
         assert!(seen.contains(op), "no reference case uses `{op}`");
     }
 }

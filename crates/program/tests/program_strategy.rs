@@ -1,11 +1,11 @@
-//! The proptest strategies of `arenagrad::check::strategy`: what they generate, and that
+//! The proptest strategies of `arenagrad_program::strategy`: what they generate, and that
 //! shrinking takes a failing program down to a handful of statements.
 
 use std::sync::Arc;
 
-use arenagrad::check::strategy::{self, GenConfig};
-use arenagrad::program::{CheckOptions, Limits, Overrides, Program, RunOptions};
-use arenagrad::{CustomOp, DType, Graph, GraphError, Tensor};
+use arenagrad_graph::{CustomOp, DType, Graph, GraphError, Tensor};
+use arenagrad_program::strategy::{self, GenConfig};
+use arenagrad_program::{CheckOptions, Limits, Overrides, Program, RunOptions};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner};
 

@@ -4,12 +4,12 @@
 //! Programs are generated as lists of choices ([`LeafChoice`], [`OpChoice`]) read by
 //! [`generate::well_typed`], so they shrink the way lists do: a failing program loses statements
 //! until none can go, and the statements its output does not use are dropped. With a wrong
-//! backward rule planted in one op (see [`Overrides`](crate::program::Overrides)), a failing
+//! backward rule planted in one op (see [`Overrides`](crate::Overrides)), a failing
 //! program shrinks to the op and its operands.
 //!
 //! ```
-//! use arenagrad::check::strategy::{self, GenConfig};
-//! use arenagrad::program::{CheckOptions, Limits};
+//! use arenagrad_program::strategy::{self, GenConfig};
+//! use arenagrad_program::{CheckOptions, Limits};
 //! use proptest::test_runner::{Config, TestRunner};
 //!
 //! // In a test suite this is `proptest! { #[test] fn f(p in strategy::smooth_program(4)) {..} }`.
@@ -27,10 +27,10 @@
 use proptest::collection::vec;
 use proptest::prelude::*;
 
-use crate::program::generate;
-pub use crate::program::generate::{all_ops, smooth_ops, GenConfig, LeafChoice, OpChoice};
-use crate::program::Program;
-use crate::HostTensor;
+use crate::generate;
+pub use crate::generate::{all_ops, smooth_ops, GenConfig, LeafChoice, OpChoice};
+use crate::Program;
+use arenagrad_graph::HostTensor;
 
 /// Shapes of rank `0..=max_rank` with extents in `1..=max_dim`.
 pub fn shape(max_rank: usize, max_dim: usize) -> impl Strategy<Value = Vec<usize>> {

@@ -3,7 +3,7 @@
 //! A program is generated from a list of [`LeafChoice`]s and a list of [`OpChoice`]s — small
 //! records of numbers — by [`well_typed`], which reads each choice against the statements made so
 //! far and always produces a program that passes the shape rules. Anything that produces such
-//! lists can generate programs: the proptest strategies of `arenagrad::check::strategy` (feature
+//! lists can generate programs: the proptest strategies of `arenagrad_program::strategy` (feature
 //! `proptest`), and the fuzz targets, which read the records from the fuzzer's bytes
 //! ([`decode`]). Because a choice names its operands relative to what exists, removing choices
 //! (what shrinking does) still gives a valid program, and the output's unused statements are
