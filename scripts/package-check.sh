@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Packages every published crate (`cargo package --workspace`, which also builds each one from
+# its package) and then compiles each package's own tests and doctests from the packages alone:
+# the .crate files unpacked side by side, their arenagrad dependencies patched to one another,
+# nothing else of the repository in reach.
+#
+#   scripts/package-check.sh [--run]    (--run: run all those tests; default: build them and run
+#                                        the doctests)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo package --workspace --allow-dirty
+version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
+crates=(arenagrad-alloc arenagrad-exec arenagrad-graph arenagrad-nn arenagrad-program arenagrad)
+dir=target/package-check
+rm -rf "$dir"
+mkdir -p "$dir"
+members=""
+patches=""
+for c in "${crates[@]}"; do
+    tar xzf "target/package/$c-$version.crate" -C "$dir"
+    members+="\"$c-$version\", "
+    patches+="$c = { path = \"$c-$version\" }"$'\n'
+done
+cat >"$dir/Cargo.toml" <<TOML
+[workspace]
+resolver = "2"
+members = [${members%, }]
+
+[patch.crates-io]
+${patches}
+[profile.test]
+opt-level = 1
+TOML
+cp Cargo.lock "$dir/"
+cd "$dir"
+export CARGO_TARGET_DIR=../package-check-target
+if [ "${1:-}" = "--run" ]; then
+    cargo test --workspace --all-features
+else
+    # The tests compiled; the doctests compiled and run (they are quick).
+    cargo test --workspace --all-features --no-run
+    cargo test --workspace --all-features --doc
+fi
+echo "package-check: every crate's tests and doctests build from its package alone"
