@@ -118,6 +118,13 @@ pub enum Expr {
         /// The operands, in order.
         xs: Vec<usize>,
     },
+    /// An op the application registered ([`crate::register_op`]): `NAME a b ...`.
+    User {
+        /// Its name.
+        op: &'static str,
+        /// The operands, in order.
+        args: Vec<usize>,
+    },
     /// `slice a AXIS START END`
     Slice {
         /// The operand.
@@ -218,6 +225,7 @@ impl Expr {
             Expr::Broadcast { .. } => "broadcast",
             Expr::Concat { .. } => "concat",
             Expr::Slice { .. } => "slice",
+            Expr::User { op, .. } => op,
         }
     }
 
@@ -236,7 +244,7 @@ impl Expr {
             | Expr::Reshape { x, .. }
             | Expr::Broadcast { x, .. }
             | Expr::Slice { x, .. } => vec![*x],
-            Expr::Concat { xs, .. } => xs.clone(),
+            Expr::Concat { xs, .. } | Expr::User { args: xs, .. } => xs.clone(),
         }
     }
 
@@ -353,6 +361,7 @@ impl PartialEq for Expr {
                 x1 == x2 && s1 == s2
             }
             (Concat { axis: a1, xs: x1 }, Concat { axis: a2, xs: x2 }) => a1 == a2 && x1 == x2,
+            (User { op: o1, args: a1 }, User { op: o2, args: a2 }) => o1 == o2 && a1 == a2,
             (
                 Slice {
                     x: x1,

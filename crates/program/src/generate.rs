@@ -83,6 +83,17 @@ impl GenConfig {
             ..GenConfig::smooth()
         }
     }
+
+    /// The same, also drawing the application's registered ops ([`crate::register_op`]): the
+    /// smooth ones only when `smooth_only` (for gradient checks), else all of them.
+    pub fn with_user_ops(mut self, smooth_only: bool) -> Self {
+        for u in crate::user_ops() {
+            if (u.is_smooth() || !smooth_only) && !self.ops.contains(&u.name()) {
+                self.ops.push(u.name());
+            }
+        }
+        self
+    }
 }
 
 /// A leaf to make: its extents (each read as `1 + d % max_dim`, at most `max_rank` of them), its
@@ -241,6 +252,44 @@ impl Gen<'_> {
         )
     }
 
+    /// A registered op on `a` and, for each further operand, the earlier value the choice's
+    /// selectors pick among those the op's shape rule accepts (or one of `a`'s shape).
+    fn user_op(&mut self, u: &crate::UserOp, a: usize, c: &OpChoice) -> usize {
+        let n = self.vals.len();
+        let mut args = vec![a];
+        for k in 1..u.arity() {
+            let sel = c.attrs[(k - 1) % 4].wrapping_add(c.b);
+            let cands: Vec<usize> = (0..n)
+                .filter(|&j| {
+                    let mut shapes: Vec<&[usize]> = args
+                        .iter()
+                        .map(|&i| self.vals[i].shape.as_slice())
+                        .collect();
+                    shapes.push(&self.vals[j].shape);
+                    // A partial list: accept what a full list of this shape would.
+                    while shapes.len() < u.arity() {
+                        shapes.push(&self.vals[j].shape);
+                    }
+                    u.out_shape(&shapes).is_some()
+                })
+                .collect();
+            match Self::pick(&cands, sel) {
+                Some(j) => args.push(j),
+                None => return self.fallback(a),
+            }
+        }
+        let shapes: Vec<&[usize]> = args
+            .iter()
+            .map(|&i| self.vals[i].shape.as_slice())
+            .collect();
+        match u.out_shape(&shapes) {
+            Some(shape) if self.fits(&shape) => {
+                self.push(Expr::User { op: u.name(), args }, shape, false)
+            }
+            _ => self.fallback(a),
+        }
+    }
+
     fn pick(cands: &[usize], sel: u8) -> Option<usize> {
         if cands.is_empty() {
             None
@@ -323,6 +372,9 @@ impl Gen<'_> {
             };
             let shape = self.vals[a].shape.clone();
             return self.push(Expr::Unary { op: k, x: a }, shape, pos);
+        }
+        if let Some(u) = crate::user_op(name).filter(|_| !op_names().contains(&name)) {
+            return self.user_op(&u, a, c);
         }
         let axis_of = |t: u8, neg: bool| -> i64 {
             let d = usize::from(t) % r.max(1);
@@ -645,7 +697,7 @@ pub(crate) fn remap(e: &mut Expr, map: &[usize]) {
         | Expr::Reshape { x, .. }
         | Expr::Broadcast { x, .. }
         | Expr::Slice { x, .. } => f(x),
-        Expr::Concat { xs, .. } => xs.iter_mut().for_each(f),
+        Expr::Concat { xs, .. } | Expr::User { args: xs, .. } => xs.iter_mut().for_each(f),
     }
 }
 

@@ -474,6 +474,28 @@ pub(crate) fn check(p: &Program, limits: &Limits) -> Result<Vec<StmtInfo>, Progr
                 out[d] = end - start;
                 out
             }
+            Expr::User { op, args } => {
+                let Some(u) = crate::user_op(op) else {
+                    return Err(at.shape(None, format!("`{op}` is not a registered op")));
+                };
+                let shapes: Vec<&[usize]> = (0..args.len()).map(sh).collect();
+                if shapes.len() != u.arity() {
+                    return Err(at.shape(
+                        None,
+                        format!(
+                            "`{op}` takes {} operands, found {}",
+                            u.arity(),
+                            shapes.len()
+                        ),
+                    ));
+                }
+                u.out_shape(&shapes).ok_or_else(|| {
+                    at.shape(
+                        Some(0),
+                        format!("`{op}` does not apply to operands of shapes {shapes:?}"),
+                    )
+                })?
+            }
         };
         if shape.len() > limits.max_rank {
             return Err(at.large(

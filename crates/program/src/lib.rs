@@ -60,6 +60,7 @@ mod printer;
 mod runner;
 #[cfg(feature = "proptest")]
 pub mod strategy;
+mod user;
 
 pub use ast::{
     binary_op, binary_ops, is_valid_name, op_names, unary_op, unary_ops, BinaryOp, Expr, Program,
@@ -71,6 +72,7 @@ pub use infer::{Limits, StmtInfo};
 pub use runner::{
     apply_default, dtype_name, BackwardRule, NamedTensor, OpImpl, Overrides, RunOptions, RunResult,
 };
+pub use user::{register_op, user_op, user_ops, Forward, RegisterError, ShapeRule, UserOp};
 
 impl Program {
     /// Parses program text. Never panics; errors name the line and column.

@@ -326,8 +326,9 @@ fn statement(
             ))
         }
     };
-    let op = match op_names().iter().find(|&&o| o == op_tok.text) {
-        Some(o) => *o,
+    let known = op_names().iter().find(|&&o| o == op_tok.text).copied();
+    let op = match known.or_else(|| crate::user_op(op_tok.text).map(|u| u.name())) {
+        Some(o) => o,
         None => {
             return Err(err(
                 op_tok.col,
@@ -377,6 +378,14 @@ fn args(l: &mut Line<'_, '_>, op: &str, op_col: usize) -> Result<Expr, ProgramEr
             }
         };
         return Ok(Expr::Unary { op, x });
+    }
+    if !op_names().contains(&op) {
+        if let Some(u) = crate::user_op(op) {
+            let args = (0..u.arity())
+                .map(|_| l.name("an operand (a name)"))
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok(Expr::User { op: u.name(), args });
+        }
     }
     Ok(match op {
         "detach" => Expr::Detach {

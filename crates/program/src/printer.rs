@@ -62,6 +62,7 @@ pub(crate) fn tokens(p: &Program, i: usize) -> Vec<String> {
             t.push(name(*x));
             t.extend(shape.iter().map(|a| a.to_string()));
         }
+        Expr::User { args, .. } => t.extend(args.iter().map(|&k| name(k))),
         Expr::Concat { axis, xs } => {
             t.push(axis.to_string());
             t.extend(xs.iter().map(|&k| name(k)));

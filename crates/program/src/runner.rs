@@ -279,6 +279,13 @@ pub fn apply_default<'g>(
         }
         Expr::Broadcast { shape, .. } => arg(0)?.broadcast_to(shape),
         Expr::Concat { axis, .. } => g.concat(args, ax(*axis)?),
+        Expr::User { op, .. } => match crate::user_op(op) {
+            Some(u) => u.apply(g, args),
+            None => Err(GraphError::BadArgument {
+                op: "program",
+                what: "an op that is not registered",
+            }),
+        },
         Expr::Slice {
             axis, start, end, ..
         } => arg(0)?.slice(ax(*axis)?, *start, *end),

@@ -156,3 +156,110 @@ proptest! {
         prop_assert_eq!(t.numel(), t.shape().iter().product::<usize>());
     }
 }
+
+/// x³, registered by the application, with its rule 3x²·gy — or, planted wrong, 3x·gy.
+struct Cube {
+    wrong: bool,
+}
+
+impl CustomOp for Cube {
+    fn name(&self) -> &'static str {
+        if self.wrong {
+            "wrong_cube"
+        } else {
+            "cube"
+        }
+    }
+    fn backward<'g>(
+        &self,
+        _g: &'g Graph,
+        inputs: &[Tensor<'g>],
+        _output: Tensor<'g>,
+        gy: Tensor<'g>,
+    ) -> Result<Vec<Option<Tensor<'g>>>, GraphError> {
+        let x = inputs[0];
+        let d = if self.wrong { x } else { x.mul(x)? };
+        Ok(vec![Some(gy.mul(d.scale(3.0)?)?)])
+    }
+}
+
+fn register_cube(wrong: bool) -> &'static str {
+    let op =
+        arenagrad_program::UserOp::elementwise(Arc::new(Cube { wrong }), |_, x| x[0].powf(3.0));
+    let name = op.name();
+    arenagrad_program::register_op(op).unwrap();
+    name
+}
+
+/// The smooth ops and `name`, drawn as often as eight of them together (the list weighs ops by
+/// how often they appear in it).
+fn with_op(name: &'static str) -> GenConfig {
+    let mut cfg = GenConfig::smooth();
+    cfg.ops.extend([name; 8]);
+    cfg
+}
+
+#[test]
+fn an_applications_own_op_is_drawn_and_passes_when_its_rule_is_right() {
+    let name = register_cube(false);
+    assert!(GenConfig::smooth().with_user_ops(true).ops.contains(&name));
+    let opts = check_opts(Overrides::new());
+    let drawn = std::cell::Cell::new(0usize);
+    let result = runner(96).run(&strategy::program(with_op(name), 8), |p| {
+        let uses = p.statements().iter().any(|s| s.expr.op_name() == name);
+        drawn.set(drawn.get() + usize::from(uses));
+        prop_assert_eq!(Program::parse(&p.to_string()).unwrap(), p.clone());
+        let r = p
+            .gradcheck(&opts)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(r.passed, "{p}\n{r}");
+        Ok(())
+    });
+    result.unwrap();
+    let drawn = drawn.get();
+    eprintln!("programs using {name}: {drawn} of 96");
+    assert!(
+        drawn >= 10,
+        "the registered op was drawn in only {drawn} programs"
+    );
+}
+
+#[test]
+fn a_wrong_rule_in_an_applications_op_shrinks_to_that_op() {
+    let name = register_cube(true);
+    let opts = check_opts(Overrides::new());
+    let result = runner(256).run(&strategy::program(with_op(name), 10), |p| {
+        let r = p
+            .gradcheck(&opts)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(r.passed, "{r}");
+        Ok(())
+    });
+    let minimal = match result {
+        Err(TestError::Fail(_, p)) => p,
+        other => panic!("the planted rule went unnoticed: {other:?}"),
+    };
+    assert!(minimal.len() <= 3, "shrunk only to:\n{minimal}");
+    assert!(
+        minimal
+            .statements()
+            .iter()
+            .any(|s| s.expr.op_name() == name),
+        "the minimal program does not use {name}:\n{minimal}"
+    );
+    eprintln!("minimal failing program:\n{minimal}");
+    // The fuzz harness's gradient check finds it too, from bytes.
+    let cfg = with_op(name);
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 32) as u8
+    };
+    let found = (0..300).any(|_| {
+        let bytes: Vec<u8> = (0..96).map(|_| next()).collect();
+        arenagrad_program::fuzzing::check_grad_with(&bytes, &cfg).is_err()
+    });
+    assert!(found, "no fuzz input reached the planted rule");
+}
