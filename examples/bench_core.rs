@@ -1,7 +1,7 @@
-//! Prints the engine's speed figures as a table, on the workloads of the peer benchmark
-//! (PyTorch, candle, dfdx): W1 the randn-matmul loop at 1024×1024, W2 tiny-op overhead, W3/W4 MLP training
+//! Prints the engine's speed figures as a table, on the workloads of the README's comparison with
+//! PyTorch, candle and dfdx: W1 the randn-matmul loop at 1024×1024, W2 tiny-op overhead, W3/W4 MLP training
 //! steps (ReLU, cross-entropy, plain SGD lr 0.01, median of 50 steps after 5 warm-up), and GEMM;
-//! then one training step of the main job's CNN (Adam, batch 64, random images).
+//! then one training step of the Fashion-MNIST example's CNN (Adam, batch 64, random images).
 //!
 //! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn]`
 //! Threads: `ARENAGRAD_NUM_THREADS` (default: all cores).
@@ -92,7 +92,7 @@ fn gemm_raw(n: usize, threads: usize, reps: usize) -> f64 {
 }
 
 /// The randn-matmul loop; returns (ms/iter, ms of randn alone, ms of 3 bare GEMMs + randn).
-fn seed_loop(g: &mut Graph, n: usize, iters: usize) -> (f64, f64, f64) {
+fn randn_matmul_loop(g: &mut Graph, n: usize, iters: usize) -> (f64, f64, f64) {
     let mut t = Vec::new();
     for _ in 0..iters {
         let t0 = Instant::now();
@@ -169,7 +169,7 @@ fn mlp_step(dims: &[usize], batch: usize) -> ((f64, f64, f64, f64), StepMemory) 
     )
 }
 
-/// The main job's CNN (conv3×3(1→32)-relu-maxpool2-conv3×3(32→64)-relu-maxpool2-
+/// The Fashion-MNIST example's CNN (conv3×3(1→32)-relu-maxpool2-conv3×3(32→64)-relu-maxpool2-
 /// linear(3136→128)-relu-linear(128→10)), one Adam step on a batch of 64 random images.
 fn cnn_step() -> ((f64, f64, f64, f64), StepMemory) {
     let mut rng = Rng::seed(0);
@@ -272,7 +272,7 @@ fn main() {
     if run("cnn") {
         let ((ms, f, b, o), _) = cnn_step();
         println!(
-            "| main job's CNN 32/64, b64 Adam step (random data) | {ms:.2} ms (fwd {f:.2}, bwd {b:.2}, opt {o:.2}) | |"
+            "| Fashion-MNIST CNN 32/64, b64 Adam step (random data) | {ms:.2} ms (fwd {f:.2}, bwd {b:.2}, opt {o:.2}) | |"
         );
     }
 }
@@ -284,7 +284,7 @@ fn w1(g: &mut Graph, threads: usize, quick: bool) {
     let gt = gemm_raw(1024, threads, if quick { 3 } else { 10 });
     println!("| raw GEMM kernel, 1 thread | {g1:.0} GFLOP/s | |");
     println!("| raw GEMM kernel, row-split over {threads} threads | {gt:.0} GFLOP/s | |");
-    let (ms, randn, bare) = seed_loop(g, 1024, if quick { 5 } else { 30 });
+    let (ms, randn, bare) = randn_matmul_loop(g, 1024, if quick { 5 } else { 30 });
     println!("| randn-matmul loop 1024², randn+matmul+sum+backward | {ms:.1} ms/iter (randn {randn:.1}) | ≤ 30 |");
     println!(
         "| 3 bare GEMMs + randn (same run) | {bare:.1} ms/iter; graph overhead {:+.1}% | ≤ +15% |",

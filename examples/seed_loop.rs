@@ -1,4 +1,4 @@
-//! The loop from the memory-leak post, in arenagrad:
+//! The leak-check loop, in arenagrad:
 //!
 //! ```text
 //! for i in range(N):

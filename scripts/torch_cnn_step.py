@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """PyTorch counterpart of `bench_core --only cnn`, on the CPU.
 
-The main job's net, conv3x3(1->32)-relu-maxpool2-conv3x3(32->64)-relu-maxpool2-linear(3136->128)-
+The Fashion-MNIST example's net, conv3x3(1->32)-relu-maxpool2-conv3x3(32->64)-relu-maxpool2-linear(3136->128)-
 relu-linear(128->10), trained with cross-entropy and Adam (lr 1e-3) on one fixed batch of 64 random
 images (standard normal) and random labels. A step is zero_grad, forward, loss, backward and the
 optimiser step; the median of 30 steps after 5 warm-up steps is printed, split like the Rust row:
 
-    | main job's CNN 32/64, b64 Adam step (random data, PyTorch) | <f> ms (fwd <f>, bwd <f>, opt <f>) | |
+    | Fashion-MNIST CNN 32/64, b64 Adam step (random data, PyTorch) | <f> ms (fwd <f>, bwd <f>, opt <f>) | |
 
 Threads: THREADS (default 2), as arenagrad's bench_core.
 """
@@ -47,7 +47,7 @@ def main():
         return sorted(v)[len(v) // 2] * 1e3
 
     print(
-        f"| main job's CNN 32/64, b64 Adam step (random data, PyTorch) | {med(total):.2f} ms "
+        f"| Fashion-MNIST CNN 32/64, b64 Adam step (random data, PyTorch) | {med(total):.2f} ms "
         f"(fwd {med(fwd):.2f}, bwd {med(bwd):.2f}, opt {med(step):.2f}) | |"
     )
 

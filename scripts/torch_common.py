@@ -35,7 +35,7 @@ def cuda_setup(script, seed, extra=None):
 
 
 def fashion_cnn():
-    """The main job's net (`examples/fashion_mnist.rs`): conv3x3(1->32)-relu-maxpool2-
+    """The Fashion-MNIST example's net (`examples/fashion_mnist.rs`): conv3x3(1->32)-relu-maxpool2-
     conv3x3(32->64)-relu-maxpool2-linear(3136->128)-relu-linear(128->10), as a Sequential whose
     state_dict names (`0.weight`, ...) are the ones the example's `--init` reads."""
     import torch.nn as nn

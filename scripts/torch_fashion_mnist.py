@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch counterpart of the main job (`examples/fashion_mnist.rs`): the same CNN, Adam, batch 64,
+"""PyTorch counterpart of the Fashion-MNIST example (`examples/fashion_mnist.rs`): the same CNN, Adam, batch 64,
 and by default the same recipe (learning rate annealed from 2e-3 to 0 along a cosine over the run's
 steps; `--schedule constant --lr 1e-3` is the plain one). Prints seconds per epoch and test accuracy:
 

@@ -11,7 +11,8 @@
 //! * Matmul goes through strided GEMM kernels (the `gemm` crate's; matrixmultiply's under Miri):
 //!   transposes are strides (a small product copies a transposed right operand once, which costs
 //!   less than the kernel's repacking).
-//! * Large work is split across the number of threads the caller passes — no global pool.
+//! * Large work is split across the number of threads the caller passes, on the parked workers
+//!   of [`cpu::thread_pool`] (one pool per process, started on first use).
 //! * With the `cuda` feature, `cuda` runs the same kernels on an NVIDIA GPU: CUDA C compiled
 //!   at run time with NVRTC, matrix products through cuBLAS, memory from the block cache of
 //!   `arenagrad-alloc`. The CUDA libraries are loaded at run time, so the feature builds without

@@ -9,7 +9,8 @@
 //!
 //! The kernel is the `gemm` crate's (AVX-512 where the CPU has it, chosen at run time): on the
 //! 2-core reference machine it ran 1024³ f32 at ~285 GFLOP/s split over two threads against
-//! matrixmultiply's ~255 (`examples/bench_core.rs` prints both). matrixmultiply stays as the
+//! matrixmultiply's ~255 when it was chosen (`bench_core -- --only w1` prints the first as "raw
+//! GEMM kernel, row-split"; nothing reproduces the second now). matrixmultiply stays as the
 //! kernel Miri interprets.
 
 /// Element types with a GEMM.
