@@ -63,7 +63,7 @@ pub mod testing;
 /// The kernels the graph runs, for applications that call one directly.
 pub use arenagrad_exec as exec;
 /// Runs a loop over parameters at the widest SIMD level the CPU has (optimisers' updates, which
-/// work on host data outside any graph): see [`arenagrad_exec::cpu::wide`].
+/// work on host data outside any graph): see [`arenagrad_exec::cpu::wide()`].
 pub use arenagrad_exec::cpu::wide;
 pub use arenagrad_exec::{BinaryOp, DType, Float, UnaryOp};
 pub use autodiff::{grad, BackwardOptions};

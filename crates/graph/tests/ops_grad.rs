@@ -588,3 +588,22 @@ fn cross_entropy_mean_value_grads_and_errors(dev) {
     assert!(matches!(err(flat.cross_entropy_mean(&[0])), GraphError::BadArgument { .. }));
 }
 }
+
+/// Outputs of very different sizes: the finite difference of a small output must not be lost
+/// in the rounding of a large one (the differences are taken per output element, then
+/// projected, as PyTorch's numerical Jacobian does). Here one output is e^32.7 ≈ 1.6e14 and the
+/// other e^−5.8: differencing the projected sum gave 0 for the second input's last element.
+#[test]
+fn gradcheck_keeps_small_outputs_beside_large_ones() {
+    let x0 = HostTensor::new(
+        vec![
+            1.75f64, 2.25, 1.5, 2.0, 2.0, 1.5, 1.75, 2.0, 0.5, 0.75, 2.25, 1.25,
+        ],
+        &[4, 3],
+    )
+    .unwrap();
+    let x1 = HostTensor::new(vec![1.5390625f64, -0.2734375], &[2]).unwrap();
+    let f = check_fn(|_, x| x[0].sum()?.mul(x[1])?.exp());
+    let r = gradcheck(f, &[x0, x1], GradcheckOptions::default()).unwrap();
+    assert!(r.passed, "{r}");
+}

@@ -1,7 +1,7 @@
 //! Splitting large work across a few threads.
 //!
 //! Each call gets the thread count its graph was configured with; the threads are parked
-//! workers ([`super::pool`]), so a split costs a wake-up rather than a spawn. Still, only work
+//! workers ([`super::thread_pool`]), so a split costs a wake-up rather than a spawn. Still, only work
 //! above [`PAR_MIN_ELEMS`] elements is split.
 
 /// Below this many elements an elementwise kernel runs on the calling thread.
