@@ -3,14 +3,14 @@
 //!
 //! ```text
 //! cargo run --release --features cuda --example gpu_bench -- info
-//! cargo run --release --features cuda --example gpu_bench -- seed-loop --n 4096 --iters 50
+//! cargo run --release --features cuda --example gpu_bench -- leak-check --n 4096 --iters 50
 //! cargo run --release --features cuda --example gpu_bench -- mlp --batch 1024 --steps 50
 //! cargo run --release --features cuda --example gpu_bench -- queue --width 1024 --ops 100
 //! ```
 //!
 //! * `info`: the NVRTC and driver versions, and each device with how its kernels were built
 //!   (machine code for its architecture, or PTX and why).
-//! * `seed-loop`: a leak check, `x = randn(n, n, requires_grad)`,
+//! * `leak-check`: a leak check, `x = randn(n, n, requires_grad)`,
 //!   `(x @ x).sum().backward()`, with the caching allocator's `num_device_alloc` after the first
 //!   and after the last iteration (a steady loop must not grow it).
 //! * `mlp`: a 784-512-512-10 ReLU MLP training step (cross-entropy, SGD) and the peak of device
@@ -42,7 +42,7 @@ fn alloc_count(dev: Device) -> Result<u64, GraphError> {
         .unwrap_or(0))
 }
 
-fn seed_loop(dev: Device, n: usize, iters: usize) -> Result<(), GraphError> {
+fn leak_check(dev: Device, n: usize, iters: usize) -> Result<(), GraphError> {
     let mut g = Graph::on(dev)?;
     let step = |g: &mut Graph| -> Result<(), GraphError> {
         let x = g.randn(&[n, n], DType::F32)?.set_requires_grad(true)?;
@@ -60,7 +60,7 @@ fn seed_loop(dev: Device, n: usize, iters: usize) -> Result<(), GraphError> {
     arenagrad::synchronize(dev)?;
     let ms = t.elapsed().as_secs_f64() * 1e3 / (iters.max(2) - 1) as f64;
     println!(
-        "seed_loop n={n} iters={iters} ms_per_iter={ms:.3} num_device_alloc_first={first} num_device_alloc_last={}",
+        "leak_check n={n} iters={iters} ms_per_iter={ms:.3} num_device_alloc_first={first} num_device_alloc_last={}",
         alloc_count(dev)?
     );
     Ok(())
@@ -187,11 +187,11 @@ fn main() -> ExitCode {
     let run = || -> Result<(), Box<dyn std::error::Error>> {
         let dev = Device::Cuda(arg(&args, "--device", 0)?);
         match args.first().map(String::as_str) {
-            Some("seed-loop") => seed_loop(dev, arg(&args, "--n", 4096)?, arg(&args, "--iters", 50)?)?,
+            Some("leak-check") => leak_check(dev, arg(&args, "--n", 4096)?, arg(&args, "--iters", 50)?)?,
             Some("mlp") => mlp(dev, arg(&args, "--batch", 1024)?, arg(&args, "--steps", 50)?)?,
             Some("queue") => queue(dev, arg(&args, "--width", 1024)?, arg(&args, "--ops", 100)?)?,
             Some("info") => info()?,
-            _ => return Err("usage: gpu_bench info|seed-loop|mlp|queue [--n N --iters N | --batch N --steps N | --width N --ops N] [--device ORDINAL]".into()),
+            _ => return Err("usage: gpu_bench info|leak-check|mlp|queue [--n N --iters N | --batch N --steps N | --width N --ops N] [--device ORDINAL]".into()),
         }
         Ok(())
     };

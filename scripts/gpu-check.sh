@@ -359,12 +359,12 @@ benches_and_summary() {
     shift 2
     local bench=("$@")
     if [ "$bench_ok" -eq 1 ]; then
-        run_step bench-seed_loop 60 0 "${bench[@]}" seed-loop --n 4096 --iters 50 || true
+        run_step bench-leak_check 60 0 "${bench[@]}" leak-check --n 4096 --iters 50 || true
         run_step bench-mlp 60 0 "${bench[@]}" mlp --batch 1024 --steps 50 || true
         run_step bench-queue 60 0 "${bench[@]}" queue --width 1024 --ops 100 || true
     fi
     if [ "$have_torch" -eq 1 ]; then
-        run_step torch-seed_loop 60 0 --soft "$python" scripts/torch_seed_loop.py --n 4096 --iters 50 || true
+        run_step torch-leak_check 60 0 --soft "$python" scripts/torch_leak_check.py --n 4096 --iters 50 || true
         run_step torch-mlp 60 0 --soft "$python" scripts/torch_mlp.py --batch 1024 --steps 50 || true
         run_step torch-queue 60 0 --soft "$python" scripts/torch_queue.py --width 1024 --ops 100 || true
     fi
@@ -377,7 +377,7 @@ benches_and_summary() {
     echo "== arenagrad against PyTorch"
     printf '%-10s %-10s %s\n' "bench" "engine" "row"
     local key engine file row
-    for key in seed_loop mlp queue; do
+    for key in leak_check mlp queue; do
         for engine in arenagrad torch; do
             if [ "$engine" = arenagrad ]; then
                 file="$steps_dir/bench-$key.log"

@@ -51,8 +51,8 @@ fn gemm(c: &mut Criterion) {
     group.finish();
 }
 
-fn seed_loop(c: &mut Criterion) {
-    let mut group = c.benchmark_group("seed_loop");
+fn leak_check(c: &mut Criterion) {
+    let mut group = c.benchmark_group("leak_check");
     group.sample_size(10);
     for n in [128usize, 1024] {
         group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, &n| {
@@ -74,6 +74,6 @@ fn seed_loop(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default();
-    targets = tiny_ops, gemm, seed_loop
+    targets = tiny_ops, gemm, leak_check
 }
 criterion_main!(benches);

@@ -50,6 +50,27 @@ fn unary_both(f: Un, xs: &[f64]) -> [(Vec<f64>, Vec<f64>); 2] {
     [run(false), run(true)]
 }
 
+/// `f`'s values and gradients at `xs` against the table's, by both backward paths. The inputs
+/// once take the tiny kernels; eight times over, the wide (vectorised) ones.
+fn check_unary(name: &str, f: Un, xs: &[f64], want_y: &[f64], want_g: &[f64]) {
+    for reps in [1, 8] {
+        let xs = xs.repeat(reps);
+        let [fused, graph] = unary_both(f, &xs);
+        let (want_y, want_g) = (want_y.repeat(reps), want_g.repeat(reps));
+        assert_all_same(&format!("{name} value ×{reps}"), &fused.0, &want_y);
+        assert_all_same(
+            &format!("{name} gradient (fused) ×{reps}"),
+            &fused.1,
+            &want_g,
+        );
+        assert_all_same(
+            &format!("{name} gradient (graph) ×{reps}"),
+            &graph.1,
+            &want_g,
+        );
+    }
+}
+
 /// The inputs of the unary table: NaN, 0, 1, −1, +inf, −inf.
 const X: [f64; 6] = [NAN, 0.0, 1.0, -1.0, INF, -INF];
 
@@ -79,23 +100,7 @@ fn unary_ops_at_the_edges_match_pytorch() {
         ("powf(-1)", |x| x.powf(-1.0), [NAN, INF, 1.0, -1.0, 0.0, 0.0], [NAN, -INF, -1.0, -1.0, 0.0, 0.0]),
     ];
     for (name, f, want_y, want_g) in table {
-        // Six elements take the tiny kernels; 48 the wide (vectorised) ones.
-        for reps in [1, 8] {
-            let xs = X.repeat(reps);
-            let [fused, graph] = unary_both(f, &xs);
-            let (want_y, want_g) = (want_y.repeat(reps), want_g.repeat(reps));
-            assert_all_same(&format!("{name} value ×{reps}"), &fused.0, &want_y);
-            assert_all_same(
-                &format!("{name} gradient (fused) ×{reps}"),
-                &fused.1,
-                &want_g,
-            );
-            assert_all_same(
-                &format!("{name} gradient (graph) ×{reps}"),
-                &graph.1,
-                &want_g,
-            );
-        }
+        check_unary(name, f, &X, &want_y, &want_g);
     }
 }
 
@@ -124,22 +129,7 @@ fn silu_softplus_erf_match_pytorch() {
              2.1610374743867984e-174, 3.4689579821931465e-183, 0.0]),
     ];
     for (name, f, want_y, want_g) in table {
-        for reps in [1, 8] {
-            let xs = XS.repeat(reps);
-            let [fused, graph] = unary_both(f, &xs);
-            let (want_y, want_g) = (want_y.repeat(reps), want_g.repeat(reps));
-            assert_all_same(&format!("{name} value ×{reps}"), &fused.0, &want_y);
-            assert_all_same(
-                &format!("{name} gradient (fused) ×{reps}"),
-                &fused.1,
-                &want_g,
-            );
-            assert_all_same(
-                &format!("{name} gradient (graph) ×{reps}"),
-                &graph.1,
-                &want_g,
-            );
-        }
+        check_unary(name, f, &XS, &want_y, &want_g);
     }
 }
 

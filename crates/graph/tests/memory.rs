@@ -11,7 +11,7 @@ fn rss() -> Option<usize> {
     Some(pages * 4096)
 }
 
-fn seed_loop(iters: usize, n: usize, backward: bool) -> (Vec<usize>, Vec<usize>) {
+fn leak_check(iters: usize, n: usize, backward: bool) -> (Vec<usize>, Vec<usize>) {
     let mut g = Graph::with_threads(1);
     let mut peaks = Vec::new();
     let mut rsses = Vec::new();
@@ -53,9 +53,9 @@ fn assert_flat(label: &str, peaks: &[usize], rsses: &[usize]) {
 
 #[test]
 #[cfg_attr(miri, ignore)]
-fn seed_loop_memory_is_flat_with_and_without_backward() {
-    let (p, r) = seed_loop(10_000, 128, true);
+fn leak_check_memory_is_flat_with_and_without_backward() {
+    let (p, r) = leak_check(10_000, 128, true);
     assert_flat("backward", &p, &r);
-    let (p, r) = seed_loop(10_000, 128, false);
+    let (p, r) = leak_check(10_000, 128, false);
     assert_flat("no backward", &p, &r);
 }

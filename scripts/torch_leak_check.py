@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""PyTorch counterpart of `gpu_bench seed-loop`.
+"""PyTorch counterpart of `gpu_bench leak-check`.
 
 Each iteration draws x = randn(n, n, requires_grad=True) on cuda:0 (float32) and runs
 (x @ x).sum().backward(). The first iteration is the warm-up; iterations 2..iters are timed
 (synchronised before and after). Prints one row in the same format as the Rust example:
 
-    seed_loop n=4096 iters=50 ms_per_iter=<f> num_device_alloc_first=<u> num_device_alloc_last=<u>
+    leak_check n=4096 iters=50 ms_per_iter=<f> num_device_alloc_first=<u> num_device_alloc_last=<u>
 
 num_device_alloc_* is torch.cuda.memory_stats()["num_device_alloc"] (cudaMalloc calls of the
 caching allocator) after the first and after the last iteration: equal values mean that the
@@ -36,7 +36,7 @@ def main():
     if args.n < 1 or args.iters < 2:
         p.error("--n must be at least 1 and --iters at least 2 (the first is not timed)")
 
-    torch, dev = cuda_setup("torch_seed_loop", args.seed)
+    torch, dev = cuda_setup("torch_leak_check", args.seed)
 
     def iteration():
         x = torch.randn(args.n, args.n, device=dev, dtype=torch.float32, requires_grad=True)
@@ -58,7 +58,7 @@ def main():
     print(f"# last y = {y.item():.6g}", file=sys.stderr)
     ms = elapsed * 1e3 / (args.iters - 1)
     print(
-        f"seed_loop n={args.n} iters={args.iters} ms_per_iter={ms:.3f} "
+        f"leak_check n={args.n} iters={args.iters} ms_per_iter={ms:.3f} "
         f"num_device_alloc_first={first} num_device_alloc_last={last}"
     )
 

@@ -10,7 +10,7 @@
 //! Prints resident memory and the arena's statistics every 100 iterations: both stay flat,
 //! because each iteration's graph and buffers are freed by one reset.
 //!
-//! `cargo run --release --example seed_loop -- [--iters N] [--size N] [--no-backward]`
+//! `cargo run --release --example leak_check -- [--iters N] [--size N] [--no-backward]`
 
 use std::time::Instant;
 
