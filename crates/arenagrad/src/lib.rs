@@ -60,11 +60,34 @@ pub mod check {
 pub use arenagrad_program as program;
 
 /// The names most programs need.
+///
+/// One `use arenagrad::prelude::*;` brings what a training loop needs: graphs and tensors, and
+/// nn's modules, losses, metrics, optimisers, schedules, checkpoints and datasets.
+///
+/// ```
+/// use arenagrad::prelude::*;
+///
+/// let mut rng = Rng::seed(0);
+/// let model = Sequential::new().add(Linear::new(4, 2, &mut rng)?).add(ReLU);
+/// let mut opt = Adam::new(model.parameters(), AdamConfig::new(1e-3))?;
+/// let mut g = Graph::new();
+/// let x = g.randn(&[8, 4], DType::F32)?;
+/// let l = loss::cross_entropy(model.forward(&g, x)?, &[0, 1, 0, 1, 0, 1, 0, 1])?;
+/// l.backward()?;
+/// // Reset, then step: the gradients live in the parameters, not the graph. Stepping first works
+/// // too, but while a graph still holds a parameter's value the step copies it before writing
+/// // (the graph must not see its inputs change); after the reset it writes in place.
+/// g.reset();
+/// opt.step()?;
+/// opt.zero_grad();
+/// # Ok::<(), NnError>(())
+/// ```
 pub mod prelude {
     pub use arenagrad_graph::{
         BackwardOptions, DType, Device, Graph, GraphError, HostData, HostDataMut, HostTensor,
         Parameter, Tensor,
     };
+    pub use arenagrad_nn::prelude::*;
 }
 
 /// The crate's README, whose example is compiled and run as a doctest so that it cannot rot

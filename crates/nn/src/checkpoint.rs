@@ -43,6 +43,8 @@ use crate::error::{NnError, Result, ShapeConflict, StateMismatch};
 use crate::files::io;
 pub use crate::files::write_atomic;
 use crate::module::Module;
+use crate::optim::Optimizer;
+use crate::Rng;
 
 /// The metadata key holding the data checksum.
 pub const CRC_KEY: &str = "crc32";
@@ -259,6 +261,104 @@ pub fn load_tensors(path: impl AsRef<Path>) -> Result<Vec<(String, HostTensor)>>
     let path = path.as_ref();
     let bytes = std::fs::read(path).map_err(io(path))?;
     tensors_from_bytes(&bytes, path)
+}
+
+/// Where a training run is, besides its model and optimiser: what [`save_training`] keeps so
+/// that a resumed run continues exactly — the step (or epoch) count a learning-rate schedule
+/// reads, and the generator that orders the data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// Steps (or epochs) done; what `LrSchedule::lr_at` is given next.
+    pub step: u64,
+    /// The data order's generator, as it is now.
+    pub rng: Option<Rng>,
+}
+
+const MODEL: &str = "model/";
+const OPTIMIZER: &str = "optimizer/";
+const STEP: &str = "progress/step";
+const RNG: &str = "progress/rng";
+
+/// Saves everything a run needs to resume exactly, in one safetensors file written atomically:
+/// the module's parameters and buffers (`model/…`), the optimiser's state (`optimizer/…`, see
+/// `Optimizer::state_tensors`) and the [`Progress`]. Training N steps, saving, loading into
+/// fresh objects and training N more gives the weights of 2N steps bit for bit.
+pub fn save_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
+    path: impl AsRef<Path>,
+    module: &M,
+    optimizer: &O,
+    progress: &Progress,
+) -> Result<()> {
+    let mut all: Vec<(String, HostTensor)> = state_dict(module)
+        .into_iter()
+        .map(|(n, t)| (format!("{MODEL}{n}"), t))
+        .collect();
+    all.extend(
+        optimizer
+            .state_tensors()?
+            .into_iter()
+            .map(|(n, t)| (format!("{OPTIMIZER}{n}"), t)),
+    );
+    all.push((STEP.to_string(), crate::optim::u64_tensor(progress.step)));
+    if let Some(rng) = &progress.rng {
+        let halves: Vec<f64> = rng
+            .state()
+            .iter()
+            .flat_map(|&w| [(w >> 32) as f64, (w & 0xffff_ffff) as f64])
+            .collect();
+        all.push((RNG.to_string(), HostTensor::new(halves, &[8])?));
+    }
+    save_tensors(all.iter().map(|(n, t)| (n.as_str(), t)), path)
+}
+
+/// Loads what [`save_training`] wrote into `module` and `optimizer` (which must match the saved
+/// ones: the same names and shapes, the same optimiser kind over the same parameters) and
+/// returns the [`Progress`]. Everything is checked before anything is kept: on an error the
+/// module and the optimiser are as they were.
+pub fn load_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
+    path: impl AsRef<Path>,
+    module: &M,
+    optimizer: &mut O,
+) -> Result<Progress> {
+    let path = path.as_ref();
+    let bad = |reason: String| NnError::Metadata {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let (mut model, mut opt, mut step, mut rng) = (Vec::new(), Vec::new(), None, None);
+    for (name, t) in load_tensors(path)? {
+        if let Some(n) = name.strip_prefix(MODEL) {
+            model.push((n.to_string(), t));
+        } else if let Some(n) = name.strip_prefix(OPTIMIZER) {
+            opt.push((n.to_string(), t));
+        } else if name == STEP {
+            step = Some(crate::optim::tensor_u64("load_training", STEP, &t)?);
+        } else if name == RNG {
+            let v = t.to_f64_vec();
+            let half = |x: f64| (0.0..=u32::MAX as f64).contains(&x) && x.fract() == 0.0;
+            if t.shape() != [8] || !v.iter().all(|&x| half(x)) {
+                return Err(bad(format!("`{RNG}` is not a generator's state")));
+            }
+            let w = |k: usize| ((v[2 * k] as u64) << 32) | v[2 * k + 1] as u64;
+            let state = Rng::from_state([w(0), w(1), w(2), w(3)])
+                .ok_or_else(|| bad(format!("`{RNG}` is the all-zero state")))?;
+            rng = Some(state);
+        } else {
+            return Err(bad(format!(
+                "`{name}` is not part of a training checkpoint"
+            )));
+        }
+    }
+    let step = step.ok_or_else(|| bad(format!("no `{STEP}`: not a training checkpoint")))?;
+    // The optimiser checks its state before taking it; the module after. Should the module then
+    // refuse, the optimiser gets its own state back.
+    let before = optimizer.state_tensors()?;
+    optimizer.load_state_tensors(&opt)?;
+    if let Err(e) = load_state_dict(module, model, true, path) {
+        optimizer.load_state_tensors(&before)?;
+        return Err(e);
+    }
+    Ok(Progress { step, rng })
 }
 
 /// What a non-strict load skipped.

@@ -40,6 +40,18 @@ impl Rng {
         Rng { s }
     }
 
+    /// The generator's whole state: with [`Rng::from_state`], a saved run resumes the same
+    /// stream (a checkpoint's data order, say).
+    pub fn state(&self) -> [u64; 4] {
+        self.s
+    }
+
+    /// The generator whose state is `s` (from [`Rng::state`]); `None` for the all-zero state,
+    /// which xoshiro256 cannot leave.
+    pub fn from_state(s: [u64; 4]) -> Option<Rng> {
+        (s != [0; 4]).then_some(Rng { s })
+    }
+
     /// A new generator seeded from this one's stream: an independent stream for a sub-task
     /// (say, one per epoch) that leaves this generator advanced by one draw.
     pub fn fork(&mut self) -> Rng {

@@ -1,7 +1,8 @@
 //! Adam and AdamW.
 
-use arenagrad_graph::{Elem, HostData, HostDataMut, Parameter};
+use arenagrad_graph::{Elem, HostData, HostDataMut, HostTensor, Parameter};
 
+use super::state::{buffer_tensor, f64_tensor, u64_tensor, StateReader};
 use super::{check_non_negative, dedup, grad_dtype_error, Optimizer};
 use crate::error::{config, Result};
 
@@ -209,6 +210,63 @@ fn step_all(
     Ok(())
 }
 
+/// Adam's state as named tensors (see [`Optimizer::state_tensors`]).
+fn adam_state_tensors(
+    params: &[Parameter],
+    states: &[Option<AdamState>],
+    lr: f64,
+) -> Result<Vec<(String, HostTensor)>> {
+    let mut out = vec![("lr".to_string(), f64_tensor(lr))];
+    for (i, (p, st)) in params.iter().zip(states).enumerate() {
+        let Some(st) = st else { continue };
+        out.push((format!("{i}.step"), u64_tensor(st.step)));
+        out.push((format!("{i}.exp_avg"), buffer_tensor(&st.exp_avg, p)?));
+        out.push((format!("{i}.exp_avg_sq"), buffer_tensor(&st.exp_avg_sq, p)?));
+        if let Some(m) = &st.max_exp_avg_sq {
+            out.push((format!("{i}.max_exp_avg_sq"), buffer_tensor(m, p)?));
+        }
+    }
+    Ok(out)
+}
+
+/// The states and learning rate [`adam_state_tensors`] wrote, checked against `params` and
+/// `cfg` (AMSGrad's buffer present exactly when it is on).
+fn adam_load(
+    op: &'static str,
+    params: &[Parameter],
+    cfg: &AdamConfig,
+    tensors: &[(String, HostTensor)],
+) -> Result<(Vec<Option<AdamState>>, f64)> {
+    let r = StateReader::new(op, tensors);
+    let lr = r.lr()?;
+    let mut states = Vec::with_capacity(params.len());
+    for (i, p) in params.iter().enumerate() {
+        let step = r.counter(&format!("{i}.step"))?;
+        let m = r.buffer(&format!("{i}.exp_avg"), p)?;
+        let v = r.buffer(&format!("{i}.exp_avg_sq"), p)?;
+        let vmax = r.buffer(&format!("{i}.max_exp_avg_sq"), p)?;
+        states.push(match (step, m, v) {
+            (None, None, None) if vmax.is_none() => None,
+            (Some(step), Some(exp_avg), Some(exp_avg_sq)) if vmax.is_some() == cfg.amsgrad => {
+                Some(AdamState {
+                    step,
+                    exp_avg,
+                    exp_avg_sq,
+                    max_exp_avg_sq: vmax,
+                })
+            }
+            _ => {
+                return Err(config(
+                    op,
+                    format!("the state of parameter {i} is incomplete (or AMSGrad's differs)"),
+                ))
+            }
+        });
+    }
+    r.finish()?;
+    Ok((states, lr))
+}
+
 /// Adam and AdamW differ only in how weight decay enters (`decoupled`); one definition serves both.
 macro_rules! adam_optimizer {
     ($(#[$doc:meta])* $name:ident, decoupled: $decoupled:expr, new_doc: $new_doc:literal) => {
@@ -258,6 +316,16 @@ macro_rules! adam_optimizer {
             }
             fn set_learning_rate(&mut self, lr: f64) {
                 self.cfg.lr = lr;
+            }
+            fn state_tensors(&self) -> Result<Vec<(String, HostTensor)>> {
+                adam_state_tensors(&self.params, &self.states, self.cfg.lr)
+            }
+            fn load_state_tensors(&mut self, tensors: &[(String, HostTensor)]) -> Result<()> {
+                let op = concat!(stringify!($name), "::load_state_tensors");
+                let (states, lr) = adam_load(op, &self.params, &self.cfg, tensors)?;
+                self.states = states;
+                self.cfg.lr = lr;
+                Ok(())
             }
         }
     };

@@ -31,12 +31,14 @@
 mod adam;
 mod schedule;
 mod sgd;
+mod state;
 
 pub use adam::{Adam, AdamConfig, AdamState, AdamW};
 pub use schedule::{CosineAnnealingLr, LrSchedule, StepLr};
 pub use sgd::{Sgd, SgdConfig};
+pub(crate) use state::{tensor_u64, u64_tensor};
 
-use arenagrad_graph::{HostData, HostDataMut, Parameter};
+use arenagrad_graph::{HostData, HostDataMut, HostTensor, Parameter};
 
 use crate::error::{config, NnError, Result};
 
@@ -55,6 +57,17 @@ pub trait Optimizer {
 
     /// Sets the learning rate (what a schedule does between steps).
     fn set_learning_rate(&mut self, lr: f64);
+
+    /// Everything the optimiser carries from one step to the next — the learning rate, and per
+    /// parameter its buffers and step count — as named tensors (a parameter is named by its
+    /// position in [`Optimizer::parameters`]: `"0.exp_avg"`). What a checkpoint saves to resume
+    /// a run exactly (`checkpoint::save_training`).
+    fn state_tensors(&self) -> Result<Vec<(String, HostTensor)>>;
+
+    /// Restores what [`Optimizer::state_tensors`] gave, into an optimiser over parameters of the
+    /// same shapes and dtypes in the same order. Everything is checked before anything changes:
+    /// on an error the optimiser is as it was.
+    fn load_state_tensors(&mut self, tensors: &[(String, HostTensor)]) -> Result<()>;
 
     /// Clears every parameter's gradient.
     fn zero_grad(&self) {

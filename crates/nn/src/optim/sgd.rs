@@ -1,7 +1,8 @@
 //! Stochastic gradient descent.
 
-use arenagrad_graph::{Elem, HostData, HostDataMut, Parameter};
+use arenagrad_graph::{Elem, HostData, HostDataMut, HostTensor, Parameter};
 
+use super::state::{buffer_tensor, f64_tensor, StateReader};
 use super::{check_non_negative, dedup, grad_dtype_error, Optimizer};
 use crate::error::{config, Result};
 
@@ -211,5 +212,30 @@ impl Optimizer for Sgd {
 
     fn set_learning_rate(&mut self, lr: f64) {
         self.cfg.lr = lr;
+    }
+
+    fn state_tensors(&self) -> Result<Vec<(String, HostTensor)>> {
+        let mut out = vec![("lr".to_string(), f64_tensor(self.cfg.lr))];
+        for (i, (p, b)) in self.params.iter().zip(&self.momentum).enumerate() {
+            if let Some(b) = b {
+                out.push((format!("{i}.momentum_buffer"), buffer_tensor(b, p)?));
+            }
+        }
+        Ok(out)
+    }
+
+    fn load_state_tensors(&mut self, tensors: &[(String, HostTensor)]) -> Result<()> {
+        let r = StateReader::new("Sgd::load_state_tensors", tensors);
+        let lr = r.lr()?;
+        let momentum = self
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| r.buffer(&format!("{i}.momentum_buffer"), p))
+            .collect::<Result<Vec<_>>>()?;
+        r.finish()?;
+        self.momentum = momentum;
+        self.cfg.lr = lr;
+        Ok(())
     }
 }

@@ -1,0 +1,109 @@
+//! Optimiser state as named tensors ([`super::Optimizer::state_tensors`]), so that a checkpoint
+//! resumes a run exactly. Parameters are named by their position: `"{i}.exp_avg"`. Counters
+//! (`u64`) travel as two `f64`s holding their 32-bit halves, so no value loses a bit.
+
+use std::collections::BTreeMap;
+
+use arenagrad_graph::{HostData, HostTensor, Parameter};
+
+use crate::error::{config, Result};
+
+/// A `u64` as an `f64` tensor `[2]`: high and low 32 bits, each exact in an `f64`.
+pub(crate) fn u64_tensor(v: u64) -> HostTensor {
+    HostTensor::new(vec![(v >> 32) as f64, (v & 0xffff_ffff) as f64], &[2])
+        .expect("invariant: two values for shape [2]")
+}
+
+/// The `u64` of [`u64_tensor`], checked.
+pub(crate) fn tensor_u64(op: &'static str, name: &str, t: &HostTensor) -> Result<u64> {
+    let v = t.to_f64_vec();
+    let half = |x: f64| (0.0..=u32::MAX as f64).contains(&x) && x.fract() == 0.0;
+    match v[..] {
+        [hi, lo] if t.shape() == [2] && half(hi) && half(lo) => Ok(((hi as u64) << 32) | lo as u64),
+        _ => Err(config(op, format!("state `{name}` is not a counter"))),
+    }
+}
+
+/// A scalar `f64` as a tensor `[1]`.
+pub(crate) fn f64_tensor(v: f64) -> HostTensor {
+    HostTensor::new(vec![v], &[1]).expect("invariant: one value for shape [1]")
+}
+
+/// The named tensors of a saved state, read with checks; [`StateReader::finish`] refuses names
+/// nothing asked for.
+pub(crate) struct StateReader<'a> {
+    op: &'static str,
+    map: BTreeMap<&'a str, &'a HostTensor>,
+    used: std::cell::RefCell<Vec<&'a str>>,
+}
+
+impl<'a> StateReader<'a> {
+    pub(crate) fn new(op: &'static str, tensors: &'a [(String, HostTensor)]) -> Self {
+        StateReader {
+            op,
+            map: tensors.iter().map(|(n, t)| (n.as_str(), t)).collect(),
+            used: Default::default(),
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<&'a HostTensor> {
+        let (k, t) = self.map.get_key_value(name)?;
+        self.used.borrow_mut().push(k);
+        Some(t)
+    }
+
+    /// The learning rate (`"lr"`), required.
+    pub(crate) fn lr(&self) -> Result<f64> {
+        match self.get("lr").map(|t| (t.shape().to_vec(), t.to_f64_vec())) {
+            Some((s, v)) if s == [1] && v[0].is_finite() && v[0] >= 0.0 => Ok(v[0]),
+            Some(_) => Err(config(self.op, "state `lr` is not a learning rate")),
+            None => Err(config(self.op, "the state has no `lr`")),
+        }
+    }
+
+    /// Counter `name`, if present.
+    pub(crate) fn counter(&self, name: &str) -> Result<Option<u64>> {
+        self.get(name)
+            .map(|t| tensor_u64(self.op, name, t))
+            .transpose()
+    }
+
+    /// Buffer `name` for parameter `p`, if present: of `p`'s shape and dtype.
+    pub(crate) fn buffer(&self, name: &str, p: &Parameter) -> Result<Option<HostData>> {
+        let Some(t) = self.get(name) else {
+            return Ok(None);
+        };
+        if t.shape() != p.shape().as_slice() || t.dtype() != p.dtype() {
+            return Err(config(
+                self.op,
+                format!(
+                    "state `{name}` is {:?} {}, its parameter `{}` is {:?} {}",
+                    t.shape(),
+                    t.dtype(),
+                    p.name(),
+                    p.shape(),
+                    p.dtype()
+                ),
+            ));
+        }
+        Ok(Some(t.data().clone()))
+    }
+
+    /// Refuses names nothing read (another optimiser's state, or more parameters than this one
+    /// has).
+    pub(crate) fn finish(self) -> Result<()> {
+        let used = self.used.into_inner();
+        match self.map.keys().find(|k| !used.contains(k)) {
+            Some(k) => Err(config(
+                self.op,
+                format!("the state has `{k}`, which this optimiser does not keep"),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A buffer as a tensor of its parameter's shape.
+pub(crate) fn buffer_tensor(data: &HostData, p: &Parameter) -> Result<HostTensor> {
+    Ok(HostTensor::from_data(data.clone(), &p.shape())?)
+}
