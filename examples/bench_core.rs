@@ -236,16 +236,24 @@ fn train_step(
     ((median(t), median(f), median(b), median(o)), mem)
 }
 
+/// The engine's speed figures as a table (W1 randn-matmul loop and GEMM, W2 tiny ops, W3/W4
+/// MLP steps, a step of the Fashion-MNIST example's CNN).
+#[derive(Debug, clap::Parser)]
+#[command(name = "bench_core", about, long_about = None)]
+struct Args {
+    /// Fewer repetitions (a rough figure fast)
+    #[arg(long)]
+    quick: bool,
+    /// Only these workloads, comma-separated: w1 (randn-matmul loop and GEMM), w2, w3, w4, cnn
+    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn"])]
+    only: Vec<String>,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    // `--only w2,w4` runs just those workloads (w1 = randn-matmul loop and GEMM, w2, w3, w4, cnn).
-    let only: Option<Vec<String>> = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1))
-        .map(|s| s.split(',').map(|w| w.trim().to_lowercase()).collect());
-    let run = |w: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == w));
+    use clap::Parser;
+    let args = Args::parse();
+    let quick = args.quick;
+    let run = |w: &str| args.only.is_empty() || args.only.iter().any(|x| x == w);
     let mut g = Graph::new();
     let threads = g.threads();
     let reps = if quick { 5 } else { 20 };

@@ -20,6 +20,7 @@
 //! trained with Adam (batch 64), its learning rate annealed from 2e-3 to 0 along a cosine over
 //! the run's steps (`--schedule constant --lr 1e-3` is PyTorch's plain recipe).
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -30,121 +31,122 @@ use arenagrad::nn::{
     ReLU, Rng, Sequential,
 };
 use arenagrad::prelude::*;
+use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// Trains a CNN (or an MLP) on Fashion-MNIST on the CPU and reports test accuracy per epoch.
+#[derive(Debug, Parser)]
+#[command(name = "fashion_mnist", about, long_about = None)]
 struct Args {
+    /// Folder with train-/t10k-{images-idx3,labels-idx1}-ubyte.gz
+    #[arg(long, default_value = "/usr/share/datasets/fashion-mnist")]
     data: PathBuf,
-    model: String,
+    /// Network to train
+    #[arg(long, value_enum, default_value_t = ModelKind::Cnn)]
+    model: ModelKind,
+    /// Passes over the training images
+    #[arg(long, default_value_t = 2)]
     epochs: usize,
+    /// Images per step
+    #[arg(long, default_value_t = 64, value_parser = positive)]
     batch: usize,
+    /// Adam's learning rate (the schedule's start)
+    #[arg(long, default_value_t = 2e-3)]
     lr: f64,
-    cosine: bool,
+    /// Learning-rate schedule over the run's steps
+    #[arg(long, value_enum, default_value_t = Schedule::Cosine)]
+    schedule: Schedule,
+    /// The CNN's channels: C1,C2 (C2 defaults to 2·C1)
+    #[arg(long, default_value = "32,64", value_parser = parse_channels)]
     channels: (usize, usize),
+    /// Train on the first N images only
+    #[arg(long)]
     limit: Option<usize>,
+    /// Seed of the weights, the data order and the graph's generator
+    #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Where to save (and reload) the trained model
+    #[arg(long, default_value_os_t = std::env::temp_dir().join("arenagrad-fashion-mnist.safetensors"))]
     checkpoint: PathBuf,
+    /// Start from the weights in this safetensors file (PyTorch's state_dict names)
+    #[arg(long)]
     init: Option<PathBuf>,
-    fixed_order: bool,
+    /// Order of the training images in each epoch
+    #[arg(long, value_enum, default_value_t = Order::Shuffled)]
+    order: Order,
+    /// Stop after N steps (and anneal over them)
+    #[arg(long)]
     steps: Option<usize>,
+    /// Print the loss of every N-th step
+    #[arg(long, value_parser = positive)]
     log_every: Option<usize>,
 }
 
-fn parse_args() -> Args {
-    let mut a = Args {
-        data: PathBuf::from("/usr/share/datasets/fashion-mnist"),
-        model: "cnn".into(),
-        epochs: 2,
-        batch: 64,
-        lr: 2e-3,
-        cosine: true,
-        channels: (32, 64),
-        limit: None,
-        seed: 0,
-        checkpoint: std::env::temp_dir().join("arenagrad-fashion-mnist.safetensors"),
-        init: None,
-        fixed_order: false,
-        steps: None,
-        log_every: None,
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    let value = |i: usize| -> &str {
-        args.get(i + 1).map(String::as_str).unwrap_or_else(|| {
-            eprintln!("missing value after {}", args[i]);
-            std::process::exit(2)
-        })
-    };
-    let num = |s: &str| -> usize {
-        s.parse().unwrap_or_else(|_| {
-            eprintln!("not a number: {s}");
-            std::process::exit(2)
-        })
-    };
-    while i < args.len() {
-        match args[i].as_str() {
-            "--data" => a.data = PathBuf::from(value(i)),
-            "--model" => a.model = value(i).to_string(),
-            "--epochs" => a.epochs = num(value(i)),
-            "--batch" => a.batch = num(value(i)),
-            "--lr" => {
-                a.lr = value(i).parse().unwrap_or_else(|_| {
-                    eprintln!("not a learning rate: {}", value(i));
-                    std::process::exit(2)
-                })
-            }
-            "--schedule" => {
-                a.cosine = match value(i) {
-                    "cosine" => true,
-                    "constant" => false,
-                    other => {
-                        eprintln!("--schedule is cosine or constant, not {other}");
-                        std::process::exit(2)
-                    }
-                }
-            }
-            "--limit" => a.limit = Some(num(value(i))),
-            "--seed" => a.seed = num(value(i)) as u64,
-            "--checkpoint" => a.checkpoint = PathBuf::from(value(i)),
-            "--init" => a.init = Some(PathBuf::from(value(i))),
-            "--order" => a.fixed_order = value(i) == "fixed",
-            "--steps" => a.steps = Some(num(value(i))),
-            "--log-every" => a.log_every = Some(num(value(i)).max(1)),
-            "--channels" => {
-                let v: Vec<usize> = value(i).split(',').map(num).collect();
-                a.channels = (v[0], *v.get(1).unwrap_or(&(2 * v[0])));
-            }
-            "-h" | "--help" => {
-                println!(
-                    "{}",
-                    include_str!("fashion_mnist.rs")
-                        .lines()
-                        .take(10)
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                );
-                std::process::exit(0);
-            }
-            other => {
-                eprintln!("unknown argument {other} (try --help)");
-                std::process::exit(2);
-            }
-        }
-        i += 2;
-    }
-    a
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ModelKind {
+    Cnn,
+    Mlp,
 }
 
-fn build(model: &str, (c1, c2): (usize, usize), rng: &mut Rng) -> Result<Sequential, NnError> {
+impl ModelKind {
+    fn name(self) -> &'static str {
+        match self {
+            ModelKind::Cnn => "cnn",
+            ModelKind::Mlp => "mlp",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Schedule {
+    /// Cosine annealing to 0 over the run's steps
+    Cosine,
+    /// The same rate throughout (PyTorch's plain recipe, with --lr 1e-3)
+    Constant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Order {
+    /// A fresh shuffle per epoch, from the seed
+    Shuffled,
+    /// File order
+    Fixed,
+}
+
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("`{s}` is not a positive whole number")),
+    }
+}
+
+fn parse_channels(s: &str) -> Result<(usize, usize), String> {
+    let v = s
+        .split(',')
+        .map(|c| {
+            c.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("`{c}` is not a channel count"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    match v[..] {
+        [c1] if c1 > 0 => Ok((c1, 2 * c1)),
+        [c1, c2] if c1 > 0 && c2 > 0 => Ok((c1, c2)),
+        _ => Err("expected C1 or C1,C2, each at least 1".into()),
+    }
+}
+
+fn build(model: ModelKind, (c1, c2): (usize, usize), rng: &mut Rng) -> Result<Sequential, NnError> {
     let same = Conv2dConfig::default().padding(1);
     Ok(match model {
-        "mlp" => Sequential::new()
+        ModelKind::Mlp => Sequential::new()
             .add(Flatten::new())
             .add(Linear::new(784, 256, rng)?)
             .add(ReLU)
             .add(Linear::new(256, 128, rng)?)
             .add(ReLU)
             .add(Linear::new(128, 10, rng)?),
-        _ => Sequential::new()
+        ModelKind::Cnn => Sequential::new()
             .add(Conv2d::with_config(1, c1, (3, 3), same, rng)?)
             .add(ReLU)
             .add(MaxPool2d::new((2, 2))?)
@@ -193,7 +195,7 @@ fn running_as_root() -> bool {
 }
 
 fn main() -> Result<(), NnError> {
-    let args = parse_args();
+    let args = Args::parse();
     if !args.data.join("train-images-idx3-ubyte.gz").exists() {
         // As root (where `sudo` may not exist) the command runs as it is; otherwise through sudo.
         let sudo = if running_as_root() { "" } else { "sudo " };
@@ -211,7 +213,7 @@ fn main() -> Result<(), NnError> {
         test = test.take(n.min(test.len()));
     }
     let mut rng = Rng::seed(args.seed);
-    let mut model = build(&args.model, args.channels, &mut rng)?;
+    let mut model = build(args.model, args.channels, &mut rng)?;
     if let Some(init) = &args.init {
         checkpoint::load(&model, init)?;
     }
@@ -227,18 +229,22 @@ fn main() -> Result<(), NnError> {
     g.seed(args.seed);
     println!(
         "arenagrad fashion-mnist: model {} ({} parameters), {} train / {} test images, batch {}, Adam lr {}{}, {} threads",
-        args.model,
+        args.model.name(),
         model.num_parameters(),
         train.len(),
         test.len(),
         args.batch,
         args.lr,
-        if args.cosine { " (cosine to 0)" } else { "" },
+        if args.schedule == Schedule::Cosine {
+            " (cosine to 0)"
+        } else {
+            ""
+        },
         g.threads()
     );
     for epoch in 1..=args.epochs {
         model.train();
-        let batches = if args.fixed_order {
+        let batches = if args.order == Order::Fixed {
             train.batches(args.batch)?
         } else {
             train.shuffled_batches(args.batch, &mut rng)?
@@ -250,13 +256,17 @@ fn main() -> Result<(), NnError> {
                 .progress_chars("=> "),
         );
         bar.set_prefix(epoch.to_string());
+        // Without a terminal the bar draws nothing: plain lines instead, about ten per epoch.
+        let plain = !std::io::stderr().is_terminal();
+        let every = (batches.len() / 10).max(1);
+        let total_batches = batches.len();
         let t0 = Instant::now();
         let (mut seen, mut running) = (0usize, 0.0f64);
         for (k, (x, y)) in batches.enumerate() {
             if args.steps.is_some_and(|n| step >= n) {
                 break;
             }
-            if args.cosine {
+            if args.schedule == Schedule::Cosine {
                 cosine.apply(&mut opt, step);
             }
             opt.zero_grad();
@@ -276,6 +286,13 @@ fn main() -> Result<(), NnError> {
             } else {
                 0.98 * running + 0.02 * lv
             };
+            if plain && (k + 1) % every == 0 {
+                eprintln!(
+                    "epoch {epoch}: step {}/{total_batches}  loss {running:.4}  {:.0} img/s",
+                    k + 1,
+                    seen as f64 / t0.elapsed().as_secs_f64()
+                );
+            }
             if k % 10 == 0 {
                 bar.set_message(format!(
                     "loss {running:.4}  {:.0} img/s",
@@ -295,7 +312,7 @@ fn main() -> Result<(), NnError> {
         );
     }
     checkpoint::save(&model, &args.checkpoint)?;
-    let mut fresh = build(&args.model, args.channels, &mut Rng::seed(args.seed + 1))?;
+    let mut fresh = build(args.model, args.channels, &mut Rng::seed(args.seed + 1))?;
     checkpoint::load(&fresh, &args.checkpoint)?;
     fresh.eval();
     let acc = evaluate(&fresh, &mut g, &test)?;

@@ -59,6 +59,15 @@ pub struct GanRun {
 
 /// Trains for `steps` iterations with batch 256.
 pub fn train(steps: usize, seed: u64) -> Result<GanRun, NnError> {
+    train_with(steps, seed, |_, _, _| {})
+}
+
+/// [`train`], calling `report(step, d_loss, g_loss)` after every step.
+pub fn train_with(
+    steps: usize,
+    seed: u64,
+    mut report: impl FnMut(usize, f64, f64),
+) -> Result<GanRun, NnError> {
     let mut rng = Rng::seed(seed);
     let gen = mlp(&[LATENT, 128, 128, 2], &mut rng)?;
     let disc = mlp(&[2, 128, 128, 1], &mut rng)?;
@@ -69,7 +78,7 @@ pub fn train(steps: usize, seed: u64) -> Result<GanRun, NnError> {
     g.seed(seed);
     let batch = 256;
     let (mut d_hist, mut g_hist) = (Vec::new(), Vec::new());
-    for _ in 0..steps {
+    for step in 0..steps {
         let real = g.from_slice(&real_batch(&mut rng, batch), &[batch, 2])?;
         let z = g.randn(&[batch, LATENT], DType::F32)?;
         let fake = gen.forward(&g, z)?;
@@ -94,6 +103,7 @@ pub fn train(steps: usize, seed: u64) -> Result<GanRun, NnError> {
 
         d_hist.push(d_real.item()? + d_fake.item()?);
         g_hist.push(g_loss.item()?);
+        report(step + 1, d_hist[step], g_hist[step]);
         g.reset();
     }
     let n = 2000;
@@ -173,20 +183,36 @@ fn plot(run: &GanRun, path: &str) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Trains the GAN of the PyTorch paper on a ring of 8 Gaussians and plots its samples.
+#[derive(Debug, clap::Parser)]
+#[command(name = "gan", about, long_about = None)]
+#[allow(dead_code)] // tests/gan_modes.rs includes this file without calling main
+struct Args {
+    /// Training steps (one discriminator and one generator update each)
+    #[arg(long, default_value_t = 3000)]
+    steps: usize,
+    /// Seed of the weights and the noise
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Where to write the picture (PNG)
+    #[arg(long, default_value = "gan.png")]
+    out: String,
+}
+
 #[allow(dead_code)]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().collect();
-    let get = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let steps = get("--steps").and_then(|v| v.parse().ok()).unwrap_or(3000);
-    let seed = get("--seed").and_then(|v| v.parse().ok()).unwrap_or(0);
-    let out = get("--out").unwrap_or_else(|| "gan.png".into());
+    use clap::Parser;
+    let Args { steps, seed, out } = Args::parse();
     let t0 = std::time::Instant::now();
-    let run = train(steps, seed)?;
+    let every = (steps / 10).max(1);
+    let run = train_with(steps, seed, |step, d, gl| {
+        if step % every == 0 || step == steps {
+            eprintln!(
+                "step {step}/{steps}: D loss {d:.3}, G loss {gl:.3} ({:.1} s)",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+    })?;
     println!(
         "{steps} steps in {:.1} s; final D loss {:.3}, G loss {:.3}; modes covered: {}/8",
         t0.elapsed().as_secs_f64(),

@@ -27,19 +27,26 @@ fn rss_mib() -> f64 {
         .map_or(f64::NAN, |pages| pages * 4096.0 / (1 << 20) as f64)
 }
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// The leak-check loop: `(x @ x).sum().backward()` on a fresh `randn` input each iteration,
+/// printing resident memory as it goes.
+#[derive(Debug, clap::Parser)]
+#[command(name = "leak_check", about, long_about = None)]
+struct Args {
+    /// Iterations
+    #[arg(long, default_value_t = 1000)]
+    iters: usize,
+    /// The input's side (an n×n matrix)
+    #[arg(long, default_value_t = 1024)]
+    size: usize,
+    /// Skip backward (the graph is then never consumed: the reset must still free it)
+    #[arg(long)]
+    no_backward: bool,
 }
 
 fn main() -> Result<(), GraphError> {
-    let iters = arg("--iters", 1000);
-    let n = arg("--size", 1024);
-    let backward = !std::env::args().any(|a| a == "--no-backward");
+    use clap::Parser;
+    let a = Args::parse();
+    let (iters, n, backward) = (a.iters, a.size, !a.no_backward);
     let mut g = Graph::new();
     println!("randn-matmul loop: randn({n}, {n}) -> (x @ x).sum() -> backward={backward}, {iters} iterations, {} threads", g.threads());
     println!(
