@@ -239,7 +239,7 @@ fn train_step(
 /// The engine's speed figures as a table (W1 randn-matmul loop and GEMM, W2 tiny ops, W3/W4
 /// MLP steps, a step of the Fashion-MNIST example's CNN).
 #[derive(Debug, clap::Parser)]
-#[command(name = "bench_core", about, long_about = None)]
+#[command(name = "bench_core")]
 struct Args {
     /// Fewer repetitions (a rough figure fast)
     #[arg(long)]

@@ -36,7 +36,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 /// Trains a CNN (or an MLP) on Fashion-MNIST on the CPU and reports test accuracy per epoch.
 #[derive(Debug, Parser)]
-#[command(name = "fashion_mnist", about, long_about = None)]
+#[command(name = "fashion_mnist")]
 struct Args {
     /// Folder with train-/t10k-{images-idx3,labels-idx1}-ubyte.gz
     #[arg(long, default_value = "/usr/share/datasets/fashion-mnist")]

@@ -185,7 +185,7 @@ fn plot(run: &GanRun, path: &str) -> Result<(), Box<dyn std::error::Error>> {
 
 /// Trains the GAN of the PyTorch paper on a ring of 8 Gaussians and plots its samples.
 #[derive(Debug, clap::Parser)]
-#[command(name = "gan", about, long_about = None)]
+#[command(name = "gan")]
 #[allow(dead_code)] // tests/gan_modes.rs includes this file without calling main
 struct Args {
     /// Training steps (one discriminator and one generator update each)

@@ -30,7 +30,7 @@ fn rss_mib() -> f64 {
 /// The leak-check loop: `(x @ x).sum().backward()` on a fresh `randn` input each iteration,
 /// printing resident memory as it goes.
 #[derive(Debug, clap::Parser)]
-#[command(name = "leak_check", about, long_about = None)]
+#[command(name = "leak_check")]
 struct Args {
     /// Iterations
     #[arg(long, default_value_t = 1000)]
