@@ -13,3 +13,68 @@ fn the_readme_example_is_the_doctested_one() {
     let krate = include_str!("../crates/arenagrad/README.md");
     assert_eq!(first_rust_block(repo), first_rust_block(krate));
 }
+
+/// The README's set-up line, up to the `&& cargo run`: the part that installs the dataset.
+fn install_part() -> String {
+    let repo = include_str!("../README.md");
+    let line = repo
+        .lines()
+        .find(|l| l.contains("apt-get install") && l.contains("cargo run"))
+        .expect("the README's set-up line");
+    let end = line
+        .find("&& cargo run")
+        .expect("the line goes on to cargo run");
+    line[..end].trim().to_string()
+}
+
+/// Runs the install part under `sh` with a PATH holding only stand-ins for `apt-get` and, when
+/// asked, `sudo` (which logs and runs its arguments), beside `sh`; returns whether it succeeded
+/// and what the stand-ins logged.
+fn run_install(with_sudo: bool) -> (bool, String) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!(
+        "arenagrad-readme-{}-{with_sudo}",
+        std::process::id()
+    ));
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let log = dir.join("log");
+    let write = |name: &str, body: &str| {
+        let p = bin.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    write(
+        "apt-get",
+        &format!("echo \"apt-get $*\" >> {}", log.display()),
+    );
+    if with_sudo {
+        write(
+            "sudo",
+            &format!("echo \"sudo $1\" >> {}; exec \"$@\"", log.display()),
+        );
+    }
+    // A PATH of this folder alone: the stand-ins and `sh`, so `sudo` is only what the test put
+    // there (the shell's `command -v` finds it or not).
+    std::os::unix::fs::symlink("/bin/sh", bin.join("sh")).unwrap();
+    let status = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(install_part())
+        .env("PATH", &bin)
+        .status()
+        .unwrap();
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    (status.success(), logged)
+}
+
+#[test]
+fn the_set_up_line_works_as_root_without_sudo_and_as_a_user_with_it() {
+    let want = "apt-get update\napt-get install -y dataset-fashion-mnist\n";
+    let (ok, log) = run_install(false);
+    assert!(ok, "as root without sudo the line failed: {log}");
+    assert_eq!(log, want);
+    let (ok, log) = run_install(true);
+    assert!(ok, "as a user with sudo the line failed: {log}");
+    assert_eq!(log, format!("sudo sh\n{want}"));
+}
