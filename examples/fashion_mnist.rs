@@ -80,6 +80,9 @@ struct Args {
     /// Print the loss of every N-th step
     #[arg(long, value_parser = positive)]
     log_every: Option<usize>,
+    /// Where to write the training curves (PNG)
+    #[arg(long, default_value = "fashion_mnist.png")]
+    plot: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -160,6 +163,76 @@ fn build(model: ModelKind, (c1, c2): (usize, usize), rng: &mut Rng) -> Result<Se
     })
 }
 
+/// The training curves: the running loss per step (left) and the test accuracy after each
+/// epoch (right).
+fn plot(
+    loss: &[f64],
+    acc: &[(usize, f64)],
+    per_epoch: usize,
+    path: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    // Text needs a font: DejaVu Sans ships beside the examples (examples/assets).
+    plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        include_bytes!("assets/DejaVuSans.ttf"),
+    )
+    .map_err(|_| "the bundled font did not load")?;
+    let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = root.split_horizontally(760);
+    let steps = loss.len().max(1);
+    let top = loss.iter().cloned().fold(0.0f64, f64::max).max(1e-3) * 1.05;
+    let mut lc = ChartBuilder::on(&left)
+        .caption("Training loss (running mean)", ("sans-serif", 24))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0..steps, 0.0..top)?;
+    lc.configure_mesh()
+        .x_desc(format!("step ({per_epoch} per epoch)"))
+        .y_desc("cross-entropy")
+        .label_style(("sans-serif", 15))
+        .draw()?;
+    lc.draw_series(LineSeries::new(loss.iter().copied().enumerate(), BLUE))?;
+    let epochs = acc.last().map_or(1, |a| a.0).max(1);
+    let (lo, hi) = acc
+        .iter()
+        .fold((100.0f64, 0.0f64), |(lo, hi), a| (lo.min(a.1), hi.max(a.1)));
+    let (lo, hi) = ((lo - 2.0).max(0.0), (hi + 2.0).min(100.0));
+    let mut ac = ChartBuilder::on(&right)
+        .caption("Test accuracy", ("sans-serif", 24))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.5f64..epochs as f64 + 0.5, lo..hi.max(lo + 1.0))?;
+    ac.configure_mesh()
+        .x_desc("epoch")
+        .y_desc("accuracy, %")
+        .x_labels(epochs.min(20))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .label_style(("sans-serif", 15))
+        .draw()?;
+    ac.draw_series(LineSeries::new(
+        acc.iter().map(|&(e, a)| (e as f64, a)),
+        RED,
+    ))?;
+    ac.draw_series(
+        acc.iter()
+            .map(|&(e, a)| Circle::new((e as f64, a), 5, RED.filled())),
+    )?;
+    ac.draw_series(acc.iter().map(|&(e, a)| {
+        Text::new(
+            format!("  {a:.2}%"),
+            (e as f64, a),
+            ("sans-serif", 16).into_font().color(&BLACK),
+        )
+    }))?;
+    root.present()?;
+    Ok(())
+}
+
 fn evaluate(model: &Sequential, g: &mut Graph, test: &Dataset) -> Result<f64, NnError> {
     let mut correct = 0;
     // Modest batches: the arena holds every intermediate of an iteration until its reset.
@@ -225,6 +298,9 @@ fn main() -> Result<(), NnError> {
         .min(args.epochs * per_epoch);
     let cosine = CosineAnnealingLr::new(args.lr, total.max(1), 0.0)?;
     let mut step = 0usize;
+    // For the picture: the running loss at each step, the test accuracy after each epoch.
+    let (mut loss_curve, mut acc_curve) = (Vec::new(), Vec::new());
+    let mut running = 0.0f64;
     let mut g = Graph::new();
     g.seed(args.seed);
     println!(
@@ -261,7 +337,7 @@ fn main() -> Result<(), NnError> {
         let every = (batches.len() / 10).max(1);
         let total_batches = batches.len();
         let t0 = Instant::now();
-        let (mut seen, mut running) = (0usize, 0.0f64);
+        let mut seen = 0usize;
         for (k, (x, y)) in batches.enumerate() {
             if args.steps.is_some_and(|n| step >= n) {
                 break;
@@ -281,11 +357,13 @@ fn main() -> Result<(), NnError> {
             }
             step += 1;
             seen += y.len();
-            running = if k == 0 {
+            // One running mean over the whole run (the first step starts it).
+            running = if loss_curve.is_empty() {
                 lv
             } else {
                 0.98 * running + 0.02 * lv
             };
+            loss_curve.push(running);
             if plain && (k + 1) % every == 0 {
                 eprintln!(
                     "epoch {epoch}: step {}/{total_batches}  loss {running:.4}  {:.0} img/s",
@@ -305,11 +383,19 @@ fn main() -> Result<(), NnError> {
         let secs = t0.elapsed().as_secs_f64();
         model.eval();
         let acc = evaluate(&model, &mut g, &test)?;
+        acc_curve.push((epoch, acc * 100.0));
         println!(
             "epoch {epoch}: loss {running:.4}  test accuracy {:.2}%  {secs:.1} s/epoch  ({:.0} img/s)",
             acc * 100.0,
             seen as f64 / secs
         );
+    }
+    match plot(&loss_curve, &acc_curve, per_epoch, &args.plot) {
+        Ok(()) => println!(
+            "wrote {} (training loss per step, test accuracy per epoch)",
+            args.plot.display()
+        ),
+        Err(e) => eprintln!("could not write {}: {e}", args.plot.display()),
     }
     checkpoint::save(&model, &args.checkpoint)?;
     let mut fresh = build(args.model, args.channels, &mut Rng::seed(args.seed + 1))?;

@@ -140,26 +140,61 @@ pub fn modes_covered(samples: &[(f64, f64)]) -> usize {
 #[allow(dead_code)]
 fn plot(run: &GanRun, path: &str) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
-    let root = BitMapBackend::new(path, (1200, 600)).into_drawing_area();
+    // Text needs a font: DejaVu Sans ships beside the examples (examples/assets).
+    plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        include_bytes!("assets/DejaVuSans.ttf"),
+    )
+    .map_err(|_| "the bundled font did not load")?;
+    let root = BitMapBackend::new(path, (1400, 640)).into_drawing_area();
     root.fill(&WHITE)?;
-    let (left, right) = root.split_horizontally(600);
+    let (left, right) = root.split_horizontally(640);
     let mut rng = Rng::seed(99);
     let real = real_batch(&mut rng, 1000);
     let mut chart = ChartBuilder::on(&left)
-        .margin(20)
-        .build_cartesian_2d(-3.0f64..3.0, -3.0f64..3.0)?;
-    chart.draw_series(real.chunks(2).map(|p| {
-        Circle::new(
-            (f64::from(p[0]), f64::from(p[1])),
-            2,
-            BLUE.mix(0.4).filled(),
+        .caption(
+            format!(
+                "Samples: {} of 8 modes covered",
+                modes_covered(&run.samples)
+            ),
+            ("sans-serif", 24),
         )
-    }))?;
-    chart.draw_series(
-        run.samples
-            .iter()
-            .map(|&(x, y)| Circle::new((x, y), 2, RED.mix(0.4).filled())),
-    )?;
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(48)
+        .build_cartesian_2d(-3.0f64..3.0, -3.0f64..3.0)?;
+    chart
+        .configure_mesh()
+        .x_desc("x")
+        .y_desc("y")
+        .label_style(("sans-serif", 15))
+        .draw()?;
+    chart
+        .draw_series(real.chunks(2).map(|p| {
+            Circle::new(
+                (f64::from(p[0]), f64::from(p[1])),
+                2,
+                BLUE.mix(0.4).filled(),
+            )
+        }))?
+        .label("real (8 Gaussians on a ring)")
+        .legend(|(x, y)| Circle::new((x + 10, y), 4, BLUE.filled()));
+    chart
+        .draw_series(
+            run.samples
+                .iter()
+                .map(|&(x, y)| Circle::new((x, y), 2, RED.mix(0.4).filled())),
+        )?
+        .label("generated")
+        .legend(|(x, y)| Circle::new((x + 10, y), 4, RED.filled()));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 15))
+        .draw()?;
     let hi = run
         .d_loss
         .iter()
@@ -169,16 +204,34 @@ fn plot(run: &GanRun, path: &str) -> Result<(), Box<dyn std::error::Error>> {
         .min(5.0);
     let steps = run.d_loss.len().max(1);
     let mut lc = ChartBuilder::on(&right)
-        .margin(20)
+        .caption("Losses per step", ("sans-serif", 24))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
         .build_cartesian_2d(0..steps, 0.0..hi)?;
+    lc.configure_mesh()
+        .x_desc("step")
+        .y_desc("binary cross-entropy")
+        .label_style(("sans-serif", 15))
+        .draw()?;
     lc.draw_series(LineSeries::new(
         run.d_loss.iter().enumerate().map(|(i, &v)| (i, v.min(hi))),
         BLUE,
-    ))?;
+    ))?
+    .label("discriminator (real + fake)")
+    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
     lc.draw_series(LineSeries::new(
         run.g_loss.iter().enumerate().map(|(i, &v)| (i, v.min(hi))),
         RED,
-    ))?;
+    ))?
+    .label("generator")
+    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    lc.configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 15))
+        .draw()?;
     root.present()?;
     Ok(())
 }
@@ -221,6 +274,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         modes_covered(&run.samples)
     );
     plot(&run, &out)?;
-    println!("wrote {out} (left: real in blue, generated in red; right: D loss blue, G loss red)");
+    println!("wrote {out} (left: real samples and generated ones; right: the two losses per step)");
     Ok(())
 }
