@@ -301,12 +301,7 @@ pub fn save_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
     );
     all.push((STEP.to_string(), crate::optim::u64_tensor(progress.step)));
     if let Some(rng) = &progress.rng {
-        let halves: Vec<f64> = rng
-            .state()
-            .iter()
-            .flat_map(|&w| [(w >> 32) as f64, (w & 0xffff_ffff) as f64])
-            .collect();
-        all.push((RNG.to_string(), HostTensor::new(halves, &[8])?));
+        all.push((RNG.to_string(), crate::optim::u64s_tensor(&rng.state())));
     }
     save_tensors(all.iter().map(|(n, t)| (n.as_str(), t)), path)
 }
@@ -334,13 +329,9 @@ pub fn load_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
         } else if name == STEP {
             step = Some(crate::optim::tensor_u64("load_training", STEP, &t)?);
         } else if name == RNG {
-            let v = t.to_f64_vec();
-            let half = |x: f64| (0.0..=u32::MAX as f64).contains(&x) && x.fract() == 0.0;
-            if t.shape() != [8] || !v.iter().all(|&x| half(x)) {
-                return Err(bad(format!("`{RNG}` is not a generator's state")));
-            }
-            let w = |k: usize| ((v[2 * k] as u64) << 32) | v[2 * k + 1] as u64;
-            let state = Rng::from_state([w(0), w(1), w(2), w(3)])
+            let words = crate::optim::tensor_u64s(&t, 4)
+                .ok_or_else(|| bad(format!("`{RNG}` is not a generator's state")))?;
+            let state = Rng::from_state([words[0], words[1], words[2], words[3]])
                 .ok_or_else(|| bad(format!("`{RNG}` is the all-zero state")))?;
             rng = Some(state);
         } else {

@@ -237,7 +237,7 @@ fn adam_load(
     cfg: &AdamConfig,
     tensors: &[(String, HostTensor)],
 ) -> Result<(Vec<Option<AdamState>>, f64)> {
-    let r = StateReader::new(op, tensors);
+    let mut r = StateReader::new(op, tensors);
     let lr = r.lr()?;
     let mut states = Vec::with_capacity(params.len());
     for (i, p) in params.iter().enumerate() {

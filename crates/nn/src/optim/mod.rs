@@ -36,7 +36,7 @@ mod state;
 pub use adam::{Adam, AdamConfig, AdamState, AdamW};
 pub use schedule::{CosineAnnealingLr, LrSchedule, StepLr};
 pub use sgd::{Sgd, SgdConfig};
-pub(crate) use state::{tensor_u64, u64_tensor};
+pub(crate) use state::{tensor_u64, tensor_u64s, u64_tensor, u64s_tensor};
 
 use arenagrad_graph::{HostData, HostDataMut, HostTensor, Parameter};
 

@@ -225,7 +225,7 @@ impl Optimizer for Sgd {
     }
 
     fn load_state_tensors(&mut self, tensors: &[(String, HostTensor)]) -> Result<()> {
-        let r = StateReader::new("Sgd::load_state_tensors", tensors);
+        let mut r = StateReader::new("Sgd::load_state_tensors", tensors);
         let lr = r.lr()?;
         let momentum = self
             .params
