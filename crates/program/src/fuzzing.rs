@@ -359,9 +359,8 @@ pub fn check_grad(data: &[u8]) -> Result<Outcome, Violation> {
 /// [`check_grad`] over the ops `cfg` lists: with [`GenConfig::with_user_ops`], an application's
 /// fuzz target checks the gradients of its own registered ops inside random programs.
 pub fn check_grad_with(data: &[u8], cfg: &GenConfig) -> Result<Outcome, Violation> {
-    let cfg = cfg.clone();
     let (leaves, ops) = generate::decode(data, cfg.max_rank, 10);
-    let p = generate::well_typed(&leaves, &ops, &cfg);
+    let p = generate::well_typed(&leaves, &ops, cfg);
     round_trip(&p)?;
     let limits = Limits::small();
     let infos = p

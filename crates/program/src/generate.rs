@@ -364,7 +364,7 @@ impl Gen<'_> {
             let shape = self.vals[a].shape.clone();
             return self.push(Expr::Unary { op: k, x: a }, shape, pos);
         }
-        if let Some(u) = crate::user_op(name).filter(|_| !op_names().contains(&name)) {
+        if let Some(u) = crate::user_op(name) {
             return self.user_op(&u, a, c);
         }
         let axis_of = |t: u8, neg: bool| -> i64 {

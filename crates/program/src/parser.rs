@@ -379,13 +379,12 @@ fn args(l: &mut Line<'_, '_>, op: &str, op_col: usize) -> Result<Expr, ProgramEr
         };
         return Ok(Expr::Unary { op, x });
     }
-    if !op_names().contains(&op) {
-        if let Some(u) = crate::user_op(op) {
-            let args = (0..u.arity())
-                .map(|_| l.name("an operand (a name)"))
-                .collect::<Result<Vec<_>, _>>()?;
-            return Ok(Expr::User { op: u.name(), args });
-        }
+    // A registered op (never a name of the format's: `register_op` refuses those).
+    if let Some(u) = crate::user_op(op) {
+        let args = (0..u.arity())
+            .map(|_| l.name("an operand (a name)"))
+            .collect::<Result<Vec<_>, _>>()?;
+        return Ok(Expr::User { op: u.name(), args });
     }
     Ok(match op {
         "detach" => Expr::Detach {
