@@ -31,6 +31,9 @@ use arenagrad::nn::{
     ReLU, Rng, Sequential,
 };
 use arenagrad::prelude::*;
+
+#[path = "common/font.rs"]
+mod font;
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -172,13 +175,7 @@ fn plot(
     path: &Path,
 ) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
-    // Text needs a font: DejaVu Sans ships beside the examples (examples/assets).
-    plotters::style::register_font(
-        "sans-serif",
-        FontStyle::Normal,
-        include_bytes!("assets/DejaVuSans.ttf"),
-    )
-    .map_err(|_| "the bundled font did not load")?;
+    font::register()?;
     let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(760);

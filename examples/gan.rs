@@ -12,6 +12,9 @@ use arenagrad::nn::optim::{Adam, AdamConfig, Optimizer};
 use arenagrad::nn::{loss, LeakyReLU, Linear, Module, NnError, Rng, Sequential};
 use arenagrad::prelude::*;
 
+#[path = "common/font.rs"]
+mod font;
+
 /// Mode centres: 8 points on a circle of radius 2.
 pub fn modes() -> Vec<(f64, f64)> {
     (0..8)
@@ -140,13 +143,7 @@ pub fn modes_covered(samples: &[(f64, f64)]) -> usize {
 #[allow(dead_code)]
 fn plot(run: &GanRun, path: &str) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
-    // Text needs a font: DejaVu Sans ships beside the examples (examples/assets).
-    plotters::style::register_font(
-        "sans-serif",
-        FontStyle::Normal,
-        include_bytes!("assets/DejaVuSans.ttf"),
-    )
-    .map_err(|_| "the bundled font did not load")?;
+    font::register()?;
     let root = BitMapBackend::new(path, (1400, 640)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(640);
