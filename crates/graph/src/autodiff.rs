@@ -48,6 +48,24 @@ impl<'g> Tensor<'g> {
 
 /// The gradients of `output` with respect to `inputs`, returned rather than accumulated into
 /// leaves (PyTorch's `torch.autograd.grad`). `None` where no path leads to an input.
+///
+/// With `create_graph` the gradients are recorded tensors themselves, so they can be
+/// differentiated again (a second derivative, a gradient penalty):
+///
+/// ```
+/// use arenagrad_graph::{grad, BackwardOptions, DType, Graph};
+/// let g = Graph::new();
+/// let x = g.var(&[2.0], &[1], DType::F64)?;
+/// let y = x.mul(x)?.mul(x)?.sum()?; // x³
+/// let record = BackwardOptions { create_graph: true, ..Default::default() };
+/// let dy = grad(y, &[x], record)?[0].unwrap(); // 3x²
+/// assert_eq!(dy.to_vec::<f64>()?, vec![12.0]);
+/// let d2y = grad(dy.sum()?, &[x], BackwardOptions::default())?[0].unwrap(); // 6x
+/// assert_eq!(d2y.to_vec::<f64>()?, vec![12.0]);
+/// // grad returned the gradients: nothing accumulated into x.
+/// assert!(x.grad()?.is_none());
+/// # Ok::<(), arenagrad_graph::GraphError>(())
+/// ```
 pub fn grad<'g>(
     output: Tensor<'g>,
     inputs: &[Tensor<'g>],

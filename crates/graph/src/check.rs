@@ -7,9 +7,7 @@
 //! rtol = 1e-3. [`gradgradcheck`] does the same for the gradient itself (built with
 //! `create_graph`), which checks second derivatives.
 
-use rand::rngs::SmallRng;
-use rand::SeedableRng;
-use rand_distr::{Distribution, StandardNormal};
+use crate::Rng;
 
 use crate::error::Result;
 use crate::{BackwardOptions, DType, Graph, HostTensor, Tensor};
@@ -111,7 +109,23 @@ pub trait CheckFn: for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> {}
 impl<F: for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>> CheckFn for F {}
 
 /// Pins a closure to the higher-ranked signature of [`CheckFn`] (closures infer it only from a
-/// direct `Fn` bound).
+/// direct `Fn` bound). Wrap a closure in it wherever it is stored or passed on before
+/// [`gradcheck`] sees it:
+///
+/// ```
+/// use arenagrad_graph::check::{check_fn, gradcheck, gradgradcheck, GradcheckOptions};
+/// use arenagrad_graph::{DType, HostTensor, UnaryOp};
+/// // f(a, b) = Σ tanh(a) · b, checked at a random point in both inputs, to second order too.
+/// let f = check_fn(|_g, xs| xs[0].unary(UnaryOp::Tanh)?.mul(xs[1])?.sum());
+/// let at = [
+///     HostTensor::from_f64(&[0.1, -0.4, 0.9], &[3], DType::F64)?,
+///     HostTensor::from_f64(&[1.5, 0.2, -0.7], &[3], DType::F64)?,
+/// ];
+/// let report = gradcheck(&f, &at, GradcheckOptions::default())?;
+/// assert!(report.passed, "{report}");
+/// assert!(gradgradcheck(&f, &at, GradcheckOptions::default())?.passed);
+/// # Ok::<(), arenagrad_graph::GraphError>(())
+/// ```
 pub fn check_fn<F>(f: F) -> F
 where
     F: for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
@@ -120,8 +134,8 @@ where
 }
 
 fn weights(n: usize, seed: u64) -> Vec<f64> {
-    let mut r = SmallRng::seed_from_u64(seed);
-    (0..n).map(|_| StandardNormal.sample(&mut r)).collect()
+    let mut r = Rng::seed(seed);
+    (0..n).map(|_| r.normal()).collect()
 }
 
 /// f(x) as `f64` values, evaluated without recording.

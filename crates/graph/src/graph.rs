@@ -5,8 +5,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arenagrad_alloc::{AllocSplit, Arena, ArenaStats, BufId};
 use arenagrad_exec::DType;
-use rand::rngs::SmallRng;
-use rand::SeedableRng;
 use smallvec::SmallVec;
 
 use crate::error::{GraphError, Result};
@@ -14,7 +12,7 @@ use crate::ops::Op;
 use crate::shape::Shape;
 pub use crate::store::NodeId;
 use crate::store::NodeStore;
-use crate::Tensor;
+use crate::{Rng, Tensor};
 
 /// Where a tensor lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -142,7 +140,7 @@ pub(crate) struct Inner {
     pub temp_mode: bool,
     pub temp_log: Vec<NodeId>,
     pub threads: usize,
-    pub rng: SmallRng,
+    pub rng: Rng,
     pub grad_slots: Vec<Option<NodeId>>,
     /// Where new leaves are made.
     pub device: Device,
@@ -413,7 +411,7 @@ impl Graph {
                 temp_mode: false,
                 temp_log: Vec::new(),
                 threads: threads.max(1),
-                rng: SmallRng::seed_from_u64(0),
+                rng: Rng::seed(0),
                 grad_slots: Vec::new(),
                 device: Device::Cpu,
                 #[cfg(feature = "cuda")]
@@ -439,7 +437,7 @@ impl Graph {
 
     /// Reseeds the graph's random number generator (used by `randn`, `rand`, dropout).
     pub fn seed(&self, seed: u64) {
-        self.inner().rng = SmallRng::seed_from_u64(seed);
+        self.inner().rng = Rng::seed(seed);
     }
 
     /// Ends the iteration: frees every node and every buffer at once. Handles cannot be alive
@@ -484,7 +482,20 @@ impl Graph {
         self.inner.borrow().grad_mode
     }
 
-    /// Turns recording off until the guard drops: nothing created meanwhile needs grad.
+    /// Turns recording off until the guard drops: nothing created meanwhile needs grad (PyTorch's
+    /// `torch.no_grad()`), so evaluation and in-loop metrics record no nodes.
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph};
+    /// let g = Graph::new();
+    /// let w = g.var(&[1.0, 2.0], &[2], DType::F64)?;
+    /// {
+    ///     let _guard = g.no_grad();
+    ///     assert!(!w.scale(2.0)?.requires_grad());
+    /// }
+    /// assert!(w.scale(2.0)?.requires_grad());
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
     pub fn no_grad(&self) -> GradModeGuard<'_> {
         self.set_grad_mode(false)
     }

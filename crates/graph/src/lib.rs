@@ -55,6 +55,7 @@ mod host;
 mod ops;
 mod overload;
 mod param;
+mod rng;
 mod shape;
 mod store;
 mod tensor;
@@ -75,6 +76,7 @@ pub use graph::{default_threads, Device, GradModeGuard, Graph, GraphStats, NodeI
 pub use host::{HostData, HostDataMut, HostElem, HostTensor};
 pub use ops::custom::CustomOp;
 pub use param::Parameter;
+pub use rng::Rng;
 pub use shape::Shape;
 pub use tensor::{Tensor, TensorId};
 

@@ -126,6 +126,28 @@ impl Parameter {
     /// shape and dtype whatever `f` does. The value is written in place unless a graph that has
     /// not been reset still reads it: then that graph keeps the old value and the parameter a
     /// new copy.
+    ///
+    /// The optimisers of `arenagrad-nn` call this for each of their parameters (and keep their
+    /// state in checkpoints); call it directly for an update rule of your own:
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph, HostDataMut, HostTensor, Parameter};
+    /// let p = Parameter::new("w", HostTensor::from_f64(&[1.0, -2.0], &[2], DType::F64)?);
+    /// let mut g = Graph::new();
+    /// let w = g.param(&p)?;
+    /// w.mul(w)?.sum()?.backward()?; // the gradient 2w accumulates into p
+    /// g.reset();
+    /// p.update(|value, grad| {
+    ///     if let (HostDataMut::F64(v), Some(grad)) = (value, grad) {
+    ///         for (v, d) in v.iter_mut().zip(grad.as_slice::<f64>().unwrap()) {
+    ///             *v -= 0.1 * d; // plain SGD
+    ///         }
+    ///     }
+    /// });
+    /// p.zero_grad();
+    /// assert_eq!(p.value().as_slice::<f64>().unwrap(), &[0.8, -1.6]);
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
     pub fn update<R>(&self, f: impl FnOnce(HostDataMut<'_>, Option<&HostData>) -> R) -> R {
         let mut p = self.lock();
         let p = &mut *p;

@@ -2,9 +2,8 @@
 
 use std::borrow::Cow;
 
+use crate::Rng;
 use arenagrad_exec::DType;
-use rand::Rng;
-use rand_distr::{Distribution, StandardNormal};
 
 use crate::error::{GraphError, Result};
 use crate::graph::{Graph, NodeId, NO_POS};
@@ -176,14 +175,12 @@ impl Graph {
 
     /// Standard normal samples from the graph's seeded generator.
     pub fn randn(&self, shape: &[usize], dtype: DType) -> Result<Tensor<'_>> {
-        self.random("randn", shape, dtype, |r| {
-            r.sample::<f64, _>(StandardNormal)
-        })
+        self.random("randn", shape, dtype, Rng::normal)
     }
 
     /// Uniform samples in `[0, 1)` from the graph's seeded generator.
     pub fn rand(&self, shape: &[usize], dtype: DType) -> Result<Tensor<'_>> {
-        self.random("rand", shape, dtype, |r| r.random::<f64>())
+        self.random("rand", shape, dtype, Rng::uniform)
     }
 
     fn random(
@@ -191,20 +188,14 @@ impl Graph {
         op: &'static str,
         shape: &[usize],
         dtype: DType,
-        f: impl Fn(&mut rand::rngs::SmallRng) -> f64,
+        f: impl Fn(&mut Rng) -> f64,
     ) -> Result<Tensor<'_>> {
         let n = checked_numel(op, shape)?;
         let mut guard = self.inner();
         let i = &mut *guard;
         let rng = &mut i.rng;
         let buf = match dtype {
-            DType::F32 => i.arena.alloc_with::<f32>(n, |_| {
-                if op == "randn" {
-                    <StandardNormal as Distribution<f32>>::sample(&StandardNormal, rng)
-                } else {
-                    f(rng) as f32
-                }
-            }),
+            DType::F32 => i.arena.alloc_with::<f32>(n, |_| f(rng) as f32),
             DType::F64 => i.arena.alloc_with::<f64>(n, |_| f(rng)),
         }
         .map_err(|source| GraphError::Alloc { op, source })?;

@@ -66,8 +66,8 @@ pub mod loss;
 pub mod metrics;
 mod module;
 pub mod optim;
-mod rng;
 
+pub use arenagrad_graph::Rng;
 pub use arenagrad_graph::{
     DType, Graph, GraphError, HostData, HostDataMut, HostTensor, Parameter, Tensor,
 };
@@ -78,7 +78,6 @@ pub use layers::linear::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 pub use layers::norm::{BatchNorm1d, BatchNorm2d, BatchNormConfig, LayerNorm, LayerNormConfig};
 pub use layers::sequential::Sequential;
 pub use module::{Module, Slot, Visitor};
-pub use rng::Rng;
 
 /// The names a training program needs.
 pub mod prelude {

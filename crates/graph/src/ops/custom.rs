@@ -10,6 +10,58 @@ use crate::shape::copy_of;
 use crate::{Graph, Tensor};
 
 /// The backward rule of a user-defined op.
+///
+/// The forward is ordinary tensor code run under [`Graph::no_grad`]; [`Graph::custom`] records
+/// its result as one node whose backward is this rule. [`crate::check::gradcheck`] tells whether
+/// the rule is right:
+///
+/// ```
+/// use std::sync::Arc;
+/// use arenagrad_graph::check::{check_fn, gradcheck, GradcheckOptions};
+/// use arenagrad_graph::{CustomOp, DType, Graph, HostTensor, Result, Tensor};
+///
+/// /// y = x³, with its derivative 3x² written by hand (or, with `wrong`, 2x²).
+/// struct Cube {
+///     wrong: bool,
+/// }
+///
+/// impl CustomOp for Cube {
+///     fn name(&self) -> &'static str {
+///         "cube"
+///     }
+///     fn backward<'g>(
+///         &self,
+///         _g: &'g Graph,
+///         inputs: &[Tensor<'g>],
+///         _output: Tensor<'g>,
+///         gy: Tensor<'g>,
+///     ) -> Result<Vec<Option<Tensor<'g>>>> {
+///         let x = inputs[0];
+///         let k = if self.wrong { 2.0 } else { 3.0 };
+///         Ok(vec![Some(x.mul(x)?.scale(k)?.mul(gy)?)])
+///     }
+/// }
+///
+/// fn cube<'g>(g: &'g Graph, x: Tensor<'g>, wrong: bool) -> Result<Tensor<'g>> {
+///     let value = {
+///         let _no_grad = g.no_grad();
+///         x.mul(x)?.mul(x)?
+///     };
+///     g.custom(Arc::new(Cube { wrong }), &[x], value)
+/// }
+///
+/// let g = Graph::new();
+/// let x = g.var(&[2.0, -1.0], &[2], DType::F64)?;
+/// cube(&g, x, false)?.sum()?.backward()?;
+/// assert_eq!(x.grad()?.unwrap().to_vec::<f64>()?, vec![12.0, 3.0]);
+///
+/// let at = [HostTensor::from_f64(&[0.3, -1.2, 0.7], &[3], DType::F64)?];
+/// let right = gradcheck(check_fn(|g, xs| cube(g, xs[0], false)), &at, GradcheckOptions::default())?;
+/// assert!(right.passed, "{right}");
+/// let wrong = gradcheck(check_fn(|g, xs| cube(g, xs[0], true)), &at, GradcheckOptions::default())?;
+/// assert!(!wrong.passed, "the checker must catch 2x²");
+/// # Ok::<(), arenagrad_graph::GraphError>(())
+/// ```
 pub trait CustomOp: Send + Sync {
     /// The op's name (for errors and graph dumps).
     fn name(&self) -> &'static str;

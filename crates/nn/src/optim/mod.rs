@@ -6,6 +6,12 @@
 //! Adam's moments — is plain host vectors of the parameter's dtype. The update rules are
 //! PyTorch's, step for step.
 //!
+//! `g.reset()` may come before or after `opt.step()`; both are correct. A step writes each value
+//! in place unless a graph that has not been reset still reads it (the graph then keeps the old
+//! value, and the parameter gets a new copy: see [`Parameter::update`]). Resetting first, as
+//! below, lets every step update in place; stepping first costs one copy of each parameter per
+//! step, and is what a loop needs when it still reads the iteration's tensors after the step.
+//!
 //! ```
 //! use arenagrad_nn::optim::{Adam, AdamConfig, Optimizer};
 //! use arenagrad_nn::{loss, DType, Graph, Linear, Module, Rng};
