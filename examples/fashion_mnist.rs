@@ -34,6 +34,8 @@ use arenagrad::prelude::*;
 
 #[path = "common/font.rs"]
 mod font;
+#[path = "common/setup.rs"]
+mod setup;
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -252,27 +254,18 @@ fn load(dir: &Path, prefix: &str) -> Result<Dataset, NnError> {
     )
 }
 
-/// Whether the process runs as root (Linux: the real uid in /proc/self/status is 0).
-fn running_as_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
+fn main() -> std::process::ExitCode {
+    setup::report(run())
 }
 
-fn main() -> Result<(), NnError> {
+fn run() -> Result<(), NnError> {
     let args = Args::parse();
     if !args.data.join("train-images-idx3-ubyte.gz").exists() {
-        // As root (where `sudo` may not exist) the command runs as it is; otherwise through sudo.
-        let sudo = if running_as_root() { "" } else { "sudo " };
         eprintln!(
-            "Fashion-MNIST not found in {}.\nInstall it with:  {sudo}apt-get update && {sudo}apt-get install -y dataset-fashion-mnist\n\
+            "Fashion-MNIST not found in {}.\nInstall it with:  {}\n\
              (or pass --data DIR with train-/t10k-{{images-idx3,labels-idx1}}-ubyte.gz)",
-            args.data.display()
+            args.data.display(),
+            setup::apt_install("dataset-fashion-mnist")
         );
         std::process::exit(2);
     }

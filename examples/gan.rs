@@ -249,8 +249,15 @@ struct Args {
     out: String,
 }
 
+#[path = "common/setup.rs"]
+mod setup;
+
 #[allow(dead_code)]
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    setup::report(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     use clap::Parser;
     let Args { steps, seed, out } = Args::parse();
     let t0 = std::time::Instant::now();

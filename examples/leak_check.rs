@@ -43,7 +43,14 @@ struct Args {
     no_backward: bool,
 }
 
-fn main() -> Result<(), GraphError> {
+#[path = "common/setup.rs"]
+mod setup;
+
+fn main() -> std::process::ExitCode {
+    setup::report(run())
+}
+
+fn run() -> Result<(), GraphError> {
     use clap::Parser;
     let a = Args::parse();
     let (iters, n, backward) = (a.iters, a.size, !a.no_backward);

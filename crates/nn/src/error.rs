@@ -221,6 +221,17 @@ pub enum NnError {
         /// The dimensions in the header.
         dims: Vec<u64>,
     },
+    /// A CSV file that cannot be read as a dataset: a field that is not a number, a row with a
+    /// different number of fields, a missing label column.
+    #[error("{path}:{line}: {reason}")]
+    Csv {
+        /// The file.
+        path: PathBuf,
+        /// The line (from 1; 0 where the reader could not tell).
+        line: u64,
+        /// What is wrong, naming the column.
+        reason: String,
+    },
     /// An IDX array of the wrong kind for its use (for example labels that are not 1-D bytes).
     #[error("{what}: {reason}")]
     BadData {

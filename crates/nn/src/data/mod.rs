@@ -1,5 +1,7 @@
 //! Data: the IDX format (MNIST's and Fashion-MNIST's files, gzipped or not) and shuffled
-//! mini-batches of an image-classification dataset.
+//! mini-batches of an image-classification dataset ([`Dataset`]), and tabular data — float
+//! features with class labels, from CSV files among others — with a standardising transform
+//! ([`TabularDataset`], [`Standardize`]).
 //!
 //! ```
 //! use arenagrad_nn::data::{Dataset, IdxArray, IdxData};
@@ -27,6 +29,25 @@ use flate2::read::GzDecoder;
 
 use crate::error::{NnError, Result};
 use crate::Rng;
+
+mod tabular;
+#[cfg(feature = "csv")]
+pub use tabular::{CsvOptions, LabelColumn};
+pub use tabular::{Standardize, TabularDataset};
+
+/// A dataset that [`Batches`] draws from: numbered samples, gathered into one batch tensor and
+/// its labels.
+pub trait Samples {
+    /// Number of samples.
+    fn len(&self) -> usize;
+    /// Whether there are no samples.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The samples `indices` (each below `len()`) as one tensor whose first dimension is the
+    /// batch, and their labels.
+    fn batch(&self, indices: &[usize]) -> Result<(HostTensor, Vec<usize>)>;
+}
 
 /// The elements of an IDX array, by the format's type code.
 #[derive(Debug, Clone, PartialEq)]
@@ -499,18 +520,29 @@ impl Dataset {
     }
 }
 
-/// An iterator of mini-batches `(images f32 [B, C, H, W] in [0, 1], labels)` over a [`Dataset`].
+impl Samples for Dataset {
+    fn len(&self) -> usize {
+        Dataset::len(self)
+    }
+
+    fn batch(&self, indices: &[usize]) -> Result<(HostTensor, Vec<usize>)> {
+        Dataset::batch(self, indices)
+    }
+}
+
+/// An iterator of mini-batches `(samples, labels)` over a dataset: for a [`Dataset`], images
+/// `f32 [B, C, H, W]` in `[0, 1]`; for a [`TabularDataset`], features `[B, n_features]`.
 #[derive(Debug, Clone)]
-pub struct Batches<'a> {
-    ds: &'a Dataset,
+pub struct Batches<'a, D: Samples + ?Sized = Dataset> {
+    ds: &'a D,
     order: Vec<usize>,
     pos: usize,
     batch_size: usize,
     drop_last: bool,
 }
 
-impl<'a> Batches<'a> {
-    fn new(ds: &'a Dataset, order: Vec<usize>, batch_size: usize) -> Result<Self> {
+impl<'a, D: Samples + ?Sized> Batches<'a, D> {
+    fn new(ds: &'a D, order: Vec<usize>, batch_size: usize) -> Result<Self> {
         if batch_size == 0 {
             return Err(NnError::InvalidConfig {
                 component: "Batches",
@@ -547,7 +579,7 @@ impl<'a> Batches<'a> {
     }
 }
 
-impl Iterator for Batches<'_> {
+impl<D: Samples + ?Sized> Iterator for Batches<'_, D> {
     type Item = (HostTensor, Vec<usize>);
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -567,4 +599,4 @@ impl Iterator for Batches<'_> {
     }
 }
 
-impl ExactSizeIterator for Batches<'_> {}
+impl<D: Samples + ?Sized> ExactSizeIterator for Batches<'_, D> {}
