@@ -175,7 +175,7 @@ impl Graph {
 
     /// Standard normal samples from the graph's seeded generator.
     pub fn randn(&self, shape: &[usize], dtype: DType) -> Result<Tensor<'_>> {
-        self.random("randn", shape, dtype, Rng::normal)
+        self.random("randn", shape, dtype, crate::rng::normal_sampler())
     }
 
     /// Uniform samples in `[0, 1)` from the graph's seeded generator.
@@ -193,12 +193,14 @@ impl Graph {
         let n = checked_numel(op, shape)?;
         let mut guard = self.inner();
         let i = &mut *guard;
-        let rng = &mut i.rng;
+        // A local copy of the state stays in registers through the loop; written back after.
+        let mut rng = i.rng.clone();
         let buf = match dtype {
-            DType::F32 => i.arena.alloc_with::<f32>(n, |_| f(rng) as f32),
-            DType::F64 => i.arena.alloc_with::<f64>(n, |_| f(rng)),
+            DType::F32 => i.arena.alloc_with::<f32>(n, |_| f(&mut rng) as f32),
+            DType::F64 => i.arena.alloc_with::<f64>(n, |_| f(&mut rng)),
         }
         .map_err(|source| GraphError::Alloc { op, source })?;
+        i.rng = rng;
         let id = i.push(copy_of(shape), dtype, buf, Op::Leaf, &[]);
         let dev = i.device;
         i.settle(op, id, dev)?;
