@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Packages every published crate (`cargo package --workspace`, which also builds each one from
-# its package) and then compiles each package's own tests and doctests from the packages alone:
+# Packages every published crate (`cargo publish --workspace --dry-run`, which also builds each
+# one from its package) and then compiles each package's own tests and doctests from the packages alone:
 # the .crate files unpacked side by side, their arenagrad dependencies patched to one another,
 # nothing else of the repository in reach.
 #
@@ -9,7 +9,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo package --workspace --allow-dirty
+# Cargo unpacks the verification builds' packages under ~/.cargo/registry/src/-<hash>/ and does
+# not unpack them again while a directory of that name and version exists: a rerun after a
+# change would verify the old sources. Those directories hold only such local packages.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-* "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/-*
+# Packages every crate, builds each from its package alone, and runs the registry's checks of a
+# publish (metadata, dependency versions) without uploading.
+cargo publish --workspace --dry-run --allow-dirty
+# The .crate files themselves, for the test builds below (verified just above).
+cargo package --workspace --allow-dirty --no-verify
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
 crates=(arenagrad-alloc arenagrad-exec arenagrad-graph arenagrad-nn arenagrad-program arenagrad)
 dir=target/package-check

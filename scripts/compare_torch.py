@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""arenagrad beside PyTorch on the CPU, in one run: the README's benchmark table.
+
+Runs `bench_core` (built first with `cargo build --release --example bench_core`), then the same
+workloads in PyTorch in this process, and prints one table with both figures and their ratio.
+The machine's speed drifts between runs; the ratio measured in one run is the figure to compare.
+
+    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn]
+
+Workloads (the same definitions as `examples/bench_core.rs`):
+
+* W1: x = randn(1024, 1024) requiring grad; (x @ x).sum().backward(); median ms per iteration.
+  Also a 1024³ f32 GEMM's GFLOP/s.
+* W2: a chain of ops x*1.0001, x+0.0001, tanh (in turn) on a tensor of ones of 16 (and 1)
+  elements that requires grad, summed and backpropagated; ns per op, forward plus backward.
+* W3 / W4: an MLP (784-512-512-10, batch 128 / 64-64-64-10, batch 32) with ReLU, cross-entropy
+  and SGD (lr 0.01): one training step (zero_grad, forward, loss, backward, step), median of 50
+  after 5 warm-up steps.
+* CNN: the Fashion-MNIST example's net, one Adam step on 64 random images (as
+  `scripts/torch_cnn_step.py`).
+
+Threads: ARENAGRAD_NUM_THREADS and torch.set_num_threads get the same count (default: the
+machine's cores). Needs PyTorch (`pip install torch --index-url https://download.pytorch.org/whl/cpu`).
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def median(v):
+    return sorted(v)[len(v) // 2]
+
+
+def torch_w1(torch, quick):
+    n = 1024
+    iters = 5 if quick else 30
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    reps = 3 if quick else 10
+    t = []
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        t.append(time.perf_counter() - t0)
+    gflops = 2 * n**3 / median(t[1:]) / 1e9
+    t = []
+    for _ in range(iters + 2):
+        t0 = time.perf_counter()
+        x = torch.randn(n, n, requires_grad=True)
+        (x @ x).sum().backward()
+        t.append(time.perf_counter() - t0)
+    return {"gemm": gflops, "w1": median(t[2:]) * 1e3}
+
+
+def torch_w2(torch, n, quick):
+    length, reps = 10_000, (3 if quick else 7)
+    t = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        x = torch.ones(n, requires_grad=True)
+        h = x
+        for k in range(length):
+            r = k % 3
+            h = h * 1.0001 if r == 0 else (h + 0.0001 if r == 1 else torch.tanh(h))
+        h.sum().backward()
+        t.append(time.perf_counter() - t0)
+    return median(t) * 1e9 / length
+
+
+def torch_step(torch, net, opt, x, y, steps=50, warmup=5):
+    import torch.nn.functional as F
+
+    t = []
+    for s in range(steps + warmup):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+        if s >= warmup:
+            t.append(time.perf_counter() - t0)
+    return median(t)
+
+
+def torch_mlp(torch, dims, batch):
+    layers = []
+    for k in range(len(dims) - 1):
+        layers.append(torch.nn.Linear(dims[k], dims[k + 1]))
+        if k + 2 < len(dims):
+            layers.append(torch.nn.ReLU())
+    net = torch.nn.Sequential(*layers)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    x = torch.randn(batch, dims[0])
+    y = torch.randint(0, dims[-1], (batch,))
+    return torch_step(torch, net, opt, x, y)
+
+
+def torch_cnn(torch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from torch_common import fashion_cnn
+
+    net = fashion_cnn()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    x = torch.randn(64, 1, 28, 28)
+    y = torch.randint(0, 10, (64,))
+    return torch_step(torch, net, opt, x, y, steps=30)
+
+
+# bench_core's rows: (key, the row's start, unit shown, scale to the unit).
+ROWS = [
+    ("w1", "| randn-matmul loop 1024²", "ms/iter"),
+    ("gemm", "| f32 GEMM 1024³ through the graph", "GFLOP/s"),
+    ("w2_16", "| W2 tiny-op chain, 16 elements", "ns/op"),
+    ("w2_1", "| W2 tiny-op chain, 1 element", "ns/op"),
+    ("w3", "| W3 MLP 784-512-512-10", "ms"),
+    ("w4", "| W4 MLP 64-64-64-10", "µs"),
+    ("cnn", "| Fashion-MNIST CNN", "ms"),
+]
+
+LABELS = {
+    "w1": "W1 randn-matmul loop 1024², ms/iter",
+    "gemm": "f32 GEMM 1024³, GFLOP/s (higher is better)",
+    "w2_16": "W2 tiny-op chain, 16 elements, ns/op",
+    "w2_1": "W2 tiny-op chain, 1 element, ns/op",
+    "w3": "W3 MLP 784-512-512-10 b128 SGD step, ms",
+    "w4": "W4 MLP 64-64-64-10 b32 SGD step, µs",
+    "cnn": "Fashion-MNIST CNN, one Adam step (random data), ms",
+}
+
+
+def parse_bench_core(text):
+    out = {}
+    for line in text.splitlines():
+        for key, start, _unit in ROWS:
+            if line.startswith(start):
+                figure = line.split("|")[2]
+                m = re.search(r"[-+]?\d+(\.\d+)?", figure)
+                if m:
+                    out[key] = float(m.group(0))
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer repetitions")
+    p.add_argument("--only", default="w1,w2,w3,w4,cnn", help="workloads, comma-separated")
+    args = p.parse_args()
+    only = set(args.only.split(","))
+    try:
+        import torch
+    except ImportError as e:
+        sys.exit(f"compare_torch.py: PyTorch is not installed ({e})")
+    threads = int(os.environ.get("ARENAGRAD_NUM_THREADS", os.cpu_count() or 1))
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+
+    exe = ROOT / "target" / "release" / "examples" / "bench_core"
+    if not exe.exists():
+        sys.exit(f"{exe} not found: run `cargo build --release --example bench_core` first")
+    cmd = [str(exe), "--only", ",".join(sorted(only))] + (["--quick"] if args.quick else [])
+    env = dict(os.environ, ARENAGRAD_NUM_THREADS=str(threads))
+    print(f"# running {' '.join(cmd)}", file=sys.stderr)
+    ours = parse_bench_core(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
+
+    print(f"# PyTorch {torch.__version__}, {threads} threads", file=sys.stderr)
+    theirs = {}
+    if "w1" in only:
+        theirs.update(torch_w1(torch, args.quick))
+    if "w2" in only:
+        theirs["w2_16"] = torch_w2(torch, 16, args.quick)
+        theirs["w2_1"] = torch_w2(torch, 1, args.quick)
+    if "w3" in only:
+        theirs["w3"] = torch_mlp(torch, [784, 512, 512, 10], 128) * 1e3
+    if "w4" in only:
+        theirs["w4"] = torch_mlp(torch, [64, 64, 64, 10], 32) * 1e6
+    if "cnn" in only:
+        theirs["cnn"] = torch_cnn(torch) * 1e3
+
+    print(f"| workload | arenagrad | PyTorch {torch.__version__} | PyTorch ÷ arenagrad |")
+    print("|---|---|---|---|")
+    for key, _start, _unit in ROWS:
+        if key in ours and key in theirs:
+            a, t = ours[key], theirs[key]
+            ratio = a / t if key == "gemm" else t / a
+            print(f"| {LABELS[key]} | {a:.4g} | {t:.4g} | {ratio:.2f}× |")
+    print(f"({threads} threads; a ratio above 1 means arenagrad is faster)")
+
+
+if __name__ == "__main__":
+    main()
