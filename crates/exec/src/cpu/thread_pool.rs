@@ -171,6 +171,10 @@ pub fn fork(n: usize, work: &(dyn Fn(usize) + Sync)) {
         });
         return;
     }
+    #[cfg(feature = "rayon")]
+    if use_rayon() {
+        return rayon_fork(n, work);
+    }
     let p = pool();
     p.ensure_workers(n - 1);
     let latch = Arc::new(Latch {
@@ -218,6 +222,26 @@ pub fn fork(n: usize, work: &(dyn Fn(usize) + Sync)) {
         resume_unwind(e);
     }
     assert!(!panicked, "a parallel kernel task panicked");
+}
+
+/// Whether forks go to rayon's global pool instead (feature `rayon` and `ARENAGRAD_POOL=rayon`,
+/// read once): the alternative `docs/performance.md` measures this pool against.
+#[cfg(feature = "rayon")]
+fn use_rayon() -> bool {
+    static RAYON: OnceLock<bool> = OnceLock::new();
+    *RAYON.get_or_init(|| std::env::var("ARENAGRAD_POOL").as_deref() == Ok("rayon"))
+}
+
+/// [`fork`] on rayon: tasks 1.. spawned into a scope (which, like [`fork`], returns only when
+/// all have finished and re-raises a panic), task 0 on the calling thread.
+#[cfg(feature = "rayon")]
+fn rayon_fork(n: usize, work: &(dyn Fn(usize) + Sync)) {
+    rayon::scope(|s| {
+        for i in 1..n {
+            s.spawn(move |_| work(i));
+        }
+        work(0);
+    });
 }
 
 /// Runs `f(i, part)` for each of `parts` in parallel (each part on its own task).
@@ -272,6 +296,18 @@ mod tests {
             }
         });
         assert_eq!(total.load(Ordering::Relaxed), 4 * 10 * 3 * 2);
+    }
+
+    #[cfg(feature = "rayon")]
+    #[test]
+    fn the_rayon_fork_runs_every_index_once() {
+        let hits: Vec<AtomicUsize> = (0..5).map(|_| AtomicUsize::new(0)).collect();
+        for _ in 0..20 {
+            rayon_fork(5, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 20));
     }
 
     #[test]
