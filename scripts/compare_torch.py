@@ -5,7 +5,11 @@ Runs `bench_core` (built first with `cargo build --release --example bench_core`
 workloads in PyTorch in this process, and prints one table with both figures and their ratio.
 The machine's speed drifts between runs; the ratio measured in one run is the figure to compare.
 
-    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn]
+    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn] [--candle]
+
+`--candle` adds candle (0.11, a Rust peer) on W1–W4: the harness in `examples/peers/candle` (its own
+package, built here on first use with `cargo build --release`; candle takes a few minutes to
+compile) runs after PyTorch, in the same run.
 
 Workloads (the same definitions as `examples/bench_core.rs`):
 
@@ -145,10 +149,24 @@ def parse_bench_core(text):
     return out
 
 
+CANDLE = ROOT / "examples" / "peers" / "candle"
+
+
+def run_candle(threads, quick):
+    manifest = CANDLE / "Cargo.toml"
+    print("# building the candle harness (the first time takes minutes)", file=sys.stderr)
+    subprocess.run(["cargo", "build", "--release", "--quiet", "--manifest-path", str(manifest)], check=True)
+    exe = CANDLE / "target" / "release" / "arenagrad-peer-candle"
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+    out = subprocess.run([str(exe)] + (["--quick"] if quick else []), env=env, check=True, capture_output=True, text=True)
+    return parse_bench_core(out.stdout)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--only", default="w1,w2,w3,w4,cnn", help="workloads, comma-separated")
+    p.add_argument("--candle", action="store_true", help="add candle's figures (W1-W4)")
     args = p.parse_args()
     only = set(args.only.split(","))
     try:
@@ -181,13 +199,26 @@ def main():
     if "cnn" in only:
         theirs["cnn"] = torch_cnn(torch) * 1e3
 
-    print(f"| workload | arenagrad | PyTorch {torch.__version__} | PyTorch ÷ arenagrad |")
-    print("|---|---|---|---|")
+    candle = run_candle(threads, args.quick) if args.candle else {}
+
+    def ratio(key, a, other):
+        return a / other if key == "gemm" else other / a
+
+    head = f"| workload | arenagrad | PyTorch {torch.__version__} | PyTorch ÷ arenagrad |"
+    rule = "|---|---|---|---|"
+    if args.candle:
+        head += " candle 0.11 | candle ÷ arenagrad |"
+        rule += "---|---|"
+    print(head)
+    print(rule)
     for key, _start, _unit in ROWS:
         if key in ours and key in theirs:
             a, t = ours[key], theirs[key]
-            ratio = a / t if key == "gemm" else t / a
-            print(f"| {LABELS[key]} | {a:.4g} | {t:.4g} | {ratio:.2f}× |")
+            row = f"| {LABELS[key]} | {a:.4g} | {t:.4g} | {ratio(key, a, t):.2f}× |"
+            if args.candle:
+                c = candle.get(key)
+                row += f" {c:.4g} | {ratio(key, a, c):.2f}× |" if c is not None else " | |"
+            print(row)
     print(f"({threads} threads; a ratio above 1 means arenagrad is faster)")
 
 
