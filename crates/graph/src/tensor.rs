@@ -178,9 +178,77 @@ impl Graph {
         self.random("randn", shape, dtype, crate::rng::normal_sampler())
     }
 
+    /// `start, start + step, …` up to `end` (excluded): `⌈(end − start) / step⌉` values, as
+    /// PyTorch's `arange` (computed in f64, then stored as `dtype`). A zero or non-finite step,
+    /// or one pointing away from `end`, is an error.
+    pub fn arange(&self, start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor<'_>> {
+        let bad = |what| Err(GraphError::BadArgument { op: "arange", what });
+        if !(start.is_finite() && end.is_finite() && step.is_finite()) {
+            return bad("start, end and step must be finite");
+        }
+        if step == 0.0 {
+            return bad("step must not be zero");
+        }
+        let n = ((end - start) / step).ceil();
+        if n < 0.0 {
+            return bad("step points away from end");
+        }
+        if n > isize::MAX as f64 {
+            return Err(GraphError::TooLarge {
+                op: "arange",
+                shape: vec![usize::MAX],
+            });
+        }
+        self.filled_by("arange", &[n as usize], dtype, |k| start + k as f64 * step)
+    }
+
+    /// `[labels.len(), classes]`: row `i` is 1 at `labels[i]` and 0 elsewhere (PyTorch's
+    /// `one_hot`). A label not below `classes` is an error naming it.
+    pub fn one_hot(&self, labels: &[usize], classes: usize, dtype: DType) -> Result<Tensor<'_>> {
+        if let Some(&bad) = labels.iter().find(|&&l| l >= classes) {
+            return Err(GraphError::IndexOutOfRange {
+                op: "one_hot",
+                index: bad,
+                axis: 1,
+                shape: vec![labels.len(), classes],
+            });
+        }
+        self.filled_by("one_hot", &[labels.len(), classes], dtype, |e| {
+            if labels[e / classes] == e % classes {
+                1.0
+            } else {
+                0.0
+            }
+        })
+    }
+
     /// Uniform samples in `[0, 1)` from the graph's seeded generator.
     pub fn rand(&self, shape: &[usize], dtype: DType) -> Result<Tensor<'_>> {
         self.random("rand", shape, dtype, Rng::uniform)
+    }
+
+    /// A leaf of `shape` whose element `k` (row-major) is `f(k)`, written straight into the
+    /// arena (no host copy first) and moved to the graph's device.
+    pub(crate) fn filled_by(
+        &self,
+        op: &'static str,
+        shape: &[usize],
+        dtype: DType,
+        f: impl Fn(usize) -> f64,
+    ) -> Result<Tensor<'_>> {
+        let n = checked_numel(op, shape)?;
+        let mut guard = self.inner();
+        let i = &mut *guard;
+        let buf = match dtype {
+            DType::F32 => i.arena.alloc_with::<f32>(n, |k| f(k) as f32),
+            DType::F64 => i.arena.alloc_with::<f64>(n, f),
+        }
+        .map_err(|source| GraphError::Alloc { op, source })?;
+        let id = i.push(copy_of(shape), dtype, buf, Op::Leaf, &[]);
+        let dev = i.device;
+        i.settle(op, id, dev)?;
+        drop(guard);
+        Ok(self.handle(id))
     }
 
     fn random(

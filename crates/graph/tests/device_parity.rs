@@ -111,6 +111,20 @@ parity_tests! {
     pow_broadcast: &[&[2, 3], &[3]], true, |g, x| x[0].pow(x[1]);
     maximum: &[&[4, 3], &[3]], false, |g, x| x[0].maximum(x[1]);
     minimum: &[&[4, 3], &[4, 1]], false, |g, x| x[0].minimum(x[1]);
+    // Each mask times x, so that a gradient flows (through x, not the mask).
+    comparisons: &[&[4, 3], &[3]], false, |g, x| {
+        let (a, b) = (x[0], x[1]);
+        let masks = [a.eq(a)?, a.ne(b)?, a.lt(b)?, a.le(b)?, a.gt(b)?, a.ge(b)?];
+        let mut y = g.scalar(0.0, a.dtype())?.to_device(a.device())?;
+        for (k, m) in masks.into_iter().enumerate() {
+            y = y.add(m.scale(k as f64 + 1.0)?.mul(a)?)?;
+        }
+        Ok(y)
+    };
+    masked_fill: &[&[3, 4], &[4]], false, |g, x| {
+        let m = x[1].shift(0.2)?.relu()?.detach()?;
+        x[0].masked_fill(m, -3.0)
+    };
     sum_all: &[&[3, 4, 5]], false, |g, x| x[0].sum();
     sum_axes: &[&[3, 4, 5]], false, |g, x| x[0].sum_axes(&[0, 2], false);
     mean_keepdim: &[&[3, 4, 5]], false, |g, x| x[0].mean_axes(&[1], true);

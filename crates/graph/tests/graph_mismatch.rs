@@ -50,6 +50,13 @@ fn calls() -> Vec<(&'static str, Call)> {
         ("pow", |_, x, f, _| x.pow(f).map(drop)),
         ("maximum", |_, x, f, _| x.maximum(f).map(drop)),
         ("minimum", |_, x, f, _| x.minimum(f).map(drop)),
+        ("eq", |_, x, f, _| x.eq(f).map(drop)),
+        ("ne", |_, x, f, _| x.ne(f).map(drop)),
+        ("lt", |_, x, f, _| x.lt(f).map(drop)),
+        ("le", |_, x, f, _| x.le(f).map(drop)),
+        ("gt", |_, x, f, _| x.gt(f).map(drop)),
+        ("ge", |_, x, f, _| x.ge(f).map(drop)),
+        ("masked_fill", |_, x, f, _| x.masked_fill(f, 0.0).map(drop)),
         ("matmul", |_, x, f, _| x.matmul(f).map(drop)),
         ("matmul_t", |_, x, f, _| {
             x.matmul_t(f, false, true).map(drop)

@@ -21,6 +21,7 @@
 //! | `x = const D0 D1 ...` | a leaf that does not |
 //! | `x = input 2 2 : 0.5 -1 2 3.25` | values given, row-major (else standard normal draws from the seeded RNG) |
 //! | `add a b`, `sub`, `mul`, `div`, `pow`, `maximum`, `minimum` | elementwise, numpy broadcasting |
+//! | `eq a b`, `ne`, `lt`, `le`, `gt`, `ge` | comparisons as 0/1 masks (NaN compares false but for `ne`), broadcasting; no gradient |
 //! | `neg a`, `exp`, `log`, `sqrt`, `abs`, `sin`, `cos`, `tanh`, `sigmoid`, `relu`, `gelu`, `silu`, `softplus`, `erf` | elementwise (`gelu`: tanh approximation) |
 //! | `scale a S`, `shift a S`, `powf a P` | a·S, a+S, a^P |
 //! | `detach a` | the same values, no gradient flowing back |

@@ -63,7 +63,8 @@ fn show(t: &str) -> String {
 fn usage(op: &str) -> &'static str {
     match op {
         "input" | "const" => "NAME = input|const [D0 D1 ...] [: V0 V1 ...]",
-        "add" | "sub" | "mul" | "div" | "pow" | "maximum" | "minimum" | "matmul" => "OP A B",
+        "add" | "sub" | "mul" | "div" | "pow" | "maximum" | "minimum" | "matmul" | "eq" | "ne"
+        | "lt" | "le" | "gt" | "ge" => "OP A B",
         "scale" | "shift" | "powf" => "OP A FLOAT",
         "sum" | "mean" => "OP A [AXIS ...]",
         "max" | "softmax" | "log_softmax" => "OP A AXIS",

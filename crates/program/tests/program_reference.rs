@@ -250,6 +250,35 @@ fn binary_cases() -> Vec<Case> {
             grads: vec![("c", vec![r[0] + r[1]; 3]), ("r", vec![c.iter().sum(); 2])],
         },
     ]
+    .into_iter()
+    .chain(comparison_cases())
+    .collect()
+}
+
+/// Each comparison as a mask m of u against t, applied as y = m · (u + t): the mask's values by
+/// hand, no gradient through the mask itself, so both inputs get m (u + t is 2 everywhere).
+fn comparison_cases() -> Vec<Case> {
+    let (u, t) = ([1.0, -2.0, 3.0], [1.0, 4.0, -1.0]);
+    let masks: [(&'static str, [f64; 3]); 6] = [
+        ("eq", [1.0, 0.0, 0.0]),
+        ("ne", [0.0, 1.0, 1.0]),
+        ("lt", [0.0, 1.0, 0.0]),
+        ("le", [1.0, 1.0, 0.0]),
+        ("gt", [0.0, 0.0, 1.0]),
+        ("ge", [1.0, 0.0, 1.0]),
+    ];
+    masks
+        .into_iter()
+        .map(|(op, m)| Case {
+            name: op,
+            text: input("u", &[3], &u)
+                + &input("t", &[3], &t)
+                + &format!("m = {op} u t\ns = add u t\ny = mul m s\n"),
+            out_shape: vec![3],
+            out: m.iter().map(|k| 2.0 * k).collect(),
+            grads: vec![("u", m.to_vec()), ("t", m.to_vec())],
+        })
+        .collect()
 }
 
 fn unary_cases() -> Vec<Case> {

@@ -292,6 +292,7 @@ binary_table! {
     Add => "add" {
         public: true, smooth: true, domain: (Domain::All, Domain::All),
         positive: Positive::IfInput,
+        grad: true,
         cpu: |a, b| a + b,
         cuda: "a + b",
     }
@@ -299,6 +300,7 @@ binary_table! {
     Sub => "sub" {
         public: true, smooth: true, domain: (Domain::All, Domain::All),
         positive: Positive::Never,
+        grad: true,
         cpu: |a, b| a - b,
         cuda: "a - b",
     }
@@ -306,6 +308,7 @@ binary_table! {
     Mul => "mul" {
         public: true, smooth: true, domain: (Domain::All, Domain::All),
         positive: Positive::IfInput,
+        grad: true,
         cpu: |a, b| a * b,
         cuda: "a * b",
     }
@@ -313,6 +316,7 @@ binary_table! {
     Div => "div" {
         public: true, smooth: true, domain: (Domain::All, Domain::Positive),
         positive: Positive::IfInput,
+        grad: true,
         cpu: |a, b| a / b,
         cuda: "a / b",
     }
@@ -320,6 +324,7 @@ binary_table! {
     Pow => "pow" {
         public: true, smooth: true, domain: (Domain::Positive, Domain::All),
         positive: Positive::Always,
+        grad: true,
         cpu: |a, b| a.powf(b),
         cuda: "M<T>::pow_(a, b)",
     }
@@ -327,6 +332,7 @@ binary_table! {
     Maximum => "maximum" {
         public: true, smooth: false, domain: (Domain::All, Domain::All),
         positive: Positive::IfEither,
+        grad: true,
         cpu: |a, b| a.max(b),
         cuda: "fmax_(a, b)",
     }
@@ -334,14 +340,64 @@ binary_table! {
     Minimum => "minimum" {
         public: true, smooth: false, domain: (Domain::All, Domain::All),
         positive: Positive::IfInput,
+        grad: true,
         cpu: |a, b| a.min(b),
         cuda: "fmin_(a, b)",
+    }
+    /// 1 where a = b, else 0 (NaN equals nothing, itself included). No gradient.
+    Eq => "eq" {
+        public: true, smooth: false, domain: (Domain::All, Domain::All),
+        positive: Positive::Never,
+        grad: false,
+        cpu: |a, b| if a == b { T::ONE } else { T::ZERO },
+        cuda: "a == b ? (T)1 : (T)0",
+    }
+    /// 1 where a ≠ b (a NaN on either side included), else 0. No gradient.
+    Ne => "ne" {
+        public: true, smooth: false, domain: (Domain::All, Domain::All),
+        positive: Positive::Never,
+        grad: false,
+        cpu: |a, b| if a != b { T::ONE } else { T::ZERO },
+        cuda: "a != b ? (T)1 : (T)0",
+    }
+    /// 1 where a < b, else 0 (0 where either is NaN). No gradient.
+    Lt => "lt" {
+        public: true, smooth: false, domain: (Domain::All, Domain::All),
+        positive: Positive::Never,
+        grad: false,
+        cpu: |a, b| if a < b { T::ONE } else { T::ZERO },
+        cuda: "a < b ? (T)1 : (T)0",
+    }
+    /// 1 where a ≤ b, else 0 (0 where either is NaN). No gradient.
+    Le => "le" {
+        public: true, smooth: false, domain: (Domain::All, Domain::All),
+        positive: Positive::Never,
+        grad: false,
+        cpu: |a, b| if a <= b { T::ONE } else { T::ZERO },
+        cuda: "a <= b ? (T)1 : (T)0",
+    }
+    /// 1 where a > b, else 0 (0 where either is NaN). No gradient.
+    Gt => "gt" {
+        public: true, smooth: false, domain: (Domain::All, Domain::All),
+        positive: Positive::Never,
+        grad: false,
+        cpu: |a, b| if a > b { T::ONE } else { T::ZERO },
+        cuda: "a > b ? (T)1 : (T)0",
+    }
+    /// 1 where a ≥ b, else 0 (0 where either is NaN). No gradient.
+    Ge => "ge" {
+        public: true, smooth: false, domain: (Domain::All, Domain::All),
+        positive: Positive::Never,
+        grad: false,
+        cpu: |a, b| if a >= b { T::ONE } else { T::ZERO },
+        cuda: "a >= b ? (T)1 : (T)0",
     }
     /// 0 where a < b, ½ where a = b, else 1 (a NaN on either side included): how
     /// `maximum`/`minimum` split their gradient, as PyTorch does.
     GtMask => "gt_mask" {
         public: false, smooth: false, domain: (Domain::All, Domain::All),
         positive: Positive::Never,
+        grad: false,
         cpu: |a, b| if a < b { T::ZERO } else if a == b { T::from_f64(0.5) } else { T::ONE },
         cuda: "a < b ? (T)0 : (a == b ? (T)0.5 : (T)1)",
     }
@@ -350,6 +406,7 @@ binary_table! {
     EqMask => "eq_mask" {
         public: false, smooth: false, domain: (Domain::All, Domain::All),
         positive: Positive::Never,
+        grad: false,
         cpu: |a, b| if a == b || (a != a && b != b) { T::ONE } else { T::ZERO },
         cuda: "(a == b || (a != a && b != b)) ? (T)1 : (T)0",
     }

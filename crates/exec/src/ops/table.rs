@@ -163,6 +163,7 @@ macro_rules! unary_table {
 ///     public: bool, smooth: bool,
 ///     domain: (Domain, Domain),  // where each operand must lie
 ///     positive: Positive,        // IfInput: if both are; IfEither: if one is
+///     grad: bool,                // false: a 0/1 mask that never requires grad
 ///     cpu: |a, b| expr,
 ///     cuda: "expr",              // in `a`, `b` (T)
 /// }
@@ -178,6 +179,7 @@ macro_rules! binary_table {
             smooth: $smooth:literal,
             domain: $domain:expr,
             positive: $positive:expr,
+            grad: $grad:literal,
             cpu: |$a:ident, $b:ident| $fwd:expr,
             cuda: $cuda:literal $(,)?
         }
@@ -233,6 +235,14 @@ macro_rules! binary_table {
             pub fn positive(self) -> Positive {
                 match self {
                     $(BinaryOp::$var => $positive,)*
+                }
+            }
+
+            /// Whether gradients flow through the op. `false` for the comparisons, whose 0/1
+            /// output never requires grad (as PyTorch's boolean results do not).
+            pub fn has_grad(self) -> bool {
+                match self {
+                    $(BinaryOp::$var => $grad,)*
                 }
             }
 

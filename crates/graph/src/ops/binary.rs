@@ -57,9 +57,99 @@ impl<'g> Tensor<'g> {
                 out
             }
         };
-        let id = i.push(osh, dtype, out, Op::Binary(op), &[self.id, other.id]);
+        let ids = [self.id, other.id];
+        let id = if op.has_grad() {
+            i.push(osh, dtype, out, Op::Binary(op), &ids)
+        } else {
+            // A comparison's mask: never requires grad, so never recorded.
+            i.push_with(dev, osh, dtype, out, || Op::Binary(op), &ids, false)
+        };
         drop(guard);
         Ok(id.to_bits())
+    }
+
+    /// 1 where self = other, else 0 (broadcasting; NaN equals nothing). The mask has no
+    /// gradient and never requires grad, as PyTorch's boolean results.
+    #[inline]
+    pub fn eq(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.binary(BinaryOp::Eq, other)
+    }
+    /// 1 where self ≠ other (a NaN on either side included), else 0. No gradient.
+    #[inline]
+    pub fn ne(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.binary(BinaryOp::Ne, other)
+    }
+    /// 1 where self < other, else 0 (0 at a NaN). No gradient.
+    #[inline]
+    pub fn lt(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.binary(BinaryOp::Lt, other)
+    }
+    /// 1 where self ≤ other, else 0 (0 at a NaN). No gradient.
+    #[inline]
+    pub fn le(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.binary(BinaryOp::Le, other)
+    }
+    /// 1 where self > other, else 0 (0 at a NaN). No gradient.
+    #[inline]
+    pub fn gt(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.binary(BinaryOp::Gt, other)
+    }
+    /// 1 where self ≥ other, else 0 (0 at a NaN). No gradient.
+    #[inline]
+    pub fn ge(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.binary(BinaryOp::Ge, other)
+    }
+
+    /// The lower triangle of the last two dimensions: elements `[…, i, j]` with `j − i ≤ k`
+    /// kept, the rest exactly 0 (NaN and infinities too, as PyTorch's `tril`); the gradient is
+    /// the lower triangle of the incoming one. `k = 0` keeps the diagonal, `k < 0` drops it.
+    pub fn tril(self, k: isize) -> Result<Tensor<'g>> {
+        self.triangle("tril", k, true)
+    }
+
+    /// The upper triangle of the last two dimensions: elements with `j − i ≥ k` kept, the rest
+    /// exactly 0 (PyTorch's `triu`).
+    pub fn triu(self, k: isize) -> Result<Tensor<'g>> {
+        self.triangle("triu", k, false)
+    }
+
+    fn triangle(self, op: &'static str, k: isize, lower: bool) -> Result<Tensor<'g>> {
+        let shape = self.try_shape()?;
+        if shape.len() < 2 {
+            return Err(GraphError::BadArgument {
+                op,
+                what: "needs a tensor of at least two dimensions",
+            });
+        }
+        let (r, c) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+        let mask = self.g.filled_by(op, &[r, c], self.dtype(), |e| {
+            let d = (e % c) as isize - (e / c) as isize;
+            if (lower && d <= k) || (!lower && d >= k) {
+                1.0
+            } else {
+                0.0
+            }
+        })?;
+        let mask = mask.to_device(self.device())?;
+        let zero = self.g.full_on(&[], 0.0, self.dtype(), self.device())?;
+        self.g.select(mask, self, zero)
+    }
+
+    /// `value` where `mask` is non-zero, self elsewhere (PyTorch's `masked_fill`; the mask
+    /// broadcasts to self's shape, not beyond it). The gradient flows to self where the mask
+    /// is zero. `value` may be infinite, as attention's `-inf` is.
+    pub fn masked_fill(self, mask: Tensor<'g>, value: f64) -> Result<Tensor<'g>> {
+        self.g.owns("masked_fill", &mask)?;
+        let (shape, mshape) = (self.try_shape()?, mask.try_shape()?);
+        if broadcast_shapes(&shape, &mshape).as_deref() != Some(&shape[..]) {
+            return Err(GraphError::ShapeMismatch {
+                op: "masked_fill",
+                lhs: shape.to_vec(),
+                rhs: mshape.to_vec(),
+            });
+        }
+        let fill = self.g.full_on(&[], value, self.dtype(), self.device())?;
+        self.g.select(mask, fill, self)
     }
 
     /// self + other (broadcasting).
@@ -240,7 +330,14 @@ pub(crate) fn backward<'g>(op: BinaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
             };
             (ga, gb)
         }
-        BinaryOp::GtMask | BinaryOp::EqMask => (None, None),
+        BinaryOp::GtMask
+        | BinaryOp::EqMask
+        | BinaryOp::Eq
+        | BinaryOp::Ne
+        | BinaryOp::Lt
+        | BinaryOp::Le
+        | BinaryOp::Gt
+        | BinaryOp::Ge => (None, None),
     };
     let ga = match ga {
         Some(t) if need_a => Some(t.sum_to(&a.shape())?),
