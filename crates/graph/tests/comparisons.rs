@@ -235,3 +235,100 @@ fn one_hot_rows_and_an_out_of_range_label() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn clamp_follows_pytorch_at_the_bounds_and_at_nan() {
+    let g = Graph::new();
+    let x = g
+        .var(&[-2.0, -1.0, 0.0, 1.0, 2.0, NAN], &[6], DType::F64)
+        .unwrap();
+    // torch.clamp(x, -1, 1) and its gradient: the bounds pass it, NaN does not.
+    let y = x.clamp(Some(-1.0), Some(1.0)).unwrap();
+    let v = y.to_vec_f64().unwrap();
+    assert_eq!(&v[..5], &[-1.0, -1.0, 0.0, 1.0, 1.0]);
+    assert!(v[5].is_nan());
+    y.sum().unwrap().backward().unwrap();
+    assert_eq!(
+        x.grad().unwrap().unwrap().to_vec::<f64>().unwrap(),
+        [0., 1., 1., 1., 0., 0.]
+    );
+    let lo = x.clamp(Some(0.5), None).unwrap().to_vec_f64().unwrap();
+    assert_eq!(&lo[..5], &[0.5, 0.5, 0.5, 1.0, 2.0]);
+    let hi = x.clamp(None, Some(0.0)).unwrap().to_vec_f64().unwrap();
+    assert_eq!(&hi[..5], &[-2.0, -1.0, 0.0, 0.0, 0.0]);
+    // min > max: everything is max, and no gradient passes.
+    let g2 = Graph::new();
+    let z = g2.var(&[-3.0, 0.0, 3.0], &[3], DType::F32).unwrap();
+    let w = z.clamp(Some(2.0), Some(1.0)).unwrap();
+    assert_eq!(w.to_vec_f64().unwrap(), [1.0, 1.0, 1.0]);
+    w.sum().unwrap().backward().unwrap();
+    assert_eq!(
+        z.grad().unwrap().unwrap().to_vec::<f32>().unwrap(),
+        [0.0; 3]
+    );
+    // Away from the bounds, against finite differences.
+    let report = gradcheck(
+        check_fn(|g, xs| {
+            let w = g.from_f64(&[0.5, -1.0, 2.0, 3.0], &[4], DType::F64)?;
+            xs[0]
+                .clamp(Some(-0.5), Some(0.8))?
+                .mul(xs[0])?
+                .mul(w)?
+                .sum()
+        }),
+        &[HostTensor::from_f64(&[-0.9, -0.2, 0.3, 1.4], &[4], DType::F64).unwrap()],
+        GradcheckOptions::default(),
+    )
+    .unwrap();
+    assert!(report.passed, "{report}");
+}
+
+#[test]
+fn logsumexp_is_stable_and_its_gradient_is_the_softmax() {
+    let g = Graph::new();
+    let x = g
+        .var(&[1000.0, 1000.0, -1.0, 2.0], &[2, 2], DType::F64)
+        .unwrap();
+    let y = x.logsumexp(&[1], false).unwrap();
+    assert_eq!(y.shape().as_slice(), &[2]);
+    let v = y.to_vec_f64().unwrap();
+    assert!((v[0] - (1000.0 + 2f64.ln())).abs() < 1e-12, "{v:?}");
+    let want1 = ((-1f64).exp() + 2f64.exp()).ln();
+    assert!((v[1] - want1).abs() < 1e-14, "{v:?}");
+    assert_eq!(x.logsumexp(&[1], true).unwrap().shape().as_slice(), &[2, 1]);
+    assert_eq!(
+        x.logsumexp(&[], false).unwrap().shape().as_slice(),
+        &[] as &[usize]
+    );
+    // Infinite and NaN slices, as torch.logsumexp.
+    let s = g
+        .from_f64(
+            &[
+                f64::NEG_INFINITY,
+                f64::NEG_INFINITY,
+                f64::INFINITY,
+                1.0,
+                NAN,
+                1.0,
+            ],
+            &[3, 2],
+            DType::F64,
+        )
+        .unwrap()
+        .logsumexp(&[1], false)
+        .unwrap()
+        .to_vec_f64()
+        .unwrap();
+    assert_eq!(&s[..2], &[f64::NEG_INFINITY, f64::INFINITY]);
+    assert!(s[2].is_nan());
+    let report = gradcheck(
+        check_fn(|g, xs| {
+            let w = g.from_f64(&[0.5, -1.0, 2.0], &[3], DType::F64)?;
+            xs[0].logsumexp(&[0], false)?.mul(w)?.sum()
+        }),
+        &[HostTensor::from_f64(&[0.3, -0.7, 1.1, 0.4, 2.0, -1.5], &[2, 3], DType::F64).unwrap()],
+        GradcheckOptions::default(),
+    )
+    .unwrap();
+    assert!(report.passed, "{report}");
+}

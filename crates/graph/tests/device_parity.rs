@@ -121,6 +121,9 @@ parity_tests! {
         }
         Ok(y)
     };
+    clamp: &[&[3, 5]], false, |g, x| x[0].clamp(Some(-0.5), Some(0.7));
+    logsumexp: &[&[3, 5]], false, |g, x| x[0].logsumexp(&[1], false);
+    tril: &[&[2, 3, 4]], false, |g, x| x[0].tril(1);
     masked_fill: &[&[3, 4], &[4]], false, |g, x| {
         let m = x[1].shift(0.2)?.relu()?.detach()?;
         x[0].masked_fill(m, -3.0)

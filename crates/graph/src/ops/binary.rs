@@ -100,6 +100,36 @@ impl<'g> Tensor<'g> {
         self.binary(BinaryOp::Ge, other)
     }
 
+    /// Each element clamped into `[min, max]` (either bound optional), PyTorch's `clamp`: NaN
+    /// stays NaN, and where `min > max` every element becomes `max`. The gradient passes where
+    /// `min ≤ x ≤ max`, the bounds included (PyTorch's rule), and is 0 elsewhere and at NaN.
+    pub fn clamp(self, min: Option<f64>, max: Option<f64>) -> Result<Tensor<'g>> {
+        let g = self.g;
+        let (values, keep) = {
+            let _no_grad = g.no_grad();
+            let (mut values, mut keep) = (self, None::<Tensor<'g>>);
+            if let Some(lo) = min {
+                let lo = g.full_on(&[], lo, self.dtype(), self.device())?;
+                values = values.maximum(lo)?;
+                keep = Some(self.ge(lo)?);
+            }
+            if let Some(hi) = max {
+                let hi = g.full_on(&[], hi, self.dtype(), self.device())?;
+                values = values.minimum(hi)?;
+                let below = self.le(hi)?;
+                keep = Some(match keep {
+                    Some(k) => k.mul(below)?,
+                    None => below,
+                });
+            }
+            (values, keep)
+        };
+        match keep {
+            Some(k) => g.select(k, self, values),
+            None => Ok(self),
+        }
+    }
+
     /// The lower triangle of the last two dimensions: elements `[…, i, j]` with `j − i ≤ k`
     /// kept, the rest exactly 0 (NaN and infinities too, as PyTorch's `tril`); the gradient is
     /// the lower triangle of the incoming one. `k = 0` keeps the diagonal, `k < 0` drops it.

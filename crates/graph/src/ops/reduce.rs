@@ -109,6 +109,24 @@ impl<'g> Tensor<'g> {
         self.reduce(ReduceOp::Max, axes, keepdim)
     }
 
+    /// `log Σ exp` over `axes` (empty means all), PyTorch's `logsumexp`: computed as
+    /// `m + log Σ exp(x − m)` with `m` the (unrecorded) maximum, so that large values do not
+    /// overflow. Where the maximum is infinite `m` is taken as 0, so a slice of −inf gives −inf
+    /// and one holding +inf gives +inf; NaN propagates. The gradient is the softmax over `axes`.
+    pub fn logsumexp(self, axes: &[isize], keepdim: bool) -> Result<Tensor<'g>> {
+        let m = {
+            let _no_grad = self.g.no_grad();
+            let m = self.max_axes(axes, true)?;
+            let inf = self
+                .g
+                .full_on(&[], f64::INFINITY, self.dtype(), self.device())?;
+            m.masked_fill(m.abs()?.eq(inf)?, 0.0)?
+        };
+        let lse = self.sub(m)?.exp()?.sum_axes(axes, keepdim)?.log()?;
+        let out: Vec<isize> = lse.shape().iter().map(|&d| d as isize).collect();
+        lse.add(m.reshape(&out)?)
+    }
+
     /// Broadcasts a reduction's gradient (shape without or with the reduced axes) back to `full`.
     pub(crate) fn expand_reduced(self, full: &[usize], mask: &[bool]) -> Result<Tensor<'g>> {
         let kept: Vec<isize> = full
