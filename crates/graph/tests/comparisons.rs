@@ -332,3 +332,86 @@ fn logsumexp_is_stable_and_its_gradient_is_the_softmax() {
     .unwrap();
     assert!(report.passed, "{report}");
 }
+
+#[test]
+fn stack_split_chunk_and_unbind_follow_pytorch() {
+    let g = Graph::new();
+    let a = g.var(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
+    let b = g.var(&[4.0, 5.0, 6.0], &[3], DType::F64).unwrap();
+    let s0 = g.stack(&[a, b], 0).unwrap();
+    assert_eq!(s0.shape().as_slice(), &[2, 3]);
+    assert_eq!(s0.to_vec_f64().unwrap(), [1., 2., 3., 4., 5., 6.]);
+    let s1 = g.stack(&[a, b], -1).unwrap();
+    assert_eq!(s1.shape().as_slice(), &[3, 2]);
+    assert_eq!(s1.to_vec_f64().unwrap(), [1., 4., 2., 5., 3., 6.]);
+    let w = g
+        .from_f64(&[1., 2., 3., 4., 5., 6.], &[3, 2], DType::F64)
+        .unwrap();
+    s1.mul(w).unwrap().sum().unwrap().backward().unwrap();
+    assert_eq!(
+        a.grad().unwrap().unwrap().to_vec::<f64>().unwrap(),
+        [1., 3., 5.]
+    );
+    assert_eq!(
+        b.grad().unwrap().unwrap().to_vec::<f64>().unwrap(),
+        [2., 4., 6.]
+    );
+    let short = g.from_f64(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    assert!(matches!(
+        g.stack(&[a, short], 0),
+        Err(GraphError::ShapeMismatch { op: "stack", .. })
+    ));
+    assert!(matches!(
+        g.stack(&[a], 2),
+        Err(GraphError::BadAxis { op: "stack", .. })
+    ));
+
+    let x = g
+        .from_f64(
+            &(0..10).map(f64::from).collect::<Vec<_>>(),
+            &[2, 5],
+            DType::F64,
+        )
+        .unwrap();
+    let sizes = |ts: Vec<Tensor<'_>>| ts.iter().map(|t| t.shape()[1]).collect::<Vec<_>>();
+    // torch.chunk(x, 3, 1) → 2, 2, 1; torch.chunk(x, 4, 1) → 2, 2, 1 (only three pieces).
+    assert_eq!(sizes(x.chunk(3, 1).unwrap()), [2, 2, 1]);
+    assert_eq!(sizes(x.chunk(4, 1).unwrap()), [2, 2, 1]);
+    assert_eq!(sizes(x.chunk(5, 1).unwrap()), [1, 1, 1, 1, 1]);
+    let parts = x.split(&[1, 4], -1).unwrap();
+    assert_eq!(parts[0].to_vec_f64().unwrap(), [0., 5.]);
+    assert_eq!(
+        parts[1].to_vec_f64().unwrap(),
+        [1., 2., 3., 4., 6., 7., 8., 9.]
+    );
+    assert!(matches!(
+        x.split(&[2, 2], 1),
+        Err(GraphError::BadArgument { op: "split", .. })
+    ));
+    assert!(matches!(
+        x.chunk(0, 1),
+        Err(GraphError::BadArgument { op: "chunk", .. })
+    ));
+    let empty = g.from_f64(&[], &[0, 3], DType::F64).unwrap();
+    assert_eq!(empty.chunk(3, 0).unwrap().len(), 3);
+
+    let rows = x.unbind(0).unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1].shape().as_slice(), &[5]);
+    assert_eq!(rows[1].to_vec_f64().unwrap(), [5., 6., 7., 8., 9.]);
+    // Gradients of split pieces land in their places.
+    let y = g.var(&[1.0, 2.0, 3.0, 4.0], &[4], DType::F64).unwrap();
+    let p = y.split(&[3, 1], 0).unwrap();
+    p[0].scale(2.0)
+        .unwrap()
+        .sum()
+        .unwrap()
+        .add(p[1].scale(-1.0).unwrap().sum().unwrap())
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert_eq!(
+        y.grad().unwrap().unwrap().to_vec::<f64>().unwrap(),
+        [2., 2., 2., -1.]
+    );
+}

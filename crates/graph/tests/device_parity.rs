@@ -124,6 +124,11 @@ parity_tests! {
     clamp: &[&[3, 5]], false, |g, x| x[0].clamp(Some(-0.5), Some(0.7));
     logsumexp: &[&[3, 5]], false, |g, x| x[0].logsumexp(&[1], false);
     tril: &[&[2, 3, 4]], false, |g, x| x[0].tril(1);
+    stack: &[&[3, 4], &[3, 4]], false, |g, x| g.stack(&[x[0], x[1]], 1);
+    chunk: &[&[4, 6]], false, |g, x| {
+        let c = x[0].chunk(4, 1)?;
+        c[0].mul(c[2])?.add(x[0].unbind(1)?[5].reshape(&[4, 1])?)
+    };
     masked_fill: &[&[3, 4], &[4]], false, |g, x| {
         let m = x[1].shift(0.2)?.relu()?.detach()?;
         x[0].masked_fill(m, -3.0)

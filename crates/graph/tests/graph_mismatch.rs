@@ -82,6 +82,8 @@ fn calls() -> Vec<(&'static str, Call)> {
         }),
         ("concat", |g, x, f, _| g.concat(&[x, f], 0).map(drop)),
         ("concat", |g, _, f, _| g.concat(&[f, f], 0).map(drop)),
+        ("stack", |g, x, f, _| g.stack(&[x, f], 0).map(drop)),
+        ("stack", |g, _, f, _| g.stack(&[f, f], 0).map(drop)),
         ("select", |g, x, f, _| g.select(f, x, x).map(drop)),
         ("select", |g, x, f, _| g.select(x, f, x).map(drop)),
         ("select", |g, x, f, _| g.select(x, x, f).map(drop)),

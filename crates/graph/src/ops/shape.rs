@@ -635,3 +635,99 @@ pub(crate) fn concat_backward<'g>(axis: usize, c: &Ctx<'g>) -> Result<Grads<'g>>
     }
     Ok(grads)
 }
+
+impl<'g> Tensor<'g> {
+    /// Pieces of `sizes[k]` elements along `axis`, in order (PyTorch's `split` with a list of
+    /// sizes); the sizes must add up to the axis' extent. Each piece is a slice: gradients of
+    /// the pieces land in their places.
+    pub fn split(self, sizes: &[usize], axis: isize) -> Result<Vec<Tensor<'g>>> {
+        let op = "split";
+        let shape = self.try_shape()?;
+        let ax = norm_axis(op, axis, &shape)?;
+        let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+        if total != Some(shape[ax]) {
+            return Err(GraphError::BadArgument {
+                op,
+                what: "the sizes must add up to the axis' extent",
+            });
+        }
+        let mut start = 0;
+        sizes
+            .iter()
+            .map(|&s| {
+                let piece = self.slice(ax as isize, start, start + s);
+                start += s;
+                piece
+            })
+            .collect()
+    }
+
+    /// Up to `n` pieces along `axis` of ⌈extent / n⌉ elements, the last one smaller (PyTorch's
+    /// `chunk`: fewer than `n` pieces when the extent runs out first; `n` empty pieces of an
+    /// empty axis). `n` must be positive.
+    pub fn chunk(self, n: usize, axis: isize) -> Result<Vec<Tensor<'g>>> {
+        let op = "chunk";
+        if n == 0 {
+            return Err(GraphError::BadArgument {
+                op,
+                what: "needs at least one chunk",
+            });
+        }
+        let shape = self.try_shape()?;
+        let ax = norm_axis(op, axis, &shape)?;
+        let d = shape[ax];
+        if d == 0 {
+            return self.split(&vec![0; n], ax as isize);
+        }
+        let size = d.div_ceil(n);
+        let sizes: Vec<usize> = (0..d).step_by(size).map(|s| size.min(d - s)).collect();
+        self.split(&sizes, ax as isize)
+    }
+
+    /// The slices along `axis`, each without that axis (PyTorch's `unbind`).
+    pub fn unbind(self, axis: isize) -> Result<Vec<Tensor<'g>>> {
+        let shape = self.try_shape()?;
+        let ax = norm_axis("unbind", axis, &shape)?;
+        let rest: Vec<isize> = shape
+            .iter()
+            .enumerate()
+            .filter(|&(k, _)| k != ax)
+            .map(|(_, &d)| d as isize)
+            .collect();
+        (0..shape[ax])
+            .map(|i| self.slice(ax as isize, i, i + 1)?.reshape(&rest))
+            .collect()
+    }
+}
+
+impl Graph {
+    /// Joins tensors of one shape along a new axis (PyTorch's `stack`): `axis` ranges over
+    /// `0..=rank`, or from −(rank + 1) counting back.
+    pub fn stack<'g>(&'g self, parts: &[Tensor<'g>], axis: isize) -> Result<Tensor<'g>> {
+        let op = "stack";
+        let first = parts.first().ok_or(GraphError::BadArgument {
+            op,
+            what: "needs at least one tensor",
+        })?;
+        self.owns_all(op, parts)?;
+        let s0 = first.try_shape()?;
+        let mut grown = s0.to_vec();
+        grown.push(1);
+        let ax = norm_axis(op, axis, &grown)?;
+        let mut expanded: Vec<isize> = s0.iter().map(|&d| d as isize).collect();
+        expanded.insert(ax, 1);
+        let mut views = Vec::with_capacity(parts.len());
+        for p in parts {
+            let s = p.try_shape()?;
+            if s != s0 {
+                return Err(GraphError::ShapeMismatch {
+                    op,
+                    lhs: s0.to_vec(),
+                    rhs: s.to_vec(),
+                });
+            }
+            views.push(p.reshape(&expanded)?);
+        }
+        self.concat(&views, ax as isize)
+    }
+}
