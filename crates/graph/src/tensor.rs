@@ -234,7 +234,7 @@ impl Graph {
         op: &'static str,
         shape: &[usize],
         dtype: DType,
-        f: impl Fn(usize) -> f64,
+        mut f: impl FnMut(usize) -> f64,
     ) -> Result<Tensor<'_>> {
         let n = checked_numel(op, shape)?;
         let mut guard = self.inner();
@@ -258,22 +258,12 @@ impl Graph {
         dtype: DType,
         f: impl Fn(&mut Rng) -> f64,
     ) -> Result<Tensor<'_>> {
-        let n = checked_numel(op, shape)?;
-        let mut guard = self.inner();
-        let i = &mut *guard;
-        // A local copy of the state stays in registers through the loop; written back after.
-        let mut rng = i.rng.clone();
-        let buf = match dtype {
-            DType::F32 => i.arena.alloc_with::<f32>(n, |_| f(&mut rng) as f32),
-            DType::F64 => i.arena.alloc_with::<f64>(n, |_| f(&mut rng)),
-        }
-        .map_err(|source| GraphError::Alloc { op, source })?;
-        i.rng = rng;
-        let id = i.push(copy_of(shape), dtype, buf, Op::Leaf, &[]);
-        let dev = i.device;
-        i.settle(op, id, dev)?;
-        drop(guard);
-        Ok(self.handle(id))
+        // A local copy of the state stays in registers through the loop; written back after
+        // (unchanged if the allocation failed, as nothing was drawn).
+        let mut rng = self.inner().rng.clone();
+        let t = self.filled_by(op, shape, dtype, |_| f(&mut rng));
+        self.inner().rng = rng;
+        t
     }
 
     /// A leaf that requires grad, from `f64` values stored as `dtype`.
