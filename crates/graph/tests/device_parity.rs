@@ -99,6 +99,7 @@ parity_tests! {
     sigmoid: &[&[3, 5]], false, |g, x| x[0].sigmoid();
     relu: &[&[3, 5]], false, |g, x| x[0].relu();
     gelu: &[&[3, 5]], false, |g, x| x[0].gelu();
+    gelu_tanh: &[&[3, 5]], false, |g, x| x[0].gelu_tanh();
     silu: &[&[3, 5]], false, |g, x| x[0].silu();
     softplus: &[&[3, 5]], false, |g, x| x[0].scale(8.0)?.softplus();
     erf: &[&[3, 5]], false, |g, x| x[0].erf();
@@ -124,6 +125,16 @@ parity_tests! {
     clamp: &[&[3, 5]], false, |g, x| x[0].clamp(Some(-0.5), Some(0.7));
     logsumexp: &[&[3, 5]], false, |g, x| x[0].logsumexp(&[1], false);
     tril: &[&[2, 3, 4]], false, |g, x| x[0].tril(1);
+    gelu_exact_tail: &[&[3, 5]], false, |g, x| x[0].scale(4.0)?.gelu();
+    min_axes: &[&[3, 4, 5]], false, |g, x| x[0].min_axes(&[1], false);
+    max_dim: &[&[3, 4, 5]], false, |g, x| Ok(x[0].max_dim(2, false)?.0);
+    norms: &[&[4, 5]], false, |g, x| {
+        let n1 = x[0].norm(1.0, &[1], false)?;
+        let n2 = x[0].norm(2.0, &[0], false)?.sum()?;
+        n1.add(n2)?.add(x[0].norm(f64::INFINITY, &[], false)?)
+    };
+    cumsum: &[&[3, 4, 5]], false, |g, x| x[0].cumsum(1)?.mul(x[0]);
+    slice_step: &[&[4, 7]], false, |g, x| x[0].slice_step(1, 1, 7, 2);
     stack: &[&[3, 4], &[3, 4]], false, |g, x| g.stack(&[x[0], x[1]], 1);
     chunk: &[&[4, 6]], false, |g, x| {
         let c = x[0].chunk(4, 1)?;

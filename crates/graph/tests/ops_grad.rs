@@ -159,7 +159,12 @@ fn unary_values(dev) {
     let gelu = |v: f64| {
         0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh())
     };
-    close(&f(x.gelu()), &[gelu(-2.0), gelu(0.5), gelu(1.0)]);
+    close(&f(x.gelu_tanh()), &[gelu(-2.0), gelu(0.5), gelu(1.0)]);
+    // Exact gelu x·Φ(x) at -2, 0.5, 1 (Python's math.erf).
+    close(
+        &f(x.gelu()),
+        &[-0.045_500_263_896_358_42, 0.345_731_230_637_006_56, 0.841_344_746_068_542_9],
+    );
     close(&f(x.scale(3.0)), &[-6.0, 1.5, 3.0]);
     close(&f(x.shift(1.0)), &[-1.0, 1.5, 2.0]);
     close(&f(x.powf(3.0)), &[-8.0, 0.125, 1.0]);
@@ -182,6 +187,7 @@ fn unary_grads(dev) {
     check(dev, "sigmoid", check_fn(|_, x| x[0].sigmoid()), &x);
     check(dev, "relu", check_fn(|_, x| x[0].relu()), &x);
     check(dev, "gelu", check_fn(|_, x| x[0].gelu()), &x);
+    check(dev, "gelu_tanh", check_fn(|_, x| x[0].gelu_tanh()), &x);
     check(dev, "silu", check_fn(|_, x| x[0].silu()), &x);
     check(dev, "softplus", check_fn(|_, x| x[0].softplus()), &x);
     // Across the threshold at 20 (x itself above it).
@@ -476,9 +482,10 @@ fn second_derivatives(dev) {
     )
     .unwrap();
     assert!(r.passed, "addmm: {r}");
-    let cases: [(&str, Unary); 11] = [
+    let cases: [(&str, Unary); 12] = [
         ("sigmoid", (|_: &Graph, x: &[Tensor<'_>]| x[0].sigmoid())),
         ("gelu", (|_: &Graph, x: &[Tensor<'_>]| x[0].gelu())),
+        ("gelu_tanh", (|_: &Graph, x: &[Tensor<'_>]| x[0].gelu_tanh())),
         ("silu", (|_: &Graph, x: &[Tensor<'_>]| x[0].silu())),
         ("softplus", (|_: &Graph, x: &[Tensor<'_>]| x[0].softplus())),
         ("erf", (|_: &Graph, x: &[Tensor<'_>]| x[0].erf())),
@@ -537,6 +544,7 @@ fn f32_matches_f64(dev) {
         ("exp", |t| t.exp()),
         ("sigmoid", |t| t.sigmoid()),
         ("gelu", |t| t.gelu()),
+        ("gelu_tanh", |t| t.gelu_tanh()),
         ("silu", |t| t.silu()),
         ("softplus", |t| t.softplus()),
         ("erf", |t| t.erf()),

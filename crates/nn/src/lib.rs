@@ -6,7 +6,7 @@
 //!   accumulate their gradients until cleared.
 //! * Layers — [`Linear`], [`Conv2d`], [`MaxPool2d`], [`AvgPool2d`], [`BatchNorm1d`],
 //!   [`BatchNorm2d`], [`LayerNorm`], [`Dropout`], [`Embedding`], [`Flatten`], [`Sequential`],
-//!   the activations [`ReLU`], [`LeakyReLU`], [`Tanh`], [`Sigmoid`], [`GELU`], and [`Lambda`]
+//!   the activations [`ReLU`], [`LeakyReLU`], [`Tanh`], [`Sigmoid`], [`GELU`], [`GELUTanh`], and [`Lambda`]
 //!   for a closure; their math as plain functions in [`functional`].
 //! * [`init`] — uniform, normal, Xavier and Kaiming initialisers on a seeded [`Rng`].
 //! * [`loss`] — MSE, cross-entropy from logits (with label smoothing), NLL, BCE with logits.
@@ -72,7 +72,7 @@ pub use arenagrad_graph::{
     DType, Graph, GraphError, HostData, HostDataMut, HostTensor, Parameter, Tensor,
 };
 pub use error::{NnError, Result, ShapeConflict, StateMismatch};
-pub use layers::basic::{Dropout, Flatten, Lambda, LeakyReLU, ReLU, Sigmoid, Tanh, GELU};
+pub use layers::basic::{Dropout, Flatten, GELUTanh, Lambda, LeakyReLU, ReLU, Sigmoid, Tanh, GELU};
 pub use layers::conv::{AvgPool2d, Conv2d, Conv2dConfig, MaxPool2d};
 pub use layers::linear::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 pub use layers::norm::{BatchNorm1d, BatchNorm2d, BatchNormConfig, LayerNorm, LayerNormConfig};

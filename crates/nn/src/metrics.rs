@@ -20,18 +20,7 @@ pub fn argmax_rows(scores: Tensor<'_>) -> Result<Vec<usize>> {
     if s.len() != 2 || s[1] == 0 {
         return Err(input_shape("argmax_rows", "[N, C] with C ≥ 1", &s));
     }
-    let v = scores.to_vec_f64()?;
-    Ok(v.chunks(s[1])
-        .map(|row| {
-            let mut best = 0;
-            for (k, &x) in row.iter().enumerate() {
-                if x > row[best] || (x.is_nan() && !row[best].is_nan()) {
-                    best = k;
-                }
-            }
-            best
-        })
-        .collect())
+    Ok(scores.argmax_axis(1)?)
 }
 
 /// The fraction of rows of `[N, C]` scores whose argmax is the target class (0 for no rows).

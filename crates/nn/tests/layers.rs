@@ -6,7 +6,7 @@ use arenagrad_nn::check::gradcheck_module;
 use arenagrad_nn::functional as F;
 use arenagrad_nn::{
     AvgPool2d, BatchNorm1d, BatchNorm2d, BatchNormConfig, Conv2d, Conv2dConfig, DType, Dropout,
-    Embedding, Flatten, Graph, HostTensor, LayerNorm, LayerNormConfig, LeakyReLU, Linear,
+    Embedding, Flatten, GELUTanh, Graph, HostTensor, LayerNorm, LayerNormConfig, LeakyReLU, Linear,
     LinearConfig, MaxPool2d, Module, NnError, Parameter, ReLU, Rng, Sequential, Sigmoid, Tanh,
     GELU,
 };
@@ -565,7 +565,17 @@ fn activation_values_and_gradchecks() {
         &[s(-1.0), s(0.5), s(1.0)],
         1e-15,
     );
+    // PyTorch's F.gelu(x) at ±1: x·Φ(x).
     let gelu = f64s(GELU.forward(&g, x).unwrap());
+    assert!(
+        (gelu[2] - 0.841_344_746_068_542_9).abs() < 1e-12,
+        "{gelu:?}"
+    );
+    assert!(
+        (gelu[0] + 0.158_655_253_931_457_07).abs() < 1e-12,
+        "{gelu:?}"
+    );
+    let gelu = f64s(GELUTanh.forward(&g, x).unwrap());
     assert!(
         (gelu[2] - 0.841_191_990_607_477_6).abs() < 1e-12,
         "{gelu:?}"

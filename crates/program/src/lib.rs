@@ -22,7 +22,7 @@
 //! | `x = input 2 2 : 0.5 -1 2 3.25` | values given, row-major (else standard normal draws from the seeded RNG) |
 //! | `add a b`, `sub`, `mul`, `div`, `pow`, `maximum`, `minimum` | elementwise, numpy broadcasting |
 //! | `eq a b`, `ne`, `lt`, `le`, `gt`, `ge` | comparisons as 0/1 masks (NaN compares false but for `ne`), broadcasting; no gradient |
-//! | `neg a`, `exp`, `log`, `sqrt`, `abs`, `sin`, `cos`, `tanh`, `sigmoid`, `relu`, `gelu`, `silu`, `softplus`, `erf` | elementwise (`gelu`: tanh approximation) |
+//! | `neg a`, `exp`, `log`, `sqrt`, `abs`, `sin`, `cos`, `tanh`, `sigmoid`, `relu`, `gelu`, `gelu_tanh`, `silu`, `softplus`, `erf` | elementwise (`gelu` exact, `gelu_tanh` its tanh approximation) |
 //! | `scale a S`, `shift a S`, `powf a P` | a·S, a+S, a^P |
 //! | `detach a` | the same values, no gradient flowing back |
 //! | `sum a [AXIS...]`, `mean a [AXIS...]` | over the axes (none: all elements) |

@@ -47,6 +47,7 @@ u10 = detach u9
 u11 = silu u9
 u12 = softplus u11
 u13 = erf u12
+u14 = gelu_tanh u13
 k0 = scale u9 -2
 k1 = shift k0 1e-3
 k2 = powf pb 1.5

@@ -345,11 +345,30 @@ fn unary_cases() -> Vec<Case> {
             },
         ),
         Case {
-            name: "gelu",
-            text: x.clone() + "y = gelu x\n",
+            name: "gelu_tanh",
+            text: x.clone() + "y = gelu_tanh x\n",
             out_shape: vec![3],
             out: map(&X, gelu),
             grads: vec![("x", map(&X, dgelu))],
+        },
+        // Exact gelu x·Φ(x) and Φ(x) + x·φ(x) at X, from Python's math.erf.
+        Case {
+            name: "gelu",
+            text: x.clone() + "y = gelu x\n",
+            out_shape: vec![3],
+            out: vec![
+                0.345_731_230_637_006_56,
+                -0.158_655_253_931_457_07,
+                1.954_499_736_103_641_6,
+            ],
+            grads: vec![(
+                "x",
+                vec![
+                    0.867_495_124_656_162_9,
+                    -0.083_315_470_587_686_29,
+                    1.085_231_801_078_197,
+                ],
+            )],
         },
         Case {
             name: "silu",

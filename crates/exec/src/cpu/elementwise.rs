@@ -603,8 +603,10 @@ mod tests {
         assert_eq!(o, [0.0, 0.0, 2.0]);
         unary(UnaryOp::Sigmoid, &[-1000.0, 0.0, 1000.0], &mut o, 1);
         assert_eq!(o, [0.0, 0.5, 1.0]);
-        unary(UnaryOp::Gelu, &[0.0, 1.0, -1.0], &mut o, 1);
+        unary(UnaryOp::GeluTanh, &[0.0, 1.0, -1.0], &mut o, 1);
         assert!((o[1] - 0.841_191_990_607_9).abs() < 1e-12);
+        unary(UnaryOp::Gelu, &[0.0, 1.0, -1.0], &mut o, 1);
+        assert!((o[1] - 0.841_344_746_068_542_9).abs() < 1e-12);
     }
 
     #[test]

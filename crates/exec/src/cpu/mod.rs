@@ -17,7 +17,9 @@ pub use conv::{
 };
 pub use elementwise::{binary, select, unary, unary_grad, unary_grad_in_place};
 pub use matmul::{gemm, gemm_batched, Gemm, MatView};
-pub use reduce::{nll_mean, nll_mean_grad, reduce, softmax, softmax_grad, sum_row, ReduceOp};
+pub use reduce::{
+    cumsum, nll_mean, nll_mean_grad, reduce, softmax, softmax_grad, sum_row, ReduceOp,
+};
 pub use shape::{
     broadcast_to, gather, index_add, index_select, narrow, permute, permute_par, place_along,
     scatter_add,

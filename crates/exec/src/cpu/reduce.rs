@@ -161,6 +161,28 @@ pub fn around_axis(shape: &[usize], axis: usize) -> (usize, usize, usize) {
     (outer, shape[axis], inner)
 }
 
+/// Running sums along `axis` of the contiguous `x` of `shape`: `out[k] = x[0] + … + x[k]`, or
+/// from the end (`out[k] = x[k] + … + x[len − 1]`) when `reverse` (the adjoint). Sums in index
+/// order, as PyTorch's CPU `cumsum`.
+pub fn cumsum<T: Float>(x: &[T], shape: &[usize], axis: usize, reverse: bool, out: &mut [T]) {
+    let (outer, len, inner) = around_axis(shape, axis);
+    for o in 0..outer {
+        let base = o * len * inner;
+        for step in 0..len {
+            let k = if reverse { len - 1 - step } else { step };
+            let row = base + k * inner;
+            if step == 0 {
+                out[row..row + inner].copy_from_slice(&x[row..row + inner]);
+                continue;
+            }
+            let prev = if reverse { row + inner } else { row - inner };
+            for t in 0..inner {
+                out[row + t] = out[prev + t] + x[row + t];
+            }
+        }
+    }
+}
+
 /// Softmax (or log-softmax) along `axis`, stable: the row maximum is subtracted first.
 pub fn softmax<T: Float>(x: &[T], shape: &[usize], axis: usize, log: bool, out: &mut [T]) {
     let (outer, len, inner) = around_axis(shape, axis);

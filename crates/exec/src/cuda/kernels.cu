@@ -165,6 +165,15 @@ template <typename T> __device__ __forceinline__ T sigmoid_(T x) {
     return e / ((T)1 + e);
 }
 
+template <typename T> __device__ __forceinline__ T gelu_erf_(T x) {
+    return (T)0.5 * x * ((T)1 + M<T>::erf_(x * (T)0.7071067811865476));
+}
+
+template <typename T> __device__ __forceinline__ T gelu_erf_grad_(T x) {
+    T cdf = (T)0.5 * ((T)1 + M<T>::erf_(x * (T)0.7071067811865476));
+    return cdf + x * (T)0.3989422804014327 * M<T>::exp_((T)-0.5 * x * x);
+}
+
 template <typename T> __device__ __forceinline__ T gelu_(T x) {
     const T c = (T)0.7978845608028654;
     const T k = (T)0.044715;
@@ -426,6 +435,24 @@ __device__ __forceinline__ void index_select_k(const T* x, u64 outer, u64 axis_l
     }
 }
 
+// Running sums along the middle axis of [outer, len, inner], one thread per line, in index
+// order (from the end when `reverse`), as cpu::cumsum.
+template <typename T>
+__device__ __forceinline__ void cumsum_k(const T* x, u64 outer, u64 len, u64 inner, u64 reverse,
+                                         T* out) {
+    GRID_LOOP(i, outer * inner) {
+        u64 t = i % inner;
+        u64 o = i / inner;
+        T acc = (T)0;
+        for (u64 s = 0; s < len; ++s) {
+            u64 k = reverse ? len - 1 - s : s;
+            u64 at = (o * len + k) * inner + t;
+            acc += x[at];
+            out[at] = acc;
+        }
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void index_add_k(const T* g, u64 outer, u64 n_idx, u64 inner,
                                             const u32* idx, u64 axis_len, T* out) {
@@ -640,3 +667,5 @@ BOTH(im2col, (u64 x, u64 n, Win w, u64 out), im2col_k<T>((const T*)x, n, w, (T*)
 BOTH(col2im, (u64 cols, u64 n, Win w, u64 out), col2im_k<T>((const T*)cols, n, w, (T*)out))
 BOTH(max_pool_indices, (u64 x, u64 n, Win w, u64 idx),
      max_pool_indices_k<T>((const T*)x, n, w, (u32*)idx))
+BOTH(cumsum, (u64 x, u64 outer, u64 len, u64 inner, u64 reverse, u64 out),
+     cumsum_k<T>((const T*)x, outer, len, inner, reverse, (T*)out))

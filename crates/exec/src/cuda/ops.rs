@@ -240,6 +240,27 @@ impl CudaBackend {
         }
     }
 
+    /// Running sums along `axis` of the contiguous `x` of `shape` (from the end when
+    /// `reverse`), as [`crate::cpu::cumsum`].
+    pub fn cumsum(
+        &self,
+        dt: DType,
+        x: DevicePtr,
+        shape: &[usize],
+        axis: usize,
+        reverse: bool,
+        out: DevicePtr,
+    ) -> Result<(), CudaError> {
+        let (outer, len, inner) = around_axis("cumsum", shape, axis)?;
+        let lines = outer * inner;
+        if lines == 0 || len == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        launch!(self, K::Cumsum, dt, "cumsum", blocks_for(lines);
+            x.0, outer, len, inner, u64::from(reverse), out.0)
+    }
+
     /// The fused softmax derivative along `axis` from the forward output `y` and the upstream
     /// gradient `gy`, as [`crate::cpu::softmax_grad`]: softmax `y·(gy - Σ gy·y)`, log-softmax
     /// `gy - e^y·Σ gy`.

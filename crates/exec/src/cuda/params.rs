@@ -86,10 +86,11 @@ pub(crate) enum K {
     Im2col,
     Col2im,
     MaxPoolIndices,
+    Cumsum,
 }
 
 /// The kernels' names without the type suffix, indexed by `K as usize`.
-pub(crate) const KERNEL_BASES: [&str; 21] = [
+pub(crate) const KERNEL_BASES: [&str; 22] = [
     "fill",
     "unary",
     "unary_grad",
@@ -111,6 +112,7 @@ pub(crate) const KERNEL_BASES: [&str; 21] = [
     "im2col",
     "col2im",
     "max_pool_indices",
+    "cumsum",
 ];
 
 pub(crate) fn invalid(op: &'static str, msg: impl Into<String>) -> CudaError {

@@ -64,6 +64,10 @@ pub trait BinaryKernel<T: Float> {
 pub const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 /// The cubic coefficient of GELU's tanh approximation.
 pub const GELU_C: f64 = 0.044_715;
+/// 1/√2, exact GELU's argument scale: `Φ(x) = ½(1 + erf(x/√2))`.
+pub const FRAC_1_SQRT_2: f64 = std::f64::consts::FRAC_1_SQRT_2;
+/// 1/√(2π), the standard normal density's peak.
+pub const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 /// 2/√π, erf's slope at 0.
 pub const TWO_OVER_SQRT_PI: f64 = std::f64::consts::FRAC_2_SQRT_PI;
 /// Above this, softplus is `x` (PyTorch's default threshold).
@@ -91,6 +95,19 @@ pub(crate) fn sigmoid<T: Float>(x: T) -> T {
         let e = x.exp();
         e / (T::ONE + e)
     }
+}
+
+/// Exact GELU, `x·Φ(x)`.
+#[inline(always)]
+fn gelu_erf<T: Float>(x: T) -> T {
+    T::from_f64(0.5) * x * (T::ONE + (x * T::from_f64(FRAC_1_SQRT_2)).erf())
+}
+
+/// Exact GELU's derivative, `Φ(x) + x·φ(x)`.
+#[inline(always)]
+fn gelu_erf_grad<T: Float>(x: T) -> T {
+    let cdf = T::from_f64(0.5) * (T::ONE + (x * T::from_f64(FRAC_1_SQRT_2)).erf());
+    cdf + x * T::from_f64(FRAC_1_SQRT_2PI) * (T::from_f64(-0.5) * x * x).exp()
 }
 
 #[inline(always)]
@@ -204,8 +221,17 @@ unary_table! {
         cuda: "x < (T)0 ? (T)0 : x",
         cuda_grad: "x <= (T)0 ? (T)0 : g",
     }
-    /// GELU, tanh approximation: ½x(1 + tanh(√(2/π)(x + 0.044715x³))).
+    /// GELU, exact: x·Φ(x) = ½x(1 + erf(x/√2)) (PyTorch's default `gelu`).
     Gelu => "gelu" {
+        public: true, smooth: true, domain: Domain::All, positive: Positive::Never,
+        cpu: |x| gelu_erf(x),
+        grad: |x, _, g| g * gelu_erf_grad(x),
+        cuda: "gelu_erf_(x)",
+        cuda_grad: "g * gelu_erf_grad_(x)",
+    }
+    /// GELU, tanh approximation: ½x(1 + tanh(√(2/π)(x + 0.044715x³))) (PyTorch's
+    /// `gelu(x, approximate="tanh")`).
+    GeluTanh => "gelu_tanh" {
         public: true, smooth: true, domain: Domain::All, positive: Positive::Never,
         cpu: |x| gelu(x),
         grad: |x, _, g| g * gelu_grad(x),

@@ -99,6 +99,11 @@ pub(crate) enum Op {
         axis: usize,
         log: bool,
     },
+    /// Running sums along `axis`, from the end when `reverse` (the adjoint of the other).
+    Cumsum {
+        axis: usize,
+        reverse: bool,
+    },
     /// The mean cross-entropy of `[m, c]` rows against `targets`; inputs are `[rows, lsm]`, the
     /// rows' log-softmax (see [`softmax`]).
     CrossEntropy {
@@ -146,6 +151,7 @@ impl Op {
             | Op::Slice { .. }
             | Op::SliceBackward { .. }
             | Op::Softmax { .. }
+            | Op::Cumsum { .. }
             | Op::Where
             | Op::MaxPool2d { .. }
             | Op::MaxPool2dBackward { .. }
@@ -195,6 +201,8 @@ impl Op {
             Op::Softmax { log: false, .. } => "softmax",
             Op::Softmax { log: true, .. } => "log_softmax",
             Op::CrossEntropy { .. } => "cross_entropy",
+            Op::Cumsum { reverse: false, .. } => "cumsum",
+            Op::Cumsum { reverse: true, .. } => "cumsum_reverse",
             Op::Where => "where",
             Op::Custom(c) => c.name(),
             Op::Unfold(_) => "unfold",
@@ -246,6 +254,7 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Conv2d { n, l } => conv::conv_gemm_backward(*n, *l, c),
         Op::Softmax { axis, log } => softmax::backward(*axis, *log, c),
         Op::CrossEntropy { targets } => softmax::cross_entropy_backward(targets, c),
+        Op::Cumsum { axis, reverse } => Ok(smallvec::smallvec![Some(c.gy.scan(*axis, !*reverse)?)]),
         Op::Where => binary::select_backward(c),
         Op::Custom(op) => custom::backward(op, c),
         Op::Unfold(w) => conv::unfold_backward(w, c),

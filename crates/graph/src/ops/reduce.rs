@@ -7,7 +7,7 @@ use smallvec::smallvec;
 use super::{Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
-use crate::shape::{axes_mask, copy_of, Shape};
+use crate::shape::{axes_mask, copy_of, norm_axis, Shape};
 use crate::{Device, Tensor};
 
 impl<'g> Tensor<'g> {
@@ -109,6 +109,131 @@ impl<'g> Tensor<'g> {
         self.reduce(ReduceOp::Max, axes, keepdim)
     }
 
+    /// Minimum of all elements (NaN propagates). Written as `−max(−x)`, so ties share the
+    /// gradient evenly, as PyTorch's full `min()`.
+    pub fn min(self) -> Result<Tensor<'g>> {
+        self.min_axes(&[], false)
+    }
+    /// Minimum over `axes` (empty means all). Ties share the gradient evenly.
+    pub fn min_axes(self, axes: &[isize], keepdim: bool) -> Result<Tensor<'g>> {
+        let shape = self.try_shape()?;
+        let mask = axes_mask("min", axes, &shape)?;
+        if mask.iter().zip(&shape).any(|(&m, &d)| m && d == 0) {
+            return Err(GraphError::BadArgument {
+                op: "min",
+                what: "min over an empty axis has no value",
+            });
+        }
+        self.neg()?.max_axes(axes, keepdim)?.neg()
+    }
+
+    /// The maximum along `axis` and where it lies, PyTorch's `max(dim)`: the values as a
+    /// tensor (the axis dropped unless `keepdim`) and, row-major in the same order, the index
+    /// along `axis` of each — the first maximum on ties, the first NaN where there is one. The
+    /// gradient flows to those positions only (PyTorch's rule for `max(dim)`, unlike the full
+    /// `max()`, which splits it among ties).
+    pub fn max_dim(self, axis: isize, keepdim: bool) -> Result<(Tensor<'g>, Vec<usize>)> {
+        self.extreme_dim("max_dim", axis, keepdim, false)
+    }
+    /// The minimum along `axis` and where it lies, as [`Tensor::max_dim`].
+    pub fn min_dim(self, axis: isize, keepdim: bool) -> Result<(Tensor<'g>, Vec<usize>)> {
+        self.extreme_dim("min_dim", axis, keepdim, true)
+    }
+    /// The index along `axis` of each maximum (first on ties, the first NaN where there is
+    /// one), row-major over the other axes; PyTorch's `argmax(dim)`.
+    pub fn argmax_axis(self, axis: isize) -> Result<Vec<usize>> {
+        let (shape, ax) = self.axis_of("argmax", axis)?;
+        Ok(extreme_indices(&self.to_vec_f64()?, &shape, ax, false))
+    }
+    /// The index along `axis` of each minimum, as [`Tensor::argmax_axis`].
+    pub fn argmin_axis(self, axis: isize) -> Result<Vec<usize>> {
+        let (shape, ax) = self.axis_of("argmin", axis)?;
+        Ok(extreme_indices(&self.to_vec_f64()?, &shape, ax, true))
+    }
+    /// The flat (row-major) index of the maximum, PyTorch's `argmax()`.
+    pub fn argmax(self) -> Result<usize> {
+        self.flatten()?.argmax_axis(0).map(|v| v[0])
+    }
+    /// The flat (row-major) index of the minimum, PyTorch's `argmin()`.
+    pub fn argmin(self) -> Result<usize> {
+        self.flatten()?.argmin_axis(0).map(|v| v[0])
+    }
+
+    fn axis_of(self, op: &'static str, axis: isize) -> Result<(Shape, usize)> {
+        let shape = self.try_shape()?;
+        let shape = if shape.is_empty() {
+            copy_of(&[1])
+        } else {
+            copy_of(&shape)
+        };
+        let ax = norm_axis(op, axis, &shape)?;
+        if shape[ax] == 0 {
+            return Err(GraphError::BadArgument {
+                op,
+                what: "an empty axis has no extreme value",
+            });
+        }
+        Ok((shape, ax))
+    }
+
+    fn extreme_dim(
+        self,
+        op: &'static str,
+        axis: isize,
+        keepdim: bool,
+        min: bool,
+    ) -> Result<(Tensor<'g>, Vec<usize>)> {
+        let (shape, ax) = self.axis_of(op, axis)?;
+        let idx = {
+            let _ng = self.g.no_grad();
+            extreme_indices(&self.to_vec_f64()?, &shape, ax, min)
+        };
+        let mut kept = shape.clone();
+        kept[ax] = 1;
+        let x = if self.try_shape()?.is_empty() {
+            self.reshape(&[1])?
+        } else {
+            self
+        };
+        let v = x.gather(ax as isize, &idx, &kept)?;
+        if keepdim && !self.try_shape()?.is_empty() {
+            return Ok((v, idx));
+        }
+        let out: Vec<isize> = shape
+            .iter()
+            .enumerate()
+            .filter(|&(d, _)| d != ax)
+            .map(|(_, &e)| e as isize)
+            .collect();
+        Ok((v.reshape(&out)?, idx))
+    }
+
+    /// The vector `p`-norm over `axes` (empty means all), PyTorch's `linalg.vector_norm`:
+    /// `p = 1` the sum of magnitudes, `p = 2` the Euclidean norm, `p = ∞` the largest magnitude,
+    /// and any other finite `p > 0` as `(Σ|x|^p)^(1/p)`. Gradients follow PyTorch's at the edges:
+    /// 0 where the norm is 0 (no 0/0), and for `p = ∞` split evenly among the entries of
+    /// largest magnitude. Differentiable again under `create_graph`.
+    pub fn norm(self, p: f64, axes: &[isize], keepdim: bool) -> Result<Tensor<'g>> {
+        const OP: &str = "norm";
+        if p.is_nan() || p <= 0.0 {
+            return Err(GraphError::BadArgument {
+                op: OP,
+                what: "the order p must be > 0 (or +inf)",
+            });
+        }
+        let shape = self.try_shape()?;
+        let mask = axes_mask(OP, axes, &shape)?;
+        let value = {
+            let _ng = self.g.no_grad();
+            norm_forward(self, p, axes, keepdim)?
+        };
+        let op = std::sync::Arc::new(NormOp {
+            p,
+            mask: mask.to_vec(),
+        });
+        self.g.custom(op, &[self], value)
+    }
+
     /// `log Σ exp` over `axes` (empty means all), PyTorch's `logsumexp`: computed as
     /// `m + log Σ exp(x − m)` with `m` the (unrecorded) maximum, so that large values do not
     /// overflow. Where the maximum is infinite `m` is taken as 0, so a slice of −inf gives −inf
@@ -127,6 +252,39 @@ impl<'g> Tensor<'g> {
         lse.add(m.reshape(&out)?)
     }
 
+    /// Running sums along `axis`, PyTorch's `cumsum`: `out[k] = x[0] + … + x[k]`. The gradient
+    /// is the running sum of the gradient from the end.
+    pub fn cumsum(self, axis: isize) -> Result<Tensor<'g>> {
+        let shape = self.try_shape()?;
+        let ax = norm_axis("cumsum", axis, &shape)?;
+        self.scan(ax, false)
+    }
+
+    /// Running sums along `axis` (a valid axis), from the end when `reverse`.
+    pub(crate) fn scan(self, axis: usize, reverse: bool) -> Result<Tensor<'g>> {
+        let name = if reverse { "cumsum_reverse" } else { "cumsum" };
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (shape, dtype, dev, xb) = {
+            let n = i.node(name, self.id)?;
+            (copy_of(&n.shape), n.dtype, n.device(), n.buf)
+        };
+        let out = i.alloc_on(name, dev, dtype, shape.iter().product())?;
+        match dev {
+            Device::Cpu => with_float!(dtype, T, {
+                let (o, [x]) = i.split_mut::<T, 1>(name, out, [xb])?;
+                cpu::cumsum(x, &shape, axis, reverse, o);
+            }),
+            Device::Cuda(_) => {
+                on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
+                    .cumsum(dtype, x, &shape, axis, reverse, o))
+            }
+        }
+        let id = i.push(shape, dtype, out, Op::Cumsum { axis, reverse }, &[self.id]);
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+
     /// Broadcasts a reduction's gradient (shape without or with the reduced axes) back to `full`.
     pub(crate) fn expand_reduced(self, full: &[usize], mask: &[bool]) -> Result<Tensor<'g>> {
         let kept: Vec<isize> = full
@@ -140,6 +298,94 @@ impl<'g> Tensor<'g> {
             self.reshape(&kept)?
         };
         k.broadcast_to(full)
+    }
+}
+
+/// For each row along `axis` of `v` (shape `shape`), the index of its maximum (or minimum):
+/// the first on ties, the first NaN where there is one.
+fn extreme_indices(v: &[f64], shape: &[usize], axis: usize, min: bool) -> Vec<usize> {
+    let len = shape[axis];
+    let inner: usize = shape[axis + 1..].iter().product();
+    let outer: usize = shape[..axis].iter().product();
+    let mut out = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        for t in 0..inner {
+            let at = |k: usize| v[(o * len + k) * inner + t];
+            let mut best = 0;
+            for k in 1..len {
+                let (x, b) = (at(k), at(best));
+                if b.is_nan() {
+                    break;
+                }
+                if x.is_nan() || (if min { x < b } else { x > b }) {
+                    best = k;
+                }
+            }
+            out.push(best);
+        }
+    }
+    out
+}
+
+/// The norm's value (under no-grad).
+fn norm_forward<'g>(x: Tensor<'g>, p: f64, axes: &[isize], keepdim: bool) -> Result<Tensor<'g>> {
+    if p == f64::INFINITY {
+        x.abs()?.max_axes(axes, keepdim)
+    } else if p == 1.0 {
+        x.abs()?.sum_axes(axes, keepdim)
+    } else if p == 2.0 {
+        x.mul(x)?.sum_axes(axes, keepdim)?.sqrt()
+    } else {
+        x.abs()?.powf(p)?.sum_axes(axes, keepdim)?.powf(1.0 / p)
+    }
+}
+
+/// The norm as a recorded op: its backward, in tensor ops.
+struct NormOp {
+    p: f64,
+    mask: Vec<bool>,
+}
+
+impl super::custom::CustomOp for NormOp {
+    fn name(&self) -> &'static str {
+        "norm"
+    }
+
+    fn backward<'g>(
+        &self,
+        _g: &'g crate::Graph,
+        inputs: &[Tensor<'g>],
+        output: Tensor<'g>,
+        gy: Tensor<'g>,
+    ) -> Result<Vec<Option<Tensor<'g>>>> {
+        let x = inputs[0];
+        let full = x.try_shape()?;
+        let n = output.expand_reduced(&full, &self.mask)?;
+        let g = gy.expand_reduced(&full, &self.mask)?;
+        let sign = || x.unary(arenagrad_exec::UnaryOp::Sign)?.detach();
+        let zero = || -> Result<Tensor<'g>> {
+            let z = x.g.full_on(&[], 0.0, x.dtype(), x.device())?;
+            n.eq(z)
+        };
+        let gx = if self.p == 1.0 {
+            g.mul(sign()?)?
+        } else if self.p == 2.0 {
+            x.mul(g.div(n)?.masked_fill(zero()?, 0.0)?)?
+        } else if self.p == f64::INFINITY {
+            let hit = x.abs()?.binary(BinaryOp::EqMask, n)?.detach()?;
+            let axes: Vec<isize> = (0..full.len())
+                .filter(|&d| self.mask[d])
+                .map(|d| d as isize)
+                .collect();
+            let count = hit.sum_axes(&axes, true)?.broadcast_to(&full)?;
+            g.mul(sign()?)?.mul(hit.div(count)?)?
+        } else {
+            // x·|x|^(p−2)·g / n^(p−1), 0 where n = 0.
+            let p = self.p;
+            let w = x.abs()?.powf(p - 1.0)?.mul(sign()?)?;
+            w.mul(g.div(n.powf(p - 1.0)?)?.masked_fill(zero()?, 0.0)?)?
+        };
+        Ok(vec![Some(gx)])
     }
 }
 

@@ -193,6 +193,40 @@ impl<'g> Tensor<'g> {
         })
     }
 
+    /// Every `step`-th element of `start..end` along `axis`, PyTorch's `x[start:end:step]`
+    /// (`step ≥ 1`). A gather of those entries, so the gradient is scattered back to them.
+    pub fn slice_step(
+        self,
+        axis: isize,
+        start: usize,
+        end: usize,
+        step: usize,
+    ) -> Result<Tensor<'g>> {
+        let op = "slice_step";
+        let shape = self.try_shape()?;
+        let ax = norm_axis(op, axis, &shape)?;
+        if step == 0 {
+            return Err(GraphError::BadArgument {
+                op,
+                what: "the step must be at least 1",
+            });
+        }
+        if start > end || end > shape[ax] {
+            return Err(GraphError::BadRange {
+                op,
+                axis: ax,
+                start,
+                end,
+                shape: shape.to_vec(),
+            });
+        }
+        if step == 1 {
+            return self.slice(axis, start, end);
+        }
+        let idx: Vec<usize> = (start..end).step_by(step).collect();
+        self.index_select(axis, &idx)
+    }
+
     /// `len` elements from `start` along `axis` (PyTorch's `narrow`).
     pub fn narrow(self, axis: isize, start: usize, len: usize) -> Result<Tensor<'g>> {
         let end = start.checked_add(len).ok_or(GraphError::BadArgument {

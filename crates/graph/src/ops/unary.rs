@@ -1,7 +1,9 @@
 //! Elementwise functions of one tensor, and the scalar forms (`x * s`, `x + s`, `x^p`).
 
 use arenagrad_alloc::{AllocError, BufId};
-use arenagrad_exec::ops::{GELU_C, SOFTPLUS_THRESHOLD, SQRT_2_OVER_PI, TWO_OVER_SQRT_PI};
+use arenagrad_exec::ops::{
+    FRAC_1_SQRT_2, FRAC_1_SQRT_2PI, GELU_C, SOFTPLUS_THRESHOLD, SQRT_2_OVER_PI, TWO_OVER_SQRT_PI,
+};
 use arenagrad_exec::{cpu, UnaryOp};
 use smallvec::smallvec;
 
@@ -137,10 +139,16 @@ impl<'g> Tensor<'g> {
     pub fn relu(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Relu)
     }
-    /// GELU, tanh approximation: ½x(1 + tanh(√(2/π)(x + 0.044715x³))).
+    /// GELU, exact: x·Φ(x) = ½x(1 + erf(x/√2)), PyTorch's default `gelu`.
     #[inline]
     pub fn gelu(self) -> Result<Tensor<'g>> {
         self.unary(UnaryOp::Gelu)
+    }
+    /// GELU, tanh approximation: ½x(1 + tanh(√(2/π)(x + 0.044715x³))), PyTorch's
+    /// `gelu(x, approximate="tanh")`.
+    #[inline]
+    pub fn gelu_tanh(self) -> Result<Tensor<'g>> {
+        self.unary(UnaryOp::GeluTanh)
     }
     /// SiLU (swish): x · σ(x).
     #[inline]
@@ -225,7 +233,14 @@ pub(crate) fn backward_in_place_bufs(
     Ok(true)
 }
 
-/// gelu'(x) written in differentiable ops (the create_graph rule).
+/// Exact gelu'(x) = Φ(x) + x·φ(x), written in differentiable ops (the create_graph rule).
+fn gelu_erf_grad_graph<'g>(x: Tensor<'g>) -> Result<Tensor<'g>> {
+    let cdf = x.scale(FRAC_1_SQRT_2)?.erf()?.shift(1.0)?.scale(0.5)?;
+    let pdf = x.mul(x)?.scale(-0.5)?.exp()?.scale(FRAC_1_SQRT_2PI)?;
+    cdf.add(x.mul(pdf)?)
+}
+
+/// Tanh-approximate gelu'(x) written in differentiable ops (the create_graph rule).
 fn gelu_grad_graph<'g>(x: Tensor<'g>) -> Result<Tensor<'g>> {
     let x2 = x.mul(x)?;
     let x3 = x2.mul(x)?;
@@ -258,7 +273,8 @@ pub(crate) fn backward<'g>(op: UnaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
         UnaryOp::Tanh => gy.mul(y.mul(y)?.neg()?.shift(1.0)?)?,
         UnaryOp::Sigmoid => gy.mul(y.mul(y.neg()?.shift(1.0)?)?)?,
         UnaryOp::Relu => gy.mul(x.unary(UnaryOp::Step)?.detach()?)?,
-        UnaryOp::Gelu => gy.mul(gelu_grad_graph(x)?)?,
+        UnaryOp::Gelu => gy.mul(gelu_erf_grad_graph(x)?)?,
+        UnaryOp::GeluTanh => gy.mul(gelu_grad_graph(x)?)?,
         UnaryOp::Silu => {
             let s = x.sigmoid()?;
             gy.mul(s.mul(x.mul(s.neg()?.shift(1.0)?)?.shift(1.0)?)?)?

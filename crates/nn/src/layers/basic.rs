@@ -35,10 +35,15 @@ activation!(
     sigmoid
 );
 activation!(
-    /// GELU in its tanh approximation, `½x(1 + tanh(√(2/π)(x + 0.044715x³)))` (PyTorch's
-    /// `GELU(approximate="tanh")`), elementwise.
+    /// GELU, exact: `x·Φ(x) = ½x(1 + erf(x/√2))` (PyTorch's default `GELU()`), elementwise.
     GELU,
     gelu
+);
+activation!(
+    /// GELU in its tanh approximation, `½x(1 + tanh(√(2/π)(x + 0.044715x³)))` (PyTorch's
+    /// `GELU(approximate="tanh")`), elementwise.
+    GELUTanh,
+    gelu_tanh
 );
 
 /// `x` where `x > 0`, `slope·x` elsewhere (PyTorch's `LeakyReLU`; default slope 0.01).
