@@ -148,10 +148,10 @@ fn norm_gradients_pass_finite_differences_and_second_order() {
     .unwrap()];
     for p in [1.0, 2.0, f64::INFINITY, 3.0, 1.5] {
         let f = check_fn(move |_, x| x[0].norm(p, &[1], false)?.mul(x[0].sum_axes(&[1], false)?));
-        let r = gradcheck(&f, &x, opts).unwrap();
+        let r = gradcheck(f, &x, opts).unwrap();
         assert!(r.passed, "norm p = {p}: {r}");
         if p.is_finite() && p != 1.0 {
-            let r = gradgradcheck(&f, &x, opts).unwrap();
+            let r = gradgradcheck(f, &x, opts).unwrap();
             assert!(r.passed, "norm p = {p}, second order: {r}");
         }
     }
@@ -180,9 +180,9 @@ fn cumsum_matches_pytorch_and_its_gradient_runs_from_the_end() {
     let x = [HostTensor::from_f64(&[0.3, -1.2, 0.8, 2.1, -0.4, 1.7], &[3, 2], DType::F64).unwrap()];
     for axis in [0, 1] {
         let f = check_fn(move |_, x| x[0].cumsum(axis)?.mul(x[0])?.tanh());
-        let r = gradcheck(&f, &x, opts).unwrap();
+        let r = gradcheck(f, &x, opts).unwrap();
         assert!(r.passed, "cumsum axis {axis}: {r}");
-        let r = gradgradcheck(&f, &x, opts).unwrap();
+        let r = gradgradcheck(f, &x, opts).unwrap();
         assert!(r.passed, "cumsum axis {axis}, second order: {r}");
     }
     let e = g.zeros(&[0, 3], DType::F32).unwrap();
