@@ -22,6 +22,13 @@ impl DType {
             DType::F64 => 8,
         }
     }
+    /// The machine epsilon, the gap between 1 and the next value (PyTorch's `finfo(dtype).eps`).
+    pub fn epsilon(self) -> f64 {
+        match self {
+            DType::F32 => f64::from(f32::EPSILON),
+            DType::F64 => f64::EPSILON,
+        }
+    }
     /// The name used in errors and on the command line.
     pub fn name(self) -> &'static str {
         match self {

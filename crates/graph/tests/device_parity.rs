@@ -133,6 +133,10 @@ parity_tests! {
         let n2 = x[0].norm(2.0, &[0], false)?.sum()?;
         n1.add(n2)?.add(x[0].norm(f64::INFINITY, &[], false)?)
     };
+    layer_norm: &[&[3, 4, 5], &[5], &[5]], false, |g, x| {
+        x[0].layer_norm(1, Some(x[1]), Some(x[2]), 1e-5)?.mul(x[0])
+    };
+    rms_norm: &[&[3, 4, 5], &[4, 5]], false, |g, x| x[0].rms_norm(2, Some(x[1]), 1e-6);
     cumsum: &[&[3, 4, 5]], false, |g, x| x[0].cumsum(1)?.mul(x[0]);
     slice_step: &[&[4, 7]], false, |g, x| x[0].slice_step(1, 1, 7, 2);
     stack: &[&[3, 4], &[3, 4]], false, |g, x| g.stack(&[x[0], x[1]], 1);

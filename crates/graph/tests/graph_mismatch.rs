@@ -80,6 +80,15 @@ fn calls() -> Vec<(&'static str, Call)> {
             x.conv2d_bias(x, Some(fb), (1, 1), (0, 0), (1, 1), 1)
                 .map(drop)
         }),
+        ("layer_norm", |_, x, _, fb| {
+            x.layer_norm(1, Some(fb), None, 1e-5).map(drop)
+        }),
+        ("layer_norm", |_, x, _, fb| {
+            x.layer_norm(1, None, Some(fb), 1e-5).map(drop)
+        }),
+        ("rms_norm", |_, x, _, fb| {
+            x.rms_norm(1, Some(fb), 1e-5).map(drop)
+        }),
         ("concat", |g, x, f, _| g.concat(&[x, f], 0).map(drop)),
         ("concat", |g, _, f, _| g.concat(&[f, f], 0).map(drop)),
         ("stack", |g, x, f, _| g.stack(&[x, f], 0).map(drop)),

@@ -204,7 +204,8 @@ fn update_running(p: &Parameter, batch: &[f64], momentum: f64, factor: f64) {
 }
 
 /// Layer normalisation over the last `normalized_ndim` axes, with an optional elementwise affine
-/// transform (`weight` and `bias` have the shape of those axes).
+/// transform (`weight` and `bias` have the shape of those axes): one fused op on the host
+/// ([`Tensor::layer_norm`]).
 pub fn layer_norm<'g>(
     x: Tensor<'g>,
     normalized_ndim: usize,
@@ -220,21 +221,26 @@ pub fn layer_norm<'g>(
             &xs,
         ));
     }
-    let axes: Vec<isize> = (xs.len() - normalized_ndim..xs.len())
-        .map(|a| a as isize)
-        .collect();
-    let mean = x.mean_axes(&axes, true)?;
-    let xc = x.sub(mean)?;
-    let var = xc.square()?.mean_axes(&axes, true)?;
-    let y = xc.mul(var.shift(eps)?.powf(-0.5)?)?;
-    let y = match weight {
-        Some(w) => y.mul(w)?,
-        None => y,
-    };
-    Ok(match bias {
-        Some(b) => y.add(b)?,
-        None => y,
-    })
+    Ok(x.layer_norm(normalized_ndim, weight, bias, eps)?)
+}
+
+/// RMS normalisation over the last `normalized_ndim` axes, `x/√(mean(x²) + eps)·weight`
+/// (PyTorch's `rms_norm`), with an optional elementwise scale of the shape of those axes.
+pub fn rms_norm<'g>(
+    x: Tensor<'g>,
+    normalized_ndim: usize,
+    weight: Option<Tensor<'g>>,
+    eps: f64,
+) -> Result<Tensor<'g>> {
+    let xs = x.try_shape()?;
+    if normalized_ndim == 0 || normalized_ndim > xs.len() {
+        return Err(input_shape(
+            "rms_norm",
+            &format!("a tensor of rank ≥ {normalized_ndim} (and ≥ 1)"),
+            &xs,
+        ));
+    }
+    Ok(x.rms_norm(normalized_ndim, weight, eps)?)
 }
 
 /// Rows `indices` of `weight` (`[num, dim]`), shaped `[index_shape…, dim]`.

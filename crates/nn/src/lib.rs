@@ -5,7 +5,7 @@
 //!   [`Parameter`]s: they live outside the graph's arena, persist across iterations, and
 //!   accumulate their gradients until cleared.
 //! * Layers — [`Linear`], [`Conv2d`], [`MaxPool2d`], [`AvgPool2d`], [`BatchNorm1d`],
-//!   [`BatchNorm2d`], [`LayerNorm`], [`Dropout`], [`Embedding`], [`Flatten`], [`Sequential`],
+//!   [`BatchNorm2d`], [`LayerNorm`], [`RMSNorm`], [`Dropout`], [`Embedding`], [`Flatten`], [`Sequential`],
 //!   the activations [`ReLU`], [`LeakyReLU`], [`Tanh`], [`Sigmoid`], [`GELU`], [`GELUTanh`], and [`Lambda`]
 //!   for a closure; their math as plain functions in [`functional`].
 //! * [`init`] — uniform, normal, Xavier and Kaiming initialisers on a seeded [`Rng`].
@@ -75,7 +75,9 @@ pub use error::{NnError, Result, ShapeConflict, StateMismatch};
 pub use layers::basic::{Dropout, Flatten, GELUTanh, Lambda, LeakyReLU, ReLU, Sigmoid, Tanh, GELU};
 pub use layers::conv::{AvgPool2d, Conv2d, Conv2dConfig, MaxPool2d};
 pub use layers::linear::{Embedding, EmbeddingConfig, Linear, LinearConfig};
-pub use layers::norm::{BatchNorm1d, BatchNorm2d, BatchNormConfig, LayerNorm, LayerNormConfig};
+pub use layers::norm::{
+    BatchNorm1d, BatchNorm2d, BatchNormConfig, LayerNorm, LayerNormConfig, RMSNorm, RMSNormConfig,
+};
 pub use layers::sequential::Sequential;
 pub use module::{Module, Slot, Visitor};
 

@@ -4,6 +4,7 @@ pub mod conv;
 pub mod elementwise;
 pub mod fastmath;
 pub mod matmul;
+pub mod norm;
 pub mod par;
 pub mod reduce;
 pub mod shape;

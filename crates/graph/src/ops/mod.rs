@@ -26,6 +26,7 @@ pub(crate) mod binary;
 pub(crate) mod conv;
 pub(crate) mod custom;
 pub(crate) mod matmul;
+pub(crate) mod norm;
 pub(crate) mod reduce;
 pub(crate) mod shape;
 pub(crate) mod softmax;
@@ -99,6 +100,9 @@ pub(crate) enum Op {
         axis: usize,
         log: bool,
     },
+    /// Layer or RMS normalisation over trailing axes; inputs `[x, weight?, bias?]` (see
+    /// [`norm`]).
+    Norm(norm::NormNode),
     /// Running sums along `axis`, from the end when `reverse` (the adjoint of the other).
     Cumsum {
         axis: usize,
@@ -152,6 +156,7 @@ impl Op {
             | Op::SliceBackward { .. }
             | Op::Softmax { .. }
             | Op::Cumsum { .. }
+            | Op::Norm(_)
             | Op::Where
             | Op::MaxPool2d { .. }
             | Op::MaxPool2dBackward { .. }
@@ -201,6 +206,8 @@ impl Op {
             Op::Softmax { log: false, .. } => "softmax",
             Op::Softmax { log: true, .. } => "log_softmax",
             Op::CrossEntropy { .. } => "cross_entropy",
+            Op::Norm(n) if n.rms => "rms_norm",
+            Op::Norm(_) => "layer_norm",
             Op::Cumsum { reverse: false, .. } => "cumsum",
             Op::Cumsum { reverse: true, .. } => "cumsum_reverse",
             Op::Where => "where",
@@ -254,6 +261,7 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Conv2d { n, l } => conv::conv_gemm_backward(*n, *l, c),
         Op::Softmax { axis, log } => softmax::backward(*axis, *log, c),
         Op::CrossEntropy { targets } => softmax::cross_entropy_backward(targets, c),
+        Op::Norm(n) => norm::backward(n, c),
         Op::Cumsum { axis, reverse } => Ok(smallvec::smallvec![Some(c.gy.scan(*axis, !*reverse)?)]),
         Op::Where => binary::select_backward(c),
         Op::Custom(op) => custom::backward(op, c),

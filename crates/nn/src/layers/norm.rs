@@ -249,6 +249,8 @@ pub struct LayerNorm {
     weight: Option<Parameter>,
     bias: Option<Parameter>,
     eps: f64,
+    /// RMS normalisation instead (an [`RMSNorm`]'s inside: no centring, no bias).
+    rms: bool,
 }
 
 impl LayerNorm {
@@ -259,25 +261,35 @@ impl LayerNorm {
 
     /// A layer norm with the given options.
     pub fn with_config(normalized_shape: &[usize], cfg: LayerNormConfig) -> Result<Self> {
+        Self::build("LayerNorm", normalized_shape, cfg, false)
+    }
+
+    fn build(
+        name: &'static str,
+        normalized_shape: &[usize],
+        cfg: LayerNormConfig,
+        rms: bool,
+    ) -> Result<Self> {
         if normalized_shape.is_empty() || normalized_shape.contains(&0) {
             return Err(config(
-                "LayerNorm",
+                name,
                 format!("normalized_shape {normalized_shape:?} must be non-empty and positive"),
             ));
         }
         if cfg.eps.is_nan() || cfg.eps < 0.0 {
-            return Err(config("LayerNorm", format!("eps {} must be ≥ 0", cfg.eps)));
+            return Err(config(name, format!("eps {} must be ≥ 0", cfg.eps)));
         }
         normalized_shape
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(|| config("LayerNorm", format!("{normalized_shape:?} is too large")))?;
+            .ok_or_else(|| config(name, format!("{normalized_shape:?} is too large")))?;
         let on = cfg.elementwise_affine;
         Ok(LayerNorm {
             normalized_shape: normalized_shape.to_vec(),
             weight: filled(on, "weight", normalized_shape, 1.0, cfg.dtype)?,
-            bias: filled(on, "bias", normalized_shape, 0.0, cfg.dtype)?,
+            bias: filled(on && !rms, "bias", normalized_shape, 0.0, cfg.dtype)?,
             eps: cfg.eps,
+            rms,
         })
     }
 
@@ -298,7 +310,7 @@ impl Module for LayerNorm {
         let k = self.normalized_shape.len();
         if s.len() < k || s[s.len() - k..] != self.normalized_shape[..] {
             return Err(input_shape(
-                "LayerNorm",
+                if self.rms { "RMSNorm" } else { "LayerNorm" },
                 &format!(
                     "[…, {}]",
                     self.normalized_shape
@@ -311,6 +323,9 @@ impl Module for LayerNorm {
             ));
         }
         let w = self.weight.as_ref().map(|p| g.param(p)).transpose()?;
+        if self.rms {
+            return F::rms_norm(x, k, w, self.eps);
+        }
         let b = self.bias.as_ref().map(|p| g.param(p)).transpose()?;
         F::layer_norm(x, k, w, b, self.eps)
     }
@@ -322,6 +337,80 @@ impl Module for LayerNorm {
         if let Some(p) = &self.bias {
             v.param("bias", p);
         }
+    }
+}
+
+/// Options of an [`RMSNorm`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RMSNormConfig {
+    /// Added to the mean square before the square root; `None` (the default) is the dtype's
+    /// machine epsilon, as PyTorch's `eps=None`.
+    pub eps: Option<f64>,
+    /// Whether to learn an elementwise scale (default true).
+    pub elementwise_affine: bool,
+    /// The parameter's dtype (default f32).
+    pub dtype: DType,
+}
+
+impl Default for RMSNormConfig {
+    fn default() -> Self {
+        RMSNormConfig {
+            eps: None,
+            elementwise_affine: true,
+            dtype: DType::F32,
+        }
+    }
+}
+
+/// RMS normalisation over the trailing axes `normalized_shape`, `x/√(mean(x²) + eps)·weight`
+/// (PyTorch's `RMSNorm`; `weight` starts at ones). One fused op on the host.
+///
+/// ```
+/// use arenagrad_nn::{DType, Graph, Module, RMSNorm};
+/// let norm = RMSNorm::new(&[2])?;
+/// let g = Graph::new();
+/// let y = norm.forward(&g, g.from_f64(&[3.0, 4.0], &[1, 2], DType::F32)?)?;
+/// let v = y.to_vec::<f32>()?; // ÷ √((9 + 16)/2)
+/// assert!((v[0] - 0.848_528).abs() < 1e-5 && (v[1] - 1.131_371).abs() < 1e-5);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+#[derive(Debug)]
+pub struct RMSNorm(LayerNorm);
+
+impl RMSNorm {
+    /// An RMS norm over trailing axes of shape `normalized_shape`, default options.
+    pub fn new(normalized_shape: &[usize]) -> Result<Self> {
+        Self::with_config(normalized_shape, RMSNormConfig::default())
+    }
+
+    /// An RMS norm with the given options.
+    pub fn with_config(normalized_shape: &[usize], cfg: RMSNormConfig) -> Result<Self> {
+        let ln = LayerNormConfig {
+            eps: cfg.eps.unwrap_or(cfg.dtype.epsilon()),
+            elementwise_affine: cfg.elementwise_affine,
+            dtype: cfg.dtype,
+        };
+        LayerNorm::build("RMSNorm", normalized_shape, ln, true).map(RMSNorm)
+    }
+
+    /// The scale, if affine.
+    pub fn weight(&self) -> Option<&Parameter> {
+        self.0.weight()
+    }
+
+    /// The `eps` in use.
+    pub fn eps(&self) -> f64 {
+        self.0.eps
+    }
+}
+
+impl Module for RMSNorm {
+    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.0.forward(g, x)
+    }
+
+    fn visit(&self, v: &mut Visitor<'_>) {
+        self.0.visit(v);
     }
 }
 

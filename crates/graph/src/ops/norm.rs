@@ -1,0 +1,260 @@
+//! Layer normalisation and RMS normalisation over the trailing axes, each one recorded op.
+//!
+//! On the host the forward is two passes over each row (its mean and `rstd = 1/√(var + eps)`,
+//! then the output), keeping only the two statistics per row besides the output; backward is one
+//! pass for the input's gradient and one each for the weight's and the bias's. Under
+//! `create_graph` the rule is written in tensor ops instead, so it can be differentiated again.
+//! On a CUDA device the op is the same formula composed of tensor ops (parity-tested; a fused
+//! kernel is future work).
+
+use arenagrad_alloc::BufId;
+use arenagrad_exec::cpu::norm as k;
+use smallvec::{smallvec, SmallVec};
+
+use super::{check_pair, Ctx, Grads, Op};
+use crate::error::{GraphError, Result};
+use crate::shape::{copy_of, Shape};
+use crate::{Device, Tensor};
+
+/// What the norm's node keeps: its kind, `eps`, the row length, which affine inputs follow `x`,
+/// and the per-row statistics `[mean, rstd]`.
+#[derive(Clone, Copy)]
+pub(crate) struct NormNode {
+    pub rms: bool,
+    pub eps: f64,
+    pub ndim: usize,
+    pub weight: bool,
+    pub bias: bool,
+    pub stats: BufId,
+}
+
+impl<'g> Tensor<'g> {
+    /// Layer normalisation over the last `normalized_ndim` axes, PyTorch's `layer_norm`:
+    /// `(x − mean)/√(var + eps)·weight + bias`, with the biased variance; `weight` and `bias`
+    /// (optional) have the shape of those axes.
+    pub fn layer_norm(
+        self,
+        normalized_ndim: usize,
+        weight: Option<Tensor<'g>>,
+        bias: Option<Tensor<'g>>,
+        eps: f64,
+    ) -> Result<Tensor<'g>> {
+        self.norm_impl("layer_norm", false, normalized_ndim, weight, bias, eps)
+    }
+
+    /// RMS normalisation over the last `normalized_ndim` axes, PyTorch's `rms_norm`:
+    /// `x/√(mean(x²) + eps)·weight`, `weight` (optional) of the shape of those axes. PyTorch's
+    /// `eps=None` is the dtype's machine epsilon, [`crate::DType::epsilon`].
+    pub fn rms_norm(
+        self,
+        normalized_ndim: usize,
+        weight: Option<Tensor<'g>>,
+        eps: f64,
+    ) -> Result<Tensor<'g>> {
+        self.norm_impl("rms_norm", true, normalized_ndim, weight, None, eps)
+    }
+
+    fn norm_impl(
+        self,
+        op: &'static str,
+        rms: bool,
+        ndim: usize,
+        weight: Option<Tensor<'g>>,
+        bias: Option<Tensor<'g>>,
+        eps: f64,
+    ) -> Result<Tensor<'g>> {
+        let shape = self.try_shape()?;
+        if ndim == 0 || ndim > shape.len() {
+            return Err(GraphError::BadArgument {
+                op,
+                what: "normalized_ndim must be between 1 and the input's rank",
+            });
+        }
+        if eps.is_nan() || eps < 0.0 {
+            return Err(GraphError::BadArgument {
+                op,
+                what: "eps must be ≥ 0",
+            });
+        }
+        let trailing = &shape[shape.len() - ndim..];
+        for t in weight.iter().chain(bias.iter()) {
+            check_pair(op, &self, t)?;
+            let ts = t.try_shape()?;
+            if ts[..] != *trailing {
+                return Err(GraphError::ShapeMismatch {
+                    op,
+                    lhs: shape.to_vec(),
+                    rhs: ts.to_vec(),
+                });
+            }
+        }
+        if self.device() != Device::Cpu {
+            return self.norm_composed(rms, ndim, weight, bias, eps);
+        }
+        let n: usize = trailing.iter().product();
+        let numel: usize = shape.iter().product();
+        let rows = numel.checked_div(n).unwrap_or(0);
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (dtype, xb) = {
+            let nd = i.node(op, self.id)?;
+            (nd.dtype, nd.buf)
+        };
+        let wb = weight
+            .map(|w| i.node(op, w.id).map(|nd| nd.buf))
+            .transpose()?;
+        let bb = bias
+            .map(|b| i.node(op, b.id).map(|nd| nd.buf))
+            .transpose()?;
+        let stats = i.alloc(op, dtype, 2 * rows)?;
+        let out = i.alloc(op, dtype, numel)?;
+        let threads = i.threads;
+        with_float!(dtype, T, {
+            let (st, [x]) = i.split_mut::<T, 1>(op, stats, [xb])?;
+            k::norm_stats(x, n, eps, rms, st, threads);
+            let (y, [x, st, w, b]) =
+                i.split_mut::<T, 4>(op, out, [xb, stats, wb.unwrap_or(xb), bb.unwrap_or(xb)])?;
+            let (w, b) = (wb.map(|_| w), bb.map(|_| b));
+            k::norm_apply(x, n, st, w, b, y, threads);
+        });
+        let mut inputs: SmallVec<[_; 3]> = smallvec![self.id];
+        inputs.extend(weight.map(|w| w.id));
+        inputs.extend(bias.map(|b| b.id));
+        let node = NormNode {
+            rms,
+            eps,
+            ndim,
+            weight: weight.is_some(),
+            bias: bias.is_some(),
+            stats,
+        };
+        let id = i.push(copy_of(&shape), dtype, out, Op::Norm(node), &inputs);
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+
+    /// The same normalisation written in tensor ops (a CUDA device's forward).
+    fn norm_composed(
+        self,
+        rms: bool,
+        ndim: usize,
+        weight: Option<Tensor<'g>>,
+        bias: Option<Tensor<'g>>,
+        eps: f64,
+    ) -> Result<Tensor<'g>> {
+        let (xhat, _) = normalized(self, rms, ndim, eps)?;
+        let y = match weight {
+            Some(w) => xhat.mul(w)?,
+            None => xhat,
+        };
+        match bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+/// `(x̂, rstd)` for the last `ndim` axes, in differentiable ops (rstd keeps those axes as 1s).
+fn normalized<'g>(
+    x: Tensor<'g>,
+    rms: bool,
+    ndim: usize,
+    eps: f64,
+) -> Result<(Tensor<'g>, Tensor<'g>)> {
+    let axes = trailing_axes(x.try_shape()?.len(), ndim);
+    let xc = if rms {
+        x
+    } else {
+        x.sub(x.mean_axes(&axes, true)?)?
+    };
+    let rstd = xc.mul(xc)?.mean_axes(&axes, true)?.shift(eps)?.powf(-0.5)?;
+    Ok((xc.mul(rstd)?, rstd))
+}
+
+fn trailing_axes(rank: usize, ndim: usize) -> Vec<isize> {
+    (rank - ndim..rank).map(|a| a as isize).collect()
+}
+
+/// The gradient of an affine parameter: `t` summed over the leading axes, in tensor ops.
+fn over_rows<'g>(t: Tensor<'g>, ndim: usize) -> Result<Tensor<'g>> {
+    let rank = t.try_shape()?.len();
+    if rank == ndim {
+        return Ok(t);
+    }
+    let lead: Vec<isize> = (0..rank - ndim).map(|a| a as isize).collect();
+    t.sum_axes(&lead, false)
+}
+
+pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let x = c.input(0);
+    let w = nd.weight.then(|| c.input(1));
+    let b_at = 1 + usize::from(nd.weight);
+    if c.create_graph {
+        let (xhat, rstd) = normalized(x, nd.rms, nd.ndim, nd.eps)?;
+        let axes = trailing_axes(x.try_shape()?.len(), nd.ndim);
+        let g = match w {
+            Some(w) => c.gy.mul(w)?,
+            None => c.gy,
+        };
+        let mut inner = g.sub(xhat.mul(g.mul(xhat)?.mean_axes(&axes, true)?)?)?;
+        if !nd.rms {
+            inner = inner.sub(g.mean_axes(&axes, true)?)?;
+        }
+        let mut out: Grads<'g> = smallvec![Some(rstd.mul(inner)?)];
+        if nd.weight {
+            out.push(Some(over_rows(c.gy.mul(xhat)?, nd.ndim)?));
+        }
+        if nd.bias {
+            out.push(Some(over_rows(c.gy, nd.ndim)?));
+        }
+        return Ok(out);
+    }
+    let shape = x.try_shape()?;
+    let trailing: Shape = copy_of(&shape[shape.len() - nd.ndim..]);
+    let n: usize = trailing.iter().product();
+    let numel: usize = shape.iter().product();
+    let op = if nd.rms { "rms_norm" } else { "layer_norm" };
+    let mut guard = c.g.inner();
+    let i = &mut *guard;
+    let (dtype, xb) = {
+        let xn = i.node(op, x.id)?;
+        (xn.dtype, xn.buf)
+    };
+    let gb = i.node(op, c.gy.id)?.buf;
+    let wb = w.map(|w| i.node(op, w.id).map(|wn| wn.buf)).transpose()?;
+    let threads = i.threads;
+    let dx = i.alloc(op, dtype, numel)?;
+    let dw = if nd.weight {
+        Some(i.alloc(op, dtype, n)?)
+    } else {
+        None
+    };
+    let db = if nd.bias {
+        Some(i.alloc(op, dtype, n)?)
+    } else {
+        None
+    };
+    with_float!(dtype, T, {
+        let (d, [xs, gs, st, ws]) =
+            i.split_mut::<T, 4>(op, dx, [xb, gb, nd.stats, wb.unwrap_or(xb)])?;
+        k::norm_grad_input(xs, gs, st, n, wb.map(|_| ws), nd.rms, d, threads);
+        if let Some(dw) = dw {
+            let (d, [xs, gs, st]) = i.split_mut::<T, 3>(op, dw, [xb, gb, nd.stats])?;
+            k::norm_grad_weight(xs, gs, st, n, d);
+        }
+        if let Some(db) = db {
+            let (d, [gs]) = i.split_mut::<T, 1>(op, db, [gb])?;
+            k::norm_grad_bias(gs, n, d);
+        }
+    });
+    let mut out: Grads<'g> = SmallVec::new();
+    let dx = i.push_on(Device::Cpu, shape, dtype, dx, Op::Leaf, &[]);
+    out.push(Some(c.g.handle(dx)));
+    for buf in [dw, db].into_iter().flatten() {
+        let id = i.push_on(Device::Cpu, trailing.clone(), dtype, buf, Op::Leaf, &[]);
+        out.push(Some(c.g.handle(id)));
+    }
+    debug_assert_eq!(out.len(), b_at + usize::from(nd.bias));
+    drop(guard);
+    Ok(out)
+}

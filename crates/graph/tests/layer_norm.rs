@@ -1,0 +1,185 @@
+//! The fused `layer_norm` and `rms_norm` against values PyTorch 2.15 printed for the same inputs
+//! (float64, a constant row included, where only `eps` keeps the result finite), against finite
+//! differences in f64 for the input, the weight and the bias, and to second order through the
+//! `create_graph` rule.
+
+use arenagrad_graph::check::{check_fn, gradcheck, gradgradcheck, GradcheckOptions};
+use arenagrad_graph::{DType, Graph, GraphError, HostTensor, Tensor};
+
+const X: [f64; 12] = [
+    0.3, -1.2, 0.8, 2.1, -0.4, 1.7, -0.9, 0.5, 0.0, 1.0, 1.0, 1.0,
+];
+const W: [f64; 3] = [1.5, -0.5, 2.0];
+const B: [f64; 3] = [0.1, 0.2, -0.3];
+/// The weights of the scalar loss `(y · C).sum()`.
+const C: [f64; 12] = [1., 2., 3., -1., 0.5, 2., 0.3, -0.7, 1.1, 2., -1., 0.5];
+
+fn close(got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len());
+    for (a, b) in got.iter().zip(want) {
+        assert!(
+            (a - b).abs() <= tol * b.abs().max(1.0),
+            "{got:?}\nvs {want:?}"
+        );
+    }
+}
+
+fn grad_of(t: Tensor<'_>) -> Vec<f64> {
+    t.grad().unwrap().unwrap().to_vec_f64().unwrap()
+}
+
+#[test]
+fn layer_norm_matches_pytorch_values_and_gradients() {
+    let g = Graph::new();
+    let x = g.var(&X, &[2, 2, 3], DType::F64).unwrap();
+    let w = g.var(&W, &[3], DType::F64).unwrap();
+    let b = g.var(&B, &[3], DType::F64).unwrap();
+    let c = g.from_f64(&C, &[2, 2, 3], DType::F64).unwrap();
+    let y = x.layer_norm(1, Some(w), Some(b), 1e-5).unwrap();
+    #[rustfmt::skip]
+    close(&y.to_vec_f64().unwrap(), &[
+        0.688344332275582, 0.886401720988179, 1.661147774251939, 1.42243343323253,
+        0.899217677341338, 0.733626131721977, -1.885222333979997, -0.34665542529884,
+        0.16034141077797, 0.1, 0.2, -0.3,
+    ], 1e-12);
+    y.mul(c).unwrap().sum().unwrap().backward().unwrap();
+    #[rustfmt::skip]
+    close(&grad_of(x), &[
+        -1.9913025683310037, 0.4977713341271137, 1.4935312342038896, -2.3453803301888128,
+        -0.44674344541537203, 2.7921237756041846, -0.7259589680123633, -1.306708651494207,
+        2.0326676195065714, 474.34164902525686, -316.2277660168379, -158.11388300841895,
+    ], 1e-9);
+    close(
+        &grad_of(w),
+        &[-0.8864372007672983, -4.210142156712428, 4.22853556902777],
+        1e-12,
+    );
+    close(&grad_of(b), &[2.3, 0.8, 6.6], 1e-12);
+}
+
+#[test]
+fn layer_norm_over_two_axes_without_affine_matches_pytorch() {
+    let g = Graph::new();
+    let x = g.var(&X, &[2, 2, 3], DType::F64).unwrap();
+    let c = g.from_f64(&C, &[2, 2, 3], DType::F64).unwrap();
+    let y = x.layer_norm(2, None, None, 1e-5).unwrap();
+    #[rustfmt::skip]
+    close(&y.to_vec_f64().unwrap(), &[
+        -0.21905313627581888, -1.5333719539307318, 0.21905313627581882, 1.3581294449100767,
+        -0.8324019178481116, 1.0076444268687665, -1.9069056761464973, 0.09534528380732475,
+        -0.6197443447476116, 0.8104349123622613, 0.8104349123622613, 0.8104349123622613,
+    ], 1e-12);
+    y.mul(c).unwrap().sum().unwrap().backward().unwrap();
+    #[rustfmt::skip]
+    close(&grad_of(x), &[
+        -0.2954338417792449, 0.12249447030347294, 1.6097526594341585, -1.4979178523611265,
+        -0.947406089740476, 1.0085106541432174, -0.14301695060871206, -1.5231409575771284,
+        1.0333048301701226, 2.3562199116700486, -1.93431785965957, 0.2109510260052393,
+    ], 1e-10);
+}
+
+#[test]
+fn rms_norm_matches_pytorch_values_and_gradients() {
+    let g = Graph::new();
+    let x = g.var(&X, &[2, 2, 3], DType::F64).unwrap();
+    let w = g.var(&W, &[3], DType::F64).unwrap();
+    let c = g.from_f64(&C, &[2, 2, 3], DType::F64).unwrap();
+    let y = x.rms_norm(1, Some(w), 1e-6).unwrap();
+    #[rustfmt::skip]
+    close(&y.to_vec_f64().unwrap(), &[
+        0.5291063503854034, 0.7054751338472046, 1.8812670235925457, 1.997568496114785,
+        0.1268297457850657, 2.1561056783461168, -2.2711240102203223, -0.4205785204111708,
+        0.0, 1.4999992500005623, -0.4999997500001875, 1.99999900000075,
+    ], 1e-12);
+    y.mul(c).unwrap().sum().unwrap().backward().unwrap();
+    #[rustfmt::skip]
+    close(&grad_of(x), &[
+        0.7152296957780027, 3.018040665614695, 4.258862968232022, -1.6206492638985086,
+        -0.031027435467424314, 1.9946784919547058, 0.42851489398433257, 0.771324618995514,
+        3.701090979618303, 1.5000007499983123, -0.9999980000026248, -0.49999825000243736,
+    ], 1e-10);
+    close(
+        &grad_of(w),
+        &[0.5667994341370979, -4.537539709749898, 5.478005963735122],
+        1e-12,
+    );
+}
+
+#[test]
+fn f32_agrees_with_f64_to_single_precision() {
+    let g = Graph::new();
+    for rms in [false, true] {
+        let run = |dtype| {
+            let x = g.var(&X, &[4, 3], dtype).unwrap();
+            let w = g.var(&W, &[3], dtype).unwrap();
+            let y = if rms {
+                x.rms_norm(1, Some(w), 1e-5).unwrap()
+            } else {
+                x.layer_norm(1, Some(w), None, 1e-5).unwrap()
+            };
+            let c = g.from_f64(&C, &[4, 3], dtype).unwrap();
+            y.mul(c).unwrap().sum().unwrap().backward().unwrap();
+            [y.to_vec_f64().unwrap(), grad_of(x), grad_of(w)]
+        };
+        let (a, b) = (run(DType::F32), run(DType::F64));
+        for (p, q) in a.iter().zip(&b) {
+            close(p, q, 1e-4);
+        }
+    }
+}
+
+#[test]
+fn gradients_pass_finite_differences_and_second_order() {
+    let opts = GradcheckOptions::default();
+    let xs = [
+        HostTensor::from_f64(&X[..9], &[3, 3], DType::F64).unwrap(),
+        HostTensor::from_f64(&W, &[3], DType::F64).unwrap(),
+        HostTensor::from_f64(&B, &[3], DType::F64).unwrap(),
+    ];
+    // tanh after the norm, so that the second derivative is not trivially zero.
+    let ln = check_fn(|_, x| x[0].layer_norm(1, Some(x[1]), Some(x[2]), 1e-5)?.tanh());
+    let rms = check_fn(|_, x| x[0].rms_norm(1, Some(x[1]), 1e-5)?.add(x[2])?.tanh());
+    let r = gradcheck(ln, &xs, opts).unwrap();
+    assert!(r.passed, "layer_norm: {r}");
+    let r = gradgradcheck(ln, &xs, opts).unwrap();
+    assert!(r.passed, "layer_norm, second order: {r}");
+    let r = gradcheck(rms, &xs, opts).unwrap();
+    assert!(r.passed, "rms_norm: {r}");
+    let r = gradgradcheck(rms, &xs, opts).unwrap();
+    assert!(r.passed, "rms_norm, second order: {r}");
+    let two = check_fn(|_, x| {
+        x[0].reshape(&[1, 3, 3])?
+            .layer_norm(2, None, None, 0.0)?
+            .sin()
+    });
+    let r = gradcheck(two, &xs[..1], opts).unwrap();
+    assert!(r.passed, "layer_norm over two axes: {r}");
+}
+
+#[test]
+fn bad_arguments_are_errors_naming_the_op() {
+    let g = Graph::new();
+    let x = g.var(&X, &[4, 3], DType::F64).unwrap();
+    let w4 = g.from_f64(&[1.0; 4], &[4], DType::F64).unwrap();
+    let w32 = g.from_f64(&W, &[3], DType::F32).unwrap();
+    assert!(matches!(
+        x.layer_norm(1, Some(w4), None, 1e-5),
+        Err(GraphError::ShapeMismatch {
+            op: "layer_norm",
+            ..
+        })
+    ));
+    assert!(matches!(
+        x.rms_norm(1, Some(w32), 1e-5),
+        Err(GraphError::DTypeMismatch { op: "rms_norm", .. })
+    ));
+    for (ndim, eps) in [(0, 1e-5), (3, 1e-5), (1, f64::NAN), (1, -1.0)] {
+        assert!(matches!(
+            x.layer_norm(ndim, None, None, eps),
+            Err(GraphError::BadArgument {
+                op: "layer_norm",
+                ..
+            })
+        ));
+    }
+}
