@@ -74,6 +74,7 @@ pub use device::{
 pub use error::{GraphError, Result, ShapeVec};
 pub use graph::{default_threads, Device, GradModeGuard, Graph, GraphStats, NodeId};
 pub use host::{HostData, HostDataMut, HostElem, HostTensor};
+pub use ops::attention::AttentionOptions;
 pub use ops::custom::CustomOp;
 pub use param::Parameter;
 pub use rng::Rng;

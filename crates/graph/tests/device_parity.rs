@@ -3,7 +3,7 @@
 //! `ARENAGRAD_TEST_CUDA=1`.
 
 use arenagrad_graph::testing::cuda_test_device;
-use arenagrad_graph::{DType, Device, Graph, Result, Tensor};
+use arenagrad_graph::{AttentionOptions, DType, Device, Graph, Result, Tensor};
 
 mod common;
 
@@ -137,6 +137,18 @@ parity_tests! {
         x[0].layer_norm(1, Some(x[1]), Some(x[2]), 1e-5)?.mul(x[0])
     };
     rms_norm: &[&[3, 4, 5], &[4, 5]], false, |g, x| x[0].rms_norm(2, Some(x[1]), 1e-6);
+    attention: &[&[2, 3, 70, 8], &[2, 3, 67, 8], &[2, 3, 67, 5]], false, |g, x| {
+        x[0].scaled_dot_product_attention(x[1], x[2], AttentionOptions::default())
+    };
+    attention_causal_masked: &[&[2, 2, 9, 4], &[2, 2, 9, 4], &[2, 2, 9, 3], &[2, 1, 9, 9]],
+        false, |g, x| {
+        let opts = AttentionOptions {
+            mask: Some(x[3].detach()?),
+            causal: true,
+            ..Default::default()
+        };
+        x[0].scaled_dot_product_attention(x[1], x[2], opts)
+    };
     cumsum: &[&[3, 4, 5]], false, |g, x| x[0].cumsum(1)?.mul(x[0]);
     slice_step: &[&[4, 7]], false, |g, x| x[0].slice_step(1, 1, 7, 2);
     stack: &[&[3, 4], &[3, 4]], false, |g, x| g.stack(&[x[0], x[1]], 1);

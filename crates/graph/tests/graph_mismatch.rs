@@ -10,7 +10,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use arenagrad_graph::{
-    grad, BackwardOptions, BinaryOp, CustomOp, DType, Graph, GraphError, Result, Tensor,
+    grad, AttentionOptions, BackwardOptions, BinaryOp, CustomOp, DType, Graph, GraphError, Result,
+    Tensor,
 };
 
 /// A custom op whose rule hands back a gradient of another graph.
@@ -88,6 +89,21 @@ fn calls() -> Vec<(&'static str, Call)> {
         }),
         ("rms_norm", |_, x, _, fb| {
             x.rms_norm(1, Some(fb), 1e-5).map(drop)
+        }),
+        ("scaled_dot_product_attention", |_, x, f, _| {
+            x.scaled_dot_product_attention(f, x, AttentionOptions::default())
+                .map(drop)
+        }),
+        ("scaled_dot_product_attention", |_, x, f, _| {
+            x.scaled_dot_product_attention(x, f, AttentionOptions::default())
+                .map(drop)
+        }),
+        ("scaled_dot_product_attention", |_, x, f, _| {
+            let opts = AttentionOptions {
+                mask: Some(f),
+                ..Default::default()
+            };
+            x.scaled_dot_product_attention(x, x, opts).map(drop)
         }),
         ("concat", |g, x, f, _| g.concat(&[x, f], 0).map(drop)),
         ("concat", |g, _, f, _| g.concat(&[f, f], 0).map(drop)),

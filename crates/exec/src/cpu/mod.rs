@@ -1,5 +1,6 @@
 //! CPU kernels. Each takes plain slices and shapes; the graph has already checked that they agree.
 
+pub mod attention;
 pub mod conv;
 pub mod elementwise;
 pub mod fastmath;

@@ -22,6 +22,7 @@ use crate::error::{GraphError, Result};
 use crate::graph::NodeId;
 use crate::{Graph, Parameter, Tensor};
 
+pub(crate) mod attention;
 pub(crate) mod binary;
 pub(crate) mod conv;
 pub(crate) mod custom;
@@ -103,6 +104,8 @@ pub(crate) enum Op {
     /// Layer or RMS normalisation over trailing axes; inputs `[x, weight?, bias?]` (see
     /// [`norm`]).
     Norm(norm::NormNode),
+    /// Scaled dot-product attention; inputs `[q, k, v, mask?]` (see [`attention`]).
+    Attention(attention::AttnNode),
     /// Running sums along `axis`, from the end when `reverse` (the adjoint of the other).
     Cumsum {
         axis: usize,
@@ -157,6 +160,7 @@ impl Op {
             | Op::Softmax { .. }
             | Op::Cumsum { .. }
             | Op::Norm(_)
+            | Op::Attention(_)
             | Op::Where
             | Op::MaxPool2d { .. }
             | Op::MaxPool2dBackward { .. }
@@ -206,6 +210,7 @@ impl Op {
             Op::Softmax { log: false, .. } => "softmax",
             Op::Softmax { log: true, .. } => "log_softmax",
             Op::CrossEntropy { .. } => "cross_entropy",
+            Op::Attention(_) => "scaled_dot_product_attention",
             Op::Norm(n) if n.rms => "rms_norm",
             Op::Norm(_) => "layer_norm",
             Op::Cumsum { reverse: false, .. } => "cumsum",
@@ -262,6 +267,7 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Softmax { axis, log } => softmax::backward(*axis, *log, c),
         Op::CrossEntropy { targets } => softmax::cross_entropy_backward(targets, c),
         Op::Norm(n) => norm::backward(n, c),
+        Op::Attention(a) => attention::backward(a, c),
         Op::Cumsum { axis, reverse } => Ok(smallvec::smallvec![Some(c.gy.scan(*axis, !*reverse)?)]),
         Op::Where => binary::select_backward(c),
         Op::Custom(op) => custom::backward(op, c),

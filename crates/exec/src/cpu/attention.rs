@@ -1,0 +1,352 @@
+//! Scaled dot-product attention, fused, in the FlashAttention scheme on the host.
+//!
+//! For each of `bh` independent heads, `softmax(q·kᵀ·scale + mask)·v` is computed a tile of
+//! queries against a tile of keys at a time with a running (online) softmax, so the `lq × lk`
+//! score matrix never exists whole: the forward keeps the output and each query row's log-sum-
+//! exp, and backward recomputes each tile's probabilities from them. Memory beyond the inputs and
+//! outputs is a few tiles per thread, linear in the sequence length instead of quadratic.
+//!
+//! Dropout on the attention weights draws its keep/drop decisions from a counter-based hash of
+//! `(seed, head, row, column)`, so backward regenerates exactly the forward's mask in any tile
+//! order without storing it.
+
+use super::matmul::{gemm, Gemm, MatView};
+use crate::Float;
+
+/// Queries and keys per tile.
+pub const TILE: usize = 64;
+
+/// The problem: `bh` heads of `lq` queries and `lk` keys, key width `d`, value width `dv`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnDims {
+    /// Independent heads (batch × heads).
+    pub bh: usize,
+    /// Queries per head.
+    pub lq: usize,
+    /// Keys (and values) per head.
+    pub lk: usize,
+    /// Query and key width.
+    pub d: usize,
+    /// Value width.
+    pub dv: usize,
+    /// The factor on `q·kᵀ` (usually `1/√d`).
+    pub scale: f64,
+    /// Query `i` sees keys `j ≤ i` only (PyTorch's `is_causal`, aligned top-left).
+    pub causal: bool,
+    /// The probability of dropping an attention weight (0 for none).
+    pub dropout: f64,
+    /// The dropout hash's seed.
+    pub seed: u64,
+}
+
+/// An additive mask on the scores, broadcast over heads: head `h`'s entry `(i, j)` is
+/// `data[offsets[h] + i·rs + j·cs]` (strides 0 where the mask is broadcast).
+#[derive(Debug, Clone, Copy)]
+pub struct AttnMask<'a, T> {
+    /// The mask's elements.
+    pub data: &'a [T],
+    /// Each head's first element.
+    pub offsets: &'a [usize],
+    /// The stride between query rows.
+    pub rs: usize,
+    /// The stride between key columns.
+    pub cs: usize,
+}
+
+/// Whether dropout keeps weight `(h, i, j)`: a SplitMix64 finaliser of the element's counter,
+/// compared as a uniform in [0, 1) against `p`.
+#[inline(always)]
+pub fn keeps(dims: &AttnDims, h: usize, i: usize, j: usize) -> bool {
+    let c = ((h * dims.lq + i) * dims.lk + j) as u64;
+    let mut z = dims
+        .seed
+        .wrapping_add(c.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 * (1.0 / (1u64 << 53) as f64) >= dims.dropout
+}
+
+/// Scores of one tile into `s` (`bq × bk`, row-major): `q·kᵀ·scale + mask`, −∞ where causal
+/// hides a key.
+#[allow(clippy::too_many_arguments)]
+fn scores<T: Float + Gemm>(
+    dims: &AttnDims,
+    mask: Option<&AttnMask<'_, T>>,
+    h: usize,
+    q: &[T],
+    k: &[T],
+    (i0, bq): (usize, usize),
+    (j0, bk): (usize, usize),
+    s: &mut [T],
+) {
+    let (d, lq, lk) = (dims.d, dims.lq, dims.lk);
+    gemm(
+        bq,
+        d,
+        bk,
+        MatView::row_major(q, (h * lq + i0) * d, d, false),
+        MatView::row_major(k, (h * lk + j0) * d, d, true),
+        s,
+        0,
+        false,
+        1,
+    );
+    let scale = T::from_f64(dims.scale);
+    for r in 0..bq {
+        let row = &mut s[r * bk..(r + 1) * bk];
+        for (c, v) in row.iter_mut().enumerate() {
+            *v *= scale;
+            if let Some(m) = mask {
+                *v += m.data[m.offsets[h] + (i0 + r) * m.rs + (j0 + c) * m.cs];
+            }
+            if dims.causal && j0 + c > i0 + r {
+                *v = T::neg_infinity();
+            }
+        }
+    }
+}
+
+/// Tiles `(start, len)` of `0..n`.
+fn tiles(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n).step_by(TILE).map(move |s| (s, TILE.min(n - s)))
+}
+
+/// The forward for heads `h0..h0 + o.len()/(lq·dv)`: `o` (`[heads, lq, dv]`) and `lse`
+/// (`[heads, lq]`) are those heads' parts of the outputs.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward<T: Float + Gemm>(
+    dims: &AttnDims,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    mask: Option<&AttnMask<'_, T>>,
+    h0: usize,
+    o: &mut [T],
+    lse: &mut [T],
+) {
+    let (lq, lk, dv) = (dims.lq, dims.lk, dims.dv);
+    if lq == 0 {
+        return;
+    }
+    if lk == 0 {
+        // No keys: the weights are empty and the output is an empty sum, 0 (PyTorch's math).
+        o.fill(T::ZERO);
+        lse.fill(T::neg_infinity());
+        return;
+    }
+    let heads = lse.len() / lq;
+    let keep_scale = T::from_f64(1.0 / (1.0 - dims.dropout));
+    let mut s = [T::ZERO; TILE * TILE];
+    let mut m = [T::ZERO; TILE];
+    let mut l = [0.0f64; TILE];
+    for hl in 0..heads {
+        let h = h0 + hl;
+        for (i0, bq) in tiles(lq) {
+            let acc = &mut o[(hl * lq + i0) * dv..(hl * lq + i0 + bq) * dv];
+            acc.fill(T::ZERO);
+            m[..bq].fill(T::neg_infinity());
+            l[..bq].fill(0.0);
+            for (j0, bk) in tiles(lk) {
+                if dims.causal && j0 > i0 + bq - 1 {
+                    break;
+                }
+                let st = &mut s[..bq * bk];
+                scores(dims, mask, h, q, k, (i0, bq), (j0, bk), st);
+                for r in 0..bq {
+                    let row = &mut st[r * bk..(r + 1) * bk];
+                    let mut mt = m[r];
+                    for &x in row.iter() {
+                        if x > mt || x.to_f64().is_nan() {
+                            mt = x;
+                        }
+                    }
+                    if mt == T::neg_infinity() {
+                        // Every key so far hidden: nothing to add.
+                        row.fill(T::ZERO);
+                        continue;
+                    }
+                    let alpha = (m[r] - mt).exp();
+                    m[r] = mt;
+                    let mut sum = 0.0f64;
+                    for (c, x) in row.iter_mut().enumerate() {
+                        let p = (*x - mt).exp();
+                        sum += p.to_f64();
+                        *x = if dims.dropout == 0.0 {
+                            p
+                        } else if keeps(dims, h, i0 + r, j0 + c) {
+                            p * keep_scale
+                        } else {
+                            T::ZERO
+                        };
+                    }
+                    l[r] = l[r] * alpha.to_f64() + sum;
+                    if alpha != T::ONE {
+                        for a in &mut acc[r * dv..(r + 1) * dv] {
+                            *a *= alpha;
+                        }
+                    }
+                }
+                gemm(
+                    bq,
+                    bk,
+                    dv,
+                    MatView::row_major(&*st, 0, bk, false),
+                    MatView::row_major(v, (h * lk + j0) * dv, dv, false),
+                    acc,
+                    0,
+                    true,
+                    1,
+                );
+            }
+            for r in 0..bq {
+                let inv = T::from_f64(1.0 / l[r]);
+                for a in &mut acc[r * dv..(r + 1) * dv] {
+                    *a *= inv;
+                }
+                lse[hl * lq + i0 + r] = m[r] + T::from_f64(l[r].ln());
+            }
+        }
+    }
+}
+
+/// The gradients for heads `h0..h0 + heads`: `dq`, `dk`, `dv_out` are those heads' parts (`[heads, lq,
+/// d]`, `[heads, lk, d]`, `[heads, lk, dv]`), overwritten. `o`, `lse` are the forward's
+/// outputs, `go` the output's gradient (all heads).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward<T: Float + Gemm>(
+    dims: &AttnDims,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    mask: Option<&AttnMask<'_, T>>,
+    o: &[T],
+    lse: &[T],
+    go: &[T],
+    (h0, heads): (usize, usize),
+    dq: &mut [T],
+    dk: &mut [T],
+    dv_out: &mut [T],
+) {
+    let (lq, lk, d, dv) = (dims.lq, dims.lk, dims.d, dims.dv);
+    dq.fill(T::ZERO);
+    dk.fill(T::ZERO);
+    dv_out.fill(T::ZERO);
+    if lq == 0 || lk == 0 {
+        return;
+    }
+    let keep_scale = T::from_f64(1.0 / (1.0 - dims.dropout));
+    let scale = T::from_f64(dims.scale);
+    let mut p = [T::ZERO; TILE * TILE];
+    let mut pd = [T::ZERO; TILE * TILE];
+    let mut dp = [T::ZERO; TILE * TILE];
+    let mut delta = vec![T::ZERO; lq];
+    for hl in 0..heads {
+        let h = h0 + hl;
+        // D_i = Σ dO_i·O_i.
+        for (i, di) in delta.iter_mut().enumerate() {
+            let at = (h * lq + i) * dv;
+            let mut acc = 0.0f64;
+            for c in 0..dv {
+                acc += (go[at + c] * o[at + c]).to_f64();
+            }
+            *di = T::from_f64(acc);
+        }
+        let dq_h = &mut dq[hl * lq * d..(hl + 1) * lq * d];
+        let dk_h = &mut dk[hl * lk * d..(hl + 1) * lk * d];
+        let dv_h = &mut dv_out[hl * lk * dv..(hl + 1) * lk * dv];
+        for (j0, bk) in tiles(lk) {
+            for (i0, bq) in tiles(lq) {
+                if dims.causal && j0 > i0 + bq - 1 {
+                    continue;
+                }
+                let pt = &mut p[..bq * bk];
+                scores(dims, mask, h, q, k, (i0, bq), (j0, bk), pt);
+                let pdt = &mut pd[..bq * bk];
+                for r in 0..bq {
+                    let l = lse[h * lq + i0 + r];
+                    for c in 0..bk {
+                        let x = &mut pt[r * bk + c];
+                        *x = (*x - l).exp();
+                        pdt[r * bk + c] = if dims.dropout == 0.0 {
+                            *x
+                        } else if keeps(dims, h, i0 + r, j0 + c) {
+                            *x * keep_scale
+                        } else {
+                            T::ZERO
+                        };
+                    }
+                }
+                // dV_j += P̃ᵀ·dO_i.
+                gemm(
+                    bk,
+                    bq,
+                    dv,
+                    MatView::row_major(&*pdt, 0, bk, true),
+                    MatView::row_major(go, (h * lq + i0) * dv, dv, false),
+                    dv_h,
+                    j0 * dv,
+                    true,
+                    1,
+                );
+                // dP̃ = dO_i·V_jᵀ.
+                let dpt = &mut dp[..bq * bk];
+                gemm(
+                    bq,
+                    dv,
+                    bk,
+                    MatView::row_major(go, (h * lq + i0) * dv, dv, false),
+                    MatView::row_major(v, (h * lk + j0) * dv, dv, true),
+                    dpt,
+                    0,
+                    false,
+                    1,
+                );
+                // dS = P∘(dP − D)·scale, with dP the dropout mask applied to dP̃.
+                for r in 0..bq {
+                    let di = delta[i0 + r];
+                    for c in 0..bk {
+                        let at = r * bk + c;
+                        let g = if dims.dropout == 0.0 {
+                            dpt[at]
+                        } else if keeps(dims, h, i0 + r, j0 + c) {
+                            dpt[at] * keep_scale
+                        } else {
+                            T::ZERO
+                        };
+                        let pv = pt[at];
+                        // A hidden key's weight is exactly 0, and so is its gradient.
+                        dpt[at] = if pv == T::ZERO {
+                            T::ZERO
+                        } else {
+                            pv * (g - di) * scale
+                        };
+                    }
+                }
+                // dQ_i += dS·K_j; dK_j += dSᵀ·Q_i.
+                gemm(
+                    bq,
+                    bk,
+                    d,
+                    MatView::row_major(&*dpt, 0, bk, false),
+                    MatView::row_major(k, (h * lk + j0) * d, d, false),
+                    dq_h,
+                    i0 * d,
+                    true,
+                    1,
+                );
+                gemm(
+                    bk,
+                    bq,
+                    d,
+                    MatView::row_major(&*dpt, 0, bk, true),
+                    MatView::row_major(q, (h * lq + i0) * d, d, false),
+                    dk_h,
+                    j0 * d,
+                    true,
+                    1,
+                );
+            }
+        }
+    }
+}

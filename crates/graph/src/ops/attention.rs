@@ -1,0 +1,469 @@
+//! Scaled dot-product attention as one recorded op.
+//!
+//! On the host the forward and backward are the tiled kernels of
+//! `arenagrad_exec::cpu::attention` (the FlashAttention scheme): the node keeps the output and
+//! each query row's log-sum-exp, never the `lq × lk` weights, so a step's memory grows linearly
+//! with the sequence. Under `create_graph` the rule is written in tensor ops (the weights are
+//! recomputed, quadratic in memory, and differentiable again). On a CUDA device the op is the
+//! same formula composed of tensor ops (a fused kernel is future work).
+
+use arenagrad_alloc::BufId;
+use arenagrad_exec::cpu::attention::{self as k, AttnDims, AttnMask};
+use arenagrad_exec::cpu::matmul::Gemm;
+use arenagrad_exec::cpu::thread_pool::for_each_owned;
+use arenagrad_exec::layout::broadcast_strides;
+use arenagrad_exec::Float;
+use smallvec::{smallvec, SmallVec};
+
+use super::{check_pair, Ctx, Grads, Op};
+use crate::error::{GraphError, Result};
+use crate::graph::Inner;
+use crate::shape::Shape;
+use crate::{Device, Tensor};
+use arenagrad_exec::layout::broadcast_shapes;
+
+/// Options of [`Tensor::scaled_dot_product_attention`] (PyTorch's keyword arguments).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AttentionOptions<'g> {
+    /// An additive float mask on the scores, broadcastable to `[…, lq, lk]` (−∞ hides a key;
+    /// [`Tensor::masked_fill`] makes one from a 0/1 mask). No gradient flows into it.
+    pub mask: Option<Tensor<'g>>,
+    /// Query `i` sees keys `j ≤ i` only (PyTorch's `is_causal`, aligned top-left). May be
+    /// combined with `mask`.
+    pub causal: bool,
+    /// The probability of dropping each attention weight (0 for none; pass 0 when evaluating).
+    pub dropout_p: f64,
+    /// The factor on `q·kᵀ`; `None` is `1/√d`.
+    pub scale: Option<f64>,
+}
+
+/// What the node keeps: the problem, whether a mask is its fourth input, and the per-row
+/// log-sum-exp.
+#[derive(Clone, Copy)]
+pub(crate) struct AttnNode {
+    pub dims: AttnDims,
+    pub mask: bool,
+    pub lse: BufId,
+}
+
+const OP: &str = "scaled_dot_product_attention";
+
+impl<'g> Tensor<'g> {
+    /// `softmax(self·kᵀ·scale + mask)·v` over the last two axes, PyTorch's
+    /// `scaled_dot_product_attention`: `self` (the queries) `[…, lq, d]`, `k` `[…, lk, d]`,
+    /// `v` `[…, lk, dv]` with the same leading axes (batch, heads); the output is `[…, lq, dv]`.
+    /// Dropout, when `dropout_p > 0`, drops attention weights (scaling the rest by
+    /// `1/(1 − p)`) from the graph's random stream. Gradients flow to `self`, `k` and `v`.
+    pub fn scaled_dot_product_attention(
+        self,
+        k: Tensor<'g>,
+        v: Tensor<'g>,
+        opts: AttentionOptions<'g>,
+    ) -> Result<Tensor<'g>> {
+        let (qs, ks, vs) = (self.try_shape()?, k.try_shape()?, v.try_shape()?);
+        check_pair(OP, &self, &k)?;
+        check_pair(OP, &self, &v)?;
+        let r = qs.len();
+        let mismatch = |lhs: &[usize], rhs: &[usize]| GraphError::ShapeMismatch {
+            op: OP,
+            lhs: lhs.to_vec(),
+            rhs: rhs.to_vec(),
+        };
+        if r < 2 || ks.len() != r || vs.len() != r {
+            return Err(GraphError::BadArgument {
+                op: OP,
+                what: "q, k and v must have the same rank, at least 2 ([…, len, width])",
+            });
+        }
+        if qs[..r - 2] != ks[..r - 2] || qs[r - 1] != ks[r - 1] {
+            return Err(mismatch(&qs, &ks));
+        }
+        if vs[..r - 2] != ks[..r - 2] || vs[r - 2] != ks[r - 2] {
+            return Err(mismatch(&ks, &vs));
+        }
+        if !(0.0..=1.0).contains(&opts.dropout_p) {
+            return Err(GraphError::BadArgument {
+                op: OP,
+                what: "dropout_p must be in [0, 1]",
+            });
+        }
+        if opts.scale.is_some_and(|s| !s.is_finite()) {
+            return Err(GraphError::BadArgument {
+                op: OP,
+                what: "scale must be finite",
+            });
+        }
+        let (lq, lk, d, dv) = (qs[r - 2], ks[r - 2], qs[r - 1], vs[r - 1]);
+        let mut full: Shape = qs[..r - 2].iter().copied().collect();
+        full.extend([lq, lk]);
+        if let Some(m) = opts.mask {
+            check_pair(OP, &self, &m)?;
+            let ms = m.try_shape()?;
+            if broadcast_shapes(&ms, &full).as_deref() != Some(&full[..]) {
+                return Err(mismatch(&full, &ms));
+            }
+        }
+        let dims = AttnDims {
+            bh: qs[..r - 2].iter().product(),
+            lq,
+            lk,
+            d,
+            dv,
+            scale: opts.scale.unwrap_or(1.0 / (d.max(1) as f64).sqrt()),
+            causal: opts.causal,
+            dropout: opts.dropout_p,
+            seed: if opts.dropout_p > 0.0 {
+                self.g.inner().rng.next_u64()
+            } else {
+                0
+            },
+        };
+        if self.device() != Device::Cpu {
+            return composed_forward(self, k, v, opts.mask, &dims, &full);
+        }
+        let mut out_shape: Shape = qs[..r - 2].iter().copied().collect();
+        out_shape.extend([lq, dv]);
+        let mask_shape = opts.mask.map(|m| m.try_shape()).transpose()?;
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let dtype = i.node(OP, self.id)?.dtype;
+        let bufs = [self, k, v]
+            .iter()
+            .map(|t| i.node(OP, t.id).map(|n| n.buf))
+            .collect::<Result<SmallVec<[BufId; 3]>>>()?;
+        let mask = match (opts.mask, mask_shape) {
+            (Some(m), Some(ms)) => Some((i.node(OP, m.id)?.buf, ms)),
+            _ => None,
+        };
+        let (o_len, lse_len) = (dims.bh * lq * dv, dims.bh * lq);
+        let both = i.alloc(OP, dtype, o_len + lse_len)?;
+        let threads = i.threads;
+        with_float!(dtype, T, {
+            let mb = mask.as_ref().map_or(bufs[0], |m| m.0);
+            let (all, [q, kk, vv, md]) =
+                i.split_mut::<T, 4>(OP, both, [bufs[0], bufs[1], bufs[2], mb])?;
+            let offsets = mask
+                .as_ref()
+                .map(|m| mask_view(&m.1, &full, &dims))
+                .unwrap_or_default();
+            let mv = mask.as_ref().map(|_| AttnMask {
+                data: md,
+                offsets: &offsets.0,
+                rs: offsets.1,
+                cs: offsets.2,
+            });
+            let (o, lse) = all.split_at_mut(o_len);
+            forward_threads(&dims, q, kk, vv, mv.as_ref(), o, lse, threads);
+        });
+        let o = i.alloc(OP, dtype, o_len)?;
+        let lse = i.alloc(OP, dtype, lse_len)?;
+        with_float!(dtype, T, {
+            let (dst, [src]) = i.split_mut::<T, 1>(OP, o, [both])?;
+            dst.copy_from_slice(&src[..o_len]);
+            let (dst, [src]) = i.split_mut::<T, 1>(OP, lse, [both])?;
+            dst.copy_from_slice(&src[o_len..]);
+        });
+        i.release_buf(Device::Cpu, both)?;
+        let mut inputs: SmallVec<[_; 4]> = smallvec![self.id, k.id, v.id];
+        inputs.extend(opts.mask.map(|m| m.id));
+        let node = AttnNode {
+            dims,
+            mask: opts.mask.is_some(),
+            lse,
+        };
+        let id = i.push(out_shape, dtype, o, Op::Attention(node), &inputs);
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+}
+
+/// Each head's first mask element and the row and column strides of the mask broadcast to
+/// `full` (`[…, lq, lk]`).
+fn mask_view(ms: &[usize], full: &[usize], dims: &AttnDims) -> (Vec<usize>, usize, usize) {
+    let st = broadcast_strides(ms, full);
+    let r = full.len();
+    let lead = &full[..r - 2];
+    let mut offsets = Vec::with_capacity(dims.bh);
+    for h in 0..dims.bh {
+        let (mut rem, mut off) = (h, 0);
+        for a in (0..lead.len()).rev() {
+            off += (rem % lead[a]) * st[a];
+            rem /= lead[a];
+        }
+        offsets.push(off);
+    }
+    (offsets, st[r - 2], st[r - 1])
+}
+
+/// Splits the heads into one run of [`k::attention_forward`] per thread.
+#[allow(clippy::too_many_arguments)]
+fn forward_threads<T: Float + Gemm>(
+    dims: &AttnDims,
+    q: &[T],
+    kk: &[T],
+    vv: &[T],
+    mask: Option<&AttnMask<'_, T>>,
+    o: &mut [T],
+    lse: &mut [T],
+    threads: usize,
+) {
+    let (per, t) = split_heads(dims, threads);
+    if t <= 1 {
+        k::attention_forward(dims, q, kk, vv, mask, 0, o, lse);
+        return;
+    }
+    let parts: Vec<(usize, &mut [T], &mut [T])> = o
+        .chunks_mut(per * dims.lq * dims.dv)
+        .zip(lse.chunks_mut(per * dims.lq))
+        .enumerate()
+        .map(|(j, (o, l))| (j * per, o, l))
+        .collect();
+    for_each_owned(parts, |_, (h0, o, l)| {
+        k::attention_forward(dims, q, kk, vv, mask, *h0, o, l)
+    });
+}
+
+/// Heads per thread and the number of threads: all heads on one thread unless there are
+/// several heads of enough work each.
+fn split_heads(dims: &AttnDims, threads: usize) -> (usize, usize) {
+    let work = dims.lq * dims.lk * (dims.d + dims.dv);
+    let t = if dims.bh >= 2 && work * dims.bh >= 1 << 16 && dims.dv > 0 && dims.d > 0 {
+        threads.clamp(1, dims.bh)
+    } else {
+        1
+    };
+    let per = dims.bh.div_ceil(t);
+    (per, dims.bh.div_ceil(per))
+}
+
+/// The dropout decisions as a 0/1 tensor of shape `full` ([`k::keeps`], the fused kernels'
+/// mask), for the composed paths.
+fn keep_mask<'g>(q: Tensor<'g>, dims: &AttnDims, full: &[usize]) -> Result<Tensor<'g>> {
+    let (lq, lk) = (dims.lq, dims.lk);
+    let dims = *dims;
+    let m = q.g.filled_by(OP, full, q.dtype(), move |e| {
+        let (h, rest) = (e / (lq * lk), e % (lq * lk));
+        f64::from(u8::from(k::keeps(&dims, h, rest / lk, rest % lk)))
+    })?;
+    m.to_device(q.device())
+}
+
+/// The scores `q·kᵀ·scale + mask`, −∞ where causal hides a key, in tensor ops.
+fn composed_scores<'g>(
+    q: Tensor<'g>,
+    k: Tensor<'g>,
+    mask: Option<Tensor<'g>>,
+    dims: &AttnDims,
+) -> Result<Tensor<'g>> {
+    let r = q.try_shape()?.len();
+    let mut s = q
+        .matmul(k.transpose(r as isize - 2, r as isize - 1)?)?
+        .scale(dims.scale)?;
+    if let Some(m) = mask {
+        s = s.add(m.detach()?)?;
+    }
+    if dims.causal {
+        let hide = {
+            let _ng = q.g.no_grad();
+            let ones =
+                q.g.full_on(&[dims.lq, dims.lk], 1.0, q.dtype(), q.device())?;
+            ones.triu(1)?
+        };
+        s = s.masked_fill(hide, f64::NEG_INFINITY)?;
+    }
+    Ok(s)
+}
+
+/// The attention weights after dropout, and before.
+fn composed_weights<'g>(
+    q: Tensor<'g>,
+    k: Tensor<'g>,
+    mask: Option<Tensor<'g>>,
+    dims: &AttnDims,
+    full: &[usize],
+) -> Result<(Tensor<'g>, Tensor<'g>, Option<Tensor<'g>>)> {
+    let p = composed_scores(q, k, mask, dims)?.softmax(-1)?;
+    if dims.dropout == 0.0 {
+        return Ok((p, p, None));
+    }
+    let z = keep_mask(q, dims, full)?;
+    let zs = if dims.dropout < 1.0 {
+        z.scale(1.0 / (1.0 - dims.dropout))?
+    } else {
+        z
+    };
+    Ok((p.mul(zs)?, p, Some(zs)))
+}
+
+/// The forward written in tensor ops (a CUDA device's path); its gradient is autodiff's.
+fn composed_forward<'g>(
+    q: Tensor<'g>,
+    k: Tensor<'g>,
+    v: Tensor<'g>,
+    mask: Option<Tensor<'g>>,
+    dims: &AttnDims,
+    full: &[usize],
+) -> Result<Tensor<'g>> {
+    if dims.lk == 0 {
+        let mut s = q.try_shape()?;
+        let r = s.len();
+        s[r - 1] = dims.dv;
+        return q.g.full_on(&s, 0.0, q.dtype(), q.device());
+    }
+    let (pd, _, _) = composed_weights(q, k, mask, dims, full)?;
+    pd.matmul(v)
+}
+
+pub(crate) fn backward<'g>(nd: &AttnNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let (q, kt, vt) = (c.input(0), c.input(1), c.input(2));
+    let mask = nd.mask.then(|| c.input(3));
+    let dims = nd.dims;
+    let mut grads: Grads<'g> = if c.create_graph {
+        composed_backward(q, kt, vt, mask, &dims, c.gy)?
+    } else {
+        fused_backward(nd, c, q, kt, vt, mask)?
+    };
+    if nd.mask {
+        grads.push(None);
+    }
+    Ok(grads)
+}
+
+/// The rule in tensor ops, differentiable again.
+fn composed_backward<'g>(
+    q: Tensor<'g>,
+    k: Tensor<'g>,
+    v: Tensor<'g>,
+    mask: Option<Tensor<'g>>,
+    dims: &AttnDims,
+    go: Tensor<'g>,
+) -> Result<Grads<'g>> {
+    let r = q.try_shape()?.len() as isize;
+    let mut full: Vec<usize> = q.try_shape()?[..r as usize - 2].to_vec();
+    full.extend([dims.lq, dims.lk]);
+    if dims.lk == 0 {
+        return Ok(smallvec![
+            Some(q.g.full_on(&q.shape(), 0.0, q.dtype(), q.device())?),
+            Some(k.g.full_on(&k.shape(), 0.0, k.dtype(), k.device())?),
+            Some(v.g.full_on(&v.shape(), 0.0, v.dtype(), v.device())?),
+        ]);
+    }
+    let tr = |t: Tensor<'g>| t.transpose(r - 2, r - 1);
+    let (pd, p, z) = composed_weights(q, k, mask, dims, &full)?;
+    let dv = tr(pd)?.matmul(go)?;
+    let mut dp = go.matmul(tr(v)?)?;
+    if let Some(z) = z {
+        dp = dp.mul(z)?;
+    }
+    let ds = p
+        .mul(dp.sub(dp.mul(p)?.sum_axes(&[-1], true)?)?)?
+        .scale(dims.scale)?;
+    let dq = ds.matmul(k)?;
+    let dk = tr(ds)?.matmul(q)?;
+    Ok(smallvec![Some(dq), Some(dk), Some(dv)])
+}
+
+/// A thread's first head and its parts of dq, dk and dv.
+type HeadGrads<'a, T> = (usize, &'a mut [T], &'a mut [T], &'a mut [T]);
+
+fn fused_backward<'g>(
+    nd: &AttnNode,
+    c: &Ctx<'g>,
+    q: Tensor<'g>,
+    kt: Tensor<'g>,
+    vt: Tensor<'g>,
+    mask: Option<Tensor<'g>>,
+) -> Result<Grads<'g>> {
+    let dims = nd.dims;
+    let (qs, ks, vs) = (q.try_shape()?, kt.try_shape()?, vt.try_shape()?);
+    let mut full: Shape = qs[..qs.len() - 2].iter().copied().collect();
+    full.extend([dims.lq, dims.lk]);
+    let mask_shape = mask.map(|m| m.try_shape()).transpose()?;
+    let mut guard = c.g.inner();
+    let i = &mut *guard;
+    let dtype = i.node(OP, q.id)?.dtype;
+    let buf = |i: &Inner, t: Tensor<'g>| i.node(OP, t.id).map(|n| n.buf);
+    let (qb, kb, vb, ob, gb) = (
+        buf(i, q)?,
+        buf(i, kt)?,
+        buf(i, vt)?,
+        buf(i, c.out)?,
+        buf(i, c.gy)?,
+    );
+    let mask = match (mask, mask_shape) {
+        (Some(m), Some(ms)) => Some((buf(i, m)?, ms)),
+        _ => None,
+    };
+    let (nq, nk, nv) = (
+        dims.bh * dims.lq * dims.d,
+        dims.bh * dims.lk * dims.d,
+        dims.bh * dims.lk * dims.dv,
+    );
+    let all = i.alloc(OP, dtype, nq + nk + nv)?;
+    let threads = i.threads;
+    let mb = mask.as_ref().map_or(qb, |m| m.0);
+    with_float!(dtype, T, {
+        let (out, ins) = i
+            .arena
+            .split_mut_many::<T>(all, &[qb, kb, vb, ob, nd.lse, gb, mb])
+            .map_err(|source| GraphError::Alloc { op: OP, source })?;
+        let offsets = mask
+            .as_ref()
+            .map(|m| mask_view(&m.1, &full, &dims))
+            .unwrap_or_default();
+        let mv = mask.as_ref().map(|_| AttnMask {
+            data: ins[6],
+            offsets: &offsets.0,
+            rs: offsets.1,
+            cs: offsets.2,
+        });
+        let (dq, rest) = out.split_at_mut(nq);
+        let (dk, dvv) = rest.split_at_mut(nk);
+        let (per, t) = split_heads(&dims, threads);
+        let run = |h0: usize, dq: &mut [T], dk: &mut [T], dv: &mut [T]| {
+            let heads = dq.len() / (dims.lq * dims.d).max(1);
+            let heads = if dims.d == 0 { per } else { heads };
+            k::attention_backward(
+                &dims,
+                ins[0],
+                ins[1],
+                ins[2],
+                mv.as_ref(),
+                ins[3],
+                ins[4],
+                ins[5],
+                (h0, heads.min(dims.bh - h0)),
+                dq,
+                dk,
+                dv,
+            )
+        };
+        if t <= 1 {
+            run(0, dq, dk, dvv);
+        } else {
+            let parts: Vec<HeadGrads<'_, T>> = dq
+                .chunks_mut(per * dims.lq * dims.d)
+                .zip(dk.chunks_mut(per * dims.lk * dims.d))
+                .zip(dvv.chunks_mut(per * dims.lk * dims.dv))
+                .enumerate()
+                .map(|(j, ((a, b), c))| (j * per, a, b, c))
+                .collect();
+            for_each_owned(parts, |_, (h0, a, b, c)| run(*h0, a, b, c));
+        }
+    });
+    let mut grads: Grads<'g> = SmallVec::new();
+    let mut at = 0;
+    for (shape, len) in [(qs, nq), (ks, nk), (vs, nv)] {
+        let b = i.alloc(OP, dtype, len)?;
+        with_float!(dtype, T, {
+            let (dst, [src]) = i.split_mut::<T, 1>(OP, b, [all])?;
+            dst.copy_from_slice(&src[at..at + len]);
+        });
+        at += len;
+        let id = i.push_on(Device::Cpu, shape, dtype, b, Op::Leaf, &[]);
+        grads.push(Some(c.g.handle(id)));
+    }
+    i.release_buf(Device::Cpu, all)?;
+    drop(guard);
+    Ok(grads)
+}

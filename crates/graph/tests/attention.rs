@@ -1,0 +1,412 @@
+//! The fused `scaled_dot_product_attention` against values PyTorch 2.15 printed (float64, with
+//! and without `is_causal`), against the same formula composed of tensor ops on shapes that are
+//! not multiples of the kernel's tile (masks broadcast over heads, causal, a custom scale,
+//! dropout), against finite differences in f64 and to second order; and the memory it promises:
+//! a 4096-token attention step peaking at a small fraction of the composition's.
+
+use arenagrad_graph::check::{check_fn, gradcheck, gradgradcheck, GradcheckOptions};
+use arenagrad_graph::{
+    grad, AttentionOptions, BackwardOptions, DType, Graph, GraphError, HostTensor, Result, Tensor,
+};
+
+fn close(got: &[f64], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (k, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (a - b).abs() <= tol * b.abs().max(1.0),
+            "{what}: element {k}: {a} vs {b}"
+        );
+    }
+}
+
+/// Deterministic values in about [-1.5, 1.5].
+fn vals(n: usize, seed: u64) -> Vec<f64> {
+    (0..n)
+        .map(|i| ((i as f64 + 1.0) * 0.618_034 * (seed as f64 + 1.3)).sin() * 1.5)
+        .collect()
+}
+
+/// The reference: `softmax(q·kᵀ·scale + mask)·v`, causal by `masked_fill`, in tensor ops.
+fn naive<'g>(
+    g: &'g Graph,
+    q: Tensor<'g>,
+    k: Tensor<'g>,
+    v: Tensor<'g>,
+    opts: AttentionOptions<'g>,
+) -> Result<Tensor<'g>> {
+    let qs = q.shape();
+    let r = qs.len();
+    let (lq, lk, d) = (qs[r - 2], k.shape()[r - 2], qs[r - 1]);
+    let scale = opts.scale.unwrap_or(1.0 / (d as f64).sqrt());
+    let mut s = q.matmul(k.transpose(-2, -1)?)?.scale(scale)?;
+    if let Some(m) = opts.mask {
+        s = s.add(m)?;
+    }
+    if opts.causal {
+        let hide = g.full(&[lq, lk], 1.0, q.dtype())?.triu(1)?;
+        s = s.masked_fill(hide, f64::NEG_INFINITY)?;
+    }
+    s.softmax(-1)?.matmul(v)
+}
+
+#[test]
+fn matches_pytorch_with_and_without_causal() {
+    let g = Graph::new();
+    let q = g
+        .var(&[0.3, -1.2, 0.8, 2.1, -0.4, 1.7], &[1, 3, 2], DType::F64)
+        .unwrap();
+    let k = g
+        .var(
+            &[0.5, 0.1, -0.9, 0.4, 1.1, -0.3, 0.2, 0.2],
+            &[1, 4, 2],
+            DType::F64,
+        )
+        .unwrap();
+    #[rustfmt::skip]
+    let v = g.var(&[1., 0., 2., 0., 1., -1., 0.5, 0.5, 0.5, -1., 2., 0.], &[1, 4, 3], DType::F64)
+        .unwrap();
+    let c = g
+        .from_f64(
+            &[1., 2., 3., -1., 0.5, 2., 0.3, -0.7, 1.1],
+            &[1, 3, 3],
+            DType::F64,
+        )
+        .unwrap();
+    #[rustfmt::skip]
+    let want: [(bool, [&[f64]; 4]); 2] = [
+        (false, [
+            &[0.23193643923099108, 0.768063560769009, 0.550810327564894, 0.11804888297201654,
+              0.8819511170279835, 0.4854794296767435, 0.006819642055386543, 0.9931803579446135,
+              0.026607479580027467],
+            &[0.5736178792056389, -0.0932741809122809, 0.4710065741969421, -0.07250683069549205,
+              0.592361943679478, -0.15432089151145786],
+            &[0.28374645834386925, 0.7580478888490814, -0.31652624140581, -0.908103231184514,
+              -0.13484106378010838, 0.09051081562692741, 0.16762084684204895, 0.05954452670850581],
+            &[0.020541635324718796, 0.49695394763902045, 1.54709063415958, 0.06954014122199739,
+              0.08218348956971999, 1.3174492544444136, 0.2035400246694371, 0.8280214571076395,
+              1.7518521114229058, 0.006378198783846836, 0.39284110568362024, 1.4836079999731013],
+        ]),
+        (true, [
+            &[1.0, 0.0, 2.0, 0.5857642922449694, 0.4142357077550306, 0.7572928767349082,
+              0.3451831662569042, 0.6548168337430957, 0.035549498770712604],
+            &[0.0, 0.0, 1.0809260380319732, -0.23162700814970863, 0.8975690941139873,
+              -0.21058683023549724],
+            &[0.39964601603908584, 2.5479995812452088, -0.3727504012017177, -2.662305944304024,
+              -0.026895614837368263, 0.11430636305881509, 0.0, 0.0],
+            &[0.49636465738618285, 2.101247930316463, 4.47266806647083, -0.23921665787802085,
+              -0.20125992916884078, 1.4702079317257637, 0.042852000491837954, -0.09998800114762188,
+              0.15712400180340583, 0.0, 0.0, 0.0],
+        ]),
+    ];
+    for (causal, [o, dq, dk, dv]) in want {
+        let opts = AttentionOptions {
+            causal,
+            ..Default::default()
+        };
+        let out = q.scaled_dot_product_attention(k, v, opts).unwrap();
+        close(&out.to_vec_f64().unwrap(), o, 1e-12, "output");
+        let loss = out.mul(c).unwrap().sum().unwrap();
+        let gr = grad(loss, &[q, k, v], BackwardOptions::default()).unwrap();
+        for (name, got, want) in [("dq", &gr[0], dq), ("dk", &gr[1], dk), ("dv", &gr[2], dv)] {
+            close(&got.unwrap().to_vec_f64().unwrap(), want, 1e-12, name);
+        }
+    }
+}
+
+/// The fused op and the composition on the same inputs: values and all three gradients.
+fn agree(
+    shape_q: &[usize],
+    shape_k: &[usize],
+    dv: usize,
+    mask: Option<&[usize]>,
+    causal: bool,
+    scale: Option<f64>,
+) {
+    let g = Graph::new();
+    let mut shape_v = shape_k.to_vec();
+    *shape_v.last_mut().unwrap() = dv;
+    let n = |s: &[usize]| s.iter().product::<usize>();
+    let q = g.var(&vals(n(shape_q), 1), shape_q, DType::F64).unwrap();
+    let k = g.var(&vals(n(shape_k), 2), shape_k, DType::F64).unwrap();
+    let v = g.var(&vals(n(&shape_v), 3), &shape_v, DType::F64).unwrap();
+    let m = mask.map(|ms| {
+        // Some keys hidden, the rest shifted: an additive mask with −∞ entries.
+        let mv: Vec<f64> = vals(n(ms), 4)
+            .iter()
+            .map(|&x| if x > 1.2 { f64::NEG_INFINITY } else { x * 0.5 })
+            .collect();
+        g.from_f64(&mv, ms, DType::F64).unwrap()
+    });
+    let opts = AttentionOptions {
+        mask: m,
+        causal,
+        dropout_p: 0.0,
+        scale,
+    };
+    let what = format!("q {shape_q:?} k {shape_k:?} mask {mask:?} causal {causal}");
+    let fused = q.scaled_dot_product_attention(k, v, opts).unwrap();
+    let reference = naive(&g, q, k, v, opts).unwrap();
+    close(
+        &fused.to_vec_f64().unwrap(),
+        &reference.to_vec_f64().unwrap(),
+        1e-10,
+        &what,
+    );
+    let w = g
+        .from_f64(&vals(n(&fused.shape()), 5), &fused.shape(), DType::F64)
+        .unwrap();
+    let gf = grad(
+        fused.mul(w).unwrap().sum().unwrap(),
+        &[q, k, v],
+        BackwardOptions::default(),
+    )
+    .unwrap();
+    let gr = grad(
+        reference.mul(w).unwrap().sum().unwrap(),
+        &[q, k, v],
+        BackwardOptions::default(),
+    )
+    .unwrap();
+    for (a, b) in gf.iter().zip(&gr) {
+        close(
+            &a.unwrap().to_vec_f64().unwrap(),
+            &b.unwrap().to_vec_f64().unwrap(),
+            1e-9,
+            &what,
+        );
+    }
+}
+
+#[test]
+fn agrees_with_the_composition_across_tiles_masks_and_causal() {
+    // Lengths across the 64-wide tiles, unequal query and key counts, value width ≠ key width.
+    agree(&[2, 3, 70, 8], &[2, 3, 130, 8], 5, None, false, None);
+    agree(&[2, 3, 70, 8], &[2, 3, 130, 8], 5, None, true, None);
+    agree(&[1, 2, 129, 4], &[1, 2, 129, 4], 4, None, true, Some(0.3));
+    // A mask broadcast over batch and heads, and one per batch broadcast over heads.
+    agree(
+        &[2, 2, 65, 6],
+        &[2, 2, 66, 6],
+        3,
+        Some(&[65, 66]),
+        false,
+        None,
+    );
+    agree(
+        &[2, 2, 65, 6],
+        &[2, 2, 66, 6],
+        3,
+        Some(&[2, 1, 65, 66]),
+        true,
+        None,
+    );
+    // Rank 3 (no head axis) and rank 2.
+    agree(&[3, 5, 4], &[3, 7, 4], 2, Some(&[1, 7]), false, None);
+    agree(&[5, 4], &[7, 4], 3, None, true, None);
+}
+
+#[test]
+fn rows_with_every_key_hidden_are_nan_as_softmax_and_no_keys_give_zeros() {
+    let g = Graph::new();
+    let q = g.var(&vals(8, 1), &[2, 4], DType::F64).unwrap();
+    let k = g.var(&vals(12, 2), &[3, 4], DType::F64).unwrap();
+    let v = g.var(&vals(6, 3), &[3, 2], DType::F64).unwrap();
+    let inf = f64::NEG_INFINITY;
+    let m = g
+        .from_f64(&[inf, inf, inf, 0.0, inf, 0.0], &[2, 3], DType::F64)
+        .unwrap();
+    let opts = AttentionOptions {
+        mask: Some(m),
+        ..Default::default()
+    };
+    let o = q
+        .scaled_dot_product_attention(k, v, opts)
+        .unwrap()
+        .to_vec_f64()
+        .unwrap();
+    let r = naive(&g, q, k, v, opts).unwrap().to_vec_f64().unwrap();
+    assert!(
+        o[0].is_nan() && o[1].is_nan() && r[0].is_nan(),
+        "{o:?} {r:?}"
+    );
+    close(&o[2..], &r[2..], 1e-12, "the unmasked row");
+    let k0 = g.zeros(&[0, 4], DType::F64).unwrap();
+    let v0 = g.zeros(&[0, 2], DType::F64).unwrap();
+    let o = q
+        .scaled_dot_product_attention(k0, v0, AttentionOptions::default())
+        .unwrap();
+    assert_eq!(o.shape().as_slice(), &[2, 2]);
+    assert_eq!(o.to_vec_f64().unwrap(), [0.0; 4]);
+}
+
+#[test]
+fn gradients_pass_finite_differences_and_second_order() {
+    let opts = GradcheckOptions::default();
+    let xs = [
+        HostTensor::from_f64(&vals(2 * 3 * 4, 1), &[2, 3, 4], DType::F64).unwrap(),
+        HostTensor::from_f64(&vals(2 * 5 * 4, 2), &[2, 5, 4], DType::F64).unwrap(),
+        HostTensor::from_f64(&vals(2 * 5 * 3, 3), &[2, 5, 3], DType::F64).unwrap(),
+    ];
+    for causal in [false, true] {
+        let f = check_fn(move |_, x| {
+            let o = x[0].scaled_dot_product_attention(
+                x[1],
+                x[2],
+                AttentionOptions {
+                    causal,
+                    ..Default::default()
+                },
+            )?;
+            o.tanh()
+        });
+        let r = gradcheck(f, &xs, opts).unwrap();
+        assert!(r.passed, "causal {causal}: {r}");
+        let r = gradgradcheck(f, &xs, opts).unwrap();
+        assert!(r.passed, "causal {causal}, second order: {r}");
+    }
+}
+
+#[test]
+fn dropout_is_replayed_exactly_by_backward() {
+    let g = Graph::new();
+    g.seed(7);
+    let q = g
+        .var(&vals(2 * 70 * 8, 1), &[2, 70, 8], DType::F64)
+        .unwrap();
+    let k = g
+        .var(&vals(2 * 90 * 8, 2), &[2, 90, 8], DType::F64)
+        .unwrap();
+    let v = g
+        .var(&vals(2 * 90 * 3, 3), &[2, 90, 3], DType::F64)
+        .unwrap();
+    let opts = AttentionOptions {
+        dropout_p: 0.3,
+        causal: true,
+        ..Default::default()
+    };
+    let o = q.scaled_dot_product_attention(k, v, opts).unwrap();
+    let plain = q
+        .scaled_dot_product_attention(
+            k,
+            v,
+            AttentionOptions {
+                dropout_p: 0.0,
+                ..opts
+            },
+        )
+        .unwrap();
+    assert_ne!(o.to_vec_f64().unwrap(), plain.to_vec_f64().unwrap());
+    let w = g
+        .from_f64(&vals(2 * 70 * 3, 5), &[2, 70, 3], DType::F64)
+        .unwrap();
+    let loss = o.mul(w).unwrap().sum().unwrap();
+    // The fused rule (a plain backward) and the tensor-op rule (create_graph) regenerate the
+    // mask independently; they agree only if both replay the forward's.
+    let composed = grad(
+        loss,
+        &[q, k, v],
+        BackwardOptions {
+            create_graph: true,
+            retain_graph: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let fused = grad(loss, &[q, k, v], BackwardOptions::default()).unwrap();
+    for (a, b) in fused.iter().zip(&composed) {
+        close(
+            &a.unwrap().to_vec_f64().unwrap(),
+            &b.unwrap().to_vec_f64().unwrap(),
+            1e-10,
+            "dropout gradients",
+        );
+    }
+    // The same seed, the same mask.
+    g.seed(7);
+    let again = q.scaled_dot_product_attention(k, v, opts).unwrap();
+    assert_eq!(again.to_vec_f64().unwrap(), o.to_vec_f64().unwrap());
+}
+
+#[test]
+fn a_long_sequence_needs_a_fraction_of_the_compositions_memory() {
+    // One head of 4096 tokens: the composition holds 4096² scores, weights and their
+    // gradients; the fused op only q, k, v, the output and 4096 log-sum-exps.
+    let (l, d) = (4096, 16);
+    let peak = |fused: bool| {
+        let g = Graph::with_threads(2);
+        let q = g.var(&vals(l * d, 1), &[1, l, d], DType::F32).unwrap();
+        let k = g.var(&vals(l * d, 2), &[1, l, d], DType::F32).unwrap();
+        let v = g.var(&vals(l * d, 3), &[1, l, d], DType::F32).unwrap();
+        g.reset_peak_stats();
+        let opts = AttentionOptions {
+            causal: true,
+            ..Default::default()
+        };
+        let o = if fused {
+            q.scaled_dot_product_attention(k, v, opts).unwrap()
+        } else {
+            naive(&g, q, k, v, opts).unwrap()
+        };
+        let gr = grad(o.sum().unwrap(), &[q, k, v], BackwardOptions::default()).unwrap();
+        let first = gr[0].unwrap().to_vec_f64().unwrap()[..8].to_vec();
+        (g.stats().arena.peak_bytes_in_use, first)
+    };
+    let (fused, gf) = peak(true);
+    let (naive, gn) = peak(false);
+    close(&gf, &gn, 1e-3, "the two dq agree");
+    let inputs = 3 * l * d * 4;
+    assert!(
+        fused * 20 < naive,
+        "fused peak {fused} B vs composed {naive} B"
+    );
+    assert!(
+        fused < 4 * inputs,
+        "fused peak {fused} B, inputs {inputs} B"
+    );
+}
+
+#[test]
+fn bad_arguments_are_errors_naming_the_op() {
+    let g = Graph::new();
+    let q = g.var(&vals(24, 1), &[2, 3, 4], DType::F64).unwrap();
+    let k = g.var(&vals(40, 2), &[2, 5, 4], DType::F64).unwrap();
+    let v = g.var(&vals(30, 3), &[2, 5, 3], DType::F64).unwrap();
+    let o = AttentionOptions::default();
+    let op = "scaled_dot_product_attention";
+    let bad_k = g.zeros(&[2, 5, 3], DType::F64).unwrap();
+    let bad_v = g.zeros(&[2, 4, 3], DType::F64).unwrap();
+    let bad_m = g.zeros(&[4, 5], DType::F64).unwrap();
+    let f32v = g.zeros(&[2, 5, 3], DType::F32).unwrap();
+    for r in [
+        q.scaled_dot_product_attention(bad_k, v, o),
+        q.scaled_dot_product_attention(k, bad_v, o),
+        q.scaled_dot_product_attention(
+            k,
+            v,
+            AttentionOptions {
+                mask: Some(bad_m),
+                ..o
+            },
+        ),
+    ] {
+        assert!(
+            matches!(r, Err(GraphError::ShapeMismatch { op: o, .. }) if o == op),
+            "{r:?}"
+        );
+    }
+    assert!(matches!(
+        q.scaled_dot_product_attention(k, f32v, o),
+        Err(GraphError::DTypeMismatch { .. })
+    ));
+    for p in [-0.1, 1.5, f64::NAN] {
+        assert!(matches!(
+            q.scaled_dot_product_attention(k, v, AttentionOptions { dropout_p: p, ..o }),
+            Err(GraphError::BadArgument { .. })
+        ));
+    }
+    let flat = g.zeros(&[4], DType::F64).unwrap();
+    assert!(matches!(
+        flat.scaled_dot_product_attention(flat, flat, o),
+        Err(GraphError::BadArgument { .. })
+    ));
+}
