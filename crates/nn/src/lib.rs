@@ -72,6 +72,7 @@ pub use arenagrad_graph::{
     DType, Graph, GraphError, HostData, HostDataMut, HostTensor, Parameter, Tensor,
 };
 pub use error::{NnError, Result, ShapeConflict, StateMismatch};
+pub use layers::attention::{MultiheadAttention, TransformerBlock, TransformerConfig};
 pub use layers::basic::{Dropout, Flatten, GELUTanh, Lambda, LeakyReLU, ReLU, Sigmoid, Tanh, GELU};
 pub use layers::conv::{AvgPool2d, Conv2d, Conv2dConfig, MaxPool2d};
 pub use layers::linear::{Embedding, EmbeddingConfig, Linear, LinearConfig};

@@ -1,5 +1,6 @@
 //! The layers.
 
+pub(crate) mod attention;
 pub(crate) mod basic;
 pub(crate) mod conv;
 pub(crate) mod linear;

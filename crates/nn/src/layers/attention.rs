@@ -1,0 +1,272 @@
+//! Self-attention and the pre-norm transformer block, with PyTorch's parameter names
+//! (`nn.MultiheadAttention`, `nn.TransformerEncoderLayer(norm_first=True, batch_first=True)`),
+//! so that a PyTorch state dict loads by name.
+
+use arenagrad_graph::{AttentionOptions, DType, Graph, Tensor};
+
+use crate::error::{config, input_shape, Result};
+use crate::init::Init;
+use crate::layers::basic::Dropout;
+use crate::layers::linear::{Linear, LinearConfig};
+use crate::layers::norm::{LayerNorm, LayerNormConfig};
+use crate::module::{Module, Visitor};
+use crate::Rng;
+
+/// Multi-head self-attention over `[batch, len, dim]`: one fused projection to queries, keys
+/// and values (`in_proj_weight` `[3·dim, dim]`, `in_proj_bias`), `heads` heads of
+/// `dim/heads` through [`Tensor::scaled_dot_product_attention`] (causal when asked), and the
+/// output projection `out_proj`. Attention weights are dropped with probability `dropout` in
+/// training mode. Initialised as PyTorch's: Xavier-uniform `in_proj_weight`, zero biases.
+///
+/// ```
+/// use arenagrad_nn::{DType, Graph, Module, MultiheadAttention, Rng};
+/// let mut rng = Rng::seed(0);
+/// let attn = MultiheadAttention::new(16, 4, true, &mut rng)?;
+/// let g = Graph::new();
+/// let y = attn.forward(&g, g.randn(&[2, 5, 16], DType::F32)?)?;
+/// assert_eq!(y.shape().as_slice(), &[2, 5, 16]);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+#[derive(Debug)]
+pub struct MultiheadAttention {
+    in_proj: Linear,
+    out_proj: Linear,
+    heads: usize,
+    causal: bool,
+    dropout: f64,
+    training: bool,
+}
+
+impl MultiheadAttention {
+    /// `heads` heads over width `dim` (a multiple of `heads`), f32, no dropout.
+    pub fn new(dim: usize, heads: usize, causal: bool, rng: &mut Rng) -> Result<Self> {
+        Self::with_options(dim, heads, causal, 0.0, DType::F32, rng)
+    }
+
+    /// With attention dropout `dropout` (in `[0, 1)`) and the parameters' dtype.
+    pub fn with_options(
+        dim: usize,
+        heads: usize,
+        causal: bool,
+        dropout: f64,
+        dtype: DType,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        if heads == 0 || dim == 0 || !dim.is_multiple_of(heads) {
+            return Err(config(
+                "MultiheadAttention",
+                format!("dim {dim} must be a positive multiple of heads {heads}"),
+            ));
+        }
+        if !(0.0..1.0).contains(&dropout) {
+            return Err(config(
+                "MultiheadAttention",
+                format!("dropout must be in [0, 1), got {dropout}"),
+            ));
+        }
+        let in_cfg = LinearConfig {
+            bias: true,
+            dtype,
+            weight_init: Init::XavierUniform { gain: 1.0 },
+            bias_init: Init::Zeros,
+        };
+        let out_cfg = LinearConfig {
+            bias_init: Init::Zeros,
+            dtype,
+            ..LinearConfig::default()
+        };
+        Ok(MultiheadAttention {
+            in_proj: Linear::with_config(dim, 3 * dim, in_cfg, rng)?,
+            out_proj: Linear::with_config(dim, dim, out_cfg, rng)?,
+            heads,
+            causal,
+            dropout,
+            training: true,
+        })
+    }
+
+    /// The number of heads.
+    pub fn heads(&self) -> usize {
+        self.heads
+    }
+
+    /// The fused query/key/value projection (`[3·dim, dim]`, PyTorch's `in_proj_weight`).
+    pub fn in_proj(&self) -> &Linear {
+        &self.in_proj
+    }
+
+    /// The output projection.
+    pub fn out_proj(&self) -> &Linear {
+        &self.out_proj
+    }
+}
+
+impl Module for MultiheadAttention {
+    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let s = x.try_shape()?;
+        let dim = self.out_proj.out_features();
+        let [b, l, d] = s[..] else {
+            return Err(input_shape(
+                "MultiheadAttention",
+                &format!("[batch, len, {dim}]"),
+                &s,
+            ));
+        };
+        if d != dim {
+            return Err(input_shape(
+                "MultiheadAttention",
+                &format!("[batch, len, {dim}]"),
+                &s,
+            ));
+        }
+        let (h, hd) = (self.heads as isize, (dim / self.heads) as isize);
+        let (b, l) = (b as isize, l as isize);
+        // [b, l, 3d] → [b, l, 3, h, hd] → [3, b, h, l, hd].
+        let qkv = self
+            .in_proj
+            .forward(g, x)?
+            .reshape(&[b, l, 3, h, hd])?
+            .permute(&[2, 0, 3, 1, 4])?;
+        let part = |k: usize| -> Result<Tensor<'g>> {
+            Ok(qkv.slice(0, k, k + 1)?.reshape(&[b, h, l, hd])?)
+        };
+        let opts = AttentionOptions {
+            causal: self.causal,
+            dropout_p: if self.training { self.dropout } else { 0.0 },
+            ..Default::default()
+        };
+        let o = part(0)?.scaled_dot_product_attention(part(1)?, part(2)?, opts)?;
+        let o = o.permute(&[0, 2, 1, 3])?.reshape(&[b, l, dim as isize])?;
+        self.out_proj.forward(g, o)
+    }
+
+    fn visit(&self, v: &mut Visitor<'_>) {
+        v.param("in_proj_weight", self.in_proj.weight());
+        if let Some(bias) = self.in_proj.bias() {
+            v.param("in_proj_bias", bias);
+        }
+        v.child("out_proj", &self.out_proj);
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+}
+
+/// Options of a [`TransformerBlock`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TransformerConfig {
+    /// Attention heads (default 4).
+    pub heads: usize,
+    /// The MLP's hidden width as a multiple of the model width (default 4).
+    pub mlp_ratio: usize,
+    /// Dropout on the attention weights and after each residual branch (default 0.1).
+    pub dropout: f64,
+    /// Whether each position sees only the positions before it (default true).
+    pub causal: bool,
+    /// LayerNorm's `eps` (default 1e-5).
+    pub eps: f64,
+    /// The parameters' dtype (default f32).
+    pub dtype: DType,
+}
+
+impl Default for TransformerConfig {
+    fn default() -> Self {
+        TransformerConfig {
+            heads: 4,
+            mlp_ratio: 4,
+            dropout: 0.1,
+            causal: true,
+            eps: 1e-5,
+            dtype: DType::F32,
+        }
+    }
+}
+
+/// A pre-norm transformer block over `[batch, len, dim]`, PyTorch's
+/// `TransformerEncoderLayer(norm_first=True, activation="gelu", batch_first=True)`:
+/// `x + drop(attn(norm1(x)))`, then `x + drop(linear2(drop(gelu(linear1(norm2(x))))))`, with
+/// its parameter names (`self_attn.*`, `linear1`, `linear2`, `norm1`, `norm2`).
+///
+/// ```
+/// use arenagrad_nn::{DType, Graph, Module, Rng, TransformerBlock, TransformerConfig};
+/// let mut rng = Rng::seed(0);
+/// let block = TransformerBlock::new(32, TransformerConfig::default(), &mut rng)?;
+/// let g = Graph::new();
+/// let y = block.forward(&g, g.randn(&[2, 7, 32], DType::F32)?)?;
+/// assert_eq!(y.shape().as_slice(), &[2, 7, 32]);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+#[derive(Debug)]
+pub struct TransformerBlock {
+    self_attn: MultiheadAttention,
+    linear1: Linear,
+    linear2: Linear,
+    norm1: LayerNorm,
+    norm2: LayerNorm,
+    dropout: Dropout,
+}
+
+impl TransformerBlock {
+    /// A block of width `dim` with the given options.
+    pub fn new(dim: usize, cfg: TransformerConfig, rng: &mut Rng) -> Result<Self> {
+        if cfg.mlp_ratio == 0 {
+            return Err(config("TransformerBlock", "mlp_ratio must be ≥ 1"));
+        }
+        let hidden = dim
+            .checked_mul(cfg.mlp_ratio)
+            .ok_or_else(|| config("TransformerBlock", "dim · mlp_ratio overflows"))?;
+        let lin = LinearConfig {
+            dtype: cfg.dtype,
+            ..LinearConfig::default()
+        };
+        let norm = LayerNormConfig {
+            eps: cfg.eps,
+            elementwise_affine: true,
+            dtype: cfg.dtype,
+        };
+        Ok(TransformerBlock {
+            self_attn: MultiheadAttention::with_options(
+                dim,
+                cfg.heads,
+                cfg.causal,
+                cfg.dropout,
+                cfg.dtype,
+                rng,
+            )?,
+            linear1: Linear::with_config(dim, hidden, lin, rng)?,
+            linear2: Linear::with_config(hidden, dim, lin, rng)?,
+            norm1: LayerNorm::with_config(&[dim], norm)?,
+            norm2: LayerNorm::with_config(&[dim], norm)?,
+            dropout: Dropout::new(cfg.dropout)?,
+        })
+    }
+
+    /// The attention sublayer.
+    pub fn self_attn(&self) -> &MultiheadAttention {
+        &self.self_attn
+    }
+}
+
+impl Module for TransformerBlock {
+    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let a = self.self_attn.forward(g, self.norm1.forward(g, x)?)?;
+        let x = x.add(self.dropout.forward(g, a)?)?;
+        let h = self.linear1.forward(g, self.norm2.forward(g, x)?)?.gelu()?;
+        let h = self.linear2.forward(g, self.dropout.forward(g, h)?)?;
+        Ok(x.add(self.dropout.forward(g, h)?)?)
+    }
+
+    fn visit(&self, v: &mut Visitor<'_>) {
+        v.child("self_attn", &self.self_attn);
+        v.child("linear1", &self.linear1);
+        v.child("linear2", &self.linear2);
+        v.child("norm1", &self.norm1);
+        v.child("norm2", &self.norm2);
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.self_attn.set_training(training);
+        self.dropout.set_training(training);
+    }
+}
