@@ -1,9 +1,11 @@
 //! Prints the engine's speed figures as a table, on the workloads of the README's comparison with
 //! PyTorch (`scripts/compare_torch.py` runs both): W1 the randn-matmul loop at 1024×1024, W2 tiny-op overhead, W3/W4 MLP training
 //! steps (ReLU, cross-entropy, plain SGD lr 0.01, median of 50 steps after 5 warm-up), and GEMM;
-//! then one training step of the Fashion-MNIST example's CNN (Adam, batch 64, random images).
+//! then one training step of the Fashion-MNIST example's CNN (Adam, batch 64, random images);
+//! and causal self-attention at the character GPT's size (`[32, 4, 128, 32]`, f32), forward and
+//! backward, fused and as the composed formula.
 //!
-//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn]`
+//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn]`
 //! Threads: `ARENAGRAD_NUM_THREADS` (default: all cores).
 
 use std::time::Instant;
@@ -244,8 +246,9 @@ struct Args {
     /// Fewer repetitions (a rough figure fast)
     #[arg(long)]
     quick: bool,
-    /// Only these workloads, comma-separated: w1 (randn-matmul loop and GEMM), w2, w3, w4, cnn
-    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn"])]
+    /// Only these workloads, comma-separated: w1 (randn-matmul loop and GEMM), w2, w3, w4, cnn,
+    /// attn
+    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn"])]
     only: Vec<String>,
 }
 
@@ -283,6 +286,68 @@ fn main() {
             "| Fashion-MNIST CNN 32/64, b64 Adam step (random data) | {ms:.2} ms (fwd {f:.2}, bwd {b:.2}, opt {o:.2}) | |"
         );
     }
+    if run("attn") {
+        let reps = if quick { 5 } else { 30 };
+        let (fused, peak_f) = attention_step(true, reps);
+        let (naive, peak_n) = attention_step(false, reps);
+        println!(
+            "| causal attention [32, 4, 128, 32] fwd+bwd, fused | {fused:.2} ms (peak {:.1} MiB) | |",
+            peak_f as f64 / 1048576.0
+        );
+        println!(
+            "| causal attention, composed (matmul, mask, softmax, matmul) | {naive:.2} ms (peak {:.1} MiB) | |",
+            peak_n as f64 / 1048576.0
+        );
+    }
+}
+
+/// Median ms of forward + backward of causal self-attention, `[32, 4, 128, 32]` f32 (fused or
+/// composed), and the arena's peak bytes in the step.
+fn attention_step(fused: bool, reps: usize) -> (f64, usize) {
+    let (b, h, l, d) = (32usize, 4usize, 128usize, 32usize);
+    let mut rng = Rng::seed(0);
+    let n = b * h * l * d;
+    let data: Vec<Vec<f32>> = (0..3)
+        .map(|_| (0..n).map(|_| rng.normal() as f32).collect())
+        .collect();
+    let mut g = Graph::new();
+    let mut times = Vec::new();
+    let mut peak = 0;
+    for _ in 0..reps + 3 {
+        g.reset_peak_stats();
+        let t0 = Instant::now();
+        let t: Vec<Tensor<'_>> = data
+            .iter()
+            .map(|v| {
+                g.from_slice(v, &[b, h, l, d])
+                    .unwrap()
+                    .set_requires_grad(true)
+                    .unwrap()
+            })
+            .collect();
+        let o = if fused {
+            let opts = AttentionOptions {
+                causal: true,
+                ..Default::default()
+            };
+            t[0].scaled_dot_product_attention(t[1], t[2], opts).unwrap()
+        } else {
+            let s = t[0]
+                .matmul(t[1].transpose(-2, -1).unwrap())
+                .unwrap()
+                .scale(1.0 / (d as f64).sqrt())
+                .unwrap();
+            let hide = g.full(&[l, l], 1.0, DType::F32).unwrap().triu(1).unwrap();
+            let s = s.masked_fill(hide, f64::NEG_INFINITY).unwrap();
+            s.softmax(-1).unwrap().matmul(t[2]).unwrap()
+        };
+        o.sum().unwrap().backward().unwrap();
+        std::hint::black_box(t[0].grad().unwrap());
+        times.push(t0.elapsed().as_secs_f64() * 1e3);
+        peak = g.stats().arena.peak_bytes_in_use;
+        g.reset();
+    }
+    (median(times[3..].to_vec()), peak)
 }
 
 fn w1(g: &mut Graph, threads: usize, quick: bool) {

@@ -5,7 +5,7 @@ Runs `bench_core` (built first with `cargo build --release --example bench_core`
 workloads in PyTorch in this process, and prints one table with both figures and their ratio.
 The machine's speed drifts between runs; the ratio measured in one run is the figure to compare.
 
-    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn] [--candle]
+    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn] [--candle]
 
 `--candle` adds candle (0.11, a Rust peer) on W1–W4: the harness in `examples/peers/candle` (its own
 package, built here on first use with `cargo build --release`; candle takes a few minutes to
@@ -115,6 +115,21 @@ def torch_cnn(torch):
     return torch_step(torch, net, opt, x, y, steps=30)
 
 
+def torch_attention(torch, quick):
+    """Forward + backward of causal scaled_dot_product_attention on [32, 4, 128, 32], seconds."""
+    import torch.nn.functional as F
+
+    q, k, v = (torch.randn(32, 4, 128, 32, requires_grad=True) for _ in range(3))
+    times = []
+    for i in range(3 + (5 if quick else 30)):
+        t0 = time.perf_counter()
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        o.sum().backward()
+        times.append(time.perf_counter() - t0)
+        q.grad = k.grad = v.grad = None
+    return median(times[3:])
+
+
 # bench_core's rows: (key, the row's start, unit shown, scale to the unit).
 ROWS = [
     ("w1", "| randn-matmul loop 1024²", "ms/iter"),
@@ -124,6 +139,7 @@ ROWS = [
     ("w3", "| W3 MLP 784-512-512-10", "ms"),
     ("w4", "| W4 MLP 64-64-64-10", "µs"),
     ("cnn", "| Fashion-MNIST CNN", "ms"),
+    ("attn", "| causal attention [32, 4, 128, 32] fwd+bwd, fused", "ms"),
 ]
 
 LABELS = {
@@ -134,6 +150,7 @@ LABELS = {
     "w3": "W3 MLP 784-512-512-10 b128 SGD step, ms",
     "w4": "W4 MLP 64-64-64-10 b32 SGD step, µs",
     "cnn": "Fashion-MNIST CNN, one Adam step (random data), ms",
+    "attn": "causal attention [32, 4, 128, 32] fwd+bwd (PyTorch's SDPA), ms",
 }
 
 
@@ -165,7 +182,7 @@ def run_candle(threads, quick):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
-    p.add_argument("--only", default="w1,w2,w3,w4,cnn", help="workloads, comma-separated")
+    p.add_argument("--only", default="w1,w2,w3,w4,cnn,attn", help="workloads, comma-separated")
     p.add_argument("--candle", action="store_true", help="add candle's figures (W1-W4)")
     args = p.parse_args()
     only = set(args.only.split(","))
@@ -198,6 +215,8 @@ def main():
         theirs["w4"] = torch_mlp(torch, [64, 64, 64, 10], 32) * 1e6
     if "cnn" in only:
         theirs["cnn"] = torch_cnn(torch) * 1e3
+    if "attn" in only:
+        theirs["attn"] = torch_attention(torch, args.quick) * 1e3
 
     candle = run_candle(threads, args.quick) if args.candle else {}
 

@@ -42,8 +42,8 @@ pub use arenagrad_graph::{
     synchronize,
 };
 pub use arenagrad_graph::{
-    grad, BackwardOptions, CustomOp, DType, Device, Graph, GraphError, HostData, HostDataMut,
-    HostTensor, Parameter, Result, Tensor, TensorId,
+    grad, AttentionOptions, BackwardOptions, CustomOp, DType, Device, Graph, GraphError, HostData,
+    HostDataMut, HostTensor, Parameter, Result, Tensor, TensorId,
 };
 
 /// Gradient checking against finite differences (`gradcheck`, `gradgradcheck`).

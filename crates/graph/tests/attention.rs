@@ -179,7 +179,7 @@ fn agree(
 
 #[test]
 fn agrees_with_the_composition_across_tiles_masks_and_causal() {
-    // Lengths across the 64-wide tiles, unequal query and key counts, value width ≠ key width.
+    // Lengths across the kernel's tiles (32 wide; 64 before), unequal query and key counts, value width ≠ key width.
     agree(&[2, 3, 70, 8], &[2, 3, 130, 8], 5, None, false, None);
     agree(&[2, 3, 70, 8], &[2, 3, 130, 8], 5, None, true, None);
     agree(&[1, 2, 129, 4], &[1, 2, 129, 4], 4, None, true, Some(0.3));

@@ -69,7 +69,8 @@ pub mod optim;
 
 pub use arenagrad_graph::Rng;
 pub use arenagrad_graph::{
-    DType, Graph, GraphError, HostData, HostDataMut, HostTensor, Parameter, Tensor,
+    AttentionOptions, DType, Graph, GraphError, HostData, HostDataMut, HostTensor, Parameter,
+    Tensor,
 };
 pub use error::{NnError, Result, ShapeConflict, StateMismatch};
 pub use layers::attention::{MultiheadAttention, TransformerBlock, TransformerConfig};
@@ -96,6 +97,8 @@ pub mod prelude {
     pub use crate::{
         AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Conv2dConfig, DType, Dropout, Embedding,
         Flatten, Graph, HostTensor, LayerNorm, LeakyReLU, Linear, LinearConfig, MaxPool2d, Module,
-        NnError, Parameter, ReLU, Rng, Sequential, Sigmoid, Tanh, Tensor, GELU,
+        MultiheadAttention, NnError, Parameter, RMSNorm, ReLU, Rng, Sequential, Sigmoid, Tanh,
+        Tensor, TransformerBlock, TransformerConfig, GELU,
     };
+    pub use arenagrad_graph::AttentionOptions;
 }
