@@ -206,6 +206,12 @@ pub fn attention_forward<T: Float + Gemm>(
                 );
             }
             for r in 0..bq {
+                if l[r] == 0.0 {
+                    // Every key hidden: PyTorch's safe softmax gives weights of 0, so 0 out.
+                    acc[r * dv..(r + 1) * dv].fill(T::ZERO);
+                    lse[hl * lq + i0 + r] = T::neg_infinity();
+                    continue;
+                }
                 let inv = T::from_f64(1.0 / l[r]);
                 for a in &mut acc[r * dv..(r + 1) * dv] {
                     *a *= inv;
@@ -276,6 +282,12 @@ pub fn attention_backward<T: Float + Gemm>(
                     }
                 }
                 T::exp_into(pdt, pt);
+                for r in 0..bq {
+                    if lse[h * lq + i0 + r] == T::neg_infinity() {
+                        // A row with every key hidden has weights 0 (not −∞ − −∞).
+                        pt[r * bk..(r + 1) * bk].fill(T::ZERO);
+                    }
+                }
                 if dims.dropout == 0.0 {
                     pdt.copy_from_slice(pt);
                 } else {

@@ -282,7 +282,14 @@ fn composed_weights<'g>(
     dims: &AttnDims,
     full: &[usize],
 ) -> Result<(Tensor<'g>, Tensor<'g>, Option<Tensor<'g>>)> {
-    let p = composed_scores(q, k, mask, dims)?.softmax(-1)?;
+    let s = composed_scores(q, k, mask, dims)?;
+    // PyTorch's safe softmax: a row whose every key is hidden gets weights 0, not NaN.
+    let hidden = {
+        let _ng = q.g.no_grad();
+        let ninf = q.g.full_on(&[], f64::NEG_INFINITY, q.dtype(), q.device())?;
+        s.max_axes(&[-1], true)?.eq(ninf)?
+    };
+    let p = s.softmax(-1)?.masked_fill(hidden, 0.0)?;
     if dims.dropout == 0.0 {
         return Ok((p, p, None));
     }
