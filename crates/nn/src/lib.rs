@@ -91,8 +91,8 @@ pub mod prelude {
     pub use crate::loss;
     pub use crate::metrics;
     pub use crate::optim::{
-        clip_grad_norm, Adam, AdamConfig, AdamW, CosineAnnealingLr, LrSchedule, Optimizer, Sgd,
-        SgdConfig, StepLr,
+        clip_grad_norm, Adam, AdamConfig, AdamW, CosineAnnealingLr, LrSchedule, Optimizer,
+        ParamGroup, Sgd, SgdConfig, StepLr, WarmupCosineLr,
     };
     pub use crate::{
         AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Conv2dConfig, DType, Dropout, Embedding,

@@ -2,7 +2,7 @@
 
 use arenagrad_nn::optim::{
     clip_grad_norm, clip_grad_value, Adam, AdamConfig, AdamW, CosineAnnealingLr, LrSchedule,
-    Optimizer, Sgd, SgdConfig, StepLr,
+    Optimizer, ParamGroup, Sgd, SgdConfig, StepLr, WarmupCosineLr,
 };
 use arenagrad_nn::{Graph, HostTensor, NnError, Parameter};
 
@@ -360,4 +360,77 @@ fn schedules() {
     assert_eq!(opt.learning_rate(), 0.25);
     assert!(StepLr::new(1.0, 0, 0.5).is_err());
     assert!(CosineAnnealingLr::new(1.0, 0, 0.0).is_err());
+}
+
+#[test]
+fn param_groups_equal_one_optimiser_per_group() {
+    // AdamW over two groups (weight decay 0.1 and 0, the second at twice the rate) against two
+    // AdamW optimisers, one per group, with those options; then a schedule moves both rates.
+    let make = || (scalar(1.5), scalar(-0.7));
+    let (a, b) = make();
+    let (c, d) = make();
+    let mut grouped = AdamW::with_groups(
+        [
+            ParamGroup::new([a.clone()]),
+            ParamGroup::new([b.clone()]).weight_decay(0.0).lr(0.2),
+        ],
+        AdamConfig::adamw(0.1).weight_decay(0.1),
+    )
+    .unwrap();
+    let mut first = AdamW::new([c.clone()], AdamConfig::adamw(0.1).weight_decay(0.1)).unwrap();
+    let mut second = AdamW::new([d.clone()], AdamConfig::adamw(0.2).weight_decay(0.0)).unwrap();
+    assert_eq!(grouped.num_groups(), 2);
+    assert_eq!(grouped.group_options(1), (0.2, 0.0));
+    for step in 0..5 {
+        for p in [&a, &b, &c, &d] {
+            p.zero_grad();
+            backward_square(p);
+        }
+        grouped.step().unwrap();
+        first.step().unwrap();
+        second.step().unwrap();
+        assert_eq!(value(&a), value(&c), "step {step}");
+        assert_eq!(value(&b), value(&d), "step {step}");
+        if step == 2 {
+            grouped.set_learning_rate(0.05);
+            first.set_learning_rate(0.05);
+            second.set_learning_rate(0.1);
+            assert_eq!(grouped.group_options(1), (0.1, 0.0));
+        }
+    }
+    assert_ne!(value(&a), 1.5);
+}
+
+#[test]
+fn a_parameter_in_two_groups_is_refused() {
+    let p = scalar(1.0);
+    let r = AdamW::with_groups(
+        [ParamGroup::new([p.clone()]), ParamGroup::new([p])],
+        AdamConfig::adamw(0.1),
+    );
+    assert!(matches!(r, Err(NnError::InvalidConfig { .. })), "{r:?}");
+    let r = Adam::with_groups(
+        [ParamGroup::new([scalar(1.0)]).lr(0.1)],
+        AdamConfig::new(0.0),
+    );
+    assert!(matches!(r, Err(NnError::InvalidConfig { .. })), "{r:?}");
+}
+
+#[test]
+fn warmup_cosine_matches_its_formula_at_the_seams() {
+    let s = WarmupCosineLr::new(3e-3, 100, 1000, 3e-4).unwrap();
+    assert_eq!(s.lr_at(0), 3e-3 / 100.0);
+    assert_eq!(s.lr_at(49), 3e-3 * 0.5);
+    assert_eq!(s.lr_at(100), 3e-3);
+    let mid = s.lr_at(550);
+    assert!((mid - (3e-4 + 2.7e-3 / 2.0)).abs() < 1e-15, "{mid}");
+    assert!(s.lr_at(999) > 3e-4 && s.lr_at(999) < 3.001e-4);
+    assert_eq!(s.lr_at(1000), 3e-4);
+    assert!(WarmupCosineLr::new(1e-3, 10, 5, 0.0).is_err());
+    assert!(WarmupCosineLr::new(f64::NAN, 0, 5, 0.0).is_err());
+    // A zero warmup starts at the base rate.
+    assert_eq!(
+        WarmupCosineLr::new(1e-3, 0, 10, 0.0).unwrap().lr_at(0),
+        1e-3
+    );
 }

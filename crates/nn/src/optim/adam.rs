@@ -3,7 +3,10 @@
 use arenagrad_graph::{Elem, HostData, HostDataMut, HostTensor, Parameter};
 
 use super::state::{buffer_tensor, f64_tensor, u64_tensor, StateReader};
-use super::{check_non_negative, dedup, grad_dtype_error, Optimizer};
+use super::{
+    check_non_negative, dedup, flatten_groups, grad_dtype_error, GroupOptions, Optimizer,
+    ParamGroup,
+};
 use crate::error::{config, Result};
 
 /// Options of [`Adam`] and [`AdamW`]; build with [`AdamConfig::new`] and the setters.
@@ -179,11 +182,12 @@ fn adam_kernel<T: Elem>(p: &mut [T], g: &[T], st: &mut AdamState, c: &AdamConfig
 fn step_all(
     params: &[Parameter],
     states: &mut [Option<AdamState>],
-    cfg: &AdamConfig,
+    cfg_of: impl Fn(usize) -> AdamConfig,
     decoupled: bool,
     op: &'static str,
 ) -> Result<()> {
-    for (p, st) in params.iter().zip(states.iter_mut()) {
+    for (i, (p, st)) in params.iter().zip(states.iter_mut()).enumerate() {
+        let cfg = &cfg_of(i);
         if st.is_none() && p.update_grad(|g| g.is_some()) {
             // The moments are made fallibly, before the value is touched: a parameter whose
             // state the host cannot hold is an error and is left as it was.
@@ -276,20 +280,44 @@ macro_rules! adam_optimizer {
             params: Vec<Parameter>,
             cfg: AdamConfig,
             states: Vec<Option<AdamState>>,
+            group_of: Vec<usize>,
+            groups: Vec<GroupOptions>,
         }
 
         impl $name {
             #[doc = $new_doc]
             pub fn new(params: impl IntoIterator<Item = Parameter>, cfg: AdamConfig) -> Result<Self> {
-                cfg.check(stringify!($name))?;
-                let params = dedup(params);
-                let states = vec![None; params.len()];
-                Ok($name { params, cfg, states })
+                Self::with_groups([ParamGroup::new(dedup(params))], cfg)
             }
 
-            /// The options.
+            /// An optimiser over parameter groups, each with its own learning rate and weight
+            /// decay where it says so and `cfg`'s otherwise ([`ParamGroup`]).
+            pub fn with_groups(
+                groups: impl IntoIterator<Item = ParamGroup>,
+                cfg: AdamConfig,
+            ) -> Result<Self> {
+                cfg.check(stringify!($name))?;
+                let (params, group_of, groups) =
+                    flatten_groups(stringify!($name), groups, cfg.lr, cfg.weight_decay)?;
+                let states = vec![None; params.len()];
+                Ok($name { params, cfg, states, group_of, groups })
+            }
+
+            /// The options (group 0's learning rate and weight decay unless it sets its own).
             pub fn config(&self) -> &AdamConfig {
                 &self.cfg
+            }
+
+            /// Group `k`'s learning rate and weight decay now (`(0, 0)` for no such group).
+            pub fn group_options(&self, k: usize) -> (f64, f64) {
+                self.groups
+                    .get(k)
+                    .map_or((0.0, 0.0), |g| (self.cfg.lr * g.lr_scale, g.weight_decay))
+            }
+
+            /// The number of parameter groups.
+            pub fn num_groups(&self) -> usize {
+                self.groups.len()
             }
 
             /// The state of parameter `index` (none before its first step).
@@ -300,10 +328,18 @@ macro_rules! adam_optimizer {
 
         impl Optimizer for $name {
             fn step(&mut self) -> Result<()> {
+                let (cfg, groups, group_of) = (self.cfg, &self.groups, &self.group_of);
                 step_all(
                     &self.params,
                     &mut self.states,
-                    &self.cfg,
+                    |i| {
+                        let g = groups[group_of[i]];
+                        AdamConfig {
+                            lr: cfg.lr * g.lr_scale,
+                            weight_decay: g.weight_decay,
+                            ..cfg
+                        }
+                    },
                     $decoupled,
                     concat!(stringify!($name), "::step"),
                 )

@@ -40,7 +40,7 @@ mod sgd;
 mod state;
 
 pub use adam::{Adam, AdamConfig, AdamState, AdamW};
-pub use schedule::{CosineAnnealingLr, LrSchedule, StepLr};
+pub use schedule::{CosineAnnealingLr, LrSchedule, StepLr, WarmupCosineLr};
 pub use sgd::{Sgd, SgdConfig};
 pub(crate) use state::{tensor_u64, tensor_u64s, u64_tensor, u64s_tensor};
 
@@ -81,6 +81,103 @@ pub trait Optimizer {
             p.zero_grad();
         }
     }
+}
+
+/// Parameters with their own learning rate and weight decay, PyTorch's `param_groups`: the
+/// usual transformer recipe decays the weight matrices but not biases, norms and embeddings.
+/// A group's learning rate is a multiple of the optimiser's (its ratio to the configured rate at
+/// construction), so a schedule that sets the optimiser's rate moves every group together, as
+/// PyTorch's schedulers scale each group's initial rate.
+///
+/// ```
+/// use arenagrad_nn::optim::{AdamConfig, AdamW, Optimizer, ParamGroup};
+/// use arenagrad_nn::{HostTensor, Parameter};
+/// let w = Parameter::new("w", HostTensor::new(vec![1.0f32; 4], &[2, 2])?);
+/// let b = Parameter::new("b", HostTensor::new(vec![0.0f32; 2], &[2])?);
+/// let opt = AdamW::with_groups(
+///     [ParamGroup::new([w]), ParamGroup::new([b]).weight_decay(0.0)],
+///     AdamConfig::adamw(3e-3).weight_decay(0.1),
+/// )?;
+/// assert_eq!(opt.group_options(1), (3e-3, 0.0));
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ParamGroup {
+    params: Vec<Parameter>,
+    lr: Option<f64>,
+    weight_decay: Option<f64>,
+}
+
+impl ParamGroup {
+    /// A group of `params` with the optimiser's options.
+    pub fn new(params: impl IntoIterator<Item = Parameter>) -> Self {
+        ParamGroup {
+            params: params.into_iter().collect(),
+            lr: None,
+            weight_decay: None,
+        }
+    }
+    /// With its own learning rate.
+    pub fn lr(mut self, lr: f64) -> Self {
+        self.lr = Some(lr);
+        self
+    }
+    /// With its own weight decay.
+    pub fn weight_decay(mut self, wd: f64) -> Self {
+        self.weight_decay = Some(wd);
+        self
+    }
+}
+
+/// A group's options as the optimiser keeps them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct GroupOptions {
+    /// The group's rate over the optimiser's.
+    pub lr_scale: f64,
+    pub weight_decay: f64,
+}
+
+/// The groups' parameters in order, each parameter's group, and the groups' options; a
+/// parameter in two groups is an error (as PyTorch's), repeated within one group it counts once.
+pub(crate) fn flatten_groups(
+    component: &'static str,
+    groups: impl IntoIterator<Item = ParamGroup>,
+    lr: f64,
+    weight_decay: f64,
+) -> Result<(Vec<Parameter>, Vec<usize>, Vec<GroupOptions>)> {
+    let (mut params, mut group_of, mut opts) = (Vec::new(), Vec::new(), Vec::new());
+    for (k, g) in groups.into_iter().enumerate() {
+        let glr = g.lr.unwrap_or(lr);
+        check_non_negative(component, "a group's lr", glr)?;
+        let wd = g.weight_decay.unwrap_or(weight_decay);
+        check_non_negative(component, "a group's weight_decay", wd)?;
+        if lr == 0.0 && glr != 0.0 {
+            return Err(config(
+                component,
+                "a group's own lr is a multiple of the optimiser's, which must then be > 0",
+            ));
+        }
+        let lr_scale = if lr == 0.0 { 1.0 } else { glr / lr };
+        opts.push(GroupOptions {
+            lr_scale,
+            weight_decay: wd,
+        });
+        for p in dedup(g.params) {
+            if let Some(j) = params.iter().position(|q: &Parameter| q.same(&p)) {
+                return Err(config(
+                    component,
+                    format!(
+                        "parameter {:?} is in groups {} and {k}",
+                        p.name(),
+                        group_of[j]
+                    ),
+                ));
+            }
+            params.push(p);
+            group_of.push(k);
+        }
+    }
+    Ok((params, group_of, opts))
 }
 
 /// Collects parameters, dropping repeated handles to the same storage (a shared parameter is

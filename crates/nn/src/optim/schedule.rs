@@ -96,3 +96,61 @@ impl LrSchedule for CosineAnnealingLr {
         self.eta_min + (self.base_lr - self.eta_min) * (1.0 + c) / 2.0
     }
 }
+
+/// Linear warmup then cosine decay, per step, the usual transformer recipe: `base_lr·(step + 1)
+/// / warmup` for the first `warmup` steps, then `min_lr + (base_lr − min_lr)·(1 + cos(π·p))/2`
+/// with `p` the fraction of the remaining `total − warmup` steps done, and `min_lr` from
+/// `total` on.
+///
+/// ```
+/// use arenagrad_nn::optim::{LrSchedule, WarmupCosineLr};
+/// let s = WarmupCosineLr::new(1e-3, 100, 1100, 1e-4)?;
+/// assert!((s.lr_at(0) - 1e-5).abs() < 1e-15);
+/// assert!((s.lr_at(99) - 1e-3).abs() < 1e-15);
+/// assert!((s.lr_at(600) - 5.5e-4).abs() < 1e-15); // halfway down
+/// assert_eq!(s.lr_at(5000), 1e-4);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WarmupCosineLr {
+    base_lr: f64,
+    warmup: usize,
+    total: usize,
+    min_lr: f64,
+}
+
+impl WarmupCosineLr {
+    /// Warms up over `warmup` steps to `base_lr`, then decays to `min_lr` at step `total`.
+    pub fn new(base_lr: f64, warmup: usize, total: usize, min_lr: f64) -> Result<Self> {
+        let rates_ok = base_lr.is_finite() && base_lr >= 0.0 && min_lr.is_finite() && min_lr >= 0.0;
+        if !rates_ok || total < warmup {
+            return Err(config(
+                "WarmupCosineLr",
+                format!(
+                    "need non-negative rates and total ≥ warmup; got {base_lr}, {min_lr}, \
+                     warmup {warmup}, total {total}"
+                ),
+            ));
+        }
+        Ok(WarmupCosineLr {
+            base_lr,
+            warmup,
+            total,
+            min_lr,
+        })
+    }
+}
+
+impl LrSchedule for WarmupCosineLr {
+    fn lr_at(&self, step: usize) -> f64 {
+        if step < self.warmup {
+            return self.base_lr * (step + 1) as f64 / self.warmup as f64;
+        }
+        if step >= self.total {
+            return self.min_lr;
+        }
+        let p = (step - self.warmup) as f64 / (self.total - self.warmup) as f64;
+        let c = (std::f64::consts::PI * p).cos();
+        self.min_lr + (self.base_lr - self.min_lr) * (1.0 + c) / 2.0
+    }
+}
