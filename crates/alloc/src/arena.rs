@@ -74,6 +74,22 @@ macro_rules! pod {
 }
 pod!(0 f32, 1 f64, 2 u8, 3 u32, 4 i32, 5 u64, 6 i64, 7 usize);
 
+/// A point to roll an [`Arena`] back to ([`Arena::mark`], [`Arena::rollback`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArenaMark {
+    depth: usize,
+    resets: u64,
+}
+
+/// What a mark remembers: the counts and the region's two ends when it was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MarkState {
+    slots: usize,
+    owners: usize,
+    region_lo: usize,
+    region_hi: usize,
+}
+
 /// What [`Arena::split_mixed`] hands out: the output, the input and the auxiliary buffer.
 pub type MixedSplit<'a, O, I, A> = (&'a mut [O], &'a [I], &'a [A]);
 
@@ -139,6 +155,10 @@ struct Slot {
     /// How many owners share this buffer (zero-copy views each hold one); it is recycled when
     /// the last lets go.
     holders: u32,
+    /// The arena's epoch when the buffer was made: a handle names this buffer only if it
+    /// carries the same epoch (a slot index is reused after a reset or a rollback, under a
+    /// newer epoch).
+    epoch: u32,
 }
 
 /// What [`Arena::reserve`] hands back: the new slot, its memory (`bytes` of it), and whether that
@@ -219,6 +239,8 @@ pub struct Arena {
     owners: Vec<Arc<dyn Any + Send + Sync>>,
     /// Buffers of this iteration that died before the reset (`slots.len() - dead` are live).
     dead: usize,
+    /// The open marks of nested scopes, outermost first.
+    marks: Vec<MarkState>,
 }
 
 // SAFETY: every pointer in `slots`, `free`, `small_free` and `region` points into chunks owned by
@@ -261,6 +283,7 @@ impl Arena {
             overflowed: false,
             owners: Vec::new(),
             dead: 0,
+            marks: Vec::new(),
         }
     }
 
@@ -296,7 +319,97 @@ impl Arena {
         self.region_len = cap;
     }
 
-    /// The arena's current epoch (incremented by every reset).
+    /// Where the arena stands now, to [`Arena::rollback`] to: a nested scope's start. Marks
+    /// nest: rolling back to one also forgets every mark made after it.
+    pub fn mark(&mut self) -> ArenaMark {
+        self.marks.push(MarkState {
+            slots: self.slots.len(),
+            owners: self.owners.len(),
+            region_lo: self.region_lo,
+            region_hi: self.region_hi,
+        });
+        ArenaMark {
+            depth: self.marks.len() - 1,
+            resets: self.stats.resets,
+        }
+    }
+
+    /// Frees every buffer made since `mark` at once, live or not, as a bump allocator rolls
+    /// back: the region's memory carved since goes back to the region, memory from outside it
+    /// (and buffers of before the mark that were recycled and handed out again) to the free
+    /// lists, and every handle made since goes stale (the epoch moves on, so the slots they
+    /// named are given out again only under a newer one). Buffers of before the mark are
+    /// untouched. A mark of an earlier iteration (before a [`Arena::reset`]), or one forgotten
+    /// by a rollback to an earlier mark, is ignored.
+    ///
+    /// ```
+    /// use arenagrad_alloc::Arena;
+    /// let mut arena = Arena::new();
+    /// let keep = arena.alloc_from_slice(&[1.0f32; 4]).unwrap();
+    /// let before = arena.stats().bytes_in_use;
+    /// let m = arena.mark();
+    /// let tmp = arena.alloc_zeroed::<f32>(1000).unwrap();
+    /// arena.rollback(m);
+    /// assert!(arena.slice::<f32>(tmp).is_err()); // stale
+    /// assert_eq!(arena.slice::<f32>(keep).unwrap(), &[1.0; 4]);
+    /// assert_eq!(arena.stats().bytes_in_use, before);
+    /// ```
+    pub fn rollback(&mut self, mark: ArenaMark) {
+        if mark.resets != self.stats.resets || mark.depth >= self.marks.len() {
+            return;
+        }
+        let depth = mark.depth;
+        let mark = self.marks[depth];
+        self.marks.truncate(depth);
+        debug_assert!(mark.slots <= self.slots.len());
+        debug_assert!(mark.region_lo <= self.region_lo && mark.region_hi >= self.region_hi);
+        let base = self.region.as_ptr() as usize;
+        // The memory the region gets back: carved since the mark, at either end.
+        let back = |p: NonNull<u8>| {
+            let a = (p.as_ptr() as usize).wrapping_sub(base);
+            let in_region = (p.as_ptr() as usize) >= base && a < self.region_len;
+            in_region
+                && ((a >= mark.region_lo && a < self.region_lo)
+                    || (a >= self.region_hi && a < mark.region_hi))
+        };
+        // Free-list entries inside the returned memory would be handed out twice: drop them.
+        for l in self.small_free.iter_mut() {
+            l.retain(|&p| !back(p));
+        }
+        for l in self.free.values_mut() {
+            l.retain(|&p| !back(p));
+        }
+        self.stats.peak_bytes_in_use = self.peak_in_use();
+        let removed = self.slots.split_off(mark.slots);
+        for slot in &removed {
+            if !slot.live {
+                self.dead -= 1;
+                continue;
+            }
+            if slot.shared {
+                continue;
+            }
+            self.stats.bytes_in_use -= slot.bytes;
+            if !back(slot.ptr) {
+                // Memory from outside the region (or reused from a free list): valid until the
+                // reset, so it serves later requests of its size.
+                if slot.bytes < SMALL_BYTES {
+                    self.small_free[size_class(slot.bytes)].push(slot.ptr);
+                } else {
+                    self.free.entry(slot.bytes).or_default().push(slot.ptr);
+                }
+            }
+        }
+        self.stats.peak_bytes_bumped = self.stats.peak_bytes_bumped.max(self.stats.bytes_bumped);
+        let carved = (self.region_lo - mark.region_lo) + (mark.region_hi - self.region_hi);
+        self.stats.bytes_bumped -= carved.min(self.stats.bytes_bumped);
+        self.region_lo = mark.region_lo;
+        self.region_hi = mark.region_hi;
+        self.owners.truncate(mark.owners);
+        self.epoch = self.epoch.wrapping_add(1);
+    }
+
+    /// The arena's current epoch (incremented by every reset and every rollback).
     pub fn epoch(&self) -> u32 {
         self.epoch
     }
@@ -330,6 +443,7 @@ impl Arena {
 
     /// Frees every buffer of this iteration at once. All earlier handles become stale.
     pub fn reset(&mut self) {
+        self.marks.clear();
         self.slots.clear();
         self.owners.clear();
         self.free.clear();
@@ -482,6 +596,7 @@ impl Arena {
             live: true,
             shared: false,
             holders: 1,
+            epoch: self.epoch,
         });
         self.stats.bytes_in_use += bytes;
         Reserved {
@@ -528,6 +643,7 @@ impl Arena {
             live: true,
             shared: true,
             holders: 1,
+            epoch: self.epoch,
         });
         self.owners.push(owner);
         Ok(BufId::from_parts(slot, self.epoch))
@@ -624,7 +740,7 @@ impl Arena {
     #[inline(always)]
     fn check<T: Pod>(&self, id: BufId) -> Result<&Slot, AllocError> {
         match self.slots.get(id.slot() as usize) {
-            Some(slot) if slot.live && id.epoch() == self.epoch => {
+            Some(slot) if slot.live && id.epoch() == slot.epoch => {
                 if slot.elem == T::CODE {
                     Ok(slot)
                 } else {
@@ -660,7 +776,7 @@ impl Arena {
     /// Number of elements in a live buffer.
     pub fn len_of(&self, id: BufId) -> Result<usize, AllocError> {
         match self.slots.get(id.slot() as usize) {
-            Some(s) if s.live && id.epoch() == self.epoch => Ok(s.len),
+            Some(s) if s.live && id.epoch() == s.epoch => Ok(s.len),
             _ => Err(self.stale(id)),
         }
     }
@@ -805,7 +921,7 @@ impl Arena {
     /// buffer is recycled only after every owner has called [`Arena::recycle`].
     pub fn retain(&mut self, id: BufId) -> Result<(), AllocError> {
         match self.slots.get_mut(id.slot() as usize) {
-            Some(s) if s.live && id.epoch() == self.epoch => {
+            Some(s) if s.live && id.epoch() == s.epoch => {
                 s.holders += 1;
                 Ok(())
             }
@@ -817,9 +933,8 @@ impl Arena {
     /// buffer is dead: its memory serves the next request of the same size and every handle to
     /// it becomes stale.
     pub fn recycle(&mut self, id: BufId) -> Result<(), AllocError> {
-        let current = self.epoch;
         let slot = match self.slots.get_mut(id.slot() as usize) {
-            Some(slot) if slot.live && id.epoch() == current => slot,
+            Some(slot) if slot.live && id.epoch() == slot.epoch => slot,
             _ => return Err(self.stale(id)),
         };
         slot.holders -= 1;
@@ -1288,5 +1403,114 @@ mod tests {
             a.split_unique::<f32, 1>(g, [g]),
             Err(AllocError::Aliased { .. })
         ));
+    }
+
+    /// Every live buffer's byte range, to check that none overlaps another.
+    fn ranges(a: &Arena) -> Vec<(usize, usize)> {
+        let mut v: Vec<(usize, usize)> = a
+            .slots
+            .iter()
+            .filter(|s| s.live && !s.shared)
+            .map(|s| (s.ptr.as_ptr() as usize, s.ptr.as_ptr() as usize + s.bytes))
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn disjoint(a: &Arena) {
+        let r = ranges(a);
+        for w in r.windows(2) {
+            assert!(w[0].1 <= w[1].0, "overlapping buffers {w:?}");
+        }
+    }
+
+    #[test]
+    fn rollback_frees_the_scope_and_keeps_what_came_before() {
+        let mut a = Arena::new();
+        // A first iteration sizes the region.
+        for _ in 0..3 {
+            let _ = a.alloc_zeroed::<f32>(4096).unwrap();
+        }
+        a.reset();
+        let keep = a.alloc_from_slice(&[7.0f32; 100]).unwrap();
+        let dies = a.alloc_zeroed::<f32>(50).unwrap();
+        a.recycle(dies).unwrap(); // on a free list before the mark
+        let before = a.stats();
+        let m = a.mark();
+        let t1 = a.alloc_zeroed::<f32>(50).unwrap(); // reuses `dies`'s memory
+        let t2 = a.alloc_zeroed::<f32>(3000).unwrap();
+        let t3 = a.alloc_zeroed::<f64>(3).unwrap();
+        a.recycle(t2).unwrap(); // a dead buffer of the scope, on a free list
+        let t4 = a.alloc_zeroed::<u8>(1 << 20).unwrap(); // past the region: fresh memory
+        a.rollback(m);
+        for t in [t1, t2, t3, t4] {
+            assert!(matches!(
+                a.slice::<u8>(t),
+                Err(AllocError::StaleBuffer { .. })
+            ));
+        }
+        assert_eq!(a.slice::<f32>(keep).unwrap(), &[7.0; 100]);
+        let after = a.stats();
+        assert_eq!(after.bytes_in_use, before.bytes_in_use);
+        assert_eq!(after.live_buffers, before.live_buffers);
+        // What the scope held is handed out again, never twice and never over `keep`.
+        let mut again = Vec::new();
+        for n in [50usize, 3000, 3, 50, 1 << 18, 7] {
+            again.push(a.alloc_zeroed::<f32>(n).unwrap());
+            disjoint(&a);
+        }
+        assert_eq!(a.slice::<f32>(keep).unwrap(), &[7.0; 100]);
+        // A new buffer in a reused slot does not answer to the old handle.
+        assert!(a.slice::<f32>(t1).is_err());
+        assert!(a.slice::<f32>(again[0]).is_ok());
+    }
+
+    #[test]
+    fn marks_nest_and_stale_marks_are_ignored() {
+        let mut a = Arena::new();
+        let outer = a.mark();
+        let x = a.alloc_zeroed::<f32>(10).unwrap();
+        let inner = a.mark();
+        let y = a.alloc_zeroed::<f32>(10).unwrap();
+        a.rollback(inner);
+        assert!(a.slice::<f32>(y).is_err());
+        assert!(a.slice::<f32>(x).is_ok());
+        a.rollback(inner); // already rolled back: nothing happens
+        assert!(a.slice::<f32>(x).is_ok());
+        let inner2 = a.mark();
+        a.rollback(outer); // forgets inner2 too
+        assert!(a.slice::<f32>(x).is_err());
+        let z = a.alloc_zeroed::<f32>(10).unwrap();
+        a.rollback(inner2);
+        assert!(a.slice::<f32>(z).is_ok(), "a forgotten mark frees nothing");
+        let m = a.mark();
+        a.reset();
+        let w = a.alloc_zeroed::<f32>(10).unwrap();
+        a.rollback(m);
+        assert!(
+            a.slice::<f32>(w).is_ok(),
+            "a mark of an earlier iteration frees nothing"
+        );
+    }
+
+    #[test]
+    fn a_loop_of_scopes_stays_flat() {
+        let mut a = Arena::new();
+        let base = a.alloc_zeroed::<f32>(64).unwrap();
+        let mut caps = Vec::new();
+        for step in 0..200usize {
+            let m = a.mark();
+            // Growing sizes, as a cache that grows by one token per step.
+            for k in 0..5 {
+                let _ = a.alloc_zeroed::<f32>(100 + step * 3 + k).unwrap();
+            }
+            a.rollback(m);
+            caps.push((a.stats().capacity, a.slots.len()));
+        }
+        assert!(a.slice::<f32>(base).is_ok());
+        assert_eq!(a.slots.len(), 1);
+        // The bump grows only while sizes outgrow the region, never per step.
+        let distinct: std::collections::BTreeSet<usize> = caps.iter().map(|c| c.0).collect();
+        assert!(distinct.len() < 10, "{distinct:?}");
     }
 }

@@ -24,7 +24,7 @@ mod arena;
 pub mod block_cache;
 mod device_arena;
 
-pub use arena::{AllocSplit, Arena, ArenaStats, BufId, MixedSplit, Pod};
+pub use arena::{AllocSplit, Arena, ArenaMark, ArenaStats, BufId, MixedSplit, Pod};
 pub use device_arena::{DeviceArena, DeviceArenaStats};
 
 /// Errors of the memory layer.

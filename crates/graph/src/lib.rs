@@ -56,6 +56,7 @@ mod ops;
 mod overload;
 mod param;
 mod rng;
+mod scope;
 mod shape;
 mod store;
 mod tensor;
@@ -78,6 +79,7 @@ pub use ops::attention::AttentionOptions;
 pub use ops::custom::CustomOp;
 pub use param::Parameter;
 pub use rng::Rng;
+pub use scope::Keep;
 pub use shape::Shape;
 pub use tensor::{Tensor, TensorId};
 

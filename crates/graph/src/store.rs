@@ -1,9 +1,10 @@
 //! Where an iteration's nodes live: a generational slot map whose generation is the iteration.
 //!
-//! A node's id is its index and the iteration (epoch) it was made in, and each node records its
-//! epoch, so a lookup is two compares and a bounds check: an id from an ended iteration carries
-//! an older epoch than the store's, and a freed node's epoch is marked dead. Ending the
-//! iteration bumps the store's epoch — O(1) in the nodes, where a map with one version per slot
+//! A node's id is its index and the epoch it was made in, and each node records its epoch, so
+//! a lookup is a bounds check against this iteration's slots and one compare: a slot written
+//! since holds a newer epoch than an old id's, and a freed node's epoch is marked dead. Ending
+//! the iteration (or rolling a nested scope back, [`NodeStore::rollback`]) bumps the store's
+//! epoch — O(1) in the nodes, where a map with one version per slot
 //! must touch every slot to bump it (with `slotmap`, clearing 10,000 nodes cost about 8 ns per
 //! node, an eighth of a tiny op's whole forward and backward).
 //!
@@ -12,9 +13,10 @@
 //! heap memory (an `Arc` in their op, an input list or shape too long to sit inline) are visited
 //! at the reset, to let go of it.
 //!
-//! Freed slots are not reused within an iteration: nodes are a few words and backward frees
-//! only its own temporaries, so an iteration's node count is bounded by what it creates, and
-//! all are reclaimed at the reset. Epochs are 32 bits: an id stays stale for 2³² − 1 iterations
+//! Freed slots are not reused within an iteration, except by a scope's rollback, which hands
+//! back every slot made since its mark: nodes are a few words and backward frees only its own
+//! temporaries, so an iteration's node count is bounded by what it creates, and all are
+//! reclaimed at the reset. Epochs are 32 bits: an id stays stale for 2³² − 1 iterations
 //! before its epoch could come round again (the arena's buffer handles make the same trade).
 
 use std::num::{NonZeroU32, NonZeroU64};
@@ -76,6 +78,13 @@ impl NodeId {
     }
 }
 
+/// A point to roll a [`NodeStore`] back to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StoreMark {
+    used: usize,
+    heavy: usize,
+}
+
 /// The nodes of one iteration (see the module documentation).
 pub(crate) struct NodeStore {
     /// `nodes[..used]` are this iteration's; the rest are slots of earlier iterations, kept to be
@@ -125,10 +134,7 @@ impl NodeStore {
     /// iteration never points past `used`.)
     #[inline(always)]
     pub fn get(&self, id: NodeId) -> Option<&Node> {
-        if id.epoch() != self.epoch.get() {
-            return None;
-        }
-        match self.nodes.get(id.idx() as usize) {
+        match self.nodes[..self.used].get(id.idx() as usize) {
             Some(n) if n.epoch == id.epoch() => Some(n),
             _ => None,
         }
@@ -147,7 +153,7 @@ impl NodeStore {
     /// [`NodeStore::get`], mutable.
     #[inline(always)]
     pub fn get_mut(&mut self, id: NodeId) -> Option<&mut Node> {
-        find_mut(&mut self.nodes, self.epoch, id)
+        find_mut(&mut self.nodes[..self.used], id)
     }
 
     /// Gives a node of this iteration a new op (one that may hold heap memory).
@@ -168,7 +174,7 @@ impl NodeStore {
     /// Frees a node: its id goes stale at once, its slot at the next [`NodeStore::clear`].
     /// Returns the node as it was, or `None` if the id did not resolve.
     pub fn remove(&mut self, id: NodeId) -> Option<&Node> {
-        let n = find_mut(&mut self.nodes, self.epoch, id)?;
+        let n = find_mut(&mut self.nodes[..self.used], id)?;
         n.epoch = DEAD;
         self.live -= 1;
         Some(n)
@@ -177,6 +183,50 @@ impl NodeStore {
     /// Live nodes.
     pub fn len(&self) -> usize {
         self.live
+    }
+
+    /// Where the store stands, to [`NodeStore::rollback`] to.
+    pub fn mark(&self) -> StoreMark {
+        StoreMark {
+            used: self.used,
+            heavy: self.heavy.len(),
+        }
+    }
+
+    /// The nodes made since `mark` that are still live, oldest first.
+    pub fn live_since(&self, mark: StoreMark) -> impl Iterator<Item = &Node> {
+        self.nodes[mark.used.min(self.used)..self.used]
+            .iter()
+            .filter(|n| n.epoch != DEAD)
+    }
+
+    /// Frees every node made since `mark` (a nested scope's end): their ids go stale, their
+    /// heap memory is let go, and their slots serve the next nodes, under a newer epoch so that
+    /// no old id resolves to them. Nodes made before the mark keep their ids.
+    pub fn rollback(&mut self, mark: StoreMark) {
+        if mark.used > self.used {
+            return;
+        }
+        let gone = self.live_since(mark).count();
+        self.live -= gone;
+        let start = mark.heavy.min(self.heavy.len());
+        let mut keep = start;
+        for k in start..self.heavy.len() {
+            let idx = self.heavy[k];
+            if (idx as usize) >= mark.used {
+                self.nodes[idx as usize].release_heap();
+            } else {
+                // An older node given a heavy op during the scope: still this iteration's.
+                self.heavy[keep] = idx;
+                keep += 1;
+            }
+        }
+        self.heavy.truncate(keep);
+        for n in &mut self.nodes[mark.used..self.used] {
+            n.epoch = DEAD;
+        }
+        self.used = mark.used;
+        self.epoch = self.epoch.checked_add(1).unwrap_or(NonZeroU32::MIN);
     }
 
     /// Ends the iteration: every id made so far goes stale, and the heap memory its nodes held
@@ -192,13 +242,10 @@ impl NodeStore {
     }
 }
 
-/// The live node `id` names among `nodes` of the iteration `epoch` (a function of the fields, so
-/// that [`NodeStore::remove`] can update its count while it holds the node).
+/// The live node `id` names among this iteration's `nodes` (a function of the fields, so that
+/// [`NodeStore::remove`] can update its count while it holds the node).
 #[inline(always)]
-fn find_mut(nodes: &mut [Node], epoch: NonZeroU32, id: NodeId) -> Option<&mut Node> {
-    if id.epoch() != epoch.get() {
-        return None;
-    }
+fn find_mut(nodes: &mut [Node], id: NodeId) -> Option<&mut Node> {
     nodes
         .get_mut(id.idx() as usize)
         .filter(|n| n.epoch == id.epoch())

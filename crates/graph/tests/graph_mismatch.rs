@@ -105,6 +105,10 @@ fn calls() -> Vec<(&'static str, Call)> {
             };
             x.scaled_dot_product_attention(x, x, opts).map(drop)
         }),
+        ("slice_write", |g, _, f, _| {
+            let dst = g.zeros(&[1, 1, 2, 2], DType::F64)?;
+            dst.slice_write(0, 0, f)
+        }),
         ("concat", |g, x, f, _| g.concat(&[x, f], 0).map(drop)),
         ("concat", |g, _, f, _| g.concat(&[f, f], 0).map(drop)),
         ("stack", |g, x, f, _| g.stack(&[x, f], 0).map(drop)),

@@ -171,7 +171,13 @@ impl<'g> Tensor<'g> {
             mask: opts.mask.is_some(),
             lse,
         };
-        let id = i.push(out_shape, dtype, o, Op::Attention(node), &inputs);
+        let id = i.push(
+            out_shape,
+            dtype,
+            o,
+            Op::Attention(std::sync::Arc::new(node)),
+            &inputs,
+        );
         drop(guard);
         Ok(self.g.handle(id))
     }

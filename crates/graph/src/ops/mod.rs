@@ -105,7 +105,7 @@ pub(crate) enum Op {
     /// [`norm`]).
     Norm(norm::NormNode),
     /// Scaled dot-product attention; inputs `[q, k, v, mask?]` (see [`attention`]).
-    Attention(attention::AttnNode),
+    Attention(Arc<attention::AttnNode>),
     /// Running sums along `axis`, from the end when `reverse` (the adjoint of the other).
     Cumsum {
         axis: usize,
@@ -160,7 +160,6 @@ impl Op {
             | Op::Softmax { .. }
             | Op::Cumsum { .. }
             | Op::Norm(_)
-            | Op::Attention(_)
             | Op::Where
             | Op::MaxPool2d { .. }
             | Op::MaxPool2dBackward { .. }
@@ -177,6 +176,7 @@ impl Op {
             | Op::UnfoldBatch(_)
             | Op::FoldBatch(_)
             | Op::CrossEntropy { .. }
+            | Op::Attention(_)
             | Op::Custom(_) => true,
         }
     }

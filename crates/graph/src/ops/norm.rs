@@ -20,12 +20,13 @@ use crate::{Device, Tensor};
 /// and the per-row statistics `[mean, rstd]`.
 #[derive(Clone, Copy)]
 pub(crate) struct NormNode {
-    pub rms: bool,
     pub eps: f64,
-    pub ndim: usize,
+    pub stats: BufId,
+    /// The number of trailing axes normalised (at most the rank: small).
+    pub ndim: u32,
+    pub rms: bool,
     pub weight: bool,
     pub bias: bool,
-    pub stats: BufId,
 }
 
 impl<'g> Tensor<'g> {
@@ -123,7 +124,7 @@ impl<'g> Tensor<'g> {
         let node = NormNode {
             rms,
             eps,
-            ndim,
+            ndim: ndim as u32,
             weight: weight.is_some(),
             bias: bias.is_some(),
             stats,
@@ -190,8 +191,9 @@ pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let w = nd.weight.then(|| c.input(1));
     let b_at = 1 + usize::from(nd.weight);
     if c.create_graph {
-        let (xhat, rstd) = normalized(x, nd.rms, nd.ndim, nd.eps)?;
-        let axes = trailing_axes(x.try_shape()?.len(), nd.ndim);
+        let ndim = nd.ndim as usize;
+        let (xhat, rstd) = normalized(x, nd.rms, ndim, nd.eps)?;
+        let axes = trailing_axes(x.try_shape()?.len(), ndim);
         let g = match w {
             Some(w) => c.gy.mul(w)?,
             None => c.gy,
@@ -202,15 +204,15 @@ pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
         }
         let mut out: Grads<'g> = smallvec![Some(rstd.mul(inner)?)];
         if nd.weight {
-            out.push(Some(over_rows(c.gy.mul(xhat)?, nd.ndim)?));
+            out.push(Some(over_rows(c.gy.mul(xhat)?, ndim)?));
         }
         if nd.bias {
-            out.push(Some(over_rows(c.gy, nd.ndim)?));
+            out.push(Some(over_rows(c.gy, ndim)?));
         }
         return Ok(out);
     }
     let shape = x.try_shape()?;
-    let trailing: Shape = copy_of(&shape[shape.len() - nd.ndim..]);
+    let trailing: Shape = copy_of(&shape[shape.len() - nd.ndim as usize..]);
     let n: usize = trailing.iter().product();
     let numel: usize = shape.iter().product();
     let op = if nd.rms { "rms_norm" } else { "layer_norm" };

@@ -14,7 +14,6 @@ use arenagrad_exec::DType;
 use smallvec::{smallvec, SmallVec};
 
 use super::{check_pair, Ctx, Grads, Op};
-#[cfg(feature = "cuda")]
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::graph::Inner;
@@ -234,6 +233,88 @@ impl<'g> Tensor<'g> {
             what: "start + len overflows",
         })?;
         self.slice(axis, start, end)
+    }
+
+    /// Overwrites `self[…, start..start + n, …]` along `axis` with `src` (of `self`'s shape but
+    /// `n` along `axis`), in place: PyTorch's `x[..., a:b] = src` on a tensor that does not
+    /// require grad. What a loop writes into a buffer of an enclosing [`Graph::scope`] (a
+    /// key/value cache filled one position per step). Refused, with nothing written, when
+    /// `self` requires grad or an op recorded for backward reads its memory (its gradient would
+    /// silently change).
+    pub fn slice_write(self, axis: isize, start: usize, src: Tensor<'g>) -> Result<()> {
+        let op = "slice_write";
+        check_pair(op, &self, &src)?;
+        let (ds, ss) = (self.try_shape()?, src.try_shape()?);
+        let ax = norm_axis(op, axis, &ds)?;
+        let same_rest = ds.len() == ss.len()
+            && ds
+                .iter()
+                .zip(&ss)
+                .enumerate()
+                .all(|(d, (a, b))| d == ax || a == b);
+        if !same_rest {
+            return Err(GraphError::ShapeMismatch {
+                op,
+                lhs: ds.to_vec(),
+                rhs: ss.to_vec(),
+            });
+        }
+        let end = start.checked_add(ss[ax]).filter(|&e| e <= ds[ax]);
+        let Some(end) = end else {
+            return Err(GraphError::BadRange {
+                op,
+                axis: ax,
+                start,
+                end: start.saturating_add(ss[ax]),
+                shape: ds.to_vec(),
+            });
+        };
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (db, dtype, dev, needs) = {
+            let n = i.node(op, self.id)?;
+            (n.buf, n.dtype, n.device(), n.requires_grad)
+        };
+        let sb = i.node(op, src.id)?.buf;
+        if needs {
+            return Err(GraphError::BadArgument {
+                op,
+                what: "writes into a tensor that requires grad",
+            });
+        }
+        let read_by_tape = i.tape.iter().any(|&t| {
+            i.nodes.get(t).is_some_and(|n| {
+                n.inputs.iter().any(|&x| {
+                    i.nodes
+                        .get(x)
+                        .is_some_and(|xn| xn.buf == db && xn.device() == dev)
+                })
+            })
+        });
+        if read_by_tape {
+            return Err(GraphError::BadArgument {
+                op,
+                what: "an op recorded for backward reads this tensor; write before recording",
+            });
+        }
+        if start == end {
+            return Ok(());
+        }
+        match dev {
+            Device::Cpu => with_float!(dtype, T, {
+                let (d, [x]) = i.split_mut::<T, 1>(op, db, [sb])?;
+                cpu::place_along(x, &ss, ax, d, ds[ax], start);
+            }),
+            Device::Cuda(_) => {
+                on_cuda!(i, op, dev, [sb, db], |be, [x, o]| {
+                    let dst_st = arenagrad_exec::layout::contiguous_strides(&ds);
+                    let src_st = arenagrad_exec::layout::contiguous_strides(&ss);
+                    let off = start * dst_st[ax];
+                    be.copy_strided(dtype, &ss, x, 0, &src_st, o, off, &dst_st)
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Zeros of `extent` along `axis` with `self` placed at `start` (slice's adjoint).

@@ -1,0 +1,170 @@
+//! Nested scopes inside one iteration: bounded memory for loops that never reset.
+//!
+//! PyTorch frees a tensor when its last reference goes; the arena frees an iteration at its
+//! reset. A loop that stays inside one iteration — generating tokens under `no_grad`, evaluating
+//! a validation set — would grow without bound. [`Graph::scope`] runs a closure and then rolls
+//! the iteration back to where it was, as a bump allocator rolls back to a mark: every node and
+//! host buffer made inside is freed at once (device buffers go back to their cache), and the
+//! closure's result is carried out by copying ([`Keep`]).
+
+use crate::error::Result;
+use crate::store::StoreMark;
+use crate::{Device, Graph, HostTensor, Tensor};
+use arenagrad_alloc::ArenaMark;
+
+/// What a scope's closure may return: values kept by copying across the rollback. Tensors
+/// come out as constants (leaves without history) on the device they were on; plain values
+/// as they are.
+pub trait Keep<'g>: Sized {
+    /// The value while the scope rolls back (holding nothing of the scope's memory).
+    type Saved;
+    /// Copies what must survive out of the scope's memory.
+    fn save(self) -> Result<Self::Saved>;
+    /// Brings it back into the enclosing scope.
+    fn restore(saved: Self::Saved, g: &'g Graph) -> Result<Self>;
+}
+
+impl<'g> Keep<'g> for Tensor<'g> {
+    type Saved = (HostTensor, Device);
+    fn save(self) -> Result<Self::Saved> {
+        Ok((self.to_host()?, self.device()))
+    }
+    fn restore((h, dev): Self::Saved, g: &'g Graph) -> Result<Self> {
+        g.from_host(&h)?.to_device(dev)
+    }
+}
+
+macro_rules! keep_plain {
+    ($($t:ty),*) => {$(
+        impl<'g> Keep<'g> for $t {
+            type Saved = $t;
+            fn save(self) -> Result<$t> {
+                Ok(self)
+            }
+            fn restore(saved: $t, _g: &'g Graph) -> Result<$t> {
+                Ok(saved)
+            }
+        }
+    )*};
+}
+keep_plain!((), bool, usize, u64, i64, f32, f64, u32, String, HostTensor);
+
+impl<'g, A: Keep<'g>> Keep<'g> for Vec<A> {
+    type Saved = Vec<A::Saved>;
+    fn save(self) -> Result<Self::Saved> {
+        self.into_iter().map(A::save).collect()
+    }
+    fn restore(saved: Self::Saved, g: &'g Graph) -> Result<Self> {
+        saved.into_iter().map(|s| A::restore(s, g)).collect()
+    }
+}
+
+impl<'g, A: Keep<'g>> Keep<'g> for Option<A> {
+    type Saved = Option<A::Saved>;
+    fn save(self) -> Result<Self::Saved> {
+        self.map(A::save).transpose()
+    }
+    fn restore(saved: Self::Saved, g: &'g Graph) -> Result<Self> {
+        saved.map(|s| A::restore(s, g)).transpose()
+    }
+}
+
+macro_rules! keep_tuple {
+    ($($n:tt $t:ident),+) => {
+        impl<'g, $($t: Keep<'g>),+> Keep<'g> for ($($t,)+) {
+            type Saved = ($($t::Saved,)+);
+            fn save(self) -> Result<Self::Saved> {
+                Ok(($(self.$n.save()?,)+))
+            }
+            fn restore(saved: Self::Saved, g: &'g Graph) -> Result<Self> {
+                Ok(($($t::restore(saved.$n, g)?,)+))
+            }
+        }
+    };
+}
+keep_tuple!(0 A, 1 B);
+keep_tuple!(0 A, 1 B, 2 C);
+keep_tuple!(0 A, 1 B, 2 C, 3 D);
+
+/// Where an iteration stands: its nodes, tape and host arena.
+struct Mark {
+    nodes: StoreMark,
+    tape: usize,
+    temp_log: usize,
+    arena: ArenaMark,
+}
+
+impl Graph {
+    /// Runs `f` in a nested scope of the iteration, with recording off (as under
+    /// [`Graph::no_grad`]), then frees everything it made — nodes, host buffers, device
+    /// buffers — at once, as a bump allocator rolls back to a mark. What `f` returns is copied
+    /// out first and back in after ([`Keep`]): a tensor comes back as a constant of the
+    /// enclosing scope. Tensors made inside and kept by other means go stale (using one is a
+    /// [`crate::GraphError::StaleTensor`] error, never a read of freed memory). Tensors of the
+    /// enclosing scope are untouched and usable inside.
+    ///
+    /// The loop this is for — generation, evaluation — then runs in flat memory without a
+    /// reset per step (host buffers reuse the arena's region from the second iteration on,
+    /// once a reset has sized it):
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph};
+    /// let mut g = Graph::new();
+    /// let w = g.randn(&[64, 64], DType::F32)?;
+    /// let mut x = g.randn(&[1, 64], DType::F32)?;
+    /// let start = g.stats().arena.bytes_in_use;
+    /// for _ in 0..100 {
+    ///     x = g.scope(|_| x.matmul(w)?.tanh()?.matmul(w)?.tanh())?;
+    /// }
+    /// // One kept [1, 64] tensor per step: the intermediates are gone.
+    /// assert!(g.stats().arena.bytes_in_use < start + 100 * 2 * 64 * 4);
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
+    pub fn scope<'g, R: Keep<'g>>(&'g self, f: impl FnOnce(&'g Graph) -> Result<R>) -> Result<R> {
+        let mark = self.mark_scope();
+        let saved = {
+            let _ng = self.no_grad();
+            f(self).and_then(R::save)
+        };
+        self.rollback_scope(mark);
+        R::restore(saved?, self)
+    }
+
+    fn mark_scope(&self) -> Mark {
+        let mut i = self.inner();
+        Mark {
+            nodes: i.nodes.mark(),
+            tape: i.tape.len(),
+            temp_log: i.temp_log.len(),
+            arena: i.arena.mark(),
+        }
+    }
+
+    fn rollback_scope(&self, mark: Mark) {
+        let mut guard = self.inner();
+        let i = &mut *guard;
+        // Device buffers go back to their cache one by one (the host arena rolls back whole).
+        let on_device: Vec<(Device, arenagrad_alloc::BufId)> = i
+            .nodes
+            .live_since(mark.nodes)
+            .filter(|n| n.device() != Device::Cpu)
+            .map(|n| (n.device(), n.buf))
+            .collect();
+        for (dev, buf) in on_device {
+            // A buffer already let go (a view's) is no error here: the scope ends either way.
+            let _ = i.release_buf(dev, buf);
+        }
+        // Leaves of before the scope that started requiring grad inside it leave the tape.
+        if i.tape.len() > mark.tape {
+            let extra: Vec<_> = i.tape.drain(mark.tape..).collect();
+            for id in extra {
+                if let Some(n) = i.nodes.get_mut(id) {
+                    n.tape_pos = crate::graph::NO_POS;
+                }
+            }
+        }
+        i.temp_log.truncate(mark.temp_log);
+        i.nodes.rollback(mark.nodes);
+        i.arena.rollback(mark.arena);
+    }
+}
