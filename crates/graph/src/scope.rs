@@ -7,7 +7,7 @@
 //! host buffer made inside is freed at once (device buffers go back to their cache), and the
 //! closure's result is carried out by copying ([`Keep`]).
 
-use crate::error::Result;
+use crate::error::{GraphError, Result};
 use crate::store::StoreMark;
 use crate::{Device, Graph, HostTensor, Tensor};
 use arenagrad_alloc::ArenaMark;
@@ -121,13 +121,22 @@ impl Graph {
     /// # Ok::<(), arenagrad_graph::GraphError>(())
     /// ```
     pub fn scope<'g, R: Keep<'g>>(&'g self, f: impl FnOnce(&'g Graph) -> Result<R>) -> Result<R> {
+        self.try_scope(f)
+    }
+
+    /// [`Graph::scope`] for a closure with an error type of its own (one a [`GraphError`]
+    /// converts into, such as a layer library's).
+    pub fn try_scope<'g, R: Keep<'g>, E: From<GraphError>>(
+        &'g self,
+        f: impl FnOnce(&'g Graph) -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E> {
         let mark = self.mark_scope();
         let saved = {
             let _ng = self.no_grad();
-            f(self).and_then(R::save)
+            f(self).and_then(|r| r.save().map_err(E::from))
         };
         self.rollback_scope(mark);
-        R::restore(saved?, self)
+        Ok(R::restore(saved?, self)?)
     }
 
     fn mark_scope(&self) -> Mark {

@@ -64,6 +64,7 @@ pub mod init;
 mod layers;
 pub mod loss;
 pub mod metrics;
+mod models;
 mod module;
 pub mod optim;
 
@@ -73,7 +74,7 @@ pub use arenagrad_graph::{
     Tensor,
 };
 pub use error::{NnError, Result, ShapeConflict, StateMismatch};
-pub use layers::attention::{MultiheadAttention, TransformerBlock, TransformerConfig};
+pub use layers::attention::{KvCache, MultiheadAttention, TransformerBlock, TransformerConfig};
 pub use layers::basic::{Dropout, Flatten, GELUTanh, Lambda, LeakyReLU, ReLU, Sigmoid, Tanh, GELU};
 pub use layers::conv::{AvgPool2d, Conv2d, Conv2dConfig, MaxPool2d};
 pub use layers::linear::{Embedding, EmbeddingConfig, Linear, LinearConfig};
@@ -81,6 +82,7 @@ pub use layers::norm::{
     BatchNorm1d, BatchNorm2d, BatchNormConfig, LayerNorm, LayerNormConfig, RMSNorm, RMSNormConfig,
 };
 pub use layers::sequential::Sequential;
+pub use models::gpt::{Gpt, GptConfig, Sampling};
 pub use module::{Module, Slot, Visitor};
 
 /// The names a training program needs.

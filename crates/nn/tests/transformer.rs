@@ -4,8 +4,8 @@
 
 use arenagrad_nn::check::gradcheck_module;
 use arenagrad_nn::{
-    DType, Embedding, Graph, HostTensor, Linear, Module, MultiheadAttention, Parameter, Rng,
-    TransformerBlock, TransformerConfig,
+    DType, Embedding, Gpt, GptConfig, Graph, HostTensor, Linear, Module, MultiheadAttention,
+    Parameter, Rng, Sampling, TransformerBlock, TransformerConfig,
 };
 
 /// Parameter `j` (in visiting order), element `k`: `sin((k + 1)·0.37 + j) / 2`, as the PyTorch
@@ -184,4 +184,149 @@ fn a_tied_weight_collects_both_gradients() {
     let sum: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
     close(&tied, &sum, 1e-5, "tied gradient");
     assert_eq!(emb.named_parameters().len(), 1);
+}
+
+fn tiny_gpt() -> Gpt {
+    let cfg = GptConfig {
+        vocab: 11,
+        context: 16,
+        layers: 2,
+        heads: 2,
+        dim: 8,
+        mlp_ratio: 2,
+        dropout: 0.0,
+        dtype: DType::F64,
+    };
+    Gpt::new(cfg, &mut Rng::seed(5)).unwrap()
+}
+
+#[test]
+fn cached_steps_give_the_full_forwards_logits() {
+    let model = tiny_gpt();
+    let seq = [3usize, 1, 4, 1, 5, 9, 2, 6, 5, 3];
+    let g = Graph::new();
+    let full = model.forward_tokens(&g, &seq, 1, seq.len()).unwrap();
+    let full = full.to_vec_f64().unwrap();
+    let mut caches = model.new_caches(&g, 1).unwrap();
+    // A prompt of 4, two single tokens, then a block of 4 after a non-empty cache (the masked
+    // path), in scopes as generation runs them.
+    let mut got = Vec::new();
+    for part in [&seq[..4], &seq[4..5], &seq[5..6], &seq[6..]] {
+        let v = g
+            .try_scope(|g| -> arenagrad_nn::Result<Vec<f64>> {
+                Ok(model
+                    .forward_cached(g, part, 1, &mut caches)?
+                    .to_vec_f64()?)
+            })
+            .unwrap();
+        got.extend(v);
+    }
+    close(&got, &full, 1e-12, "cached logits");
+    assert_eq!(caches[0].len(), seq.len());
+}
+
+#[test]
+fn greedy_generation_is_the_argmax_of_the_full_model_and_memory_stays_flat() {
+    let model = tiny_gpt();
+    let mut g = Graph::new();
+    let prompt = [1usize, 2, 3];
+    let greedy = Sampling {
+        temperature: 0.0,
+        top_k: None,
+    };
+    let _ = g.zeros(&[4096], DType::F64).unwrap();
+    g.reset();
+    let before = g.stats();
+    let out = model
+        .generate(&g, &prompt, 10, greedy, &mut Rng::seed(0))
+        .unwrap();
+    let after = g.stats();
+    // The caches (two tensors per block) are what remains of the whole generation.
+    assert_eq!(after.nodes, before.nodes + 2 * 2);
+    let mut text = prompt.to_vec();
+    for &t in &out {
+        let logits = model
+            .forward_tokens(&g, &text, 1, text.len())
+            .unwrap()
+            .to_vec_f64()
+            .unwrap();
+        let last = &logits[(text.len() - 1) * 11..];
+        let best = (0..11).fold(0, |b, k| if last[k] > last[b] { k } else { b });
+        assert_eq!(t, best);
+        text.push(t);
+        g.reset();
+    }
+    // Past the context (16): the cache restarts from the last half-context; still in range.
+    let long = model
+        .generate(&g, &prompt, 40, Sampling::default(), &mut Rng::seed(1))
+        .unwrap();
+    assert_eq!(long.len(), 40);
+    assert!(long.iter().all(|&t| t < 11));
+    let again = model
+        .generate(&g, &prompt, 40, Sampling::default(), &mut Rng::seed(1))
+        .unwrap();
+    assert_eq!(long, again, "the same seed, the same text");
+}
+
+#[test]
+fn sampling_follows_temperature_and_top_k() {
+    let mut rng = Rng::seed(3);
+    let logits = [0.0, 3f64.ln()];
+    let s = Sampling::default();
+    let n = 20_000;
+    let ones = (0..n).filter(|_| s.sample(&logits, &mut rng) == 1).count();
+    let p = ones as f64 / n as f64;
+    assert!((p - 0.75).abs() < 0.015, "{p}");
+    // Temperature 2 flattens e^(ln 3 / 2) : 1 = √3 : 1.
+    let hot = Sampling {
+        temperature: 2.0,
+        top_k: None,
+    };
+    let ones = (0..n)
+        .filter(|_| hot.sample(&logits, &mut rng) == 1)
+        .count();
+    let want = 3f64.sqrt() / (1.0 + 3f64.sqrt());
+    assert!((ones as f64 / n as f64 - want).abs() < 0.015);
+    let top1 = Sampling {
+        temperature: 1.0,
+        top_k: Some(1),
+    };
+    assert!((0..100).all(|_| top1.sample(&[0.1, 0.3, 0.2], &mut rng) == 1));
+    let model = tiny_gpt();
+    let g = Graph::new();
+    let bad = Sampling {
+        temperature: -1.0,
+        top_k: None,
+    };
+    assert!(model.generate(&g, &[1], 3, bad, &mut rng).is_err());
+    assert!(model.generate(&g, &[], 3, s, &mut rng).is_err());
+}
+
+#[test]
+fn the_gpt_ties_its_head_and_groups_its_parameters() {
+    let model = tiny_gpt();
+    let names: Vec<String> = model
+        .named_parameters()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names[0], "tok_emb.weight");
+    assert!(!names.iter().any(|n| n.contains("head")), "{names:?}");
+    let [decay, rest] = model.param_groups(0.1);
+    let opt = arenagrad_nn::optim::AdamW::with_groups(
+        [decay, rest],
+        arenagrad_nn::optim::AdamConfig::adamw(1e-3).weight_decay(0.1),
+    )
+    .unwrap();
+    assert_eq!(opt.group_options(0), (1e-3, 0.1));
+    assert_eq!(opt.group_options(1), (1e-3, 0.0));
+    use arenagrad_nn::optim::Optimizer;
+    assert_eq!(opt.parameters().len(), names.len());
+    // Both uses of the token embedding reach its gradient: the lookup's rows and the head's.
+    let g = Graph::new();
+    let l = model.loss(&g, &[1, 2, 3, 4], &[2, 3, 4, 5], 1, 4).unwrap();
+    l.backward().unwrap();
+    let gw = model.token_embedding().grad().unwrap().to_f64_vec();
+    // Row 10 is never looked up: only the head's use reaches it.
+    assert!(gw[10 * 8..11 * 8].iter().any(|&v| v != 0.0));
 }

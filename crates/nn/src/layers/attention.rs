@@ -101,23 +101,64 @@ impl MultiheadAttention {
     }
 }
 
-impl Module for MultiheadAttention {
-    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+/// The keys and values a [`MultiheadAttention`] has seen, for generation: each step attends
+/// over them and appends its own, so a new token costs one step, not a re-run over the whole
+/// prefix. The buffers (`[batch, heads, max_len, head_dim]`) belong to the iteration they were
+/// made in and are written in place ([`Tensor::slice_write`]), so the steps can run in nested
+/// [`Graph::scope`]s and leave nothing behind.
+#[derive(Debug)]
+pub struct KvCache<'g> {
+    k: Tensor<'g>,
+    v: Tensor<'g>,
+    len: usize,
+}
+
+impl<'g> KvCache<'g> {
+    /// Positions filled so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The most positions it holds.
+    pub fn capacity(&self) -> usize {
+        self.k.shape()[2]
+    }
+
+    /// Forgets what it holds (the buffers stay).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+impl MultiheadAttention {
+    /// An empty cache for `batch` sequences of up to `max_len` positions, on `g` (make it
+    /// outside the scopes of the steps that fill it).
+    pub fn new_cache<'g>(&self, g: &'g Graph, batch: usize, max_len: usize) -> Result<KvCache<'g>> {
+        let dim = self.out_proj.out_features();
+        let shape = [batch, self.heads, max_len, dim / self.heads];
+        let dtype = self.in_proj.weight().dtype();
+        Ok(KvCache {
+            k: g.zeros(&shape, dtype)?,
+            v: g.zeros(&shape, dtype)?,
+            len: 0,
+        })
+    }
+
+    /// `[b, l, d]` → queries, keys and values `[b, h, l, hd]`.
+    fn qkv<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<[Tensor<'g>; 3]> {
         let s = x.try_shape()?;
         let dim = self.out_proj.out_features();
+        let expected = || input_shape("MultiheadAttention", &format!("[batch, len, {dim}]"), &s);
         let [b, l, d] = s[..] else {
-            return Err(input_shape(
-                "MultiheadAttention",
-                &format!("[batch, len, {dim}]"),
-                &s,
-            ));
+            return Err(expected());
         };
         if d != dim {
-            return Err(input_shape(
-                "MultiheadAttention",
-                &format!("[batch, len, {dim}]"),
-                &s,
-            ));
+            return Err(expected());
         }
         let (h, hd) = (self.heads as isize, (dim / self.heads) as isize);
         let (b, l) = (b as isize, l as isize);
@@ -130,14 +171,76 @@ impl Module for MultiheadAttention {
         let part = |k: usize| -> Result<Tensor<'g>> {
             Ok(qkv.slice(0, k, k + 1)?.reshape(&[b, h, l, hd])?)
         };
+        Ok([part(0)?, part(1)?, part(2)?])
+    }
+
+    /// `[b, h, l, hd]` heads → `[b, l, d]`, through the output projection.
+    fn merge<'g>(&self, g: &'g Graph, o: Tensor<'g>) -> Result<Tensor<'g>> {
+        let s = o.try_shape()?;
+        let dim = self.out_proj.out_features() as isize;
+        let o = o
+            .permute(&[0, 2, 1, 3])?
+            .reshape(&[s[0] as isize, s[2] as isize, dim])?;
+        self.out_proj.forward(g, o)
+    }
+
+    /// Self-attention of `x` (`[batch, new, dim]`, the positions after those in `cache`) over
+    /// the cached positions and its own (causally among its own), appending its keys and values
+    /// to the cache. The same output as [`Module::forward`] over the whole sequence, for these
+    /// positions. Runs without dropout.
+    pub fn forward_cached<'g>(
+        &self,
+        g: &'g Graph,
+        x: Tensor<'g>,
+        cache: &mut KvCache<'g>,
+    ) -> Result<Tensor<'g>> {
+        let [q, k, v] = self.qkv(g, x)?;
+        let (b, new) = (q.shape()[0], q.shape()[2]);
+        let (past, total) = (cache.len, cache.len + new);
+        let cs = cache.k.try_shape()?;
+        if cs[0] != b || total > cs[2] {
+            return Err(config(
+                "MultiheadAttention",
+                format!(
+                    "the cache holds {} sequences of {} positions; {b} sequences need {total}",
+                    cs[0], cs[2]
+                ),
+            ));
+        }
+        cache.k.slice_write(2, past, k)?;
+        cache.v.slice_write(2, past, v)?;
+        cache.len = total;
+        let (ks, vs) = (cache.k.slice(2, 0, total)?, cache.v.slice(2, 0, total)?);
+        let mut opts = AttentionOptions::default();
+        if new > 1 && self.causal {
+            if past == 0 {
+                opts.causal = true;
+            } else {
+                // Query i (position past + i) sees keys j ≤ past + i.
+                let rows = g
+                    .arange(past as f64, total as f64, 1.0, q.dtype())?
+                    .reshape(&[new as isize, 1])?;
+                let cols = g.arange(0.0, total as f64, 1.0, q.dtype())?;
+                let hide = cols.gt(rows)?;
+                let zero = g.zeros(&[new, total], q.dtype())?;
+                opts.mask = Some(zero.masked_fill(hide, f64::NEG_INFINITY)?);
+            }
+        }
+        let o = q.scaled_dot_product_attention(ks, vs, opts)?;
+        self.merge(g, o)
+    }
+}
+
+impl Module for MultiheadAttention {
+    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let [q, k, v] = self.qkv(g, x)?;
         let opts = AttentionOptions {
             causal: self.causal,
             dropout_p: if self.training { self.dropout } else { 0.0 },
             ..Default::default()
         };
-        let o = part(0)?.scaled_dot_product_attention(part(1)?, part(2)?, opts)?;
-        let o = o.permute(&[0, 2, 1, 3])?.reshape(&[b, l, dim as isize])?;
-        self.out_proj.forward(g, o)
+        let o = q.scaled_dot_product_attention(k, v, opts)?;
+        self.merge(g, o)
     }
 
     fn visit(&self, v: &mut Visitor<'_>) {
@@ -245,6 +348,24 @@ impl TransformerBlock {
     /// The attention sublayer.
     pub fn self_attn(&self) -> &MultiheadAttention {
         &self.self_attn
+    }
+}
+
+impl TransformerBlock {
+    /// The block over new positions `x` (`[batch, new, dim]`) with the attention's keys and
+    /// values cached ([`MultiheadAttention::forward_cached`]); without dropout.
+    pub fn forward_cached<'g>(
+        &self,
+        g: &'g Graph,
+        x: Tensor<'g>,
+        cache: &mut KvCache<'g>,
+    ) -> Result<Tensor<'g>> {
+        let a = self
+            .self_attn
+            .forward_cached(g, self.norm1.forward(g, x)?, cache)?;
+        let x = x.add(a)?;
+        let h = self.linear1.forward(g, self.norm2.forward(g, x)?)?.gelu()?;
+        Ok(x.add(self.linear2.forward(g, h)?)?)
     }
 }
 

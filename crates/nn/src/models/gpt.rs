@@ -1,0 +1,416 @@
+//! A GPT: token and learned position embeddings, pre-norm transformer blocks, a final
+//! LayerNorm, and an output projection tied to the token embedding (one [`Parameter`] in two
+//! places, whose gradient collects both uses). Generation samples with temperature and top-k
+//! and keeps each block's keys and values, so a new token costs one step.
+
+use arenagrad_graph::{DType, Graph, Parameter, Tensor};
+
+use crate::error::{config, input_shape, Result};
+use crate::functional as F;
+use crate::layers::attention::{KvCache, TransformerBlock, TransformerConfig};
+use crate::layers::basic::Dropout;
+use crate::layers::linear::{Embedding, EmbeddingConfig};
+use crate::layers::norm::{LayerNorm, LayerNormConfig};
+use crate::module::{Module, Visitor};
+use crate::optim::ParamGroup;
+use crate::{HostTensor, Rng};
+
+/// The shape of a [`Gpt`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GptConfig {
+    /// Tokens in the vocabulary.
+    pub vocab: usize,
+    /// The longest sequence (positions with an embedding).
+    pub context: usize,
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Attention heads per block.
+    pub heads: usize,
+    /// The model width.
+    pub dim: usize,
+    /// The MLP's hidden width over `dim`.
+    pub mlp_ratio: usize,
+    /// Dropout after the embeddings, on attention weights and after each residual branch.
+    pub dropout: f64,
+    /// The parameters' dtype.
+    pub dtype: DType,
+}
+
+impl GptConfig {
+    /// The character model of the `char_gpt` example: 256 byte tokens, context 128, 4 layers,
+    /// 4 heads, width 128, MLP ×4, dropout 0.1, f32.
+    pub fn char_default() -> Self {
+        GptConfig {
+            vocab: 256,
+            context: 128,
+            layers: 4,
+            heads: 4,
+            dim: 128,
+            mlp_ratio: 4,
+            dropout: 0.1,
+            dtype: DType::F32,
+        }
+    }
+}
+
+/// A decoder-only transformer language model (see the module documentation). Parameter names:
+/// `tok_emb.weight`, `pos_emb.weight`, `blocks.{i}.…` ([`TransformerBlock`]'s), `ln_f.weight`,
+/// `ln_f.bias`. Initialised as GPT-2: weights `N(0, 0.02)`, the residual projections'
+/// (`out_proj`, `linear2`) scaled by `1/√(2·layers)`, biases 0, norms 1.
+///
+/// ```
+/// use arenagrad_nn::{Gpt, GptConfig, Graph, Rng};
+/// let cfg = GptConfig { vocab: 10, context: 8, layers: 1, heads: 2, dim: 8, ..GptConfig::char_default() };
+/// let mut rng = Rng::seed(0);
+/// let model = Gpt::new(cfg, &mut rng)?;
+/// let g = Graph::new();
+/// let logits = model.forward_tokens(&g, &[1, 2, 3, 4, 5, 6], 2, 3)?;
+/// assert_eq!(logits.shape().as_slice(), &[2, 3, 10]);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+#[derive(Debug)]
+pub struct Gpt {
+    cfg: GptConfig,
+    tok_emb: Embedding,
+    pos_emb: Embedding,
+    blocks: Vec<TransformerBlock>,
+    ln_f: LayerNorm,
+    dropout: Dropout,
+}
+
+impl Gpt {
+    /// A model of shape `cfg`, initialised from `rng`.
+    pub fn new(cfg: GptConfig, rng: &mut Rng) -> Result<Self> {
+        if cfg.vocab == 0 || cfg.context == 0 || cfg.layers == 0 {
+            return Err(config("Gpt", "vocab, context and layers must be positive"));
+        }
+        let emb = EmbeddingConfig {
+            dtype: cfg.dtype,
+            ..EmbeddingConfig::default()
+        };
+        let block = TransformerConfig {
+            heads: cfg.heads,
+            mlp_ratio: cfg.mlp_ratio,
+            dropout: cfg.dropout,
+            causal: true,
+            eps: 1e-5,
+            dtype: cfg.dtype,
+        };
+        let model = Gpt {
+            cfg,
+            tok_emb: Embedding::with_config(cfg.vocab, cfg.dim, emb, rng)?,
+            pos_emb: Embedding::with_config(cfg.context, cfg.dim, emb, rng)?,
+            blocks: (0..cfg.layers)
+                .map(|_| TransformerBlock::new(cfg.dim, block, rng))
+                .collect::<Result<_>>()?,
+            ln_f: LayerNorm::with_config(
+                &[cfg.dim],
+                LayerNormConfig {
+                    dtype: cfg.dtype,
+                    ..LayerNormConfig::default()
+                },
+            )?,
+            dropout: Dropout::new(cfg.dropout)?,
+        };
+        let resid_std = 0.02 / (2.0 * cfg.layers as f64).sqrt();
+        for (name, p) in model.named_parameters() {
+            let shape = p.shape();
+            let std = if name.ends_with("out_proj.weight") || name.ends_with("linear2.weight") {
+                resid_std
+            } else {
+                0.02
+            };
+            let v: Vec<f64> = if shape.len() == 2 {
+                (0..p.numel()).map(|_| rng.normal() * std).collect()
+            } else if name.contains("norm") || name.starts_with("ln_f") {
+                let fill = if name.ends_with("weight") { 1.0 } else { 0.0 };
+                vec![fill; p.numel()]
+            } else {
+                vec![0.0; p.numel()]
+            };
+            p.set_value(HostTensor::from_f64(&v, &shape, cfg.dtype)?)?;
+        }
+        Ok(model)
+    }
+
+    /// The model's shape.
+    pub fn config(&self) -> &GptConfig {
+        &self.cfg
+    }
+
+    /// The token embedding, also the output projection's weight.
+    pub fn token_embedding(&self) -> &Parameter {
+        self.tok_emb.weight()
+    }
+
+    /// The two groups of the usual recipe: weight matrices of the blocks, decayed by
+    /// `weight_decay`; embeddings, biases and norms, not decayed.
+    pub fn param_groups(&self, weight_decay: f64) -> [ParamGroup; 2] {
+        let (mut decay, mut rest) = (Vec::new(), Vec::new());
+        for (name, p) in self.named_parameters() {
+            if p.shape().len() == 2 && name.starts_with("blocks.") {
+                decay.push(p);
+            } else {
+                rest.push(p);
+            }
+        }
+        [
+            ParamGroup::new(decay).weight_decay(weight_decay),
+            ParamGroup::new(rest).weight_decay(0.0),
+        ]
+    }
+
+    fn check_tokens(&self, tokens: &[usize], batch: usize, len: usize, past: usize) -> Result<()> {
+        if batch == 0 || tokens.len() != batch * len {
+            return Err(input_shape(
+                "Gpt",
+                &format!("{} tokens as [{batch}, {len}]", batch * len),
+                &[tokens.len()],
+            ));
+        }
+        if past + len > self.cfg.context {
+            return Err(config(
+                "Gpt",
+                format!(
+                    "{} positions exceed the context of {}",
+                    past + len,
+                    self.cfg.context
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Embeddings of `tokens` (`[batch, len]`, row-major) at positions `past..past + len`.
+    fn embed<'g>(
+        &self,
+        g: &'g Graph,
+        tokens: &[usize],
+        batch: usize,
+        len: usize,
+        past: usize,
+    ) -> Result<Tensor<'g>> {
+        self.check_tokens(tokens, batch, len, past)?;
+        let tok = self.tok_emb.lookup(g, tokens, &[batch, len])?;
+        let positions: Vec<usize> = (past..past + len).collect();
+        let pos = self.pos_emb.lookup(g, &positions, &[len])?;
+        Ok(tok.add(pos)?)
+    }
+
+    /// The final norm and the tied projection to the vocabulary: `[b, l, d]` → `[b, l, vocab]`.
+    fn head<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let x = self.ln_f.forward(g, x)?;
+        F::linear(x, g.param(self.tok_emb.weight())?, None)
+    }
+
+    /// Logits `[batch, len, vocab]` for `tokens` (`[batch, len]`, row-major).
+    pub fn forward_tokens<'g>(
+        &self,
+        g: &'g Graph,
+        tokens: &[usize],
+        batch: usize,
+        len: usize,
+    ) -> Result<Tensor<'g>> {
+        let mut x = self
+            .dropout
+            .forward(g, self.embed(g, tokens, batch, len, 0)?)?;
+        for b in &self.blocks {
+            x = b.forward(g, x)?;
+        }
+        self.head(g, x)
+    }
+
+    /// The mean cross-entropy of predicting `targets` from `tokens` (both `[batch, len]`).
+    pub fn loss<'g>(
+        &self,
+        g: &'g Graph,
+        tokens: &[usize],
+        targets: &[usize],
+        batch: usize,
+        len: usize,
+    ) -> Result<Tensor<'g>> {
+        let logits = self.forward_tokens(g, tokens, batch, len)?;
+        let flat = logits.reshape(&[(batch * len) as isize, self.cfg.vocab as isize])?;
+        crate::loss::cross_entropy(flat, targets)
+    }
+
+    /// One empty key/value cache per block, for `batch` sequences of up to the context.
+    pub fn new_caches<'g>(&self, g: &'g Graph, batch: usize) -> Result<Vec<KvCache<'g>>> {
+        self.blocks
+            .iter()
+            .map(|b| b.self_attn().new_cache(g, batch, self.cfg.context))
+            .collect()
+    }
+
+    /// Logits `[batch, new, vocab]` for `tokens` (`[batch, new]`) following what `caches`
+    /// hold, which they then hold too. Without dropout.
+    pub fn forward_cached<'g>(
+        &self,
+        g: &'g Graph,
+        tokens: &[usize],
+        batch: usize,
+        caches: &mut [KvCache<'g>],
+    ) -> Result<Tensor<'g>> {
+        if caches.len() != self.blocks.len() {
+            return Err(config("Gpt", "one cache per block is needed"));
+        }
+        let past = caches[0].len();
+        let len = tokens.len() / batch.max(1);
+        let mut x = self.embed(g, tokens, batch, len, past)?;
+        for (b, c) in self.blocks.iter().zip(caches.iter_mut()) {
+            x = b.forward_cached(g, x, c)?;
+        }
+        self.head(g, x)
+    }
+
+    /// `n` tokens after `prompt`, sampled one at a time with `sampling`, each step one cached
+    /// forward of one token in its own [`Graph::scope`] (memory stays flat however long the
+    /// text). Past the context the cache restarts from the last half-context of tokens.
+    pub fn generate(
+        &self,
+        g: &Graph,
+        prompt: &[usize],
+        n: usize,
+        sampling: Sampling,
+        rng: &mut Rng,
+    ) -> Result<Vec<usize>> {
+        if prompt.is_empty() {
+            return Err(config("Gpt::generate", "the prompt must hold a token"));
+        }
+        sampling.check()?;
+        let ctx = self.cfg.context;
+        let mut text: Vec<usize> = prompt.to_vec();
+        let mut caches = self.new_caches(g, 1)?;
+        // The tokens not yet in the cache.
+        let mut pending: Vec<usize> = prompt[prompt.len().saturating_sub(ctx)..].to_vec();
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            if caches[0].len() + pending.len() > ctx {
+                for c in &mut caches {
+                    c.clear();
+                }
+                let keep = (ctx / 2).max(1);
+                pending = text[text.len().saturating_sub(keep)..].to_vec();
+            }
+            let row = g.try_scope(|g| -> Result<Vec<f64>> {
+                let logits = self.forward_cached(g, &pending, 1, &mut caches)?;
+                let last = logits.shape()[1] - 1;
+                let row = logits.slice(1, last, last + 1)?;
+                Ok(row.to_vec_f64()?)
+            })?;
+            let t = sampling.sample(&row, rng);
+            out.push(t);
+            text.push(t);
+            pending = vec![t];
+        }
+        Ok(out)
+    }
+}
+
+impl Module for Gpt {
+    /// `x`: token indices `[batch, len]` as floats; the logits `[batch, len, vocab]`.
+    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let s = x.try_shape()?;
+        let [b, l] = s[..] else {
+            return Err(input_shape("Gpt", "[batch, len] token indices", &s));
+        };
+        let tokens = F::tensor_to_indices("Gpt", x)?;
+        self.forward_tokens(g, &tokens, b, l)
+    }
+
+    fn visit(&self, v: &mut Visitor<'_>) {
+        v.child("tok_emb", &self.tok_emb);
+        v.child("pos_emb", &self.pos_emb);
+        for (i, b) in self.blocks.iter().enumerate() {
+            v.child(&format!("blocks.{i}"), b);
+        }
+        v.child("ln_f", &self.ln_f);
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.dropout.set_training(training);
+        for b in &mut self.blocks {
+            b.set_training(training);
+        }
+    }
+}
+
+/// How to pick the next token from logits: softmax at `temperature`, restricted to the `top_k`
+/// most likely (all when `None`); a temperature of 0 takes the most likely (greedy).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    /// Divides the logits (default 1; 0 is greedy).
+    pub temperature: f64,
+    /// Keeps only the `k` largest logits (default none).
+    pub top_k: Option<usize>,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            temperature: 1.0,
+            top_k: None,
+        }
+    }
+}
+
+impl Sampling {
+    fn check(&self) -> Result<()> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 || self.top_k == Some(0) {
+            return Err(config(
+                "Sampling",
+                format!(
+                    "temperature must be finite and ≥ 0, top_k ≥ 1; got {} and {:?}",
+                    self.temperature, self.top_k
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A token drawn from `logits` (one row) with `rng`.
+    ///
+    /// ```
+    /// use arenagrad_nn::{Rng, Sampling};
+    /// let mut rng = Rng::seed(0);
+    /// let logits = [0.0, 5.0, 1.0, 4.9];
+    /// let greedy = Sampling { temperature: 0.0, top_k: None };
+    /// assert_eq!(greedy.sample(&logits, &mut rng), 1);
+    /// let top2 = Sampling { temperature: 1.0, top_k: Some(2) };
+    /// for _ in 0..100 {
+    ///     let t = top2.sample(&logits, &mut rng);
+    ///     assert!(t == 1 || t == 3);
+    /// }
+    /// ```
+    pub fn sample(&self, logits: &[f64], rng: &mut Rng) -> usize {
+        let best = |a: usize, b: usize| if logits[b] > logits[a] { b } else { a };
+        if self.temperature == 0.0 || logits.len() <= 1 {
+            return (0..logits.len()).fold(0, best);
+        }
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        if let Some(k) = self.top_k.filter(|&k| k < logits.len()) {
+            order.select_nth_unstable_by(k - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
+            order.truncate(k);
+        }
+        let m = order
+            .iter()
+            .map(|&i| logits[i])
+            .fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = order
+            .iter()
+            .map(|&i| ((logits[i] - m) / self.temperature).exp())
+            .collect();
+        let total: f64 = w.iter().sum();
+        if !(total.is_finite() && total > 0.0) {
+            return (0..logits.len()).fold(0, best);
+        }
+        let mut u = rng.uniform() * total;
+        for (&i, &wi) in order.iter().zip(&w) {
+            if u < wi {
+                return i;
+            }
+            u -= wi;
+        }
+        order[order.len() - 1]
+    }
+}
