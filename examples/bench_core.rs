@@ -2,10 +2,11 @@
 //! PyTorch (`scripts/compare_torch.py` runs both): W1 the randn-matmul loop at 1024×1024, W2 tiny-op overhead, W3/W4 MLP training
 //! steps (ReLU, cross-entropy, plain SGD lr 0.01, median of 50 steps after 5 warm-up), and GEMM;
 //! then one training step of the Fashion-MNIST example's CNN (Adam, batch 64, random images);
-//! and causal self-attention at the character GPT's size (`[32, 4, 128, 32]`, f32), forward and
-//! backward, fused and as the composed formula.
+//! causal self-attention at the character GPT's size (`[32, 4, 128, 32]`, f32), forward and
+//! backward, fused and as the composed formula; and the character GPT of the `char_gpt`
+//! example: a training step, its peak memory, and generation at batch 1.
 //!
-//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn]`
+//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt]`
 //! Threads: `ARENAGRAD_NUM_THREADS` (default: all cores).
 
 use std::time::Instant;
@@ -247,8 +248,8 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Only these workloads, comma-separated: w1 (randn-matmul loop and GEMM), w2, w3, w4, cnn,
-    /// attn
-    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn"])]
+    /// attn, gpt
+    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt"])]
     only: Vec<String>,
 }
 
@@ -286,6 +287,21 @@ fn main() {
             "| Fashion-MNIST CNN 32/64, b64 Adam step (random data) | {ms:.2} ms (fwd {f:.2}, bwd {b:.2}, opt {o:.2}) | |"
         );
     }
+    if run("gpt") {
+        let (ms, f, b, o, mem) = gpt_step(if quick { 8 } else { 20 });
+        println!(
+            "| char GPT step (4×128, ctx 128, b32, AdamW, clip) | {ms:.1} ms (fwd {f:.1}, bwd {b:.1}, opt {o:.1}) | |"
+        );
+        println!(
+            "| char GPT step peak memory | {:.1} MiB arena + {:.1} MiB params/grads/Adam = {:.2}× (params + grads + Adam + saved activations {:.1} MiB) | ≤ 1.3× |",
+            mem.0 as f64 / 1048576.0,
+            mem.1 as f64 / 1048576.0,
+            (mem.0 + mem.1) as f64 / (mem.1 + mem.2) as f64,
+            mem.2 as f64 / 1048576.0
+        );
+        let tps = gpt_generate(if quick { 100 } else { 300 });
+        println!("| char GPT generation, batch 1, key/value cache | {tps:.0} tokens/s | |");
+    }
     if run("attn") {
         let reps = if quick { 5 } else { 30 };
         let (fused, peak_f) = attention_step(true, reps);
@@ -299,6 +315,73 @@ fn main() {
             peak_n as f64 / 1048576.0
         );
     }
+}
+
+/// The char_gpt example's model, step and data shape: random bytes (the figure is speed).
+fn gpt_model() -> arenagrad::nn::Gpt {
+    arenagrad::nn::Gpt::new(arenagrad::nn::GptConfig::char_default(), &mut Rng::seed(0)).unwrap()
+}
+
+/// Median (ms/step, fwd, bwd, opt) of training steps of the char GPT, and memory: the arena's
+/// peak, the bytes of parameters + gradients + Adam's two moments, and of the activations
+/// saved after the forward (the arena's bytes in use then).
+fn gpt_step(steps: usize) -> (f64, f64, f64, f64, (usize, usize, usize)) {
+    use arenagrad::nn::optim::{clip_grad_norm, AdamConfig, AdamW};
+    let model = gpt_model();
+    let mut opt = AdamW::with_groups(
+        model.param_groups(0.1),
+        AdamConfig::adamw(3e-3).weight_decay(0.1),
+    )
+    .unwrap();
+    let (b, t) = (32usize, 128usize);
+    let mut rng = Rng::seed(1);
+    let x: Vec<usize> = (0..b * t).map(|_| rng.below(256)).collect();
+    let y: Vec<usize> = (0..b * t).map(|_| rng.below(256)).collect();
+    let mut g = Graph::new();
+    let (mut tt, mut f, mut bw, mut o) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut peak, mut saved) = (0, 0);
+    for s in 0..steps + 3 {
+        g.reset_peak_stats();
+        let t0 = Instant::now();
+        opt.zero_grad();
+        let l = model.loss(&g, &x, &y, b, t).unwrap();
+        let t1 = Instant::now();
+        saved = g.stats().arena.bytes_in_use;
+        l.backward().unwrap();
+        let t2 = Instant::now();
+        peak = g.stats().arena.peak_bytes_in_use;
+        std::hint::black_box(l.item().unwrap());
+        g.reset();
+        clip_grad_norm(opt.parameters(), 1.0).unwrap();
+        opt.step().unwrap();
+        let t3 = Instant::now();
+        if s >= 3 {
+            tt.push((t3 - t0).as_secs_f64() * 1e3);
+            f.push((t1 - t0).as_secs_f64() * 1e3);
+            bw.push((t2 - t1).as_secs_f64() * 1e3);
+            o.push((t3 - t2).as_secs_f64() * 1e3);
+        }
+    }
+    let state = model.num_parameters() * 4 * 4;
+    (median(tt), median(f), median(bw), median(o), (peak, state, saved))
+}
+
+/// Tokens/s of the char GPT generating `n` tokens at batch 1 with its key/value cache.
+fn gpt_generate(n: usize) -> f64 {
+    let mut model = gpt_model();
+    model.eval();
+    let mut g = Graph::new();
+    let prompt: Vec<usize> = b"The meaning of life is".iter().map(|&c| usize::from(c)).collect();
+    let sampling = arenagrad::nn::Sampling {
+        temperature: 0.8,
+        top_k: Some(40),
+    };
+    let mut rng = Rng::seed(0);
+    let _ = model.generate(&g, &prompt, 10, sampling, &mut rng).unwrap();
+    g.reset();
+    let t0 = Instant::now();
+    let out = model.generate(&g, &prompt, n, sampling, &mut rng).unwrap();
+    out.len() as f64 / t0.elapsed().as_secs_f64()
 }
 
 /// Median ms of forward + backward of causal self-attention, `[32, 4, 128, 32]` f32 (fused or

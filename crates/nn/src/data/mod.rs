@@ -1,7 +1,8 @@
 //! Data: the IDX format (MNIST's and Fashion-MNIST's files, gzipped or not) and shuffled
 //! mini-batches of an image-classification dataset ([`Dataset`]), and tabular data — float
 //! features with class labels, from CSV files among others — with a standardising transform
-//! ([`TabularDataset`], [`Standardize`]).
+//! ([`TabularDataset`], [`Standardize`]); and text for byte-level language models, such as
+//! Debian's fortune files, split by document ([`TextCorpus`]).
 //!
 //! ```
 //! use arenagrad_nn::data::{Dataset, IdxArray, IdxData};
@@ -31,9 +32,11 @@ use crate::error::{NnError, Result};
 use crate::Rng;
 
 mod tabular;
+mod text;
 #[cfg(feature = "csv")]
 pub use tabular::{CsvOptions, LabelColumn};
 pub use tabular::{Standardize, TabularDataset};
+pub use text::{Split, TextCorpus};
 
 /// A dataset that [`Batches`] draws from: numbered samples, gathered into one batch tensor and
 /// its labels.

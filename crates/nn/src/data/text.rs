@@ -1,0 +1,249 @@
+//! Text for character (byte) language models: a corpus of documents split into training and
+//! validation text by document, and windows of it as batches of next-token predictions.
+//!
+//! [`TextCorpus::from_fortune_dir`] reads the fortune-cookie files of Debian's `fortunes`
+//! package (`/usr/share/games/fortunes/`): plain text, one document after another, each ended by
+//! a line holding only `%`. Each text file is read once (the `.u8` names are links to the same
+//! files), the `.dat` indexes and folders are skipped, and files are taken in name order so the
+//! split is the same everywhere.
+
+use std::path::Path;
+
+use crate::error::{NnError, Result};
+use crate::files::io;
+use crate::Rng;
+
+/// Which part of a [`TextCorpus`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// The training text.
+    Train,
+    /// The validation text.
+    Valid,
+}
+
+/// Documents joined into a training and a validation text, bytes as tokens (a vocabulary of
+/// 256). Each document keeps its `%` line, so a model learns where one ends.
+///
+/// ```
+/// use arenagrad_nn::data::{Split, TextCorpus};
+/// use arenagrad_nn::Rng;
+/// let docs: Vec<&[u8]> = (0..20).map(|_| b"To be or not to be.\n".as_slice()).collect();
+/// let corpus = TextCorpus::from_documents(&docs, 10)?;
+/// assert_eq!(corpus.documents(), (18, 2)); // every 10th document is for validation
+/// let (x, y) = corpus.batch(Split::Train, 4, 8, &mut Rng::seed(0))?;
+/// assert_eq!((x.len(), y.len()), (32, 32));
+/// assert_eq!(&x[1..8], &y[..7]); // each target is the next input
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextCorpus {
+    train: Vec<u8>,
+    valid: Vec<u8>,
+    docs: (usize, usize),
+    files: usize,
+}
+
+impl TextCorpus {
+    /// The documents of a fortune directory; document `i` (counted over the files in name
+    /// order) goes to validation when `i % valid_every == valid_every − 1`.
+    pub fn from_fortune_dir(dir: impl AsRef<Path>, valid_every: usize) -> Result<Self> {
+        let dir = dir.as_ref();
+        let mut paths: Vec<_> = std::fs::read_dir(dir)
+            .map_err(io(dir))?
+            .map(|e| e.map(|e| e.path()).map_err(io(dir)))
+            .collect::<Result<_>>()?;
+        paths.sort();
+        let mut seen = Vec::new();
+        let mut texts = Vec::new();
+        for p in paths {
+            if p.extension().is_some_and(|e| e == "dat") || p.is_dir() {
+                continue;
+            }
+            let real = std::fs::canonicalize(&p).map_err(io(&p))?;
+            if seen.contains(&real) {
+                continue;
+            }
+            texts.push(std::fs::read(&real).map_err(io(&real))?);
+            seen.push(real);
+        }
+        if texts.is_empty() {
+            return Err(NnError::BadData {
+                what: "TextCorpus",
+                reason: format!("no fortune files in {}", dir.display()),
+            });
+        }
+        let docs: Vec<&[u8]> = texts.iter().flat_map(|t| split_fortunes(t)).collect();
+        let mut c = Self::from_documents(&docs, valid_every)?;
+        c.files = texts.len();
+        Ok(c)
+    }
+
+    /// `docs` joined, each followed by a `%` line, every `valid_every`-th to validation.
+    pub fn from_documents(docs: &[&[u8]], valid_every: usize) -> Result<Self> {
+        if valid_every < 2 {
+            return Err(NnError::BadData {
+                what: "TextCorpus",
+                reason: format!("valid_every must be at least 2, got {valid_every}"),
+            });
+        }
+        let (mut train, mut valid, mut counts) = (Vec::new(), Vec::new(), (0, 0));
+        for (i, d) in docs.iter().enumerate() {
+            let (out, n) = if i % valid_every == valid_every - 1 {
+                (&mut valid, &mut counts.1)
+            } else {
+                (&mut train, &mut counts.0)
+            };
+            out.extend_from_slice(d);
+            if !d.ends_with(b"\n") {
+                out.push(b'\n');
+            }
+            out.extend_from_slice(b"%\n");
+            *n += 1;
+        }
+        Ok(TextCorpus {
+            train,
+            valid,
+            docs: counts,
+            files: 1,
+        })
+    }
+
+    /// Training and validation document counts.
+    pub fn documents(&self) -> (usize, usize) {
+        self.docs
+    }
+
+    /// The files read.
+    pub fn files(&self) -> usize {
+        self.files
+    }
+
+    /// The bytes of a split.
+    pub fn text(&self, split: Split) -> &[u8] {
+        match split {
+            Split::Train => &self.train,
+            Split::Valid => &self.valid,
+        }
+    }
+
+    fn windows(&self, split: Split, context: usize) -> Result<usize> {
+        let n = self.text(split).len();
+        if context == 0 || n <= context {
+            return Err(NnError::BadData {
+                what: "TextCorpus",
+                reason: format!("{split:?} text of {n} bytes holds no window of {context} + 1"),
+            });
+        }
+        Ok(n - context)
+    }
+
+    /// `batch` windows of `context + 1` bytes starting at `starts`, as inputs and targets
+    /// (`[batch, context]` each, row-major; the targets are the inputs shifted by one).
+    pub fn batch_at(
+        &self,
+        split: Split,
+        context: usize,
+        starts: &[usize],
+    ) -> Result<(Vec<usize>, Vec<usize>)> {
+        let limit = self.windows(split, context)?;
+        let text = self.text(split);
+        let (mut x, mut y) = (
+            Vec::with_capacity(starts.len() * context),
+            Vec::with_capacity(starts.len() * context),
+        );
+        for &s in starts {
+            if s >= limit {
+                return Err(NnError::BadData {
+                    what: "TextCorpus",
+                    reason: format!("a window at {s} runs past the {split:?} text"),
+                });
+            }
+            x.extend(text[s..s + context].iter().map(|&b| usize::from(b)));
+            y.extend(text[s + 1..s + context + 1].iter().map(|&b| usize::from(b)));
+        }
+        Ok((x, y))
+    }
+
+    /// `batch` windows at offsets drawn uniformly with `rng`.
+    pub fn batch(
+        &self,
+        split: Split,
+        batch: usize,
+        context: usize,
+        rng: &mut Rng,
+    ) -> Result<(Vec<usize>, Vec<usize>)> {
+        let limit = self.windows(split, context)?;
+        let starts: Vec<usize> = (0..batch).map(|_| rng.below(limit)).collect();
+        self.batch_at(split, context, &starts)
+    }
+
+    /// The `step`-th batch of a fixed order that another program can compute too (the PyTorch
+    /// twin of the `char_gpt` example): window `b` starts at `((step·batch + b)·104729) mod n`,
+    /// `n` the number of windows.
+    pub fn fixed_batch(
+        &self,
+        split: Split,
+        step: usize,
+        batch: usize,
+        context: usize,
+    ) -> Result<(Vec<usize>, Vec<usize>)> {
+        let limit = self.windows(split, context)? as u128;
+        let starts: Vec<usize> = (0..batch)
+            .map(|b| ((((step * batch + b) as u128) * 104_729) % limit) as usize)
+            .collect();
+        self.batch_at(split, context, &starts)
+    }
+
+    /// Consecutive windows covering a split (the last one may overlap the one before): every
+    /// position predicted once, for a full validation pass.
+    pub fn sequential_starts(&self, split: Split, context: usize) -> Result<Vec<usize>> {
+        let limit = self.windows(split, context)?;
+        let mut v: Vec<usize> = (0..limit).step_by(context).collect();
+        if v.last() != Some(&(limit - 1)) && limit > context {
+            v.push(limit - 1);
+        }
+        Ok(v)
+    }
+}
+
+/// A fortune file's documents: the text between lines that hold only `%`, without empty ones.
+fn split_fortunes(text: &[u8]) -> Vec<&[u8]> {
+    let mut docs = Vec::new();
+    let mut start = 0;
+    let mut at = 0;
+    while at < text.len() {
+        let end = text[at..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(text.len(), |p| at + p + 1);
+        let line = &text[at..end];
+        if line == b"%\n" || line == b"%" || line == b"%\r\n" {
+            if at > start {
+                docs.push(&text[start..at]);
+            }
+            start = end;
+        }
+        at = end;
+    }
+    if start < text.len() {
+        docs.push(&text[start..]);
+    }
+    docs.retain(|d| d.iter().any(|b| !b.is_ascii_whitespace()));
+    docs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fortunes_split_on_percent_lines() {
+        let t = b"one\nline\n%\ntwo\n%\n%\nthree";
+        assert_eq!(
+            split_fortunes(t),
+            vec![&b"one\nline\n"[..], &b"two\n"[..], &b"three"[..]]
+        );
+        assert!(split_fortunes(b"%\n%\n").is_empty());
+    }
+}
