@@ -363,7 +363,13 @@ fn gpt_step(steps: usize) -> (f64, f64, f64, f64, (usize, usize, usize)) {
         }
     }
     let state = model.num_parameters() * 4 * 4;
-    (median(tt), median(f), median(bw), median(o), (peak, state, saved))
+    (
+        median(tt),
+        median(f),
+        median(bw),
+        median(o),
+        (peak, state, saved),
+    )
 }
 
 /// Tokens/s of the char GPT generating `n` tokens at batch 1 with its key/value cache.
@@ -371,7 +377,10 @@ fn gpt_generate(n: usize) -> f64 {
     let mut model = gpt_model();
     model.eval();
     let mut g = Graph::new();
-    let prompt: Vec<usize> = b"The meaning of life is".iter().map(|&c| usize::from(c)).collect();
+    let prompt: Vec<usize> = b"The meaning of life is"
+        .iter()
+        .map(|&c| usize::from(c))
+        .collect();
     let sampling = arenagrad::nn::Sampling {
         temperature: 0.8,
         top_k: Some(40),

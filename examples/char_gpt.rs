@@ -27,7 +27,9 @@ use std::time::Instant;
 
 use arenagrad::nn::checkpoint::{self, Progress};
 use arenagrad::nn::data::{Split, TextCorpus};
-use arenagrad::nn::optim::{clip_grad_norm, AdamConfig, AdamW, LrSchedule, Optimizer, WarmupCosineLr};
+use arenagrad::nn::optim::{
+    clip_grad_norm, AdamConfig, AdamW, LrSchedule, Optimizer, WarmupCosineLr,
+};
 use arenagrad::nn::{Gpt, GptConfig, Module, NnError, Rng, Sampling};
 use arenagrad::prelude::*;
 
@@ -153,7 +155,11 @@ fn valid_loss(
 }
 
 /// The loss curves: training (running mean per step) and validation (at each evaluation).
-fn plot(train: &[f64], valid: &[(usize, f64)], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+fn plot(
+    train: &[f64],
+    valid: &[(usize, f64)],
+    path: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
     font::register()?;
     let root = BitMapBackend::new(path, (1100, 600)).into_drawing_area();
@@ -163,7 +169,10 @@ fn plot(train: &[f64], valid: &[(usize, f64)], path: &Path) -> Result<(), Box<dy
     let top = all.clone().cloned().fold(0.0f64, f64::max).max(0.1) * 1.05;
     let bottom = all.cloned().fold(f64::INFINITY, f64::min).min(top) * 0.95;
     let mut c = ChartBuilder::on(&root)
-        .caption("Character GPT on Debian's fortunes: loss", ("sans-serif", 26))
+        .caption(
+            "Character GPT on Debian's fortunes: loss",
+            ("sans-serif", 26),
+        )
         .margin(18)
         .x_label_area_size(44)
         .y_label_area_size(60)
@@ -179,7 +188,11 @@ fn plot(train: &[f64], valid: &[(usize, f64)], path: &Path) -> Result<(), Box<dy
     c.draw_series(LineSeries::new(valid.iter().copied(), RED.stroke_width(2)))?
         .label("validation")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED));
-    c.draw_series(valid.iter().map(|&(s, v)| Circle::new((s, v), 4, RED.filled())))?;
+    c.draw_series(
+        valid
+            .iter()
+            .map(|&(s, v)| Circle::new((s, v), 4, RED.filled())),
+    )?;
     c.configure_series_labels()
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
@@ -224,7 +237,12 @@ fn run() -> Result<(), NnError> {
         model.param_groups(args.weight_decay),
         AdamConfig::adamw(args.lr).weight_decay(args.weight_decay),
     )?;
-    let schedule = WarmupCosineLr::new(args.lr, args.warmup.min(args.steps), args.steps, args.lr / 10.0)?;
+    let schedule = WarmupCosineLr::new(
+        args.lr,
+        args.warmup.min(args.steps),
+        args.steps,
+        args.lr / 10.0,
+    )?;
     let mut start = 0usize;
     if args.resume {
         let p = checkpoint::load_training(&args.checkpoint, &model, &mut opt)?;
@@ -289,7 +307,11 @@ fn run() -> Result<(), NnError> {
         if args.log_every.is_some_and(|e| step.is_multiple_of(e)) {
             bar.suspend(|| println!("step {step} loss {lv:.6}"));
         }
-        running = if running.is_nan() { lv } else { 0.98 * running + 0.02 * lv };
+        running = if running.is_nan() {
+            lv
+        } else {
+            0.98 * running + 0.02 * lv
+        };
         train_curve.push(running);
         let done = step + 1 - start;
         let tps = (done * tokens_per_step) as f64 / t0.elapsed().as_secs_f64();
@@ -304,7 +326,11 @@ fn run() -> Result<(), NnError> {
             );
             bar.suspend(|| println!("{line}"));
         } else if plain && (step + 1) % (args.eval_every / 5).max(1) == 0 {
-            eprintln!("step {}/{}: loss {running:.4}  {tps:.0} tokens/s", step + 1, args.steps);
+            eprintln!(
+                "step {}/{}: loss {running:.4}  {tps:.0} tokens/s",
+                step + 1,
+                args.steps
+            );
         }
         if step % 5 == 0 {
             bar.set_message(format!("loss {running:.4}  {tps:.0} tokens/s"));

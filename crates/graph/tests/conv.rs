@@ -243,6 +243,49 @@ fn dropout_scales_survivors_and_is_identity_in_eval(dev) {
 }
 }
 
+device_test! {
+fn dropout_backward_replays_the_forwards_mask_to_second_order(dev) {
+    let g = Graph::on(dev).unwrap();
+    g.seed(11);
+    let v: Vec<f64> = (0..5000).map(|k| (k as f64 * 0.37).sin()).collect();
+    let x = g.var(&v, &[50, 100], DType::F64).unwrap();
+    let y = x.dropout(0.4, true).unwrap();
+    let w = g.from_f64(&v, &[50, 100], DType::F64).unwrap();
+    let l = y.mul(y).unwrap().mul(w).unwrap().sum().unwrap();
+    let gr = arenagrad_graph::grad(
+        l,
+        &[x],
+        arenagrad_graph::BackwardOptions {
+            create_graph: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()[0]
+        .unwrap();
+    // d/dx Σ w·(m·x)² = 2·w·m²·x with m the mask times 1/(1 − p), read off the forward.
+    let yv = y.to_vec_f64().unwrap();
+    let gv = gr.to_vec_f64().unwrap();
+    let s = 1.0 / 0.6;
+    for k in 0..v.len() {
+        let m = if yv[k] == 0.0 && v[k] != 0.0 { 0.0 } else { s };
+        let want = 2.0 * v[k] * m * m * v[k];
+        assert!((gv[k] - want).abs() < 1e-9, "{k}: {} vs {want}", gv[k]);
+    }
+    // Second order: d/dx Σ gr = 2·w·m², the same mask again.
+    let h = arenagrad_graph::grad(gr.sum().unwrap(), &[x], Default::default()).unwrap()[0]
+        .unwrap()
+        .to_vec_f64()
+        .unwrap();
+    for k in 0..v.len() {
+        let m = if yv[k] == 0.0 && v[k] != 0.0 { 0.0 } else { s };
+        assert!((h[k] - 2.0 * v[k] * m * m).abs() < 1e-9);
+    }
+    // The same seed, the same mask, whatever the device.
+    g.seed(11);
+    assert_eq!(x.dropout(0.4, true).unwrap().to_vec_f64().unwrap(), yv);
+}
+}
+
 /// Window arithmetic that overflows (a dilated kernel, padding, patch length) is refused, never
 /// wrapped into an output larger than the input.
 #[test]

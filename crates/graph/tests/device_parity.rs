@@ -149,6 +149,7 @@ parity_tests! {
         };
         x[0].scaled_dot_product_attention(x[1], x[2], opts)
     };
+    dropout: &[&[30, 40]], false, |g, x| x[0].dropout(0.3, true)?.mul(x[0]);
     cumsum: &[&[3, 4, 5]], false, |g, x| x[0].cumsum(1)?.mul(x[0]);
     slice_step: &[&[4, 7]], false, |g, x| x[0].slice_step(1, 1, 7, 2);
     stack: &[&[3, 4], &[3, 4]], false, |g, x| g.stack(&[x[0], x[1]], 1);

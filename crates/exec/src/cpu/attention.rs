@@ -56,18 +56,12 @@ pub struct AttnMask<'a, T> {
     pub cs: usize,
 }
 
-/// Whether dropout keeps weight `(h, i, j)`: a SplitMix64 finaliser of the element's counter,
-/// compared as a uniform in [0, 1) against `p`.
+/// Whether dropout keeps weight `(h, i, j)`: [`super::dropout::keeps`] of the weight's
+/// row-major position among all heads' `lq × lk` weights.
 #[inline(always)]
 pub fn keeps(dims: &AttnDims, h: usize, i: usize, j: usize) -> bool {
     let c = ((h * dims.lq + i) * dims.lk + j) as u64;
-    let mut z = dims
-        .seed
-        .wrapping_add(c.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 11) as f64 * (1.0 / (1u64 << 53) as f64) >= dims.dropout
+    super::dropout::keeps(dims.seed, c, dims.dropout)
 }
 
 /// Scores of one tile into `s` (`bq × bk`, row-major): `q·kᵀ·scale + mask`, −∞ where causal

@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod conv;
+pub mod dropout;
 pub mod elementwise;
 pub mod fastmath;
 pub mod matmul;

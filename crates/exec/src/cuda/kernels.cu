@@ -435,6 +435,31 @@ __device__ __forceinline__ void index_select_k(const T* x, u64 outer, u64 axis_l
     }
 }
 
+// Dropout's keep decision for element `c` (cpu::dropout::keeps: two rounds of a 32-bit mixer
+// over the counter and the seed, compared with ⌈p·2³²⌉).
+__device__ __forceinline__ unsigned int dropout_mix(unsigned int x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+}
+
+__device__ __forceinline__ bool dropout_keeps(u64 seed, u64 c, u64 threshold) {
+    unsigned int lo = (unsigned int)c + (unsigned int)seed;
+    unsigned int hi = (unsigned int)(seed >> 32) ^ ((unsigned int)(c >> 32) * 0x9E3779B9u);
+    return (u64)dropout_mix(dropout_mix(lo) ^ hi) >= threshold;
+}
+
+// out[i] = x[i]·scale where element i is kept, else 0 (cpu::dropout::dropout).
+template <typename T>
+__device__ __forceinline__ void dropout_k(const T* x, u64 n, u64 seed, u64 threshold, double scale,
+                                          T* out) {
+    GRID_LOOP(i, n) {
+        out[i] = dropout_keeps(seed, i, threshold) ? x[i] * (T)scale : (T)0;
+    }
+}
+
 // Running sums along the middle axis of [outer, len, inner], one thread per line, in index
 // order (from the end when `reverse`), as cpu::cumsum.
 template <typename T>
@@ -667,5 +692,7 @@ BOTH(im2col, (u64 x, u64 n, Win w, u64 out), im2col_k<T>((const T*)x, n, w, (T*)
 BOTH(col2im, (u64 cols, u64 n, Win w, u64 out), col2im_k<T>((const T*)cols, n, w, (T*)out))
 BOTH(max_pool_indices, (u64 x, u64 n, Win w, u64 idx),
      max_pool_indices_k<T>((const T*)x, n, w, (u32*)idx))
+BOTH(dropout, (u64 x, u64 n, u64 seed, u64 threshold, double scale, u64 out),
+     dropout_k<T>((const T*)x, n, seed, threshold, scale, (T*)out))
 BOTH(cumsum, (u64 x, u64 outer, u64 len, u64 inner, u64 reverse, u64 out),
      cumsum_k<T>((const T*)x, outer, len, inner, reverse, (T*)out))

@@ -240,6 +240,28 @@ impl CudaBackend {
         }
     }
 
+    /// Inverted dropout of the `n` elements of `x` into `out`, as [`crate::cpu::dropout::dropout`]
+    /// (the same decisions from the same seed).
+    #[allow(clippy::too_many_arguments)]
+    pub fn dropout(
+        &self,
+        dt: DType,
+        x: DevicePtr,
+        n: usize,
+        seed: u64,
+        p: f64,
+        scale: f64,
+        out: DevicePtr,
+    ) -> Result<(), CudaError> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let threshold = crate::cpu::dropout::threshold(p);
+        launch!(self, K::Dropout, dt, "dropout", blocks_for(n as u64);
+            x.0, n as u64, seed, threshold, scale, out.0)
+    }
+
     /// Running sums along `axis` of the contiguous `x` of `shape` (from the end when
     /// `reverse`), as [`crate::cpu::cumsum`].
     pub fn cumsum(

@@ -87,10 +87,11 @@ pub(crate) enum K {
     Col2im,
     MaxPoolIndices,
     Cumsum,
+    Dropout,
 }
 
 /// The kernels' names without the type suffix, indexed by `K as usize`.
-pub(crate) const KERNEL_BASES: [&str; 22] = [
+pub(crate) const KERNEL_BASES: [&str; 23] = [
     "fill",
     "unary",
     "unary_grad",
@@ -113,6 +114,7 @@ pub(crate) const KERNEL_BASES: [&str; 22] = [
     "col2im",
     "max_pool_indices",
     "cumsum",
+    "dropout",
 ];
 
 pub(crate) fn invalid(op: &'static str, msg: impl Into<String>) -> CudaError {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use arenagrad_alloc::BufId;
 use arenagrad_exec::cpu::{self, Window};
-use arenagrad_exec::UnaryOp;
+use arenagrad_exec::Float;
 use smallvec::{smallvec, SmallVec};
 
 use super::shape::{both, KernelArgs};
@@ -20,7 +20,7 @@ use super::{check_pair, Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::graph::NodeId;
-use crate::shape::{checked_numel, Shape};
+use crate::shape::{checked_numel, copy_of, Shape};
 use crate::{DType, Device, Tensor};
 
 fn window(
@@ -417,8 +417,10 @@ impl<'g> Tensor<'g> {
     }
 
     /// Inverted dropout: zeroes each element with probability `p` and scales the rest by
-    /// `1/(1−p)`, using the graph's seeded generator. The identity when `!train` or `p == 0`;
-    /// all zeros when `p == 1`.
+    /// `1/(1−p)`. The identity when `!train` or `p == 0`; all zeros when `p == 1`. One pass:
+    /// the decisions come from a counter-based hash of a seed drawn from the graph's generator
+    /// and each element's position ([`arenagrad_exec::cpu::dropout::keeps`]), so no mask is
+    /// stored and backward (the same dropout of the gradient) makes the same decisions.
     pub fn dropout(self, p: f64, train: bool) -> Result<Tensor<'g>> {
         if !(0.0..=1.0).contains(&p) {
             return Err(GraphError::BadArgument {
@@ -432,15 +434,36 @@ impl<'g> Tensor<'g> {
         if p == 1.0 {
             return self.scale(0.0);
         }
-        let mask = {
-            let _ng = self.g.no_grad();
-            let u = self
-                .g
-                .rand(&self.try_shape()?, self.dtype())?
-                .to_device(self.device())?;
-            u.shift(-p)?.unary(UnaryOp::Step)?.scale(1.0 / (1.0 - p))?
+        let seed = self.g.inner().rng.next_u64();
+        self.dropout_seeded(p, seed)
+    }
+
+    /// Dropout with the decisions of `seed` (forward and backward alike).
+    pub(crate) fn dropout_seeded(self, p: f64, seed: u64) -> Result<Tensor<'g>> {
+        let name = "dropout";
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (shape, dtype, dev, xb) = {
+            let n = i.node(name, self.id)?;
+            (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
-        self.mul(mask)
+        let len: usize = shape.iter().product();
+        let out = i.alloc_on(name, dev, dtype, len)?;
+        let threads = i.threads;
+        let scale = 1.0 / (1.0 - p);
+        match dev {
+            Device::Cpu => with_float!(dtype, T, {
+                let (o, [x]) = i.split_mut::<T, 1>(name, out, [xb])?;
+                cpu::dropout::dropout(x, seed, p, T::from_f64(scale), o, threads);
+            }),
+            Device::Cuda(_) => {
+                on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
+                    .dropout(dtype, x, len, seed, p, scale, o))
+            }
+        }
+        let id = i.push(shape, dtype, out, Op::Dropout { p, seed }, &[self.id]);
+        drop(guard);
+        Ok(self.g.handle(id))
     }
 }
 

@@ -106,6 +106,12 @@ pub(crate) enum Op {
     Norm(norm::NormNode),
     /// Scaled dot-product attention; inputs `[q, k, v, mask?]` (see [`attention`]).
     Attention(Arc<attention::AttnNode>),
+    /// Inverted dropout with the decisions of `seed`; its backward is the same dropout of the
+    /// gradient.
+    Dropout {
+        p: f64,
+        seed: u64,
+    },
     /// Running sums along `axis`, from the end when `reverse` (the adjoint of the other).
     Cumsum {
         axis: usize,
@@ -159,6 +165,7 @@ impl Op {
             | Op::SliceBackward { .. }
             | Op::Softmax { .. }
             | Op::Cumsum { .. }
+            | Op::Dropout { .. }
             | Op::Norm(_)
             | Op::Where
             | Op::MaxPool2d { .. }
@@ -211,6 +218,7 @@ impl Op {
             Op::Softmax { log: true, .. } => "log_softmax",
             Op::CrossEntropy { .. } => "cross_entropy",
             Op::Attention(_) => "scaled_dot_product_attention",
+            Op::Dropout { .. } => "dropout",
             Op::Norm(n) if n.rms => "rms_norm",
             Op::Norm(_) => "layer_norm",
             Op::Cumsum { reverse: false, .. } => "cumsum",
@@ -267,6 +275,7 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Softmax { axis, log } => softmax::backward(*axis, *log, c),
         Op::CrossEntropy { targets } => softmax::cross_entropy_backward(targets, c),
         Op::Norm(n) => norm::backward(n, c),
+        Op::Dropout { p, seed } => Ok(smallvec::smallvec![Some(c.gy.dropout_seeded(*p, *seed)?)]),
         Op::Attention(a) => attention::backward(a, c),
         Op::Cumsum { axis, reverse } => Ok(smallvec::smallvec![Some(c.gy.scan(*axis, !*reverse)?)]),
         Op::Where => binary::select_backward(c),
