@@ -183,7 +183,7 @@ fn plot(
         .label_style(("sans-serif", 16))
         .draw()?;
     c.draw_series(LineSeries::new(train.iter().copied().enumerate(), BLUE))?
-        .label("training (running mean)")
+        .label("training (running mean of the step losses)")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE));
     c.draw_series(LineSeries::new(valid.iter().copied(), RED.stroke_width(2)))?
         .label("validation")
@@ -288,6 +288,8 @@ fn run() -> Result<(), NnError> {
     let plain = !std::io::stderr().is_terminal();
     let (mut train_curve, mut valid_curve) = (Vec::new(), Vec::new());
     let mut running = f64::NAN;
+    // The mean training loss since the last evaluation (what the evaluation line prints).
+    let (mut since_sum, mut since_n) = (0.0f64, 0usize);
     let t0 = Instant::now();
     let tokens_per_step = args.batch * args.context;
     for step in start..args.steps {
@@ -321,9 +323,11 @@ fn run() -> Result<(), NnError> {
             g.reset();
             valid_curve.push((step + 1 - start, v));
             let line = format!(
-                "step {}: train loss {running:.4}  validation loss {v:.4}  {tps:.0} tokens/s",
-                step + 1
+                "step {}: train loss {:.4}  validation loss {v:.4}  {tps:.0} tokens/s",
+                step + 1,
+                since_sum / since_n as f64
             );
+            (since_sum, since_n) = (0.0, 0);
             bar.suspend(|| println!("{line}"));
         } else if plain && (step + 1) % (args.eval_every / 5).max(1) == 0 {
             eprintln!(
