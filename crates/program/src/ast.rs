@@ -125,6 +125,15 @@ pub enum Expr {
         /// The operands, in order.
         args: Vec<usize>,
     },
+    /// A row of the format's op table ([`crate::table`]): `NAME a [b ...] P...`.
+    Op {
+        /// The row.
+        op: &'static crate::table::OpRow,
+        /// The operands, in order.
+        args: Vec<usize>,
+        /// The parameters, as numbers (whole ones where the row says so).
+        params: Vec<f64>,
+    },
     /// `slice a AXIS START END`
     Slice {
         /// The operand.
@@ -156,7 +165,8 @@ pub const FORMAT_OPS: &[&str] = &[
 ];
 
 /// Every op name of format version 1: the leaves (`input`, `const`), the public rows of the
-/// binary and unary op tables, then [`FORMAT_OPS`].
+/// binary and unary op tables, [`FORMAT_OPS`], then the rows of the format's op table
+/// ([`crate::table::OPS`]).
 pub fn op_names() -> &'static [&'static str] {
     static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
     NAMES.get_or_init(|| {
@@ -164,6 +174,7 @@ pub fn op_names() -> &'static [&'static str] {
         v.extend(binary_ops().map(BinaryOp::name));
         v.extend(unary_ops().map(UnaryOp::name));
         v.extend(FORMAT_OPS);
+        v.extend(crate::table::OPS.iter().map(|r| r.name));
         v
     })
 }
@@ -226,6 +237,7 @@ impl Expr {
             Expr::Concat { .. } => "concat",
             Expr::Slice { .. } => "slice",
             Expr::User { op, .. } => op,
+            Expr::Op { op, .. } => op.name,
         }
     }
 
@@ -244,7 +256,9 @@ impl Expr {
             | Expr::Reshape { x, .. }
             | Expr::Broadcast { x, .. }
             | Expr::Slice { x, .. } => vec![*x],
-            Expr::Concat { xs, .. } | Expr::User { args: xs, .. } => xs.clone(),
+            Expr::Concat { xs, .. } | Expr::User { args: xs, .. } | Expr::Op { args: xs, .. } => {
+                xs.clone()
+            }
         }
     }
 
@@ -362,6 +376,23 @@ impl PartialEq for Expr {
             }
             (Concat { axis: a1, xs: x1 }, Concat { axis: a2, xs: x2 }) => a1 == a2 && x1 == x2,
             (User { op: o1, args: a1 }, User { op: o2, args: a2 }) => o1 == o2 && a1 == a2,
+            (
+                Op {
+                    op: o1,
+                    args: a1,
+                    params: p1,
+                },
+                Op {
+                    op: o2,
+                    args: a2,
+                    params: p2,
+                },
+            ) => {
+                o1.name == o2.name
+                    && a1 == a2
+                    && p1.len() == p2.len()
+                    && p1.iter().zip(p2).all(|(x, y)| f64_same(*x, *y))
+            }
             (
                 Slice {
                     x: x1,

@@ -248,6 +248,22 @@ pub fn raw_program(data: &[u8]) -> Program {
                 lhs: operand(&mut r),
                 rhs: operand(&mut r),
             }
+        } else if let Some(row) = crate::table::op_row(op) {
+            let args = (0..row.arity).map(|_| operand(&mut r)).collect();
+            let params = row
+                .params
+                .iter()
+                .map(|(_, kind)| match kind {
+                    crate::table::ParamKind::Float => float_attr(&mut r),
+                    crate::table::ParamKind::Int => int_attr(&mut r) as f64,
+                    crate::table::ParamKind::Count => dim_attr(&mut r) as f64,
+                })
+                .collect();
+            Expr::Op {
+                op: row,
+                args,
+                params,
+            }
         } else if let Some(u) = unary_op(op) {
             let x = operand(&mut r);
             let op = match u.param() {

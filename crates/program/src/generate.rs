@@ -33,6 +33,12 @@ pub fn smooth_ops() -> Vec<&'static str> {
             .iter()
             .filter(|o| !NON_SMOOTH_FORMAT_OPS.contains(o)),
     );
+    v.extend(
+        crate::table::OPS
+            .iter()
+            .filter(|r| r.smooth && r.gen.is_some())
+            .map(|r| r.name),
+    );
     v
 }
 
@@ -367,6 +373,25 @@ impl Gen<'_> {
         if let Some(u) = crate::user_op(name) {
             return self.user_op(&u, a, c);
         }
+        if let Some(row) = crate::table::op_row(name) {
+            // Every operand is `a` (self-attention, a stack of one value twice, a mask of itself).
+            let Some(params) = row.gen.and_then(|gen| gen(&sa, c.attrs)) else {
+                return self.fallback(a);
+            };
+            let shapes = vec![sa.as_slice(); row.arity];
+            return match (row.shape)(&shapes, &params) {
+                Ok(shape) if row.arity > 0 && self.fits(&shape) => self.push(
+                    Expr::Op {
+                        op: row,
+                        args: vec![a; row.arity],
+                        params,
+                    },
+                    shape,
+                    false,
+                ),
+                _ => self.fallback(a),
+            };
+        }
         let axis_of = |t: u8, neg: bool| -> i64 {
             let d = usize::from(t) % r.max(1);
             let d = i64::try_from(d).unwrap_or(0);
@@ -688,7 +713,9 @@ pub(crate) fn remap(e: &mut Expr, map: &[usize]) {
         | Expr::Reshape { x, .. }
         | Expr::Broadcast { x, .. }
         | Expr::Slice { x, .. } => f(x),
-        Expr::Concat { xs, .. } | Expr::User { args: xs, .. } => xs.iter_mut().for_each(f),
+        Expr::Concat { xs, .. } | Expr::User { args: xs, .. } | Expr::Op { args: xs, .. } => {
+            xs.iter_mut().for_each(f)
+        }
     }
 }
 

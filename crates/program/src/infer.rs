@@ -474,6 +474,11 @@ pub(crate) fn check(p: &Program, limits: &Limits) -> Result<Vec<StmtInfo>, Progr
                 out[d] = end - start;
                 out
             }
+            Expr::Op { op, args, params } => {
+                let shapes: Vec<&[usize]> = (0..args.len()).map(sh).collect();
+                (op.shape)(&shapes, params)
+                    .map_err(|m| at.shape(Some(0), format!("{}: {m}", op.name)))?
+            }
             Expr::User { op, args } => {
                 let Some(u) = crate::user_op(op) else {
                     return Err(at.shape(None, format!("`{op}` is not a registered op")));

@@ -61,6 +61,7 @@ mod printer;
 mod runner;
 #[cfg(feature = "proptest")]
 pub mod strategy;
+pub mod table;
 mod user;
 
 pub use ast::{

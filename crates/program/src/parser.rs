@@ -380,6 +380,26 @@ fn args(l: &mut Line<'_, '_>, op: &str, op_col: usize) -> Result<Expr, ProgramEr
         };
         return Ok(Expr::Unary { op, x });
     }
+    if let Some(row) = crate::table::op_row(op) {
+        let args = (0..row.arity)
+            .map(|_| l.name("an operand (a name)"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut params = Vec::with_capacity(row.params.len());
+        for (what, kind) in row.params {
+            params.push(match kind {
+                crate::table::ParamKind::Float => l.float(&format!("{what} (a number)"))?,
+                crate::table::ParamKind::Int => l.int(&format!("{what} (an integer)"))? as f64,
+                crate::table::ParamKind::Count => {
+                    l.uint(&format!("{what} (a non-negative integer)"))? as f64
+                }
+            });
+        }
+        return Ok(Expr::Op {
+            op: row,
+            args,
+            params,
+        });
+    }
     // A registered op (never a name of the format's: `register_op` refuses those).
     if let Some(u) = crate::user_op(op) {
         let args = (0..u.arity())

@@ -63,6 +63,16 @@ pub(crate) fn tokens(p: &Program, i: usize) -> Vec<String> {
             t.extend(shape.iter().map(|a| a.to_string()));
         }
         Expr::User { args, .. } => t.extend(args.iter().map(|&k| name(k))),
+        Expr::Op { op, args, params } => {
+            t.extend(args.iter().map(|&k| name(k)));
+            for (&v, (_, kind)) in params.iter().zip(op.params) {
+                t.push(match kind {
+                    crate::table::ParamKind::Float => float(v),
+                    crate::table::ParamKind::Int => format!("{}", v as i64),
+                    crate::table::ParamKind::Count => format!("{}", v as u64),
+                });
+            }
+        }
         Expr::Concat { axis, xs } => {
             t.push(axis.to_string());
             t.extend(xs.iter().map(|&k| name(k)));

@@ -279,6 +279,7 @@ pub fn apply_default<'g>(
         }
         Expr::Broadcast { shape, .. } => arg(0)?.broadcast_to(shape),
         Expr::Concat { axis, .. } => g.concat(args, ax(*axis)?),
+        Expr::Op { op, params, .. } => (op.run)(g, args, params),
         Expr::User { op, .. } => match crate::user_op(op) {
             Some(u) => u.apply(g, args),
             None => Err(GraphError::BadArgument {

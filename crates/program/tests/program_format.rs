@@ -65,6 +65,26 @@ t2 = reshape t1 3 -1
 t3 = broadcast c 4 2 3
 t4 = concat 0 a m1 k2
 t5 = slice t4 0 1 4
+e0 = cumsum a 1
+e1 = logsumexp a -1
+e2 = min a 0
+e3 = max_dim a 1
+e4 = norm a 2 1
+e5 = norm a inf 0
+e6 = clamp a -0.5 0.5
+e7 = tril a 0
+e8 = triu a -1
+e9 = masked_fill a q0 -2
+e10 = layer_norm a 1 1e-5
+e11 = rms_norm a 2 1e-6
+e12 = attention a a a 1
+e13 = stack a d1 0
+e14 = slice_step a 1 0 3 2
+e15 = chunk a 2 1 1
+e16 = split a 2 1 0
+e17 = unbind a 0 1
+e18 = one_hot q0 2
+e19 = arange a 0 5 1.5
 o = mul s r3
 ";
 

@@ -811,6 +811,312 @@ fn leaf_cases() -> Vec<Case> {
     ]
 }
 
+/// The rows of the format's op table (`table.rs`), each against values PyTorch 2.15 printed for
+/// the same program (float64; `scripts/torch_char_gpt.py`'s torch, run by hand): the op, then a
+/// product with constant weights so that the gradients are not all ones.
+fn table_cases() -> Vec<Case> {
+    let m = input("m", &[2, 3], &M);
+    let mc = constant("mc", &[2, 3], &M);
+    let w6 = constant("w", &[2, 3], &W6);
+    let wb = constant("w", &[2], &B);
+    let wx = constant("w", &[3], &X);
+    let wa = constant("w", &[2, 2], &A);
+    let k = constant("k", &[3], &[0.0, 1.0, 0.0]);
+    let q = input("q", &[2, 3], &M);
+    let kk = input("kk", &[2, 3], &W6);
+    let v = input("v", &[2, 3], &[0.5, -1.0, 2.0, 1.5, 0.25, 1.0]);
+    let xi = input("x", &[3], &X);
+    let idx = constant("idx", &[3], &[2.0, 0.0, 1.0]);
+    let tt = input("tt", &[3, 2], &[0.5, -1.0, 2.0, 3.25, 1.5, -2.0]);
+    vec![
+        Case {
+            name: "cumsum",
+            text: format!("{m}{w6}y = cumsum m 1\nz = mul y w\n"),
+            out_shape: vec![2, 3],
+            out: vec![0.25, -9.0, 18.0, 3.0, 6.0, -4.0],
+            grads: vec![("m", vec![0.75, 0.5, 2.0, 3.25, 2.5, -0.5])],
+        },
+        Case {
+            name: "logsumexp",
+            text: format!("{m}{wb}y = logsumexp m -1\nz = mul y w\n"),
+            out_shape: vec![2],
+            out: vec![7.71439744274985, -12.254446883802812],
+            grads: vec![(
+                "m",
+                vec![
+                    0.02381435996470014,
+                    1.3002199982960017,
+                    0.17596564173929746,
+                    -0.23833542200400765,
+                    -0.0005907744460691285,
+                    -1.7610738035499232,
+                ],
+            )],
+        },
+        Case {
+            name: "min",
+            text: format!("{m}{wx}y = min m 0\nz = mul y w\n"),
+            out_shape: vec![3],
+            out: vec![0.5, 2.0, 6.0],
+            grads: vec![("m", vec![0.5, -0.0, 2.0, 0.0, -1.0, 0.0])],
+        },
+        Case {
+            name: "max_dim",
+            text: format!("{m}{wb}y = max_dim m 1\nz = mul y w\n"),
+            out_shape: vec![2],
+            out: vec![7.5, -12.0],
+            grads: vec![("m", vec![0.0, 1.5, 0.0, 0.0, 0.0, -2.0])],
+        },
+        Case {
+            name: "norm",
+            text: format!("{m}{wb}y = norm m 2 1\nz = mul y w\n"),
+            out_shape: vec![2],
+            out: vec![8.874119674649425, -14.966629547095765],
+            grads: vec![(
+                "m",
+                vec![
+                    0.253546276418555,
+                    1.267731382092775,
+                    0.760638829255665,
+                    -1.0690449676496976,
+                    0.5345224838248488,
+                    -1.6035674514745464,
+                ],
+            )],
+        },
+        Case {
+            name: "norm_inf",
+            text: format!("{m}{wx}y = norm m inf 0\nz = mul y w\n"),
+            out_shape: vec![3],
+            out: vec![2.0, -5.0, 12.0],
+            grads: vec![("m", vec![0.0, -1.0, 0.0, 0.5, 0.0, 2.0])],
+        },
+        Case {
+            name: "clamp",
+            text: format!("{m}{w6}y = clamp m 0 4.5\nz = mul y w\n"),
+            out_shape: vec![2, 3],
+            out: vec![0.25, -6.75, 6.0, 3.0, 0.0, -2.25],
+            grads: vec![("m", vec![0.25, 0.0, 2.0, 0.75, 0.0, 0.0])],
+        },
+        Case {
+            name: "tril",
+            text: format!("{m}{w6}y = tril m 0\nz = mul y w\n"),
+            out_shape: vec![2, 3],
+            out: vec![0.25, -0.0, 0.0, 3.0, -6.0, -0.0],
+            grads: vec![("m", vec![0.25, 0.0, 0.0, 0.75, 3.0, 0.0])],
+        },
+        Case {
+            name: "triu",
+            text: format!("{m}{w6}y = triu m 1\nz = mul y w\n"),
+            out_shape: vec![2, 3],
+            out: vec![0.0, -7.5, 6.0, 0.0, 0.0, -3.0],
+            grads: vec![("m", vec![0.0, -1.5, 2.0, 0.0, 0.0, -0.5])],
+        },
+        Case {
+            name: "masked_fill",
+            text: format!("{m}{w6}{k}y = masked_fill m k -1\nz = mul y w\n"),
+            out_shape: vec![2, 3],
+            out: vec![0.25, 1.5, 6.0, 3.0, -3.0, -3.0],
+            grads: vec![("m", vec![0.25, 0.0, 2.0, 0.75, 0.0, -0.5])],
+        },
+        Case {
+            name: "layer_norm",
+            text: format!("{m}{w6}y = layer_norm m 1 0.00001\nz = mul y w\n"),
+            out_shape: vec![2, 3],
+            out: vec![
+                -0.30618564375035345,
+                -1.8371138625021208,
+                0.0,
+                0.294174075420444,
+                -4.118437055886217,
+                -0.49029012570074004,
+            ],
+            grads: vec![(
+                "m",
+                vec![
+                    -0.5358228672273664,
+                    -0.5358268858988707,
+                    1.0716497531262372,
+                    0.0678861814914622,
+                    -0.01697107865478442,
+                    -0.05091510283667755,
+                ],
+            )],
+        },
+        Case {
+            name: "rms_norm",
+            text: format!("{m}{w6}y = rms_norm m 1 0.000001\nz = mul y w\n"),
+            out_shape: vec![2, 3],
+            out: vec![
+                0.07319250233431854,
+                -2.1957750700295557,
+                1.756620056023645,
+                0.6943650562303498,
+                -1.3887301124606997,
+                -0.6943650562303498,
+            ],
+            grads: vec![(
+                "m",
+                vec![
+                    0.0836485732001294,
+                    -0.3868746596768569,
+                    0.6169082312719809,
+                    0.27278626677647655,
+                    0.6447675548709053,
+                    0.033064994706608675,
+                ],
+            )],
+        },
+        Case {
+            name: "stack",
+            text: format!("{m}{w6}y = stack m m 1\nz = mul y w\n"),
+            out_shape: vec![2, 2, 3],
+            out: vec![
+                0.25, -7.5, 6.0, 0.75, 15.0, -1.5, 1.0, 3.0, 12.0, 3.0, -6.0, -3.0,
+            ],
+            grads: vec![("m", vec![1.0, 1.5, 1.5, 1.0, 1.5, 1.5])],
+        },
+        Case {
+            name: "slice_step",
+            text: format!("{m}{wa}y = slice_step m 1 0 3 2\nz = mul y w\n"),
+            out_shape: vec![2, 2],
+            out: vec![0.5, -3.0, 8.0, 19.5],
+            grads: vec![("m", vec![0.5, 0.0, -1.0, 2.0, 0.0, 3.25])],
+        },
+        Case {
+            name: "chunk",
+            text: format!("{m}y = chunk m 2 1 1\n"),
+            out_shape: vec![2, 1],
+            out: vec![3.0, 6.0],
+            grads: vec![("m", vec![0.0, 0.0, 1.0, 0.0, 0.0, 1.0])],
+        },
+        Case {
+            name: "split",
+            text: format!("{m}{wa}y = split m 2 1 0\nz = mul y w\n"),
+            out_shape: vec![2, 2],
+            out: vec![0.5, -5.0, 8.0, -6.5],
+            grads: vec![("m", vec![0.5, -1.0, 0.0, 2.0, 3.25, 0.0])],
+        },
+        Case {
+            name: "unbind",
+            text: format!("{m}{wx}y = unbind m 0 1\nz = mul y w\n"),
+            out_shape: vec![3],
+            out: vec![2.0, 2.0, 12.0],
+            grads: vec![("m", vec![0.0, 0.0, 0.0, 0.5, -1.0, 2.0])],
+        },
+        Case {
+            name: "arange",
+            text: format!("{mc}{xi}y = arange mc 0 3 1\nz = mul y x\n"),
+            out_shape: vec![3],
+            out: vec![0.0, -1.0, 4.0],
+            grads: vec![("x", vec![0.0, 1.0, 2.0])],
+        },
+        Case {
+            name: "attention",
+            text: format!("{q}{kk}{v}{w6}y = attention q kk v 0\nz = mul y w\n"),
+            out_shape: vec![2, 3],
+            out: vec![
+                0.37496753517626125,
+                -0.3747565138219589,
+                2.0002597185899105,
+                0.37500228443680106,
+                -2.9999885778159943,
+                -0.9999984770421325,
+            ],
+            grads: vec![
+                (
+                    "q",
+                    vec![
+                        -0.00013587327005621757,
+                        -0.0012228594305056508,
+                        0.0006793663502808215,
+                        4.396387282430224e-06,
+                        3.9567485542332004e-05,
+                        -2.1981936412549774e-05,
+                    ],
+                ),
+                (
+                    "kk",
+                    vec![
+                        0.00023657544185213443,
+                        0.00137631824969165,
+                        0.0007624829729466699,
+                        -0.00023657544185270706,
+                        -0.0013763182496918144,
+                        -0.0007624829729476518,
+                    ],
+                ),
+                (
+                    "v",
+                    vec![
+                        0.7500301803869377,
+                        2.9997960733103626,
+                        -0.49973875845222204,
+                        0.24996981961306228,
+                        -1.4997960733103628,
+                        1.9997387584522222,
+                    ],
+                ),
+            ],
+        },
+        Case {
+            name: "attention_causal",
+            text: format!("{q}{kk}{v}{w6}y = attention q kk v 1\nz = mul y w\n"),
+            out_shape: vec![2, 3],
+            out: vec![
+                0.125,
+                1.5,
+                4.0,
+                0.37500228443680106,
+                -2.9999885778159943,
+                -0.9999984770421325,
+            ],
+            grads: vec![
+                (
+                    "q",
+                    vec![
+                        0.0,
+                        0.0,
+                        0.0,
+                        4.396387282430224e-06,
+                        3.9567485542332004e-05,
+                        -2.1981936412549774e-05,
+                    ],
+                ),
+                (
+                    "kk",
+                    vec![
+                        -3.517109826017777e-05,
+                        1.7585549130088886e-05,
+                        -5.275664739026666e-05,
+                        3.5171098259687116e-05,
+                        -1.7585549129843558e-05,
+                        5.275664738953068e-05,
+                    ],
+                ),
+                (
+                    "v",
+                    vec![
+                        0.9999977155631988,
+                        1.4999908622527953,
+                        1.5000015229578674,
+                        2.2844368010935748e-06,
+                        9.137747204374299e-06,
+                        -1.5229578673957167e-06,
+                    ],
+                ),
+            ],
+        },
+        Case {
+            name: "one_hot",
+            text: format!("{idx}{tt}y = one_hot idx 3\nz = matmul y tt\n"),
+            out_shape: vec![3, 2],
+            out: vec![1.5, -2.0, 0.5, -1.0, 2.0, 3.25],
+            grads: vec![("tt", vec![1.0, 1.0, 1.0, 1.0, 1.0, 1.0])],
+        },
+    ]
+}
+
 fn all_cases() -> Vec<Case> {
     let mut v = Vec::new();
     v.extend(binary_cases());
@@ -820,6 +1126,7 @@ fn all_cases() -> Vec<Case> {
     v.extend(matmul_cases());
     v.extend(shape_cases());
     v.extend(leaf_cases());
+    v.extend(table_cases());
     v
 }
 
