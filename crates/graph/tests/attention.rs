@@ -271,6 +271,21 @@ fn rows_with_every_key_hidden_are_zero_as_pytorchs_and_no_keys_give_zeros() {
 }
 
 #[test]
+fn an_empty_batch_gives_an_empty_output_and_gradient() {
+    // Found by the build_run fuzzer: no heads at all divided by zero splitting them.
+    let g = Graph::new();
+    let q = g.var(&[], &[0, 3, 4], DType::F64).unwrap();
+    let k = g.var(&[], &[0, 5, 4], DType::F64).unwrap();
+    let v = g.var(&[], &[0, 5, 2], DType::F64).unwrap();
+    let o = q
+        .scaled_dot_product_attention(k, v, AttentionOptions::default())
+        .unwrap();
+    assert_eq!(o.shape().as_slice(), &[0, 3, 2]);
+    let gr = grad(o.sum().unwrap(), &[q, k, v], BackwardOptions::default()).unwrap();
+    assert_eq!(gr[1].unwrap().shape().as_slice(), &[0, 5, 4]);
+}
+
+#[test]
 fn gradients_pass_finite_differences_and_second_order() {
     let opts = GradcheckOptions::default();
     let xs = [

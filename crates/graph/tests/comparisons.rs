@@ -415,3 +415,16 @@ fn stack_split_chunk_and_unbind_follow_pytorch() {
         [2., 2., 2., -1.]
     );
 }
+
+#[test]
+fn chunking_an_empty_axis_into_too_many_pieces_is_an_error_not_a_panic() {
+    // Found by the build_run fuzzer: n empty pieces were a `vec![0; n]`, which panics on a
+    // capacity overflow for a count like usize::MAX.
+    let g = Graph::new();
+    let e = g.zeros(&[2, 0], DType::F32).unwrap();
+    assert!(matches!(
+        e.chunk(usize::MAX, 1),
+        Err(GraphError::TooLarge { op: "chunk", .. })
+    ));
+    assert_eq!(e.chunk(3, 1).unwrap().len(), 3);
+}

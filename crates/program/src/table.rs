@@ -394,9 +394,14 @@ pub const OPS: &[OpRow] = &[
             };
             Ok(o)
         },
+        // The k-th piece alone (a slice), never all n of them: n may be huge on an empty axis.
         run: |_, x, p| {
-            let v = x[0].chunk(p[0] as usize, ax(p[1]))?;
-            v.get(p[2] as usize).copied().ok_or(bad("no such chunk"))
+            let s = x[0].try_shape()?;
+            let d = norm_axis(p[1] as i64, s.len()).ok_or(bad("axis out of range"))?;
+            let (n, k) = (p[0] as usize, p[2] as usize);
+            let size = s[d].div_ceil(n.max(1));
+            let start = k.saturating_mul(size).min(s[d]);
+            x[0].slice(d as isize, start, start.saturating_add(size).min(s[d]))
         },
         gen: Some(|s, t| {
             let a = gen_axis(s, t[0])?;
@@ -434,20 +439,13 @@ pub const OPS: &[OpRow] = &[
             o[d] = size.min(s[0][d].saturating_sub(k * size));
             Ok(o)
         },
+        // The k-th piece alone (a slice).
         run: |_, x, p| {
-            let ext =
-                x[0].shape()[norm_axis(p[1] as i64, x[0].shape().len()).ok_or(bad("axis"))?];
-            let size = p[0] as usize;
-            let sizes: Vec<usize> = if ext == 0 {
-                vec![0]
-            } else {
-                (0..ext)
-                    .step_by(size.max(1))
-                    .map(|s| size.min(ext - s))
-                    .collect()
-            };
-            let v = x[0].split(&sizes, ax(p[1]))?;
-            v.get(p[2] as usize).copied().ok_or(bad("no such piece"))
+            let s = x[0].try_shape()?;
+            let d = norm_axis(p[1] as i64, s.len()).ok_or(bad("axis out of range"))?;
+            let (size, k) = (p[0] as usize, p[2] as usize);
+            let start = k.saturating_mul(size).min(s[d]);
+            x[0].slice(d as isize, start, start.saturating_add(size).min(s[d]))
         },
         gen: Some(|s, t| {
             let a = gen_axis(s, t[0])?;
@@ -472,9 +470,14 @@ pub const OPS: &[OpRow] = &[
             }
             Ok(without(s[0], d))
         },
+        // The k-th slice alone.
         run: |_, x, p| {
-            let v = x[0].unbind(ax(p[0]))?;
-            v.get(p[1] as usize).copied().ok_or(bad("no such slice"))
+            let s = x[0].try_shape()?;
+            let d = norm_axis(p[0] as i64, s.len()).ok_or(bad("axis out of range"))?;
+            let k = p[1] as usize;
+            let mut out: Vec<isize> = s.iter().map(|&e| e as isize).collect();
+            out.remove(d);
+            x[0].slice(d as isize, k, k + 1)?.reshape(&out)
         },
         gen: Some(|s, t| {
             let a = gen_axis(s, t[0])?;

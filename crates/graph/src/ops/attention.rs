@@ -232,13 +232,18 @@ fn forward_threads<T: Float + Gemm>(
 /// Heads per thread and the number of threads: all heads on one thread unless there are
 /// several heads of enough work each.
 fn split_heads(dims: &AttnDims, threads: usize) -> (usize, usize) {
-    let work = dims.lq * dims.lk * (dims.d + dims.dv);
-    let t = if dims.bh >= 2 && work * dims.bh >= 1 << 16 && dims.dv > 0 && dims.d > 0 {
+    let work = dims
+        .lq
+        .saturating_mul(dims.lk)
+        .saturating_mul(dims.d.saturating_add(dims.dv));
+    let big = work.saturating_mul(dims.bh) >= 1 << 16;
+    let t = if dims.bh >= 2 && big && dims.dv > 0 && dims.d > 0 {
         threads.clamp(1, dims.bh)
     } else {
         1
     };
-    let per = dims.bh.div_ceil(t);
+    // At least one head per part: an empty batch is one (empty) part.
+    let per = dims.bh.div_ceil(t).max(1);
     (per, dims.bh.div_ceil(per))
 }
 

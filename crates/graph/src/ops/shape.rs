@@ -792,7 +792,16 @@ impl<'g> Tensor<'g> {
         let ax = norm_axis(op, axis, &shape)?;
         let d = shape[ax];
         if d == 0 {
-            return self.split(&vec![0; n], ax as isize);
+            // n empty pieces, as PyTorch: a count the host cannot hold is an error, not a panic.
+            let mut sizes = Vec::new();
+            sizes
+                .try_reserve_exact(n)
+                .map_err(|_| GraphError::TooLarge {
+                    op,
+                    shape: shape.iter().copied().collect(),
+                })?;
+            sizes.resize(n, 0);
+            return self.split(&sizes, ax as isize);
         }
         let size = d.div_ceil(n);
         let sizes: Vec<usize> = (0..d).step_by(size).map(|s| size.min(d - s)).collect();
