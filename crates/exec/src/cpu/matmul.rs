@@ -216,6 +216,13 @@ pub fn gemm<T: crate::Float + Gemm>(
         }
         return;
     }
+    if m <= SMALL_M && a.cs == 1 && b.rs == 1 {
+        // A few rows against B stored transposed (a linear layer at batch 1, as in generation):
+        // each output is a dot product of two contiguous runs. Transposing or packing B for
+        // the kernel would read and write all of it once more, for one use.
+        rows_dot_columns(m, k, n, a, b, c, accumulate);
+        return;
+    }
     let beta = if accumulate { T::ONE } else { T::ZERO };
     let work = m.saturating_mul(k).saturating_mul(n);
     let t = if work >= PAR_MIN_FLOPS {
@@ -282,6 +289,46 @@ pub fn gemm<T: crate::Float + Gemm>(
     let per = m.div_ceil(t).div_ceil(8) * 8;
     let parts: Vec<&mut [T]> = c.chunks_mut(per * n).collect();
     super::thread_pool::for_each_part(parts, |j, part| run(j * per, part.len() / n, part, b));
+}
+
+/// Up to this many rows of A, a product with a transposed B is done as dot products.
+const SMALL_M: usize = 4;
+
+/// `c (+)= a·b` for `a` with unit column stride and `b` with unit row stride: `c[i][j]` is the
+/// dot product of row `i` of `a` and column `j` of `b`, both contiguous, summed in eight
+/// interleaved lanes (a vectorisable order) and then pairwise.
+fn rows_dot_columns<T: crate::Float>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: MatView<'_, T>,
+    b: MatView<'_, T>,
+    c: &mut [T],
+    accumulate: bool,
+) {
+    for i in 0..m {
+        let ar = &a.data[a.offset + i * a.rs..a.offset + i * a.rs + k];
+        for j in 0..n {
+            let bc = &b.data[b.offset + j * b.cs..b.offset + j * b.cs + k];
+            let mut lanes = [T::ZERO; 8];
+            let (ac, at) = ar.split_at(k - k % 8);
+            let (bcc, bt) = bc.split_at(k - k % 8);
+            for (x, y) in ac.chunks_exact(8).zip(bcc.chunks_exact(8)) {
+                for l in 0..8 {
+                    lanes[l] += x[l] * y[l];
+                }
+            }
+            let mut tail = T::ZERO;
+            for (&x, &y) in at.iter().zip(bt) {
+                tail += x * y;
+            }
+            let sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
+                + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
+                + tail;
+            let o = &mut c[i * n + j];
+            *o = if accumulate { *o + sum } else { sum };
+        }
+    }
 }
 
 /// A pointer to `C` shared by the threads of [`gemm_column_split`], each writing its own columns.
@@ -549,6 +596,40 @@ mod tests {
             2,
         );
         assert_eq!(e, vec![5.0, 11.0, 11.0, 25.0, 5.0, 11.0, 11.0, 25.0]);
+    }
+
+    #[test]
+    fn a_few_rows_against_a_transposed_b_are_dot_products() {
+        // m ≤ SMALL_M with B stored transposed: the dot-product path, at offsets, with a
+        // padded B, lengths around the 8 lanes, overwriting and accumulating.
+        for (m, k, n) in [(1, 128, 384), (2, 7, 5), (3, 17, 16), (4, 8, 3), (1, 1, 1)] {
+            let a: Vec<f64> = (0..m * k + 3).map(|i| ((i * 7) % 13) as f64 - 6.0).collect();
+            let b: Vec<f64> = (0..k * n).map(|i| ((i * 5) % 11) as f64 * 0.5 - 2.0).collect();
+            let want = naive(m, k, n, &a[3..], &b);
+            // B as n rows of k + 2 (stored transposed, padded).
+            let mut bt = vec![9.0; n * (k + 2)];
+            for p in 0..k {
+                for j in 0..n {
+                    bt[j * (k + 2) + p] = b[p * n + j];
+                }
+            }
+            let bv = MatView {
+                data: &bt,
+                offset: 0,
+                rs: 1,
+                cs: k + 2,
+            };
+            let mut c = vec![0.5; m * n + 2];
+            gemm(m, k, n, MatView::row_major(&a, 3, k, false), bv, &mut c, 2, true, 1);
+            for (g, w) in c[2..].iter().zip(&want) {
+                assert!((g - (w + 0.5)).abs() < 1e-9, "{m}x{k}x{n}: {g} vs {}", w + 0.5);
+            }
+            gemm(m, k, n, MatView::row_major(&a, 3, k, false), bv, &mut c, 2, false, 2);
+            for (g, w) in c[2..].iter().zip(&want) {
+                assert!((g - w).abs() < 1e-9);
+            }
+            assert_eq!(c[..2], [0.5, 0.5]);
+        }
     }
 
     #[test]
