@@ -5,7 +5,7 @@ Runs `bench_core` (built first with `cargo build --release --example bench_core`
 workloads in PyTorch in this process, and prints one table with both figures and their ratio.
 The machine's speed drifts between runs; the ratio measured in one run is the figure to compare.
 
-    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn] [--candle]
+    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt] [--candle]
 
 `--candle` adds candle (0.11, a Rust peer) on W1–W4: the harness in `examples/peers/candle` (its own
 package, built here on first use with `cargo build --release`; candle takes a few minutes to
@@ -130,6 +130,37 @@ def torch_attention(torch, quick):
     return median(times[3:])
 
 
+def torch_gpt(torch, quick):
+    """The char GPT of scripts/torch_char_gpt.py: median seconds of a training step (batch 32 of
+    random bytes, AdamW with decay groups, clipping) and generation tokens/s at batch 1 with a
+    key/value cache, as bench_core --only gpt measures arenagrad's."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import torch.nn.functional as F
+    from torch_char_gpt import Gpt, param_groups
+
+    model = Gpt(256, 128, 4, 4, 128, 0.1)
+    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=3e-3, weight_decay=0.1)
+    x = torch.randint(0, 256, (32, 128))
+    y = torch.randint(0, 256, (32, 128))
+    times = []
+    for _ in range(3 + (8 if quick else 20)):
+        t0 = time.perf_counter()
+        loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    model.eval()
+    gen = torch.Generator().manual_seed(0)
+    prompt = list(b"The meaning of life is")
+    model.generate(prompt, 10, 0.8, 40, gen)
+    n = 100 if quick else 300
+    t0 = time.perf_counter()
+    model.generate(prompt, n, 0.8, 40, gen)
+    return median(times[3:]), n / (time.perf_counter() - t0)
+
+
 # bench_core's rows: (key, the row's start, unit shown, scale to the unit).
 ROWS = [
     ("w1", "| randn-matmul loop 1024²", "ms/iter"),
@@ -140,6 +171,8 @@ ROWS = [
     ("w4", "| W4 MLP 64-64-64-10", "µs"),
     ("cnn", "| Fashion-MNIST CNN", "ms"),
     ("attn", "| causal attention [32, 4, 128, 32] fwd+bwd, fused", "ms"),
+    ("gpt", "| char GPT step (", "ms"),
+    ("gpt_gen", "| char GPT generation", "tokens/s"),
 ]
 
 LABELS = {
@@ -151,6 +184,8 @@ LABELS = {
     "w4": "W4 MLP 64-64-64-10 b32 SGD step, µs",
     "cnn": "Fashion-MNIST CNN, one Adam step (random data), ms",
     "attn": "causal attention [32, 4, 128, 32] fwd+bwd (PyTorch's SDPA), ms",
+    "gpt": "char GPT training step (4×128, ctx 128, b32, AdamW, clip), ms",
+    "gpt_gen": "char GPT generation, batch 1, key/value cache, tokens/s (higher is better)",
 }
 
 
@@ -182,7 +217,7 @@ def run_candle(threads, quick):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
-    p.add_argument("--only", default="w1,w2,w3,w4,cnn,attn", help="workloads, comma-separated")
+    p.add_argument("--only", default="w1,w2,w3,w4,cnn,attn,gpt", help="workloads, comma-separated")
     p.add_argument("--candle", action="store_true", help="add candle's figures (W1-W4)")
     args = p.parse_args()
     only = set(args.only.split(","))
@@ -217,11 +252,14 @@ def main():
         theirs["cnn"] = torch_cnn(torch) * 1e3
     if "attn" in only:
         theirs["attn"] = torch_attention(torch, args.quick) * 1e3
+    if "gpt" in only:
+        step, tps = torch_gpt(torch, args.quick)
+        theirs["gpt"], theirs["gpt_gen"] = step * 1e3, tps
 
     candle = run_candle(threads, args.quick) if args.candle else {}
 
     def ratio(key, a, other):
-        return a / other if key == "gemm" else other / a
+        return a / other if key in ("gemm", "gpt_gen") else other / a
 
     head = f"| workload | arenagrad | PyTorch {torch.__version__} | PyTorch ÷ arenagrad |"
     rule = "|---|---|---|---|"

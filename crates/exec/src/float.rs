@@ -81,7 +81,8 @@ pub trait Float:
     fn tanh(self) -> Self;
     /// ln(1 + x), accurate near 0.
     fn ln_1p(self) -> Self;
-    /// The error function (libm's, as C's `erf`).
+    /// The error function: libm's for `f64`; for `f32` a branch-free version within a few ulp
+    /// of libm's `erff` that vectorises (`cpu::fastmath`).
     fn erf(self) -> Self;
     /// Sine.
     fn sin(self) -> Self;
@@ -176,5 +177,5 @@ macro_rules! float_impl {
         }
     };
 }
-float_impl!(f32, DType::F32, libm::erff);
+float_impl!(f32, DType::F32, crate::cpu::fastmath::erf_f32);
 float_impl!(f64, DType::F64, libm::erf);

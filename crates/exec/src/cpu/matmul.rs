@@ -603,8 +603,12 @@ mod tests {
         // m ≤ SMALL_M with B stored transposed: the dot-product path, at offsets, with a
         // padded B, lengths around the 8 lanes, overwriting and accumulating.
         for (m, k, n) in [(1, 128, 384), (2, 7, 5), (3, 17, 16), (4, 8, 3), (1, 1, 1)] {
-            let a: Vec<f64> = (0..m * k + 3).map(|i| ((i * 7) % 13) as f64 - 6.0).collect();
-            let b: Vec<f64> = (0..k * n).map(|i| ((i * 5) % 11) as f64 * 0.5 - 2.0).collect();
+            let a: Vec<f64> = (0..m * k + 3)
+                .map(|i| ((i * 7) % 13) as f64 - 6.0)
+                .collect();
+            let b: Vec<f64> = (0..k * n)
+                .map(|i| ((i * 5) % 11) as f64 * 0.5 - 2.0)
+                .collect();
             let want = naive(m, k, n, &a[3..], &b);
             // B as n rows of k + 2 (stored transposed, padded).
             let mut bt = vec![9.0; n * (k + 2)];
@@ -620,11 +624,35 @@ mod tests {
                 cs: k + 2,
             };
             let mut c = vec![0.5; m * n + 2];
-            gemm(m, k, n, MatView::row_major(&a, 3, k, false), bv, &mut c, 2, true, 1);
+            gemm(
+                m,
+                k,
+                n,
+                MatView::row_major(&a, 3, k, false),
+                bv,
+                &mut c,
+                2,
+                true,
+                1,
+            );
             for (g, w) in c[2..].iter().zip(&want) {
-                assert!((g - (w + 0.5)).abs() < 1e-9, "{m}x{k}x{n}: {g} vs {}", w + 0.5);
+                assert!(
+                    (g - (w + 0.5)).abs() < 1e-9,
+                    "{m}x{k}x{n}: {g} vs {}",
+                    w + 0.5
+                );
             }
-            gemm(m, k, n, MatView::row_major(&a, 3, k, false), bv, &mut c, 2, false, 2);
+            gemm(
+                m,
+                k,
+                n,
+                MatView::row_major(&a, 3, k, false),
+                bv,
+                &mut c,
+                2,
+                false,
+                2,
+            );
             for (g, w) in c[2..].iter().zip(&want) {
                 assert!((g - w).abs() < 1e-9);
             }
