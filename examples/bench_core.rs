@@ -299,6 +299,16 @@ fn main() {
             (mem.0 + mem.1) as f64 / (mem.1 + mem.2) as f64,
             mem.2 as f64 / 1048576.0
         );
+        if let Some(hwm) = rss("VmHWM:") {
+            let base = (mem.1 + mem.2) as f64;
+            println!(
+                "| char GPT process resident memory at a step's end (high-water mark, first steps included) | {:.1} MiB = {:.2}× ({:.1} MiB = {:.2}×) params + grads + Adam + saved activations | ≤ 1.3× |",
+                mem.3 as f64 / 1048576.0,
+                mem.3 as f64 / base,
+                hwm as f64 / 1048576.0,
+                hwm as f64 / base
+            );
+        }
         let tps = gpt_generate(if quick { 100 } else { 300 });
         println!("| char GPT generation, batch 1, key/value cache | {tps:.0} tokens/s | |");
     }
@@ -325,7 +335,7 @@ fn gpt_model() -> arenagrad::nn::Gpt {
 /// Median (ms/step, fwd, bwd, opt) of training steps of the char GPT, and memory: the arena's
 /// peak, the bytes of parameters + gradients + Adam's two moments, and of the activations
 /// saved after the forward (the arena's bytes in use then).
-fn gpt_step(steps: usize) -> (f64, f64, f64, f64, (usize, usize, usize)) {
+fn gpt_step(steps: usize) -> (f64, f64, f64, f64, (usize, usize, usize, usize)) {
     use arenagrad::nn::optim::{clip_grad_norm, AdamConfig, AdamW};
     let model = gpt_model();
     let mut opt = AdamW::with_groups(
@@ -339,7 +349,7 @@ fn gpt_step(steps: usize) -> (f64, f64, f64, f64, (usize, usize, usize)) {
     let y: Vec<usize> = (0..b * t).map(|_| rng.below(256)).collect();
     let mut g = Graph::new();
     let (mut tt, mut f, mut bw, mut o) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut peak, mut saved) = (0, 0);
+    let (mut peak, mut saved, mut resident) = (0, 0, 0);
     for s in 0..steps + 3 {
         g.reset_peak_stats();
         let t0 = Instant::now();
@@ -350,6 +360,8 @@ fn gpt_step(steps: usize) -> (f64, f64, f64, f64, (usize, usize, usize)) {
         l.backward().unwrap();
         let t2 = Instant::now();
         peak = g.stats().arena.peak_bytes_in_use;
+        // Resident memory at the step's end, before the reset: the arena at its fullest.
+        resident = rss("VmRSS:").unwrap_or(0);
         std::hint::black_box(l.item().unwrap());
         g.reset();
         clip_grad_norm(opt.parameters(), 1.0).unwrap();
@@ -368,8 +380,17 @@ fn gpt_step(steps: usize) -> (f64, f64, f64, f64, (usize, usize, usize)) {
         median(f),
         median(bw),
         median(o),
-        (peak, state, saved),
+        (peak, state, saved, resident),
     )
+}
+
+/// A line of Linux's `/proc/self/status` in bytes: `VmRSS:` (resident now), `VmHWM:` (its
+/// high-water mark).
+fn rss(key: &str) -> Option<usize> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// Tokens/s of the char GPT generating `n` tokens at batch 1 with its key/value cache.

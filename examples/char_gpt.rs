@@ -312,8 +312,10 @@ fn run() -> Result<(), NnError> {
         running = if running.is_nan() {
             lv
         } else {
-            0.98 * running + 0.02 * lv
+            0.95 * running + 0.05 * lv
         };
+        since_sum += lv;
+        since_n += 1;
         train_curve.push(running);
         let done = step + 1 - start;
         let tps = (done * tokens_per_step) as f64 / t0.elapsed().as_secs_f64();
