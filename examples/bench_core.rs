@@ -309,8 +309,13 @@ fn main() {
                 hwm as f64 / base
             );
         }
-        let tps = gpt_generate(if quick { 100 } else { 300 });
+        let (tps, before, after) = gpt_generate(if quick { 300 } else { 2000 });
         println!("| char GPT generation, batch 1, key/value cache | {tps:.0} tokens/s | |");
+        println!(
+            "| char GPT generation, resident memory before → after | {:.1} → {:.1} MiB (one iteration, a scope per token) | flat |",
+            before as f64 / 1048576.0,
+            after as f64 / 1048576.0
+        );
     }
     if run("attn") {
         let reps = if quick { 5 } else { 30 };
@@ -393,8 +398,9 @@ fn rss(key: &str) -> Option<usize> {
     Some(kb * 1024)
 }
 
-/// Tokens/s of the char GPT generating `n` tokens at batch 1 with its key/value cache.
-fn gpt_generate(n: usize) -> f64 {
+/// Tokens/s of the char GPT generating `n` tokens at batch 1 with its key/value cache, and the
+/// process's resident bytes before and after (all `n` in one iteration).
+fn gpt_generate(n: usize) -> (f64, usize, usize) {
     let mut model = gpt_model();
     model.eval();
     let mut g = Graph::new();
@@ -409,9 +415,11 @@ fn gpt_generate(n: usize) -> f64 {
     let mut rng = Rng::seed(0);
     let _ = model.generate(&g, &prompt, 10, sampling, &mut rng).unwrap();
     g.reset();
+    let before = rss("VmRSS:").unwrap_or(0);
     let t0 = Instant::now();
     let out = model.generate(&g, &prompt, n, sampling, &mut rng).unwrap();
-    out.len() as f64 / t0.elapsed().as_secs_f64()
+    let tps = out.len() as f64 / t0.elapsed().as_secs_f64();
+    (tps, before, rss("VmRSS:").unwrap_or(0))
 }
 
 /// Median ms of forward + backward of causal self-attention, `[32, 4, 128, 32]` f32 (fused or

@@ -155,7 +155,7 @@ def torch_gpt(torch, quick):
     gen = torch.Generator().manual_seed(0)
     prompt = list(b"The meaning of life is")
     model.generate(prompt, 10, 0.8, 40, gen)
-    n = 100 if quick else 300
+    n = 300 if quick else 2000
     t0 = time.perf_counter()
     model.generate(prompt, n, 0.8, 40, gen)
     return median(times[3:]), n / (time.perf_counter() - t0)

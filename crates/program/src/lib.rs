@@ -34,6 +34,15 @@
 //! | `broadcast a D0 D1 ...` | numpy broadcasting to the shape |
 //! | `concat AXIS a b ...` | joined along AXIS |
 //! | `slice a AXIS START END` | elements START..END along AXIS |
+//! | `cumsum a AXIS`, `logsumexp a AXIS`, `min a AXIS`, `max_dim a AXIS` | along one axis (`max_dim`: the gradient to the first maximum, as PyTorch's `max(dim)`) |
+//! | `norm a P AXIS`, `clamp a LO HI`, `tril a K`, `triu a K`, `masked_fill a MASK VALUE` | vector norm, bounds, triangles, a fill where MASK ≠ 0 |
+//! | `layer_norm a NDIM EPS`, `rms_norm a NDIM EPS` | over the last NDIM axes, no affine |
+//! | `attention q k v CAUSAL` | scaled dot-product attention (CAUSAL 0 or 1) |
+//! | `stack a b AXIS`, `slice_step a AXIS START END STEP`, `chunk a N AXIS K`, `split a SIZE AXIS K`, `unbind a AXIS K` | joining, strided slicing, the K-th piece |
+//! | `one_hot a CLASSES`, `arange a START END STEP` | constants: a's values as indices; a range in a's dtype |
+//!
+//! The last six rows are the format's op table ([`table`]): one row per op, read by every part
+//! of the crate.
 //!
 //! Negative axes count from the end. Errors name the line and column (1-based, in characters)
 //! and say what was expected; parsing never panics, and a shape whose element count overflows or
