@@ -7,6 +7,7 @@
 //!     [--context 128] [--layers 4] [--heads 4] [--dim 128] [--dropout 0.1] [--lr 3e-3]
 //!     [--warmup 100] [--weight-decay 0.1] [--clip 1.0] [--eval-every 250] [--seed 0]
 //!     [--init PATH] [--order random|fixed] [--log-every N] [--checkpoint PATH] [--resume]
+//!     [--until STEP]
 //!     [--prompt TEXT] [--generate 400] [--temperature 0.8] [--top-k 40] [--plot char_gpt.png]
 //! ```
 //!
@@ -15,6 +16,10 @@
 //! The model (4 pre-norm blocks of width 128, 4 heads, context 128, the output tied to the token
 //! embedding) trains with AdamW (lr 3e-3, 100 warmup steps then cosine decay to lr/10, weight
 //! decay 0.1 on the blocks' matrices, gradients clipped to norm 1).
+//!
+//! A checkpoint (model, optimiser state, step, data order) is written at every evaluation;
+//! `--resume` continues from it and ends with the weights an uninterrupted run would have
+//! (`--until STEP` stops early, as an interruption would).
 //!
 //! `--init` starts from weights in a safetensors file (the parameter names of `nn::Gpt`),
 //! `--order fixed` takes batches in the fixed order of `TextCorpus::fixed_batch`, and
@@ -98,9 +103,14 @@ struct Args {
     /// Where to save the model, the optimiser state and the progress
     #[arg(long, default_value_os_t = std::env::temp_dir().join("arenagrad-char-gpt.safetensors"))]
     checkpoint: PathBuf,
-    /// Continue from --checkpoint (model, optimiser, step and generator)
+    /// Continue from --checkpoint (model, optimiser, step and generator): the same command with
+    /// --resume gives the weights of an uninterrupted run
     #[arg(long)]
     resume: bool,
+    /// Stop after this step, saving the checkpoint, as if interrupted (the schedule still spans
+    /// --steps)
+    #[arg(long)]
+    until: Option<usize>,
     /// Text the generation starts from
     #[arg(long, default_value = "The meaning of life is")]
     prompt: String,
@@ -253,7 +263,6 @@ fn run() -> Result<(), NnError> {
         println!("resumed from {} at step {start}", args.checkpoint.display());
     }
     let mut g = Graph::new();
-    g.seed(args.seed.wrapping_add(start as u64));
     let (nt, nv) = corpus.documents();
     println!(
         "arenagrad char-gpt: {} parameters ({} layers, {} heads, width {}, context {}), {} files, \
@@ -292,8 +301,12 @@ fn run() -> Result<(), NnError> {
     let (mut since_sum, mut since_n) = (0.0f64, 0usize);
     let t0 = Instant::now();
     let tokens_per_step = args.batch * args.context;
-    for step in start..args.steps {
+    let end = args.until.unwrap_or(args.steps).min(args.steps);
+    for step in start..end {
         model.train();
+        // Dropout's generator from the seed and the step alone, so a resumed run draws what an
+        // uninterrupted one would.
+        g.seed(args.seed ^ (step as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let (x, y) = match args.order {
             Order::Random => corpus.batch(Split::Train, args.batch, args.context, &mut rng)?,
             Order::Fixed => corpus.fixed_batch(Split::Train, step, args.batch, args.context)?,
@@ -319,10 +332,16 @@ fn run() -> Result<(), NnError> {
         train_curve.push(running);
         let done = step + 1 - start;
         let tps = (done * tokens_per_step) as f64 / t0.elapsed().as_secs_f64();
-        if (step + 1) % args.eval_every == 0 || step + 1 == args.steps {
+        if (step + 1) % args.eval_every == 0 || step + 1 == end {
             model.eval();
             let v = valid_loss(&model, &g, &corpus, &probe, args.batch, args.context)?;
             g.reset();
+            // A checkpoint at every evaluation: an interrupted run resumes from the last.
+            let progress = Progress {
+                step: (step + 1) as u64,
+                rng: Some(rng.clone()),
+            };
+            checkpoint::save_training(&args.checkpoint, &model, &opt, &progress)?;
             valid_curve.push((step + 1 - start, v));
             let line = format!(
                 "step {}: train loss {:.4}  validation loss {v:.4}  {tps:.0} tokens/s",
@@ -345,7 +364,7 @@ fn run() -> Result<(), NnError> {
     }
     bar.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
-    let trained = args.steps.saturating_sub(start);
+    let trained = end.saturating_sub(start);
     if trained > 0 {
         println!(
             "trained {trained} steps in {secs:.1} s ({:.0} ms/step, {:.0} tokens/s)",
@@ -373,13 +392,8 @@ fn run() -> Result<(), NnError> {
         ),
         Err(e) => eprintln!("could not write {}: {e}", args.plot.display()),
     }
-    let progress = Progress {
-        step: args.steps as u64,
-        rng: Some(rng.clone()),
-    };
-    checkpoint::save_training(&args.checkpoint, &model, &opt, &progress)?;
     println!(
-        "saved {} (model, optimiser state and progress: --resume continues from it)",
+        "saved {} at step {end} (model, optimiser state and progress: --resume continues from it)",
         args.checkpoint.display()
     );
     if args.generate > 0 {

@@ -213,15 +213,21 @@ pub fn layer_norm<'g>(
     bias: Option<Tensor<'g>>,
     eps: f64,
 ) -> Result<Tensor<'g>> {
+    trailing_axes("layer_norm", x, normalized_ndim)?;
+    Ok(x.layer_norm(normalized_ndim, weight, bias, eps)?)
+}
+
+/// Refuses normalising `ndim` trailing axes of `x` when it has fewer (or `ndim` is 0).
+fn trailing_axes(op: &'static str, x: Tensor<'_>, ndim: usize) -> Result<()> {
     let xs = x.try_shape()?;
-    if normalized_ndim == 0 || normalized_ndim > xs.len() {
+    if ndim == 0 || ndim > xs.len() {
         return Err(input_shape(
-            "layer_norm",
-            &format!("a tensor of rank ≥ {normalized_ndim} (and ≥ 1)"),
+            op,
+            &format!("a tensor of rank ≥ {ndim} (and ≥ 1)"),
             &xs,
         ));
     }
-    Ok(x.layer_norm(normalized_ndim, weight, bias, eps)?)
+    Ok(())
 }
 
 /// RMS normalisation over the last `normalized_ndim` axes, `x/√(mean(x²) + eps)·weight`
@@ -232,14 +238,7 @@ pub fn rms_norm<'g>(
     weight: Option<Tensor<'g>>,
     eps: f64,
 ) -> Result<Tensor<'g>> {
-    let xs = x.try_shape()?;
-    if normalized_ndim == 0 || normalized_ndim > xs.len() {
-        return Err(input_shape(
-            "rms_norm",
-            &format!("a tensor of rank ≥ {normalized_ndim} (and ≥ 1)"),
-            &xs,
-        ));
-    }
+    trailing_axes("rms_norm", x, normalized_ndim)?;
     Ok(x.rms_norm(normalized_ndim, weight, eps)?)
 }
 

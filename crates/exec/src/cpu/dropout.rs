@@ -62,11 +62,12 @@ mod tests {
 
     #[test]
     fn drops_about_p_and_scales_the_rest() {
-        let x = vec![1.0f32; 100_000];
+        let x = vec![1.0f32; if cfg!(miri) { 4_000 } else { 100_000 }];
         let mut o = vec![0.0f32; x.len()];
         dropout(&x, 7, 0.3, 1.0 / 0.7, &mut o, 2);
         let kept = o.iter().filter(|&&v| v != 0.0).count() as f64 / x.len() as f64;
-        assert!((kept - 0.7).abs() < 0.01, "{kept}");
+        let tol = if cfg!(miri) { 0.03 } else { 0.01 };
+        assert!((kept - 0.7).abs() < tol, "{kept}");
         assert!(o.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.7).abs() < 1e-6));
         // The same seed, the same mask; another seed, another.
         let mut o2 = vec![0.0f32; x.len()];

@@ -246,19 +246,7 @@ impl<'g> Tensor<'g> {
         check_pair(op, &self, &src)?;
         let (ds, ss) = (self.try_shape()?, src.try_shape()?);
         let ax = norm_axis(op, axis, &ds)?;
-        let same_rest = ds.len() == ss.len()
-            && ds
-                .iter()
-                .zip(&ss)
-                .enumerate()
-                .all(|(d, (a, b))| d == ax || a == b);
-        if !same_rest {
-            return Err(GraphError::ShapeMismatch {
-                op,
-                lhs: ds.to_vec(),
-                rhs: ss.to_vec(),
-            });
-        }
+        same_but_axis(op, &ds, &ss, ax)?;
         let end = start.checked_add(ss[ax]).filter(|&e| e <= ds[ax]);
         let Some(end) = end else {
             return Err(GraphError::BadRange {
@@ -376,19 +364,7 @@ impl<'g> Tensor<'g> {
         let op = "gather";
         let shape = self.try_shape()?;
         let ax = norm_axis(op, axis, &shape)?;
-        let same_rank_rest = idx_shape.len() == shape.len()
-            && idx_shape
-                .iter()
-                .zip(&shape)
-                .enumerate()
-                .all(|(d, (a, b))| d == ax || a == b);
-        if !same_rank_rest {
-            return Err(GraphError::ShapeMismatch {
-                op,
-                lhs: shape.to_vec(),
-                rhs: idx_shape.to_vec(),
-            });
-        }
+        same_but_axis(op, &shape, idx_shape, ax)?;
         let n = checked_numel(op, idx_shape)?;
         if n != idx.len() {
             return Err(GraphError::DataLength {
@@ -498,6 +474,25 @@ impl Graph {
         let id = i.push(out_shape, dtype, out, Op::Concat { axis: ax }, &ids);
         drop(guard);
         Ok(self.handle(id))
+    }
+}
+
+/// Refuses `other` unless it has `shape`'s rank and extents, except along `axis`.
+fn same_but_axis(op: &'static str, shape: &[usize], other: &[usize], axis: usize) -> Result<()> {
+    let same = other.len() == shape.len()
+        && other
+            .iter()
+            .zip(shape)
+            .enumerate()
+            .all(|(d, (a, b))| d == axis || a == b);
+    if same {
+        Ok(())
+    } else {
+        Err(GraphError::ShapeMismatch {
+            op,
+            lhs: shape.to_vec(),
+            rhs: other.to_vec(),
+        })
     }
 }
 
