@@ -94,6 +94,16 @@ fn gen_axis(s: &[usize], t: u8) -> Option<f64> {
     })
 }
 
+/// One axis parameter (the rows that reduce or scan along an axis).
+fn gen_one_axis(s: &[usize], t: [u8; 4]) -> Option<Vec<f64>> {
+    Some(vec![gen_axis(s, t[0])?])
+}
+
+/// A diagonal offset in -2..=2, for operands of rank 2 or more (`tril`, `triu`).
+fn gen_diagonal(s: &[usize], t: [u8; 4]) -> Option<Vec<f64>> {
+    (s.len() >= 2).then(|| vec![f64::from(t[0] % 5) - 2.0])
+}
+
 fn same(s: &[&[usize]], _p: &[f64]) -> Result<Vec<usize>, String> {
     Ok(s[0].to_vec())
 }
@@ -152,7 +162,7 @@ pub const OPS: &[OpRow] = &[
         smooth: true,
         shape: |s, p| axis(s[0], p[0]).map(|_| s[0].to_vec()),
         run: |_, x, p| x[0].cumsum(ax(p[0])),
-        gen: Some(|s, t| Some(vec![gen_axis(s, t[0])?])),
+        gen: Some(gen_one_axis),
     },
     OpRow {
         name: "logsumexp",
@@ -161,7 +171,7 @@ pub const OPS: &[OpRow] = &[
         smooth: true,
         shape: |s, p| axis(s[0], p[0]).map(|d| without(s[0], d)),
         run: |_, x, p| x[0].logsumexp(&[ax(p[0])], false),
-        gen: Some(|s, t| Some(vec![gen_axis(s, t[0])?])),
+        gen: Some(gen_one_axis),
     },
     OpRow {
         name: "min",
@@ -170,7 +180,7 @@ pub const OPS: &[OpRow] = &[
         smooth: false,
         shape: reduce_axis,
         run: |_, x, p| x[0].min_axes(&[ax(p[0])], false),
-        gen: Some(|s, t| Some(vec![gen_axis(s, t[0])?])),
+        gen: Some(gen_one_axis),
     },
     OpRow {
         name: "max_dim",
@@ -179,7 +189,7 @@ pub const OPS: &[OpRow] = &[
         smooth: false,
         shape: reduce_axis,
         run: |_, x, p| Ok(x[0].max_dim(ax(p[0]), false)?.0),
-        gen: Some(|s, t| Some(vec![gen_axis(s, t[0])?])),
+        gen: Some(gen_one_axis),
     },
     OpRow {
         name: "norm",
@@ -223,7 +233,7 @@ pub const OPS: &[OpRow] = &[
         smooth: true,
         shape: rank2,
         run: |_, x, p| x[0].tril(p[0] as isize),
-        gen: Some(|s, t| (s.len() >= 2).then(|| vec![f64::from(t[0] % 5) - 2.0])),
+        gen: Some(gen_diagonal),
     },
     OpRow {
         name: "triu",
@@ -232,7 +242,7 @@ pub const OPS: &[OpRow] = &[
         smooth: true,
         shape: rank2,
         run: |_, x, p| x[0].triu(p[0] as isize),
-        gen: Some(|s, t| (s.len() >= 2).then(|| vec![f64::from(t[0] % 5) - 2.0])),
+        gen: Some(gen_diagonal),
     },
     OpRow {
         name: "masked_fill",

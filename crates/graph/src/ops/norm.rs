@@ -189,7 +189,6 @@ fn over_rows<'g>(t: Tensor<'g>, ndim: usize) -> Result<Tensor<'g>> {
 pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let x = c.input(0);
     let w = nd.weight.then(|| c.input(1));
-    let b_at = 1 + usize::from(nd.weight);
     if c.create_graph {
         let ndim = nd.ndim as usize;
         let (xhat, rstd) = normalized(x, nd.rms, ndim, nd.eps)?;
@@ -256,7 +255,7 @@ pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
         let id = i.push_on(Device::Cpu, trailing.clone(), dtype, buf, Op::Leaf, &[]);
         out.push(Some(c.g.handle(id)));
     }
-    debug_assert_eq!(out.len(), b_at + usize::from(nd.bias));
+    debug_assert_eq!(out.len(), 1 + usize::from(nd.weight) + usize::from(nd.bias));
     drop(guard);
     Ok(out)
 }

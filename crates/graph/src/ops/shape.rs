@@ -176,15 +176,7 @@ impl<'g> Tensor<'g> {
         let op = "slice";
         let shape = self.try_shape()?;
         let ax = norm_axis(op, axis, &shape)?;
-        if start > end || end > shape[ax] {
-            return Err(GraphError::BadRange {
-                op,
-                axis: ax,
-                start,
-                end,
-                shape: shape.to_vec(),
-            });
-        }
+        check_range(op, &shape, ax, start, end)?;
         let mut out = shape.clone();
         out[ax] = end - start;
         self.data_op(op, out, Op::Slice { axis: ax, start }, false, move |a| {
@@ -210,15 +202,7 @@ impl<'g> Tensor<'g> {
                 what: "the step must be at least 1",
             });
         }
-        if start > end || end > shape[ax] {
-            return Err(GraphError::BadRange {
-                op,
-                axis: ax,
-                start,
-                end,
-                shape: shape.to_vec(),
-            });
-        }
+        check_range(op, &shape, ax, start, end)?;
         if step == 1 {
             return self.slice(axis, start, end);
         }
@@ -475,6 +459,26 @@ impl Graph {
         drop(guard);
         Ok(self.handle(id))
     }
+}
+
+/// Refuses `start..end` unless it lies within axis `axis` of `shape`.
+fn check_range(
+    op: &'static str,
+    shape: &[usize],
+    axis: usize,
+    start: usize,
+    end: usize,
+) -> Result<()> {
+    if start > end || end > shape[axis] {
+        return Err(GraphError::BadRange {
+            op,
+            axis,
+            start,
+            end,
+            shape: shape.to_vec(),
+        });
+    }
+    Ok(())
 }
 
 /// Refuses `other` unless it has `shape`'s rank and extents, except along `axis`.
