@@ -77,6 +77,7 @@ pub use graph::{default_threads, Device, GradModeGuard, Graph, GraphStats, NodeI
 pub use host::{HostData, HostDataMut, HostElem, HostTensor};
 pub use ops::attention::AttentionOptions;
 pub use ops::custom::CustomOp;
+pub use ops::rnn::LstmSequenceOptions;
 pub use param::Parameter;
 pub use rng::Rng;
 pub use scope::Keep;

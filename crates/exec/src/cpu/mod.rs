@@ -9,6 +9,7 @@ pub mod matmul;
 pub mod norm;
 pub mod par;
 pub mod reduce;
+pub mod rnn;
 pub mod shape;
 pub mod thread_pool;
 pub mod transpose;

@@ -29,6 +29,7 @@ pub(crate) mod custom;
 pub(crate) mod matmul;
 pub(crate) mod norm;
 pub(crate) mod reduce;
+pub(crate) mod rnn;
 pub(crate) mod shape;
 pub(crate) mod softmax;
 pub(crate) mod unary;
@@ -106,6 +107,16 @@ pub(crate) enum Op {
     Norm(norm::NormNode),
     /// Scaled dot-product attention; inputs `[q, k, v, mask?]` (see [`attention`]).
     Attention(Arc<attention::AttnNode>),
+    /// A fused LSTM step; inputs `[z, c_prev]`, output `[2, b, h]` = `h', c'` (see [`rnn`]).
+    LstmCell {
+        saved: arenagrad_alloc::BufId,
+    },
+    /// A fused GRU step; inputs `[gi, gh, h]`.
+    GruCell {
+        saved: arenagrad_alloc::BufId,
+    },
+    /// An LSTM over a sequence; inputs `[gi, w_hh, h0, c0]`, output `[t + 2, b, h]`.
+    LstmSeq(Arc<rnn::LstmSeqNode>),
     /// Inverted dropout with the decisions of `seed`; its backward is the same dropout of the
     /// gradient.
     Dropout {
@@ -167,6 +178,8 @@ impl Op {
             | Op::Cumsum { .. }
             | Op::Dropout { .. }
             | Op::Norm(_)
+            | Op::LstmCell { .. }
+            | Op::GruCell { .. }
             | Op::Where
             | Op::MaxPool2d { .. }
             | Op::MaxPool2dBackward { .. }
@@ -184,6 +197,7 @@ impl Op {
             | Op::FoldBatch(_)
             | Op::CrossEntropy { .. }
             | Op::Attention(_)
+            | Op::LstmSeq(_)
             | Op::Custom(_) => true,
         }
     }
@@ -221,6 +235,9 @@ impl Op {
             Op::Dropout { .. } => "dropout",
             Op::Norm(n) if n.rms => "rms_norm",
             Op::Norm(_) => "layer_norm",
+            Op::LstmCell { .. } => "lstm_cell",
+            Op::GruCell { .. } => "gru_cell",
+            Op::LstmSeq(_) => "lstm_sequence",
             Op::Cumsum { reverse: false, .. } => "cumsum",
             Op::Cumsum { reverse: true, .. } => "cumsum_reverse",
             Op::Where => "where",
@@ -277,6 +294,9 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Norm(n) => norm::backward(n, c),
         Op::Dropout { p, seed } => Ok(smallvec::smallvec![Some(c.gy.dropout_seeded(*p, *seed)?)]),
         Op::Attention(a) => attention::backward(a, c),
+        Op::LstmCell { saved } => rnn::lstm_cell_backward(*saved, c),
+        Op::GruCell { saved } => rnn::gru_cell_backward(*saved, c),
+        Op::LstmSeq(n) => rnn::lstm_seq_backward(n, c),
         Op::Cumsum { axis, reverse } => Ok(smallvec::smallvec![Some(c.gy.scan(*axis, !*reverse)?)]),
         Op::Where => binary::select_backward(c),
         Op::Custom(op) => custom::backward(op, c),
