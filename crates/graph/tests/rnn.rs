@@ -167,14 +167,23 @@ fn lstm_sequence_equals_each_row_run_alone_to_its_length() {
         .collect();
     let h0v = values(b * h, 15, false);
     let c0v = values(b * h, 16, false);
-    for lengths in [None, Some(&[5usize, 3, 0][..]), Some(&[4, 4, 2][..])] {
-        for reverse in [false, true] {
+    let cases = [None, Some(&[5usize, 3, 0][..]), Some(&[4, 4, 2][..])];
+    for (lengths, reverse, unfused) in cases
+        .into_iter()
+        .flat_map(|l| [(l, false), (l, true)])
+        .flat_map(|(l, r)| [(l, r, false), (l, r, true)])
+    {
+        {
             let g = Graph::new();
             let gi = g.var(&giv, &[t, b, 4 * h], DType::F64).unwrap();
             let w = g.var(&wv, &[4 * h, h], DType::F64).unwrap();
             let h0 = g.var(&h0v, &[b, h], DType::F64).unwrap();
             let c0 = g.var(&c0v, &[b, h], DType::F64).unwrap();
-            let opts = LstmSequenceOptions { lengths, reverse };
+            let opts = LstmSequenceOptions {
+                lengths,
+                reverse,
+                unfused,
+            };
             let (y, hn, cn) = gi.lstm_sequence(w, h0, c0, opts).unwrap();
             let (yv, hnv, cnv) = (
                 y.to_vec_f64().unwrap(),
@@ -216,7 +225,11 @@ fn lstm_sequence_passes_finite_differences() {
     for lengths in [None, Some(&[4usize, 2, 1][..])] {
         for reverse in [false, true] {
             let f = check_fn(move |g, x| {
-                let opts = LstmSequenceOptions { lengths, reverse };
+                let opts = LstmSequenceOptions {
+                    lengths,
+                    reverse,
+                    unfused: false,
+                };
                 let (y, hn, cn) = x[0].lstm_sequence(x[1], x[2], x[3], opts)?;
                 g.concat(
                     &[
@@ -231,6 +244,21 @@ fn lstm_sequence_passes_finite_differences() {
             assert!(r.passed, "lengths {lengths:?}, reverse {reverse}: {r}");
         }
     }
+    // The composed form, to second order.
+    let f = check_fn(|g, x| {
+        let opts = LstmSequenceOptions {
+            lengths: Some(&[4, 2, 1]),
+            reverse: true,
+            unfused: true,
+        };
+        let (y, hn, cn) = x[0].lstm_sequence(x[1], x[2], x[3], opts)?;
+        g.concat(
+            &[y.reshape(&[-1])?, hn.reshape(&[-1])?, cn.reshape(&[-1])?],
+            0,
+        )
+    });
+    let r = gradgradcheck(f, &xs, GradcheckOptions::default()).unwrap();
+    assert!(r.passed, "unfused, second order: {r}");
 }
 
 #[test]
@@ -273,7 +301,7 @@ fn bad_arguments_are_errors_naming_the_op() {
     for lengths in [&[1usize, 2][..], &[4, 1], &[3]] {
         let opts = LstmSequenceOptions {
             lengths: Some(lengths),
-            reverse: false,
+            ..Default::default()
         };
         let e = gi.lstm_sequence(w, h0, h0, opts).unwrap_err();
         assert!(e.to_string().starts_with("lstm_sequence:"), "{e}");

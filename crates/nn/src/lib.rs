@@ -81,6 +81,9 @@ pub use layers::linear::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 pub use layers::norm::{
     BatchNorm1d, BatchNorm2d, BatchNormConfig, LayerNorm, LayerNormConfig, RMSNorm, RMSNormConfig,
 };
+pub use layers::rnn::{
+    GRUCell, LSTMCell, Nonlinearity, RNNCell, RnnConfig, RnnOutput, GRU, LSTM, RNN,
+};
 pub use layers::sequential::Sequential;
 pub use models::gpt::{Gpt, GptConfig, Sampling};
 pub use module::{Module, Slot, Visitor};

@@ -63,6 +63,10 @@ pub struct LstmSequenceOptions<'a> {
     /// Run each row from its last position to its first (a bidirectional layer's second
     /// direction).
     pub reverse: bool,
+    /// Compose the recurrence of elementary ops (`addmm` and [`Tensor::lstm_cell`] per step)
+    /// instead of one fused node: slower, but its backward can be recorded (`create_graph`).
+    /// A CUDA device always runs this form.
+    pub unfused: bool,
 }
 
 impl<'g> Tensor<'g> {
@@ -162,8 +166,9 @@ impl<'g> Tensor<'g> {
     /// `c0` `[b, h]`. Returns `(output [t, b, h], h_n, c_n)`, the hidden state at every position
     /// and the final states.
     ///
-    /// Backward through it cannot be recorded (`create_graph` is an error naming the op, as
-    /// for PyTorch's cuDNN LSTM); a loop of [`Tensor::lstm_cell`] steps can be.
+    /// Backward through the fused node cannot be recorded (`create_graph` is an error naming
+    /// the op, as for PyTorch's cuDNN LSTM); [`LstmSequenceOptions::unfused`] composes the
+    /// same recurrence of steps that can be.
     pub fn lstm_sequence(
         self,
         w_hh: Tensor<'g>,
@@ -222,7 +227,7 @@ impl<'g> Tensor<'g> {
             h: hd,
             reverse: opts.reverse,
         };
-        let y = if self.device() == Device::Cpu {
+        let y = if self.device() == Device::Cpu && !opts.unfused {
             let mut guard = self.g.inner();
             let i = &mut *guard;
             let (dtype, gib) = {
@@ -299,7 +304,8 @@ fn gru_cell_composed<'g>(gi: Tensor<'g>, gh: Tensor<'g>, h: Tensor<'g>) -> Resul
     n.add(z.mul(h.sub(n)?)?)
 }
 
-/// The sequence op in tensor ops (a CUDA device's forward): each step runs the rows still
+/// The sequence op in tensor ops (a CUDA device's forward, or asked for by
+/// [`LstmSequenceOptions::unfused`]): each step runs the rows still
 /// inside their lengths; the outputs are gathered into place at the end, zeros past each row's
 /// length.
 fn lstm_sequence_composed<'g>(
@@ -335,7 +341,7 @@ fn lstm_sequence_composed<'g>(
         let hp = if nb == b { h } else { h.slice(0, 0, nb)? };
         let cp = if nb == b { c } else { c.slice(0, 0, nb)? };
         let z = flat.index_select(0, &idx)?.addmm_t(hp, w, false, true)?;
-        let (h2, c2) = lstm_cell_composed(z, cp)?;
+        let (h2, c2) = z.lstm_cell(cp)?;
         rows.push(h2);
         if nb == b {
             (h, c) = (h2, c2);
@@ -489,7 +495,7 @@ pub(crate) fn lstm_seq_backward<'g>(nd: &LstmSeqNode, c: &Ctx<'g>) -> Result<Gra
         return Err(GraphError::BadArgument {
             op,
             what: "backward through the fused LSTM cannot be recorded (create_graph); \
-                   run the sequence as a loop of lstm_cell steps to differentiate it twice",
+                   ask for LstmSequenceOptions::unfused to differentiate it twice",
         });
     }
     let (gi, w, h0) = (c.input(0), c.input(1), c.input(2));
