@@ -4,9 +4,11 @@
 //! then one training step of the Fashion-MNIST example's CNN (Adam, batch 64, random images);
 //! causal self-attention at the character GPT's size (`[32, 4, 128, 32]`, f32), forward and
 //! backward, fused and as the composed formula; and the character GPT of the `char_gpt`
-//! example: a training step, its peak memory, and generation at batch 1.
+//! example: a training step, its peak memory, and generation at batch 1; W5/W6 an LSTM (input
+//! 128, hidden 256, sequence 64, batch 1 and 32) trained by SGD, as one fused layer and as a loop
+//! of cells.
 //!
-//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt]`
+//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm]`
 //! Threads: `ARENAGRAD_NUM_THREADS` (default: all cores).
 
 use std::time::Instant;
@@ -248,8 +250,8 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Only these workloads, comma-separated: w1 (randn-matmul loop and GEMM), w2, w3, w4, cnn,
-    /// attn, gpt
-    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt"])]
+    /// attn, gpt, lstm
+    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm"])]
     only: Vec<String>,
 }
 
@@ -317,6 +319,22 @@ fn main() {
             after as f64 / 1048576.0
         );
     }
+    if run("lstm") {
+        let steps = if quick { 8 } else { 30 };
+        for batch in [1, 32] {
+            let w = if batch == 1 { "W5" } else { "W6" };
+            let fused = lstm_step(batch, false, steps);
+            let cells = lstm_step(batch, true, steps);
+            println!(
+                "| {w} LSTM 128→256, seq 64, batch {batch}, SGD step, nn::LSTM (fused) | {:.3} ms ({:.1} GFLOP/s) | |",
+                fused.0, fused.1
+            );
+            println!(
+                "| {w} LSTM 128→256, seq 64, batch {batch}, SGD step, LSTMCell loop | {:.3} ms ({:.1} GFLOP/s) | |",
+                cells.0, cells.1
+            );
+        }
+    }
     if run("attn") {
         let reps = if quick { 5 } else { 30 };
         let (fused, peak_f) = attention_step(true, reps);
@@ -330,6 +348,60 @@ fn main() {
             peak_n as f64 / 1048576.0
         );
     }
+}
+
+/// W5/W6: median ms and GFLOP/s of an SGD step (lr 0.01) of an LSTM 128→256 over 64 random
+/// positions at `batch`, the loss the mean square of the last hidden state against a random
+/// target: one fused `nn::LSTM` layer, or a Rust loop of `LSTMCell` steps. The GFLOP count is
+/// the matrix products' (forward 2·4h·(in + h) per row and step, backward twice that).
+fn lstm_step(batch: usize, cells: bool, steps: usize) -> (f64, f64) {
+    use arenagrad::nn::{LSTMCell, LSTM};
+    let (t, i, h) = (64usize, 128usize, 256usize);
+    let mut rng = Rng::seed(0);
+    let x: Vec<f32> = (0..t * batch * i).map(|_| rng.normal() as f32).collect();
+    let y: Vec<f32> = (0..batch * h).map(|_| rng.normal() as f32).collect();
+    let layer = LSTM::new(i, h, &mut Rng::seed(1)).unwrap();
+    let cell = LSTMCell::new(i, h, &mut Rng::seed(1)).unwrap();
+    let params = if cells {
+        cell.parameters()
+    } else {
+        layer.parameters()
+    };
+    let mut opt = Sgd::new(params, SgdConfig::new(0.01)).unwrap();
+    let mut g = Graph::new();
+    let mut times = Vec::new();
+    for s in 0..steps + 3 {
+        let t0 = Instant::now();
+        opt.zero_grad();
+        let xs = g.from_slice(&x, &[t, batch, i]).unwrap();
+        let target = g.from_slice(&y, &[batch, h]).unwrap();
+        let last = if cells {
+            let mut state = None;
+            for p in 0..t {
+                let xt = xs
+                    .slice(0, p, p + 1)
+                    .unwrap()
+                    .reshape(&[batch as isize, i as isize])
+                    .unwrap();
+                state = Some(cell.forward(&g, xt, state).unwrap());
+            }
+            state.unwrap().0
+        } else {
+            let out = layer.forward_with(&g, xs, None, None).unwrap();
+            out.h_n.reshape(&[batch as isize, h as isize]).unwrap()
+        };
+        let l = loss::mse_loss(last, target).unwrap();
+        l.backward().unwrap();
+        std::hint::black_box(l.item().unwrap());
+        g.reset();
+        opt.step().unwrap();
+        if s >= 3 {
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let ms = median(times);
+    let flops = 3.0 * 2.0 * (4 * h * (i + h) * t * batch) as f64;
+    (ms, flops / (ms * 1e-3) / 1e9)
 }
 
 /// The char_gpt example's model, step and data shape: random bytes (the figure is speed).

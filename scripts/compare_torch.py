@@ -5,7 +5,7 @@ Runs `bench_core` (built first with `cargo build --release --example bench_core`
 workloads in PyTorch in this process, and prints one table with both figures and their ratio.
 The machine's speed drifts between runs; the ratio measured in one run is the figure to compare.
 
-    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt] [--candle]
+    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm] [--candle]
 
 `--candle` adds candle (0.11, a Rust peer) on W1–W4: the harness in `examples/peers/candle` (its own
 package, built here on first use with `cargo build --release`; candle takes a few minutes to
@@ -22,6 +22,10 @@ Workloads (the same definitions as `examples/bench_core.rs`):
   after 5 warm-up steps.
 * CNN: the Fashion-MNIST example's net, one Adam step on 64 random images (as
   `scripts/torch_cnn_step.py`).
+
+* W5 / W6: an LSTM (input 128, hidden 256, sequence 64, batch 1 / 32) trained by SGD (lr 0.01) on
+  the mean square of its last hidden state against a random target: PyTorch's fused `nn.LSTM` and
+  a Python loop of `nn.LSTMCell` beside arenagrad's `nn::LSTM` and a Rust loop of `LSTMCell`.
 
 Threads: ARENAGRAD_NUM_THREADS and torch.set_num_threads get the same count (default: the
 machine's cores). Needs PyTorch (`pip install torch --index-url https://download.pytorch.org/whl/cpu`).
@@ -161,6 +165,32 @@ def torch_gpt(torch, quick):
     return median(times[3:]), n / (time.perf_counter() - t0)
 
 
+def torch_lstm(torch, batch, cells, quick):
+    """W5/W6: median seconds of an SGD step of an LSTM 128→256 over 64 positions (bench_core's
+    lstm_step)."""
+    t, i, h = 64, 128, 256
+    x, y = torch.randn(t, batch, i), torch.randn(batch, h)
+    m = torch.nn.LSTMCell(i, h) if cells else torch.nn.LSTM(i, h)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    times = []
+    for _ in range(3 + (8 if quick else 30)):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        if cells:
+            state = None
+            for p in range(t):
+                state = m(x[p], state)
+            last = state[0]
+        else:
+            _, (hn, _) = m(x)
+            last = hn[0]
+        loss = torch.nn.functional.mse_loss(last, y)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return median(times[3:])
+
+
 # bench_core's rows: (key, the row's start, unit shown, scale to the unit).
 ROWS = [
     ("w1", "| randn-matmul loop 1024²", "ms/iter"),
@@ -173,6 +203,16 @@ ROWS = [
     ("attn", "| causal attention [32, 4, 128, 32] fwd+bwd, fused", "ms"),
     ("gpt", "| char GPT step (", "ms"),
     ("gpt_gen", "| char GPT generation", "tokens/s"),
+    ("w5", "| W5 LSTM 128→256, seq 64, batch 1, SGD step, nn::LSTM (fused)", "ms"),
+    ("w5_cells", "| W5 LSTM 128→256, seq 64, batch 1, SGD step, LSTMCell loop", "ms"),
+    ("w6", "| W6 LSTM 128→256, seq 64, batch 32, SGD step, nn::LSTM (fused)", "ms"),
+    ("w6_cells", "| W6 LSTM 128→256, seq 64, batch 32, SGD step, LSTMCell loop", "ms"),
+]
+
+# Rows comparing one of arenagrad's figures with another of PyTorch's: (row, ours, theirs).
+CROSS = [
+    ("w5_vs_cells", "w5", "w5_cells"),
+    ("w6_vs_cells", "w6", "w6_cells"),
 ]
 
 LABELS = {
@@ -186,6 +226,12 @@ LABELS = {
     "attn": "causal attention [32, 4, 128, 32] fwd+bwd (PyTorch's SDPA), ms",
     "gpt": "char GPT training step (4×128, ctx 128, b32, AdamW, clip), ms",
     "gpt_gen": "char GPT generation, batch 1, key/value cache, tokens/s (higher is better)",
+    "w5": "W5 LSTM 128→256 seq 64 b1 SGD step: nn::LSTM vs nn.LSTM, ms",
+    "w5_vs_cells": "W5: nn::LSTM vs PyTorch's nn.LSTMCell loop, ms",
+    "w5_cells": "W5: LSTMCell loop vs nn.LSTMCell loop, ms",
+    "w6": "W6 LSTM 128→256 seq 64 b32 SGD step: nn::LSTM vs nn.LSTM, ms",
+    "w6_vs_cells": "W6: nn::LSTM vs PyTorch's nn.LSTMCell loop, ms",
+    "w6_cells": "W6: LSTMCell loop vs nn.LSTMCell loop, ms",
 }
 
 
@@ -217,7 +263,7 @@ def run_candle(threads, quick):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
-    p.add_argument("--only", default="w1,w2,w3,w4,cnn,attn,gpt", help="workloads, comma-separated")
+    p.add_argument("--only", default="w1,w2,w3,w4,cnn,attn,gpt,lstm", help="workloads, comma-separated")
     p.add_argument("--candle", action="store_true", help="add candle's figures (W1-W4)")
     args = p.parse_args()
     only = set(args.only.split(","))
@@ -255,6 +301,13 @@ def main():
     if "gpt" in only:
         step, tps = torch_gpt(torch, args.quick)
         theirs["gpt"], theirs["gpt_gen"] = step * 1e3, tps
+    if "lstm" in only:
+        for w, batch in (("w5", 1), ("w6", 32)):
+            theirs[w] = torch_lstm(torch, batch, False, args.quick) * 1e3
+            theirs[f"{w}_cells"] = torch_lstm(torch, batch, True, args.quick) * 1e3
+    for row, a, b in CROSS:
+        if a in ours and b in theirs:
+            ours[row], theirs[row] = ours[a], theirs[b]
 
     candle = run_candle(threads, args.quick) if args.candle else {}
 
@@ -268,7 +321,10 @@ def main():
         rule += "---|---|"
     print(head)
     print(rule)
-    for key, _start, _unit in ROWS:
+    keys = [key for key, _s, _u in ROWS]
+    for row, a, _b in CROSS:
+        keys.insert(keys.index(a) + 1, row)
+    for key in keys:
         if key in ours and key in theirs:
             a, t = ours[key], theirs[key]
             row = f"| {LABELS[key]} | {a:.4g} | {t:.4g} | {ratio(key, a, t):.2f}× |"

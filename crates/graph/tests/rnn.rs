@@ -159,7 +159,69 @@ fn loop_of_cells<'g>(
 
 #[test]
 fn lstm_sequence_equals_each_row_run_alone_to_its_length() {
-    let (t, b, h) = (5, 3, 4);
+    each_row_alone(3, &[None, Some(&[5, 3, 0]), Some(&[4, 4, 2])], 1);
+}
+
+#[test]
+fn lstm_sequence_over_row_blocks_on_threads_equals_each_row_alone() {
+    // More rows than the dot-product path takes: the batch is split into row blocks, one per
+    // thread, each running its whole recurrence.
+    let long: &[usize] = &[5, 5, 4, 4, 4, 3, 2, 2, 1, 0, 0];
+    each_row_alone(11, &[None, Some(long)], 3);
+    // And its backward, against the composed recurrence's.
+    let (t, b, h) = (5, 11, 4);
+    let g = Graph::with_threads(3);
+    let wy = g
+        .from_f64(
+            &values((t + 2) * b * h, 30, false),
+            &[t + 2, b, h],
+            DType::F64,
+        )
+        .unwrap();
+    let grads = |unfused: bool, reverse: bool| {
+        let x = [
+            g.var(
+                &values(t * b * 4 * h, 31, false),
+                &[t, b, 4 * h],
+                DType::F64,
+            )
+            .unwrap(),
+            g.var(&values(4 * h * h, 32, false), &[4 * h, h], DType::F64)
+                .unwrap(),
+            g.var(&values(b * h, 33, false), &[b, h], DType::F64)
+                .unwrap(),
+            g.var(&values(b * h, 34, false), &[b, h], DType::F64)
+                .unwrap(),
+        ];
+        let opts = LstmSequenceOptions {
+            lengths: Some(long),
+            reverse,
+            unfused,
+        };
+        let (y, hn, cn) = x[0].lstm_sequence(x[1], x[2], x[3], opts).unwrap();
+        let all = g
+            .concat(
+                &[
+                    y,
+                    hn.reshape(&[1, b as isize, h as isize]).unwrap(),
+                    cn.reshape(&[1, b as isize, h as isize]).unwrap(),
+                ],
+                0,
+            )
+            .unwrap();
+        all.mul(wy).unwrap().sum().unwrap().backward().unwrap();
+        x.map(|v| v.grad().unwrap().unwrap().to_vec_f64().unwrap())
+    };
+    for reverse in [false, true] {
+        let (a, c) = (grads(false, reverse), grads(true, reverse));
+        for (p, q) in a.iter().zip(&c) {
+            close(p, q, 1e-12);
+        }
+    }
+}
+
+fn each_row_alone(b: usize, cases: &[Option<&[usize]>], threads: usize) {
+    let (t, h) = (5, 4);
     let giv = values(t * b * 4 * h, 13, false);
     let wv: Vec<f64> = values(4 * h * h, 14, false)
         .iter()
@@ -167,14 +229,14 @@ fn lstm_sequence_equals_each_row_run_alone_to_its_length() {
         .collect();
     let h0v = values(b * h, 15, false);
     let c0v = values(b * h, 16, false);
-    let cases = [None, Some(&[5usize, 3, 0][..]), Some(&[4, 4, 2][..])];
     for (lengths, reverse, unfused) in cases
-        .into_iter()
+        .iter()
+        .copied()
         .flat_map(|l| [(l, false), (l, true)])
         .flat_map(|(l, r)| [(l, r, false), (l, r, true)])
     {
         {
-            let g = Graph::new();
+            let g = Graph::with_threads(threads);
             let gi = g.var(&giv, &[t, b, 4 * h], DType::F64).unwrap();
             let w = g.var(&wv, &[4 * h, h], DType::F64).unwrap();
             let h0 = g.var(&h0v, &[b, h], DType::F64).unwrap();

@@ -220,7 +220,33 @@ pub fn gemm<T: crate::Float + Gemm>(
         // A few rows against B stored transposed (a linear layer at batch 1, as in generation):
         // each output is a dot product of two contiguous runs. Transposing or packing B for
         // the kernel would read and write all of it once more, for one use.
-        rows_dot_columns(m, k, n, a, b, c, accumulate);
+        let t = if k * n >= PAR_DOT_MIN {
+            threads.max(1)
+        } else {
+            1
+        };
+        if t <= 1 {
+            rows_dot_columns(m, k, n, a, b, c, accumulate);
+            return;
+        }
+        // Each thread takes a block of columns of every row.
+        let per = n.div_ceil(t).div_ceil(4) * 4;
+        for i in 0..m {
+            let row = &mut c[i * n..(i + 1) * n];
+            let ai = MatView {
+                offset: a.offset + i * a.rs,
+                ..a
+            };
+            let parts: Vec<&mut [T]> = row.chunks_mut(per).collect();
+            super::thread_pool::for_each_part(parts, |p, part| {
+                let j0 = p * per;
+                let bj = MatView {
+                    offset: b.offset + j0 * b.cs,
+                    ..b
+                };
+                rows_dot_columns(1, k, part.len(), ai, bj, part, accumulate)
+            });
+        }
         return;
     }
     let beta = if accumulate { T::ONE } else { T::ZERO };
@@ -292,7 +318,10 @@ pub fn gemm<T: crate::Float + Gemm>(
 }
 
 /// Up to this many rows of A, a product with a transposed B is done as dot products.
-const SMALL_M: usize = 4;
+pub(crate) const SMALL_M: usize = 4;
+
+/// Multiply-adds per row (k·n) from which the dot products are split across threads.
+const PAR_DOT_MIN: usize = 1 << 16;
 
 /// `c (+)= a·b` for `a` with unit column stride and `b` with unit row stride: `c[i][j]` is the
 /// dot product of row `i` of `a` and column `j` of `b`, both contiguous, summed in eight
@@ -308,27 +337,100 @@ fn rows_dot_columns<T: crate::Float>(
 ) {
     for i in 0..m {
         let ar = &a.data[a.offset + i * a.rs..a.offset + i * a.rs + k];
-        for j in 0..n {
-            let bc = &b.data[b.offset + j * b.cs..b.offset + j * b.cs + k];
-            let mut lanes = [T::ZERO; 8];
-            let (ac, at) = ar.split_at(k - k % 8);
-            let (bcc, bt) = bc.split_at(k - k % 8);
-            for (x, y) in ac.chunks_exact(8).zip(bcc.chunks_exact(8)) {
-                for l in 0..8 {
-                    lanes[l] += x[l] * y[l];
+        let row = &mut c[i * n..(i + 1) * n];
+        let col = |j: usize| {
+            let at = b.offset + j * b.cs;
+            &b.data[at..at + k]
+        };
+        let mut j = 0;
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        if T::DTYPE == crate::DType::F32 && super::wide::simd() != super::wide::Simd::Baseline {
+            // Four columns at a time in AVX registers: four independent accumulations in
+            // flight, each summed in the order of the portable loop below.
+            while j + 4 <= n {
+                let cols = [col(j), col(j + 1), col(j + 2), col(j + 3)];
+                // SAFETY: `T` is `f32` (its DTYPE says so, and `Float` is implemented for f32
+                // and f64 only), so the slices reinterpret to `f32` slices of the same length;
+                // the CPU has AVX2 (`simd()` never reports a level above the CPU's).
+                let sums = unsafe {
+                    let f = |s: &[T]| std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len());
+                    dot4_f32_avx2(f(ar), cols.map(f))
+                };
+                for (q, s) in sums.into_iter().enumerate() {
+                    let o = &mut row[j + q];
+                    let s = T::from_f64(f64::from(s));
+                    *o = if accumulate { *o + s } else { s };
                 }
+                j += 4;
             }
-            let mut tail = T::ZERO;
-            for (&x, &y) in at.iter().zip(bt) {
-                tail += x * y;
-            }
-            let sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
-                + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
-                + tail;
-            let o = &mut c[i * n + j];
-            *o = if accumulate { *o + sum } else { sum };
+        }
+        for (jj, o) in row.iter_mut().enumerate().skip(j) {
+            let s = dot_lanes(ar, col(jj));
+            *o = if accumulate { *o + s } else { s };
         }
     }
+}
+
+/// The dot product of two runs of one length, summed in eight interleaved lanes, then
+/// pairwise, then the tail.
+#[inline(always)]
+fn dot_lanes<T: crate::Float>(ar: &[T], bc: &[T]) -> T {
+    let k = ar.len();
+    let mut lanes = [T::ZERO; 8];
+    let (ac, at) = ar.split_at(k - k % 8);
+    let (bcc, bt) = bc.split_at(k - k % 8);
+    for (x, y) in ac.chunks_exact(8).zip(bcc.chunks_exact(8)) {
+        for l in 0..8 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    let mut tail = T::ZERO;
+    for (&x, &y) in at.iter().zip(bt) {
+        tail += x * y;
+    }
+    ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
+        + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
+        + tail
+}
+
+/// [`dot_lanes`] of `a` with four columns at once (each `a`'s length), in AVX registers.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx2")]
+unsafe fn dot4_f32_avx2(a: &[f32], cols: [&[f32]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::{
+        _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+    };
+    let k = a.len();
+    let body = k - k % 8;
+    debug_assert!(cols.iter().all(|c| c.len() == k));
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut s = 0;
+    while s < body {
+        // SAFETY: s + 8 ≤ body ≤ k, the length of `a` and of every column.
+        unsafe {
+            let x = _mm256_loadu_ps(a.as_ptr().add(s));
+            for q in 0..4 {
+                let y = _mm256_loadu_ps(cols[q].as_ptr().add(s));
+                acc[q] = _mm256_add_ps(acc[q], _mm256_mul_ps(x, y));
+            }
+        }
+        s += 8;
+    }
+    let mut out = [0.0f32; 4];
+    for q in 0..4 {
+        let mut l = [0.0f32; 8];
+        // SAFETY: `l` holds the eight floats the store writes.
+        unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[q]) };
+        let mut tail = 0.0f32;
+        for (&x, &y) in a[body..].iter().zip(&cols[q][body..]) {
+            tail += x * y;
+        }
+        out[q] = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])) + tail;
+    }
+    out
 }
 
 /// A pointer to `C` shared by the threads of [`gemm_column_split`], each writing its own columns.
@@ -596,6 +698,37 @@ mod tests {
             2,
         );
         assert_eq!(e, vec![5.0, 11.0, 11.0, 25.0, 5.0, 11.0, 11.0, 25.0]);
+    }
+
+    #[test]
+    fn f32_dot_products_on_threads_and_in_avx_agree_with_the_portable_order() {
+        // The f32 dot-product path takes four columns at a time in AVX registers and splits
+        // the columns across threads when the product is large; each column must be summed
+        // in the portable loop's order, so every thread count gives the same bits.
+        let (m, k, n) = if cfg!(miri) {
+            (2, 20, 9)
+        } else {
+            (3, 300, 301)
+        };
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7) % 13) as f32 * 0.37 - 2.0)
+            .collect();
+        let bt: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 5) % 11) as f32 * 0.29 - 1.5)
+            .collect();
+        let bv = MatView::row_major(&bt, 0, k, true);
+        let mut want = vec![0.0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                want[i * n + j] = dot_lanes(&a[i * k..(i + 1) * k], &bt[j * k..(j + 1) * k]);
+            }
+        }
+        for threads in [1, 2, 3] {
+            let mut c = vec![1.0f32; m * n];
+            let av = MatView::row_major(&a, 0, k, false);
+            gemm(m, k, n, av, bv, &mut c, 0, false, threads);
+            assert_eq!(c, want, "{threads} threads");
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! Sequences may end early: lengths sorted longest first, row `b` takes part in steps
 //! `0..len[b]` and its state is carried unchanged past its end (PyTorch's packed sequences).
 
-use super::matmul::{gemm, Gemm, MatView};
+use super::matmul::{gemm, Gemm, MatView, SMALL_M};
 use crate::Float;
 
 /// Values kept per processed position and hidden unit by [`lstm_seq_forward`]:
@@ -28,8 +28,8 @@ fn lstm_gates<T: Float>(z: &mut [T], tmp: &mut [T], h: usize) {
     }
     T::exp_into(&tmp[..2 * h], &mut z[..2 * h]);
     T::exp_into(&tmp[3 * h..], &mut z[3 * h..]);
-    for j in 2 * h..3 * h {
-        tmp[j] = -tmp[j];
+    for v in &mut tmp[2 * h..3 * h] {
+        *v = -*v;
     }
     T::tanh_into(&tmp[2 * h..3 * h], &mut z[2 * h..3 * h]);
     let (if_, go) = z.split_at_mut(2 * h);
@@ -225,6 +225,13 @@ pub fn gru_cell_grad_h<T: Float>(gy: &[T], saved: &[T], h: usize, dh: &mut [T]) 
     }
 }
 
+/// `w` (`rows × cols`, row-major) transposed.
+fn transposed<T: Float>(w: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let mut t = vec![T::ZERO; w.len()];
+    super::transpose::transpose(w, rows, cols, cols, &mut t);
+    t
+}
+
 /// The sizes of an LSTM over a sequence: `t` positions, `b` rows, `h` hidden units; `reverse`
 /// runs each row from its last position to its first.
 #[derive(Debug, Clone, Copy)]
@@ -256,6 +263,83 @@ impl LstmDims {
     }
 }
 
+/// Row blocks for the threads: independent rows of a batch run their whole recurrence on their
+/// own thread (no synchronisation per step); a batch of a few rows is one block, its products
+/// split by columns instead. `[r0, r1, …, b]`.
+fn row_blocks(b: usize, threads: usize) -> Vec<usize> {
+    let t = if b > SMALL_M {
+        threads.clamp(1, b / SMALL_M)
+    } else {
+        1
+    };
+    let per = b.div_ceil(t);
+    let mut bounds: Vec<usize> = (0..b).step_by(per.max(1)).collect();
+    bounds.push(b);
+    bounds
+}
+
+/// `buf` (`[t, b, w]`) as each row block's `t` runs, one per position.
+fn by_blocks<'a, T>(
+    buf: &'a mut [T],
+    b: usize,
+    w: usize,
+    bounds: &[usize],
+) -> Vec<Vec<&'a mut [T]>> {
+    let blocks = bounds.len() - 1;
+    let mut out: Vec<Vec<&mut [T]>> = (0..blocks).map(|_| Vec::new()).collect();
+    if b * w == 0 {
+        return out;
+    }
+    for pos in buf.chunks_mut(b * w) {
+        let mut rest = pos;
+        for (j, o) in out.iter_mut().enumerate() {
+            let (head, tail) = rest.split_at_mut((bounds[j + 1] - bounds[j]) * w);
+            o.push(head);
+            rest = tail;
+        }
+    }
+    out
+}
+
+/// One row block's share of a sequence pass: its first row, its runs of a `[t, b, ·]` buffer,
+/// and its rows of the two `[b, h]` states.
+struct Block<'a, T> {
+    r0: usize,
+    runs: Vec<&'a mut [T]>,
+    h: &'a mut [T],
+    c: &'a mut [T],
+}
+
+/// Runs `f` on each block, each on its own thread when there are several.
+fn per_block<'a, T: Float>(
+    runs: Vec<Vec<&'a mut [T]>>,
+    h: &'a mut [T],
+    c: &'a mut [T],
+    bounds: &[usize],
+    width: usize,
+    f: impl Fn(&mut Block<'a, T>) + Sync,
+) {
+    let mut blocks = Vec::new();
+    let (mut h, mut c) = (h, c);
+    for (j, runs) in runs.into_iter().enumerate() {
+        let rows = bounds[j + 1] - bounds[j];
+        let (hb, ht) = h.split_at_mut(rows * width);
+        let (cb, ct) = c.split_at_mut(rows * width);
+        (h, c) = (ht, ct);
+        blocks.push(Block {
+            r0: bounds[j],
+            runs,
+            h: hb,
+            c: cb,
+        });
+    }
+    if blocks.len() == 1 {
+        f(&mut blocks[0]);
+    } else {
+        super::thread_pool::for_each_owned(blocks, |_, blk| f(blk));
+    }
+}
+
 /// The LSTM over a sequence. `gi` `[t, b, 4h]`: the input projections with both biases; `w`
 /// `[4h, h]`: the recurrent weight; `h0`, `c0` `[b, h]`. Writes `saved` `[t, b, 7h]` (zeros at
 /// positions past a row's length) and the final states `hn`, `cn` `[b, h]`.
@@ -277,50 +361,58 @@ pub fn lstm_seq_forward<T: Float + Gemm>(
     saved.fill(T::ZERO);
     hn.copy_from_slice(h0);
     cn.copy_from_slice(c0);
-    let mut z = vec![T::ZERO; b * 4 * h];
-    let mut tmp = vec![T::ZERO; 4 * h];
-    let mut c = vec![T::ZERO; h];
-    // wᵀ as an h×4h view, each column a contiguous row of w.
-    let wt = MatView::row_major(w, 0, h, true);
-    for s in 0..d.t {
-        let nb = d.active(lengths, s);
-        if nb == 0 {
-            break;
+    let bounds = row_blocks(b, threads);
+    // wᵀ as an h×4h view: at a few rows, read in place (each column a contiguous row of w,
+    // the dot-product path, split by columns across the threads); otherwise copied once into
+    // row-major order, which the GEMM kernel reads without packing it at every step.
+    let copy;
+    let (wt, gemm_threads) = if b <= SMALL_M {
+        (MatView::row_major(w, 0, h, true), threads)
+    } else {
+        copy = transposed(w, 4 * h, h);
+        (MatView::row_major(&copy, 0, 4 * h, false), 1)
+    };
+    let runs = by_blocks(saved, b, k, &bounds);
+    per_block(runs, hn, cn, &bounds, h, |blk| {
+        let rows = blk.h.len() / h.max(1);
+        let mut z = vec![T::ZERO; rows * 4 * h];
+        let mut tmp = vec![T::ZERO; 4 * h];
+        let mut c = vec![T::ZERO; h];
+        for s in 0..d.t {
+            let nb = d.active(lengths, s).saturating_sub(blk.r0).min(rows);
+            if nb == 0 {
+                break;
+            }
+            let hs = MatView::row_major(&*blk.h, 0, h, false);
+            gemm(nb, h, 4 * h, hs, wt, &mut z, 0, false, gemm_threads);
+            for r in 0..nb {
+                let row = blk.r0 + r;
+                let p = d.pos(lengths[row], s);
+                let zr = &mut z[r * 4 * h..(r + 1) * 4 * h];
+                let g = &gi[(p * b + row) * 4 * h..(p * b + row + 1) * 4 * h];
+                for (zv, &gv) in zr.iter_mut().zip(g) {
+                    *zv += gv;
+                }
+                lstm_gates(zr, &mut tmp, h);
+                let sv = &mut blk.runs[p][r * k..(r + 1) * k];
+                let (hr, cr) = (
+                    &mut blk.h[r * h..(r + 1) * h],
+                    &mut blk.c[r * h..(r + 1) * h],
+                );
+                for (j, cj) in c.iter_mut().enumerate() {
+                    *cj = lstm_c(zr, cr[j], h, j);
+                }
+                sv[..4 * h].copy_from_slice(zr);
+                sv[5 * h..6 * h].copy_from_slice(cr);
+                sv[6 * h..].copy_from_slice(hr);
+                T::tanh_into(&c, &mut sv[4 * h..5 * h]);
+                cr.copy_from_slice(&c);
+                for j in 0..h {
+                    hr[j] = zr[3 * h + j] * sv[4 * h + j];
+                }
+            }
         }
-        gemm(
-            nb,
-            h,
-            4 * h,
-            MatView::row_major(hn, 0, h, false),
-            wt,
-            &mut z,
-            0,
-            false,
-            threads,
-        );
-        for r in 0..nb {
-            let p = d.pos(lengths[r], s);
-            let zr = &mut z[r * 4 * h..(r + 1) * 4 * h];
-            let g = &gi[(p * b + r) * 4 * h..(p * b + r + 1) * 4 * h];
-            for (zv, &gv) in zr.iter_mut().zip(g) {
-                *zv += gv;
-            }
-            lstm_gates(zr, &mut tmp, h);
-            let sv = &mut saved[(p * b + r) * k..(p * b + r + 1) * k];
-            let (hr, cr) = (&mut hn[r * h..(r + 1) * h], &mut cn[r * h..(r + 1) * h]);
-            for (j, cj) in c.iter_mut().enumerate() {
-                *cj = lstm_c(zr, cr[j], h, j);
-            }
-            sv[..4 * h].copy_from_slice(zr);
-            sv[5 * h..6 * h].copy_from_slice(cr);
-            sv[6 * h..].copy_from_slice(hr);
-            T::tanh_into(&c, &mut sv[4 * h..5 * h]);
-            cr.copy_from_slice(&c);
-            for j in 0..h {
-                hr[j] = zr[3 * h + j] * sv[4 * h + j];
-            }
-        }
-    }
+    });
 }
 
 /// The LSTM's outputs `[t + 2, b, h]`: `h` at every position (zero past a row's length), then
@@ -370,55 +462,55 @@ pub fn lstm_seq_backward<T: Float + Gemm>(
     let (b, h) = (d.b, d.h);
     let k = LSTM_SAVED * h;
     dgi.fill(T::ZERO);
-    let (dh, dc) = (dh0, dc0);
-    dh.copy_from_slice(&gy[d.t * b * h..(d.t + 1) * b * h]);
-    dc.copy_from_slice(&gy[(d.t + 1) * b * h..]);
-    // w stored transposed (h×4h, row-major), so that dz·w reads each output's column as a
-    // contiguous run: the dot-product path at small batches.
-    let mut wt = vec![T::ZERO; w.len()];
-    super::transpose::transpose(w, 4 * h, h, h, &mut wt);
-    let wview = MatView::row_major(&wt, 0, 4 * h, true);
-    let mut dz = vec![T::ZERO; b * 4 * h];
-    let mut dhr = vec![T::ZERO; h];
-    let mut dcr = vec![T::ZERO; h];
-    for s in (0..d.t).rev() {
-        let nb = d.active(lengths, s);
-        if nb == 0 {
-            continue;
-        }
-        for r in 0..nb {
-            let p = d.pos(lengths[r], s);
-            let at = (p * b + r) * h;
-            for j in 0..h {
-                dhr[j] = dh[r * h + j] + gy[at + j];
+    dh0.copy_from_slice(&gy[d.t * b * h..(d.t + 1) * b * h]);
+    dc0.copy_from_slice(&gy[(d.t + 1) * b * h..]);
+    let bounds = row_blocks(b, threads);
+    // At a few rows, w stored transposed (h×4h, row-major), so that dz·w reads each output's
+    // column as a contiguous run (the dot-product path); otherwise w as it is, row-major.
+    let copy;
+    let (wview, gemm_threads) = if b <= SMALL_M {
+        copy = transposed(w, 4 * h, h);
+        (MatView::row_major(&copy, 0, 4 * h, true), threads)
+    } else {
+        (MatView::row_major(w, 0, h, false), 1)
+    };
+    let runs = by_blocks(dgi, b, 4 * h, &bounds);
+    per_block(runs, dh0, dc0, &bounds, h, |blk| {
+        let rows = blk.h.len() / h.max(1);
+        let mut dz = vec![T::ZERO; rows * 4 * h];
+        let mut dhr = vec![T::ZERO; h];
+        let mut dcr = vec![T::ZERO; h];
+        for s in (0..d.t).rev() {
+            let nb = d.active(lengths, s).saturating_sub(blk.r0).min(rows);
+            if nb == 0 {
+                continue;
             }
-            dcr.copy_from_slice(&dc[r * h..(r + 1) * h]);
-            let sv = &saved[(p * b + r) * k..(p * b + r + 1) * k];
-            let dzr = &mut dz[r * 4 * h..(r + 1) * 4 * h];
-            lstm_row_backward(
-                &sv[..4 * h],
-                &sv[4 * h..5 * h],
-                &sv[5 * h..6 * h],
-                &dhr,
-                &dcr,
-                dzr,
-                Some(&mut dc[r * h..(r + 1) * h]),
-                h,
-            );
-            dgi[(p * b + r) * 4 * h..(p * b + r + 1) * 4 * h].copy_from_slice(dzr);
+            for r in 0..nb {
+                let row = blk.r0 + r;
+                let p = d.pos(lengths[row], s);
+                let at = (p * b + row) * h;
+                for j in 0..h {
+                    dhr[j] = blk.h[r * h + j] + gy[at + j];
+                }
+                dcr.copy_from_slice(&blk.c[r * h..(r + 1) * h]);
+                let sv = &saved[(p * b + row) * k..(p * b + row + 1) * k];
+                let dzr = &mut dz[r * 4 * h..(r + 1) * 4 * h];
+                lstm_row_backward(
+                    &sv[..4 * h],
+                    &sv[4 * h..5 * h],
+                    &sv[5 * h..6 * h],
+                    &dhr,
+                    &dcr,
+                    dzr,
+                    Some(&mut blk.c[r * h..(r + 1) * h]),
+                    h,
+                );
+                blk.runs[p][r * 4 * h..(r + 1) * 4 * h].copy_from_slice(dzr);
+            }
+            let dzs = MatView::row_major(&dz, 0, 4 * h, false);
+            gemm(nb, 4 * h, h, dzs, wview, blk.h, 0, false, gemm_threads);
         }
-        gemm(
-            nb,
-            4 * h,
-            h,
-            MatView::row_major(&dz, 0, 4 * h, false),
-            wview,
-            dh,
-            0,
-            false,
-            threads,
-        );
-    }
+    });
 }
 
 /// The recurrent weight's gradient `[4h, h]`: `Σ dz_pᵀ·h_prev_p` over every position, one GEMM.
