@@ -225,6 +225,16 @@ pub fn gru_cell_grad_h<T: Float>(gy: &[T], saved: &[T], h: usize, dh: &mut [T]) 
     }
 }
 
+/// Zeros the positions of `buf` (`[t, b, w]`) past each row's length: the ones the sequence
+/// kernels do not write.
+fn zero_past_lengths<T: Float>(buf: &mut [T], d: &LstmDims, lengths: &[usize], w: usize) {
+    for (r, &len) in lengths.iter().enumerate() {
+        for p in len..d.t {
+            buf[(p * d.b + r) * w..(p * d.b + r + 1) * w].fill(T::ZERO);
+        }
+    }
+}
+
 /// `w` (`rows × cols`, row-major) transposed.
 fn transposed<T: Float>(w: &[T], rows: usize, cols: usize) -> Vec<T> {
     let mut t = vec![T::ZERO; w.len()];
@@ -358,7 +368,7 @@ pub fn lstm_seq_forward<T: Float + Gemm>(
 ) {
     let (b, h) = (d.b, d.h);
     let k = LSTM_SAVED * h;
-    saved.fill(T::ZERO);
+    zero_past_lengths(saved, d, lengths, k);
     hn.copy_from_slice(h0);
     cn.copy_from_slice(c0);
     let bounds = row_blocks(b, threads);
@@ -461,7 +471,7 @@ pub fn lstm_seq_backward<T: Float + Gemm>(
 ) {
     let (b, h) = (d.b, d.h);
     let k = LSTM_SAVED * h;
-    dgi.fill(T::ZERO);
+    zero_past_lengths(dgi, d, lengths, 4 * h);
     dh0.copy_from_slice(&gy[d.t * b * h..(d.t + 1) * b * h]);
     dc0.copy_from_slice(&gy[(d.t + 1) * b * h..]);
     let bounds = row_blocks(b, threads);
