@@ -83,12 +83,14 @@ pub fn grad<'g>(
 struct ModeRestore<'g> {
     g: &'g Graph,
     grad_mode: bool,
+    in_backward: bool,
 }
 
 impl Drop for ModeRestore<'_> {
     fn drop(&mut self) {
         let mut i = self.g.inner();
         i.grad_mode = self.grad_mode;
+        i.in_backward = self.in_backward;
         i.temp_mode = false;
         i.temp_log.clear();
         i.grad_slots.clear();
@@ -183,6 +185,7 @@ fn run<'g>(
             ops::backward(&op, &ctx)?
         };
         let mut i = g.inner();
+        i.count_backward(&op, node_id);
         if !retain {
             i.nodes[node_id].spent = true;
         }
@@ -272,7 +275,12 @@ fn begin<'g>(
     i.grad_slots.resize(root_pos + 1, None);
     i.grad_slots[root_pos] = Some(seed.id);
     i.nodes[seed.id].grad_refs += 1;
-    ModeRestore { g, grad_mode: prev }
+    let in_backward = std::mem::replace(&mut i.in_backward, true);
+    ModeRestore {
+        g,
+        grad_mode: prev,
+        in_backward,
+    }
 }
 
 /// [`grad`]'s side: keeps the gradient arriving at a node it asked for (summed when the node
@@ -434,6 +442,7 @@ fn unary_fast_path(i: &mut Inner, node_id: NodeId, gid: NodeId, retain: bool) ->
         return Ok(false);
     }
     let (x, yb) = (n.inputs[0], n.buf);
+    let len = n.shape.iter().product::<usize>() as u64;
     // Marked while the node is at hand, and unmarked below where the step is not done here.
     n.spent = !retain;
     let slot = i
@@ -445,6 +454,7 @@ fn unary_fast_path(i: &mut Inner, node_id: NodeId, gid: NodeId, retain: bool) ->
     let done = match slot {
         Some((slot, xb)) if ops::unary::backward_in_place_bufs(i, u, xb, yb, gid)? => {
             i.grad_slots[slot] = Some(gid);
+            i.flops.unary(u, 1, len);
             true
         }
         _ => false,

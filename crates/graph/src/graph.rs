@@ -142,6 +142,11 @@ pub(crate) struct Inner {
     pub threads: usize,
     pub rng: Rng,
     pub grad_slots: Vec<Option<NodeId>>,
+    /// Floating-point work since the reset.
+    pub flops: crate::flops::FlopCounter,
+    /// A backward pass is running: its rules' ops count as their node's backward, not as
+    /// forward work of their own.
+    pub in_backward: bool,
     /// Where new leaves are made.
     pub device: Device,
     /// This graph's memory on each CUDA device it has used.
@@ -190,7 +195,64 @@ impl Inner {
         inputs: &[NodeId],
     ) -> NodeId {
         let needs_grad = inputs.iter().any(|i| self.nodes[*i].requires_grad);
+        if !self.in_backward {
+            self.count_forward(&op, &shape, inputs);
+        }
         self.push_with(device, shape, dtype, buf, move || op, inputs, needs_grad)
+    }
+
+    /// Adds an op's forward work to the counts.
+    #[inline]
+    fn count_forward(&mut self, op: &Op, out: &[usize], inputs: &[NodeId]) {
+        match op {
+            Op::Binary(b) => {
+                let n = out.iter().product::<usize>() as u64;
+                return self.flops.binary(*b, 0, n);
+            }
+            Op::Leaf | Op::Reshape | Op::Slice { .. } | Op::Concat { .. } | Op::Permute(_) => {
+                return;
+            }
+            _ => {}
+        }
+        let shapes: SmallVec<[(&[usize], bool); 4]> = inputs
+            .iter()
+            .map(|&i| (&self.nodes[i].shape[..], false))
+            .collect();
+        let (f, _) = crate::flops::of(
+            op,
+            &crate::flops::Shapes {
+                out,
+                inputs: &shapes,
+            },
+        );
+        self.flops.add(op.name(), f, 0);
+    }
+
+    /// Adds the backward work of node `id`, whose rule has just run.
+    pub fn count_backward(&mut self, op: &Op, id: NodeId) {
+        let n = &self.nodes[id];
+        if let Op::Binary(b) = op {
+            let len = n.shape.iter().product::<usize>() as u64;
+            let needing = n
+                .inputs
+                .iter()
+                .filter(|&&x| self.nodes[x].requires_grad)
+                .count();
+            return self.flops.binary(*b, 1, len * needing as u64);
+        }
+        let shapes: SmallVec<[(&[usize], bool); 4]> = n
+            .inputs
+            .iter()
+            .map(|&i| (&self.nodes[i].shape[..], self.nodes[i].requires_grad))
+            .collect();
+        let (_, b) = crate::flops::of(
+            op,
+            &crate::flops::Shapes {
+                out: &n.shape,
+                inputs: &shapes,
+            },
+        );
+        self.flops.add(op.name(), 0, b);
     }
 
     /// [`Inner::push_on`] for a caller that has just looked its inputs up and knows whether one
@@ -375,7 +437,7 @@ impl Default for Graph {
 }
 
 /// Counters of a graph.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GraphStats {
     /// Live nodes in this iteration.
     pub nodes: usize,
@@ -383,6 +445,8 @@ pub struct GraphStats {
     pub tape_len: usize,
     /// The arena's counters.
     pub arena: ArenaStats,
+    /// Floating-point work since the last reset, per op kind, forward and backward.
+    pub flops: crate::flops::FlopStats,
 }
 
 /// The default thread count: `ARENAGRAD_NUM_THREADS`, else the machine's available parallelism.
@@ -413,6 +477,8 @@ impl Graph {
                 threads: threads.max(1),
                 rng: Rng::seed(0),
                 grad_slots: Vec::new(),
+                flops: Default::default(),
+                in_backward: false,
                 device: Device::Cpu,
                 #[cfg(feature = "cuda")]
                 cuda: Vec::new(),
@@ -452,6 +518,7 @@ impl Graph {
         inner.reset_devices();
         inner.grad_mode = true;
         inner.temp_mode = false;
+        inner.flops.clear();
     }
 
     /// Runs one iteration: `f` builds and differentiates a graph, its result is returned, and the
@@ -469,6 +536,7 @@ impl Graph {
             nodes: i.nodes.len(),
             tape_len: i.tape.len(),
             arena: i.arena.stats(),
+            flops: i.flops.stats(),
         }
     }
 

@@ -50,6 +50,7 @@ mod autodiff;
 pub mod check;
 mod device;
 mod error;
+mod flops;
 mod graph;
 mod host;
 mod ops;
@@ -73,6 +74,7 @@ pub use device::{
     check_device, cuda_device_count, empty_cache, memory_stats, reset_peak_stats, synchronize,
 };
 pub use error::{GraphError, Result, ShapeVec};
+pub use flops::{FlopStats, OpFlops};
 pub use graph::{default_threads, Device, GradModeGuard, Graph, GraphStats, NodeId};
 pub use host::{HostData, HostDataMut, HostElem, HostTensor};
 pub use ops::attention::AttentionOptions;

@@ -90,6 +90,18 @@ fn calls() -> Vec<(&'static str, Call)> {
         ("rms_norm", |_, x, _, fb| {
             x.rms_norm(1, Some(fb), 1e-5).map(drop)
         }),
+        ("lstm_cell", |_, x, f, _| x.lstm_cell(f).map(drop)),
+        ("gru_cell", |_, x, f, _| x.gru_cell(f, x).map(drop)),
+        ("gru_cell", |_, x, f, _| x.gru_cell(x, f).map(drop)),
+        ("lstm_sequence", |_, x, f, _| {
+            x.lstm_sequence(f, x, x, Default::default()).map(drop)
+        }),
+        ("lstm_sequence", |_, x, f, _| {
+            x.lstm_sequence(x, f, x, Default::default()).map(drop)
+        }),
+        ("lstm_sequence", |_, x, f, _| {
+            x.lstm_sequence(x, x, f, Default::default()).map(drop)
+        }),
         ("scaled_dot_product_attention", |_, x, f, _| {
             x.scaled_dot_product_attention(f, x, AttentionOptions::default())
                 .map(drop)

@@ -62,6 +62,9 @@ impl<'g> Tensor<'g> {
             i.push(osh, dtype, out, Op::Binary(op), &ids)
         } else {
             // A comparison's mask: never requires grad, so never recorded.
+            if !i.in_backward {
+                i.flops.binary(op, 0, len as u64);
+            }
             i.push_with(dev, osh, dtype, out, || Op::Binary(op), &ids, false)
         };
         drop(guard);

@@ -42,6 +42,9 @@ impl<'g> Tensor<'g> {
                 out
             }
         };
+        if !i.in_backward {
+            i.flops.unary(op, 0, len as u64);
+        }
         let id = i.push_with(
             dev,
             shape,

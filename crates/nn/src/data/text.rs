@@ -127,6 +127,38 @@ impl TextCorpus {
         }
     }
 
+    /// The documents of a split, each with the `%` line that ends it (so that a model reading
+    /// one document at a time learns where documents end).
+    ///
+    /// ```
+    /// use arenagrad_nn::data::{Split, TextCorpus};
+    /// let docs: [&[u8]; 3] = [b"one\n", b"two", b"three\n"];
+    /// let corpus = TextCorpus::from_documents(&docs, 3)?;
+    /// let train = corpus.documents_of(Split::Train);
+    /// assert_eq!(train, [&b"one\n%\n"[..], &b"two\n%\n"[..]]);
+    /// # Ok::<(), arenagrad_nn::NnError>(())
+    /// ```
+    pub fn documents_of(&self, split: Split) -> Vec<&[u8]> {
+        let text = self.text(split);
+        let mut docs = Vec::new();
+        let (mut start, mut line) = (0, 0);
+        while line < text.len() {
+            let end = text[line..]
+                .iter()
+                .position(|&c| c == b'\n')
+                .map_or(text.len(), |k| line + k + 1);
+            if &text[line..end] == b"%\n" {
+                docs.push(&text[start..end]);
+                start = end;
+            }
+            line = end;
+        }
+        if start < text.len() {
+            docs.push(&text[start..]);
+        }
+        docs
+    }
+
     fn windows(&self, split: Split, context: usize) -> Result<usize> {
         let n = self.text(split).len();
         if context == 0 || n <= context {
