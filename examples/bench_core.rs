@@ -334,6 +334,14 @@ fn main() {
                 cells.0, cells.1
             );
         }
+        let n = if quick { 20_000 } else { 100_000 };
+        let (before, after, secs) = tbptt_stream(n);
+        println!(
+            "| LSTM truncated BPTT over a {n}-step stream (64 a piece, state carried detached), resident memory after the first piece → at the end | {:.1} → {:.1} MiB ({:.1} s) | flat |",
+            before as f64 / 1048576.0,
+            after as f64 / 1048576.0,
+            secs
+        );
     }
     if run("attn") {
         let reps = if quick { 5 } else { 30 };
@@ -402,6 +410,50 @@ fn lstm_step(batch: usize, cells: bool, steps: usize) -> (f64, f64) {
     let ms = median(times);
     let flops = 3.0 * 2.0 * (4 * h * (i + h) * t * batch) as f64;
     (ms, flops / (ms * 1e-3) / 1e9)
+}
+
+/// Truncated backpropagation through time over a stream of `n` random steps: an LSTM 128→256
+/// at batch 1, 64 steps a piece (an SGD step and a reset each), the state carried into the next
+/// piece as plain numbers. Resident memory after the first piece and at the end, and seconds.
+fn tbptt_stream(n: usize) -> (usize, usize, f64) {
+    use arenagrad::nn::LSTM;
+    let (t, i, h) = (64usize, 128usize, 256usize);
+    let mut rng = Rng::seed(0);
+    let x: Vec<f32> = (0..t * i).map(|_| rng.normal() as f32).collect();
+    let y: Vec<f32> = (0..t * h).map(|_| rng.normal() as f32).collect();
+    let layer = LSTM::new(i, h, &mut Rng::seed(1)).unwrap();
+    let mut opt = Sgd::new(layer.parameters(), SgdConfig::new(0.01)).unwrap();
+    let mut g = Graph::new();
+    let mut state: Option<(HostTensor, HostTensor)> = None;
+    let mut before = 0;
+    let t0 = Instant::now();
+    for piece in 0..n / t {
+        opt.zero_grad();
+        let xs = g.from_slice(&x, &[t, 1, i]).unwrap();
+        let s = state
+            .as_ref()
+            .map(|(hs, cs)| (g.from_host(hs).unwrap(), g.from_host(cs).unwrap()));
+        let out = layer.forward_with(&g, xs, s, None).unwrap();
+        let target = g.from_slice(&y, &[t, 1, h]).unwrap();
+        loss::mse_loss(out.output, target)
+            .unwrap()
+            .backward()
+            .unwrap();
+        state = Some((
+            out.h_n.to_host().unwrap(),
+            out.c_n.unwrap().to_host().unwrap(),
+        ));
+        g.reset();
+        opt.step().unwrap();
+        if piece == 0 {
+            before = rss("VmRSS:").unwrap_or(0);
+        }
+    }
+    (
+        before,
+        rss("VmRSS:").unwrap_or(0),
+        t0.elapsed().as_secs_f64(),
+    )
 }
 
 /// The char_gpt example's model, step and data shape: random bytes (the figure is speed).
