@@ -149,6 +149,7 @@ fn run<'g>(
                 n.retain_grad,
             )
         };
+        let gid = run_hooks(g, node_id, gid)?;
         if let Some(c) = capture {
             capture_grad(g, c, &mut captured, node_id, gid)?;
         }
@@ -194,6 +195,57 @@ fn run<'g>(
         release(&mut i, gid);
     }
     Ok(captured)
+}
+
+/// Runs node `node_id`'s gradient hooks on its gradient `gid`; returns the gradient that goes
+/// on (a hook's replacement, which takes over the slot's claim).
+fn run_hooks(g: &Graph, node_id: NodeId, gid: NodeId) -> Result<NodeId> {
+    const OP: &str = "register_hook";
+    let hooks: Vec<_> = {
+        let i = g.inner.borrow();
+        if !i.has_hook(node_id) {
+            return Ok(gid);
+        }
+        i.hooks
+            .iter()
+            .filter(|(id, _)| *id == node_id)
+            .map(|(_, h)| h.clone())
+            .collect()
+    };
+    let mut gid = gid;
+    for hook in hooks {
+        let Some(new) = hook(g.handle(gid))? else {
+            continue;
+        };
+        g.owns(OP, &new)?;
+        let mut i = g.inner();
+        let (want, got) = (i.node(OP, gid)?, i.node(OP, new.id)?);
+        if want.shape != got.shape {
+            return Err(GraphError::ShapeMismatch {
+                op: OP,
+                lhs: want.shape.to_vec(),
+                rhs: got.shape.to_vec(),
+            });
+        }
+        if want.dtype != got.dtype {
+            return Err(GraphError::DTypeMismatch {
+                op: OP,
+                lhs: want.dtype,
+                rhs: got.dtype,
+            });
+        }
+        if want.device() != got.device() {
+            return Err(GraphError::DeviceMismatch {
+                op: OP,
+                lhs: want.device(),
+                rhs: got.device(),
+            });
+        }
+        i.nodes[new.id].grad_refs += 1;
+        release(&mut i, gid);
+        gid = new.id;
+    }
+    Ok(gid)
 }
 
 /// Checks the root and makes the gradient the walk starts from: the user's (same graph, device,
@@ -421,7 +473,7 @@ fn next_step(
             continue;
         };
         let node_id = i.tape[pos];
-        if plain && unary_fast_path(i, node_id, gid, retain)? {
+        if plain && !i.has_hook(node_id) && unary_fast_path(i, node_id, gid, retain)? {
             continue;
         }
         return Ok(Some((gid, node_id)));

@@ -144,6 +144,9 @@ pub(crate) struct Inner {
     pub grad_slots: Vec<Option<NodeId>>,
     /// Floating-point work since the reset.
     pub flops: crate::flops::FlopCounter,
+    /// Gradient hooks of this iteration's nodes ([`Tensor::register_hook`]), in the order
+    /// registered.
+    pub hooks: Vec<(NodeId, crate::tensor::GradHook)>,
     /// A backward pass is running: its rules' ops count as their node's backward, not as
     /// forward work of their own.
     pub in_backward: bool,
@@ -199,6 +202,12 @@ impl Inner {
             self.count_forward(&op, &shape, inputs);
         }
         self.push_with(device, shape, dtype, buf, move || op, inputs, needs_grad)
+    }
+
+    /// Whether node `id` has gradient hooks.
+    #[inline]
+    pub fn has_hook(&self, id: NodeId) -> bool {
+        !self.hooks.is_empty() && self.hooks.iter().any(|(h, _)| *h == id)
     }
 
     /// Adds an op's forward work to the counts.
@@ -478,6 +487,7 @@ impl Graph {
                 rng: Rng::seed(0),
                 grad_slots: Vec::new(),
                 flops: Default::default(),
+                hooks: Vec::new(),
                 in_backward: false,
                 device: Device::Cpu,
                 #[cfg(feature = "cuda")]
@@ -519,6 +529,7 @@ impl Graph {
         inner.grad_mode = true;
         inner.temp_mode = false;
         inner.flops.clear();
+        inner.hooks.clear();
     }
 
     /// Runs one iteration: `f` builds and differentiates a graph, its result is returned, and the

@@ -444,6 +444,39 @@ impl<'g> Tensor<'g> {
         Ok(())
     }
 
+    /// Calls `hook` with this tensor's gradient each time a backward pass has computed it (all
+    /// contributions summed), before it flows on to the tensor's inputs or into a leaf's
+    /// gradient (PyTorch's `Tensor.register_hook`). A hook that returns `Some(g)` replaces the
+    /// gradient with `g` (of the same shape, dtype and device, made from this graph's tensors);
+    /// `None` leaves it as it is. Hooks run in the order registered and last until the reset.
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph};
+    /// let g = Graph::new();
+    /// let x = g.var(&[1.0, 2.0], &[2], DType::F64)?;
+    /// let y = x.mul(x)?; // dy/dx = 2x
+    /// y.register_hook(|gy| Ok(Some(gy.scale(10.0)?)))?; // the gradient arriving at y, ×10
+    /// y.sum()?.backward()?;
+    /// assert_eq!(x.grad()?.unwrap().to_vec::<f64>()?, vec![20.0, 40.0]);
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
+    pub fn register_hook<F>(&self, hook: F) -> Result<()>
+    where
+        F: for<'a> Fn(Tensor<'a>) -> Result<Option<Tensor<'a>>> + Send + Sync + 'static,
+    {
+        let op = "register_hook";
+        let mut i = self.g.inner();
+        let n = i.node(op, self.id)?;
+        if !n.requires_grad {
+            return Err(GraphError::BadArgument {
+                op,
+                what: "cannot register a hook on a tensor that does not require grad",
+            });
+        }
+        i.hooks.push((self.id, std::sync::Arc::new(hook)));
+        Ok(())
+    }
+
     /// Keeps this intermediate's gradient after backward (readable with [`Tensor::grad`]).
     /// As in PyTorch, a tensor that does not require grad has no gradient to keep:
     /// it is refused with [`GraphError::BadArgument`].
@@ -498,3 +531,7 @@ fn copied<T: Copy>(op: &'static str, shape: &[usize], src: Cow<'_, [T]>) -> Resu
         Cow::Borrowed(s) => owned(op, shape, s, |v| v),
     }
 }
+
+/// A gradient hook ([`Tensor::register_hook`]).
+pub(crate) type GradHook =
+    std::sync::Arc<dyn for<'a> Fn(Tensor<'a>) -> Result<Option<Tensor<'a>>> + Send + Sync>;

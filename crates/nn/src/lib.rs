@@ -60,6 +60,7 @@ pub mod data;
 mod error;
 mod files;
 pub mod functional;
+mod hooks;
 pub mod init;
 mod layers;
 pub mod loss;
@@ -74,6 +75,7 @@ pub use arenagrad_graph::{
     Tensor,
 };
 pub use error::{NnError, Result, ShapeConflict, StateMismatch};
+pub use hooks::{ForwardHook, ForwardPreHook, Hooked};
 pub use layers::attention::{KvCache, MultiheadAttention, TransformerBlock, TransformerConfig};
 pub use layers::basic::{Dropout, Flatten, GELUTanh, Lambda, LeakyReLU, ReLU, Sigmoid, Tanh, GELU};
 pub use layers::conv::{AvgPool2d, Conv2d, Conv2dConfig, MaxPool2d};

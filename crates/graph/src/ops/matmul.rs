@@ -426,6 +426,10 @@ fn product_into_param<'g>(
     let Op::Param(p) = &t.op else {
         return Ok(false);
     };
+    if i.has_hook(target.id) {
+        // Its gradient must pass through the hook first.
+        return Ok(false);
+    }
     let (xn, yn) = (i.node(name, x.id)?, i.node(name, y.id)?);
     let on_host = [t.device(), xn.device(), yn.device()] == [Device::Cpu; 3];
     if !on_host || xn.shape.len() != 2 || yn.shape.len() != 2 || t.shape.len() != 2 {
