@@ -6,9 +6,9 @@
 //! backward, fused and as the composed formula; and the character GPT of the `char_gpt`
 //! example: a training step, its peak memory, and generation at batch 1; W5/W6 an LSTM (input
 //! 128, hidden 256, sequence 64, batch 1 and 32) trained by SGD, as one fused layer and as a loop
-//! of cells.
+//! of cells; gradient checkpointing on an 8-block residual MLP.
 //!
-//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm]`
+//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,ckpt]`
 //! Threads: `ARENAGRAD_NUM_THREADS` (default: all cores).
 
 use std::time::Instant;
@@ -250,8 +250,8 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Only these workloads, comma-separated: w1 (randn-matmul loop and GEMM), w2, w3, w4, cnn,
-    /// attn, gpt, lstm
-    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm"])]
+    /// attn, gpt, lstm, ckpt
+    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "ckpt"])]
     only: Vec<String>,
 }
 
@@ -341,6 +341,22 @@ fn main() {
             before as f64 / 1048576.0,
             after as f64 / 1048576.0,
             secs
+        );
+    }
+    if run("ckpt") {
+        let steps = if quick { 5 } else { 20 };
+        let (plain_ms, saved, plain_peak) = checkpoint_step(false, steps);
+        let (ck_ms, _, ck_peak) = checkpoint_step(true, steps);
+        println!(
+            "| 8-block residual MLP 512→2048→512, b256, SGD step, without checkpointing | {plain_ms:.1} ms, peak {:.1} MiB (saved activations {:.1} MiB) | |",
+            plain_peak as f64 / 1048576.0,
+            saved as f64 / 1048576.0
+        );
+        println!(
+            "| the same with each block checkpointed | {ck_ms:.1} ms = {:.2}×, peak {:.1} MiB = {:.0}% of the saved activations without | ≤ 1.4×, ≤ 40% |",
+            ck_ms / plain_ms,
+            ck_peak as f64 / 1048576.0,
+            100.0 * ck_peak as f64 / saved as f64
         );
     }
     if run("attn") {
@@ -454,6 +470,56 @@ fn tbptt_stream(n: usize) -> (usize, usize, f64) {
         rss("VmRSS:").unwrap_or(0),
         t0.elapsed().as_secs_f64(),
     )
+}
+
+/// An 8-block residual MLP (each block Linear 512→2048, GELU, Linear 2048→512) at batch 256:
+/// the median ms of an SGD step, the arena's bytes after the forward (the activations kept for
+/// backward, inputs and parameters' copies included) and its peak, with or without each block
+/// checkpointed.
+fn checkpoint_step(checkpointed: bool, steps: usize) -> (f64, usize, usize) {
+    use arenagrad::nn::{functional as F, GELU};
+    use std::sync::Arc;
+    let (width, batch) = (512usize, 256usize);
+    let mut rng = Rng::seed(0);
+    let blocks: Vec<Arc<Sequential>> = (0..8)
+        .map(|_| {
+            Arc::new(
+                Sequential::new()
+                    .add(Linear::new(width, 4 * width, &mut rng).unwrap())
+                    .add(GELU)
+                    .add(Linear::new(4 * width, width, &mut rng).unwrap()),
+            )
+        })
+        .collect();
+    let params: Vec<_> = blocks.iter().flat_map(|b| b.parameters()).collect();
+    let mut opt = Sgd::new(params, SgdConfig::new(0.01)).unwrap();
+    let x: Vec<f32> = (0..batch * width).map(|_| rng.normal() as f32).collect();
+    let mut g = Graph::new();
+    let (mut times, mut saved, mut peak) = (Vec::new(), 0, 0);
+    for s in 0..steps + 3 {
+        g.reset_peak_stats();
+        let t0 = Instant::now();
+        opt.zero_grad();
+        let mut h = g.from_slice(&x, &[batch, width]).unwrap();
+        for b in &blocks {
+            let y = if checkpointed {
+                F::checkpoint(&g, b, h).unwrap()
+            } else {
+                b.forward(&g, h).unwrap()
+            };
+            h = y.add(h).unwrap();
+        }
+        let l = h.square().unwrap().mean().unwrap();
+        saved = g.stats().arena.bytes_in_use;
+        l.backward().unwrap();
+        peak = g.stats().arena.peak_bytes_in_use;
+        g.reset();
+        opt.step().unwrap();
+        if s >= 3 {
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    (median(times), saved, peak)
 }
 
 /// The char_gpt example's model, step and data shape: random bytes (the figure is speed).

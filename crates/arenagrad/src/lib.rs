@@ -42,8 +42,9 @@ pub use arenagrad_graph::{
     synchronize,
 };
 pub use arenagrad_graph::{
-    grad, AttentionOptions, BackwardOptions, CustomOp, DType, Device, Graph, GraphError, HostData,
-    HostDataMut, HostTensor, Parameter, Result, Tensor, TensorId,
+    grad, AttentionOptions, BackwardOptions, CheckpointFn, CustomOp, DType, Device, FlopStats,
+    Graph, GraphError, HostData, HostDataMut, HostTensor, LstmSequenceOptions, OpFlops, Parameter,
+    Result, Tensor, TensorId,
 };
 
 /// Gradient checking against finite differences (`gradcheck`, `gradgradcheck`).

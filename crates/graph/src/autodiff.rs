@@ -131,13 +131,23 @@ fn run<'g>(
     let _restore = begin(g, root_pos, seed_t, create, opts.grad.is_none());
     let mut captured: Vec<Option<NodeId>> = vec![None; capture.map_or(0, <[NodeId]>::len)];
 
-    // Tape positions not yet visited: the walk goes down from the root.
+    // Tape positions not yet visited: the walk goes down from the root. A checkpoint's second
+    // run appends nodes to the tape; the walk goes down through them to `floor` (where they
+    // begin), then back to where it left off (`resume`).
     let mut left = root_pos + 1;
+    let mut floor = 0usize;
+    let mut resume: Vec<(usize, usize)> = Vec::new();
     loop {
         let (gid, node_id, op, inputs, spent, retain_grad) = {
             let mut i = g.inner();
-            let Some((gid, node_id)) = next_step(&mut i, &mut left, plain, retain)? else {
-                break;
+            let Some((gid, node_id)) = next_step(&mut i, &mut left, floor, plain, retain)? else {
+                match resume.pop() {
+                    Some((l, f)) => {
+                        (left, floor) = (l, f);
+                        continue;
+                    }
+                    None => break,
+                }
             };
             let n = &i.nodes[node_id];
             (
@@ -166,6 +176,25 @@ fn run<'g>(
         if spent {
             return Err(GraphError::GraphSpent { op: op.name() });
         }
+        if let Op::Checkpoint(ck) = &op {
+            let (start, y) = ops::checkpoint::rerun(g, ck, node_id, &inputs)?;
+            let mut i = g.inner();
+            if !retain {
+                i.nodes[node_id].spent = true;
+            }
+            match y {
+                Some(y) => {
+                    // The block's gradient seeds its second run's output, claim and all.
+                    let (pos, len) = (i.nodes[y].tape_pos as usize, i.tape.len());
+                    i.grad_slots.resize(len, None);
+                    i.grad_slots[pos] = Some(gid);
+                    resume.push((left, floor));
+                    (left, floor) = (len, start);
+                }
+                None => release(&mut i, gid),
+            }
+            continue;
+        }
         let ctx = Ctx {
             g,
             out: g.handle(node_id),
@@ -193,6 +222,10 @@ fn run<'g>(
         i = accumulate(g, i, &op, &ctx.inputs, grads)?;
         free_temporaries(&mut i);
         release(&mut i, gid);
+        if floor > 0 && plain && !retain {
+            // A checkpoint's second-run activation: its consumers and itself are done.
+            i.free_temp(node_id);
+        }
     }
     Ok(captured)
 }
@@ -460,10 +493,11 @@ const PREFETCH_STEPS: usize = 8;
 fn next_step(
     i: &mut Inner,
     left: &mut usize,
+    floor: usize,
     plain: bool,
     retain: bool,
 ) -> Result<Option<(NodeId, NodeId)>> {
-    while *left > 0 {
+    while *left > floor {
         *left -= 1;
         let pos = *left;
         if let Some(&ahead) = i.tape.get(pos.wrapping_sub(PREFETCH_STEPS)) {
@@ -474,6 +508,10 @@ fn next_step(
         };
         let node_id = i.tape[pos];
         if plain && !i.has_hook(node_id) && unary_fast_path(i, node_id, gid, retain)? {
+            if floor > 0 && !retain {
+                // A checkpoint's second-run activation, done with (see `run`).
+                i.free_temp(node_id);
+            }
             continue;
         }
         return Ok(Some((gid, node_id)));

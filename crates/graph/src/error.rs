@@ -219,6 +219,12 @@ pub enum GraphError {
         /// Requested type.
         requested: DType,
     },
+    /// A checkpointed block's code failed with an error of its own (a layer library's, say).
+    #[error("checkpoint: the block failed: {msg}")]
+    Checkpoint {
+        /// The block's error, in words.
+        msg: String,
+    },
     /// An allocation failed.
     #[error("{op}: {source}")]
     Alloc {

@@ -78,6 +78,7 @@ pub use flops::{FlopStats, OpFlops};
 pub use graph::{default_threads, Device, GradModeGuard, Graph, GraphStats, NodeId};
 pub use host::{HostData, HostDataMut, HostElem, HostTensor};
 pub use ops::attention::AttentionOptions;
+pub use ops::checkpoint::CheckpointFn;
 pub use ops::custom::CustomOp;
 pub use ops::rnn::LstmSequenceOptions;
 pub use param::Parameter;

@@ -316,3 +316,44 @@ pub fn max_pool2d<'g>(
     // The graph op never picks padding, so the output holds input elements exactly.
     Ok(x.max_pool2d(kernel, stride, padding)?)
 }
+
+/// `block(x)` with gradient checkpointing (PyTorch's `torch.utils.checkpoint.checkpoint`):
+/// recorded as one node that keeps only `x` and the output; backward runs the block again to
+/// rebuild its activations, one block's at a time. Gradients — the block's parameters' and
+/// `x`'s — are those without checkpointing, bit for bit, dropout masks included (the graph's
+/// generator is replayed); `create_graph` works through it.
+///
+/// The block is shared through an `Arc` because backward calls it after this call returns,
+/// from the graph's tape, as late as the iteration's reset.
+///
+/// ```
+/// use std::sync::Arc;
+/// use arenagrad_nn::{functional as F, DType, Graph, Linear, Module, Rng, Sequential, Tanh};
+/// let mut rng = Rng::seed(0);
+/// let block = Arc::new(Sequential::new().add(Linear::new(8, 8, &mut rng)?).add(Tanh));
+/// let g = Graph::new();
+/// let x = g.ones(&[4, 8], DType::F32)?;
+/// let y = F::checkpoint(&g, &block, x)?; // the activations inside are not kept
+/// y.sum()?.backward()?; // ... but made again here
+/// assert!(block.parameters()[0].grad().is_some());
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+pub fn checkpoint<'g, M>(
+    g: &'g Graph,
+    block: &std::sync::Arc<M>,
+    x: Tensor<'g>,
+) -> Result<Tensor<'g>>
+where
+    M: crate::Module + Send + Sync + 'static,
+{
+    let b = std::sync::Arc::clone(block);
+    let f: arenagrad_graph::CheckpointFn = std::sync::Arc::new(move |g, xs| {
+        b.forward(g, xs[0]).map_err(|e| match e {
+            NnError::Graph(e) => e,
+            other => GraphError::Checkpoint {
+                msg: other.to_string(),
+            },
+        })
+    });
+    Ok(g.checkpoint(f, &[x])?)
+}

@@ -24,6 +24,7 @@ use crate::{Graph, Parameter, Tensor};
 
 pub(crate) mod attention;
 pub(crate) mod binary;
+pub(crate) mod checkpoint;
 pub(crate) mod conv;
 pub(crate) mod custom;
 pub(crate) mod matmul;
@@ -151,6 +152,8 @@ pub(crate) enum Op {
     },
     /// A user-defined op.
     Custom(Arc<dyn custom::CustomOp>),
+    /// A checkpointed block: backward runs it again (see [`checkpoint`]).
+    Checkpoint(Arc<checkpoint::CheckpointNode>),
     /// A copy from another device.
     ToDevice {
         from: crate::Device,
@@ -198,6 +201,7 @@ impl Op {
             | Op::CrossEntropy { .. }
             | Op::Attention(_)
             | Op::LstmSeq(_)
+            | Op::Checkpoint(_)
             | Op::Custom(_) => true,
         }
     }
@@ -242,6 +246,7 @@ impl Op {
             Op::Cumsum { reverse: true, .. } => "cumsum_reverse",
             Op::Where => "where",
             Op::Custom(c) => c.name(),
+            Op::Checkpoint(_) => "checkpoint",
             Op::Unfold(_) => "unfold",
             Op::Fold(_) => "fold",
             Op::UnfoldBatch(_) => "unfold_batch",
@@ -300,6 +305,11 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Cumsum { axis, reverse } => Ok(smallvec::smallvec![Some(c.gy.scan(*axis, !*reverse)?)]),
         Op::Where => binary::select_backward(c),
         Op::Custom(op) => custom::backward(op, c),
+        // The backward walk runs the block again instead (`autodiff`).
+        Op::Checkpoint(_) => Err(GraphError::BadArgument {
+            op: "checkpoint",
+            what: "a checkpoint's gradient comes from running its block again",
+        }),
         Op::Unfold(w) => conv::unfold_backward(w, c),
         Op::Fold(w) => conv::fold_backward(w, c),
         Op::UnfoldBatch(w) => conv::unfold_batch_backward(w, c),
