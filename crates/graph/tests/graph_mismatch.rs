@@ -36,6 +36,12 @@ impl CustomOp for Foreign {
     }
 }
 
+/// A checkpointed block that hands back another graph's tensor.
+fn foreign_block<'a>(_g: &'a Graph, xs: &[Tensor<'a>]) -> Result<Tensor<'a>> {
+    let other: &'static Graph = Box::leak(Box::new(Graph::new()));
+    other.ones(&xs[0].shape(), xs[0].dtype())
+}
+
 type Call = for<'g> fn(&'g Graph, Tensor<'g>, Tensor<'g>, Tensor<'g>) -> Result<()>;
 
 /// `(method, call)`: each call makes `g` (the receiver's graph) meet a tensor of another graph in
@@ -131,6 +137,13 @@ fn calls() -> Vec<(&'static str, Call)> {
         ("select", |g, _, f, _| g.select(f, f, f).map(drop)),
         ("custom", |g, x, f, _| {
             g.custom(Arc::new(Foreign), &[f], x).map(drop)
+        }),
+        ("checkpoint", |g, x, f, _| {
+            g.checkpoint(Arc::new(|_, xs| xs[0].tanh()), &[x, f])
+                .map(drop)
+        }),
+        ("checkpoint", |g, x, _, _| {
+            g.checkpoint(Arc::new(foreign_block), &[x]).map(drop)
         }),
         ("custom", |g, x, f, _| {
             g.custom(Arc::new(Foreign), &[x], f).map(drop)

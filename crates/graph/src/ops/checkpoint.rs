@@ -56,6 +56,7 @@ impl Graph {
         let (value, needs_grad) = self.try_scope(|g| {
             let _mode = recording.then(|| g.enable_grad());
             let y = f(g, inputs)?;
+            g.owns(op, &y)?;
             Ok::<_, GraphError>((y, y.requires_grad()))
         })?;
         for x in inputs {
