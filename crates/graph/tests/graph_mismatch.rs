@@ -138,6 +138,18 @@ fn calls() -> Vec<(&'static str, Call)> {
         ("custom", |g, x, f, _| {
             g.custom(Arc::new(Foreign), &[f], x).map(drop)
         }),
+        ("recurrence", |g, x, f, _| {
+            g.recurrence(f, vec![x], 1, &[1], false, |x, s| {
+                Ok::<_, GraphError>(vec![s[0].add(x)?])
+            })
+            .map(drop)
+        }),
+        ("recurrence", |g, x, f, _| {
+            g.recurrence(x, vec![f], 1, &[1], false, |x, s| {
+                Ok::<_, GraphError>(vec![s[0].add(x)?])
+            })
+            .map(drop)
+        }),
         ("checkpoint", |g, x, f, _| {
             g.checkpoint(Arc::new(|_, xs| xs[0].tanh()), &[x, f])
                 .map(drop)

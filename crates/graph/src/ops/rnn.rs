@@ -20,7 +20,7 @@ use smallvec::smallvec;
 use super::{check_pair, Ctx, Grads, Op};
 use crate::error::{GraphError, Result};
 use crate::shape::Shape;
-use crate::{Device, Tensor};
+use crate::{Device, Graph, Tensor};
 
 /// What an LSTM-over-a-sequence node keeps besides its inputs `[gi, w_hh, h0, c0]`.
 pub(crate) struct LstmSeqNode {
@@ -281,8 +281,8 @@ fn gates<'g>(z: Tensor<'g>, k: usize) -> Result<Vec<Tensor<'g>>> {
     z.chunk(k, -1)
 }
 
-/// The LSTM cell in tensor ops: `(h', c')`.
-fn lstm_cell_composed<'g>(z: Tensor<'g>, c: Tensor<'g>) -> Result<(Tensor<'g>, Tensor<'g>)> {
+/// The LSTM's activated gates `[i, f, g, o]` and new cell state, in tensor ops.
+fn lstm_gates_composed<'g>(z: Tensor<'g>, c: Tensor<'g>) -> Result<([Tensor<'g>; 4], Tensor<'g>)> {
     let a = gates(z, 4)?;
     let (i, f, g, o) = (
         a[0].sigmoid()?,
@@ -291,6 +291,12 @@ fn lstm_cell_composed<'g>(z: Tensor<'g>, c: Tensor<'g>) -> Result<(Tensor<'g>, T
         a[3].sigmoid()?,
     );
     let c2 = f.mul(c)?.add(i.mul(g)?)?;
+    Ok(([i, f, g, o], c2))
+}
+
+/// The LSTM cell in tensor ops: `(h', c')`.
+fn lstm_cell_composed<'g>(z: Tensor<'g>, c: Tensor<'g>) -> Result<(Tensor<'g>, Tensor<'g>)> {
+    let ([_, _, _, o], c2) = lstm_gates_composed(z, c)?;
     Ok((o.mul(c2.tanh()?)?, c2))
 }
 
@@ -305,9 +311,7 @@ fn gru_cell_composed<'g>(gi: Tensor<'g>, gh: Tensor<'g>, h: Tensor<'g>) -> Resul
 }
 
 /// The sequence op in tensor ops (a CUDA device's forward, or asked for by
-/// [`LstmSequenceOptions::unfused`]): each step runs the rows still
-/// inside their lengths; the outputs are gathered into place at the end, zeros past each row's
-/// length.
+/// [`LstmSequenceOptions::unfused`]): [`Graph::recurrence`] with an LSTM step.
 fn lstm_sequence_composed<'g>(
     gi: Tensor<'g>,
     w: Tensor<'g>,
@@ -319,48 +323,157 @@ fn lstm_sequence_composed<'g>(
     let (t, b, hd) = (d.t, d.b, d.h);
     let g = gi.g;
     let flat = gi.reshape(&[(t * b) as isize, (4 * hd) as isize])?;
-    let (mut h, mut c) = (h0, c0);
-    let mut rows = Vec::new();
-    // For each (position, row), the index of its output among the stacked step outputs; the
-    // last index (a zero row) for positions past the row's length.
-    let mut at = vec![usize::MAX; t * b];
-    let mut count = 0;
-    for s in 0..t {
-        let nb = lengths.partition_point(|&l| l > s);
-        if nb == 0 {
-            break;
-        }
-        let idx: Vec<usize> = (0..nb)
-            .map(|r| {
-                let p = if d.reverse { lengths[r] - 1 - s } else { s };
-                at[p * b + r] = count + r;
-                p * b + r
-            })
-            .collect();
-        count += nb;
-        let hp = if nb == b { h } else { h.slice(0, 0, nb)? };
-        let cp = if nb == b { c } else { c.slice(0, 0, nb)? };
-        let z = flat.index_select(0, &idx)?.addmm_t(hp, w, false, true)?;
-        let (h2, c2) = z.lstm_cell(cp)?;
-        rows.push(h2);
-        if nb == b {
-            (h, c) = (h2, c2);
-        } else {
-            h = g.concat(&[h2, h.slice(0, nb, b)?], 0)?;
-            c = g.concat(&[c2, c.slice(0, nb, b)?], 0)?;
-        }
-    }
-    rows.push(g.full_on(&[1, hd], 0.0, h0.dtype(), h0.device())?);
-    let stacked = g.concat(&rows, 0)?;
-    let idx: Vec<usize> = at
+    let step = |x: Tensor<'g>, s: &[Tensor<'g>]| -> Result<Vec<Tensor<'g>>> {
+        let (h, c) = x.addmm_t(s[0], w, false, true)?.lstm_cell(s[1])?;
+        Ok(vec![h, c])
+    };
+    let (out, last) = g.recurrence(flat, vec![h0, c0], t, lengths, d.reverse, step)?;
+    let end: Vec<Tensor<'g>> = last
         .iter()
-        .map(|&v| if v == usize::MAX { count } else { v })
-        .collect();
-    let out = stacked.index_select(0, &idx)?;
-    let hn = h.reshape(&[1, b as isize, hd as isize])?;
-    let cn = c.reshape(&[1, b as isize, hd as isize])?;
-    let out = out.reshape(&[t as isize, b as isize, hd as isize])?;
-    g.concat(&[out, hn, cn], 0)
+        .map(|s| s.reshape(&[1, b as isize, hd as isize]))
+        .collect::<Result<_>>()?;
+    g.concat(&[out, end[0], end[1]], 0)
+}
+
+impl Graph {
+    /// A recurrence over a batch of sequences, each running to its own length, as a Rust loop
+    /// of steps (what the recurrent layers' step-by-step forms are made of). `inputs` holds
+    /// each position's rows, `[t·b, k]` position-major; `state` the initial states, each `[b,
+    /// ·]`; `lengths` each row's length, longest first (`b` of them, each ≤ `t`). At each step
+    /// `step(x, states)` gets the rows still inside their lengths (the first `nb`) and their
+    /// states, and returns their new states, the first of which is the step's output (`[nb,
+    /// h]`). With `reverse` each row runs from its last position to its first.
+    ///
+    /// Returns the outputs `[t, b, h]` (zero past each row's length) and the final states, each
+    /// at its row's own end.
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph, GraphError};
+    /// let g = Graph::new();
+    /// // A running sum over two sequences of lengths 3 and 1.
+    /// let x = g.from_f64(&[1.0, 10.0, 2.0, 0.0, 3.0, 0.0], &[6, 1], DType::F64)?;
+    /// let h0 = g.zeros(&[2, 1], DType::F64)?;
+    /// let (out, last) = g.recurrence(x, vec![h0], 3, &[3, 1], false, |x, s| {
+    ///     Ok::<_, GraphError>(vec![s[0].add(x)?])
+    /// })?;
+    /// assert_eq!(out.to_vec::<f64>()?, vec![1.0, 10.0, 3.0, 0.0, 6.0, 0.0]);
+    /// assert_eq!(last[0].to_vec::<f64>()?, vec![6.0, 10.0]);
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
+    pub fn recurrence<'g, E, F>(
+        &'g self,
+        inputs: Tensor<'g>,
+        state: Vec<Tensor<'g>>,
+        t: usize,
+        lengths: &[usize],
+        reverse: bool,
+        mut step: F,
+    ) -> std::result::Result<(Tensor<'g>, Vec<Tensor<'g>>), E>
+    where
+        E: From<GraphError>,
+        F: FnMut(Tensor<'g>, &[Tensor<'g>]) -> std::result::Result<Vec<Tensor<'g>>, E>,
+    {
+        let op = "recurrence";
+        self.owns(op, &inputs)?;
+        self.owns_all(op, &state)?;
+        let b = lengths.len();
+        let rows = inputs.try_shape()?;
+        if rows.len() != 2 || rows[0] != t * b {
+            return Err(GraphError::ShapeMismatch {
+                op,
+                lhs: rows.to_vec(),
+                rhs: vec![t, b],
+            }
+            .into());
+        }
+        if state.is_empty()
+            || lengths.iter().any(|&l| l > t)
+            || lengths.windows(2).any(|w| w[0] < w[1])
+        {
+            return Err(GraphError::BadArgument {
+                op,
+                what: "needs a state, and lengths of at most t, longest first",
+            }
+            .into());
+        }
+        for s0 in &state {
+            if s0.try_shape()?.first() != Some(&b) {
+                return Err(GraphError::ShapeMismatch {
+                    op,
+                    lhs: s0.try_shape()?.to_vec(),
+                    rhs: vec![b],
+                }
+                .into());
+            }
+        }
+        let mut state = state;
+        let mut outs = Vec::new();
+        // For each (position, row), the index of its output among the steps' outputs stacked;
+        // past the row's length, the zero row appended last.
+        let mut at = vec![usize::MAX; t * b];
+        let mut count = 0;
+        for s in 0..t {
+            let nb = lengths.partition_point(|&l| l > s);
+            if nb == 0 {
+                break;
+            }
+            let idx: Vec<usize> = (0..nb)
+                .map(|r| {
+                    let p = if reverse { lengths[r] - 1 - s } else { s };
+                    at[p * b + r] = count + r;
+                    p * b + r
+                })
+                .collect();
+            count += nb;
+            let running: Vec<Tensor<'g>> = if nb == b {
+                state.clone()
+            } else {
+                state
+                    .iter()
+                    .map(|v| v.slice(0, 0, nb))
+                    .collect::<Result<_>>()?
+            };
+            let new = step(inputs.index_select(0, &idx)?, &running)?;
+            if new.len() != state.len() {
+                return Err(GraphError::BadArgument {
+                    op,
+                    what: "the step returned another number of states than it was given",
+                }
+                .into());
+            }
+            outs.push(new[0]);
+            state = if nb == b {
+                new
+            } else {
+                new.iter()
+                    .zip(&state)
+                    .map(|(n, old)| self.concat(&[*n, old.slice(0, nb, b)?], 0))
+                    .collect::<Result<_>>()?
+            };
+        }
+        let out_shape = state[0].try_shape()?;
+        let width = out_shape[1..].iter().product::<usize>();
+        let (dtype, dev) = (state[0].dtype(), state[0].device());
+        outs.push(
+            self.full_on(&[1, width], 0.0, dtype, dev)?.reshape(
+                &std::iter::once(1)
+                    .chain(out_shape[1..].iter().copied())
+                    .map(|d| d as isize)
+                    .collect::<Vec<_>>(),
+            )?,
+        );
+        let idx: Vec<usize> = at
+            .iter()
+            .map(|&v| if v == usize::MAX { count } else { v })
+            .collect();
+        let out = self.concat(&outs, 0)?.index_select(0, &idx)?;
+        let shape: Vec<isize> = [t, b]
+            .into_iter()
+            .chain(out_shape[1..].iter().copied())
+            .map(|d| d as isize)
+            .collect();
+        Ok((out.reshape(&shape)?, state))
+    }
 }
 
 /// The LSTM cell's rule in tensor ops: `(dz, dc_prev)` from the gradients of `h'` and `c'`.
@@ -370,14 +483,7 @@ fn lstm_cell_grad_composed<'g>(
     dh: Tensor<'g>,
     dc: Tensor<'g>,
 ) -> Result<(Tensor<'g>, Tensor<'g>)> {
-    let a = gates(z, 4)?;
-    let (i, f, g, o) = (
-        a[0].sigmoid()?,
-        a[1].sigmoid()?,
-        a[2].tanh()?,
-        a[3].sigmoid()?,
-    );
-    let c2 = f.mul(c)?.add(i.mul(g)?)?;
+    let ([i, f, g, o], c2) = lstm_gates_composed(z, c)?;
     let tc = c2.tanh()?;
     let one_minus_sq = |v: Tensor<'g>| v.mul(v)?.neg()?.shift(1.0);
     let dsig = |v: Tensor<'g>| v.mul(v.neg()?.shift(1.0)?);

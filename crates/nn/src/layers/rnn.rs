@@ -611,9 +611,8 @@ fn inverse(order: &[usize]) -> Vec<usize> {
     inv
 }
 
-/// A GRU or Elman direction as a loop of fused steps over `gi` `[t·b, G·h]`, each step on the
-/// rows still inside their lengths (the LSTM's unfused form, with another step): the outputs
-/// `[t, b, h]` (zero past each length) and the final state.
+/// A GRU or Elman direction as a loop of fused steps over `gi` `[t·b, G·h]`
+/// ([`Graph::recurrence`]): the outputs `[t, b, h]` (zero past each length) and the final state.
 #[allow(clippy::too_many_arguments)]
 fn steps<'g>(
     g: &'g Graph,
@@ -625,47 +624,18 @@ fn steps<'g>(
     b: usize,
     opts: &LstmSequenceOptions<'_>,
 ) -> Result<(Tensor<'g>, Tensor<'g>)> {
-    let hd = w.hidden();
     let full = vec![t; b];
     let lengths = opts.lengths.unwrap_or(&full);
-    let mut h = h0;
-    let mut rows = Vec::new();
-    let mut at = vec![usize::MAX; t * b];
-    let mut count = 0;
-    for s in 0..t {
-        let nb = lengths.partition_point(|&l| l > s);
-        if nb == 0 {
-            break;
-        }
-        let idx: Vec<usize> = (0..nb)
-            .map(|r| {
-                let p = if opts.reverse { lengths[r] - 1 - s } else { s };
-                at[p * b + r] = count + r;
-                p * b + r
-            })
-            .collect();
-        count += nb;
-        let hp = if nb == b { h } else { h.slice(0, 0, nb)? };
-        let x = gi.index_select(0, &idx)?;
-        let h2 = match kind {
+    let step = |x: Tensor<'g>, s: &[Tensor<'g>]| -> Result<Vec<Tensor<'g>>> {
+        let hp = s[0];
+        Ok(vec![match kind {
             Kind::Gru => x.gru_cell(w.hidden_proj(g, hp)?, hp)?,
             Kind::Elman(f) => elman(x.addmm_t(hp, g.param(&w.w_hh)?, false, true)?, f)?,
-            Kind::Lstm => unreachable!("the LSTM runs lstm_sequence"),
-        };
-        rows.push(h2);
-        h = if nb == b {
-            h2
-        } else {
-            g.concat(&[h2, h.slice(0, nb, b)?], 0)?
-        };
-    }
-    rows.push(g.zeros(&[1, hd], h0.dtype())?.to_device(h0.device())?);
-    let idx: Vec<usize> = at
-        .iter()
-        .map(|&v| if v == usize::MAX { count } else { v })
-        .collect();
-    let out = g.concat(&rows, 0)?.index_select(0, &idx)?;
-    Ok((out.reshape(&[t as isize, b as isize, hd as isize])?, h))
+            Kind::Lstm => return Err(config("LSTM", "an LSTM runs lstm_sequence, not steps")),
+        }])
+    };
+    let (out, last) = g.recurrence(gi, vec![h0], t, lengths, opts.reverse, step)?;
+    Ok((out, last[0]))
 }
 
 macro_rules! layer {
