@@ -195,41 +195,69 @@ fn step_input<'g>(
     Ok((s[0], h))
 }
 
-/// An LSTM step (PyTorch's `LSTMCell`): `weight_ih [4h, in]`, `weight_hh [4h, h]`, gate order
-/// `[i, f, g, o]`.
-///
-/// ```
-/// use arenagrad_nn::{DType, Graph, LSTMCell, Rng};
-/// let cell = LSTMCell::new(3, 5, &mut Rng::seed(0))?;
-/// let g = Graph::new();
-/// let mut state = None;
-/// for _ in 0..4 {
-///     let x = g.ones(&[2, 3], DType::F32)?;
-///     state = Some(cell.forward(&g, x, state)?);
-/// }
-/// let (h, _c) = state.unwrap();
-/// assert_eq!(h.shape().as_slice(), &[2, 5]);
-/// # Ok::<(), arenagrad_nn::NnError>(())
-/// ```
-#[derive(Debug)]
-pub struct LSTMCell {
-    w: Weights,
+/// A cell type: its weights for `$gates` gates, constructors and size.
+macro_rules! cell {
+    ($(#[$doc:meta])* $t:ident, $gates:expr) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $t {
+            w: Weights,
+            // What the Elman cell applies (the LSTM's and GRU's gates are their own).
+            #[allow(dead_code)]
+            nonlinearity: Nonlinearity,
+        }
+
+        impl $t {
+            /// An f32 cell with biases (tanh for the Elman cell), initialised as PyTorch's.
+            pub fn new(input: usize, hidden: usize, rng: &mut Rng) -> Result<Self> {
+                Self::with_config(input, hidden, RnnConfig::default(), rng)
+            }
+
+            /// A cell with the given options (`bias`, `dtype`, and the Elman cell's
+            /// `nonlinearity` apply).
+            pub fn with_config(
+                input: usize,
+                hidden: usize,
+                cfg: RnnConfig,
+                rng: &mut Rng,
+            ) -> Result<Self> {
+                check_features(stringify!($t), &cfg, input, hidden)?;
+                Ok($t {
+                    w: Weights::new($gates, input, hidden, &cfg, rng)?,
+                    nonlinearity: cfg.nonlinearity,
+                })
+            }
+
+            /// Hidden units.
+            pub fn hidden_size(&self) -> usize {
+                self.w.hidden()
+            }
+        }
+    };
 }
 
+cell!(
+    /// An LSTM step (PyTorch's `LSTMCell`): `weight_ih [4h, in]`, `weight_hh [4h, h]`, gate order
+    /// `[i, f, g, o]`.
+    ///
+    /// ```
+    /// use arenagrad_nn::{DType, Graph, LSTMCell, Rng};
+    /// let cell = LSTMCell::new(3, 5, &mut Rng::seed(0))?;
+    /// let g = Graph::new();
+    /// let mut state = None;
+    /// for _ in 0..4 {
+    ///     let x = g.ones(&[2, 3], DType::F32)?;
+    ///     state = Some(cell.forward(&g, x, state)?);
+    /// }
+    /// let (h, _c) = state.unwrap();
+    /// assert_eq!(h.shape().as_slice(), &[2, 5]);
+    /// # Ok::<(), arenagrad_nn::NnError>(())
+    /// ```
+    LSTMCell,
+    4
+);
+
 impl LSTMCell {
-    /// An f32 cell with biases, initialised as PyTorch's.
-    pub fn new(input: usize, hidden: usize, rng: &mut Rng) -> Result<Self> {
-        Self::with_config(input, hidden, RnnConfig::default(), rng)
-    }
-
-    /// A cell with the given options (`bias` and `dtype` apply).
-    pub fn with_config(input: usize, hidden: usize, cfg: RnnConfig, rng: &mut Rng) -> Result<Self> {
-        check_features("LSTMCell", &cfg, input, hidden)?;
-        Ok(LSTMCell {
-            w: Weights::new(4, input, hidden, &cfg, rng)?,
-        })
-    }
-
     /// One step from `x` `[batch, in]` and the state `(h, c)` (zeros when `None`): the new
     /// `(h, c)`.
     pub fn forward<'g>(
@@ -246,34 +274,16 @@ impl LSTMCell {
         };
         Ok(self.w.both(g, x, h)?.lstm_cell(c)?)
     }
-
-    /// Hidden units.
-    pub fn hidden_size(&self) -> usize {
-        self.w.hidden()
-    }
 }
 
-/// A GRU step (PyTorch's `GRUCell`): `weight_ih [3h, in]`, `weight_hh [3h, h]`, gate order
-/// `[r, z, n]`.
-#[derive(Debug)]
-pub struct GRUCell {
-    w: Weights,
-}
+cell!(
+    /// A GRU step (PyTorch's `GRUCell`): `weight_ih [3h, in]`, `weight_hh [3h, h]`, gate order
+    /// `[r, z, n]`.
+    GRUCell,
+    3
+);
 
 impl GRUCell {
-    /// An f32 cell with biases, initialised as PyTorch's.
-    pub fn new(input: usize, hidden: usize, rng: &mut Rng) -> Result<Self> {
-        Self::with_config(input, hidden, RnnConfig::default(), rng)
-    }
-
-    /// A cell with the given options (`bias` and `dtype` apply).
-    pub fn with_config(input: usize, hidden: usize, cfg: RnnConfig, rng: &mut Rng) -> Result<Self> {
-        check_features("GRUCell", &cfg, input, hidden)?;
-        Ok(GRUCell {
-            w: Weights::new(3, input, hidden, &cfg, rng)?,
-        })
-    }
-
     /// One step from `x` `[batch, in]` and `h` (zeros when `None`): the new `h`.
     pub fn forward<'g>(
         &self,
@@ -285,36 +295,16 @@ impl GRUCell {
         let gi = self.w.input_proj(g, x, false)?;
         Ok(gi.gru_cell(self.w.hidden_proj(g, h)?, h)?)
     }
-
-    /// Hidden units.
-    pub fn hidden_size(&self) -> usize {
-        self.w.hidden()
-    }
 }
 
-/// An Elman RNN step (PyTorch's `RNNCell`): `h' = tanh(x·W_ihᵀ + b_ih + h·W_hhᵀ + b_hh)` (or
-/// relu).
-#[derive(Debug)]
-pub struct RNNCell {
-    w: Weights,
-    nonlinearity: Nonlinearity,
-}
+cell!(
+    /// An Elman RNN step (PyTorch's `RNNCell`): `h' = tanh(x·W_ihᵀ + b_ih + h·W_hhᵀ + b_hh)` (or
+    /// relu).
+    RNNCell,
+    1
+);
 
 impl RNNCell {
-    /// An f32 tanh cell with biases, initialised as PyTorch's.
-    pub fn new(input: usize, hidden: usize, rng: &mut Rng) -> Result<Self> {
-        Self::with_config(input, hidden, RnnConfig::default(), rng)
-    }
-
-    /// A cell with the given options (`bias`, `dtype` and `nonlinearity` apply).
-    pub fn with_config(input: usize, hidden: usize, cfg: RnnConfig, rng: &mut Rng) -> Result<Self> {
-        check_features("RNNCell", &cfg, input, hidden)?;
-        Ok(RNNCell {
-            w: Weights::new(1, input, hidden, &cfg, rng)?,
-            nonlinearity: cfg.nonlinearity,
-        })
-    }
-
     /// One step from `x` `[batch, in]` and `h` (zeros when `None`): the new `h`.
     pub fn forward<'g>(
         &self,
@@ -324,11 +314,6 @@ impl RNNCell {
     ) -> Result<Tensor<'g>> {
         let (_, h) = step_input("RNNCell", g, &self.w, x, h)?;
         elman(self.w.both(g, x, h)?, self.nonlinearity)
-    }
-
-    /// Hidden units.
-    pub fn hidden_size(&self) -> usize {
-        self.w.hidden()
     }
 }
 
