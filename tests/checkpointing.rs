@@ -108,3 +108,40 @@ fn checkpointing_differentiates_twice_and_runs_backward_twice() {
         assert_eq!(2.0 * a, *b);
     }
 }
+
+#[test]
+fn an_identity_block_and_a_hook_inside_a_block_count_once() {
+    // A block handing back its input: with a residual, x's gradient is 1 (residual) + 1 (block).
+    let g = Graph::new();
+    let x = g.var(&[0.5, -2.0], &[2], DType::F64).unwrap();
+    let id: CheckpointFn = Arc::new(|_g, xs| Ok(xs[0]));
+    let y = x.add(g.checkpoint(id, &[x]).unwrap()).unwrap();
+    y.sum().unwrap().backward().unwrap();
+    assert_eq!(
+        x.grad().unwrap().unwrap().to_vec_f64().unwrap(),
+        vec![2.0, 2.0]
+    );
+
+    // A hook the block registers on its input: the first run's goes with that run's scope, the
+    // second run's applies once.
+    let g = Graph::new();
+    let x = g.var(&[0.5, -2.0], &[2], DType::F64).unwrap();
+    let block: CheckpointFn = Arc::new(|_g, xs| {
+        xs[0].register_hook(|gx| Ok(Some(gx.scale(10.0)?)))?;
+        xs[0].tanh()?.scale(3.0)
+    });
+    g.checkpoint(block, &[x])
+        .unwrap()
+        .sum()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let want: Vec<f64> = [0.5f64, -2.0]
+        .iter()
+        .map(|v| 30.0 * (1.0 - v.tanh().powi(2)))
+        .collect();
+    let got = x.grad().unwrap().unwrap().to_vec_f64().unwrap();
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a - b).abs() < 1e-12, "{got:?} vs {want:?}");
+    }
+}

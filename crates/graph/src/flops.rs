@@ -7,7 +7,8 @@
 //! attention its two products (`4·l·s·d` a head) and the softmax between. Elementwise ops count
 //! one per output element (a softmax five, a normalisation seven), reductions one per input
 //! element; moving data (reshape, slice, concat, gather, …) counts nothing. Work inside a
-//! backward rule counts once, as that node's backward, whatever ops the rule runs.
+//! backward rule counts once, as that node's backward, whatever ops the rule runs; a
+//! checkpointed block's second run, a forward, counts as forward work.
 
 use crate::ops::Op;
 use arenagrad_exec::cpu::ReduceOp;
@@ -161,7 +162,8 @@ fn numel(s: &[usize]) -> u64 {
     s.iter().map(|&d| d as u64).product()
 }
 
-/// `(m, k, n, batch)` of a product of `a` and `b`, transposed as asked.
+/// `(m, k, n, batch)` of a product of `a` and `b`, transposed as asked (the batch of the
+/// larger operand; a matmul takes the output's, which broadcasting may make larger still).
 fn mkn(a: &[usize], b: &[usize], ta: bool, tb: bool) -> (u64, u64, u64, u64) {
     let r = a.len();
     if r < 2 || b.len() < 2 {
@@ -222,7 +224,9 @@ pub(crate) fn of(op: &Op, s: &Shapes<'_>) -> (u64, u64) {
         Op::Norm(_) => (7 * out, 10 * out),
         Op::Matmul { ta, tb } => {
             let (a, b) = (s.inputs[0].0, s.inputs[1].0);
-            let (m, k, n, batch) = mkn(a, b, *ta, *tb);
+            let (m, k, n, _) = mkn(a, b, *ta, *tb);
+            // The batch as broadcast: the output's matrices.
+            let batch = out.checked_div(m * n).unwrap_or(0);
             let f = 2 * batch * m * k * n;
             (f, per_needing(f))
         }

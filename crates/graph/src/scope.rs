@@ -91,6 +91,7 @@ struct Mark {
     nodes: StoreMark,
     tape: usize,
     temp_log: usize,
+    hooks: usize,
     arena: ArenaMark,
 }
 
@@ -145,6 +146,7 @@ impl Graph {
             nodes: i.nodes.mark(),
             tape: i.tape.len(),
             temp_log: i.temp_log.len(),
+            hooks: i.hooks.len(),
             arena: i.arena.mark(),
         }
     }
@@ -173,6 +175,8 @@ impl Graph {
             }
         }
         i.temp_log.truncate(mark.temp_log);
+        // Hooks registered inside go with the scope (on its nodes, or on older ones).
+        i.hooks.truncate(mark.hooks);
         i.nodes.rollback(mark.nodes);
         i.arena.rollback(mark.arena);
     }

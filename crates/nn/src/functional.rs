@@ -319,7 +319,7 @@ pub fn max_pool2d<'g>(
 
 /// `block(x)` with gradient checkpointing (PyTorch's `torch.utils.checkpoint.checkpoint`):
 /// recorded as one node that keeps only `x` and the output; backward runs the block again to
-/// rebuild its activations, one block's at a time. Gradients — the block's parameters' and
+/// rebuild its activations, each freed once its own backward step is done. Gradients — the block's parameters' and
 /// `x`'s — are those without checkpointing, bit for bit, dropout masks included (the graph's
 /// generator is replayed); `create_graph` works through it.
 ///

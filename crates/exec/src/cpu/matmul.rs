@@ -344,14 +344,18 @@ fn rows_dot_columns<T: crate::Float>(
         };
         let mut j = 0;
         #[cfg(all(target_arch = "x86_64", not(miri)))]
-        if T::DTYPE == crate::DType::F32 && super::wide::simd() != super::wide::Simd::Baseline {
+        if T::DTYPE == crate::DType::F32
+            && super::wide::simd() != super::wide::Simd::Baseline
+            && std::arch::is_x86_feature_detected!("avx2")
+        {
             // Four columns at a time in AVX registers: four independent accumulations in
             // flight, each summed in the order of the portable loop below.
             while j + 4 <= n {
                 let cols = [col(j), col(j + 1), col(j + 2), col(j + 3)];
-                // SAFETY: `T` is `f32` (its DTYPE says so, and `Float` is implemented for f32
-                // and f64 only), so the slices reinterpret to `f32` slices of the same length;
-                // the CPU has AVX2 (`simd()` never reports a level above the CPU's).
+                // SAFETY: `T` is `f32`: its DTYPE says so, and `Float` has only the f32 and f64
+                // implementations of this crate (it requires the sealed `Pod`, so no other crate
+                // can add one); the slices reinterpret to `f32` slices of the same length. The
+                // CPU has AVX2: detected just above.
                 let sums = unsafe {
                     let f = |s: &[T]| std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len());
                     dot4_f32_avx2(f(ar), cols.map(f))

@@ -1,7 +1,9 @@
 //! Gradient checkpointing: a block recorded as one node that keeps only its inputs and output;
 //! backward runs the block again, recording this time, and walks the fresh nodes before going on
-//! below the block (see `autodiff`), freeing each fresh activation as soon as its own step is
-//! done — so at most one block's activations are alive at a time.
+//! below the block (see `autodiff`), freeing each fresh node's output as soon as its own step is
+//! done. What stays until the reset: fresh values no gradient reaches (constants, masks), and
+//! the buffers a fused op keeps beside its output (an LSTM's saved gates, a norm's statistics).
+//! The second run's work counts as forward work in the FLOP counts (it is a forward).
 //!
 //! The block's forward runs in a scope ([`Graph::try_scope`]): what it makes is freed at once,
 //! its output kept as a copy. The graph's generator is saved with the node and replayed for the
@@ -31,7 +33,8 @@ impl Graph {
     /// `f(inputs)` recorded as one node whose activations are not kept: backward runs `f` again
     /// to make them (PyTorch's `torch.utils.checkpoint`). The gradients are those of `f`
     /// itself, bit for bit — dropout inside draws the same masks the second time — and
-    /// parameters used inside receive theirs as usual. Works under `create_graph`.
+    /// parameters used inside receive theirs as usual. Works under `create_graph`. The inputs
+    /// and the output share one dtype and device.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -96,17 +99,30 @@ pub(crate) fn rerun(
         (i.tape.len(), modes, rng)
     };
     let handles: Vec<Tensor<'_>> = inputs.iter().map(|&id| g.handle(id)).collect();
-    let y = (node.f)(g, &handles);
+    let y = (node.f)(g, &handles).and_then(|y| {
+        g.owns(op, &y)?;
+        // A block that hands back one of its inputs (an identity) made no node of its own: a
+        // copy is one, so that the gradient has a slot of the second run's to go in.
+        let earlier = {
+            let i = g.inner.borrow();
+            let pos = i.node(op, y.id)?.tape_pos;
+            pos != crate::graph::NO_POS && (pos as usize) < start
+        };
+        if earlier {
+            y.scale(1.0)
+        } else {
+            Ok(y)
+        }
+    });
     let mut i = g.inner();
     (i.grad_mode, i.temp_mode, i.in_backward) = modes;
     i.rng = rng;
     let y = y?;
-    g.owns(op, &y)?;
     let (want, got) = (i.node(op, out)?, i.node(op, y.id)?);
-    if want.shape != got.shape || want.dtype != got.dtype {
+    if want.shape != got.shape || want.dtype != got.dtype || want.device() != got.device() {
         return Err(GraphError::BadArgument {
             op,
-            what: "the block's second run gave another shape or dtype than its first",
+            what: "the block's second run gave another shape, dtype or device than its first",
         });
     }
     let recorded = got.requires_grad && got.tape_pos != crate::graph::NO_POS;

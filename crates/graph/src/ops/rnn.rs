@@ -37,7 +37,7 @@ fn shape_of<'g>(op: &'static str, t: &Tensor<'g>, rank: usize) -> Result<Vec<usi
         return Err(GraphError::BadArgument {
             op,
             what: match rank {
-                2 => "expects a matrix [batch, features]",
+                2 => "expects matrices (states [batch, hidden], weights [gates·hidden, hidden])",
                 _ => "expects [time, batch, 4·hidden] input projections",
             },
         });
