@@ -71,6 +71,33 @@ fn sgd_plain_and_weight_decay() {
 }
 
 #[test]
+fn sgd_groups_take_their_own_rate_and_decay_and_follow_a_schedule() {
+    let (a, b) = (scalar(1.0), scalar(1.0));
+    let groups = [
+        ParamGroup::new([a.clone()]),
+        ParamGroup::new([b.clone()]).lr(0.2).weight_decay(0.0),
+    ];
+    let mut opt = Sgd::with_groups(groups, SgdConfig::new(0.1).weight_decay(0.1)).unwrap();
+    for p in [&a, &b] {
+        backward_square(p);
+    }
+    opt.step().unwrap();
+    // a: d = 2a + 0.1a, a ← a − 0.1·2.1a = 0.79; b: b ← b − 0.2·2b = 0.6.
+    close(&[value(&a), value(&b)], &[0.79, 0.6], 1e-15);
+    // A schedule halving the optimiser's rate halves each group's.
+    opt.set_learning_rate(0.05);
+    assert_eq!(opt.group_options(1), (0.1, 0.0));
+    opt.zero_grad();
+    backward_square(&b);
+    opt.step().unwrap();
+    close(&[value(&b)], &[0.6 - 0.1 * 1.2], 1e-15);
+    // A parameter in two groups is refused by name.
+    let twice = [ParamGroup::new([a.clone()]), ParamGroup::new([a.clone()])];
+    let e = Sgd::with_groups(twice, SgdConfig::new(0.1)).unwrap_err();
+    assert!(e.to_string().starts_with("Sgd"), "{e}");
+}
+
+#[test]
 fn sgd_momentum_by_hand() {
     let p = scalar(1.0);
     let mut opt = Sgd::new([p.clone()], SgdConfig::new(0.1).momentum(0.9)).unwrap();

@@ -83,8 +83,8 @@ pub trait Optimizer {
     }
 }
 
-/// Parameters with their own learning rate and weight decay, PyTorch's `param_groups`: the
-/// usual transformer recipe decays the weight matrices but not biases, norms and embeddings.
+/// Parameters with their own learning rate and weight decay, PyTorch's `param_groups` (for
+/// `Sgd`, `Adam` and `AdamW`: their `with_groups`): the usual transformer recipe decays the weight matrices but not biases, norms and embeddings.
 /// A group's learning rate is a multiple of the optimiser's (its ratio to the configured rate at
 /// construction), so a schedule that sets the optimiser's rate moves every group together, as
 /// PyTorch's schedulers scale each group's initial rate.

@@ -3,7 +3,10 @@
 use arenagrad_graph::{Elem, HostData, HostDataMut, HostTensor, Parameter};
 
 use super::state::{buffer_tensor, f64_tensor, StateReader};
-use super::{check_non_negative, dedup, grad_dtype_error, Optimizer};
+use super::{
+    check_non_negative, dedup, flatten_groups, grad_dtype_error, GroupOptions, Optimizer,
+    ParamGroup,
+};
 use crate::error::{config, Result};
 
 /// Options of [`Sgd`]; build with [`SgdConfig::new`] and the setters.
@@ -86,11 +89,34 @@ pub struct Sgd {
     params: Vec<Parameter>,
     cfg: SgdConfig,
     momentum: Vec<Option<HostData>>,
+    group_of: Vec<usize>,
+    groups: Vec<GroupOptions>,
 }
 
 impl Sgd {
     /// An optimiser over `params` (repeated handles are updated once).
     pub fn new(params: impl IntoIterator<Item = Parameter>, cfg: SgdConfig) -> Result<Self> {
+        Self::with_groups([ParamGroup::new(dedup(params))], cfg)
+    }
+
+    /// An optimiser over parameter groups, each with its own learning rate and weight decay
+    /// where it says so and `cfg`'s otherwise ([`ParamGroup`]; PyTorch's `param_groups`).
+    ///
+    /// ```
+    /// use arenagrad_nn::optim::{ParamGroup, Sgd, SgdConfig};
+    /// use arenagrad_nn::{HostTensor, Parameter};
+    /// let w = Parameter::new("w", HostTensor::new(vec![1.0f32; 4], &[2, 2])?);
+    /// let b = Parameter::new("b", HostTensor::new(vec![0.0f32; 2], &[2])?);
+    /// let groups = [ParamGroup::new([w]), ParamGroup::new([b]).lr(0.5).weight_decay(0.0)];
+    /// let opt = Sgd::with_groups(groups, SgdConfig::new(0.1).weight_decay(1e-4))?;
+    /// assert_eq!(opt.group_options(0), (0.1, 1e-4));
+    /// assert_eq!(opt.group_options(1), (0.5, 0.0));
+    /// # Ok::<(), arenagrad_nn::NnError>(())
+    /// ```
+    pub fn with_groups(
+        groups: impl IntoIterator<Item = ParamGroup>,
+        cfg: SgdConfig,
+    ) -> Result<Self> {
         let c = "Sgd";
         check_non_negative(c, "lr", cfg.lr)?;
         check_non_negative(c, "momentum", cfg.momentum)?;
@@ -102,13 +128,27 @@ impl Sgd {
                 "Nesterov momentum requires momentum > 0 and dampening 0",
             ));
         }
-        let params = dedup(params);
+        let (params, group_of, groups) = flatten_groups(c, groups, cfg.lr, cfg.weight_decay)?;
         let momentum = vec![None; params.len()];
         Ok(Sgd {
             params,
             cfg,
             momentum,
+            group_of,
+            groups,
         })
+    }
+
+    /// Group `k`'s learning rate and weight decay now (`(0, 0)` for no such group).
+    pub fn group_options(&self, k: usize) -> (f64, f64) {
+        self.groups
+            .get(k)
+            .map_or((0.0, 0.0), |g| (self.cfg.lr * g.lr_scale, g.weight_decay))
+    }
+
+    /// The number of parameter groups.
+    pub fn num_groups(&self) -> usize {
+        self.groups.len()
     }
 
     /// The options.
@@ -187,8 +227,13 @@ fn sgd_kernel<T: Elem>(
 
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
-        let cfg = self.cfg;
-        for (p, buf) in self.params.iter().zip(self.momentum.iter_mut()) {
+        for (i, (p, buf)) in self.params.iter().zip(self.momentum.iter_mut()).enumerate() {
+            let g = self.groups[self.group_of[i]];
+            let cfg = SgdConfig {
+                lr: self.cfg.lr * g.lr_scale,
+                weight_decay: g.weight_decay,
+                ..self.cfg
+            };
             p.update(|value, grad| {
                 let Some(grad) = grad else { return Ok(()) };
                 match (value, grad) {
