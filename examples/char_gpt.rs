@@ -213,7 +213,7 @@ fn plot(
 }
 
 fn main() -> std::process::ExitCode {
-    setup::report(run())
+    setup::report(run)
 }
 
 fn run() -> Result<(), NnError> {

@@ -237,7 +237,7 @@ fn sample(
 }
 
 fn main() -> std::process::ExitCode {
-    setup::report(run())
+    setup::report(run)
 }
 
 fn run() -> Result<(), NnError> {

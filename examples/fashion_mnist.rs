@@ -255,7 +255,7 @@ fn load(dir: &Path, prefix: &str) -> Result<Dataset, NnError> {
 }
 
 fn main() -> std::process::ExitCode {
-    setup::report(run())
+    setup::report(run)
 }
 
 fn run() -> Result<(), NnError> {

@@ -254,7 +254,7 @@ mod setup;
 
 #[allow(dead_code)]
 fn main() -> std::process::ExitCode {
-    setup::report(run())
+    setup::report(run)
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -47,7 +47,7 @@ struct Args {
 mod setup;
 
 fn main() -> std::process::ExitCode {
-    setup::report(run())
+    setup::report(run)
 }
 
 fn run() -> Result<(), GraphError> {

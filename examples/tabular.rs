@@ -79,7 +79,7 @@ fn accuracy(model: &Sequential, g: &mut Graph, ds: &TabularDataset) -> Result<f6
 }
 
 fn main() -> std::process::ExitCode {
-    setup::report(run())
+    setup::report(run)
 }
 
 fn run() -> Result<(), NnError> {

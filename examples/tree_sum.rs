@@ -186,7 +186,7 @@ fn evaluate(net: &TreeNet, g: &Graph, exprs: &[Vec<Node>]) -> Result<(f64, f64),
 }
 
 fn main() -> std::process::ExitCode {
-    setup::report(run())
+    setup::report(run)
 }
 
 fn run() -> Result<(), NnError> {

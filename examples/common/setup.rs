@@ -21,12 +21,28 @@ pub fn apt_install(package: &str) -> String {
     format!("{sudo}apt-get update && {sudo}apt-get install -y {package}")
 }
 
-/// Ends an example: its error, if any, as a sentence (with the errors beneath it) and exit
-/// code 1, rather than the `Debug` form a `main` returning `Result` prints.
+/// Runs an example: its error, if any, as a sentence (with the errors beneath it) and exit
+/// code 1, rather than the `Debug` form a `main` returning `Result` prints. Output piped into a
+/// reader that stops early (`| head`) ends the example quietly, as a shell tool ends, instead
+/// of with a panic about the broken pipe.
 pub fn report<E: Into<Box<dyn std::error::Error>>>(
-    result: Result<(), E>,
+    run: impl FnOnce() -> Result<(), E>,
 ) -> std::process::ExitCode {
-    let Err(e) = result else {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.contains("Broken pipe") {
+            // 128 + SIGPIPE: what a shell reports for a tool its reader stopped.
+            std::process::exit(141);
+        }
+        default(info)
+    }));
+    let Err(e) = run() else {
         return std::process::ExitCode::SUCCESS;
     };
     let e: Box<dyn std::error::Error> = e.into();
