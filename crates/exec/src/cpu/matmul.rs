@@ -231,22 +231,27 @@ pub fn gemm<T: crate::Float + Gemm>(
         }
         // Each thread takes a block of columns of every row.
         let per = n.div_ceil(t).div_ceil(4) * 4;
-        for i in 0..m {
-            let row = &mut c[i * n..(i + 1) * n];
-            let ai = MatView {
-                offset: a.offset + i * a.rs,
-                ..a
+        let out = SharedOut(c.as_mut_ptr());
+        super::thread_pool::fork(n.div_ceil(per), &|p| {
+            let (j0, out) = (p * per, &out);
+            let cols = per.min(n - j0);
+            let bj = MatView {
+                offset: b.offset + j0 * b.cs,
+                ..b
             };
-            let parts: Vec<&mut [T]> = row.chunks_mut(per).collect();
-            super::thread_pool::for_each_part(parts, |p, part| {
-                let j0 = p * per;
-                let bj = MatView {
-                    offset: b.offset + j0 * b.cs,
-                    ..b
+            for i in 0..m {
+                // SAFETY: `out.0` points at `c`, a unique `&mut [T]` of m×n elements (row
+                // stride n) that outlives `fork`; this block writes only columns j0..j0+cols of
+                // each row, which no other block touches, and nothing reads `c` until every
+                // block is done.
+                let part = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * n + j0), cols) };
+                let ai = MatView {
+                    offset: a.offset + i * a.rs,
+                    ..a
                 };
-                rows_dot_columns(1, k, part.len(), ai, bj, part, accumulate)
-            });
-        }
+                rows_dot_columns(1, k, cols, ai, bj, part, accumulate);
+            }
+        });
         return;
     }
     let beta = if accumulate { T::ONE } else { T::ZERO };
@@ -437,11 +442,12 @@ unsafe fn dot4_f32_avx2(a: &[f32], cols: [&[f32]; 4]) -> [f32; 4] {
     out
 }
 
-/// A pointer to `C` shared by the threads of [`gemm_column_split`], each writing its own columns.
+/// A pointer to `C` shared by the threads of [`gemm_column_split`] and the threaded dot products,
+/// each writing its own columns.
 struct SharedOut<T>(*mut T);
 
-// SAFETY: the pointer is only dereferenced by `gemm_column_split`'s threads, which write disjoint
-// column blocks of one `&mut` buffer that outlives the thread scope; `T: Send` values may be
+// SAFETY: the pointer is only dereferenced by `gemm_column_split`'s and the dot products'
+// threads, which write disjoint column blocks of one `&mut` buffer that outlives the thread scope; `T: Send` values may be
 // written from other threads.
 unsafe impl<T: Send> Send for SharedOut<T> {}
 // SAFETY: as above; no thread reads through the pointer what another writes.
