@@ -724,30 +724,22 @@ impl LSTM {
     }
 }
 
-impl GRU {
-    /// The sequence `x` from `h0` `[layers·D, batch, h]` (zeros when `None`), each batch row
-    /// running to its own length when `lengths` are given.
-    pub fn forward_with<'g>(
-        &self,
-        g: &'g Graph,
-        x: Tensor<'g>,
-        h0: Option<Tensor<'g>>,
-        lengths: Option<&[usize]>,
-    ) -> Result<RnnOutput<'g>> {
-        self.stack.forward(g, x, h0, None, lengths)
-    }
+/// `forward_with` of the layers whose state is `h` alone.
+macro_rules! forward_with_h {
+    ($($t:ident),*) => {$(
+        impl $t {
+            /// The sequence `x` from `h0` `[layers·D, batch, h]` (zeros when `None`), each batch
+            /// row running to its own length when `lengths` are given (in any order).
+            pub fn forward_with<'g>(
+                &self,
+                g: &'g Graph,
+                x: Tensor<'g>,
+                h0: Option<Tensor<'g>>,
+                lengths: Option<&[usize]>,
+            ) -> Result<RnnOutput<'g>> {
+                self.stack.forward(g, x, h0, None, lengths)
+            }
+        }
+    )*};
 }
-
-impl RNN {
-    /// The sequence `x` from `h0` `[layers·D, batch, h]` (zeros when `None`), each batch row
-    /// running to its own length when `lengths` are given.
-    pub fn forward_with<'g>(
-        &self,
-        g: &'g Graph,
-        x: Tensor<'g>,
-        h0: Option<Tensor<'g>>,
-        lengths: Option<&[usize]>,
-    ) -> Result<RnnOutput<'g>> {
-        self.stack.forward(g, x, h0, None, lengths)
-    }
-}
+forward_with_h!(GRU, RNN);

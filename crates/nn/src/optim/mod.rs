@@ -137,6 +137,14 @@ pub(crate) struct GroupOptions {
     pub weight_decay: f64,
 }
 
+/// Group `k`'s learning rate (of an optimiser at `lr`) and weight decay, `(0, 0)` for no such
+/// group.
+pub(crate) fn group_options(groups: &[GroupOptions], lr: f64, k: usize) -> (f64, f64) {
+    groups
+        .get(k)
+        .map_or((0.0, 0.0), |g| (lr * g.lr_scale, g.weight_decay))
+}
+
 /// The groups' parameters in order, each parameter's group, and the groups' options; a
 /// parameter in two groups is an error (as PyTorch's), repeated within one group it counts once.
 pub(crate) fn flatten_groups(

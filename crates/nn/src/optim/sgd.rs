@@ -141,9 +141,7 @@ impl Sgd {
 
     /// Group `k`'s learning rate and weight decay now (`(0, 0)` for no such group).
     pub fn group_options(&self, k: usize) -> (f64, f64) {
-        self.groups
-            .get(k)
-            .map_or((0.0, 0.0), |g| (self.cfg.lr * g.lr_scale, g.weight_decay))
+        super::group_options(&self.groups, self.cfg.lr, k)
     }
 
     /// The number of parameter groups.
