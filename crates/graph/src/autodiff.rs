@@ -128,6 +128,12 @@ fn run<'g>(
     // place, weight gradients straight into parameters) may run.
     let plain = !create && capture.is_none();
     let (root_pos, seed_t) = seed(g, root, &opts)?;
+    // The parameters whose hooks hear when the walk is done with them (none for `grad`, which
+    // adds into no parameter).
+    let mut tell = match capture {
+        None => crate::param::params_to_tell(&g.inner.borrow(), root_pos),
+        Some(_) => Vec::new(),
+    };
     let _restore = begin(g, root_pos, seed_t, create, opts.grad.is_none());
     let mut captured: Vec<Option<NodeId>> = vec![None; capture.map_or(0, <[NodeId]>::len)];
 
@@ -159,6 +165,8 @@ fn run<'g>(
                 n.retain_grad,
             )
         };
+        // Every step above this one is done: so are the parameters whose leaves lie there.
+        crate::param::tell_params(g, &mut tell, left + 1);
         let gid = run_hooks(g, node_id, gid)?;
         if let Some(c) = capture {
             capture_grad(g, c, &mut captured, node_id, gid)?;
@@ -227,6 +235,7 @@ fn run<'g>(
             i.free_temp(node_id);
         }
     }
+    crate::param::tell_params(g, &mut tell, 0);
     Ok(captured)
 }
 

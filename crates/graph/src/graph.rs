@@ -147,6 +147,10 @@ pub(crate) struct Inner {
     /// Gradient hooks of this iteration's nodes ([`Tensor::register_hook`]), in the order
     /// registered.
     pub hooks: Vec<(NodeId, crate::tensor::GradHook)>,
+    /// Hooks told when backward is done with a parameter ([`Graph::register_param_hook`]).
+    pub param_hooks: Vec<crate::param::ParamHook>,
+    /// The leaves [`Graph::param`] made, in the order made (what `param_hooks` watch).
+    pub param_leaves: Vec<NodeId>,
     /// A backward pass is running: its rules' ops count as their node's backward, not as
     /// forward work of their own.
     pub in_backward: bool,
@@ -488,6 +492,8 @@ impl Graph {
                 grad_slots: Vec::new(),
                 flops: Default::default(),
                 hooks: Vec::new(),
+                param_hooks: Vec::new(),
+                param_leaves: Vec::new(),
                 in_backward: false,
                 device: Device::Cpu,
                 #[cfg(feature = "cuda")]
@@ -530,6 +536,8 @@ impl Graph {
         inner.temp_mode = false;
         inner.flops.clear();
         inner.hooks.clear();
+        inner.param_hooks.clear();
+        inner.param_leaves.clear();
     }
 
     /// Runs one iteration: `f` builds and differentiates a graph, its result is returned, and the

@@ -113,6 +113,35 @@ impl Parameter {
         })
     }
 
+    /// Replaces the accumulated gradient (`None` forgets it); a gradient must have the value's
+    /// shape and dtype. What a gradient all-reduce writes back.
+    pub fn set_grad(&self, grad: Option<HostTensor>) -> Result<()> {
+        let op = "Parameter::set_grad";
+        let mut p = self.lock();
+        let Some(g) = grad else {
+            if let Some(old) = p.grad.take() {
+                p.spare = Some(old);
+            }
+            return Ok(());
+        };
+        if g.shape() != p.value.shape() {
+            return Err(GraphError::ShapeMismatch {
+                op,
+                lhs: p.value.shape().to_vec(),
+                rhs: g.shape().to_vec(),
+            });
+        }
+        if g.dtype() != p.value.dtype() {
+            return Err(GraphError::DTypeMismatch {
+                op,
+                lhs: p.value.dtype(),
+                rhs: g.dtype(),
+            });
+        }
+        p.grad = Some(g.into_data());
+        Ok(())
+    }
+
     /// Forgets the accumulated gradient.
     pub fn zero_grad(&self) {
         let mut p = self.lock();
@@ -216,8 +245,91 @@ impl Graph {
         n.requires_grad = true;
         n.tape_pos = pos;
         i.nodes.set_op(id, Op::Param(p.clone()));
+        i.param_leaves.push(id);
         drop(i);
         Ok(self.handle(id))
+    }
+}
+
+/// A hook told when backward is done with a parameter ([`Graph::register_param_hook`]).
+pub(crate) type ParamHook = Arc<dyn Fn(&Parameter) + Send + Sync>;
+
+impl Graph {
+    /// Calls `hook` with each parameter of this iteration once a backward pass is done adding
+    /// into its gradient — PyTorch's `register_post_accumulate_grad_hook`, for every parameter
+    /// the iteration brought in with [`Graph::param`]. Backward walks the tape down from its
+    /// root; a parameter is done when the walk has passed the first leaf the iteration made of
+    /// it, so every contribution (of each of its leaves, by any path) is in
+    /// [`Parameter::grad`]. Each backward pass tells each parameter of its part of the tape
+    /// once, in the order their gradients became final (the last layer's first), whether or not
+    /// a gradient reached it; [`grad`](crate::grad), which accumulates nothing, tells none.
+    /// Hooks last until the reset. A data-parallel wrapper starts each gradient all-reduce
+    /// from here, while backward goes on with the layers below.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use arenagrad_graph::{DType, Graph, HostTensor, Parameter};
+    /// let w1 = Parameter::new("w1", HostTensor::from_f64(&[2.0], &[1], DType::F64)?);
+    /// let w2 = Parameter::new("w2", HostTensor::from_f64(&[3.0], &[1], DType::F64)?);
+    /// let g = Graph::new();
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let log = Arc::clone(&seen);
+    /// g.register_param_hook(move |p| {
+    ///     let grad = p.grad().map(|t| t.as_slice::<f64>().unwrap()[0]);
+    ///     log.lock().unwrap().push((p.name(), grad));
+    /// });
+    /// let x = g.var(&[5.0], &[1], DType::F64)?;
+    /// let y = x.mul(g.param(&w1)?)?.mul(g.param(&w2)?)?; // x·w1·w2
+    /// y.sum()?.backward()?;
+    /// // w2 came last in the forward, so its gradient is final first.
+    /// assert_eq!(*seen.lock().unwrap(), [("w2".into(), Some(10.0)), ("w1".into(), Some(15.0))]);
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
+    pub fn register_param_hook<F>(&self, hook: F)
+    where
+        F: Fn(&Parameter) + Send + Sync + 'static,
+    {
+        self.inner().param_hooks.push(Arc::new(hook));
+    }
+}
+
+/// The parameters whose gradients a backward pass from tape position `root_pos` finalises, for
+/// its param hooks: each parameter once, at the tape position of its first leaf, highest
+/// position first (the order the walk passes them). Empty when no hook listens.
+pub(crate) fn params_to_tell(i: &crate::graph::Inner, root_pos: usize) -> Vec<(usize, Parameter)> {
+    if i.param_hooks.is_empty() {
+        return Vec::new();
+    }
+    let mut out: Vec<(usize, Parameter)> = Vec::new();
+    for &id in &i.param_leaves {
+        let Some(n) = i.nodes.get(id) else { continue };
+        let (Op::Param(p), pos) = (&n.op, n.tape_pos) else {
+            continue;
+        };
+        if pos == crate::graph::NO_POS || pos as usize > root_pos {
+            continue;
+        }
+        // Leaves are listed in creation order: a parameter's first entry is its lowest leaf.
+        if !out.iter().any(|(_, q)| q.same(p)) {
+            out.push((pos as usize, p.clone()));
+        }
+    }
+    out.reverse();
+    out
+}
+
+/// Tells the param hooks of every parameter in `pending` (highest position first) whose tape
+/// position is at or above `above`, removing them from `pending`.
+pub(crate) fn tell_params(g: &Graph, pending: &mut Vec<(usize, Parameter)>, above: usize) {
+    if pending.is_empty() {
+        return;
+    }
+    let hooks: Vec<ParamHook> = g.inner.borrow().param_hooks.clone();
+    let k = pending.iter().take_while(|(pos, _)| *pos >= above).count();
+    for (_, p) in pending.drain(..k) {
+        for h in &hooks {
+            h(&p);
+        }
     }
 }
 

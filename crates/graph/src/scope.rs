@@ -92,6 +92,7 @@ struct Mark {
     tape: usize,
     temp_log: usize,
     hooks: usize,
+    param_leaves: usize,
     arena: ArenaMark,
 }
 
@@ -147,6 +148,7 @@ impl Graph {
             tape: i.tape.len(),
             temp_log: i.temp_log.len(),
             hooks: i.hooks.len(),
+            param_leaves: i.param_leaves.len(),
             arena: i.arena.mark(),
         }
     }
@@ -177,6 +179,7 @@ impl Graph {
         i.temp_log.truncate(mark.temp_log);
         // Hooks registered inside go with the scope (on its nodes, or on older ones).
         i.hooks.truncate(mark.hooks);
+        i.param_leaves.truncate(mark.param_leaves);
         i.nodes.rollback(mark.nodes);
         i.arena.rollback(mark.arena);
     }

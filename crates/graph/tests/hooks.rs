@@ -89,3 +89,110 @@ fn hooks_refuse_what_cannot_be_a_gradient() {
     );
     assert!(x.grad().unwrap().is_none(), "nothing reached x");
 }
+
+/// A log of what each param hook call saw: the parameter's name and its gradient then.
+type Seen = Arc<Mutex<Vec<(String, Option<Vec<f64>>)>>>;
+
+fn listen(g: &Graph) -> Seen {
+    let seen: Seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    g.register_param_hook(move |p| {
+        let grad = p.grad().map(|t| t.to_f64_vec());
+        log.lock().unwrap().push((p.name(), grad));
+    });
+    seen
+}
+
+fn param(name: &str, v: &[f64], shape: &[usize]) -> Parameter {
+    Parameter::new(name, HostTensor::from_f64(v, shape, DType::F64).unwrap())
+}
+
+#[test]
+fn a_param_hook_hears_each_parameter_once_with_its_final_gradient_last_layer_first() {
+    // x·W1 → tanh → ·W2, W1 brought in twice (its gradient sums both leaves' contributions),
+    // a bias b added after W2; the matrix products' weight gradients take the straight path
+    // into the parameters.
+    let w1 = param("w1", &[0.5, -1.0, 0.25, 2.0], &[2, 2]);
+    let w2 = param("w2", &[1.5, -0.5], &[2, 1]);
+    let b = param("b", &[0.1], &[1]);
+    let mut g = Graph::new();
+    let seen = listen(&g);
+    let x = g.var(&[1.0, 2.0, -1.0, 0.5], &[2, 2], DType::F64).unwrap();
+    let h = x.matmul(g.param(&w1).unwrap()).unwrap().tanh().unwrap();
+    let h = h.add(x.matmul(g.param(&w1).unwrap()).unwrap()).unwrap();
+    let y = h.matmul(g.param(&w2).unwrap()).unwrap();
+    let y = y.add(g.param(&b).unwrap()).unwrap();
+    y.square().unwrap().sum().unwrap().backward().unwrap();
+    let got = seen.lock().unwrap().clone();
+    let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["b", "w2", "w1"]);
+    // What each hook saw is what the parameter holds after backward: nothing came later.
+    for ((_, at_hook), p) in got.iter().zip([&b, &w2, &w1]) {
+        assert_eq!(at_hook.as_ref(), Some(&p.grad().unwrap().to_f64_vec()));
+    }
+    // Every backward tells them again; the reset forgets the hook.
+    g.reset();
+    let x = g.var(&[1.0, 2.0], &[1, 2], DType::F64).unwrap();
+    x.matmul(g.param(&w1).unwrap())
+        .unwrap()
+        .sum()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert_eq!(seen.lock().unwrap().len(), 3);
+}
+
+#[test]
+fn a_param_hook_hears_parameters_no_gradient_reached_and_not_grad() {
+    let used = param("used", &[2.0], &[1]);
+    let unused = param("unused", &[3.0], &[1]);
+    let g = Graph::new();
+    let seen = listen(&g);
+    let u = g.param(&unused).unwrap();
+    let w = g.param(&used).unwrap();
+    let _ = u.scale(2.0).unwrap(); // recorded, but not on the way to the loss
+    let x = g.var(&[4.0], &[1], DType::F64).unwrap();
+    let l = x.mul(w).unwrap().sum().unwrap();
+    // grad() hands gradients back and adds into no parameter: no hook call.
+    let l2 = x.mul(w).unwrap().sum().unwrap();
+    arenagrad_graph::grad(l2, &[w], Default::default()).unwrap();
+    assert!(seen.lock().unwrap().is_empty());
+    l.backward().unwrap();
+    let got = seen.lock().unwrap().clone();
+    assert_eq!(
+        got,
+        [
+            ("used".to_string(), Some(vec![4.0])),
+            ("unused".to_string(), None)
+        ]
+    );
+}
+
+#[test]
+fn set_grad_replaces_the_gradient_and_refuses_another_shape_or_dtype() {
+    let p = param("p", &[1.0, 2.0], &[2]);
+    p.set_grad(Some(
+        HostTensor::from_f64(&[0.5, 0.25], &[2], DType::F64).unwrap(),
+    ))
+    .unwrap();
+    assert_eq!(p.grad().unwrap().to_f64_vec(), [0.5, 0.25]);
+    let wrong_shape = HostTensor::from_f64(&[1.0; 3], &[3], DType::F64).unwrap();
+    assert!(matches!(
+        p.set_grad(Some(wrong_shape)),
+        Err(GraphError::ShapeMismatch {
+            op: "Parameter::set_grad",
+            ..
+        })
+    ));
+    let wrong_dtype = HostTensor::from_f64(&[1.0; 2], &[2], DType::F32).unwrap();
+    assert!(matches!(
+        p.set_grad(Some(wrong_dtype)),
+        Err(GraphError::DTypeMismatch {
+            op: "Parameter::set_grad",
+            ..
+        })
+    ));
+    assert_eq!(p.grad().unwrap().to_f64_vec(), [0.5, 0.25]);
+    p.set_grad(None).unwrap();
+    assert!(p.grad().is_none());
+}
