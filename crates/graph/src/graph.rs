@@ -151,6 +151,8 @@ pub(crate) struct Inner {
     pub param_hooks: Vec<crate::param::ParamHook>,
     /// The leaves [`Graph::param`] made, in the order made (what `param_hooks` watch).
     pub param_leaves: Vec<NodeId>,
+    /// How many times the graph has been reset ([`Graph::iteration_id`]).
+    pub resets: u64,
     /// A backward pass is running: its rules' ops count as their node's backward, not as
     /// forward work of their own.
     pub in_backward: bool,
@@ -449,6 +451,13 @@ impl Default for Graph {
     }
 }
 
+/// One iteration of one graph ([`Graph::iteration_id`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IterationId {
+    graph: u64,
+    resets: u64,
+}
+
 /// Counters of a graph.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GraphStats {
@@ -494,6 +503,7 @@ impl Graph {
                 hooks: Vec::new(),
                 param_hooks: Vec::new(),
                 param_leaves: Vec::new(),
+                resets: 0,
                 in_backward: false,
                 device: Device::Cpu,
                 #[cfg(feature = "cuda")]
@@ -538,6 +548,16 @@ impl Graph {
         inner.hooks.clear();
         inner.param_hooks.clear();
         inner.param_leaves.clear();
+        inner.resets += 1;
+    }
+
+    /// Names the current iteration: equal ids mean the same graph with no reset in between.
+    /// What something that registers per-iteration state (a hook) checks to do it once.
+    pub fn iteration_id(&self) -> IterationId {
+        IterationId {
+            graph: self.uid,
+            resets: self.inner.borrow().resets,
+        }
     }
 
     /// Runs one iteration: `f` builds and differentiates a graph, its result is returned, and the

@@ -153,6 +153,13 @@ pub fn nvrtc_present() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
+/// Whether NCCL (`libnccl`) can be loaded.
+#[cfg(feature = "nccl")]
+pub fn nccl_present() -> bool {
+    // SAFETY: as in `driver_present`, for libnccl.
+    unsafe { cudarc::nccl::sys::is_culib_present() }
+}
+
 /// Whether cuBLAS (`libcublas`) can be loaded.
 pub fn cublas_present() -> bool {
     // SAFETY: as in `driver_present`, for libcublas.

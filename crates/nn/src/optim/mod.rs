@@ -42,6 +42,7 @@ mod state;
 pub use adam::{Adam, AdamConfig, AdamState, AdamW};
 pub use schedule::{CosineAnnealingLr, LrSchedule, StepLr, WarmupCosineLr};
 pub use sgd::{Sgd, SgdConfig};
+#[cfg(feature = "checkpoint")]
 pub(crate) use state::{tensor_u64, tensor_u64s, u64_tensor, u64s_tensor};
 
 use arenagrad_graph::{HostData, HostDataMut, HostTensor, Parameter};

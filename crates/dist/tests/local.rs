@@ -1,0 +1,91 @@
+//! `DataParallel` in a world of one: it must train exactly as the bare module does, start every
+//! bucket from backward's hook, and refuse what cannot be reduced.
+
+mod common;
+
+use std::sync::Arc;
+
+use arenagrad_dist::{Communicator, DataParallel, DdpConfig, Local, Reduce};
+use arenagrad_graph::HostData;
+use arenagrad_nn::optim::Optimizer;
+use arenagrad_nn::{Graph, Module};
+use common::*;
+
+#[test]
+fn a_world_of_one_trains_bit_for_bit_as_the_bare_module_and_starts_buckets_in_backward() {
+    let bare = {
+        let model = cnn();
+        let mut opt = sgd(&model);
+        let mut g = Graph::with_threads(1);
+        for step in 0..10 {
+            opt.zero_grad();
+            backward(&model, &mut g, step, 0..32);
+            opt.step().unwrap();
+        }
+        weights(&model)
+    };
+    // Buckets of about 1 KiB: the two linear layers' weights and biases fall into several.
+    let config = DdpConfig {
+        bucket_bytes: 1024,
+        first_bucket_bytes: 1024,
+        ..DdpConfig::default()
+    };
+    let model = DataParallel::new(cnn(), Arc::new(Local), config).unwrap();
+    assert!(model.buckets() >= 4, "{} buckets", model.buckets());
+    let mut opt = sgd(&model);
+    let mut g = Graph::with_threads(1);
+    for step in 0..10 {
+        opt.zero_grad();
+        backward(&model, &mut g, step, 0..32);
+        let stats = model.step(&mut opt).unwrap();
+        assert_eq!(stats.buckets, model.buckets());
+        // Every parameter got its gradient in backward: every bucket started there.
+        assert_eq!(stats.started_in_backward, stats.buckets);
+        let params: usize = model.parameters().iter().map(|p| p.numel()).sum();
+        assert_eq!(stats.bytes, params * 4);
+    }
+    assert_eq!(weights(&model), bare);
+}
+
+#[test]
+fn buckets_a_backward_never_reached_start_at_synchronize() {
+    let model = DataParallel::new(cnn(), Arc::new(Local), DdpConfig::default()).unwrap();
+    let mut opt = sgd(&model);
+    // No forward through the wrapper: no hook, no gradient; synchronize still reduces (zeros).
+    let stats = model.step(&mut opt).unwrap();
+    assert_eq!(stats.started_in_backward, 0);
+    assert_eq!(stats.buckets, model.buckets());
+    assert!(model.parameters().iter().all(|p| p
+        .grad()
+        .unwrap()
+        .to_f64_vec()
+        .iter()
+        .all(|&v| v == 0.0)));
+}
+
+#[test]
+fn local_reductions_give_the_elements_back_and_refuse_a_root_outside() {
+    let v = HostData::F32(vec![1.5, -2.0]);
+    for op in [Reduce::Sum, Reduce::Mean, Reduce::Max, Reduce::Min] {
+        assert_eq!(Local.all_reduce(v.clone(), op).unwrap(), v);
+    }
+    assert_eq!(Local.broadcast(v.clone(), 0).unwrap(), v);
+    let e = Local.broadcast(v, 1).unwrap_err().to_string();
+    assert!(e.contains("root rank 1 is outside a world of 1"), "{e}");
+    Local.barrier().unwrap();
+}
+
+#[test]
+fn on_main_runs_on_rank_zero_and_passes_its_failure_on() {
+    let model = DataParallel::new(cnn(), Arc::new(Local), DdpConfig::default()).unwrap();
+    assert_eq!(model.on_main(|| Ok(7)).unwrap(), Some(7));
+    let e = model
+        .on_main(|| -> arenagrad_nn::Result<()> {
+            Err(arenagrad_nn::NnError::InvalidConfig {
+                component: "test",
+                reason: "refused".into(),
+            })
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("refused"), "{e}");
+}
