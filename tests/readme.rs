@@ -14,27 +14,29 @@ fn the_readme_example_is_the_doctested_one() {
     assert_eq!(first_rust_block(repo), first_rust_block(krate));
 }
 
-/// The README's set-up line, up to the `&& cargo run`: the part that installs the dataset.
-fn install_part() -> String {
+/// The README's set-up line that goes on to `then` (`cargo run`, `cargo test`), up to it: the
+/// part that installs packages.
+fn install_part(then: &str) -> String {
     let repo = include_str!("../README.md");
     let line = repo
         .lines()
-        .find(|l| l.contains("apt-get install") && l.contains("cargo run"))
+        .find(|l| l.contains("apt-get install") && l.contains(then))
         .expect("the README's set-up line");
     let end = line
-        .find("&& cargo run")
-        .expect("the line goes on to cargo run");
+        .find(&format!("&& {then}"))
+        .expect("the line goes on to cargo");
     line[..end].trim().to_string()
 }
 
 /// Runs the install part under `sh` with a PATH holding only stand-ins for `apt-get` and, when
 /// asked, `sudo` (which logs and runs its arguments), beside `sh`; returns whether it succeeded
 /// and what the stand-ins logged.
-fn run_install(with_sudo: bool) -> (bool, String) {
+fn run_install(then: &str, with_sudo: bool) -> (bool, String) {
     use std::os::unix::fs::PermissionsExt;
     let dir = std::env::temp_dir().join(format!(
-        "arenagrad-readme-{}-{with_sudo}",
-        std::process::id()
+        "arenagrad-readme-{}-{}-{with_sudo}",
+        std::process::id(),
+        then.replace(' ', "-")
     ));
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
@@ -59,7 +61,7 @@ fn run_install(with_sudo: bool) -> (bool, String) {
     std::os::unix::fs::symlink("/bin/sh", bin.join("sh")).unwrap();
     let status = std::process::Command::new("/bin/sh")
         .arg("-c")
-        .arg(install_part())
+        .arg(install_part(then))
         .env("PATH", &bin)
         .status()
         .unwrap();
@@ -70,11 +72,16 @@ fn run_install(with_sudo: bool) -> (bool, String) {
 
 #[test]
 fn the_set_up_line_works_as_root_without_sudo_and_as_a_user_with_it() {
-    let want = "apt-get update\napt-get install -y dataset-fashion-mnist\n";
-    let (ok, log) = run_install(false);
-    assert!(ok, "as root without sudo the line failed: {log}");
-    assert_eq!(log, want);
-    let (ok, log) = run_install(true);
-    assert!(ok, "as a user with sudo the line failed: {log}");
-    assert_eq!(log, format!("sudo sh\n{want}"));
+    for (then, packages) in [
+        ("cargo run", "dataset-fashion-mnist"),
+        ("cargo test", "libopenmpi-dev openmpi-bin libclang-dev"),
+    ] {
+        let want = format!("apt-get update\napt-get install -y {packages}\n");
+        let (ok, log) = run_install(then, false);
+        assert!(ok, "{then}: as root without sudo the line failed: {log}");
+        assert_eq!(log, want);
+        let (ok, log) = run_install(then, true);
+        assert!(ok, "{then}: as a user with sudo the line failed: {log}");
+        assert_eq!(log, format!("sudo sh\n{want}"));
+    }
 }

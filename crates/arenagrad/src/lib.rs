@@ -23,16 +23,19 @@
 //!
 //! The crates underneath, from the bottom: `arenagrad-alloc` (the host bump arena and the GPU
 //! block cache), `arenagrad-exec` (kernels and the op tables), `arenagrad-graph` (tensors, ops,
-//! autodiff), `arenagrad-nn` (modules, losses, optimisers) and `arenagrad-program` (feature
-//! `program`: tensor programs as text, run, checked and generated; the `arenagrad` command-line
-//! tool is its binary).
+//! autodiff), `arenagrad-nn` (modules, losses, optimisers), `arenagrad-dist` (`dist`:
+//! data-parallel training) and `arenagrad-program` (feature `program`: tensor programs as text,
+//! run, checked and generated; the `arenagrad` command-line tool is its binary).
 //!
 //! Features: `checkpoint` (default; `nn::checkpoint`, safetensors files), `program` (default),
-//! `proptest` (`check::strategy`), `cuda` (CUDA devices). An application that only trains can
+//! `proptest` (`check::strategy`), `cuda` (CUDA devices), `mpi` and `nccl` (`dist`'s transports:
+//! the system's Open MPI, NCCL loaded at run time). An application that only trains can
 //! turn the defaults off: it then builds no JSON or command-line code.
 #![forbid(unsafe_code)]
 
 pub use arenagrad_alloc as alloc;
+/// Data-parallel training over MPI (feature `mpi`) and NCCL (feature `nccl`).
+pub use arenagrad_dist as dist;
 pub use arenagrad_exec as exec;
 pub use arenagrad_graph as graph;
 pub use arenagrad_nn as nn;
