@@ -52,8 +52,8 @@ struct Request {
     reply: Sender<Result<HostData>>,
 }
 
-/// A communicator over MPI ([`ProcessGroup::mpi`], feature `mpi`) or NCCL
-/// ([`ProcessGroup::nccl`], feature `nccl`), its transport on a communication thread of its own.
+/// A communicator over MPI (`ProcessGroup::mpi`, feature `mpi`) or NCCL
+/// (`ProcessGroup::nccl`, feature `nccl`), its transport on a communication thread of its own.
 /// Dropping it shuts the transport down (MPI's finalize) once the queue is done.
 pub struct ProcessGroup {
     backend: &'static str,

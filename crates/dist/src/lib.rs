@@ -6,8 +6,8 @@
 //! * [`Communicator`] — rank, world size, all-reduce (blocking, or started and waited for
 //!   later: [`Pending`]), broadcast, barrier; every failure a typed [`DistError`], a peer that
 //!   stops answering a [`DistError::Timeout`] rather than a hang.
-//! * [`Local`] — the world of one process; [`ProcessGroup`] — MPI ([`ProcessGroup::mpi`]) or
-//!   NCCL ([`ProcessGroup::nccl`]) on a communication thread of its own.
+//! * [`Local`] — the world of one process; [`ProcessGroup`] — MPI (`ProcessGroup::mpi`) or
+//!   NCCL (`ProcessGroup::nccl`) on a communication thread of its own.
 //! * [`DataParallel`] — wraps a module: rank 0's weights to every rank at the start, gradient
 //!   buckets all-reduced while backward runs, the average in every parameter's gradient before
 //!   the optimiser step.
@@ -64,8 +64,8 @@ pub use nccl::{NcclConfig, NcclId};
 pub use sampler::DistributedSampler;
 
 /// Whether this process was started by an MPI launcher (`mpirun`, `srun`): a data-parallel
-/// program then joins the world with [`ProcessGroup::mpi`], and otherwise can run alone on
-/// [`Local`](crate::Local).
+/// program then joins the world with `ProcessGroup::mpi`, and otherwise can run alone on
+/// [`Local`].
 pub fn launched_by_mpi() -> bool {
     [
         "OMPI_COMM_WORLD_SIZE",
