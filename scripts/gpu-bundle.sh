@@ -20,8 +20,10 @@ mkdir -p "$out/tests" "$out/bin"
 
 # The test binaries with CUDA tests in them: exec's and graph's library tests and graph's
 # device-parametrised integration tests.
-wanted=" arenagrad_exec arenagrad_graph ops_grad conv device_parity "
-cargo test --release -p arenagrad-exec -p arenagrad-graph --features cuda --no-run \
+# And the data-parallel crate's NCCL test (a world of one on GPU 0).
+wanted=" arenagrad_exec arenagrad_graph ops_grad conv device_parity nccl "
+cargo test --release -p arenagrad-exec -p arenagrad-graph -p arenagrad-dist \
+    --features arenagrad-exec/cuda,arenagrad-graph/cuda,arenagrad-dist/nccl --no-run \
     --message-format=json-render-diagnostics 2>/dev/null |
     python3 -c '
 import json, sys

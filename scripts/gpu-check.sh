@@ -174,6 +174,43 @@ ensure_cargo() {
 
 # When the system has no cuBLAS/NVRTC but a pip-installed PyTorch brought its own, let the
 # dynamically loaded CUDA libraries be found there.
+# The lib folders of PyTorch's pip packages (nvidia/*/lib), one a line.
+torch_lib_dirs() {
+    "$python" - 2>/dev/null <<'EOF' || true
+import importlib.util, os
+spec = importlib.util.find_spec("nvidia")
+for base in (spec.submodule_search_locations if spec else []):
+    for d in sorted(os.listdir(base)):
+        lib = os.path.join(base, d, "lib")
+        if os.path.isdir(lib):
+            print(lib)
+EOF
+}
+
+# NCCL for the data-parallel test: cudarc opens `libnccl.so` (or `.so.13`, `.so.12`, ...), but
+# pip's nvidia-nccl ships only `libnccl.so.2`: link the name to it in a folder of our own.
+add_nccl_link() {
+    if ldconfig -p 2>/dev/null | grep -Eq '[[:space:]]libnccl\.so '; then
+        return 0
+    fi
+    local d found=""
+    while read -r d; do
+        if [ -n "$d" ] && [ -e "$d/libnccl.so.2" ]; then
+            found="$d/libnccl.so.2"
+            break
+        fi
+    done <<<"$(torch_lib_dirs)"
+    if [ -z "$found" ]; then
+        echo "gpu-check: no libnccl.so.2 found: the NCCL test will fail to start"
+        return 0
+    fi
+    local link="${TMPDIR:-/tmp}/arenagrad-nccl"
+    mkdir -p "$link"
+    ln -sf "$found" "$link/libnccl.so"
+    export LD_LIBRARY_PATH="$link${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "gpu-check: libnccl.so -> $found"
+}
+
 add_torch_cuda_libs() {
     local cache
     cache="$(ldconfig -p 2>/dev/null || true)"
@@ -184,16 +221,7 @@ add_torch_cuda_libs() {
         return 0
     fi
     local dirs
-    dirs="$("$python" - 2>/dev/null <<'EOF' || true
-import importlib.util, os
-spec = importlib.util.find_spec("nvidia")
-for base in (spec.submodule_search_locations if spec else []):
-    for d in sorted(os.listdir(base)):
-        lib = os.path.join(base, d, "lib")
-        if os.path.isdir(lib):
-            print(lib)
-EOF
-)"
+    dirs="$(torch_lib_dirs)"
     if [ -n "$dirs" ]; then
         local joined
         joined="$(paste -sd: <<<"$dirs")"
@@ -259,6 +287,7 @@ main() {
     fi
     add_driver_dir
     add_torch_cuda_libs
+    add_nccl_link
 
     local bundle="${ARENAGRAD_BUNDLE:-gpu-bundle}"
     if [ -d "$bundle/tests" ] && [ -x "$bundle/bin/gpu_bench" ]; then

@@ -51,7 +51,9 @@ fn missing(op: &'static str) -> Option<DistError> {
     if !arenagrad_exec::cuda::nccl_present() {
         return Some(DistError::Backend {
             op,
-            what: "NCCL (libnccl) could not be loaded; put its folder on LD_LIBRARY_PATH".into(),
+            what: "NCCL could not be loaded as libnccl.so: put its folder on LD_LIBRARY_PATH \
+                   (pip's nvidia-nccl ships only libnccl.so.2: link libnccl.so to it there)"
+                .into(),
         });
     }
     None
