@@ -266,3 +266,49 @@ fn failing_rank() {
     // Leave as a failed rank would: the launcher takes the silent one down.
     std::process::exit(1);
 }
+
+#[test]
+fn ranks_with_different_models_are_refused_on_every_rank() {
+    if child_dir().is_some() {
+        return mismatched_rank();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(job) = mpirun(
+        "ranks_with_different_models_are_refused_on_every_rank",
+        dir.path(),
+        &[],
+        Duration::from_secs(60),
+    ) else {
+        return;
+    };
+    assert!(job.ok, "{}", job.output);
+    assert_eq!(
+        job.output
+            .matches("DataParallel::new: the ranks disagree")
+            .count(),
+        2,
+        "{}",
+        job.output
+    );
+}
+
+fn mismatched_rank() {
+    let comm = Arc::new(
+        ProcessGroup::mpi(MpiConfig {
+            deterministic: false,
+            timeout: Duration::from_secs(30),
+        })
+        .unwrap(),
+    );
+    let rank = comm.rank();
+    // Rank 1's last layer has 11 outputs instead of 10.
+    let model = if rank == 0 {
+        cnn()
+    } else {
+        let mut rng = arenagrad_nn::Rng::seed(7);
+        cnn().add(arenagrad_nn::Linear::new(10, 11, &mut rng).unwrap())
+    };
+    let e = DataParallel::new(model, comm, DdpConfig::default()).unwrap_err();
+    eprintln!("rank {rank}: {e}");
+    assert!(matches!(e, DistError::Mismatch { .. }), "{e}");
+}
