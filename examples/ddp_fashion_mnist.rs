@@ -17,7 +17,7 @@
 //! all-reduces still in flight (what overlapping them with backward saves). The data are
 //! Debian's `dataset-fashion-mnist`, as `fashion_mnist`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,12 +26,11 @@ use arenagrad::dist::{
 };
 use arenagrad::nn::data::Dataset;
 use arenagrad::nn::optim::{Adam, AdamConfig, CosineAnnealingLr, LrSchedule, Optimizer};
-use arenagrad::nn::{
-    checkpoint, loss, metrics, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, ReLU, Rng,
-    Sequential,
-};
+use arenagrad::nn::{checkpoint, loss, metrics, Module, Rng, Sequential};
 use arenagrad::prelude::*;
 
+#[path = "common/fashion.rs"]
+mod fashion;
 #[path = "common/setup.rs"]
 mod setup;
 use clap::Parser;
@@ -79,21 +78,6 @@ fn channels(s: &str) -> Result<(usize, usize), String> {
     }
 }
 
-fn cnn((c1, c2): (usize, usize), rng: &mut Rng) -> arenagrad::nn::Result<Sequential> {
-    let same = Conv2dConfig::default().padding(1);
-    Ok(Sequential::new()
-        .add(Conv2d::with_config(1, c1, (3, 3), same, rng)?)
-        .add(ReLU)
-        .add(MaxPool2d::new((2, 2))?)
-        .add(Conv2d::with_config(c1, c2, (3, 3), same, rng)?)
-        .add(ReLU)
-        .add(MaxPool2d::new((2, 2))?)
-        .add(Flatten::new())
-        .add(Linear::new(c2 * 7 * 7, 128, rng)?)
-        .add(ReLU)
-        .add(Linear::new(128, 10, rng)?))
-}
-
 /// The world this process belongs to: MPI's when `mpirun` started it, else its own.
 fn communicator() -> Result<Arc<dyn Communicator>, DistError> {
     #[cfg(feature = "mpi")]
@@ -109,13 +93,6 @@ fn communicator() -> Result<Arc<dyn Communicator>, DistError> {
         });
     }
     Ok(Arc::new(Local))
-}
-
-fn load(dir: &Path, prefix: &str) -> arenagrad::nn::Result<Dataset> {
-    Dataset::from_idx_files(
-        dir.join(format!("{prefix}-images-idx3-ubyte.gz")),
-        dir.join(format!("{prefix}-labels-idx1-ubyte.gz")),
-    )
 }
 
 /// Test accuracy over all ranks: each evaluates its share, the counts are summed.
@@ -171,30 +148,18 @@ fn run() -> Result<(), DistError> {
     let comm = communicator()?;
     let (rank, world) = (comm.rank(), comm.world_size());
     let main = rank == 0;
-    if !args.data.join("train-images-idx3-ubyte.gz").exists() {
-        if main {
-            eprintln!(
-                "Fashion-MNIST not found in {}.\nInstall it with:  {}\n\
-                 (or pass --data DIR with train-/t10k-{{images-idx3,labels-idx1}}-ubyte.gz)",
-                args.data.display(),
-                setup::apt_install("dataset-fashion-mnist")
-            );
-        }
-        std::process::exit(2);
-    }
-    let mut train = load(&args.data, "train")?;
-    let mut test = load(&args.data, "t10k")?;
-    if let Some(n) = args.limit {
-        train = train.take(n);
-        test = test.take(n.min(test.len()));
-    }
+    let (train, test) = fashion::datasets(&args.data, args.limit, !main)?;
     let mut rng = Rng::seed(args.seed);
     let config = DdpConfig {
         bucket_bytes: (args.bucket_mb * (1 << 20) as f64) as usize,
         first_bucket_bytes: ((args.bucket_mb * (1 << 20) as f64) as usize).min(1 << 20),
         ..DdpConfig::default()
     };
-    let model = DataParallel::new(cnn(args.channels, &mut rng)?, Arc::clone(&comm), config)?;
+    let model = DataParallel::new(
+        fashion::cnn(args.channels, &mut rng)?,
+        Arc::clone(&comm),
+        config,
+    )?;
     let mut opt = Adam::new(model.parameters(), AdamConfig::new(args.lr))?;
     let sampler = DistributedSampler::new(train.len(), comm.as_ref(), args.seed);
     let per_epoch = sampler.num_samples().div_ceil(args.batch.max(1));

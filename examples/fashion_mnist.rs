@@ -27,11 +27,12 @@ use std::time::Instant;
 use arenagrad::nn::data::Dataset;
 use arenagrad::nn::optim::{Adam, AdamConfig, CosineAnnealingLr, LrSchedule, Optimizer};
 use arenagrad::nn::{
-    checkpoint, loss, metrics, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, NnError,
-    ReLU, Rng, Sequential,
+    checkpoint, loss, metrics, Flatten, Linear, Module, NnError, ReLU, Rng, Sequential,
 };
 use arenagrad::prelude::*;
 
+#[path = "common/fashion.rs"]
+mod fashion;
 #[path = "common/font.rs"]
 mod font;
 #[path = "common/setup.rs"]
@@ -144,8 +145,7 @@ fn parse_channels(s: &str) -> Result<(usize, usize), String> {
     }
 }
 
-fn build(model: ModelKind, (c1, c2): (usize, usize), rng: &mut Rng) -> Result<Sequential, NnError> {
-    let same = Conv2dConfig::default().padding(1);
+fn build(model: ModelKind, channels: (usize, usize), rng: &mut Rng) -> Result<Sequential, NnError> {
     Ok(match model {
         ModelKind::Mlp => Sequential::new()
             .add(Flatten::new())
@@ -154,17 +154,7 @@ fn build(model: ModelKind, (c1, c2): (usize, usize), rng: &mut Rng) -> Result<Se
             .add(Linear::new(256, 128, rng)?)
             .add(ReLU)
             .add(Linear::new(128, 10, rng)?),
-        ModelKind::Cnn => Sequential::new()
-            .add(Conv2d::with_config(1, c1, (3, 3), same, rng)?)
-            .add(ReLU)
-            .add(MaxPool2d::new((2, 2))?)
-            .add(Conv2d::with_config(c1, c2, (3, 3), same, rng)?)
-            .add(ReLU)
-            .add(MaxPool2d::new((2, 2))?)
-            .add(Flatten::new())
-            .add(Linear::new(c2 * 7 * 7, 128, rng)?)
-            .add(ReLU)
-            .add(Linear::new(128, 10, rng)?),
+        ModelKind::Cnn => fashion::cnn(channels, rng)?,
     })
 }
 
@@ -247,34 +237,13 @@ fn evaluate(model: &Sequential, g: &mut Graph, test: &Dataset) -> Result<f64, Nn
     Ok(correct as f64 / test.len() as f64)
 }
 
-fn load(dir: &Path, prefix: &str) -> Result<Dataset, NnError> {
-    Dataset::from_idx_files(
-        dir.join(format!("{prefix}-images-idx3-ubyte.gz")),
-        dir.join(format!("{prefix}-labels-idx1-ubyte.gz")),
-    )
-}
-
 fn main() -> std::process::ExitCode {
     setup::report(run)
 }
 
 fn run() -> Result<(), NnError> {
     let args = Args::parse();
-    if !args.data.join("train-images-idx3-ubyte.gz").exists() {
-        eprintln!(
-            "Fashion-MNIST not found in {}.\nInstall it with:  {}\n\
-             (or pass --data DIR with train-/t10k-{{images-idx3,labels-idx1}}-ubyte.gz)",
-            args.data.display(),
-            setup::apt_install("dataset-fashion-mnist")
-        );
-        std::process::exit(2);
-    }
-    let mut train = load(&args.data, "train")?;
-    let mut test = load(&args.data, "t10k")?;
-    if let Some(n) = args.limit {
-        train = train.take(n);
-        test = test.take(n.min(test.len()));
-    }
+    let (train, test) = fashion::datasets(&args.data, args.limit, false)?;
     let mut rng = Rng::seed(args.seed);
     let mut model = build(args.model, args.channels, &mut rng)?;
     if let Some(init) = &args.init {

@@ -13,17 +13,7 @@ use common::*;
 
 #[test]
 fn a_world_of_one_trains_bit_for_bit_as_the_bare_module_and_starts_buckets_in_backward() {
-    let bare = {
-        let model = cnn();
-        let mut opt = sgd(&model);
-        let mut g = Graph::with_threads(1);
-        for step in 0..10 {
-            opt.zero_grad();
-            backward(&model, &mut g, step, 0..32);
-            opt.step().unwrap();
-        }
-        weights(&model)
-    };
+    let bare = bare(10);
     // Buckets of about 1 KiB: the two linear layers' weights and biases fall into several.
     let config = DdpConfig {
         bucket_bytes: 1024,

@@ -39,17 +39,7 @@ fn a_world_of_one_over_nccl_reduces_and_trains_as_the_bare_module() {
     assert!(pg.broadcast(w, 1).is_err());
     pg.barrier().unwrap();
 
-    let bare = {
-        let model = cnn();
-        let mut opt = sgd(&model);
-        let mut g = Graph::with_threads(1);
-        for step in 0..5 {
-            opt.zero_grad();
-            backward(&model, &mut g, step, 0..32);
-            opt.step().unwrap();
-        }
-        weights(&model)
-    };
+    let bare = bare(5);
     let model = DataParallel::new(cnn(), Arc::new(pg), DdpConfig::default()).unwrap();
     let mut opt = sgd(&model);
     let mut g = Graph::with_threads(1);

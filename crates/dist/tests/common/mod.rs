@@ -63,6 +63,19 @@ pub fn weights(model: &impl Module) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// The bare module (no wrapper) after `steps` steps on rows 0..32 of each batch.
+pub fn bare(steps: usize) -> Vec<Vec<f32>> {
+    let model = cnn();
+    let mut opt = sgd(&model);
+    let mut g = Graph::with_threads(1);
+    for step in 0..steps {
+        opt.zero_grad();
+        backward(&model, &mut g, step, 0..32);
+        opt.step().unwrap();
+    }
+    weights(&model)
+}
+
 /// One process, batch 64 in one pass: what two ranks of 32 equal up to f32 rounding.
 pub fn one_process_batch_64() -> Vec<Vec<f32>> {
     let model = cnn();
