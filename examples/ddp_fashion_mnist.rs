@@ -185,8 +185,8 @@ fn run() -> Result<(), DistError> {
             args.lr
         );
         println!(
-            "{:>6} {:>8} {:>11} {:>12} {:>14} {:>10}",
-            "step", "loss", "forward ms", "backward ms", "comm wait ms", "overlap"
+            "{:>6} {:>8} {:>11} {:>12} {:>14} {:>12}",
+            "step", "loss", "forward ms", "backward ms", "comm wait ms", "in backward"
         );
     }
     let mut step = 0usize;
@@ -225,7 +225,7 @@ fn run() -> Result<(), DistError> {
                 )?;
                 if main {
                     println!(
-                        "{step:>6} {:>8.4} {:>11.2} {:>12.2} {:>14.3} {:>9.0}%",
+                        "{step:>6} {:>8.4} {:>11.2} {:>12.2} {:>14.3} {:>11.0}%",
                         mean.to_f64_vec()[0],
                         ms(times.forward, times.steps),
                         ms(times.backward, times.steps),
