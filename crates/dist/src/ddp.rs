@@ -71,6 +71,9 @@ struct Round {
     /// The buckets started, in bucket order (every rank starts them in the same order).
     started: Vec<Pending>,
     started_in_backward: usize,
+    /// A parameter was told ready twice: a second backward pass added to gradients whose
+    /// buckets may have started already, so `synchronize` reduces every bucket again.
+    stale: bool,
     /// The first failure, reported by `synchronize`.
     error: Option<DistError>,
 }
@@ -250,14 +253,18 @@ impl<M: Module> DataParallel<M> {
 
     /// Waits for every bucket's all-reduce (starting those backward did not: parameters no
     /// gradient reached count as zeros) and writes the average over the ranks into each
-    /// parameter's gradient. Call it after backward, before the optimiser step; a failure of
-    /// any collective since the last call (a dead peer's timeout) comes back here.
+    /// parameter's gradient. Call it after backward, before the optimiser step (and before
+    /// clipping gradients); a failure of any collective since the last call (a dead peer's
+    /// timeout) comes back here. Several backward passes before it (gradient accumulation) are
+    /// reduced together: the buckets the first pass started are reduced again here with the
+    /// sums, as PyTorch's `no_sync` would, at the cost of a second round of communication.
     pub fn synchronize(&self) -> Result<SyncStats> {
         let t0 = Instant::now();
         let s = &*self.shared;
         let mut r = lock(&s.round);
         // Whatever happens below, the next step starts afresh.
         let started_in_backward = std::mem::take(&mut r.started_in_backward);
+        let stale = std::mem::take(&mut r.stale);
         let error = r.error.take();
         r.hooked = None;
         r.ready.iter_mut().for_each(|b| *b = false);
@@ -271,6 +278,16 @@ impl<M: Module> DataParallel<M> {
         }
         for b in started.len()..s.buckets.len() {
             started.push(s.start(b)?);
+        }
+        if stale {
+            // Every rank started the same buckets in the same order: let them finish, then
+            // reduce the accumulated gradients afresh.
+            for pending in started.drain(..) {
+                pending.wait()?;
+            }
+            for b in 0..s.buckets.len() {
+                started.push(s.start(b)?);
+            }
         }
         let mut bytes = 0;
         for (b, pending) in started.into_iter().enumerate() {
@@ -348,8 +365,13 @@ impl Shared {
         };
         let mut r = lock(&self.round);
         if r.ready[k] {
-            // A second backward before `synchronize`: its gradients are summed into the
-            // parameters and all-reduced there.
+            // A second backward before `synchronize` (gradient accumulation): the buckets
+            // already started hold the first pass's gradients only. Start nothing more here;
+            // `synchronize` reduces the sums.
+            r.stale = true;
+            return;
+        }
+        if r.stale {
             return;
         }
         r.ready[k] = true;

@@ -118,11 +118,11 @@ fn two_ranks_of_32_train_to_the_weights_of_one_process_with_batch_64() {
         loaded(&rank_file(dir.path(), 0)),
         loaded(&rank_file(dir.path(), 1)),
     );
-    assert_eq!(r0, r1, "the ranks' weights differ");
-    assert_eq!(
-        r0,
-        one_process_two_halves(),
-        "not bit for bit one process's (g0 + g1) / 2"
+    assert_same(&r0, &r1, "rank 0 vs rank 1");
+    assert_same(
+        &r0,
+        &one_process_two_halves(),
+        "2 ranks vs one process's (g0 + g1) / 2",
     );
     // One pass over 64 sums its gradient in another order: the same up to f32 rounding,
     // grown over 50 steps of momentum SGD.
@@ -138,7 +138,7 @@ fn two_ranks_of_32_train_to_the_weights_of_one_process_with_batch_64() {
     let single =
         DataParallel::new(cnn(), Arc::new(arenagrad_dist::Local), DdpConfig::default()).unwrap();
     checkpoint::load(&single, &main).unwrap();
-    assert_eq!(weights(&single), r0);
+    assert_same(&weights(&single), &r0, "checkpoint vs rank 0");
     let written: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())

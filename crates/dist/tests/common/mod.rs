@@ -122,6 +122,16 @@ pub fn one_process_two_halves() -> Vec<Vec<f32>> {
     weights(&model)
 }
 
+/// Asserts two sets of weights equal bit for bit, saying by how much they differ if not.
+#[track_caller]
+pub fn assert_same(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
+    assert!(
+        a == b,
+        "{what}: the weights differ by up to {:e} of the largest",
+        max_rel_diff(a, b)
+    );
+}
+
 /// The largest difference between two sets of weights, relative to the largest weight.
 pub fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
     let mut worst = 0.0f64;
