@@ -88,6 +88,8 @@ struct MarkState {
     owners: usize,
     region_lo: usize,
     region_hi: usize,
+    /// [`Arena::fresh_bytes`] then.
+    fresh_bytes: usize,
 }
 
 /// What [`Arena::split_mixed`] hands out: the output, the input and the auxiliary buffer.
@@ -235,6 +237,8 @@ pub struct Arena {
     region_len: usize,
     /// Some buffer of this iteration came from outside the region.
     overflowed: bool,
+    /// Bytes of this iteration's buffers that came from outside the region.
+    fresh_bytes: usize,
     /// The owners of this iteration's shared buffers, kept alive until the reset.
     owners: Vec<Arc<dyn Any + Send + Sync>>,
     /// Buffers of this iteration that died before the reset (`slots.len() - dead` are live).
@@ -281,6 +285,7 @@ impl Arena {
             region_hi: 0,
             region_len: 0,
             overflowed: false,
+            fresh_bytes: 0,
             owners: Vec::new(),
             dead: 0,
             marks: Vec::new(),
@@ -327,6 +332,7 @@ impl Arena {
             owners: self.owners.len(),
             region_lo: self.region_lo,
             region_hi: self.region_hi,
+            fresh_bytes: self.fresh_bytes,
         });
         ArenaMark {
             depth: self.marks.len() - 1,
@@ -407,6 +413,41 @@ impl Arena {
         self.region_hi = mark.region_hi;
         self.owners.truncate(mark.owners);
         self.epoch = self.epoch.wrapping_add(1);
+        let outside = self.fresh_bytes - mark.fresh_bytes;
+        if outside > 0 && self.marks.is_empty() {
+            // The scope outgrew the region (always so in a process's first iteration, which has
+            // none yet): what it took from outside went to the exact-size free lists, which a
+            // scope of slightly other sizes (a cache one token longer) would not reuse, so a loop
+            // of scopes would grow until the reset. Give the scopes after it a region that holds
+            // this one four times over (room for the ones that grow); they roll back into it.
+            self.grow_region(4 * (carved + outside));
+        }
+    }
+
+    /// Carves from now on from a new region of at least `want` bytes (and twice the old one's),
+    /// taken from the bump. The old region's buffers stay where they are, valid until the
+    /// reset; only the outermost scope does this (`marks` is empty), so no open mark holds
+    /// ends of the old region.
+    #[inline(never)]
+    fn grow_region(&mut self, want: usize) {
+        debug_assert!(self.marks.is_empty());
+        let len = want.max(2 * self.region_len).max(1 << 20);
+        let len = (len + BUF_ALIGN - 1) & !(BUF_ALIGN - 1);
+        let Ok(layout) = std::alloc::Layout::from_size_align(len, BUF_ALIGN) else {
+            return;
+        };
+        let Ok(p) = self.bump.try_alloc_layout(layout) else {
+            // No memory for it: scopes keep working from the free lists and fresh memory.
+            return;
+        };
+        // SAFETY: `p` was just returned by the bump for `len` bytes; nothing else refers to it,
+        // so writing all of it is in bounds and unaliased. Cleared once, it holds valid `Pod`
+        // values for every buffer carved from it (see `region`).
+        unsafe { std::ptr::write_bytes(p.as_ptr(), 0, len) };
+        self.region = p;
+        self.region_lo = 0;
+        self.region_hi = len;
+        self.region_len = len;
     }
 
     /// The arena's current epoch (incremented by every reset and every rollback).
@@ -467,6 +508,7 @@ impl Arena {
         }
         self.take_region();
         self.overflowed = false;
+        self.fresh_bytes = 0;
         self.epoch = self.epoch.wrapping_add(1);
         self.stats.bytes_in_use = 0;
         self.stats.bytes_bumped = 0;
@@ -577,6 +619,7 @@ impl Arena {
                 reserved: self.bump.allocated_bytes(),
             })?;
         self.stats.bytes_bumped += bytes;
+        self.fresh_bytes += bytes;
         self.overflowed = true;
         Ok(self.reserved::<T>(p, bytes, len, true))
     }
@@ -1515,5 +1558,54 @@ mod tests {
         // The bump grows only while sizes outgrow the region, never per step.
         let distinct: std::collections::BTreeSet<usize> = caps.iter().map(|c| c.0).collect();
         assert!(distinct.len() < 10, "{distinct:?}");
+    }
+
+    #[test]
+    fn scopes_of_a_first_iteration_stay_flat_too() {
+        // No reset yet, so no region: every buffer of the first scope comes from outside it.
+        // A loop of scopes whose sizes creep up (a cache one token longer each step) must not
+        // keep taking fresh memory: after the first scope, it rolls back into a region.
+        let mut a = Arena::new();
+        let base = a.alloc_zeroed::<f32>(64).unwrap();
+        let mut caps = Vec::new();
+        let mut last_scope = 0;
+        // Miri interprets every element written: a shorter loop of smaller buffers there.
+        let (steps, first) = if cfg!(miri) { (40, 100) } else { (400, 1000) };
+        for step in 0..steps {
+            let m = a.mark();
+            last_scope = 0;
+            for k in 0..5 {
+                let n = first + step * 3 + k;
+                let _ = a.alloc_zeroed::<f32>(n).unwrap();
+                last_scope += 4 * n;
+            }
+            a.rollback(m);
+            caps.push(a.stats().capacity);
+        }
+        assert!(a.slice::<f32>(base).is_ok());
+        // Every scope's sizes differ from the last's: without a region the bump holds all the
+        // sizes it could not reuse (4.2 MB here); with one, the region (at least 1 MiB) and the
+        // first scope's fresh memory.
+        let end = *caps.last().unwrap();
+        assert!(
+            end < (2 << 20) + 4 * last_scope,
+            "{end} bytes held, scopes of {last_scope}"
+        );
+        assert_eq!(
+            caps[steps * 3 / 4],
+            end,
+            "still growing in the last quarter"
+        );
+        // The reset folds it all into one chunk, and the same loop goes on flat in it.
+        a.reset();
+        let after = a.stats().capacity;
+        for step in 0..10 {
+            let m = a.mark();
+            for k in 0..5 {
+                let _ = a.alloc_zeroed::<f32>(first + step * 3 + k).unwrap();
+            }
+            a.rollback(m);
+        }
+        assert_eq!(a.stats().capacity, after);
     }
 }
