@@ -49,6 +49,9 @@ pub struct SyncStats {
     pub started_in_backward: usize,
     /// Gradient bytes all-reduced.
     pub bytes: usize,
+    /// Rounds of all-reduces: 1, or 2 when several backward passes since the last
+    /// `synchronize` added to gradients whose buckets had started (gradient accumulation).
+    pub rounds: usize,
 }
 
 /// One bucket: parameters (indices into the wrapper's list) whose gradients travel together.
@@ -266,7 +269,8 @@ impl<M: Module> DataParallel<M> {
         let started_in_backward = std::mem::take(&mut r.started_in_backward);
         let stale = std::mem::take(&mut r.stale);
         let error = r.error.take();
-        r.hooked = None;
+        // `hooked` stays: the iteration's graph keeps its hook until the reset, and a second
+        // hook on it would tell every parameter twice.
         r.ready.iter_mut().for_each(|b| *b = false);
         for (left, b) in r.left.iter_mut().zip(&s.buckets) {
             *left = b.params.len();
@@ -300,6 +304,7 @@ impl<M: Module> DataParallel<M> {
             buckets: s.buckets.len(),
             started_in_backward,
             bytes,
+            rounds: 1 + usize::from(stale),
         })
     }
 

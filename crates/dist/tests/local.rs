@@ -97,7 +97,8 @@ fn gradients_accumulated_over_two_backward_passes_are_reduced_together() {
                     backward(model.module(), &mut g, step, half);
                 }
             }
-            model.step(&mut opt).unwrap();
+            let stats = model.step(&mut opt).unwrap();
+            assert_eq!(stats.rounds, if wrap { 2 } else { 1 });
         }
         weights(&model)
     };
@@ -107,4 +108,25 @@ fn gradients_accumulated_over_two_backward_passes_are_reduced_together() {
         &run(false),
         "accumulated through the wrapper vs bare",
     );
+}
+
+#[test]
+fn two_steps_in_one_iteration_hook_the_graph_once() {
+    // forward, backward, step; forward, backward, step — with no reset in between: the graph
+    // keeps the one hook, each step's buckets start in its backward, once.
+    let model = DataParallel::new(cnn(), Arc::new(Local), DdpConfig::default()).unwrap();
+    let mut opt = sgd(&model);
+    let g = Graph::with_threads(1);
+    for step in 0..2 {
+        opt.zero_grad();
+        let (x, y) = batch(step, 0..8);
+        let xt = g.from_slice(&x, &[8, 1, 28, 28]).unwrap();
+        arenagrad_nn::loss::cross_entropy(model.forward(&g, xt).unwrap(), &y)
+            .unwrap()
+            .backward()
+            .unwrap();
+        let stats = model.step(&mut opt).unwrap();
+        assert_eq!(stats.started_in_backward, stats.buckets, "step {step}");
+        assert_eq!(stats.rounds, 1, "step {step}");
+    }
 }
