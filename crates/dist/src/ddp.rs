@@ -437,19 +437,10 @@ impl Shared {
         for &k in &bucket.params {
             let p = &self.params[k];
             let n = p.numel();
-            let part = slice(&avg, at, n);
-            let written = p.update_grad(|g| match (g, &part) {
-                (Some(HostDataMut::F32(g)), HostData::F32(s)) if g.len() == n => {
-                    g.copy_from_slice(s);
-                    true
-                }
-                (Some(HostDataMut::F64(g)), HostData::F64(s)) if g.len() == n => {
-                    g.copy_from_slice(s);
-                    true
-                }
-                _ => false,
-            });
+            let written = p.update_grad(|g| g.is_some_and(|g| fill_from(g, &avg, at, n)));
             if !written {
+                // No gradient on this rank yet (or one of another size): a new one.
+                let part = slice(&avg, at, n);
                 p.set_grad(Some(arenagrad_graph::HostTensor::from_data(
                     part,
                     &p.shape(),
@@ -458,6 +449,22 @@ impl Shared {
             at += n;
         }
         Ok(())
+    }
+}
+
+/// Copies `src[at..at + n]` into `dst` when both hold one dtype and `dst` has `n` elements;
+/// false (nothing written) otherwise.
+fn fill_from(dst: HostDataMut<'_>, src: &HostData, at: usize, n: usize) -> bool {
+    match (dst, src) {
+        (HostDataMut::F32(d), HostData::F32(s)) if d.len() == n => {
+            d.copy_from_slice(&s[at..at + n]);
+            true
+        }
+        (HostDataMut::F64(d), HostData::F64(s)) if d.len() == n => {
+            d.copy_from_slice(&s[at..at + n]);
+            true
+        }
+        _ => false,
     }
 }
 
@@ -558,11 +565,11 @@ fn broadcast_values(comm: &dyn Communicator, params: &[Parameter]) -> Result<()>
         let mut at = 0;
         for p in mine {
             let n = p.numel();
-            p.update(|v, _| match (v, &got) {
-                (HostDataMut::F32(v), HostData::F32(s)) => v.copy_from_slice(&s[at..at + n]),
-                (HostDataMut::F64(v), HostData::F64(s)) => v.copy_from_slice(&s[at..at + n]),
-                _ => unreachable!("filtered by dtype"),
-            });
+            let written = p.update(|v, _| fill_from(v, &got, at, n));
+            assert!(
+                written,
+                "invariant: filtered by dtype, sized by the sum of numel"
+            );
             at += n;
         }
     }
