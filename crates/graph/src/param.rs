@@ -31,6 +31,27 @@ struct ParamInner {
 #[derive(Debug, Clone)]
 pub struct Parameter(Arc<Mutex<ParamInner>>);
 
+impl ParamInner {
+    /// Refuses a tensor of another shape or dtype than the value's, naming `op`.
+    fn check_like(&self, op: &'static str, t: &HostTensor) -> Result<()> {
+        if t.shape() != self.value.shape() {
+            return Err(GraphError::ShapeMismatch {
+                op,
+                lhs: self.value.shape().to_vec(),
+                rhs: t.shape().to_vec(),
+            });
+        }
+        if t.dtype() != self.value.dtype() {
+            return Err(GraphError::DTypeMismatch {
+                op,
+                lhs: self.value.dtype(),
+                rhs: t.dtype(),
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Parameter {
     /// A parameter with a name and an initial value.
     pub fn new(name: impl Into<String>, value: HostTensor) -> Self {
@@ -86,20 +107,7 @@ impl Parameter {
     /// Replaces the value; the shape and dtype must stay the same.
     pub fn set_value(&self, v: HostTensor) -> Result<()> {
         let mut p = self.lock();
-        if v.shape() != p.value.shape() {
-            return Err(GraphError::ShapeMismatch {
-                op: "Parameter::set_value",
-                lhs: p.value.shape().to_vec(),
-                rhs: v.shape().to_vec(),
-            });
-        }
-        if v.dtype() != p.value.dtype() {
-            return Err(GraphError::DTypeMismatch {
-                op: "Parameter::set_value",
-                lhs: p.value.dtype(),
-                rhs: v.dtype(),
-            });
-        }
+        p.check_like("Parameter::set_value", &v)?;
         p.value = Arc::new(v);
         Ok(())
     }
@@ -116,28 +124,12 @@ impl Parameter {
     /// Replaces the accumulated gradient (`None` forgets it); a gradient must have the value's
     /// shape and dtype. What a gradient all-reduce writes back.
     pub fn set_grad(&self, grad: Option<HostTensor>) -> Result<()> {
-        let op = "Parameter::set_grad";
-        let mut p = self.lock();
         let Some(g) = grad else {
-            if let Some(old) = p.grad.take() {
-                p.spare = Some(old);
-            }
+            self.zero_grad();
             return Ok(());
         };
-        if g.shape() != p.value.shape() {
-            return Err(GraphError::ShapeMismatch {
-                op,
-                lhs: p.value.shape().to_vec(),
-                rhs: g.shape().to_vec(),
-            });
-        }
-        if g.dtype() != p.value.dtype() {
-            return Err(GraphError::DTypeMismatch {
-                op,
-                lhs: p.value.dtype(),
-                rhs: g.dtype(),
-            });
-        }
+        let mut p = self.lock();
+        p.check_like("Parameter::set_grad", &g)?;
         p.grad = Some(g.into_data());
         Ok(())
     }
