@@ -98,6 +98,9 @@ pub trait Float:
     fn min(self, o: Self) -> Self;
     /// -inf.
     fn neg_infinity() -> Self;
+    /// `self·a + b` rounded once (a fused multiply-add: one instruction where the code is
+    /// compiled with FMA, a correctly rounded library call otherwise).
+    fn mul_add(self, a: Self, b: Self) -> Self;
 }
 
 macro_rules! float_impl {
@@ -153,6 +156,10 @@ macro_rules! float_impl {
             #[inline(always)]
             fn powf(self, p: Self) -> Self {
                 <$t>::powf(self, p)
+            }
+            #[inline(always)]
+            fn mul_add(self, a: Self, b: Self) -> Self {
+                <$t>::mul_add(self, a, b)
             }
             #[inline(always)]
             fn max(self, o: Self) -> Self {

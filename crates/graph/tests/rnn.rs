@@ -159,39 +159,46 @@ fn loop_of_cells<'g>(
 
 #[test]
 fn lstm_sequence_equals_each_row_run_alone_to_its_length() {
-    each_row_alone(3, &[None, Some(&[5, 3, 0]), Some(&[4, 4, 2])], 1);
+    each_row_alone(3, 4, &[None, Some(&[5, 3, 0]), Some(&[4, 4, 2])], 1);
 }
 
 #[test]
-fn lstm_sequence_over_row_blocks_on_threads_equals_each_row_alone() {
-    // More rows than the dot-product path takes: the batch is split into row blocks, one per
-    // thread, each running its whole recurrence.
-    let long: &[usize] = &[5, 5, 4, 4, 4, 3, 2, 2, 1, 0, 0];
-    each_row_alone(11, &[None, Some(long)], 3);
-    // And its backward, against the composed recurrence's.
-    let (t, b, h) = (5, 11, 4);
-    let g = Graph::with_threads(3);
-    let wy = g
-        .from_f64(
-            &values((t + 2) * b * h, 30, false),
-            &[t + 2, b, h],
-            DType::F64,
-        )
-        .unwrap();
-    let grads = |unfused: bool, reverse: bool| {
+fn lstm_sequence_divided_between_threads_gives_the_same_bits() {
+    // A small batch is divided between threads by hidden units (blocks of at least 32, each
+    // thread its own for the whole sequence): 100 units over 1, 2 and 3 threads. A batch with
+    // 8 rows or more per thread is divided by rows: 19 rows over 2 and 3. Both give the bits of
+    // one thread, for rows of their own lengths, forwards and reversed, in f64 and f32; and the
+    // composed recurrence's values and gradients.
+    let small: &[usize] = &[5, 5, 4, 4, 4, 3, 2, 2, 1, 0, 0];
+    let large: &[usize] = &[5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 3, 3, 3, 2, 2, 1, 1, 0, 0];
+    each_row_alone(11, 100, &[Some(small)], 3);
+    each_row_alone(19, 12, &[Some(large)], 2);
+    for (long, h) in [(small, 100), (large, 40)] {
+        lstm_sequence_threads_case(long, h);
+    }
+}
+
+fn lstm_sequence_threads_case(long: &[usize], h: usize) {
+    let (t, b) = (5, long.len());
+    let run = |threads: usize, dtype: DType, unfused: bool, reverse: bool| {
+        let g = Graph::with_threads(threads);
+        let wy = g
+            .from_f64(&values((t + 2) * b * h, 30, false), &[t + 2, b, h], dtype)
+            .unwrap();
         let x = [
+            g.var(&values(t * b * 4 * h, 31, false), &[t, b, 4 * h], dtype)
+                .unwrap(),
             g.var(
-                &values(t * b * 4 * h, 31, false),
-                &[t, b, 4 * h],
-                DType::F64,
+                &values(4 * h * h, 32, false)
+                    .iter()
+                    .map(|v| 0.2 * v)
+                    .collect::<Vec<_>>(),
+                &[4 * h, h],
+                dtype,
             )
             .unwrap(),
-            g.var(&values(4 * h * h, 32, false), &[4 * h, h], DType::F64)
-                .unwrap(),
-            g.var(&values(b * h, 33, false), &[b, h], DType::F64)
-                .unwrap(),
-            g.var(&values(b * h, 34, false), &[b, h], DType::F64)
-                .unwrap(),
+            g.var(&values(b * h, 33, false), &[b, h], dtype).unwrap(),
+            g.var(&values(b * h, 34, false), &[b, h], dtype).unwrap(),
         ];
         let opts = LstmSequenceOptions {
             lengths: Some(long),
@@ -210,18 +217,36 @@ fn lstm_sequence_over_row_blocks_on_threads_equals_each_row_alone() {
             )
             .unwrap();
         all.mul(wy).unwrap().sum().unwrap().backward().unwrap();
-        x.map(|v| v.grad().unwrap().unwrap().to_vec_f64().unwrap())
+        let mut out = vec![all.to_vec_f64().unwrap()];
+        out.extend(x.map(|v| v.grad().unwrap().unwrap().to_vec_f64().unwrap()));
+        out
+    };
+    let bits = |v: &[Vec<f64>]| -> Vec<Vec<u64>> {
+        v.iter()
+            .map(|x| x.iter().map(|f| f.to_bits()).collect())
+            .collect()
     };
     for reverse in [false, true] {
-        let (a, c) = (grads(false, reverse), grads(true, reverse));
-        for (p, q) in a.iter().zip(&c) {
-            close(p, q, 1e-12);
+        for dtype in [DType::F64, DType::F32] {
+            let one = run(1, dtype, false, reverse);
+            for threads in [2, 3] {
+                assert_eq!(
+                    bits(&run(threads, dtype, false, reverse)),
+                    bits(&one),
+                    "{threads} threads, {dtype}, reverse {reverse}"
+                );
+            }
+            if dtype == DType::F64 {
+                for (p, q) in one.iter().zip(&run(2, dtype, true, reverse)) {
+                    close(p, q, 1e-12);
+                }
+            }
         }
     }
 }
 
-fn each_row_alone(b: usize, cases: &[Option<&[usize]>], threads: usize) {
-    let (t, h) = (5, 4);
+fn each_row_alone(b: usize, h: usize, cases: &[Option<&[usize]>], threads: usize) {
+    let t = 5;
     let giv = values(t * b * 4 * h, 13, false);
     let wv: Vec<f64> = values(4 * h * h, 14, false)
         .iter()

@@ -1,10 +1,12 @@
 //! CPU kernels. Each takes plain slices and shapes; the graph has already checked that they agree.
 
 pub mod attention;
+pub mod chain_gemm;
 pub mod conv;
 pub mod dropout;
 pub mod elementwise;
 pub mod fastmath;
+pub mod lockstep;
 pub mod matmul;
 pub mod norm;
 pub mod par;

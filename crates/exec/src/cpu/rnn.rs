@@ -12,7 +12,11 @@
 //! Sequences may end early: lengths sorted longest first, row `b` takes part in steps
 //! `0..len[b]` and its state is carried unchanged past its end (PyTorch's packed sequences).
 
-use super::matmul::{gemm, Gemm, MatView, SMALL_M};
+use std::sync::Mutex;
+
+use super::chain_gemm::chain_gemm;
+use super::lockstep::{lockstep, LineAligned, Shared};
+use super::matmul::{gemm, Gemm, MatView};
 use crate::Float;
 
 /// Values kept per processed position and hidden unit by [`lstm_seq_forward`]:
@@ -235,13 +239,6 @@ fn zero_past_lengths<T: Float>(buf: &mut [T], d: &LstmDims, lengths: &[usize], w
     }
 }
 
-/// `w` (`rows × cols`, row-major) transposed.
-fn transposed<T: Float>(w: &[T], rows: usize, cols: usize) -> Vec<T> {
-    let mut t = vec![T::ZERO; w.len()];
-    super::transpose::transpose(w, rows, cols, cols, &mut t);
-    t
-}
-
 /// The sizes of an LSTM over a sequence: `t` positions, `b` rows, `h` hidden units; `reverse`
 /// runs each row from its last position to its first.
 #[derive(Debug, Clone, Copy)]
@@ -273,19 +270,55 @@ impl LstmDims {
     }
 }
 
-/// Row blocks for the threads: independent rows of a batch run their whole recurrence on their
-/// own thread (no synchronisation per step); a batch of a few rows is one block, its products
-/// split by columns instead. `[r0, r1, …, b]`.
-fn row_blocks(b: usize, threads: usize) -> Vec<usize> {
-    let t = if b > SMALL_M {
-        threads.clamp(1, b / SMALL_M)
-    } else {
-        1
-    };
-    let per = b.div_ceil(t);
-    let mut bounds: Vec<usize> = (0..b).step_by(per.max(1)).collect();
-    bounds.push(b);
+/// Hidden units a thread takes at the least: below this a step's share is too small to repay
+/// the threads' meeting.
+const MIN_SLOT_UNITS: usize = 32;
+
+/// How the hidden units are divided between the threads of a sequence pass: `[0, u1, …, h]`,
+/// blocks of whole multiples of 16 units (a vector's width) but for the last. Each thread
+/// keeps its block for the whole sequence, forward and backward, so that its share of the
+/// recurrent weight (a quarter of a megabyte per 64 units at h = 256) stays in its core's
+/// cache from one step to the next.
+fn unit_slots(h: usize, threads: usize) -> Vec<usize> {
+    let slots = threads.clamp(1, (h / MIN_SLOT_UNITS).max(1));
+    let per = h.div_ceil(slots).div_ceil(16) * 16;
+    let mut bounds: Vec<usize> = (0..h).step_by(per.max(1)).collect();
+    bounds.push(h);
     bounds
+}
+
+fn lock<S>(m: &Mutex<S>) -> std::sync::MutexGuard<'_, S> {
+    // A unit that panicked stops the whole pass (`lockstep` re-raises it), so a poisoned state
+    // is never used again.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One thread's share of a forward pass: its units' rows of the recurrent weight, transposed
+/// (per gate `[h, width]`), their cell states, and scratch.
+struct FwdSlot<T> {
+    wt: Vec<T>,
+    hloc: Vec<T>,
+    c: Vec<T>,
+    z: Vec<T>,
+    tmp: Vec<T>,
+    cnew: Vec<T>,
+}
+
+/// Rows per thread from which a batch is divided between the threads by rows (each running its
+/// rows' whole recurrence, with no meeting per step) rather than by hidden units.
+const ROWS_PER_THREAD: usize = 8;
+
+/// Row blocks for the threads when the batch has [`ROWS_PER_THREAD`] rows for each of at
+/// least two of them: `[r0, r1, …, b]`; otherwise `None` (divide by hidden units).
+fn row_blocks(b: usize, threads: usize) -> Option<Vec<usize>> {
+    let t = threads.min(b / ROWS_PER_THREAD);
+    if t < 2 {
+        return None;
+    }
+    let per = b.div_ceil(t);
+    let mut bounds: Vec<usize> = (0..b).step_by(per).collect();
+    bounds.push(b);
+    Some(bounds)
 }
 
 /// `buf` (`[t, b, w]`) as each row block's `t` runs, one per position.
@@ -320,7 +353,7 @@ struct Block<'a, T> {
     c: &'a mut [T],
 }
 
-/// Runs `f` on each block, each on its own thread when there are several.
+/// Runs `f` on each block, each on its own thread.
 fn per_block<'a, T: Float>(
     runs: Vec<Vec<&'a mut [T]>>,
     h: &'a mut [T],
@@ -343,16 +376,18 @@ fn per_block<'a, T: Float>(
             c: cb,
         });
     }
-    if blocks.len() == 1 {
-        f(&mut blocks[0]);
-    } else {
-        super::thread_pool::for_each_owned(blocks, |_, blk| f(blk));
-    }
+    super::thread_pool::for_each_owned(blocks, |_, blk| f(blk));
 }
 
 /// The LSTM over a sequence. `gi` `[t, b, 4h]`: the input projections with both biases; `w`
 /// `[4h, h]`: the recurrent weight; `h0`, `c0` `[b, h]`. Writes `saved` `[t, b, 7h]` (zeros at
 /// positions past a row's length) and the final states `hn`, `cn` `[b, h]`.
+///
+/// Each pre-activation is one fused chain over the hidden units ([`chain_gemm`]), so the bits
+/// do not depend on how the work is divided between threads. A batch with rows enough for
+/// every thread is divided by rows ([`row_blocks`]); a smaller one by hidden units
+/// ([`unit_slots`]), the threads advancing through the steps together ([`lockstep`]), each
+/// multiplying the whole previous hidden state by its own units' rows of `w`.
 #[allow(clippy::too_many_arguments)]
 pub fn lstm_seq_forward<T: Float + Gemm>(
     d: &LstmDims,
@@ -366,24 +401,36 @@ pub fn lstm_seq_forward<T: Float + Gemm>(
     cn: &mut [T],
     threads: usize,
 ) {
-    let (b, h) = (d.b, d.h);
-    let k = LSTM_SAVED * h;
+    let k = LSTM_SAVED * d.h;
     zero_past_lengths(saved, d, lengths, k);
     hn.copy_from_slice(h0);
     cn.copy_from_slice(c0);
-    let bounds = row_blocks(b, threads);
-    // wᵀ as an h×4h view: at a few rows, read in place (each column a contiguous row of w,
-    // the dot-product path, split by columns across the threads); otherwise copied once into
-    // row-major order, which the GEMM kernel reads without packing it at every step.
-    let copy;
-    let (wt, gemm_threads) = if b <= SMALL_M {
-        (MatView::row_major(w, 0, h, true), threads)
-    } else {
-        copy = transposed(w, 4 * h, h);
-        (MatView::row_major(&copy, 0, 4 * h, false), 1)
-    };
-    let runs = by_blocks(saved, b, k, &bounds);
-    per_block(runs, hn, cn, &bounds, h, |blk| {
+    match row_blocks(d.b, threads) {
+        Some(bounds) => forward_by_rows(d, lengths, gi, w, saved, hn, cn, &bounds),
+        None => forward_by_units(d, lengths, gi, w, h0, c0, saved, hn, cn, threads),
+    }
+}
+
+/// [`lstm_seq_forward`] over row blocks, one per thread; `hn`, `cn` hold the initial states
+/// and become the final ones.
+#[allow(clippy::too_many_arguments)]
+fn forward_by_rows<T: Float + Gemm>(
+    d: &LstmDims,
+    lengths: &[usize],
+    gi: &[T],
+    w: &[T],
+    saved: &mut [T],
+    hn: &mut [T],
+    cn: &mut [T],
+    bounds: &[usize],
+) {
+    let (b, h) = (d.b, d.h);
+    let k = LSTM_SAVED * h;
+    // wᵀ, `[h, 4h]`, read by every thread at every step.
+    let mut wt = vec![T::ZERO; w.len()];
+    T::transpose(w, 4 * h, h, h, &mut wt);
+    let runs = by_blocks(saved, b, k, bounds);
+    per_block(runs, hn, cn, bounds, h, |blk| {
         let rows = blk.h.len() / h.max(1);
         let mut z = vec![T::ZERO; rows * 4 * h];
         let mut tmp = vec![T::ZERO; 4 * h];
@@ -393,8 +440,7 @@ pub fn lstm_seq_forward<T: Float + Gemm>(
             if nb == 0 {
                 break;
             }
-            let hs = MatView::row_major(&*blk.h, 0, h, false);
-            gemm(nb, h, 4 * h, hs, wt, &mut z, 0, false, gemm_threads);
+            chain_gemm(nb, h, 4 * h, blk.h, h, &wt, 4 * h, &mut z, 4 * h);
             for r in 0..nb {
                 let row = blk.r0 + r;
                 let p = d.pos(lengths[row], s);
@@ -419,6 +465,151 @@ pub fn lstm_seq_forward<T: Float + Gemm>(
                 cr.copy_from_slice(&c);
                 for j in 0..h {
                     hr[j] = zr[3 * h + j] * sv[4 * h + j];
+                }
+            }
+        }
+    });
+}
+
+/// [`lstm_seq_forward`] divided by hidden units.
+#[allow(clippy::too_many_arguments)]
+fn forward_by_units<T: Float + Gemm>(
+    d: &LstmDims,
+    lengths: &[usize],
+    gi: &[T],
+    w: &[T],
+    h0: &[T],
+    c0: &[T],
+    saved: &mut [T],
+    hn: &mut [T],
+    cn: &mut [T],
+    threads: usize,
+) {
+    let (b, h) = (d.b, d.h);
+    let k = LSTM_SAVED * h;
+    let bounds = unit_slots(h, threads);
+    let slots: Vec<Mutex<FwdSlot<T>>> = bounds
+        .windows(2)
+        .map(|u| {
+            let wd = u[1] - u[0];
+            let mut c = vec![T::ZERO; b * wd];
+            for r in 0..b {
+                c[r * wd..(r + 1) * wd].copy_from_slice(&c0[r * h + u[0]..r * h + u[1]]);
+            }
+            Mutex::new(FwdSlot {
+                wt: Vec::new(),
+                hloc: vec![T::ZERO; b * h],
+                c,
+                z: vec![T::ZERO; b * 4 * wd],
+                tmp: vec![T::ZERO; 4 * wd],
+                cnew: vec![T::ZERO; wd],
+            })
+        })
+        .collect();
+    // The hidden state of the step before and of this one, alternating halves.
+    let mut hbuf = LineAligned::zeros(2 * b * h);
+    let hbuf = hbuf.as_mut_slice();
+    hbuf[b * h..].copy_from_slice(h0);
+    let hs = Shared::new(hbuf);
+    let sv = Shared::new(saved);
+    let (hns, cns) = (Shared::new(hn), Shared::new(cn));
+    lockstep(slots.len(), d.t, &|q, s| {
+        let mut st = lock(&slots[q]);
+        let FwdSlot {
+            wt,
+            hloc,
+            c,
+            z,
+            tmp,
+            cnew,
+        } = &mut *st;
+        let (u0, u1) = (bounds[q], bounds[q + 1]);
+        let wd = u1 - u0;
+        if wt.is_empty() {
+            // Packed here, by the thread that will read it at every step.
+            wt.resize(4 * h * wd, T::ZERO);
+            for g in 0..4 {
+                T::transpose(
+                    &w[(g * h + u0) * h..],
+                    wd,
+                    h,
+                    h,
+                    &mut wt[g * h * wd..(g + 1) * h * wd],
+                );
+            }
+        }
+        let nb = d.active(lengths, s);
+        if nb == 0 {
+            return;
+        }
+        // SAFETY: this half of `hbuf` was written by the previous step's units (all finished:
+        // `lockstep`) and is written next by the following step's, which start only after
+        // every slot has finished this one; meanwhile it is only read.
+        let hshared = unsafe { hs.part(((s + 1) % 2) * b * h, nb * h) };
+        // Copied first: half of it was just written on another core, and one copy fetches
+        // those lines all at once where the product's element-by-element reads would wait
+        // for each in turn.
+        let hprev = &mut hloc[..nb * h];
+        hprev.copy_from_slice(hshared);
+        let hprev = &*hprev;
+        for g in 0..4 {
+            chain_gemm(
+                nb,
+                h,
+                wd,
+                hprev,
+                h,
+                &wt[g * h * wd..],
+                wd,
+                &mut z[g * wd..],
+                4 * wd,
+            );
+        }
+        for (r, &len) in lengths.iter().enumerate().take(nb) {
+            let p = d.pos(len, s);
+            let zr = &mut z[r * 4 * wd..(r + 1) * 4 * wd];
+            let g_at = (p * b + r) * 4 * h;
+            for g in 0..4 {
+                let gv = &gi[g_at + g * h + u0..g_at + g * h + u1];
+                for (zv, &x) in zr[g * wd..(g + 1) * wd].iter_mut().zip(gv) {
+                    *zv += x;
+                }
+            }
+            lstm_gates(zr, tmp, wd);
+            let cr = &mut c[r * wd..(r + 1) * wd];
+            for (j, cj) in cnew.iter_mut().enumerate() {
+                *cj = lstm_c(zr, cr[j], wd, j);
+            }
+            let at = (p * b + r) * k;
+            // SAFETY: in step s only this slot writes its units' columns of the record of row r
+            // at position p (each row visits each position once), and no unit reads them.
+            let (tc, cp, hp) = unsafe {
+                for g in 0..4 {
+                    sv.part_mut(at + g * h + u0, wd)
+                        .copy_from_slice(&zr[g * wd..(g + 1) * wd]);
+                }
+                (
+                    sv.part_mut(at + 4 * h + u0, wd),
+                    sv.part_mut(at + 5 * h + u0, wd),
+                    sv.part_mut(at + 6 * h + u0, wd),
+                )
+            };
+            T::tanh_into(cnew, tc);
+            cp.copy_from_slice(cr);
+            hp.copy_from_slice(&hprev[r * h + u0..r * h + u1]);
+            cr.copy_from_slice(cnew);
+            // SAFETY: this slot's units of row r in this step's half of `hbuf`: written here
+            // alone, read by the next step (after `lockstep`'s meeting).
+            let hr = unsafe { hs.part_mut((s % 2) * b * h + r * h + u0, wd) };
+            for j in 0..wd {
+                hr[j] = zr[3 * wd + j] * tc[j];
+            }
+            if s + 1 == len {
+                // SAFETY: row r ends here; only this slot writes its units of the row's final
+                // states, once.
+                unsafe {
+                    hns.part_mut(r * h + u0, wd).copy_from_slice(hr);
+                    cns.part_mut(r * h + u0, wd).copy_from_slice(cr);
                 }
             }
         }
@@ -454,9 +645,24 @@ pub fn lstm_seq_output<T: Float>(
     y[(d.t + 1) * b * h..].copy_from_slice(cn);
 }
 
+/// One thread's share of a backward pass: the gradients arriving at its units' hidden and cell
+/// states, and scratch.
+struct BwdSlot<T> {
+    dzloc: Vec<T>,
+    dh: Vec<T>,
+    dc: Vec<T>,
+    a: Vec<T>,
+    dz: Vec<T>,
+    dhr: Vec<T>,
+    dcin: Vec<T>,
+}
+
 /// Backward through time: from `gy` `[t + 2, b, h]` (the outputs', `hn`'s and `cn`'s
 /// gradients), writes the input projections' gradient `dgi` `[t, b, 4h]` and the initial
 /// states' `dh0`, `dc0` `[b, h]`.
+///
+/// The work is divided as forward; each gradient of the previous hidden state is one fused
+/// chain over all 4h gates, whatever the division.
 #[allow(clippy::too_many_arguments)]
 pub fn lstm_seq_backward<T: Float + Gemm>(
     d: &LstmDims,
@@ -469,23 +675,34 @@ pub fn lstm_seq_backward<T: Float + Gemm>(
     dc0: &mut [T],
     threads: usize,
 ) {
+    let (b, h, t) = (d.b, d.h, d.t);
+    zero_past_lengths(dgi, d, lengths, 4 * h);
+    dh0.copy_from_slice(&gy[t * b * h..(t + 1) * b * h]);
+    dc0.copy_from_slice(&gy[(t + 1) * b * h..]);
+    match row_blocks(b, threads) {
+        Some(bounds) => backward_by_rows(d, lengths, gy, saved, w, dgi, dh0, dc0, &bounds),
+        None => backward_by_units(d, lengths, gy, saved, w, dgi, dh0, dc0, threads),
+    }
+}
+
+/// [`lstm_seq_backward`] over row blocks, one per thread; `dh0`, `dc0` hold the final states'
+/// gradients and become the initial ones'.
+#[allow(clippy::too_many_arguments)]
+fn backward_by_rows<T: Float + Gemm>(
+    d: &LstmDims,
+    lengths: &[usize],
+    gy: &[T],
+    saved: &[T],
+    w: &[T],
+    dgi: &mut [T],
+    dh0: &mut [T],
+    dc0: &mut [T],
+    bounds: &[usize],
+) {
     let (b, h) = (d.b, d.h);
     let k = LSTM_SAVED * h;
-    zero_past_lengths(dgi, d, lengths, 4 * h);
-    dh0.copy_from_slice(&gy[d.t * b * h..(d.t + 1) * b * h]);
-    dc0.copy_from_slice(&gy[(d.t + 1) * b * h..]);
-    let bounds = row_blocks(b, threads);
-    // At a few rows, w stored transposed (h×4h, row-major), so that dz·w reads each output's
-    // column as a contiguous run (the dot-product path); otherwise w as it is, row-major.
-    let copy;
-    let (wview, gemm_threads) = if b <= SMALL_M {
-        copy = transposed(w, 4 * h, h);
-        (MatView::row_major(&copy, 0, 4 * h, true), threads)
-    } else {
-        (MatView::row_major(w, 0, h, false), 1)
-    };
-    let runs = by_blocks(dgi, b, 4 * h, &bounds);
-    per_block(runs, dh0, dc0, &bounds, h, |blk| {
+    let runs = by_blocks(dgi, b, 4 * h, bounds);
+    per_block(runs, dh0, dc0, bounds, h, |blk| {
         let rows = blk.h.len() / h.max(1);
         let mut dz = vec![T::ZERO; rows * 4 * h];
         let mut dhr = vec![T::ZERO; h];
@@ -517,10 +734,133 @@ pub fn lstm_seq_backward<T: Float + Gemm>(
                 );
                 blk.runs[p][r * 4 * h..(r + 1) * 4 * h].copy_from_slice(dzr);
             }
-            let dzs = MatView::row_major(&dz, 0, 4 * h, false);
-            gemm(nb, 4 * h, h, dzs, wview, blk.h, 0, false, gemm_threads);
+            chain_gemm(nb, 4 * h, h, &dz, 4 * h, w, h, blk.h, h);
         }
     });
+}
+
+/// [`lstm_seq_backward`] divided by hidden units: at each step a thread turns the gradients at
+/// its units into their gates' pre-activation gradients; after the threads meet, it takes its
+/// units' part of the previous hidden state's gradient from all of them, `dz·w[:, units]` (its
+/// block of `w`'s columns, read in place and kept in its core's cache over the steps).
+#[allow(clippy::too_many_arguments)]
+fn backward_by_units<T: Float + Gemm>(
+    d: &LstmDims,
+    lengths: &[usize],
+    gy: &[T],
+    saved: &[T],
+    w: &[T],
+    dgi: &mut [T],
+    dh0: &mut [T],
+    dc0: &mut [T],
+    threads: usize,
+) {
+    let (b, h, t) = (d.b, d.h, d.t);
+    let k = LSTM_SAVED * h;
+    let bounds = unit_slots(h, threads);
+    let cols = |src: &[T], u0: usize, u1: usize| {
+        let wd = u1 - u0;
+        let mut out = vec![T::ZERO; b * wd];
+        for r in 0..b {
+            out[r * wd..(r + 1) * wd].copy_from_slice(&src[r * h + u0..r * h + u1]);
+        }
+        out
+    };
+    let slots: Vec<Mutex<BwdSlot<T>>> = bounds
+        .windows(2)
+        .map(|u| {
+            let wd = u[1] - u[0];
+            Mutex::new(BwdSlot {
+                dzloc: vec![T::ZERO; b * 4 * h],
+                dh: cols(dh0, u[0], u[1]),
+                dc: cols(dc0, u[0], u[1]),
+                a: vec![T::ZERO; 4 * wd],
+                dz: vec![T::ZERO; 4 * wd],
+                dhr: vec![T::ZERO; wd],
+                dcin: vec![T::ZERO; wd],
+            })
+        })
+        .collect();
+    // Each step's gate gradients of the active rows, `[b, 4h]`, alternating halves.
+    let mut dzbuf = LineAligned::zeros(2 * b * 4 * h);
+    let dzs = Shared::new(dzbuf.as_mut_slice());
+    let dgs = Shared::new(dgi);
+    // Unit u: the product of step t − u (for u ≥ 1), then the gates of step t − u − 1 (u < t).
+    lockstep(bounds.len() - 1, t + 1, &|q, u| {
+        let mut st = lock(&slots[q]);
+        let BwdSlot {
+            dzloc,
+            dh,
+            dc,
+            a,
+            dz,
+            dhr,
+            dcin,
+        } = &mut *st;
+        let (u0, u1) = (bounds[q], bounds[q + 1]);
+        let wd = u1 - u0;
+        if u >= 1 {
+            let s = t - u;
+            let nb = d.active(lengths, s);
+            if nb > 0 {
+                // SAFETY: written by step s's gate units (all finished: `lockstep`); the next
+                // write of this half is step s − 2's, two meetings away.
+                let dzp = unsafe { dzs.part((s % 2) * b * 4 * h, nb * 4 * h) };
+                // Copied first, as the hidden state forward.
+                let dzl = &mut dzloc[..nb * 4 * h];
+                dzl.copy_from_slice(dzp);
+                chain_gemm(nb, 4 * h, wd, dzl, 4 * h, &w[u0..], h, dh, wd);
+            }
+        }
+        if u < t {
+            let s = t - 1 - u;
+            let nb = d.active(lengths, s);
+            for (r, &len) in lengths.iter().enumerate().take(nb) {
+                let p = d.pos(len, s);
+                let at = (p * b + r) * h;
+                for j in 0..wd {
+                    dhr[j] = dh[r * wd + j] + gy[at + u0 + j];
+                }
+                let sv = &saved[(p * b + r) * k..(p * b + r + 1) * k];
+                for g in 0..4 {
+                    a[g * wd..(g + 1) * wd].copy_from_slice(&sv[g * h + u0..g * h + u1]);
+                }
+                let dcr = &mut dc[r * wd..(r + 1) * wd];
+                dcin.copy_from_slice(dcr);
+                lstm_row_backward(
+                    a,
+                    &sv[4 * h + u0..4 * h + u1],
+                    &sv[5 * h + u0..5 * h + u1],
+                    dhr,
+                    dcin,
+                    dz,
+                    Some(dcr),
+                    wd,
+                );
+                // SAFETY: this slot's units of row r: in `dzbuf`'s half for step s (read by
+                // the product after the meeting; its last readers finished two meetings ago)
+                // and in `dgi` at the row's position p (visited once).
+                unsafe {
+                    for g in 0..4 {
+                        let blk = &dz[g * wd..(g + 1) * wd];
+                        dzs.part_mut((s % 2) * b * 4 * h + r * 4 * h + g * h + u0, wd)
+                            .copy_from_slice(blk);
+                        dgs.part_mut((p * b + r) * 4 * h + g * h + u0, wd)
+                            .copy_from_slice(blk);
+                    }
+                }
+            }
+        }
+    });
+    for (q, slot) in slots.into_iter().enumerate() {
+        let st = slot.into_inner().unwrap_or_else(|e| e.into_inner());
+        let (u0, u1) = (bounds[q], bounds[q + 1]);
+        let wd = u1 - u0;
+        for r in 0..b {
+            dh0[r * h + u0..r * h + u1].copy_from_slice(&st.dh[r * wd..(r + 1) * wd]);
+            dc0[r * h + u0..r * h + u1].copy_from_slice(&st.dc[r * wd..(r + 1) * wd]);
+        }
+    }
 }
 
 /// The recurrent weight's gradient `[4h, h]`: `Σ dz_pᵀ·h_prev_p` over every position, one GEMM.
@@ -541,4 +881,85 @@ pub fn lstm_seq_grad_weight<T: Float + Gemm>(
         cs: 1,
     };
     gemm(4 * h, rows, h, a, hp, dw, 0, false, threads);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                scale * ((x % 2001) as f32 / 1000.0 - 1.0)
+            })
+            .collect()
+    }
+
+    /// Forward and backward of one sequence pass: `saved`, the final states, `dgi` and the
+    /// initial states' gradients.
+    fn pass(d: &LstmDims, lengths: &[usize], threads: usize) -> Vec<Vec<f32>> {
+        let (t, b, h) = (d.t, d.b, d.h);
+        let gi = data(t * b * 4 * h, 1, 1.0);
+        let w = data(4 * h * h, 2, 0.2);
+        let (h0, c0) = (data(b * h, 3, 1.0), data(b * h, 4, 1.0));
+        let gy = data((t + 2) * b * h, 5, 1.0);
+        let mut saved = vec![f32::NAN; t * b * LSTM_SAVED * h];
+        let (mut hn, mut cn) = (vec![0.0; b * h], vec![0.0; b * h]);
+        lstm_seq_forward(
+            d, lengths, &gi, &w, &h0, &c0, &mut saved, &mut hn, &mut cn, threads,
+        );
+        let mut dgi = vec![f32::NAN; t * b * 4 * h];
+        let (mut dh0, mut dc0) = (vec![0.0; b * h], vec![0.0; b * h]);
+        lstm_seq_backward(
+            d, lengths, &gy, &saved, &w, &mut dgi, &mut dh0, &mut dc0, threads,
+        );
+        vec![saved, hn, cn, dgi, dh0, dc0]
+    }
+
+    /// Divided by hidden units (a small batch, two threads meeting at every step) and by rows
+    /// (enough rows for each thread), the passes give one thread's bits, every position written.
+    #[test]
+    fn a_pass_divided_between_threads_has_one_threads_bits() {
+        let cases: &[(usize, usize, &[usize], bool)] = if cfg!(miri) {
+            &[
+                (1, 64, &[2], true),
+                (
+                    16,
+                    2,
+                    &[2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 0, 0],
+                    true,
+                ),
+            ]
+        } else {
+            &[
+                (2, 64, &[3, 2], false),
+                (2, 64, &[3, 0], true),
+                (
+                    16,
+                    4,
+                    &[3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 0, 0],
+                    true,
+                ),
+            ]
+        };
+        for &(b, h, lengths, reverse) in cases {
+            let d = LstmDims {
+                t: lengths[0],
+                b,
+                h,
+                reverse,
+            };
+            let one = pass(&d, lengths, 1);
+            assert!(one.iter().flatten().all(|v| v.is_finite()));
+            let two = pass(&d, lengths, 2);
+            for (x, y) in one.iter().zip(&two) {
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(x), bits(y), "b {b}, h {h}, reverse {reverse}");
+            }
+        }
+    }
 }
