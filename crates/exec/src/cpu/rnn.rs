@@ -77,6 +77,39 @@ fn lstm_row_backward<T: Float>(
     }
 }
 
+/// [`lstm_row_backward`] for the units `u0..u0 + dh.len()` of one row, reading the activations
+/// in place from the row's saved record `sv` (`[i f g o tanh(c) c_prev …]`, blocks of `h`):
+/// `dc` in, `dc_prev` out; the four gates' pre-activation gradients into `out[g]` and again
+/// into `out[4 + g]`. The same operations in the same order as [`lstm_row_backward`].
+#[inline]
+fn lstm_units_backward<T: Float>(
+    sv: &[T],
+    h: usize,
+    u0: usize,
+    dh: &[T],
+    dc: &mut [T],
+    out: [&mut [T]; 8],
+) {
+    let wd = dh.len();
+    let col = |blk: usize| &sv[blk * h + u0..blk * h + u0 + wd];
+    let (ai, af, ag, ao, tc, cp) = (col(0), col(1), col(2), col(3), col(4), col(5));
+    let [zi, zf, zg, zo, yi, yf, yg, yo] = out;
+    for j in 0..wd {
+        let (i, f, g, o) = (ai[j], af[j], ag[j], ao[j]);
+        let t = tc[j];
+        let dcj = dc[j] + dh[j] * o * (T::ONE - t * t);
+        let (di, df, dg, d_o) = (
+            dcj * g * i * (T::ONE - i),
+            dcj * cp[j] * f * (T::ONE - f),
+            dcj * i * (T::ONE - g * g),
+            dh[j] * t * o * (T::ONE - o),
+        );
+        (zi[j], zf[j], zg[j], zo[j]) = (di, df, dg, d_o);
+        (yi[j], yf[j], yg[j], yo[j]) = (di, df, dg, d_o);
+        dc[j] = dcj * f;
+    }
+}
+
 /// An LSTM cell over `rows` rows: `z` `[rows, 4h]` pre-activations, `cp` `[rows, h]` the previous
 /// cell state; writes `saved` `[rows, 5h]` = activations and `tanh(c)`.
 pub fn lstm_cell_forward<T: Float>(z: &[T], cp: &[T], h: usize, saved: &mut [T]) {
@@ -651,10 +684,7 @@ struct BwdSlot<T> {
     dzloc: Vec<T>,
     dh: Vec<T>,
     dc: Vec<T>,
-    a: Vec<T>,
-    dz: Vec<T>,
     dhr: Vec<T>,
-    dcin: Vec<T>,
 }
 
 /// Backward through time: from `gy` `[t + 2, b, h]` (the outputs', `hn`'s and `cn`'s
@@ -774,10 +804,7 @@ fn backward_by_units<T: Float + Gemm>(
                 dzloc: vec![T::ZERO; b * 4 * h],
                 dh: cols(dh0, u[0], u[1]),
                 dc: cols(dc0, u[0], u[1]),
-                a: vec![T::ZERO; 4 * wd],
-                dz: vec![T::ZERO; 4 * wd],
                 dhr: vec![T::ZERO; wd],
-                dcin: vec![T::ZERO; wd],
             })
         })
         .collect();
@@ -785,18 +812,11 @@ fn backward_by_units<T: Float + Gemm>(
     let mut dzbuf = LineAligned::zeros(2 * b * 4 * h);
     let dzs = Shared::new(dzbuf.as_mut_slice());
     let dgs = Shared::new(dgi);
+    let dzs_or_dgs = |dz: bool| if dz { &dzs } else { &dgs };
     // Unit u: the product of step t − u (for u ≥ 1), then the gates of step t − u − 1 (u < t).
     lockstep(bounds.len() - 1, t + 1, &|q, u| {
         let mut st = lock(&slots[q]);
-        let BwdSlot {
-            dzloc,
-            dh,
-            dc,
-            a,
-            dz,
-            dhr,
-            dcin,
-        } = &mut *st;
+        let BwdSlot { dzloc, dh, dc, dhr } = &mut *st;
         let (u0, u1) = (bounds[q], bounds[q + 1]);
         let wd = u1 - u0;
         if u >= 1 {
@@ -822,33 +842,20 @@ fn backward_by_units<T: Float + Gemm>(
                     dhr[j] = dh[r * wd + j] + gy[at + u0 + j];
                 }
                 let sv = &saved[(p * b + r) * k..(p * b + r + 1) * k];
-                for g in 0..4 {
-                    a[g * wd..(g + 1) * wd].copy_from_slice(&sv[g * h + u0..g * h + u1]);
-                }
-                let dcr = &mut dc[r * wd..(r + 1) * wd];
-                dcin.copy_from_slice(dcr);
-                lstm_row_backward(
-                    a,
-                    &sv[4 * h + u0..4 * h + u1],
-                    &sv[5 * h + u0..5 * h + u1],
-                    dhr,
-                    dcin,
-                    dz,
-                    Some(dcr),
-                    wd,
-                );
-                // SAFETY: this slot's units of row r: in `dzbuf`'s half for step s (read by
-                // the product after the meeting; its last readers finished two meetings ago)
-                // and in `dgi` at the row's position p (visited once).
-                unsafe {
-                    for g in 0..4 {
-                        let blk = &dz[g * wd..(g + 1) * wd];
-                        dzs.part_mut((s % 2) * b * 4 * h + r * 4 * h + g * h + u0, wd)
-                            .copy_from_slice(blk);
-                        dgs.part_mut((p * b + r) * 4 * h + g * h + u0, wd)
-                            .copy_from_slice(blk);
-                    }
-                }
+                let out: [&mut [T]; 8] = std::array::from_fn(|x| {
+                    let g = x % 4;
+                    let at = if x < 4 {
+                        (s % 2) * b * 4 * h + r * 4 * h
+                    } else {
+                        (p * b + r) * 4 * h
+                    };
+                    // SAFETY: this slot's units of row r, gate g: in `dzbuf`'s half for step s
+                    // (read by the product after the meeting; its last readers finished two
+                    // meetings ago) and in `dgi` at the row's position p (visited once); the
+                    // eight parts are disjoint.
+                    unsafe { dzs_or_dgs(x < 4).part_mut(at + g * h + u0, wd) }
+                });
+                lstm_units_backward(sv, h, u0, dhr, &mut dc[r * wd..(r + 1) * wd], out);
             }
         }
     });

@@ -165,6 +165,13 @@ impl Sgd {
 /// `f32`, far below anything that moves a weight).
 const FLUSH_BELOW: f64 = 1e-30;
 
+/// The threads a large parameter's update is split over: the graphs' default, read once (it
+/// looks at the machine's CPU quota, too slow to ask at every step).
+fn update_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(arenagrad_graph::default_threads)
+}
+
 fn sgd_kernel<T: Elem>(
     p: &mut [T],
     g: &[T],
@@ -178,15 +185,26 @@ fn sgd_kernel<T: Elem>(
     // references the closures would otherwise hold.
     let d_of = move |g: T, p: T| if decay { g + wd * p } else { g };
     if c.momentum == 0.0 {
-        arenagrad_graph::wide(
-            p.len(),
-            #[inline(always)]
-            move || {
-                for (p, &g) in p.iter_mut().zip(g) {
-                    *p -= lr * d_of(g, *p);
-                }
-            },
-        );
+        // A large parameter is split across the threads (a streaming update bound by memory:
+        // one core cannot draw what two do), each element the same arithmetic.
+        let min = arenagrad_graph::exec::cpu::par::PAR_MIN_ELEMS;
+        let threads = if p.len() >= 2 * min {
+            update_threads()
+        } else {
+            1
+        };
+        arenagrad_graph::exec::cpu::par::par_chunks_mut(p, threads, min, |at, p| {
+            let g = &g[at..at + p.len()];
+            arenagrad_graph::wide(
+                p.len(),
+                #[inline(always)]
+                move || {
+                    for (p, &g) in p.iter_mut().zip(g) {
+                        *p -= lr * d_of(g, *p);
+                    }
+                },
+            );
+        });
         return Ok(());
     }
     let mu = T::from_f64(c.momentum);
