@@ -166,13 +166,15 @@ fn lstm_sequence_equals_each_row_run_alone_to_its_length() {
 fn lstm_sequence_divided_between_threads_gives_the_same_bits() {
     // A small batch is divided between threads by hidden units (blocks of at least 32, each
     // thread its own for the whole sequence): 100 units over 1, 2 and 3 threads. A batch with
-    // 8 rows or more per thread is divided by rows: 19 rows over 2 and 3. Both give the bits of
+    // 12 rows or more per thread is divided by rows: 27 rows over 2 (and by units over 3). Both give the bits of
     // one thread, for rows of their own lengths, forwards and reversed, in f64 and f32; and the
     // composed recurrence's values and gradients.
     let small: &[usize] = &[5, 5, 4, 4, 4, 3, 2, 2, 1, 0, 0];
-    let large: &[usize] = &[5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 3, 3, 3, 2, 2, 1, 1, 0, 0];
+    let large: &[usize] = &[
+        5, 5, 5, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4, 4, 3, 3, 3, 3, 2, 2, 2, 1, 1, 1, 0, 0,
+    ];
     each_row_alone(11, 100, &[Some(small)], 3);
-    each_row_alone(19, 12, &[Some(large)], 2);
+    each_row_alone(27, 12, &[Some(large)], 2);
     for (long, h) in [(small, 100), (large, 40)] {
         lstm_sequence_threads_case(long, h);
     }

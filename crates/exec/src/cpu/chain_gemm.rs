@@ -66,9 +66,9 @@ pub fn chain_gemm<T: Float>(
             // the CPU has AVX-512F (`simd` never reports more than it has), which implies FMA.
             unsafe {
                 if wide32 {
-                    drive::<Avx512, T, 8, 32, 128>(&v)
+                    drive::<Avx512, T, 32, 64, 128, 128>(&v)
                 } else {
-                    drive::<Avx512, T, 8, 16, 64>(&v)
+                    drive::<Avx512, T, 16, 32, 64, 64>(&v)
                 }
             };
             return;
@@ -77,9 +77,9 @@ pub fn chain_gemm<T: Float>(
             // SAFETY: as above; the CPU has AVX2 (`simd`) and FMA (detected just above).
             unsafe {
                 if wide32 {
-                    drive::<Avx2Fma, T, 6, 16, 64>(&v)
+                    drive::<Avx2Fma, T, 8, 16, 32, 64>(&v)
                 } else {
-                    drive::<Avx2Fma, T, 6, 8, 32>(&v)
+                    drive::<Avx2Fma, T, 4, 8, 16, 32>(&v)
                 }
             };
             return;
@@ -89,9 +89,9 @@ pub fn chain_gemm<T: Float>(
     // SAFETY: as above.
     unsafe {
         if wide32 {
-            drive::<Portable, T, 4, 8, 32>(&v)
+            drive::<Portable, T, 8, 8, 16, 32>(&v)
         } else {
-            drive::<Portable, T, 4, 4, 16>(&v)
+            drive::<Portable, T, 4, 4, 8, 16>(&v)
         }
     }
 }
@@ -171,64 +171,91 @@ tiles!(
 );
 tiles!(Portable, tile_portable);
 
-/// Covers the `m × n` output with tiles: blocks of `MR` rows by `NR` columns, and for a
-/// product of one or two rows (or the rows left below the last block) single rows by `NS`
-/// columns — enough accumulators in flight to hide the multiply-add's latency. Columns left
-/// over go one at a time.
+/// Covers the `m × n` output with tiles: blocks of 8 rows by `N8` columns (each column tile
+/// across all of them before the next, so that the tile's columns of `b`, k × N8, come from
+/// memory once and from the nearest cache after), then the rows left in blocks of 4, 2 and 1 by
+/// `N4`, `N2` and `N1` columns — each block reading `b` once, with accumulators enough in
+/// flight to hide the multiply-add's latency. Columns left over go one at a time.
 ///
 /// # Safety
 /// `a` must be valid for reads at `i·lda + kk` (`i < m`, `kk < k`), `b` at `kk·ldb + j`, and
 /// `c` for writes at `i·ldc + j` (`j < n`), with `c` overlapping neither input.
 #[inline(always)]
-unsafe fn drive<L: Tiles, T: Float, const MR: usize, const NR: usize, const NS: usize>(
+unsafe fn drive<
+    L: Tiles,
+    T: Float,
+    const N8: usize,
+    const N4: usize,
+    const N2: usize,
+    const N1: usize,
+>(
     v: &Views<T>,
 ) {
-    let at = |i: usize, j: usize| (v.a.wrapping_add(i * v.lda), v.b.wrapping_add(j));
-    // Whole blocks of MR rows, each column tile across all of them before the next: the tile's
-    // columns of `b` (k × NR) are read from memory once and from the nearest cache after.
-    let blocks = if v.m > 2 { v.m / MR } else { 0 };
+    let blocks = v.m / 8;
     let mut j = 0;
-    while j + NR <= v.n {
+    while j + N8 <= v.n {
         for blk in 0..blocks {
-            let i = blk * MR;
-            let (a, b) = at(i, j);
-            // SAFETY: rows i..i+MR ≤ m and columns j..j+NR ≤ n are inside the extents the
-            // caller vouches for.
-            unsafe { L::tile::<T, MR, NR>(v, a, b, v.c.add(i * v.ldc + j)) };
+            // SAFETY: rows 8·blk..8·blk+8 ≤ m and columns j..j+N8 ≤ n are inside the extents
+            // the caller vouches for.
+            unsafe { block::<L, T, 8, N8>(v, blk * 8, j) };
         }
-        j += NR;
+        j += N8;
     }
     while j < v.n {
         for blk in 0..blocks {
-            let i = blk * MR;
-            let (a, b) = at(i, j);
             // SAFETY: as above, for one column.
-            unsafe { L::tile::<T, MR, 1>(v, a, b, v.c.add(i * v.ldc + j)) };
+            unsafe { block::<L, T, 8, 1>(v, blk * 8, j) };
         }
         j += 1;
     }
-    let mut i = blocks * MR;
-    while i < v.m {
-        let mut j = 0;
-        while j + NS <= v.n {
-            let (a, b) = at(i, j);
-            // SAFETY: row i < m, columns j..j+NS ≤ n.
-            unsafe { L::tile::<T, 1, NS>(v, a, b, v.c.add(i * v.ldc + j)) };
-            j += NS;
-        }
-        while j + NR <= v.n {
-            let (a, b) = at(i, j);
-            // SAFETY: row i < m, columns j..j+NR ≤ n.
-            unsafe { L::tile::<T, 1, NR>(v, a, b, v.c.add(i * v.ldc + j)) };
-            j += NR;
-        }
-        while j < v.n {
-            let (a, b) = at(i, j);
-            // SAFETY: row i < m, column j < n.
-            unsafe { L::tile::<T, 1, 1>(v, a, b, v.c.add(i * v.ldc + j)) };
-            j += 1;
-        }
-        i += 1;
+    let mut i = blocks * 8;
+    if v.m - i >= 4 {
+        // SAFETY: rows i..i+4 ≤ m (checked just above).
+        unsafe { rows::<L, T, 4, N4>(v, i) };
+        i += 4;
+    }
+    if v.m - i >= 2 {
+        // SAFETY: rows i..i+2 ≤ m.
+        unsafe { rows::<L, T, 2, N2>(v, i) };
+        i += 2;
+    }
+    if v.m - i >= 1 {
+        // SAFETY: row i < m.
+        unsafe { rows::<L, T, 1, N1>(v, i) };
+    }
+}
+
+/// The tile of rows `i..i + MR`, columns `j..j + NR`.
+///
+/// # Safety
+/// As [`drive`], and the tile inside the `m × n` output.
+#[inline(always)]
+unsafe fn block<L: Tiles, T: Float, const MR: usize, const NR: usize>(
+    v: &Views<T>,
+    i: usize,
+    j: usize,
+) {
+    let (a, b) = (v.a.wrapping_add(i * v.lda), v.b.wrapping_add(j));
+    // SAFETY: the caller's contract; `c.add` stays inside the output.
+    unsafe { L::tile::<T, MR, NR>(v, a, b, v.c.add(i * v.ldc + j)) };
+}
+
+/// Rows `i..i + MR` across all the columns, `NR` at a time and the rest one by one.
+///
+/// # Safety
+/// As [`drive`], and `i + MR ≤ m`.
+#[inline(always)]
+unsafe fn rows<L: Tiles, T: Float, const MR: usize, const NR: usize>(v: &Views<T>, i: usize) {
+    let mut j = 0;
+    while j + NR <= v.n {
+        // SAFETY: columns j..j+NR ≤ n of rows inside the output.
+        unsafe { block::<L, T, MR, NR>(v, i, j) };
+        j += NR;
+    }
+    while j < v.n {
+        // SAFETY: column j < n.
+        unsafe { block::<L, T, MR, 1>(v, i, j) };
+        j += 1;
     }
 }
 
@@ -326,6 +353,8 @@ mod tests {
                 (3, 5, 33),
                 (8, 256, 64),
                 (13, 31, 97),
+                (6, 9, 70),
+                (7, 3, 129),
                 (32, 64, 32),
                 (1, 1, 1),
                 (5, 0, 4),
