@@ -149,6 +149,24 @@ parity_tests! {
         };
         x[0].scaled_dot_product_attention(x[1], x[2], opts)
     };
+    attention_hidden_row_dropout: &[&[2, 2, 7, 4], &[2, 2, 7, 4], &[2, 2, 7, 3]], false, |g, x| {
+        // A mask broadcast over batch and heads hiding every key of query 2 and a few others;
+        // dropout from the graph's stream (the same seed on both devices).
+        let m: Vec<f64> = (0..49)
+            .map(|e| if e / 7 == 2 || e % 5 == 1 { f64::NEG_INFINITY } else { 0.1 * (e % 3) as f64 })
+            .collect();
+        let mask = g.from_f64(&m, &[7, 7], x[0].dtype())?;
+        let opts = AttentionOptions {
+            mask: Some(mask),
+            dropout_p: 0.25,
+            ..Default::default()
+        };
+        x[0].scaled_dot_product_attention(x[1], x[2], opts)
+    };
+    attention_wider_than_the_fused_kernel: &[&[1, 2, 3, 260], &[1, 2, 5, 260], &[1, 2, 5, 2]], false,
+        |g, x| x[0].scaled_dot_product_attention(x[1], x[2], AttentionOptions::default());
+    layer_norm_plain: &[&[4, 6]], false, |g, x| x[0].layer_norm(1, None, None, 1e-5)?.mul(x[0]);
+    rms_norm_bias_free_no_weight: &[&[3, 2, 5]], false, |g, x| x[0].rms_norm(1, None, 1e-6);
     dropout: &[&[30, 40]], false, |g, x| x[0].dropout(0.3, true)?.mul(x[0]);
     cumsum: &[&[3, 4, 5]], false, |g, x| x[0].cumsum(1)?.mul(x[0]);
     slice_step: &[&[4, 7]], false, |g, x| x[0].slice_step(1, 1, 7, 2);

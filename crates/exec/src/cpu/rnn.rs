@@ -421,8 +421,9 @@ fn per_block<'a, T: Float>(
 ///
 /// Each pre-activation is one fused chain over the hidden units ([`chain_gemm`]), so the bits
 /// do not depend on how the work is divided between threads. A batch with rows enough for
-/// every thread is divided by rows ([`row_blocks`]); a smaller one by hidden units
-/// ([`unit_slots`]), the threads advancing through the steps together ([`lockstep`]), each
+/// every thread is divided by rows (each thread runs its rows' whole recurrence); a smaller one
+/// by hidden units, blocks of at least 32 that each thread keeps forward and backward, the
+/// threads advancing through the steps together ([`lockstep`]), each
 /// multiplying the whole previous hidden state by its own units' rows of `w`.
 #[allow(clippy::too_many_arguments)]
 pub fn lstm_seq_forward<T: Float + Gemm>(

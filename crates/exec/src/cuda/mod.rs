@@ -41,6 +41,8 @@
 //! work (a fault inside a kernel) is reported by the next call that waits for the stream
 //! ([`CudaBackend::synchronize`], [`CudaBackend::dtoh`]) or queues more work.
 
+mod fused;
+pub use fused::{DeviceMask, ATTN_MAX_WIDTH};
 mod ops;
 mod params;
 #[cfg(test)]
@@ -61,7 +63,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::{CompileError, CompileOptions};
 
 use crate::{DType, Float};
-use params::{ReduceParams, Strided, Win, K, KERNEL_BASES};
+use params::{AttnParams, ReduceParams, Strided, Win, K, KERNEL_BASES};
 
 /// Calls of `CudaBackend::init`, so a test can see that a failed start is not repeated.
 #[cfg(test)]
@@ -183,10 +185,16 @@ pub fn device_count() -> Result<usize, CudaError> {
 }
 
 /// The CUDA C source of the kernels: the op tables' definitions ([`crate::ops`]: op codes and
-/// `switch` cases) followed by `kernels.cu`.
+/// `switch` cases) followed by `prelude.cu` (types, math, dropout's hash), `kernels.cu` and
+/// `fused.cu` (the fused normalisations and attention).
 pub fn kernel_source() -> &'static str {
     static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SOURCE.get_or_init(|| crate::ops::cuda_defines() + include_str!("kernels.cu"))
+    SOURCE.get_or_init(|| {
+        crate::ops::cuda_defines()
+            + include_str!("prelude.cu")
+            + include_str!("kernels.cu")
+            + include_str!("fused.cu")
+    })
 }
 
 /// The names of every kernel the backend loads.
@@ -510,6 +518,9 @@ unsafe impl DeviceRepr for Strided {}
 unsafe impl DeviceRepr for ReduceParams {}
 // SAFETY: see `Strided`.
 unsafe impl DeviceRepr for Win {}
+// SAFETY: `AttnParams` is a `#[repr(C)]` struct of 64-bit integers and doubles only, laid out
+// exactly as `struct AttnParams` in fused.cu, which takes it by value.
+unsafe impl DeviceRepr for AttnParams {}
 
 /// A point on a backend's stream, for timing: [`CudaBackend::record_event`].
 #[derive(Debug)]

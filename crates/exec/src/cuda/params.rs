@@ -88,10 +88,18 @@ pub(crate) enum K {
     MaxPoolIndices,
     Cumsum,
     Dropout,
+    NormStats,
+    NormApply,
+    NormGradInput,
+    NormGradParams,
+    AttnForward,
+    AttnDelta,
+    AttnDq,
+    AttnDkdv,
 }
 
 /// The kernels' names without the type suffix, indexed by `K as usize`.
-pub(crate) const KERNEL_BASES: [&str; 23] = [
+pub(crate) const KERNEL_BASES: [&str; 31] = [
     "fill",
     "unary",
     "unary_grad",
@@ -115,7 +123,39 @@ pub(crate) const KERNEL_BASES: [&str; 23] = [
     "max_pool_indices",
     "cumsum",
     "dropout",
+    "norm_stats",
+    "norm_apply",
+    "norm_grad_input",
+    "norm_grad_params",
+    "attn_forward",
+    "attn_delta",
+    "attn_dq",
+    "attn_dkdv",
 ];
+
+/// `struct AttnParams` of `fused.cu`: the attention problem ([`crate::cpu::attention::AttnDims`])
+/// and the mask's layout, every field 64 bits wide.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct AttnParams {
+    pub bh: u64,
+    pub lq: u64,
+    pub lk: u64,
+    pub d: u64,
+    pub dv: u64,
+    pub causal: u64,
+    pub has_mask: u64,
+    pub dropout: u64,
+    pub seed: u64,
+    pub threshold: u64,
+    pub scale: f64,
+    pub keep_scale: f64,
+    pub mask_rs: i64,
+    pub mask_cs: i64,
+    pub lead_rank: i64,
+    pub lead_shape: [i64; MAX_DIMS],
+    pub lead_stride: [i64; MAX_DIMS],
+}
 
 pub(crate) fn invalid(op: &'static str, msg: impl Into<String>) -> CudaError {
     CudaError::InvalidArgument {

@@ -4,8 +4,11 @@
 //! `arenagrad_exec::cpu::attention` (the FlashAttention scheme): the node keeps the output and
 //! each query row's log-sum-exp, never the `lq × lk` weights, so a step's memory grows linearly
 //! with the sequence. Under `create_graph` the rule is written in tensor ops (the weights are
-//! recomputed, quadratic in memory, and differentiable again). On a CUDA device the op is the
-//! same formula composed of tensor ops (a fused kernel is future work).
+//! recomputed, quadratic in memory, and differentiable again). On a CUDA device the forward and
+//! backward are the fused kernels of `arenagrad_exec::cuda` (`fused.cu`: one thread per query
+//! or key row streaming over the other side with a running softmax, the same memory as the
+//! host's; checked against the host kernels by `crates/exec/tests/cuda_kernels_on_host.rs`), for
+//! rows up to `ATTN_MAX_WIDTH` wide; wider heads run the formula composed of tensor ops.
 
 use arenagrad_alloc::BufId;
 use arenagrad_exec::cpu::attention::{self as k, AttnDims, AttnMask};
@@ -16,6 +19,7 @@ use arenagrad_exec::Float;
 use smallvec::{smallvec, SmallVec};
 
 use super::{check_pair, Ctx, Grads, Op};
+use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::graph::Inner;
 use crate::shape::Shape;
@@ -118,7 +122,8 @@ impl<'g> Tensor<'g> {
                 0
             },
         };
-        if self.device() != Device::Cpu {
+        let dev = self.device();
+        if dev != Device::Cpu && !fused_on_device(&dims, r - 2) {
             return composed_forward(self, k, v, opts.mask, &dims, &full);
         }
         let mut out_shape: Shape = qs[..r - 2].iter().copied().collect();
@@ -136,34 +141,28 @@ impl<'g> Tensor<'g> {
             _ => None,
         };
         let (o_len, lse_len) = (dims.bh * lq * dv, dims.bh * lq);
-        let both = i.alloc(OP, dtype, o_len + lse_len)?;
-        let threads = i.threads;
-        with_float!(dtype, T, {
-            let mb = mask.as_ref().map_or(bufs[0], |m| m.0);
-            let (all, [q, kk, vv, md]) =
-                i.split_mut::<T, 4>(OP, both, [bufs[0], bufs[1], bufs[2], mb])?;
-            let offsets = mask
-                .as_ref()
-                .map(|m| mask_view(&m.1, &full, &dims))
-                .unwrap_or_default();
-            let mv = mask.as_ref().map(|_| AttnMask {
-                data: md,
-                offsets: &offsets.0,
-                rs: offsets.1,
-                cs: offsets.2,
-            });
-            let (o, lse) = all.split_at_mut(o_len);
-            forward_threads(&dims, q, kk, vv, mv.as_ref(), o, lse, threads);
-        });
-        let o = i.alloc(OP, dtype, o_len)?;
-        let lse = i.alloc(OP, dtype, lse_len)?;
-        with_float!(dtype, T, {
-            let (dst, [src]) = i.split_mut::<T, 1>(OP, o, [both])?;
-            dst.copy_from_slice(&src[..o_len]);
-            let (dst, [src]) = i.split_mut::<T, 1>(OP, lse, [both])?;
-            dst.copy_from_slice(&src[o_len..]);
-        });
-        i.release_buf(Device::Cpu, both)?;
+        let (o, lse) = match dev {
+            Device::Cpu => host_forward(i, &dims, &bufs, mask.as_ref(), &full, dtype)?,
+            Device::Cuda(_) => {
+                let o = i.alloc_on(OP, dev, dtype, o_len)?;
+                let lse = i.alloc_on(OP, dev, dtype, lse_len)?;
+                #[cfg(feature = "cuda")]
+                let st = mask.as_ref().map(|m| broadcast_strides(&m.1, &full));
+                let mb = mask.as_ref().map_or(bufs[0], |m| m.0);
+                let (qb, kb, vb) = (bufs[0], bufs[1], bufs[2]);
+                on_cuda!(
+                    i,
+                    OP,
+                    dev,
+                    [qb, kb, vb, mb, o, lse],
+                    |be, [qp, kp, vp, mp, op, lp]| {
+                        let m = st.as_ref().map(|st| device_mask(mp, st, &full));
+                        be.attention_forward(dtype, &dims, qp, kp, vp, m.as_ref(), op, lp)
+                    }
+                );
+                (o, lse)
+            }
+        };
         let mut inputs: SmallVec<[_; 4]> = smallvec![self.id, k.id, v.id];
         inputs.extend(opts.mask.map(|m| m.id));
         let node = AttnNode {
@@ -180,6 +179,77 @@ impl<'g> Tensor<'g> {
         );
         drop(guard);
         Ok(self.g.handle(id))
+    }
+}
+
+/// The host's forward: the output and the log-sum-exp buffers.
+fn host_forward(
+    i: &mut Inner,
+    dims: &AttnDims,
+    bufs: &[BufId],
+    mask: Option<&(BufId, Shape)>,
+    full: &[usize],
+    dtype: arenagrad_exec::DType,
+) -> Result<(BufId, BufId)> {
+    let (o_len, lse_len) = (dims.bh * dims.lq * dims.dv, dims.bh * dims.lq);
+    let both = i.alloc(OP, dtype, o_len + lse_len)?;
+    let threads = i.threads;
+    with_float!(dtype, T, {
+        let mb = mask.map_or(bufs[0], |m| m.0);
+        let (all, [q, kk, vv, md]) =
+            i.split_mut::<T, 4>(OP, both, [bufs[0], bufs[1], bufs[2], mb])?;
+        let offsets = mask
+            .map(|m| mask_view(&m.1, full, dims))
+            .unwrap_or_default();
+        let mv = mask.map(|_| AttnMask {
+            data: md,
+            offsets: &offsets.0,
+            rs: offsets.1,
+            cs: offsets.2,
+        });
+        let (o, lse) = all.split_at_mut(o_len);
+        forward_threads(dims, q, kk, vv, mv.as_ref(), o, lse, threads);
+    });
+    let o = i.alloc(OP, dtype, o_len)?;
+    let lse = i.alloc(OP, dtype, lse_len)?;
+    with_float!(dtype, T, {
+        let (dst, [src]) = i.split_mut::<T, 1>(OP, o, [both])?;
+        dst.copy_from_slice(&src[..o_len]);
+        let (dst, [src]) = i.split_mut::<T, 1>(OP, lse, [both])?;
+        dst.copy_from_slice(&src[o_len..]);
+    });
+    i.release_buf(Device::Cpu, both)?;
+    Ok((o, lse))
+}
+
+/// Whether a CUDA device runs this problem with the fused kernels: rows no wider than they take,
+/// and a mask's leading axes no more than their parameters hold.
+#[cfg(feature = "cuda")]
+fn fused_on_device(dims: &AttnDims, lead_rank: usize) -> bool {
+    use arenagrad_exec::cuda::{ATTN_MAX_WIDTH, MAX_DIMS};
+    dims.d <= ATTN_MAX_WIDTH && dims.dv <= ATTN_MAX_WIDTH && lead_rank <= MAX_DIMS
+}
+
+/// Without the `cuda` feature no device tensor exists.
+#[cfg(not(feature = "cuda"))]
+fn fused_on_device(_: &AttnDims, _: usize) -> bool {
+    false
+}
+
+/// The mask at `data` as the device kernels take it, from its strides `st` broadcast to `full`.
+#[cfg(feature = "cuda")]
+fn device_mask<'a>(
+    data: arenagrad_alloc::block_cache::DevicePtr,
+    st: &'a [usize],
+    full: &'a [usize],
+) -> arenagrad_exec::cuda::DeviceMask<'a> {
+    let r = full.len();
+    arenagrad_exec::cuda::DeviceMask {
+        data,
+        lead_shape: &full[..r - 2],
+        lead_strides: &st[..r - 2],
+        rs: st[r - 2],
+        cs: st[r - 1],
     }
 }
 
@@ -338,6 +408,8 @@ pub(crate) fn backward<'g>(nd: &AttnNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let dims = nd.dims;
     let mut grads: Grads<'g> = if c.create_graph {
         composed_backward(q, kt, vt, mask, &dims, c.gy)?
+    } else if q.device() != Device::Cpu {
+        device_backward(nd, c, q, kt, vt, mask)?
     } else {
         fused_backward(nd, c, q, kt, vt, mask)?
     };
@@ -379,6 +451,76 @@ fn composed_backward<'g>(
     let dq = ds.matmul(k)?;
     let dk = tr(ds)?.matmul(q)?;
     Ok(smallvec![Some(dq), Some(dk), Some(dv)])
+}
+
+/// The fused backward on a CUDA device.
+fn device_backward<'g>(
+    nd: &AttnNode,
+    c: &Ctx<'g>,
+    q: Tensor<'g>,
+    kt: Tensor<'g>,
+    vt: Tensor<'g>,
+    mask: Option<Tensor<'g>>,
+) -> Result<Grads<'g>> {
+    let dims = nd.dims;
+    let dev = q.device();
+    let (qs, ks, vs) = (q.try_shape()?, kt.try_shape()?, vt.try_shape()?);
+    let mut full: Shape = qs[..qs.len() - 2].iter().copied().collect();
+    full.extend([dims.lq, dims.lk]);
+    #[cfg(feature = "cuda")]
+    let st = mask
+        .map(|m| m.try_shape().map(|ms| broadcast_strides(&ms, &full)))
+        .transpose()?;
+    let mut guard = c.g.inner();
+    let i = &mut *guard;
+    let dtype = i.node(OP, q.id)?.dtype;
+    let buf = |i: &Inner, t: Tensor<'g>| i.node(OP, t.id).map(|n| n.buf);
+    let (qb, kb, vb, ob, gb) = (
+        buf(i, q)?,
+        buf(i, kt)?,
+        buf(i, vt)?,
+        buf(i, c.out)?,
+        buf(i, c.gy)?,
+    );
+    let mb = mask.map_or(Ok(qb), |m| buf(i, m))?;
+    let lse = nd.lse;
+    let mut grads: Grads<'g> = SmallVec::new();
+    let mut out = [qb; 3];
+    for (slot, len) in out.iter_mut().zip([
+        dims.bh * dims.lq * dims.d,
+        dims.bh * dims.lk * dims.d,
+        dims.bh * dims.lk * dims.dv,
+    ]) {
+        *slot = i.alloc_on(OP, dev, dtype, len)?;
+    }
+    let [dq, dk, dv] = out;
+    on_cuda!(
+        i,
+        OP,
+        dev,
+        [qb, kb, vb, mb, ob, lse, gb, dq, dk, dv],
+        |be, [qp, kp, vp, mp, op, lp, gp, dqp, dkp, dvp]| {
+            let m = st.as_ref().map(|st| device_mask(mp, st, &full));
+            be.attention_backward(
+                dtype,
+                &dims,
+                qp,
+                kp,
+                vp,
+                m.as_ref(),
+                op,
+                lp,
+                gp,
+                (dqp, dkp, dvp),
+            )
+        }
+    );
+    for (shape, b) in [(qs, dq), (ks, dk), (vs, dv)] {
+        let id = i.push_on(dev, shape, dtype, b, Op::Leaf, &[]);
+        grads.push(Some(c.g.handle(id)));
+    }
+    drop(guard);
+    Ok(grads)
 }
 
 /// A thread's first head and its parts of dq, dk and dv.

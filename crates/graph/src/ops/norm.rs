@@ -4,14 +4,17 @@
 //! then the output), keeping only the two statistics per row besides the output; backward is one
 //! pass for the input's gradient and one each for the weight's and the bias's. Under
 //! `create_graph` the rule is written in tensor ops instead, so it can be differentiated again.
-//! On a CUDA device the op is the same formula composed of tensor ops (parity-tested; a fused
-//! kernel is future work).
+//! On a CUDA device the same two passes and backward run as the fused kernels of
+//! `arenagrad_exec::cuda` (`fused.cu`, one thread per row; checked against these CPU kernels on
+//! the host by `crates/exec/tests/cuda_kernels_on_host.rs`, and against the CPU on a device by
+//! the device parity tests).
 
 use arenagrad_alloc::BufId;
 use arenagrad_exec::cpu::norm as k;
 use smallvec::{smallvec, SmallVec};
 
 use super::{check_pair, Ctx, Grads, Op};
+use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::shape::{copy_of, Shape};
 use crate::{Device, Tensor};
@@ -89,9 +92,7 @@ impl<'g> Tensor<'g> {
                 });
             }
         }
-        if self.device() != Device::Cpu {
-            return self.norm_composed(rms, ndim, weight, bias, eps);
-        }
+        let dev = self.device();
         let n: usize = trailing.iter().product();
         let numel: usize = shape.iter().product();
         let rows = numel.checked_div(n).unwrap_or(0);
@@ -107,17 +108,33 @@ impl<'g> Tensor<'g> {
         let bb = bias
             .map(|b| i.node(op, b.id).map(|nd| nd.buf))
             .transpose()?;
-        let stats = i.alloc(op, dtype, 2 * rows)?;
-        let out = i.alloc(op, dtype, numel)?;
+        let stats = i.alloc_on(op, dev, dtype, 2 * rows)?;
+        let out = i.alloc_on(op, dev, dtype, numel)?;
         let threads = i.threads;
-        with_float!(dtype, T, {
-            let (st, [x]) = i.split_mut::<T, 1>(op, stats, [xb])?;
-            k::norm_stats(x, n, eps, rms, st, threads);
-            let (y, [x, st, w, b]) =
-                i.split_mut::<T, 4>(op, out, [xb, stats, wb.unwrap_or(xb), bb.unwrap_or(xb)])?;
-            let (w, b) = (wb.map(|_| w), bb.map(|_| b));
-            k::norm_apply(x, n, st, w, b, y, threads);
-        });
+        match dev {
+            Device::Cpu => with_float!(dtype, T, {
+                let (st, [x]) = i.split_mut::<T, 1>(op, stats, [xb])?;
+                k::norm_stats(x, n, eps, rms, st, threads);
+                let (y, [x, st, w, b]) =
+                    i.split_mut::<T, 4>(op, out, [xb, stats, wb.unwrap_or(xb), bb.unwrap_or(xb)])?;
+                let (w, b) = (wb.map(|_| w), bb.map(|_| b));
+                k::norm_apply(x, n, st, w, b, y, threads);
+            }),
+            Device::Cuda(_) => {
+                let (wd, bd) = (wb.unwrap_or(xb), bb.unwrap_or(xb));
+                on_cuda!(
+                    i,
+                    op,
+                    dev,
+                    [xb, stats, out, wd, bd],
+                    |be, [x, st, y, w, b]| {
+                        let (w, b) = (wb.map(|_| w), bb.map(|_| b));
+                        be.norm_stats(dtype, x, rows, n, eps, rms, st)
+                            .and_then(|()| be.norm_apply(dtype, x, rows, n, st, w, b, y))
+                    }
+                )
+            }
+        }
         let mut inputs: SmallVec<[_; 3]> = smallvec![self.id];
         inputs.extend(weight.map(|w| w.id));
         inputs.extend(bias.map(|b| b.id));
@@ -132,26 +149,6 @@ impl<'g> Tensor<'g> {
         let id = i.push(copy_of(&shape), dtype, out, Op::Norm(node), &inputs);
         drop(guard);
         Ok(self.g.handle(id))
-    }
-
-    /// The same normalisation written in tensor ops (a CUDA device's forward).
-    fn norm_composed(
-        self,
-        rms: bool,
-        ndim: usize,
-        weight: Option<Tensor<'g>>,
-        bias: Option<Tensor<'g>>,
-        eps: f64,
-    ) -> Result<Tensor<'g>> {
-        let (xhat, _) = normalized(self, rms, ndim, eps)?;
-        let y = match weight {
-            Some(w) => xhat.mul(w)?,
-            None => xhat,
-        };
-        match bias {
-            Some(b) => y.add(b),
-            None => Ok(y),
-        }
     }
 }
 
@@ -215,6 +212,7 @@ pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let n: usize = trailing.iter().product();
     let numel: usize = shape.iter().product();
     let op = if nd.rms { "rms_norm" } else { "layer_norm" };
+    let dev = x.device();
     let mut guard = c.g.inner();
     let i = &mut *guard;
     let (dtype, xb) = {
@@ -224,35 +222,53 @@ pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let gb = i.node(op, c.gy.id)?.buf;
     let wb = w.map(|w| i.node(op, w.id).map(|wn| wn.buf)).transpose()?;
     let threads = i.threads;
-    let dx = i.alloc(op, dtype, numel)?;
+    let dx = i.alloc_on(op, dev, dtype, numel)?;
     let dw = if nd.weight {
-        Some(i.alloc(op, dtype, n)?)
+        Some(i.alloc_on(op, dev, dtype, n)?)
     } else {
         None
     };
     let db = if nd.bias {
-        Some(i.alloc(op, dtype, n)?)
+        Some(i.alloc_on(op, dev, dtype, n)?)
     } else {
         None
     };
-    with_float!(dtype, T, {
-        let (d, [xs, gs, st, ws]) =
-            i.split_mut::<T, 4>(op, dx, [xb, gb, nd.stats, wb.unwrap_or(xb)])?;
-        k::norm_grad_input(xs, gs, st, n, wb.map(|_| ws), nd.rms, d, threads);
-        if let Some(dw) = dw {
-            let (d, [xs, gs, st]) = i.split_mut::<T, 3>(op, dw, [xb, gb, nd.stats])?;
-            k::norm_grad_weight(xs, gs, st, n, d);
+    match dev {
+        Device::Cpu => with_float!(dtype, T, {
+            let (d, [xs, gs, st, ws]) =
+                i.split_mut::<T, 4>(op, dx, [xb, gb, nd.stats, wb.unwrap_or(xb)])?;
+            k::norm_grad_input(xs, gs, st, n, wb.map(|_| ws), nd.rms, d, threads);
+            if let Some(dw) = dw {
+                let (d, [xs, gs, st]) = i.split_mut::<T, 3>(op, dw, [xb, gb, nd.stats])?;
+                k::norm_grad_weight(xs, gs, st, n, d);
+            }
+            if let Some(db) = db {
+                let (d, [gs]) = i.split_mut::<T, 1>(op, db, [gb])?;
+                k::norm_grad_bias(gs, n, d);
+            }
+        }),
+        Device::Cuda(_) => {
+            let (wd, dwd, dbd) = (wb.unwrap_or(xb), dw.unwrap_or(dx), db.unwrap_or(dx));
+            let st = nd.stats;
+            on_cuda!(
+                i,
+                op,
+                dev,
+                [xb, gb, st, dx, wd, dwd, dbd],
+                |be, [xp, gp, sp, dxp, wp, dwp, dbp]| {
+                    let rows = numel.checked_div(n).unwrap_or(0);
+                    let (w, dw, db) = (wb.map(|_| wp), dw.map(|_| dwp), db.map(|_| dbp));
+                    be.norm_grad_input(dtype, xp, gp, sp, rows, n, w, nd.rms, dxp)
+                        .and_then(|()| be.norm_grad_params(dtype, xp, gp, sp, rows, n, dw, db))
+                }
+            )
         }
-        if let Some(db) = db {
-            let (d, [gs]) = i.split_mut::<T, 1>(op, db, [gb])?;
-            k::norm_grad_bias(gs, n, d);
-        }
-    });
+    }
     let mut out: Grads<'g> = SmallVec::new();
-    let dx = i.push_on(Device::Cpu, shape, dtype, dx, Op::Leaf, &[]);
+    let dx = i.push_on(dev, shape, dtype, dx, Op::Leaf, &[]);
     out.push(Some(c.g.handle(dx)));
     for buf in [dw, db].into_iter().flatten() {
-        let id = i.push_on(Device::Cpu, trailing.clone(), dtype, buf, Op::Leaf, &[]);
+        let id = i.push_on(dev, trailing.clone(), dtype, buf, Op::Leaf, &[]);
         out.push(Some(c.g.handle(id)));
     }
     debug_assert_eq!(out.len(), 1 + usize::from(nd.weight) + usize::from(nd.bias));
