@@ -367,3 +367,60 @@ fn a_gradient_on_another_device_is_a_typed_error() {
         "{e}"
     );
 }
+
+/// The fused attention on a device keeps the host's promise: a 4096-token causal step (forward
+/// and backward) peaks at a small fraction of the device memory the composed formula takes
+/// (which holds the 4096² scores, weights and their gradients), with the same gradient.
+#[test]
+fn long_attention_on_device_needs_a_fraction_of_the_compositions_memory() {
+    let Some(dev) = cuda_test_device(
+        "device_parity::long_attention_on_device_needs_a_fraction_of_the_compositions_memory",
+    ) else {
+        return;
+    };
+    let (l, d) = (4096, 16);
+    let run = |fused: bool| {
+        let g = Graph::on(dev).unwrap();
+        let x: Vec<Tensor<'_>> = (0..3)
+            .map(|s| {
+                g.from_f64(&data(l * d, s + 1, false), &[1, l, d], DType::F32)
+                    .unwrap()
+                    .set_requires_grad(true)
+                    .unwrap()
+            })
+            .collect();
+        arenagrad_graph::synchronize(dev).unwrap();
+        arenagrad_graph::reset_peak_stats(dev).unwrap();
+        let o = if fused {
+            let opts = AttentionOptions {
+                causal: true,
+                ..Default::default()
+            };
+            x[0].scaled_dot_product_attention(x[1], x[2], opts).unwrap()
+        } else {
+            let s = x[0]
+                .matmul(x[1].transpose(-2, -1).unwrap())
+                .unwrap()
+                .scale(1.0 / (d as f64).sqrt())
+                .unwrap();
+            let hide = g.full(&[l, l], 1.0, DType::F32).unwrap().triu(1).unwrap();
+            let s = s.masked_fill(hide, f64::NEG_INFINITY).unwrap();
+            s.softmax(-1).unwrap().matmul(x[2]).unwrap()
+        };
+        o.sum().unwrap().backward().unwrap();
+        let dq = x[0].grad().unwrap().unwrap().to_vec_f64().unwrap();
+        arenagrad_graph::synchronize(dev).unwrap();
+        let stats = arenagrad_graph::memory_stats(dev).unwrap();
+        (stats["allocated_bytes.all.peak"], dq)
+    };
+    let (fused, dq_f) = run(true);
+    let (composed, dq_c) = run(false);
+    close("dq, fused vs composed", &dq_f, &dq_c, 1e-3);
+    assert!(
+        fused * 20 < composed,
+        "fused peak {fused} B vs composed {composed} B"
+    );
+    eprintln!(
+        "4096-token causal attention on {dev:?}: peak {fused} B fused, {composed} B composed"
+    );
+}
