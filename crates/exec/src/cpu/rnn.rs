@@ -25,7 +25,7 @@ pub const LSTM_SAVED: usize = 7;
 
 /// The LSTM gates of one row in place: pre-activations `[i f g o]` become `σ(i), σ(f),
 /// tanh(g), σ(o)`. `tmp` is scratch of the row's length.
-#[inline]
+#[inline(always)]
 fn lstm_gates<T: Float>(z: &mut [T], tmp: &mut [T], h: usize) {
     for (t, &v) in tmp.iter_mut().zip(z.iter()) {
         *t = -v;
@@ -36,8 +36,12 @@ fn lstm_gates<T: Float>(z: &mut [T], tmp: &mut [T], h: usize) {
         *v = -*v;
     }
     T::tanh_into(&tmp[2 * h..3 * h], &mut z[2 * h..3 * h]);
+    // Two loops rather than one over a chain of the two runs, which does not vectorise.
     let (if_, go) = z.split_at_mut(2 * h);
-    for v in if_.iter_mut().chain(go[h..].iter_mut()) {
+    for v in if_ {
+        *v = T::ONE / (T::ONE + *v);
+    }
+    for v in &mut go[h..] {
         *v = T::ONE / (T::ONE + *v);
     }
 }
@@ -51,7 +55,7 @@ fn lstm_c<T: Float>(a: &[T], cp: T, h: usize, j: usize) -> T {
 /// One LSTM step's gradients for a row: from the activations `a`, `tanh(c)` and `c_prev`, and
 /// the gradients `dh`, `dc` arriving at the step's `h` and `c`, writes the pre-activation
 /// gradients into `dz` (4h) and returns nothing; `dc_prev` is `dcp` (h) when given.
-#[inline]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn lstm_row_backward<T: Float>(
     a: &[T],
@@ -81,7 +85,7 @@ fn lstm_row_backward<T: Float>(
 /// in place from the row's saved record `sv` (`[i f g o tanh(c) c_prev …]`, blocks of `h`):
 /// `dc` in, `dc_prev` out; the four gates' pre-activation gradients into `out[g]` and again
 /// into `out[4 + g]`. The same operations in the same order as [`lstm_row_backward`].
-#[inline]
+#[inline(always)]
 fn lstm_units_backward<T: Float>(
     sv: &[T],
     h: usize,
@@ -478,32 +482,39 @@ fn forward_by_rows<T: Float + Gemm>(
                 break;
             }
             chain_gemm(nb, h, 4 * h, blk.h, h, &wt, 4 * h, &mut z, 4 * h);
-            for r in 0..nb {
-                let row = blk.r0 + r;
-                let p = d.pos(lengths[row], s);
-                let zr = &mut z[r * 4 * h..(r + 1) * 4 * h];
-                let g = &gi[(p * b + row) * 4 * h..(p * b + row + 1) * 4 * h];
-                for (zv, &gv) in zr.iter_mut().zip(g) {
-                    *zv += gv;
-                }
-                lstm_gates(zr, &mut tmp, h);
-                let sv = &mut blk.runs[p][r * k..(r + 1) * k];
-                let (hr, cr) = (
-                    &mut blk.h[r * h..(r + 1) * h],
-                    &mut blk.c[r * h..(r + 1) * h],
-                );
-                for (j, cj) in c.iter_mut().enumerate() {
-                    *cj = lstm_c(zr, cr[j], h, j);
-                }
-                sv[..4 * h].copy_from_slice(zr);
-                sv[5 * h..6 * h].copy_from_slice(cr);
-                sv[6 * h..].copy_from_slice(hr);
-                T::tanh_into(&c, &mut sv[4 * h..5 * h]);
-                cr.copy_from_slice(&c);
-                for j in 0..h {
-                    hr[j] = zr[3 * h + j] * sv[4 * h + j];
-                }
-            }
+            // The rows' gate arithmetic at the widest vector width (the same operations at any).
+            super::wide::wide(
+                nb * 4 * h,
+                #[inline(always)]
+                || {
+                    for r in 0..nb {
+                        let row = blk.r0 + r;
+                        let p = d.pos(lengths[row], s);
+                        let zr = &mut z[r * 4 * h..(r + 1) * 4 * h];
+                        let g = &gi[(p * b + row) * 4 * h..(p * b + row + 1) * 4 * h];
+                        for (zv, &gv) in zr.iter_mut().zip(g) {
+                            *zv += gv;
+                        }
+                        lstm_gates(zr, &mut tmp, h);
+                        let sv = &mut blk.runs[p][r * k..(r + 1) * k];
+                        let (hr, cr) = (
+                            &mut blk.h[r * h..(r + 1) * h],
+                            &mut blk.c[r * h..(r + 1) * h],
+                        );
+                        for (j, cj) in c.iter_mut().enumerate() {
+                            *cj = lstm_c(zr, cr[j], h, j);
+                        }
+                        sv[..4 * h].copy_from_slice(zr);
+                        sv[5 * h..6 * h].copy_from_slice(cr);
+                        sv[6 * h..].copy_from_slice(hr);
+                        T::tanh_into(&c, &mut sv[4 * h..5 * h]);
+                        cr.copy_from_slice(&c);
+                        for j in 0..h {
+                            hr[j] = zr[3 * h + j] * sv[4 * h + j];
+                        }
+                    }
+                },
+            );
         }
     });
 }
@@ -602,54 +613,61 @@ fn forward_by_units<T: Float + Gemm>(
                 4 * wd,
             );
         }
-        for (r, &len) in lengths.iter().enumerate().take(nb) {
-            let p = d.pos(len, s);
-            let zr = &mut z[r * 4 * wd..(r + 1) * 4 * wd];
-            let g_at = (p * b + r) * 4 * h;
-            for g in 0..4 {
-                let gv = &gi[g_at + g * h + u0..g_at + g * h + u1];
-                for (zv, &x) in zr[g * wd..(g + 1) * wd].iter_mut().zip(gv) {
-                    *zv += x;
+        // The rows' gate arithmetic at the widest vector width (the same operations at any).
+        super::wide::wide(
+            nb * 4 * wd,
+            #[inline(always)]
+            || {
+                for (r, &len) in lengths.iter().enumerate().take(nb) {
+                    let p = d.pos(len, s);
+                    let zr = &mut z[r * 4 * wd..(r + 1) * 4 * wd];
+                    let g_at = (p * b + r) * 4 * h;
+                    for g in 0..4 {
+                        let gv = &gi[g_at + g * h + u0..g_at + g * h + u1];
+                        for (zv, &x) in zr[g * wd..(g + 1) * wd].iter_mut().zip(gv) {
+                            *zv += x;
+                        }
+                    }
+                    lstm_gates(zr, tmp, wd);
+                    let cr = &mut c[r * wd..(r + 1) * wd];
+                    for (j, cj) in cnew.iter_mut().enumerate() {
+                        *cj = lstm_c(zr, cr[j], wd, j);
+                    }
+                    let at = (p * b + r) * k;
+                    // SAFETY: in step s only this slot writes its units' columns of the record of row r
+                    // at position p (each row visits each position once), and no unit reads them.
+                    let (tc, cp, hp) = unsafe {
+                        for g in 0..4 {
+                            sv.part_mut(at + g * h + u0, wd)
+                                .copy_from_slice(&zr[g * wd..(g + 1) * wd]);
+                        }
+                        (
+                            sv.part_mut(at + 4 * h + u0, wd),
+                            sv.part_mut(at + 5 * h + u0, wd),
+                            sv.part_mut(at + 6 * h + u0, wd),
+                        )
+                    };
+                    T::tanh_into(cnew, tc);
+                    cp.copy_from_slice(cr);
+                    hp.copy_from_slice(&hprev[r * h + u0..r * h + u1]);
+                    cr.copy_from_slice(cnew);
+                    // SAFETY: this slot's units of row r in this step's half of `hbuf`: written here
+                    // alone, read by the next step (after `lockstep`'s meeting).
+                    let hr = unsafe { hs.part_mut((s % 2) * b * h + r * h + u0, wd) };
+                    for j in 0..wd {
+                        hr[j] = zr[3 * wd + j] * tc[j];
+                    }
+                    if s + 1 == len {
+                        // SAFETY: row r ends here; only this slot writes its units of the row's final
+                        // states, once.
+                        unsafe {
+                            hns.part_mut(r * h + u0, wd).copy_from_slice(hr);
+                            cns.part_mut(r * h + u0, wd).copy_from_slice(cr);
+                        }
+                    }
                 }
-            }
-            lstm_gates(zr, tmp, wd);
-            let cr = &mut c[r * wd..(r + 1) * wd];
-            for (j, cj) in cnew.iter_mut().enumerate() {
-                *cj = lstm_c(zr, cr[j], wd, j);
-            }
-            let at = (p * b + r) * k;
-            // SAFETY: in step s only this slot writes its units' columns of the record of row r
-            // at position p (each row visits each position once), and no unit reads them.
-            let (tc, cp, hp) = unsafe {
-                for g in 0..4 {
-                    sv.part_mut(at + g * h + u0, wd)
-                        .copy_from_slice(&zr[g * wd..(g + 1) * wd]);
-                }
-                (
-                    sv.part_mut(at + 4 * h + u0, wd),
-                    sv.part_mut(at + 5 * h + u0, wd),
-                    sv.part_mut(at + 6 * h + u0, wd),
-                )
-            };
-            T::tanh_into(cnew, tc);
-            cp.copy_from_slice(cr);
-            hp.copy_from_slice(&hprev[r * h + u0..r * h + u1]);
-            cr.copy_from_slice(cnew);
-            // SAFETY: this slot's units of row r in this step's half of `hbuf`: written here
-            // alone, read by the next step (after `lockstep`'s meeting).
-            let hr = unsafe { hs.part_mut((s % 2) * b * h + r * h + u0, wd) };
-            for j in 0..wd {
-                hr[j] = zr[3 * wd + j] * tc[j];
-            }
-            if s + 1 == len {
-                // SAFETY: row r ends here; only this slot writes its units of the row's final
-                // states, once.
-                unsafe {
-                    hns.part_mut(r * h + u0, wd).copy_from_slice(hr);
-                    cns.part_mut(r * h + u0, wd).copy_from_slice(cr);
-                }
-            }
-        }
+            },
+        );
     });
 }
 
@@ -746,28 +764,35 @@ fn backward_by_rows<T: Float + Gemm>(
             if nb == 0 {
                 continue;
             }
-            for r in 0..nb {
-                let row = blk.r0 + r;
-                let p = d.pos(lengths[row], s);
-                let at = (p * b + row) * h;
-                for j in 0..h {
-                    dhr[j] = blk.h[r * h + j] + gy[at + j];
-                }
-                dcr.copy_from_slice(&blk.c[r * h..(r + 1) * h]);
-                let sv = &saved[(p * b + row) * k..(p * b + row + 1) * k];
-                let dzr = &mut dz[r * 4 * h..(r + 1) * 4 * h];
-                lstm_row_backward(
-                    &sv[..4 * h],
-                    &sv[4 * h..5 * h],
-                    &sv[5 * h..6 * h],
-                    &dhr,
-                    &dcr,
-                    dzr,
-                    Some(&mut blk.c[r * h..(r + 1) * h]),
-                    h,
-                );
-                blk.runs[p][r * 4 * h..(r + 1) * 4 * h].copy_from_slice(dzr);
-            }
+            // The rows' gate arithmetic at the widest vector width (the same operations at any).
+            super::wide::wide(
+                nb * 4 * h,
+                #[inline(always)]
+                || {
+                    for r in 0..nb {
+                        let row = blk.r0 + r;
+                        let p = d.pos(lengths[row], s);
+                        let at = (p * b + row) * h;
+                        for j in 0..h {
+                            dhr[j] = blk.h[r * h + j] + gy[at + j];
+                        }
+                        dcr.copy_from_slice(&blk.c[r * h..(r + 1) * h]);
+                        let sv = &saved[(p * b + row) * k..(p * b + row + 1) * k];
+                        let dzr = &mut dz[r * 4 * h..(r + 1) * 4 * h];
+                        lstm_row_backward(
+                            &sv[..4 * h],
+                            &sv[4 * h..5 * h],
+                            &sv[5 * h..6 * h],
+                            &dhr,
+                            &dcr,
+                            dzr,
+                            Some(&mut blk.c[r * h..(r + 1) * h]),
+                            h,
+                        );
+                        blk.runs[p][r * 4 * h..(r + 1) * 4 * h].copy_from_slice(dzr);
+                    }
+                },
+            );
             chain_gemm(nb, 4 * h, h, &dz, 4 * h, w, h, blk.h, h);
         }
     });
@@ -839,28 +864,35 @@ fn backward_by_units<T: Float + Gemm>(
         if u < t {
             let s = t - 1 - u;
             let nb = d.active(lengths, s);
-            for (r, &len) in lengths.iter().enumerate().take(nb) {
-                let p = d.pos(len, s);
-                let at = (p * b + r) * h;
-                for j in 0..wd {
-                    dhr[j] = dh[r * wd + j] + gy[at + u0 + j];
-                }
-                let sv = &saved[(p * b + r) * k..(p * b + r + 1) * k];
-                let out: [&mut [T]; 8] = std::array::from_fn(|x| {
-                    let g = x % 4;
-                    let at = if x < 4 {
-                        (s % 2) * b * 4 * h + r * 4 * h
-                    } else {
-                        (p * b + r) * 4 * h
-                    };
-                    // SAFETY: this slot's units of row r, gate g: in `dzbuf`'s half for step s
-                    // (read by the product after the meeting; its last readers finished two
-                    // meetings ago) and in `dgi` at the row's position p (visited once); the
-                    // eight parts are disjoint.
-                    unsafe { dzs_or_dgs(x < 4).part_mut(at + g * h + u0, wd) }
-                });
-                lstm_units_backward(sv, h, u0, dhr, &mut dc[r * wd..(r + 1) * wd], out);
-            }
+            // The rows' gate arithmetic at the widest vector width (the same operations at any).
+            super::wide::wide(
+                nb * 4 * wd,
+                #[inline(always)]
+                || {
+                    for (r, &len) in lengths.iter().enumerate().take(nb) {
+                        let p = d.pos(len, s);
+                        let at = (p * b + r) * h;
+                        for j in 0..wd {
+                            dhr[j] = dh[r * wd + j] + gy[at + u0 + j];
+                        }
+                        let sv = &saved[(p * b + r) * k..(p * b + r + 1) * k];
+                        let out: [&mut [T]; 8] = std::array::from_fn(|x| {
+                            let g = x % 4;
+                            let at = if x < 4 {
+                                (s % 2) * b * 4 * h + r * 4 * h
+                            } else {
+                                (p * b + r) * 4 * h
+                            };
+                            // SAFETY: this slot's units of row r, gate g: in `dzbuf`'s half for step s
+                            // (read by the product after the meeting; its last readers finished two
+                            // meetings ago) and in `dgi` at the row's position p (visited once); the
+                            // eight parts are disjoint.
+                            unsafe { dzs_or_dgs(x < 4).part_mut(at + g * h + u0, wd) }
+                        });
+                        lstm_units_backward(sv, h, u0, dhr, &mut dc[r * wd..(r + 1) * wd], out);
+                    }
+                },
+            );
         }
     });
     for (q, slot) in slots.into_iter().enumerate() {
