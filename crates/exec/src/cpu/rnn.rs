@@ -992,10 +992,30 @@ mod tests {
             };
             let one = pass(&d, lengths, 1);
             assert!(one.iter().flatten().all(|v| v.is_finite()));
-            let two = pass(&d, lengths, 2);
-            for (x, y) in one.iter().zip(&two) {
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(x), bits(y), "b {b}, h {h}, reverse {reverse}");
+            let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
+                v.iter()
+                    .map(|x| x.iter().map(|f| f.to_bits()).collect())
+                    .collect()
+            };
+            assert_eq!(
+                bits(&pass(&d, lengths, 2)),
+                bits(&one),
+                "b {b}, h {h}, reverse {reverse}: two threads"
+            );
+            // And at every vector width this CPU has (the products are fused chains at every
+            // width, the gate arithmetic the same operations).
+            if !cfg!(miri) {
+                use super::super::wide::{set_simd, simd, simd_available, Simd};
+                let before = simd();
+                for level in [Simd::Baseline, Simd::Avx2, Simd::Avx512] {
+                    if level > simd_available() {
+                        continue;
+                    }
+                    set_simd(level);
+                    let got = pass(&d, lengths, 2);
+                    set_simd(before);
+                    assert_eq!(bits(&got), bits(&one), "b {b}, h {h}, {level:?}");
+                }
             }
         }
     }
