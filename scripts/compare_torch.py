@@ -5,7 +5,11 @@ Runs `bench_core` (built first with `cargo build --release --example bench_core`
 workloads in PyTorch in this process, and prints one table with both figures and their ratio.
 The machine's speed drifts between runs; the ratio measured in one run is the figure to compare.
 
-    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm] [--candle]
+    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm] [--candle] [--rounds N]
+
+`--rounds N` alternates the two sides N times (arenagrad's run, then PyTorch's, and again) and
+prints the medians, and the median of each round's ratio: on a machine whose speed drifts over
+minutes, a round's two figures are minutes apart, not the whole run.
 
 `--candle` adds candle (0.11, a Rust peer) on W1–W4: the harness in `examples/peers/candle` (its own
 package, built here on first use with `cargo build --release`; candle takes a few minutes to
@@ -265,6 +269,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--only", default="w1,w2,w3,w4,cnn,attn,gpt,lstm", help="workloads, comma-separated")
     p.add_argument("--candle", action="store_true", help="add candle's figures (W1-W4)")
+    p.add_argument("--rounds", type=int, default=1, help="alternate arenagrad and PyTorch this many times")
     args = p.parse_args()
     only = set(args.only.split(","))
     try:
@@ -280,34 +285,44 @@ def main():
         sys.exit(f"{exe} not found: run `cargo build --release --example bench_core` first")
     cmd = [str(exe), "--only", ",".join(sorted(only))] + (["--quick"] if args.quick else [])
     env = dict(os.environ, ARENAGRAD_NUM_THREADS=str(threads))
-    print(f"# running {' '.join(cmd)}", file=sys.stderr)
-    ours = parse_bench_core(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
 
-    print(f"# PyTorch {torch.__version__}, {threads} threads", file=sys.stderr)
-    theirs = {}
-    if "w1" in only:
-        theirs.update(torch_w1(torch, args.quick))
-    if "w2" in only:
-        theirs["w2_16"] = torch_w2(torch, 16, args.quick)
-        theirs["w2_1"] = torch_w2(torch, 1, args.quick)
-    if "w3" in only:
-        theirs["w3"] = torch_mlp(torch, [784, 512, 512, 10], 128) * 1e3
-    if "w4" in only:
-        theirs["w4"] = torch_mlp(torch, [64, 64, 64, 10], 32) * 1e6
-    if "cnn" in only:
-        theirs["cnn"] = torch_cnn(torch) * 1e3
-    if "attn" in only:
-        theirs["attn"] = torch_attention(torch, args.quick) * 1e3
-    if "gpt" in only:
-        step, tps = torch_gpt(torch, args.quick)
-        theirs["gpt"], theirs["gpt_gen"] = step * 1e3, tps
-    if "lstm" in only:
-        for w, batch in (("w5", 1), ("w6", 32)):
-            theirs[w] = torch_lstm(torch, batch, False, args.quick) * 1e3
-            theirs[f"{w}_cells"] = torch_lstm(torch, batch, True, args.quick) * 1e3
-    for row, a, b in CROSS:
-        if a in ours and b in theirs:
-            ours[row], theirs[row] = ours[a], theirs[b]
+    def torch_round():
+        theirs = {}
+        if "w1" in only:
+            theirs.update(torch_w1(torch, args.quick))
+        if "w2" in only:
+            theirs["w2_16"] = torch_w2(torch, 16, args.quick)
+            theirs["w2_1"] = torch_w2(torch, 1, args.quick)
+        if "w3" in only:
+            theirs["w3"] = torch_mlp(torch, [784, 512, 512, 10], 128) * 1e3
+        if "w4" in only:
+            theirs["w4"] = torch_mlp(torch, [64, 64, 64, 10], 32) * 1e6
+        if "cnn" in only:
+            theirs["cnn"] = torch_cnn(torch) * 1e3
+        if "attn" in only:
+            theirs["attn"] = torch_attention(torch, args.quick) * 1e3
+        if "gpt" in only:
+            step, tps = torch_gpt(torch, args.quick)
+            theirs["gpt"], theirs["gpt_gen"] = step * 1e3, tps
+        if "lstm" in only:
+            for w, batch in (("w5", 1), ("w6", 32)):
+                theirs[w] = torch_lstm(torch, batch, False, args.quick) * 1e3
+                theirs[f"{w}_cells"] = torch_lstm(torch, batch, True, args.quick) * 1e3
+        return theirs
+
+    # Rounds alternate the two sides, so that the machine's drift (tens of percent over minutes
+    # on a shared VM) falls on both alike; each figure is the median over the rounds, and each
+    # ratio the median of the rounds' own ratios.
+    rounds = []
+    print(f"# PyTorch {torch.__version__}, {threads} threads, {args.rounds} round(s)", file=sys.stderr)
+    for r in range(args.rounds):
+        print(f"# round {r + 1}: {' '.join(cmd)}, then PyTorch", file=sys.stderr)
+        ours = parse_bench_core(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
+        theirs = torch_round()
+        for row, a, b in CROSS:
+            if a in ours and b in theirs:
+                ours[row], theirs[row] = ours[a], theirs[b]
+        rounds.append((ours, theirs))
 
     candle = run_candle(threads, args.quick) if args.candle else {}
 
@@ -325,13 +340,19 @@ def main():
     for row, a, _b in CROSS:
         keys.insert(keys.index(a) + 1, row)
     for key in keys:
-        if key in ours and key in theirs:
-            a, t = ours[key], theirs[key]
-            row = f"| {LABELS[key]} | {a:.4g} | {t:.4g} | {ratio(key, a, t):.2f}× |"
-            if args.candle:
-                c = candle.get(key)
-                row += f" {c:.4g} | {ratio(key, a, c):.2f}× |" if c is not None else " | |"
-            print(row)
+        both = [(o[key], t[key]) for o, t in rounds if key in o and key in t]
+        if not both:
+            continue
+        a = median([x for x, _ in both])
+        t = median([y for _, y in both])
+        q = median([ratio(key, x, y) for x, y in both])
+        row = f"| {LABELS[key]} | {a:.4g} | {t:.4g} | {q:.2f}× |"
+        if args.candle:
+            c = candle.get(key)
+            row += f" {c:.4g} | {ratio(key, a, c):.2f}× |" if c is not None else " | |"
+        print(row)
+    if args.rounds > 1:
+        print(f"(medians of {args.rounds} alternating rounds; the ratio is the median of each round's own)")
     print(f"({threads} threads; a ratio above 1 means arenagrad is faster)")
 
 
