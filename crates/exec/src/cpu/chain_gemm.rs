@@ -329,15 +329,7 @@ mod tests {
     }
 
     fn data<T: Float>(len: usize, seed: u64) -> Vec<T> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                T::from_f64((x % 2001) as f64 / 1000.0 - 1.0)
-            })
-            .collect()
+        crate::cpu::test_data::values(len, seed, 1.0)
     }
 
     /// Every shape the tiling distinguishes (one and two rows, whole and partial row blocks,

@@ -31,3 +31,22 @@ pub use shape::{
     scatter_add,
 };
 pub use wide::{prefetch, set_simd, simd, simd_available, wide, Simd};
+
+/// Test data shared by the kernels' unit tests.
+#[cfg(test)]
+pub(crate) mod test_data {
+    use crate::Float;
+
+    /// `len` values in [−scale, scale) from a xorshift generator seeded with `seed`.
+    pub(crate) fn values<T: Float>(len: usize, seed: u64, scale: f64) -> Vec<T> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                T::from_f64(scale * ((x % 2001) as f64 / 1000.0 - 1.0))
+            })
+            .collect()
+    }
+}

@@ -324,6 +324,29 @@ fn unit_slots(h: usize, threads: usize) -> Vec<usize> {
     bounds
 }
 
+/// Columns `u0..u1` of the `[rows, h]` matrix `src`, as a `[rows, u1 − u0]` matrix: a slot's
+/// units of a state.
+fn columns<T: Float>(src: &[T], h: usize, u0: usize, u1: usize) -> Vec<T> {
+    let rows = src.len() / h.max(1);
+    let mut out = Vec::with_capacity(rows * (u1 - u0));
+    for r in 0..rows {
+        out.extend_from_slice(&src[r * h + u0..r * h + u1]);
+    }
+    out
+}
+
+/// Writes the `[rows, u1 − u0]` matrix `part` back as columns `u0..u1` of `dst` (`[rows, h]`).
+fn put_columns<T: Float>(dst: &mut [T], h: usize, u0: usize, u1: usize, part: &[T]) {
+    let wd = u1 - u0;
+    for (r, row) in part
+        .chunks_exact(wd.max(1))
+        .enumerate()
+        .take(dst.len() / h.max(1))
+    {
+        dst[r * h + u0..r * h + u1].copy_from_slice(&row[..wd]);
+    }
+}
+
 fn lock<S>(m: &Mutex<S>) -> std::sync::MutexGuard<'_, S> {
     // A unit that panicked stops the whole pass (`lockstep` re-raises it), so a poisoned state
     // is never used again.
@@ -540,14 +563,10 @@ fn forward_by_units<T: Float + Gemm>(
         .windows(2)
         .map(|u| {
             let wd = u[1] - u[0];
-            let mut c = vec![T::ZERO; b * wd];
-            for r in 0..b {
-                c[r * wd..(r + 1) * wd].copy_from_slice(&c0[r * h + u[0]..r * h + u[1]]);
-            }
             Mutex::new(FwdSlot {
                 wt: Vec::new(),
                 hloc: vec![T::ZERO; b * h],
-                c,
+                c: columns(c0, h, u[0], u[1]),
                 z: vec![T::ZERO; b * 4 * wd],
                 tmp: vec![T::ZERO; 4 * wd],
                 cnew: vec![T::ZERO; wd],
@@ -817,22 +836,14 @@ fn backward_by_units<T: Float + Gemm>(
     let (b, h, t) = (d.b, d.h, d.t);
     let k = LSTM_SAVED * h;
     let bounds = unit_slots(h, threads);
-    let cols = |src: &[T], u0: usize, u1: usize| {
-        let wd = u1 - u0;
-        let mut out = vec![T::ZERO; b * wd];
-        for r in 0..b {
-            out[r * wd..(r + 1) * wd].copy_from_slice(&src[r * h + u0..r * h + u1]);
-        }
-        out
-    };
     let slots: Vec<Mutex<BwdSlot<T>>> = bounds
         .windows(2)
         .map(|u| {
             let wd = u[1] - u[0];
             Mutex::new(BwdSlot {
                 dzloc: vec![T::ZERO; b * 4 * h],
-                dh: cols(dh0, u[0], u[1]),
-                dc: cols(dc0, u[0], u[1]),
+                dh: columns(dh0, h, u[0], u[1]),
+                dc: columns(dc0, h, u[0], u[1]),
                 dhr: vec![T::ZERO; wd],
             })
         })
@@ -898,11 +909,8 @@ fn backward_by_units<T: Float + Gemm>(
     for (q, slot) in slots.into_iter().enumerate() {
         let st = slot.into_inner().unwrap_or_else(|e| e.into_inner());
         let (u0, u1) = (bounds[q], bounds[q + 1]);
-        let wd = u1 - u0;
-        for r in 0..b {
-            dh0[r * h + u0..r * h + u1].copy_from_slice(&st.dh[r * wd..(r + 1) * wd]);
-            dc0[r * h + u0..r * h + u1].copy_from_slice(&st.dc[r * wd..(r + 1) * wd]);
-        }
+        put_columns(dh0, h, u0, u1, &st.dh);
+        put_columns(dc0, h, u0, u1, &st.dc);
     }
 }
 
@@ -930,16 +938,8 @@ pub fn lstm_seq_grad_weight<T: Float + Gemm>(
 mod tests {
     use super::*;
 
-    fn data(len: usize, seed: u64, scale: f32) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                scale * ((x % 2001) as f32 / 1000.0 - 1.0)
-            })
-            .collect()
+    fn data(len: usize, seed: u64, scale: f64) -> Vec<f32> {
+        crate::cpu::test_data::values(len, seed, scale)
     }
 
     /// Forward and backward of one sequence pass: `saved`, the final states, `dgi` and the

@@ -132,10 +132,7 @@ impl<'g> Tensor<'g> {
         let mut guard = self.g.inner();
         let i = &mut *guard;
         let dtype = i.node(OP, self.id)?.dtype;
-        let bufs = [self, k, v]
-            .iter()
-            .map(|t| i.node(OP, t.id).map(|n| n.buf))
-            .collect::<Result<SmallVec<[BufId; 3]>>>()?;
+        let bufs = bufs_of(i, [self, k, v])?;
         let mask = match (opts.mask, mask_shape) {
             (Some(m), Some(ms)) => Some((i.node(OP, m.id)?.buf, ms)),
             _ => None,
@@ -180,6 +177,24 @@ impl<'g> Tensor<'g> {
         drop(guard);
         Ok(self.g.handle(id))
     }
+}
+
+/// The shapes of `q`, `k`, `v`, and the weights' shape `[…, lq, lk]`.
+fn shapes_of(dims: &AttnDims, qkv: [Tensor<'_>; 3]) -> Result<([Shape; 3], Shape)> {
+    let [q, k, v] = qkv.map(|t| t.try_shape());
+    let (q, k, v) = (q?, k?, v?);
+    let mut full: Shape = q[..q.len() - 2].iter().copied().collect();
+    full.extend([dims.lq, dims.lk]);
+    Ok(([q, k, v], full))
+}
+
+/// The buffers of `ts`.
+fn bufs_of<const N: usize>(i: &Inner, ts: [Tensor<'_>; N]) -> Result<[BufId; N]> {
+    let bufs = ts
+        .iter()
+        .map(|t| i.node(OP, t.id).map(|n| n.buf))
+        .collect::<Result<SmallVec<[BufId; N]>>>()?;
+    Ok(std::array::from_fn(|k| bufs[k]))
 }
 
 /// The host's forward: the output and the log-sum-exp buffers.
@@ -464,9 +479,9 @@ fn device_backward<'g>(
 ) -> Result<Grads<'g>> {
     let dims = nd.dims;
     let dev = q.device();
-    let (qs, ks, vs) = (q.try_shape()?, kt.try_shape()?, vt.try_shape()?);
-    let mut full: Shape = qs[..qs.len() - 2].iter().copied().collect();
-    full.extend([dims.lq, dims.lk]);
+    // `full` serves the mask's layout, which exists only for a device build.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    let ([qs, ks, vs], full) = shapes_of(&dims, [q, kt, vt])?;
     #[cfg(feature = "cuda")]
     let st = mask
         .map(|m| m.try_shape().map(|ms| broadcast_strides(&ms, &full)))
@@ -474,15 +489,11 @@ fn device_backward<'g>(
     let mut guard = c.g.inner();
     let i = &mut *guard;
     let dtype = i.node(OP, q.id)?.dtype;
-    let buf = |i: &Inner, t: Tensor<'g>| i.node(OP, t.id).map(|n| n.buf);
-    let (qb, kb, vb, ob, gb) = (
-        buf(i, q)?,
-        buf(i, kt)?,
-        buf(i, vt)?,
-        buf(i, c.out)?,
-        buf(i, c.gy)?,
-    );
-    let mb = mask.map_or(Ok(qb), |m| buf(i, m))?;
+    let [qb, kb, vb, ob, gb] = bufs_of(i, [q, kt, vt, c.out, c.gy])?;
+    let mb = match mask {
+        Some(m) => bufs_of(i, [m])?[0],
+        None => qb,
+    };
     let lse = nd.lse;
     let mut grads: Grads<'g> = SmallVec::new();
     let mut out = [qb; 3];
@@ -535,23 +546,14 @@ fn fused_backward<'g>(
     mask: Option<Tensor<'g>>,
 ) -> Result<Grads<'g>> {
     let dims = nd.dims;
-    let (qs, ks, vs) = (q.try_shape()?, kt.try_shape()?, vt.try_shape()?);
-    let mut full: Shape = qs[..qs.len() - 2].iter().copied().collect();
-    full.extend([dims.lq, dims.lk]);
+    let ([qs, ks, vs], full) = shapes_of(&dims, [q, kt, vt])?;
     let mask_shape = mask.map(|m| m.try_shape()).transpose()?;
     let mut guard = c.g.inner();
     let i = &mut *guard;
     let dtype = i.node(OP, q.id)?.dtype;
-    let buf = |i: &Inner, t: Tensor<'g>| i.node(OP, t.id).map(|n| n.buf);
-    let (qb, kb, vb, ob, gb) = (
-        buf(i, q)?,
-        buf(i, kt)?,
-        buf(i, vt)?,
-        buf(i, c.out)?,
-        buf(i, c.gy)?,
-    );
+    let [qb, kb, vb, ob, gb] = bufs_of(i, [q, kt, vt, c.out, c.gy])?;
     let mask = match (mask, mask_shape) {
-        (Some(m), Some(ms)) => Some((buf(i, m)?, ms)),
+        (Some(m), Some(ms)) => Some((bufs_of(i, [m])?[0], ms)),
         _ => None,
     };
     let (nq, nk, nv) = (
