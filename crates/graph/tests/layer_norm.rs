@@ -183,3 +183,26 @@ fn bad_arguments_are_errors_naming_the_op() {
         ));
     }
 }
+
+/// A normalised axis of length 0 (rows of no elements): empty outputs and gradients, the
+/// affine parameters' gradients empty too — as PyTorch, whose `layer_norm` over a `[3, 0]` input
+/// returns an empty tensor and empty gradients — never a panic.
+#[test]
+fn an_empty_normalised_axis_gives_empty_gradients() {
+    let g = Graph::new();
+    let x = g.var(&[], &[3, 0], DType::F64).unwrap();
+    let w = g.var(&[], &[0], DType::F64).unwrap();
+    let b = g.var(&[], &[0], DType::F64).unwrap();
+    for rms in [false, true] {
+        let y = if rms {
+            x.rms_norm(1, Some(w), 1e-5).unwrap()
+        } else {
+            x.layer_norm(1, Some(w), Some(b), 1e-5).unwrap()
+        };
+        assert_eq!(y.shape()[..], [3, 0]);
+        y.sum().unwrap().backward().unwrap();
+        for t in [x, w] {
+            assert!(t.grad().unwrap().unwrap().to_vec_f64().unwrap().is_empty());
+        }
+    }
+}

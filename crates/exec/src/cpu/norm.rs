@@ -124,6 +124,10 @@ pub fn norm_grad_input<T: Float>(
 
 /// The weight's gradient `dw[j] = Σ_rows gy·x̂` (rows of `n`), summed in f64.
 pub fn norm_grad_weight<T: Float>(x: &[T], gy: &[T], stats: &[T], n: usize, dw: &mut [T]) {
+    if n == 0 {
+        // Rows of no elements: an empty weight, an empty gradient.
+        return;
+    }
     let mut acc = vec![0.0f64; n];
     for (r, (row, gr)) in x.chunks_exact(n).zip(gy.chunks_exact(n)).enumerate() {
         let (m, s) = (stats[2 * r].to_f64(), stats[2 * r + 1].to_f64());
@@ -138,6 +142,9 @@ pub fn norm_grad_weight<T: Float>(x: &[T], gy: &[T], stats: &[T], n: usize, dw: 
 
 /// The bias's gradient `db[j] = Σ_rows gy` (rows of `n`), summed in f64.
 pub fn norm_grad_bias<T: Float>(gy: &[T], n: usize, db: &mut [T]) {
+    if n == 0 {
+        return;
+    }
     let mut acc = vec![0.0f64; n];
     for gr in gy.chunks_exact(n) {
         for j in 0..n {
