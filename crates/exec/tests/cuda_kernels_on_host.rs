@@ -310,6 +310,8 @@ fn norm_check<T: Float>(exe: &Path, rows: usize, n: usize, rms: bool, w: bool, b
 }
 
 #[test]
+// Miri runs no child processes (nor a C++ compiler's output).
+#[cfg_attr(miri, ignore)]
 fn normalisations_match_the_cpu() {
     let Some(exe) = driver() else { return };
     for (rms, w, b) in [
@@ -321,7 +323,7 @@ fn normalisations_match_the_cpu() {
         norm_check::<f64>(exe, 7, 13, rms, w, b);
         norm_check::<f32>(exe, 5, 33, rms, w, b);
     }
-    // A row of one element (variance 0) and no rows.
+    // A row of one element (variance 0), and no rows.
     norm_check::<f64>(exe, 3, 1, false, true, true);
     norm_check::<f32>(exe, 0, 4, false, true, true);
 }
@@ -477,6 +479,7 @@ fn attn_check<T: Float>(exe: &Path, a: &Attn<'_>) {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)]
 fn attention_matches_the_cpu() {
     let Some(exe) = driver() else { return };
     let cases = [
@@ -523,6 +526,38 @@ fn attention_matches_the_cpu() {
             causal: true,
             mask: None,
             dropout: 0.5,
+        },
+        // A mask of its own for every batch and head (two leading strides), causal.
+        Attn {
+            lead: &[2, 3],
+            lq: 5,
+            lk: 6,
+            d: 4,
+            dv: 3,
+            causal: true,
+            mask: Some(&[2, 3, 5, 6]),
+            dropout: 0.0,
+        },
+        // No queries, and no heads.
+        Attn {
+            lead: &[2],
+            lq: 0,
+            lk: 5,
+            d: 4,
+            dv: 4,
+            causal: false,
+            mask: None,
+            dropout: 0.0,
+        },
+        Attn {
+            lead: &[0, 2],
+            lq: 3,
+            lk: 4,
+            d: 2,
+            dv: 2,
+            causal: false,
+            mask: None,
+            dropout: 0.0,
         },
         // No keys.
         Attn {

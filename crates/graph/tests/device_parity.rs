@@ -163,7 +163,7 @@ parity_tests! {
         };
         x[0].scaled_dot_product_attention(x[1], x[2], opts)
     };
-    attention_wider_than_the_fused_kernel: &[&[1, 2, 3, 260], &[1, 2, 5, 260], &[1, 2, 5, 2]], false,
+    attention_wide_rows: &[&[1, 2, 3, 260], &[1, 2, 5, 260], &[1, 2, 5, 2]], false,
         |g, x| x[0].scaled_dot_product_attention(x[1], x[2], AttentionOptions::default());
     layer_norm_plain: &[&[4, 6]], false, |g, x| x[0].layer_norm(1, None, None, 1e-5)?.mul(x[0]);
     rms_norm_bias_free_no_weight: &[&[3, 2, 5]], false, |g, x| x[0].rms_norm(1, None, 1e-6);

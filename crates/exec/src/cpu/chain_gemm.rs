@@ -32,8 +32,14 @@ pub fn chain_gemm<T: Float>(
     if m == 0 || n == 0 {
         return;
     }
+    // The extent of `rows` rows of `width` at stride `ld`, or `None` when it overflows (so no
+    // stride can wrap the checks below around).
+    let extent = |rows: usize, ld: usize, width: usize| {
+        (width <= ld).then_some(())?;
+        (rows - 1).checked_mul(ld)?.checked_add(width)
+    };
     assert!(
-        n <= ldc && c.len() >= (m - 1) * ldc + n,
+        extent(m, ldc, n).is_some_and(|e| c.len() >= e),
         "invariant: chain_gemm output out of bounds"
     );
     if k == 0 {
@@ -43,7 +49,8 @@ pub fn chain_gemm<T: Float>(
         return;
     }
     assert!(
-        k <= lda && a.len() >= (m - 1) * lda + k && n <= ldb && b.len() >= (k - 1) * ldb + n,
+        extent(m, lda, k).is_some_and(|e| a.len() >= e)
+            && extent(k, ldb, n).is_some_and(|e| b.len() >= e),
         "invariant: chain_gemm operand out of bounds"
     );
     let v = Views {
@@ -358,6 +365,7 @@ mod tests {
             let a = data::<T>(m * lda, 1);
             let b = data::<T>(k.max(1) * ldb, 2);
             let want = reference(m, k, n, &a, lda, &b, ldb);
+            let _levels = crate::cpu::wide::level_lock();
             for level in levels.into_iter().filter(|&l| l <= simd_available()) {
                 let before = simd();
                 set_simd(level);
@@ -389,6 +397,15 @@ mod tests {
     #[test]
     fn f64_outputs_are_fused_chains() {
         same_bits_as_the_chain::<f64>();
+    }
+
+    #[test]
+    #[should_panic(expected = "out of bounds")]
+    fn a_stride_that_wraps_the_extent_is_refused() {
+        // (m − 1)·ldc + n wraps to 1 in 64 bits: the check must not pass.
+        let (a, b) = ([1.0f32; 3], [1.0f32; 1]);
+        let mut c = [0.0f32; 1];
+        chain_gemm(3, 1, 1, &a, 1, &b, 1, &mut c, 1 << 63);
     }
 
     #[test]

@@ -16,8 +16,10 @@
 //! Each (slot, unit) is claimed once, so the work is the same whichever thread does it; results
 //! never depend on the schedule, only where the cache lines end up does.
 
+use std::any::Any;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long a task waits for a slot whose own task is running before taking the slot's unit
@@ -38,17 +40,8 @@ struct Progress {
     started: Vec<AtomicBool>,
     /// A unit panicked: everyone stops waiting.
     failed: AtomicBool,
-}
-
-/// Sets `failed` if dropped while a unit is unwinding.
-struct FailOnUnwind<'a>(&'a AtomicBool);
-
-impl Drop for FailOnUnwind<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.0.store(true, Ordering::Release);
-        }
-    }
+    /// The first panic's payload, re-raised by [`lockstep`] once every task has stopped.
+    payload: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
 impl Progress {
@@ -58,10 +51,14 @@ impl Progress {
             .compare_exchange(u, u + 1, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            let guard = FailOnUnwind(&self.failed);
-            work(q, u);
-            drop(guard);
-            self.done[q].store(u + 1, Ordering::Release);
+            match catch_unwind(AssertUnwindSafe(|| work(q, u))) {
+                Ok(()) => self.done[q].store(u + 1, Ordering::Release),
+                Err(p) => {
+                    let mut first = self.payload.lock().unwrap_or_else(|e| e.into_inner());
+                    first.get_or_insert(p);
+                    self.failed.store(true, Ordering::Release);
+                }
+            }
         }
     }
 
@@ -113,22 +110,24 @@ pub fn lockstep(slots: usize, units: usize, work: &(dyn Fn(usize, usize) + Sync)
         done: (0..slots).map(|_| AtomicUsize::new(0)).collect(),
         started: (0..slots).map(|_| AtomicBool::new(false)).collect(),
         failed: AtomicBool::new(false),
+        payload: Mutex::new(None),
     };
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        super::thread_pool::fork(slots, &|me| {
-            p.started[me].store(true, Ordering::Release);
-            for u in 0..units {
-                if p.failed.load(Ordering::Acquire) {
-                    return;
-                }
-                p.try_run(me, u, work);
-                for q in 0..slots {
-                    p.wait(q, u, work);
-                }
+    // Units run under `catch_unwind` (in `try_run`), so the tasks themselves do not panic and
+    // the first unit's own panic is re-raised here, not the pool's report of a failed task.
+    super::thread_pool::fork(slots, &|me| {
+        p.started[me].store(true, Ordering::Release);
+        for u in 0..units {
+            if p.failed.load(Ordering::Acquire) {
+                return;
             }
-        })
-    }));
-    if let Err(e) = outcome {
+            p.try_run(me, u, work);
+            for q in 0..slots {
+                p.wait(q, u, work);
+            }
+        }
+    });
+    let first = p.payload.into_inner().unwrap_or_else(|e| e.into_inner());
+    if let Some(e) = first {
         resume_unwind(e);
     }
 }
@@ -211,7 +210,6 @@ impl<T: crate::Float> LineAligned<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
 
     /// Every (slot, unit) runs once, and no unit starts before every slot finished the one
     /// before: each unit checks that the others have all written the previous one.
@@ -262,7 +260,13 @@ mod tests {
                 assert!(!(q == 1 && u == 3), "unit 3 of slot 1 fails");
             })
         }));
-        assert!(r.is_err());
+        // The unit's own panic, not the pool's report of a failed task.
+        let payload = r.unwrap_err();
+        let msg = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or(payload.downcast_ref::<String>().map(String::as_str));
+        assert_eq!(msg, Some("unit 3 of slot 1 fails"));
         let ran = ran.into_inner().unwrap();
         assert!(ran.iter().all(|&(_, u)| u <= 4), "{ran:?}");
     }

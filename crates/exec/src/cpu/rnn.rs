@@ -863,8 +863,9 @@ fn backward_by_units<T: Float + Gemm>(
             let s = t - u;
             let nb = d.active(lengths, s);
             if nb > 0 {
-                // SAFETY: written by step s's gate units (all finished: `lockstep`); the next
-                // write of this half is step s − 2's, two meetings away.
+                // SAFETY: written by step s's gates in the unit before (all finished:
+                // `lockstep`); the next write of this half is step s − 2's gates, in the unit
+                // after this one, past the next meeting.
                 let dzp = unsafe { dzs.part((s % 2) * b * 4 * h, nb * 4 * h) };
                 // Copied first, as the hidden state forward.
                 let dzl = &mut dzloc[..nb * 4 * h];
@@ -894,10 +895,11 @@ fn backward_by_units<T: Float + Gemm>(
                             } else {
                                 (p * b + r) * 4 * h
                             };
-                            // SAFETY: this slot's units of row r, gate g: in `dzbuf`'s half for step s
-                            // (read by the product after the meeting; its last readers finished two
-                            // meetings ago) and in `dgi` at the row's position p (visited once); the
-                            // eight parts are disjoint.
+                            // SAFETY: this slot's units of row r, gate g: in `dzbuf`'s half for
+                            // step s (read by the product after the next meeting; its last
+                            // readers, step s + 2's product, finished before the last one) and
+                            // in `dgi` at the row's position p (visited once); the eight parts
+                            // are disjoint.
                             unsafe { dzs_or_dgs(x < 4).part_mut(at + g * h + u0, wd) }
                         });
                         lstm_units_backward(sv, h, u0, dhr, &mut dc[r * wd..(r + 1) * wd], out);
@@ -1005,7 +1007,8 @@ mod tests {
             // And at every vector width this CPU has (the products are fused chains at every
             // width, the gate arithmetic the same operations).
             if !cfg!(miri) {
-                use super::super::wide::{set_simd, simd, simd_available, Simd};
+                use super::super::wide::{level_lock, set_simd, simd, simd_available, Simd};
+                let _levels = level_lock();
                 let before = simd();
                 for level in [Simd::Baseline, Simd::Avx2, Simd::Avx512] {
                     if level > simd_available() {

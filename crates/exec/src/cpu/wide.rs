@@ -127,6 +127,14 @@ pub fn prefetch<T>(p: *const T) {
     let _ = p;
 }
 
+/// Held by the tests that change the level, so that they do not race one another's changes
+/// (tests that only read it run at whatever level is set: their results do not depend on it).
+#[cfg(test)]
+pub(crate) fn level_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +199,7 @@ mod tests {
                 .map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
                 .collect::<Vec<_>>()
         };
+        let _levels = level_lock();
         let before = simd();
         set_simd(Simd::Baseline);
         let want = run();

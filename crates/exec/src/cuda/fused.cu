@@ -3,10 +3,14 @@
 // `attention.rs`) computes.
 //
 // Every kernel here gives one thread a whole row (or column) of the problem and lets no thread
-// wait on another: no shared memory, no barriers, no atomics. Attention keeps one query's (or
-// one key's) vectors in the thread's own memory and streams over the keys (queries) with a
-// running softmax, so, as on the CPU, the `lq × lk` weights never exist whole: the forward keeps
-// the output and each row's log-sum-exp, and backward recomputes the weights from them.
+// wait on another: no shared memory, no barriers, no atomics, and no per-thread arrays (a thread
+// accumulates straight into its own row of the output, reads its operands where they lie, and so
+// takes no local memory whatever the widths). Attention streams one query (or key) over the keys
+// (queries) with a running softmax, so, as on the CPU, the `lq × lk` weights never exist whole:
+// the forward keeps the output and each row's log-sum-exp, and backward recomputes the weights
+// from them. A key whose weight is exactly 0 (hidden by the mask or causality) is skipped, so a
+// NaN in its values cannot reach a result; the CPU's tiles multiply such zeros through within a
+// 32-key tile.
 // Because no thread depends on another, running a kernel's threads one after another on the
 // host gives exactly what the device gives, which is how `tests/cuda_kernels_on_host.rs` checks
 // these kernels against the CPU's without a GPU.
@@ -99,9 +103,7 @@ __device__ __forceinline__ void norm_grad_params_k(const T* x, const T* gy, cons
 
 // ---------------------------------------------------------------------------------------------
 // Scaled dot-product attention (cpu::attention) over `bh` heads of `lq` queries and `lk` keys,
-// query and key width `d`, value width `dv`, each at most ATTN_MAX.
-
-#define ATTN_MAX 256
+// query and key width `d`, value width `dv`.
 
 // The problem (cpu::attention::AttnDims and AttnMask), mirrored in params.rs. The mask is
 // additive, head h's entry (i, j) at mask[head_offset(h) + i·mask_rs + j·mask_cs], where the
@@ -162,9 +164,9 @@ __device__ __forceinline__ void attn_forward_k(const T* q, const T* k, const T* 
                                                const T* mask, AttnParams p, T* o, T* lse) {
     GRID_LOOP(row, p.bh * p.lq) {
         u64 h = row / p.lq, i = row % p.lq;
-        T qi[ATTN_MAX], acc[ATTN_MAX];
-        for (u64 c = 0; c < p.d; ++c) qi[c] = q[row * p.d + c];
-        for (u64 c = 0; c < p.dv; ++c) acc[c] = (T)0;
+        const T* qi = q + row * p.d;
+        T* oi = o + row * p.dv;
+        for (u64 c = 0; c < p.dv; ++c) oi[c] = (T)0;
         u64 moff = p.has_mask ? attn_head_offset(p, h) : 0;
         T m = M<T>::neg_inf();
         double l = 0.0;
@@ -180,18 +182,17 @@ __device__ __forceinline__ void attn_forward_k(const T* q, const T* k, const T* 
             T w = e;
             if (p.dropout) w = attn_keeps(p, h, i, j) ? e * (T)p.keep_scale : (T)0;
             const T* vj = v + (h * p.lk + j) * p.dv;
-            for (u64 c = 0; c < p.dv; ++c) acc[c] = acc[c] * alpha + w * vj[c];
+            for (u64 c = 0; c < p.dv; ++c) oi[c] = oi[c] * alpha + w * vj[c];
             m = mn;
         }
-        T* oi = o + row * p.dv;
         if (l == 0.0) {
-            // Every key hidden: PyTorch's safe softmax gives weights of 0, so 0 out.
-            for (u64 c = 0; c < p.dv; ++c) oi[c] = (T)0;
+            // Every key hidden: PyTorch's safe softmax gives weights of 0, so 0 out (nothing was
+            // added).
             lse[row] = M<T>::neg_inf();
             continue;
         }
         T inv = (T)(1.0 / l);
-        for (u64 c = 0; c < p.dv; ++c) oi[c] = acc[c] * inv;
+        for (u64 c = 0; c < p.dv; ++c) oi[c] = oi[c] * inv;
         lse[row] = m + (T)log(l);
     }
 }
@@ -224,12 +225,10 @@ __device__ __forceinline__ void attn_dq_k(const T* q, const T* k, const T* v, co
                                           T* dq) {
     GRID_LOOP(row, p.bh * p.lq) {
         u64 h = row / p.lq, i = row % p.lq;
-        T qi[ATTN_MAX], goi[ATTN_MAX], acc[ATTN_MAX];
-        for (u64 c = 0; c < p.d; ++c) {
-            qi[c] = q[row * p.d + c];
-            acc[c] = (T)0;
-        }
-        for (u64 c = 0; c < p.dv; ++c) goi[c] = go[row * p.dv + c];
+        const T* qi = q + row * p.d;
+        const T* goi = go + row * p.dv;
+        T* dqi = dq + row * p.d;
+        for (u64 c = 0; c < p.d; ++c) dqi[c] = (T)0;
         T li = lse[row], di = delta[row];
         u64 moff = p.has_mask ? attn_head_offset(p, h) : 0;
         // A row that sees no key has weights 0, and so gradients 0.
@@ -240,9 +239,8 @@ __device__ __forceinline__ void attn_dq_k(const T* q, const T* k, const T* v, co
             // A hidden key's weight is exactly 0, and so is its gradient.
             if (pv == (T)0) continue;
             T ds = attn_ds(p, pv, goi, v + (h * p.lk + j) * p.dv, di, h, i, j);
-            for (u64 c = 0; c < p.d; ++c) acc[c] += ds * kj[c];
+            for (u64 c = 0; c < p.d; ++c) dqi[c] += ds * kj[c];
         }
-        for (u64 c = 0; c < p.d; ++c) dq[row * p.d + c] = acc[c];
     }
 }
 
@@ -254,15 +252,12 @@ __device__ __forceinline__ void attn_dkdv_k(const T* q, const T* k, const T* v, 
                                             AttnParams p, T* dk, T* dvo) {
     GRID_LOOP(col, p.bh * p.lk) {
         u64 h = col / p.lk, j = col % p.lk;
-        T kj[ATTN_MAX], vj[ATTN_MAX], ak[ATTN_MAX], av[ATTN_MAX];
-        for (u64 c = 0; c < p.d; ++c) {
-            kj[c] = k[col * p.d + c];
-            ak[c] = (T)0;
-        }
-        for (u64 c = 0; c < p.dv; ++c) {
-            vj[c] = v[col * p.dv + c];
-            av[c] = (T)0;
-        }
+        const T* kj = k + col * p.d;
+        const T* vj = v + col * p.dv;
+        T* dkj = dk + col * p.d;
+        T* dvj = dvo + col * p.dv;
+        for (u64 c = 0; c < p.d; ++c) dkj[c] = (T)0;
+        for (u64 c = 0; c < p.dv; ++c) dvj[c] = (T)0;
         u64 moff = p.has_mask ? attn_head_offset(p, h) : 0;
         // Causal: only the queries from j on see key j.
         for (u64 i = p.causal ? j : 0; i < p.lq; ++i) {
@@ -275,12 +270,10 @@ __device__ __forceinline__ void attn_dkdv_k(const T* q, const T* k, const T* v, 
             const T* goi = go + row * p.dv;
             T pd = pv;
             if (p.dropout) pd = attn_keeps(p, h, i, j) ? pv * (T)p.keep_scale : (T)0;
-            for (u64 c = 0; c < p.dv; ++c) av[c] += pd * goi[c];
+            for (u64 c = 0; c < p.dv; ++c) dvj[c] += pd * goi[c];
             T ds = attn_ds(p, pv, goi, vj, delta[row], h, i, j);
-            for (u64 c = 0; c < p.d; ++c) ak[c] += ds * qi[c];
+            for (u64 c = 0; c < p.d; ++c) dkj[c] += ds * qi[c];
         }
-        for (u64 c = 0; c < p.d; ++c) dk[col * p.d + c] = ak[c];
-        for (u64 c = 0; c < p.dv; ++c) dvo[col * p.dv + c] = av[c];
     }
 }
 

@@ -10,10 +10,6 @@ use super::{launch, CudaBackend, CudaError, MAX_DIMS};
 use crate::cpu::attention::AttnDims;
 use crate::DType;
 
-/// The widest query, key or value rows the fused attention takes (`ATTN_MAX` in `fused.cu`):
-/// each thread keeps a row of each in its own memory. Wider heads need the composed form.
-pub const ATTN_MAX_WIDTH: usize = 256;
-
 /// An additive attention mask on the device, broadcast to `[…lead, lq, lk]`: head `h`'s entry
 /// `(i, j)` is at `h`'s coordinates over `lead_shape` times `lead_strides`, plus `i·rs + j·cs`
 /// (strides 0 where the mask is broadcast).
@@ -219,22 +215,13 @@ impl CudaBackend {
     }
 }
 
-/// [`AttnParams`] for `dims` and `mask`, checking the widths against [`ATTN_MAX_WIDTH`] and the
-/// mask's leading axes against [`MAX_DIMS`].
+/// [`AttnParams`] for `dims` and `mask`, checking the mask's leading axes against
+/// [`MAX_DIMS`].
 fn attn_params(
     op: &'static str,
     dims: &AttnDims,
     mask: Option<&DeviceMask<'_>>,
 ) -> Result<AttnParams, CudaError> {
-    if dims.d > ATTN_MAX_WIDTH || dims.dv > ATTN_MAX_WIDTH {
-        return Err(invalid(
-            op,
-            format!(
-                "query/key width {} or value width {} above the fused kernel's {ATTN_MAX_WIDTH}",
-                dims.d, dims.dv
-            ),
-        ));
-    }
     count(op, &[dims.bh, dims.lq, dims.lk])?;
     let mut p = AttnParams {
         bh: dims.bh as u64,

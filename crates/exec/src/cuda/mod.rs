@@ -42,7 +42,7 @@
 //! ([`CudaBackend::synchronize`], [`CudaBackend::dtoh`]) or queues more work.
 
 mod fused;
-pub use fused::{DeviceMask, ATTN_MAX_WIDTH};
+pub use fused::DeviceMask;
 mod ops;
 mod params;
 #[cfg(test)]

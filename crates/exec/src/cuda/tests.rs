@@ -1261,3 +1261,59 @@ fn gpu_fill_copies_events_and_cache() {
         be.empty_cache();
     });
 }
+
+/// `params::AttnParams` is laid out as `struct AttnParams` in fused.cu, which takes it by value:
+/// the same fields in the same order at the offsets the C types give (every scalar 8 bytes, the
+/// arrays `MAX_DIMS` of them), read from the kernel source itself.
+#[test]
+fn attn_params_is_laid_out_as_the_kernels_struct() {
+    use std::mem::offset_of;
+    let src = include_str!("fused.cu");
+    let body = &src[src
+        .find("struct AttnParams {")
+        .expect("the struct in fused.cu")..];
+    let body = &body[..body.find("};").unwrap()];
+    let mut c_fields = Vec::new();
+    let mut at = 0;
+    for line in body.lines().skip(1) {
+        let line = line.trim().trim_end_matches(';');
+        let Some((ty, names)) = line.split_once(' ') else {
+            continue;
+        };
+        assert!(
+            matches!(ty, "u64" | "i64" | "double"),
+            "a field of type {ty}"
+        );
+        for name in names.split(',') {
+            let (name, width) = match name.trim().split_once('[') {
+                Some((n, "MAX_DIMS]")) => (n, 8 * MAX_DIMS),
+                Some((n, other)) => panic!("{n}: an array of {other}"),
+                None => (name.trim(), 8),
+            };
+            c_fields.push((name.to_string(), at));
+            at += width;
+        }
+    }
+    let rust = [
+        ("bh", offset_of!(params::AttnParams, bh)),
+        ("lq", offset_of!(params::AttnParams, lq)),
+        ("lk", offset_of!(params::AttnParams, lk)),
+        ("d", offset_of!(params::AttnParams, d)),
+        ("dv", offset_of!(params::AttnParams, dv)),
+        ("causal", offset_of!(params::AttnParams, causal)),
+        ("has_mask", offset_of!(params::AttnParams, has_mask)),
+        ("dropout", offset_of!(params::AttnParams, dropout)),
+        ("seed", offset_of!(params::AttnParams, seed)),
+        ("threshold", offset_of!(params::AttnParams, threshold)),
+        ("scale", offset_of!(params::AttnParams, scale)),
+        ("keep_scale", offset_of!(params::AttnParams, keep_scale)),
+        ("mask_rs", offset_of!(params::AttnParams, mask_rs)),
+        ("mask_cs", offset_of!(params::AttnParams, mask_cs)),
+        ("lead_rank", offset_of!(params::AttnParams, lead_rank)),
+        ("lead_shape", offset_of!(params::AttnParams, lead_shape)),
+        ("lead_stride", offset_of!(params::AttnParams, lead_stride)),
+    ]
+    .map(|(n, o)| (n.to_string(), o));
+    assert_eq!(c_fields, rust.to_vec());
+    assert_eq!(std::mem::size_of::<params::AttnParams>(), at);
+}

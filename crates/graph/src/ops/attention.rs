@@ -7,8 +7,9 @@
 //! recomputed, quadratic in memory, and differentiable again). On a CUDA device the forward and
 //! backward are the fused kernels of `arenagrad_exec::cuda` (`fused.cu`: one thread per query
 //! or key row streaming over the other side with a running softmax, the same memory as the
-//! host's; checked against the host kernels by `crates/exec/tests/cuda_kernels_on_host.rs`), for
-//! rows up to `ATTN_MAX_WIDTH` wide; wider heads run the formula composed of tensor ops.
+//! host's; checked against the host kernels by `crates/exec/tests/cuda_kernels_on_host.rs`); a
+//! mask with more leading axes than the kernels' parameters hold (8) runs the formula composed
+//! of tensor ops.
 
 use arenagrad_alloc::BufId;
 use arenagrad_exec::cpu::attention::{self as k, AttnDims, AttnMask};
@@ -123,7 +124,7 @@ impl<'g> Tensor<'g> {
             },
         };
         let dev = self.device();
-        if dev != Device::Cpu && !fused_on_device(&dims, r - 2) {
+        if dev != Device::Cpu && !fused_on_device(opts.mask.is_some(), r - 2) {
             return composed_forward(self, k, v, opts.mask, &dims, &full);
         }
         let mut out_shape: Shape = qs[..r - 2].iter().copied().collect();
@@ -237,17 +238,16 @@ fn host_forward(
     Ok((o, lse))
 }
 
-/// Whether a CUDA device runs this problem with the fused kernels: rows no wider than they take,
-/// and a mask's leading axes no more than their parameters hold.
+/// Whether a CUDA device runs this problem with the fused kernels: unless a mask's leading axes
+/// are more than their parameters hold.
 #[cfg(feature = "cuda")]
-fn fused_on_device(dims: &AttnDims, lead_rank: usize) -> bool {
-    use arenagrad_exec::cuda::{ATTN_MAX_WIDTH, MAX_DIMS};
-    dims.d <= ATTN_MAX_WIDTH && dims.dv <= ATTN_MAX_WIDTH && lead_rank <= MAX_DIMS
+fn fused_on_device(masked: bool, lead_rank: usize) -> bool {
+    !masked || lead_rank <= arenagrad_exec::cuda::MAX_DIMS
 }
 
 /// Without the `cuda` feature no device tensor exists.
 #[cfg(not(feature = "cuda"))]
-fn fused_on_device(_: &AttnDims, _: usize) -> bool {
+fn fused_on_device(_: bool, _: usize) -> bool {
     false
 }
 
