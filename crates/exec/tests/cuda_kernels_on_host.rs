@@ -217,6 +217,16 @@ fn values<T: Float>(n: usize, seed: u64) -> Vec<T> {
         .collect()
 }
 
+/// The driver's input header: the problem's kind, whether it is f64, the launch shape.
+fn header<T: Float>(kind: u32, grid: u64, block: u64) -> Vec<f64> {
+    vec![
+        f64::from(kind),
+        f64::from(T::DTYPE == arenagrad_exec::DType::F64),
+        grid as f64,
+        block as f64,
+    ]
+}
+
 fn push<T: Float>(input: &mut Vec<f64>, a: &[T]) {
     input.extend(a.iter().map(|v| v.to_f64()));
 }
@@ -274,18 +284,15 @@ fn norm_check<T: Float>(exe: &Path, rows: usize, n: usize, rms: bool, w: bool, b
     norm::norm_grad_bias(&gy, n, &mut db);
     let what = format!("{} {rows}×{n} rms {rms} w {w} b {b}", T::DTYPE);
     for (grid, block) in SHAPES {
-        let mut input = vec![
-            1.0,
-            f64::from(T::DTYPE == arenagrad_exec::DType::F64),
-            grid as f64,
-            block as f64,
+        let mut input = header::<T>(1, grid, block);
+        input.extend([
             rows as f64,
             n as f64,
             eps,
             f64::from(rms),
             f64::from(w),
             f64::from(b),
-        ];
+        ]);
         push(&mut input, &x);
         if w {
             push(&mut input, &wv);
@@ -436,11 +443,8 @@ fn attn_check<T: Float>(exe: &Path, a: &Attn<'_>) {
     );
     let threshold = dropout::threshold(a.dropout);
     for (grid, block) in SHAPES {
-        let mut input = vec![
-            2.0,
-            f64::from(T::DTYPE == arenagrad_exec::DType::F64),
-            grid as f64,
-            block as f64,
+        let mut input = header::<T>(2, grid, block);
+        input.extend([
             bh as f64,
             a.lq as f64,
             a.lk as f64,
@@ -458,7 +462,7 @@ fn attn_check<T: Float>(exe: &Path, a: &Attn<'_>) {
             rs as f64,
             cs as f64,
             lead_strides.len() as f64,
-        ];
+        ]);
         if a.mask.is_some() {
             input.extend(a.lead.iter().map(|&e| e as f64));
             input.extend(lead_strides.iter().map(|&s| s as f64));

@@ -318,9 +318,14 @@ const MIN_SLOT_UNITS: usize = 32;
 /// cache from one step to the next.
 fn unit_slots(h: usize, threads: usize) -> Vec<usize> {
     let slots = threads.clamp(1, (h / MIN_SLOT_UNITS).max(1));
-    let per = h.div_ceil(slots).div_ceil(16) * 16;
-    let mut bounds: Vec<usize> = (0..h).step_by(per.max(1)).collect();
-    bounds.push(h);
+    split_bounds(h, h.div_ceil(slots).div_ceil(16) * 16)
+}
+
+/// `[0, per, 2·per, …, n]`: `n` items in blocks of `per` (the last may be shorter; no block for
+/// no items).
+fn split_bounds(n: usize, per: usize) -> Vec<usize> {
+    let mut bounds: Vec<usize> = (0..n).step_by(per.max(1)).collect();
+    bounds.push(n);
     bounds
 }
 
@@ -338,12 +343,8 @@ fn columns<T: Float>(src: &[T], h: usize, u0: usize, u1: usize) -> Vec<T> {
 /// Writes the `[rows, u1 − u0]` matrix `part` back as columns `u0..u1` of `dst` (`[rows, h]`).
 fn put_columns<T: Float>(dst: &mut [T], h: usize, u0: usize, u1: usize, part: &[T]) {
     let wd = u1 - u0;
-    for (r, row) in part
-        .chunks_exact(wd.max(1))
-        .enumerate()
-        .take(dst.len() / h.max(1))
-    {
-        dst[r * h + u0..r * h + u1].copy_from_slice(&row[..wd]);
+    for r in 0..dst.len() / h.max(1) {
+        dst[r * h + u0..r * h + u1].copy_from_slice(&part[r * wd..(r + 1) * wd]);
     }
 }
 
@@ -378,10 +379,7 @@ fn row_blocks(b: usize, threads: usize) -> Option<Vec<usize>> {
     if t < 2 {
         return None;
     }
-    let per = b.div_ceil(t);
-    let mut bounds: Vec<usize> = (0..b).step_by(per).collect();
-    bounds.push(b);
-    Some(bounds)
+    Some(split_bounds(b, b.div_ceil(t)))
 }
 
 /// `buf` (`[t, b, w]`) as each row block's `t` runs, one per position.

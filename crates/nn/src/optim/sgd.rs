@@ -188,12 +188,7 @@ fn sgd_kernel<T: Elem>(
         // A large parameter is split across the threads (a streaming update bound by memory:
         // one core cannot draw what two do), each element the same arithmetic.
         let min = arenagrad_graph::exec::cpu::par::PAR_MIN_ELEMS;
-        let threads = if p.len() >= 2 * min {
-            update_threads()
-        } else {
-            1
-        };
-        arenagrad_graph::exec::cpu::par::par_chunks_mut(p, threads, min, |at, p| {
+        arenagrad_graph::exec::cpu::par::par_chunks_mut(p, update_threads(), min, |at, p| {
             let g = &g[at..at + p.len()];
             arenagrad_graph::wide(
                 p.len(),
