@@ -190,7 +190,7 @@ impl<M: Module> DataParallel<M> {
             buffers,
             config,
         };
-        ddp.broadcast_state()?;
+        ddp.broadcast_state_for("DataParallel::new")?;
         Ok(ddp)
     }
 
@@ -246,7 +246,9 @@ impl<M: Module> DataParallel<M> {
                 drop(r);
             }
             if self.config.broadcast_buffers && !self.buffers.is_empty() {
-                if let Err(e) = broadcast_values(self.shared.comm.as_ref(), &self.buffers) {
+                let comm = self.shared.comm.as_ref();
+                let buffers = [self.buffers.as_slice()];
+                if let Err(e) = broadcast_values(comm, "DataParallel::forward", &buffers) {
                     lock(&self.shared.round).error.get_or_insert(e);
                 }
             }
@@ -317,9 +319,17 @@ impl<M: Module> DataParallel<M> {
 
     /// Gives every rank rank 0's parameters and buffers (done by [`DataParallel::new`]; again
     /// after each rank has loaded a checkpoint, it makes sure they agree).
+    /// Every answer is checked before anything is written: a communicator that answers with a
+    /// buffer of another length or dtype is an error, and every parameter and buffer is left
+    /// as it was.
     pub fn broadcast_state(&self) -> Result<()> {
-        broadcast_values(self.shared.comm.as_ref(), &self.shared.params)?;
-        broadcast_values(self.shared.comm.as_ref(), &self.buffers)
+        self.broadcast_state_for("DataParallel::broadcast_state")
+    }
+
+    /// [`DataParallel::broadcast_state`], its errors naming `op`.
+    fn broadcast_state_for(&self, op: &'static str) -> Result<()> {
+        let groups = [self.shared.params.as_slice(), self.buffers.as_slice()];
+        broadcast_values(self.shared.comm.as_ref(), op, &groups)
     }
 
     /// Runs `f` on rank 0 only (saving a checkpoint, printing), then holds every rank until it
@@ -543,32 +553,58 @@ fn agree(comm: &dyn Communicator, named: &[(String, Parameter)]) -> Result<()> {
     Ok(())
 }
 
-/// Gives every rank rank 0's values of `params` (one broadcast per dtype).
-fn broadcast_values(comm: &dyn Communicator, params: &[Parameter]) -> Result<()> {
-    if comm.world_size() == 1 || params.is_empty() {
+/// Gives every rank rank 0's values of each group of `groups` (one broadcast per group and
+/// dtype, in that order). Every answer is checked (its dtype and length) before any value is
+/// written: a communicator that answers wrongly leaves every parameter as it was, rather than
+/// some overwritten and the rest not.
+fn broadcast_values(
+    comm: &dyn Communicator,
+    op: &'static str,
+    groups: &[&[Parameter]],
+) -> Result<()> {
+    if comm.world_size() == 1 {
         return Ok(());
     }
-    for dtype in [DType::F32, DType::F64] {
-        let mine: Vec<&Parameter> = params.iter().filter(|p| p.dtype() == dtype).collect();
-        if mine.is_empty() {
-            continue;
-        }
-        let mut all = HostData::from_f64(dtype, &[]);
-        for p in &mine {
-            match (&mut all, p.value().data()) {
-                (HostData::F32(a), HostData::F32(v)) => a.extend_from_slice(v),
-                (HostData::F64(a), HostData::F64(v)) => a.extend_from_slice(v),
-                _ => unreachable!("filtered by dtype"),
+    let mut answers: Vec<(Vec<&Parameter>, HostData)> = Vec::new();
+    for params in groups {
+        for dtype in [DType::F32, DType::F64] {
+            let mine: Vec<&Parameter> = params.iter().filter(|p| p.dtype() == dtype).collect();
+            if mine.is_empty() {
+                continue;
             }
+            let mut all = HostData::from_f64(dtype, &[]);
+            for p in &mine {
+                match (&mut all, p.value().data()) {
+                    (HostData::F32(a), HostData::F32(v)) => a.extend_from_slice(v),
+                    (HostData::F64(a), HostData::F64(v)) => a.extend_from_slice(v),
+                    _ => unreachable!("filtered by dtype"),
+                }
+            }
+            let len = all.len();
+            let got = comm.broadcast(all, 0)?;
+            if got.dtype() != dtype || got.len() != len {
+                return Err(DistError::Mismatch {
+                    op,
+                    what: format!(
+                        "the broadcast of {} {dtype:?} parameters came back with {} {:?} \
+                         elements, not {len} {dtype:?}; nothing was written",
+                        mine.len(),
+                        got.len(),
+                        got.dtype()
+                    ),
+                });
+            }
+            answers.push((mine, got));
         }
-        let got = comm.broadcast(all, 0)?;
+    }
+    for (mine, got) in answers {
         let mut at = 0;
         for p in mine {
             let n = p.numel();
             let written = p.update(|v, _| fill_from(v, &got, at, n));
             assert!(
                 written,
-                "invariant: filtered by dtype, sized by the sum of numel"
+                "invariant: filtered by dtype, the answer checked against the sum of numel"
             );
             at += n;
         }

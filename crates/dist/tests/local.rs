@@ -130,3 +130,172 @@ fn two_steps_in_one_iteration_hook_the_graph_once() {
         assert_eq!(stats.rounds, 1, "step {step}");
     }
 }
+
+/// Rank 1 of 2 whose reductions give the elements back and whose broadcasts answer with
+/// `answer(request, call)`: a transport that answers wrongly.
+struct Liar {
+    answer: fn(HostData, usize) -> HostData,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl Communicator for Liar {
+    fn rank(&self) -> usize {
+        1
+    }
+    fn world_size(&self) -> usize {
+        2
+    }
+    fn backend(&self) -> &'static str {
+        "liar"
+    }
+    fn all_reduce_start(
+        &self,
+        buf: HostData,
+        _op: Reduce,
+    ) -> arenagrad_dist::Result<arenagrad_dist::Pending> {
+        Ok(arenagrad_dist::Pending::ready(Ok(buf)))
+    }
+    fn broadcast(&self, buf: HostData, _root: usize) -> arenagrad_dist::Result<HostData> {
+        let call = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok((self.answer)(buf, call))
+    }
+    fn barrier(&self) -> arenagrad_dist::Result<()> {
+        Ok(())
+    }
+}
+
+/// A module of one f32 parameter, one f64 parameter and one f32 buffer.
+#[derive(Debug)]
+struct Mixed {
+    a: arenagrad_graph::Parameter,
+    b: arenagrad_graph::Parameter,
+    running: arenagrad_graph::Parameter,
+}
+
+impl Mixed {
+    fn new() -> Self {
+        let p = |name: &str, v: &[f64], dtype| {
+            arenagrad_graph::Parameter::new(
+                name,
+                arenagrad_graph::HostTensor::from_f64(v, &[v.len()], dtype).unwrap(),
+            )
+        };
+        Mixed {
+            a: p("a", &[1.0, 2.0, 3.0], arenagrad_graph::DType::F32),
+            b: p("b", &[4.0, 5.0], arenagrad_graph::DType::F64),
+            running: p("running", &[6.0], arenagrad_graph::DType::F32),
+        }
+    }
+
+    fn values(&self) -> Vec<Vec<f64>> {
+        [&self.a, &self.b, &self.running]
+            .iter()
+            .map(|p| p.value().to_f64_vec())
+            .collect()
+    }
+}
+
+impl Module for Mixed {
+    fn forward<'g>(
+        &self,
+        _g: &'g Graph,
+        x: arenagrad_nn::Tensor<'g>,
+    ) -> arenagrad_nn::Result<arenagrad_nn::Tensor<'g>> {
+        Ok(x)
+    }
+    fn visit(&self, v: &mut arenagrad_nn::Visitor<'_>) {
+        v.param("a", &self.a);
+        v.param("b", &self.b);
+        v.buffer("running", &self.running);
+    }
+}
+
+#[test]
+fn a_broadcast_answered_with_another_length_or_dtype_is_refused_with_nothing_written() {
+    // Rank 0's values, as a truthful transport would answer: every element 9.
+    fn nines(buf: HostData) -> HostData {
+        HostData::from_f64(buf.dtype(), &vec![9.0; buf.len()])
+    }
+    let liars: [(&str, fn(HostData, usize) -> HostData); 5] = [
+        ("short", |buf, _| {
+            HostData::from_f64(buf.dtype(), &vec![9.0; buf.len() - 1])
+        }),
+        ("long", |buf, _| {
+            HostData::from_f64(buf.dtype(), &vec![9.0; buf.len() + 1])
+        }),
+        ("other dtype", |buf, _| {
+            let other = match buf.dtype() {
+                arenagrad_graph::DType::F32 => arenagrad_graph::DType::F64,
+                _ => arenagrad_graph::DType::F32,
+            };
+            HostData::from_f64(other, &vec![9.0; buf.len()])
+        }),
+        // The f32 parameters' answer is right, the f64 ones' (the second broadcast) wrong: the
+        // f32 parameters must not be written either.
+        ("second answer short", |buf, call| {
+            let n = buf.len() - usize::from(call == 1);
+            HostData::from_f64(buf.dtype(), &vec![9.0; n])
+        }),
+        // The parameters' answers are right, the buffer's (the third) empty.
+        ("buffer's answer empty", |buf, call| {
+            if call == 2 {
+                HostData::from_f64(buf.dtype(), &[])
+            } else {
+                nines(buf)
+            }
+        }),
+    ];
+    let before = Mixed::new().values();
+    for (what, answer) in liars {
+        let module = Mixed::new();
+        let (a, b, running) = (module.a.clone(), module.b.clone(), module.running.clone());
+        let comm = Arc::new(Liar {
+            answer,
+            calls: 0.into(),
+        });
+        let e = DataParallel::new(module, comm, DdpConfig::default()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                arenagrad_dist::DistError::Mismatch {
+                    op: "DataParallel::new",
+                    ..
+                }
+            ),
+            "{what}: {e:?}"
+        );
+        assert!(e.to_string().contains("came back with"), "{what}: {e}");
+        let after: Vec<Vec<f64>> = [&a, &b, &running]
+            .iter()
+            .map(|p| p.value().to_f64_vec())
+            .collect();
+        assert_eq!(after, before, "{what}: written before the error");
+    }
+
+    // A truthful answer is written, and broadcast_state checks as new does.
+    let comm = Arc::new(Liar {
+        answer: |buf, call| {
+            if call < 3 {
+                nines(buf)
+            } else {
+                HostData::from_f64(buf.dtype(), &vec![7.0; buf.len() + 2])
+            }
+        },
+        calls: 0.into(),
+    });
+    let model = DataParallel::new(Mixed::new(), comm, DdpConfig::default()).unwrap();
+    let nine = vec![vec![9.0; 3], vec![9.0; 2], vec![9.0]];
+    assert_eq!(model.module().values(), nine);
+    let e = model.broadcast_state().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            arenagrad_dist::DistError::Mismatch {
+                op: "DataParallel::broadcast_state",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(model.module().values(), nine);
+}
