@@ -103,7 +103,9 @@ impl Graph {
     /// out first and back in after ([`Keep`]): a tensor comes back as a constant of the
     /// enclosing scope. Tensors made inside and kept by other means go stale (using one is a
     /// [`crate::GraphError::StaleTensor`] error, never a read of freed memory). Tensors of the
-    /// enclosing scope are untouched and usable inside.
+    /// enclosing scope are untouched and usable inside. A leaf of the enclosing scope set to
+    /// require grad inside keeps the flag after it, and receives its gradient from a later
+    /// backward, as PyTorch's `requires_grad_()` under `no_grad` does.
     ///
     /// The loop this is for — generation, evaluation — then runs in flat memory without a
     /// reset per step (host buffers reuse the arena's region from the second iteration on,
@@ -167,20 +169,29 @@ impl Graph {
             // A buffer already let go (a view's) is no error here: the scope ends either way.
             let _ = i.release_buf(dev, buf);
         }
-        // Leaves of before the scope that started requiring grad inside it leave the tape.
-        if i.tape.len() > mark.tape {
-            let extra: Vec<_> = i.tape.drain(mark.tape..).collect();
-            for id in extra {
-                if let Some(n) = i.nodes.get_mut(id) {
-                    n.tape_pos = crate::graph::NO_POS;
-                }
-            }
-        }
+        let extra: Vec<_> = i.tape.drain(mark.tape.min(i.tape.len())..).collect();
         i.temp_log.truncate(mark.temp_log);
         // Hooks registered inside go with the scope (on its nodes, or on older ones).
         i.hooks.truncate(mark.hooks);
         i.param_leaves.truncate(mark.param_leaves);
         i.nodes.rollback(mark.nodes);
         i.arena.rollback(mark.arena);
+        // What the tape gained inside and outlives the scope: leaves of the enclosing scope set
+        // to require grad inside it. They go back on the tape, in the order they went on, so
+        // their flag and their gradient agree (PyTorch's `requires_grad_()` under `no_grad`
+        // sticks, and backward fills `.grad`). Dropping them from the tape with the flag left on
+        // lost their gradient without a word; turning the flag off behind the user's back, or
+        // refusing the call, would surprise a user who wrote PyTorch's code.
+        for id in extra {
+            let pos = i.tape.len() as u32;
+            if let Some(n) = i.nodes.get_mut(id) {
+                if n.requires_grad {
+                    n.tape_pos = pos;
+                    i.tape.push(id);
+                } else {
+                    n.tape_pos = crate::graph::NO_POS;
+                }
+            }
+        }
     }
 }

@@ -178,3 +178,34 @@ fn a_scope_reads_parameters_and_leaves_them_alone() {
     outer.sum().unwrap().backward().unwrap();
     assert_eq!(p.grad().unwrap().to_f64_vec(), [1.0, 1.0]);
 }
+
+#[test]
+fn a_leaf_set_to_require_grad_inside_a_scope_keeps_its_gradient() {
+    // PyTorch: `requires_grad_()` under `no_grad` sticks, and backward fills `.grad`.
+    let g = Graph::new();
+    let x = g.from_f64(&[1.0, -2.0, 3.0], &[3], DType::F64).unwrap();
+    let before = g.stats();
+    g.scope(|_| {
+        x.set_requires_grad(true)?;
+        Ok(())
+    })
+    .unwrap();
+    assert!(x.requires_grad());
+    let y = x.mul(x).unwrap().sum().unwrap();
+    y.backward().unwrap();
+    assert_eq!(
+        x.grad().unwrap().unwrap().to_vec_f64().unwrap(),
+        [2.0, -4.0, 6.0]
+    );
+    // Turned on and off again inside: the leaf is as it was, and on no tape.
+    let z = g.from_f64(&[5.0], &[1], DType::F64).unwrap();
+    let tape = g.stats().tape_len;
+    g.scope(|_| {
+        z.set_requires_grad(true)?.set_requires_grad(false)?;
+        Ok(())
+    })
+    .unwrap();
+    assert!(!z.requires_grad());
+    assert_eq!(g.stats().tape_len, tape);
+    assert!(before.tape_len < tape);
+}
