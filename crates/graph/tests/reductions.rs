@@ -138,6 +138,48 @@ fn norms_match_pytorch_with_zero_rows_and_ties() {
 }
 
 #[test]
+fn norms_below_one_give_a_zero_gradient_at_a_zero_entry() {
+    // torch.linalg.vector_norm(x, ord=0.5, dim=1) of [[4, 0, -1], [0, 0, 0]]: [9, 0]; its
+    // gradient |x|^(p−1)·sign(x)·n^(1−p) = 3/√|x|·sign(x) off zero, and 0 at a zero entry
+    // (|0|^(−0.5) = inf times sign(0) = 0 was NaN here).
+    let v = [4.0, 0.0, -1.0, 0.0, 0.0, 0.0];
+    let want = [1.5, 0.0, -3.0, 0.0, 0.0, 0.0];
+    for dtype in [DType::F64, DType::F32] {
+        for create in [false, true] {
+            let g = Graph::new();
+            let x = g.var(&v, &[2, 3], dtype).unwrap();
+            let n = x.norm(0.5, &[1], false).unwrap();
+            same(&n.to_vec_f64().unwrap(), &[9.0, 0.0]);
+            let gx = if create {
+                let opts = arenagrad_graph::BackwardOptions {
+                    create_graph: true,
+                    ..Default::default()
+                };
+                arenagrad_graph::grad(n.sum().unwrap(), &[x], opts).unwrap()[0]
+                    .unwrap()
+                    .to_vec_f64()
+                    .unwrap()
+            } else {
+                grad_of(n.sum().unwrap(), x)
+            };
+            same(&gx, &want);
+        }
+    }
+    // The second derivative exists off zero and stays finite at a zero entry.
+    let g = Graph::new();
+    let x = g.var(&v[..3], &[3], DType::F64).unwrap();
+    let opts = arenagrad_graph::BackwardOptions {
+        create_graph: true,
+        ..Default::default()
+    };
+    let gx =
+        arenagrad_graph::grad(x.norm(0.5, &[], false).unwrap(), &[x], opts).unwrap()[0].unwrap();
+    let ggx = grad_of(gx.sum().unwrap(), x);
+    assert!(ggx.iter().all(|v| v.is_finite()), "{ggx:?}");
+    assert_eq!(ggx[1], 0.0);
+}
+
+#[test]
 fn norm_gradients_pass_finite_differences_and_second_order() {
     let opts = GradcheckOptions::default();
     let x = [HostTensor::from_f64(

@@ -380,9 +380,14 @@ impl super::custom::CustomOp for NormOp {
             let count = hit.sum_axes(&axes, true)?.broadcast_to(&full)?;
             g.mul(sign()?)?.mul(hit.div(count)?)?
         } else {
-            // x·|x|^(p−2)·g / n^(p−1), 0 where n = 0.
+            // x·|x|^(p−2)·g / n^(p−1), 0 where n = 0; and 0 at an entry x = 0, as PyTorch
+            // (for p < 1, |0|^(p−1) is inf and inf·sign(0) NaN). The zeros are taken as 1
+            // before the power rather than masked after it, so that no inf is made at all and
+            // a second derivative through here stays finite at them too.
             let p = self.p;
-            let w = x.abs()?.powf(p - 1.0)?.mul(sign()?)?;
+            let at_zero = x.eq(x.g.full_on(&[], 0.0, x.dtype(), x.device())?)?;
+            let safe = x.masked_fill(at_zero, 1.0)?;
+            let w = safe.abs()?.powf(p - 1.0)?.mul(sign()?)?;
             w.mul(g.div(n.powf(p - 1.0)?)?.masked_fill(zero()?, 0.0)?)?
         };
         Ok(vec![Some(gx)])
