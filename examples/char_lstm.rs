@@ -321,7 +321,7 @@ fn run() -> Result<(), NnError> {
         let pass_at = doc % train_docs.len();
         if perm.is_empty() || pass_at == 0 {
             pass_start = order_rng.clone();
-            perm = order_rng.permutation(train_docs.len());
+            perm = order_rng.permutation(train_docs.len())?;
         }
         let text = train_docs[perm[pass_at]];
         let mut state: State = None;

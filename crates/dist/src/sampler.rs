@@ -64,7 +64,10 @@ impl DistributedSampler {
     /// This rank's example indices for `epoch`, in the order to read them.
     pub fn indices(&self, epoch: u64) -> Vec<usize> {
         let mut order: Vec<usize> = if self.shuffle {
-            Rng::seed(self.seed.wrapping_add(epoch)).permutation(self.len)
+            // The same draws as `Rng::permutation`, into the list this infallible method builds.
+            let mut order: Vec<usize> = (0..self.len).collect();
+            Rng::seed(self.seed.wrapping_add(epoch)).shuffle(&mut order);
+            order
         } else {
             (0..self.len).collect()
         };

@@ -149,7 +149,8 @@ pub(crate) struct Inner {
     pub hooks: Vec<(NodeId, crate::tensor::GradHook)>,
     /// Hooks told when backward is done with a parameter ([`Graph::register_param_hook`]).
     pub param_hooks: Vec<crate::param::ParamHook>,
-    /// The leaves [`Graph::param`] made, in the order made (what `param_hooks` watch).
+    /// The leaves [`Graph::param`] made and the recorded checkpoints whose blocks use
+    /// parameters, in the order made (what `param_hooks` watch).
     pub param_leaves: Vec<NodeId>,
     /// How many times the graph has been reset ([`Graph::iteration_id`]).
     pub resets: u64,
@@ -171,6 +172,19 @@ impl Inner {
         match self.nodes.get(id) {
             Some(n) => Ok(n),
             None => Err(GraphError::StaleTensor { op }),
+        }
+    }
+
+    /// Reserves room for the `more` nodes `op` is about to make over a tensor of `shape` (a
+    /// piece or a step each): [`GraphError::TooLarge`] when one iteration cannot hold them.
+    pub fn reserve_nodes(&mut self, op: &'static str, more: usize, shape: &[usize]) -> Result<()> {
+        if self.nodes.try_reserve(more) {
+            Ok(())
+        } else {
+            Err(GraphError::TooLarge {
+                op,
+                shape: shape.to_vec(),
+            })
         }
     }
 

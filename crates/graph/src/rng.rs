@@ -9,6 +9,9 @@
 
 use std::sync::OnceLock;
 
+use crate::error::Result;
+use crate::host::try_vec;
+
 /// A seeded pseudo-random generator (xoshiro256++).
 ///
 /// ```
@@ -171,11 +174,27 @@ impl Rng {
         }
     }
 
-    /// A random permutation of `0..n`.
-    pub fn permutation(&mut self, n: usize) -> Vec<usize> {
-        let mut v: Vec<usize> = (0..n).collect();
+    /// A random permutation of `0..n`, or
+    /// [`GraphError::OutOfMemory`](crate::GraphError::OutOfMemory) (op `permutation`) when the
+    /// host cannot hold `n` indices: a length read from a file or a header must not abort the
+    /// process.
+    ///
+    /// ```
+    /// use arenagrad_graph::{GraphError, Rng};
+    /// let mut p = Rng::seed(3).permutation(5)?;
+    /// p.sort_unstable();
+    /// assert_eq!(p, [0, 1, 2, 3, 4]);
+    /// assert!(matches!(
+    ///     Rng::seed(3).permutation(1 << 60),
+    ///     Err(GraphError::OutOfMemory { .. })
+    /// ));
+    /// # Ok::<(), GraphError>(())
+    /// ```
+    pub fn permutation(&mut self, n: usize) -> Result<Vec<usize>> {
+        let mut v = try_vec::<usize>("permutation", &[n], n)?;
+        v.extend(0..n);
         self.shuffle(&mut v);
-        v
+        Ok(v)
     }
 }
 
@@ -370,12 +389,30 @@ mod tests {
     #[test]
     fn permutations_are_permutations() {
         let mut r = Rng::seed(5);
-        let mut p = r.permutation(100);
+        let mut p = r.permutation(100).unwrap();
         assert_ne!(p, (0..100).collect::<Vec<_>>());
         p.sort_unstable();
         assert_eq!(p, (0..100).collect::<Vec<_>>());
         for n in 1..20 {
             assert!(r.below(n) < n);
         }
+    }
+
+    /// A length the host cannot hold is a typed error naming the op and the length, at once
+    /// (it aborted the process: the index list was collected infallibly).
+    #[test]
+    fn a_permutation_too_large_to_hold_is_an_error() {
+        let n = 1usize << 40;
+        let before = Rng::seed(5);
+        let mut r = before.clone();
+        match r.permutation(n) {
+            Err(crate::GraphError::OutOfMemory { op, shape, bytes }) => {
+                assert_eq!((op, shape, bytes), ("permutation", vec![n], n * 8));
+            }
+            other => panic!("expected OutOfMemory, got {:?}", other.map(|v| v.len())),
+        }
+        // Nothing drawn: the stream is where it was.
+        assert_eq!(r, before);
+        assert_eq!(r.permutation(0).unwrap(), Vec::<usize>::new());
     }
 }

@@ -180,6 +180,20 @@ impl NodeStore {
         Some(n)
     }
 
+    /// Room for `more` nodes in this iteration, reserved fallibly: `false` when that would pass
+    /// the 2³² nodes an iteration can number or the host cannot hold their slots. An op about to
+    /// make a node per piece or per step asks first, so that a count it cannot reach is an error
+    /// before any work, not an abort (or the panic at the 2³²nd node) hours into it.
+    pub fn try_reserve(&mut self, more: usize) -> bool {
+        match self.used.checked_add(more) {
+            Some(total) if total <= u32::MAX as usize => self
+                .nodes
+                .try_reserve(total.saturating_sub(self.nodes.len()))
+                .is_ok(),
+            _ => false,
+        }
+    }
+
     /// Live nodes.
     pub fn len(&self) -> usize {
         self.live

@@ -463,6 +463,11 @@ pub fn lstm_seq_forward<T: Float + Gemm>(
     cn: &mut [T],
     threads: usize,
 ) {
+    if d.b * d.h == 0 {
+        // No row or no unit: `saved`, `hn` and `cn` are empty, and the steps are not walked
+        // (a sequence of 2^40 empty steps took hours).
+        return;
+    }
     let k = LSTM_SAVED * d.h;
     zero_past_lengths(saved, d, lengths, k);
     hn.copy_from_slice(h0);
@@ -699,6 +704,10 @@ pub fn lstm_seq_output<T: Float>(
     y: &mut [T],
 ) {
     let (b, h) = (d.b, d.h);
+    if b * h == 0 {
+        // `y` is empty: no walk over the positions.
+        return;
+    }
     let k = LSTM_SAVED * h;
     for p in 0..d.t {
         for (r, &len) in lengths.iter().enumerate() {
@@ -745,6 +754,10 @@ pub fn lstm_seq_backward<T: Float + Gemm>(
     threads: usize,
 ) {
     let (b, h, t) = (d.b, d.h, d.t);
+    if b * h == 0 {
+        // Every gradient here is empty: no walk over the steps.
+        return;
+    }
     zero_past_lengths(dgi, d, lengths, 4 * h);
     dh0.copy_from_slice(&gy[t * b * h..(t + 1) * b * h]);
     dc0.copy_from_slice(&gy[(t + 1) * b * h..]);
@@ -924,6 +937,11 @@ pub fn lstm_seq_grad_weight<T: Float + Gemm>(
 ) {
     let h = d.h;
     let rows = d.t * d.b;
+    if rows * h == 0 {
+        // No position of any row (the sum is empty), or no unit (`dw` is).
+        dw.fill(T::ZERO);
+        return;
+    }
     let a = MatView::row_major(dgi, 0, 4 * h, true);
     let hp = MatView {
         data: saved,

@@ -19,6 +19,7 @@ use smallvec::smallvec;
 
 use super::{check_pair, Ctx, Grads, Op};
 use crate::error::{GraphError, Result};
+use crate::host::try_filled;
 use crate::shape::Shape;
 use crate::{Device, Graph, Tensor};
 
@@ -196,7 +197,11 @@ impl<'g> Tensor<'g> {
         if ws != [4 * hd, hd] {
             return Err(mismatch(op, &ws, &[4 * hd, hd]));
         }
+        // No row or no hidden unit: nothing to compute, however long the sequence. The kernels
+        // return at once (no walk over t steps of nothing), and no list is made per row.
+        let empty = b == 0 || hd == 0;
         let lengths: Arc<[usize]> = match opts.lengths {
+            None if empty => Arc::from(&[][..]),
             None => vec![t; b].into(),
             Some(l) => {
                 if l.len() != b {
@@ -227,6 +232,11 @@ impl<'g> Tensor<'g> {
             h: hd,
             reverse: opts.reverse,
         };
+        if hd == 0 && (opts.unfused || self.device() != Device::Cpu) {
+            // Every tensor here is empty: the inputs are the outputs' values (the composed form
+            // would walk t steps of empty ops).
+            return Ok((self, h0, c0));
+        }
         let y = if self.device() == Device::Cpu && !opts.unfused {
             let mut guard = self.g.inner();
             let i = &mut *guard;
@@ -378,7 +388,7 @@ impl Graph {
         self.owns_all(op, &state)?;
         let b = lengths.len();
         let rows = inputs.try_shape()?;
-        if rows.len() != 2 || rows[0] != t * b {
+        if rows.len() != 2 || t.checked_mul(b) != Some(rows[0]) {
             return Err(GraphError::ShapeMismatch {
                 op,
                 lhs: rows.to_vec(),
@@ -407,10 +417,15 @@ impl Graph {
             }
         }
         let mut state = state;
+        // At least one node a step (its rows' index_select): more steps than an iteration can
+        // hold (2^40 of zero-width inputs, say) are an error before the walk, not an abort or
+        // a panic hours into it.
+        let steps = lengths.first().copied().unwrap_or(0);
+        self.inner().reserve_nodes(op, steps, &[t, b])?;
         let mut outs = Vec::new();
         // For each (position, row), the index of its output among the steps' outputs stacked;
         // past the row's length, the zero row appended last.
-        let mut at = vec![usize::MAX; t * b];
+        let mut at = try_filled(op, t * b, usize::MAX, &[t, b])?;
         let mut count = 0;
         for s in 0..t {
             let nb = lengths.partition_point(|&l| l > s);
@@ -462,10 +477,12 @@ impl Graph {
                     .collect::<Vec<_>>(),
             )?,
         );
-        let idx: Vec<usize> = at
-            .iter()
-            .map(|&v| if v == usize::MAX { count } else { v })
-            .collect();
+        for v in &mut at {
+            if *v == usize::MAX {
+                *v = count;
+            }
+        }
+        let idx = at;
         let out = self.concat(&outs, 0)?.index_select(0, &idx)?;
         let shape: Vec<isize> = [t, b]
             .into_iter()

@@ -17,6 +17,7 @@ use super::{check_pair, Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::graph::Inner;
+use crate::host::try_vec;
 use crate::shape::{checked_numel, copy_of, norm_axis, Shape};
 use crate::{Device, Graph, Tensor};
 
@@ -43,6 +44,9 @@ impl<'g> Tensor<'g> {
             i.alloc_on(name, dev, dtype, len)?
         };
         match dev {
+            // An empty result is computed by doing nothing: a kernel's loops over the other
+            // axes (2^40 rows of nothing, say) would take hours to write no element.
+            _ if len == 0 => {}
             Device::Cpu => with_float!(dtype, T, {
                 let (o, [x]) = i.split_mut::<T, 1>(name, out, [xb])?;
                 kernel(T::args(x, o, &shape));
@@ -203,10 +207,17 @@ impl<'g> Tensor<'g> {
             });
         }
         check_range(op, &shape, ax, start, end)?;
-        if step == 1 {
-            return self.slice(axis, start, end);
+        let count = (end - start).div_ceil(step);
+        let mut out = shape.clone();
+        out[ax] = count;
+        if step == 1 || out.contains(&0) {
+            // No elements picked (or all of a run): the plain slice of as many is the same
+            // tensor with the same (zero) gradient, and needs no index list, which for an
+            // empty result of a long axis would be the only large thing made.
+            return self.slice(axis, start, start + count);
         }
-        let idx: Vec<usize> = (start..end).step_by(step).collect();
+        let mut idx = try_vec(op, &out, count)?;
+        idx.extend((start..end).step_by(step));
         self.index_select(axis, &idx)
     }
 
@@ -765,6 +776,7 @@ impl<'g> Tensor<'g> {
                 what: "the sizes must add up to the axis' extent",
             });
         }
+        self.g.inner().reserve_nodes(op, sizes.len(), &shape)?;
         let mut start = 0;
         sizes
             .iter()
@@ -790,20 +802,18 @@ impl<'g> Tensor<'g> {
         let shape = self.try_shape()?;
         let ax = norm_axis(op, axis, &shape)?;
         let d = shape[ax];
-        if d == 0 {
-            // n empty pieces, as PyTorch: a count the host cannot hold is an error, not a panic.
-            let mut sizes = Vec::new();
-            sizes
-                .try_reserve_exact(n)
-                .map_err(|_| GraphError::TooLarge {
-                    op,
-                    shape: shape.iter().copied().collect(),
-                })?;
-            sizes.resize(n, 0);
-            return self.split(&sizes, ax as isize);
-        }
+        // n empty pieces of an empty axis, as PyTorch; otherwise pieces of ⌈d/n⌉.
         let size = d.div_ceil(n);
-        let sizes: Vec<usize> = (0..d).step_by(size).map(|s| size.min(d - s)).collect();
+        let pieces = if d == 0 { n } else { d.div_ceil(size) };
+        // Each piece is a node: a count that one iteration cannot hold (a chunk of a
+        // [2^40, 0] tensor into 2^40 pieces) is an error before the list of sizes is built.
+        self.g.inner().reserve_nodes(op, pieces, &shape)?;
+        let mut sizes = try_vec(op, &shape, pieces)?;
+        if d == 0 {
+            sizes.resize(n, 0);
+        } else {
+            sizes.extend((0..d).step_by(size).map(|s| size.min(d - s)));
+        }
         self.split(&sizes, ax as isize)
     }
 
@@ -811,6 +821,10 @@ impl<'g> Tensor<'g> {
     pub fn unbind(self, axis: isize) -> Result<Vec<Tensor<'g>>> {
         let shape = self.try_shape()?;
         let ax = norm_axis("unbind", axis, &shape)?;
+        // A slice and a reshape per piece.
+        self.g
+            .inner()
+            .reserve_nodes("unbind", shape[ax].saturating_mul(2), &shape)?;
         let rest: Vec<isize> = shape
             .iter()
             .enumerate()

@@ -519,7 +519,7 @@ impl Dataset {
     /// Mini-batches in an order shuffled by `rng` (a fresh order per call: call it once per
     /// epoch with the same generator, and a seed fixes every epoch's order).
     pub fn shuffled_batches(&self, batch_size: usize, rng: &mut Rng) -> Result<Batches<'_>> {
-        Batches::new(self, rng.permutation(self.len()), batch_size)
+        Batches::new(self, rng.permutation(self.len())?, batch_size)
     }
 }
 

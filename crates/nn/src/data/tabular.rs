@@ -144,7 +144,9 @@ impl TabularDataset {
 
     /// The rows in an order drawn from `rng`.
     pub fn shuffled(&self, rng: &mut Rng) -> TabularDataset {
-        let order = rng.permutation(self.len());
+        // The same draws as `permutation`; this copy of the dataset is infallible as a whole.
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        rng.shuffle(&mut order);
         let f = self.n_features;
         TabularDataset {
             features: order
@@ -193,7 +195,7 @@ impl TabularDataset {
         batch_size: usize,
         rng: &mut Rng,
     ) -> Result<Batches<'_, TabularDataset>> {
-        Batches::new(self, rng.permutation(self.len()), batch_size)
+        Batches::new(self, rng.permutation(self.len())?, batch_size)
     }
 }
 
