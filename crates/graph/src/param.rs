@@ -254,7 +254,9 @@ impl Graph {
     /// it, so every contribution (of each of its leaves, by any path) is in
     /// [`Parameter::grad`]. Each backward pass tells each parameter of its part of the tape
     /// once, in the order their gradients became final (the last layer's first), whether or not
-    /// a gradient reached it; [`grad`](crate::grad), which accumulates nothing, tells none.
+    /// a gradient reached it; [`grad`](crate::grad), which accumulates nothing, tells none. A
+    /// parameter used inside a [checkpointed](Graph::checkpoint) block is told once backward
+    /// has passed the lowest checkpoint using it (its second run done), or its own lowest leaf.
     /// Hooks last until the reset. A data-parallel wrapper starts each gradient all-reduce
     /// from here, while backward goes on with the layers below.
     ///
@@ -286,24 +288,32 @@ impl Graph {
 }
 
 /// The parameters whose gradients a backward pass from tape position `root_pos` finalises, for
-/// its param hooks: each parameter once, at the tape position of its first leaf, highest
-/// position first (the order the walk passes them). Empty when no hook listens.
+/// its param hooks: each parameter once, at the tape position of its first leaf or of the
+/// first checkpoint whose block uses it (a block's own leaves are made again by backward, past
+/// the root, and the walk is done with them when it passes the checkpoint), highest position
+/// first (the order the walk passes them). Empty when no hook listens.
 pub(crate) fn params_to_tell(i: &crate::graph::Inner, root_pos: usize) -> Vec<(usize, Parameter)> {
     if i.param_hooks.is_empty() {
         return Vec::new();
     }
     let mut out: Vec<(usize, Parameter)> = Vec::new();
+    // `param_leaves` lists parameters' leaves and the checkpoints that use parameters.
     for &id in &i.param_leaves {
         let Some(n) = i.nodes.get(id) else { continue };
-        let (Op::Param(p), pos) = (&n.op, n.tape_pos) else {
-            continue;
-        };
+        let pos = n.tape_pos;
         if pos == crate::graph::NO_POS || pos as usize > root_pos {
             continue;
         }
-        // Leaves are listed in creation order: a parameter's first entry is its lowest leaf.
-        if !out.iter().any(|(_, q)| q.same(p)) {
-            out.push((pos as usize, p.clone()));
+        let params: &[Parameter] = match &n.op {
+            Op::Param(p) => std::slice::from_ref(p),
+            Op::Checkpoint(ck) => &ck.params,
+            _ => continue,
+        };
+        // Listed in creation order: a parameter's first entry is its lowest.
+        for p in params {
+            if !out.iter().any(|(_, q)| q.same(p)) {
+                out.push((pos as usize, p.clone()));
+            }
         }
     }
     out.reverse();

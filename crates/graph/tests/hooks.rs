@@ -196,3 +196,64 @@ fn set_grad_replaces_the_gradient_and_refuses_another_shape_or_dtype() {
     p.set_grad(None).unwrap();
     assert!(p.grad().is_none());
 }
+
+#[test]
+fn a_param_hook_hears_parameters_used_only_inside_checkpointed_blocks() {
+    // x → block 1 (uses a and s) → block 2 (uses s) → ·c. `a` and `s` live only inside the
+    // blocks, which backward runs a second time; `s` is final only after block 1's second run.
+    let a = param("a", &[0.5, -1.5], &[2]);
+    let s = param("s", &[2.0, 0.25], &[2]);
+    let c = param("c", &[3.0, -1.0], &[2]);
+    let (pa, ps) = (a.clone(), s.clone());
+    let block1: arenagrad_graph::CheckpointFn =
+        Arc::new(move |g, x| x[0].mul(g.param(&pa)?)?.tanh()?.mul(g.param(&ps)?));
+    let ps = s.clone();
+    let block2: arenagrad_graph::CheckpointFn =
+        Arc::new(move |g, x| x[0].mul(g.param(&ps)?)?.sin());
+    let g = Graph::new();
+    let seen = listen(&g);
+    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let h = g.checkpoint(block1, &[x]).unwrap();
+    let y = g.checkpoint(block2, &[h]).unwrap();
+    let l = y.mul(g.param(&c).unwrap()).unwrap().sum().unwrap();
+    l.backward().unwrap();
+    let got = seen.lock().unwrap().clone();
+    let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["c", "s", "a"], "each once, last layer's first");
+    for ((name, at_hook), p) in got.iter().zip([&c, &s, &a]) {
+        let fin = p.grad().expect("a gradient reached it").to_f64_vec();
+        assert_eq!(
+            at_hook.as_ref(),
+            Some(&fin),
+            "{name} was told before it was final"
+        );
+    }
+    // Against the same model without checkpoints.
+    let want: Vec<Vec<f64>> = {
+        for p in [&a, &s, &c] {
+            p.zero_grad();
+        }
+        let g = Graph::new();
+        let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+        let h = x
+            .mul(g.param(&a).unwrap())
+            .unwrap()
+            .tanh()
+            .unwrap()
+            .mul(g.param(&s).unwrap())
+            .unwrap();
+        let y = h.mul(g.param(&s).unwrap()).unwrap().sin().unwrap();
+        y.mul(g.param(&c).unwrap())
+            .unwrap()
+            .sum()
+            .unwrap()
+            .backward()
+            .unwrap();
+        [&c, &s, &a]
+            .iter()
+            .map(|p| p.grad().unwrap().to_f64_vec())
+            .collect()
+    };
+    let told: Vec<Vec<f64>> = got.into_iter().map(|(_, v)| v.unwrap()).collect();
+    assert_eq!(told, want);
+}

@@ -17,16 +17,20 @@ use crate::error::{GraphError, Result};
 use crate::graph::NodeId;
 use crate::rng::Rng;
 use crate::shape::copy_of;
-use crate::{Graph, Tensor};
+use crate::{Graph, Parameter, Tensor};
 
 /// A checkpointed block: its output from its inputs, on any iteration of any graph.
 pub type CheckpointFn =
     Arc<dyn for<'a> Fn(&'a Graph, &[Tensor<'a>]) -> Result<Tensor<'a>> + Send + Sync>;
 
-/// What a checkpoint node keeps: the block and the generator as the block found it.
+/// What a checkpoint node keeps: the block, the generator as the block found it, and the
+/// parameters the block brought in (directly or through checkpoints of its own).
 pub(crate) struct CheckpointNode {
     pub f: CheckpointFn,
     pub rng: Rng,
+    /// Each once, in the order first brought in. Their leaves go with the first run's scope;
+    /// backward's param hooks learn of them from here (see `param::params_to_tell`).
+    pub params: Vec<Parameter>,
 }
 
 impl Graph {
@@ -52,14 +56,20 @@ impl Graph {
     pub fn checkpoint<'g>(&'g self, f: CheckpointFn, inputs: &[Tensor<'g>]) -> Result<Tensor<'g>> {
         let op = "checkpoint";
         let ids = self.owns_all(op, inputs)?;
-        let rng = self.inner().rng.clone();
+        let (rng, leaves_from, tape_from) = {
+            let i = self.inner.borrow();
+            (i.rng.clone(), i.param_leaves.len(), i.tape.len())
+        };
         let recording = self.is_grad_enabled();
         // Run in a scope, recording as the caller is, to learn whether the output needs a
-        // gradient (it does when the block uses parameters, whatever its inputs).
+        // gradient (it does when the block uses parameters, whatever its inputs) and which
+        // parameters it uses.
+        let mut params = Vec::new();
         let (value, needs_grad) = self.try_scope(|g| {
             let _mode = recording.then(|| g.enable_grad());
             let y = f(g, inputs)?;
             g.owns(op, &y)?;
+            params = params_since(&g.inner.borrow(), leaves_from, tape_from);
             Ok::<_, GraphError>((y, y.requires_grad()))
         })?;
         for x in inputs {
@@ -72,13 +82,42 @@ impl Graph {
         };
         let dev = i.device_of(op, value.id)?;
         i.retain_buf(op, dev, buf)?;
-        let node = CheckpointNode { f, rng };
+        let uses_params = !params.is_empty();
+        let node = CheckpointNode { f, rng, params };
         let needs_grad = needs_grad || ids.iter().any(|&x| i.nodes[x].requires_grad);
         let op = move || Op::Checkpoint(Arc::new(node));
         let id = i.push_with(dev, shape, dtype, buf, op, &ids, needs_grad);
+        if uses_params && i.nodes[id].tape_pos != crate::graph::NO_POS {
+            // Listed with the parameters' leaves, so that the param hooks hear of the
+            // parameters only the block uses: their gradients are final once backward has
+            // passed this node (its second run included).
+            i.param_leaves.push(id);
+        }
         drop(i);
         Ok(self.handle(id))
     }
+}
+
+/// The parameters a block's first run brought in: through the leaves [`Graph::param`] made
+/// since `leaves_from`, and the checkpoints recorded since `tape_from` (whose own leaves went
+/// with their scopes). Each once, in the order first brought in.
+fn params_since(i: &crate::graph::Inner, leaves_from: usize, tape_from: usize) -> Vec<Parameter> {
+    let mut out: Vec<Parameter> = Vec::new();
+    let leaves = i.param_leaves.get(leaves_from..).unwrap_or(&[]);
+    let tape = i.tape.get(tape_from..).unwrap_or(&[]);
+    for id in leaves.iter().chain(tape) {
+        let found: &[Parameter] = match i.nodes.get(*id).map(|n| &n.op) {
+            Some(Op::Param(p)) => std::slice::from_ref(p),
+            Some(Op::Checkpoint(ck)) => &ck.params,
+            _ => &[],
+        };
+        for p in found {
+            if !out.iter().any(|q| q.same(p)) {
+                out.push(p.clone());
+            }
+        }
+    }
+    out
 }
 
 /// Backward's second run of a checkpointed block on its input nodes, recorded, the generator
