@@ -175,6 +175,19 @@ impl Inner {
         }
     }
 
+    /// Reserves room for the `more` nodes `op` is about to make over a tensor of `shape` (a
+    /// piece or a step each): [`GraphError::TooLarge`] when one iteration cannot hold them.
+    pub fn reserve_nodes(&mut self, op: &'static str, more: usize, shape: &[usize]) -> Result<()> {
+        if self.nodes.try_reserve(more) {
+            Ok(())
+        } else {
+            Err(GraphError::TooLarge {
+                op,
+                shape: shape.to_vec(),
+            })
+        }
+    }
+
     /// Inserts a node for a freshly computed buffer on the device of its first input (the host
     /// when it has none). Records it on the tape when grad mode is on and an input requires grad;
     /// otherwise it is a constant and its op is forgotten.
