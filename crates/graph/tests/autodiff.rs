@@ -574,3 +574,43 @@ fn parameters_are_read_in_place_and_gradients_go_straight_in() {
     let twice: Vec<f64> = want.iter().map(|v| 2.0 * v).collect();
     assert!(close(&w.grad().unwrap().to_f64_vec(), &twice));
 }
+
+#[test]
+fn a_checkpoint_whose_second_run_panics_leaves_the_generator_where_it_was() {
+    // The block draws dropout; its second run (in backward) panics. The generator was rewound
+    // for that run: left rewound, later draws repeated earlier ones.
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = runs.clone();
+    let block: arenagrad_graph::CheckpointFn = Arc::new(move |_g, x| {
+        if count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            panic!("the block's second run fails");
+        }
+        x[0].dropout(0.5, true)?.tanh()
+    });
+    let g = Graph::new();
+    g.seed(7);
+    let x = g.var(&[0.5; 16], &[16], DType::F64).unwrap();
+    let y = g.checkpoint(block, &[x]).unwrap();
+    let loss = y.sum().unwrap();
+    let first = g.rand(&[8], DType::F64).unwrap().to_vec_f64().unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loss.backward()));
+    assert!(r.is_err(), "the second run panicked");
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let next = g.rand(&[8], DType::F64).unwrap().to_vec_f64().unwrap();
+    // Where an unbroken generator would be: the same seed, the same draws, then `next`.
+    let h = Graph::new();
+    h.seed(7);
+    let hx = h.var(&[0.5; 16], &[16], DType::F64).unwrap();
+    let _ = hx.dropout(0.5, true).unwrap().tanh().unwrap();
+    assert_eq!(
+        h.rand(&[8], DType::F64).unwrap().to_vec_f64().unwrap(),
+        first
+    );
+    assert_eq!(
+        h.rand(&[8], DType::F64).unwrap().to_vec_f64().unwrap(),
+        next
+    );
+    assert_ne!(next, first);
+    // And grad mode is as it was.
+    assert!(g.is_grad_enabled());
+}

@@ -130,12 +130,17 @@ pub(crate) fn rerun(
     inputs: &[NodeId],
 ) -> Result<(usize, Option<NodeId>)> {
     let op = "checkpoint";
-    let (start, modes, rng) = {
+    let (start, restore) = {
         let mut i = g.inner();
         let modes = (i.grad_mode, i.temp_mode, i.in_backward);
         (i.grad_mode, i.temp_mode, i.in_backward) = (true, false, false);
         let rng = std::mem::replace(&mut i.rng, node.rng.clone());
-        (i.tape.len(), modes, rng)
+        let restore = Restore {
+            g,
+            modes,
+            rng: Some(rng),
+        };
+        (i.tape.len(), restore)
     };
     let handles: Vec<Tensor<'_>> = inputs.iter().map(|&id| g.handle(id)).collect();
     let y = (node.f)(g, &handles).and_then(|y| {
@@ -153,9 +158,8 @@ pub(crate) fn rerun(
             Ok(y)
         }
     });
-    let mut i = g.inner();
-    (i.grad_mode, i.temp_mode, i.in_backward) = modes;
-    i.rng = rng;
+    drop(restore);
+    let i = g.inner();
     let y = y?;
     let (want, got) = (i.node(op, out)?, i.node(op, y.id)?);
     if want.shape != got.shape || want.dtype != got.dtype || want.device() != got.device() {
@@ -166,4 +170,26 @@ pub(crate) fn rerun(
     }
     let recorded = got.requires_grad && got.tape_pos != crate::graph::NO_POS;
     Ok((start, recorded.then_some(y.id)))
+}
+
+/// Puts back what a second run changed — the modes, and the generator, which the run rewound to
+/// where the block found it — however the run ends: a block that panics (a caller may catch
+/// it) must not leave later draws repeating earlier ones.
+struct Restore<'a> {
+    g: &'a Graph,
+    modes: (bool, bool, bool),
+    rng: Option<Rng>,
+}
+
+impl Drop for Restore<'_> {
+    fn drop(&mut self) {
+        // `try_borrow_mut`: a panic while the graph was borrowed leaves it borrowed during the
+        // unwind; a second panic here would abort.
+        if let Ok(mut i) = self.g.inner.try_borrow_mut() {
+            (i.grad_mode, i.temp_mode, i.in_backward) = self.modes;
+            if let Some(rng) = self.rng.take() {
+                i.rng = rng;
+            }
+        }
+    }
 }
