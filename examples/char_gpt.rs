@@ -311,7 +311,7 @@ fn run() -> Result<(), NnError> {
             Order::Random => corpus.batch(Split::Train, args.batch, args.context, &mut rng)?,
             Order::Fixed => corpus.fixed_batch(Split::Train, step, args.batch, args.context)?,
         };
-        schedule.apply(&mut opt, step);
+        schedule.apply(&mut opt, step)?;
         opt.zero_grad();
         let l = model.loss(&g, &x, &y, args.batch, args.context)?;
         l.backward()?;

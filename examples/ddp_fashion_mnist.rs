@@ -197,7 +197,7 @@ fn run() -> Result<(), DistError> {
     for epoch in 0..args.epochs {
         let order = sampler.indices(epoch as u64);
         for rows in order.chunks(args.batch) {
-            opt.set_learning_rate(cosine.lr_at(step));
+            opt.set_learning_rate(cosine.lr_at(step))?;
             opt.zero_grad();
             let (x, y) = train.batch(rows)?;
             let t0 = Instant::now();

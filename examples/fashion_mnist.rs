@@ -302,7 +302,7 @@ fn run() -> Result<(), NnError> {
                 break;
             }
             if args.schedule == Schedule::Cosine {
-                cosine.apply(&mut opt, step);
+                cosine.apply(&mut opt, step)?;
             }
             opt.zero_grad();
             let logits = model.forward(&g, g.from_host(&x)?)?;

@@ -85,7 +85,7 @@ fn sgd_groups_take_their_own_rate_and_decay_and_follow_a_schedule() {
     // a: d = 2a + 0.1a, a ← a − 0.1·2.1a = 0.79; b: b ← b − 0.2·2b = 0.6.
     close(&[value(&a), value(&b)], &[0.79, 0.6], 1e-15);
     // A schedule halving the optimiser's rate halves each group's.
-    opt.set_learning_rate(0.05);
+    opt.set_learning_rate(0.05).unwrap();
     assert_eq!(opt.group_options(1), (0.1, 0.0));
     opt.zero_grad();
     backward_square(&b);
@@ -333,7 +333,7 @@ fn parameters_without_gradients_are_skipped_and_shared_ones_updated_once() {
     );
     opt.zero_grad();
     assert!(a.grad().is_none());
-    opt.set_learning_rate(0.5);
+    opt.set_learning_rate(0.5).unwrap();
     assert_eq!(opt.learning_rate(), 0.5);
 }
 
@@ -383,7 +383,7 @@ fn schedules() {
         1e-15,
     );
     let mut opt = Adam::new([scalar(0.0)], AdamConfig::new(1.0)).unwrap();
-    assert_eq!(s.apply(&mut opt, 4), 0.25);
+    assert_eq!(s.apply(&mut opt, 4).unwrap(), 0.25);
     assert_eq!(opt.learning_rate(), 0.25);
     assert!(StepLr::new(1.0, 0, 0.5).is_err());
     assert!(CosineAnnealingLr::new(1.0, 0, 0.0).is_err());
@@ -419,9 +419,9 @@ fn param_groups_equal_one_optimiser_per_group() {
         assert_eq!(value(&a), value(&c), "step {step}");
         assert_eq!(value(&b), value(&d), "step {step}");
         if step == 2 {
-            grouped.set_learning_rate(0.05);
-            first.set_learning_rate(0.05);
-            second.set_learning_rate(0.1);
+            grouped.set_learning_rate(0.05).unwrap();
+            first.set_learning_rate(0.05).unwrap();
+            second.set_learning_rate(0.1).unwrap();
             assert_eq!(grouped.group_options(1), (0.1, 0.0));
         }
     }
@@ -460,4 +460,105 @@ fn warmup_cosine_matches_its_formula_at_the_seams() {
         WarmupCosineLr::new(1e-3, 0, 10, 0.0).unwrap().lr_at(0),
         1e-3
     );
+}
+
+#[test]
+fn set_learning_rate_refuses_what_the_constructors_refuse_and_changes_nothing() {
+    type Make = fn(Parameter) -> Box<dyn Optimizer>;
+    let makers: [(&str, Make); 3] = [
+        ("Sgd", |p| {
+            Box::new(Sgd::new([p], SgdConfig::new(0.1)).unwrap())
+        }),
+        ("Adam", |p| {
+            Box::new(Adam::new([p], AdamConfig::new(0.1)).unwrap())
+        }),
+        ("AdamW", |p| {
+            Box::new(AdamW::new([p], AdamConfig::adamw(0.1)).unwrap())
+        }),
+    ];
+    for (name, make) in makers {
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.5] {
+            // The constructor's error, word for word.
+            let want = match name {
+                "Sgd" => Sgd::new([scalar(1.0)], SgdConfig::new(bad)).unwrap_err(),
+                "Adam" => Adam::new([scalar(1.0)], AdamConfig::new(bad)).unwrap_err(),
+                _ => AdamW::new([scalar(1.0)], AdamConfig::adamw(bad)).unwrap_err(),
+            };
+            let p = scalar(1.0);
+            let mut opt = make(p.clone());
+            let r = opt.set_learning_rate(bad);
+            assert_eq!(
+                format!("{r:?}"),
+                format!("Err({want:?})"),
+                "{name}: set_learning_rate({bad})"
+            );
+            assert_eq!(opt.learning_rate(), 0.1, "{name}: rate changed by {bad}");
+            // The next step still descends at the old rate: a finite value below 1.
+            backward_square(&p);
+            opt.step().unwrap();
+            let v = value(&p);
+            assert!(v.is_finite() && v < 1.0, "{name} after {bad}: {v}");
+        }
+    }
+    // A group whose rate is a huge multiple of the optimiser's: a finite optimiser rate that
+    // makes the group's infinite is refused too.
+    let groups = [ParamGroup::new([scalar(1.0)]).lr(1e300)];
+    let mut opt = Sgd::with_groups(groups, SgdConfig::new(1e-10)).unwrap();
+    let e = opt.set_learning_rate(1e10).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            NnError::InvalidConfig {
+                component: "Sgd",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(opt.learning_rate(), 1e-10);
+}
+
+/// Adam's state for one scalar parameter after one step, with its step counter set to `step`.
+fn adam_state_at(step: u64) -> Vec<(String, HostTensor)> {
+    let p = scalar(1.0);
+    let mut opt = Adam::new([p.clone()], AdamConfig::new(0.1)).unwrap();
+    backward_square(&p);
+    opt.step().unwrap();
+    let mut state = opt.state_tensors().unwrap();
+    let halves = vec![(step >> 32) as f64, (step & 0xffff_ffff) as f64];
+    let counter = state.iter_mut().find(|(n, _)| n == "0.step").unwrap();
+    counter.1 = HostTensor::new(halves, &[2]).unwrap();
+    state
+}
+
+#[test]
+fn an_adam_step_counter_that_cannot_count_another_step_is_refused() {
+    for decoupled in [false, true] {
+        let p = scalar(1.0);
+        let mut opt: Box<dyn Optimizer> = if decoupled {
+            Box::new(AdamW::new([p.clone()], AdamConfig::adamw(0.1)).unwrap())
+        } else {
+            Box::new(Adam::new([p.clone()], AdamConfig::new(0.1)).unwrap())
+        };
+        // On load: a counter at u64::MAX, refused; the optimiser keeps its (empty) state.
+        let e = opt
+            .load_state_tensors(&adam_state_at(u64::MAX))
+            .unwrap_err();
+        assert!(matches!(e, NnError::InvalidConfig { .. }), "{e}");
+        assert!(e.to_string().contains("cannot count another"), "{e}");
+        assert_eq!(opt.state_tensors().unwrap().len(), 1, "only the rate");
+
+        // One below loads and steps once; the step after that is refused, nothing written.
+        opt.load_state_tensors(&adam_state_at(u64::MAX - 1))
+            .unwrap();
+        backward_square(&p);
+        opt.step().unwrap();
+        let after_one = value(&p);
+        assert!(after_one.is_finite() && after_one < 1.0, "{after_one}");
+        let state = opt.state_tensors().unwrap();
+        let e = opt.step().unwrap_err();
+        assert!(e.to_string().contains("cannot count another"), "{e}");
+        assert_eq!(value(&p), after_one, "written before the error");
+        assert_eq!(opt.state_tensors().unwrap(), state);
+    }
 }

@@ -52,7 +52,7 @@ fn train(m: &Sequential, opt: &mut dyn Optimizer, rng: &mut Rng, from: u64, to: 
     let sched = CosineAnnealingLr::new(0.05, 2 * STEPS as usize, 0.001).unwrap();
     let mut g = Graph::new();
     for step in from..to {
-        opt.set_learning_rate(sched.lr_at(step as usize));
+        opt.set_learning_rate(sched.lr_at(step as usize)).unwrap();
         let mut rows: Vec<usize> = (0..64).collect();
         rng.shuffle(&mut rows);
         let bx: Vec<f32> = rows[..8]

@@ -101,7 +101,7 @@ fn train_cnn(seed: u64, epochs: usize) -> (Vec<f64>, Sequential) {
     g.seed(seed);
     let mut losses = Vec::new();
     for epoch in 0..epochs {
-        sched.apply(&mut opt, epoch);
+        sched.apply(&mut opt, epoch).unwrap();
         for (x, y) in ds.shuffled_batches(16, &mut rng).unwrap() {
             opt.zero_grad();
             let xt = g.from_host(&x).unwrap();

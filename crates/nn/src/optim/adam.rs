@@ -4,8 +4,8 @@ use arenagrad_graph::{Elem, HostData, HostDataMut, HostTensor, Parameter};
 
 use super::state::{buffer_tensor, f64_tensor, u64_tensor, StateReader};
 use super::{
-    check_non_negative, dedup, flatten_groups, grad_dtype_error, GroupOptions, Optimizer,
-    ParamGroup,
+    check_learning_rate, check_non_negative, dedup, flatten_groups, grad_dtype_error, GroupOptions,
+    Optimizer, ParamGroup,
 };
 use crate::error::{config, Result};
 
@@ -186,6 +186,13 @@ fn step_all(
     decoupled: bool,
     op: &'static str,
 ) -> Result<()> {
+    // A step counter that cannot count one more step (only a loaded state can be that far on)
+    // would wrap to 0 and the bias corrections to 0/0: refused before any parameter is written.
+    for (i, (p, st)) in params.iter().zip(states.iter()).enumerate() {
+        if st.as_ref().is_some_and(|st| st.step == u64::MAX) && p.update_grad(|g| g.is_some()) {
+            return Err(config(op, step_count_full(i)));
+        }
+    }
     for (i, (p, st)) in params.iter().zip(states.iter_mut()).enumerate() {
         let cfg = &cfg_of(i);
         if st.is_none() && p.update_grad(|g| g.is_some()) {
@@ -212,6 +219,14 @@ fn step_all(
         })?;
     }
     Ok(())
+}
+
+/// Why parameter `i`'s state cannot take another step.
+fn step_count_full(i: usize) -> String {
+    format!(
+        "the state of parameter {i} has taken {} steps: its step counter cannot count another",
+        u64::MAX
+    )
 }
 
 /// Adam's state as named tensors (see [`Optimizer::state_tensors`]).
@@ -246,6 +261,9 @@ fn adam_load(
     let mut states = Vec::with_capacity(params.len());
     for (i, p) in params.iter().enumerate() {
         let step = r.counter(&format!("{i}.step"))?;
+        if step == Some(u64::MAX) {
+            return Err(config(op, step_count_full(i)));
+        }
         let m = r.buffer(&format!("{i}.exp_avg"), p)?;
         let v = r.buffer(&format!("{i}.exp_avg_sq"), p)?;
         let vmax = r.buffer(&format!("{i}.max_exp_avg_sq"), p)?;
@@ -348,8 +366,10 @@ macro_rules! adam_optimizer {
             fn learning_rate(&self) -> f64 {
                 self.cfg.lr
             }
-            fn set_learning_rate(&mut self, lr: f64) {
+            fn set_learning_rate(&mut self, lr: f64) -> Result<()> {
+                check_learning_rate(stringify!($name), lr, &self.groups)?;
                 self.cfg.lr = lr;
+                Ok(())
             }
             fn state_tensors(&self) -> Result<Vec<(String, HostTensor)>> {
                 adam_state_tensors(&self.params, &self.states, self.cfg.lr)

@@ -62,8 +62,11 @@ pub trait Optimizer {
     /// The current learning rate.
     fn learning_rate(&self) -> f64;
 
-    /// Sets the learning rate (what a schedule does between steps).
-    fn set_learning_rate(&mut self, lr: f64);
+    /// Sets the learning rate (what a schedule does between steps). A rate the constructors
+    /// refuse (NaN, infinite or negative), or one that makes a group's own rate (a multiple of
+    /// it, [`ParamGroup`]) infinite, is refused with their error, [`NnError::InvalidConfig`], and
+    /// the rate stays as it was.
+    fn set_learning_rate(&mut self, lr: f64) -> Result<()>;
 
     /// Everything the optimiser carries from one step to the next — the learning rate, and per
     /// parameter its buffers and step count — as named tensors (a parameter is named by its
@@ -199,6 +202,26 @@ pub(crate) fn dedup(params: impl IntoIterator<Item = Parameter>) -> Vec<Paramete
         }
     }
     out
+}
+
+/// What [`Optimizer::set_learning_rate`] refuses: a rate the constructors refuse, or one that
+/// makes a group's rate (`lr · lr_scale`) infinite.
+pub(crate) fn check_learning_rate(
+    component: &'static str,
+    lr: f64,
+    groups: &[GroupOptions],
+) -> Result<()> {
+    check_non_negative(component, "lr", lr)?;
+    if let Some(k) = groups.iter().position(|g| !(lr * g.lr_scale).is_finite()) {
+        return Err(config(
+            component,
+            format!(
+                "lr {lr} makes group {k}'s rate ({} times it) infinite",
+                groups[k].lr_scale
+            ),
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn check_non_negative(component: &'static str, what: &str, v: f64) -> Result<()> {

@@ -13,7 +13,7 @@ use crate::error::{config, Result};
 /// let cos = CosineAnnealingLr::new(0.1, 100, 0.0)?;
 /// assert!((cos.lr_at(50) - 0.05).abs() < 1e-12);
 /// let mut opt = Sgd::new([], SgdConfig::new(0.1))?;
-/// cos.apply(&mut opt, 100);
+/// cos.apply(&mut opt, 100)?;
 /// assert!(opt.learning_rate().abs() < 1e-12);
 /// # Ok::<(), arenagrad_nn::NnError>(())
 /// ```
@@ -21,14 +21,16 @@ pub trait LrSchedule {
     /// The learning rate for epoch `epoch` (0 is the first).
     fn lr_at(&self, epoch: usize) -> f64;
 
-    /// Sets `opt`'s learning rate for epoch `epoch`; returns it.
-    fn apply<O: Optimizer + ?Sized>(&self, opt: &mut O, epoch: usize) -> f64
+    /// Sets `opt`'s learning rate for epoch `epoch`; returns it. A rate the optimiser refuses
+    /// ([`Optimizer::set_learning_rate`]: one grown infinite by a `γ > 1`, say) is an error, and
+    /// the optimiser's rate stays as it was.
+    fn apply<O: Optimizer + ?Sized>(&self, opt: &mut O, epoch: usize) -> Result<f64>
     where
         Self: Sized,
     {
         let lr = self.lr_at(epoch);
-        opt.set_learning_rate(lr);
-        lr
+        opt.set_learning_rate(lr)?;
+        Ok(lr)
     }
 }
 

@@ -4,8 +4,8 @@ use arenagrad_graph::{Elem, HostData, HostDataMut, HostTensor, Parameter};
 
 use super::state::{buffer_tensor, f64_tensor, StateReader};
 use super::{
-    check_non_negative, dedup, flatten_groups, grad_dtype_error, GroupOptions, Optimizer,
-    ParamGroup,
+    check_learning_rate, check_non_negative, dedup, flatten_groups, grad_dtype_error, GroupOptions,
+    Optimizer, ParamGroup,
 };
 use crate::error::{config, Result};
 
@@ -266,8 +266,10 @@ impl Optimizer for Sgd {
         self.cfg.lr
     }
 
-    fn set_learning_rate(&mut self, lr: f64) {
+    fn set_learning_rate(&mut self, lr: f64) -> Result<()> {
+        check_learning_rate("Sgd", lr, &self.groups)?;
         self.cfg.lr = lr;
+        Ok(())
     }
 
     fn state_tensors(&self) -> Result<Vec<(String, HostTensor)>> {
