@@ -562,3 +562,55 @@ fn an_adam_step_counter_that_cannot_count_another_step_is_refused() {
         assert_eq!(opt.state_tensors().unwrap(), state);
     }
 }
+
+#[test]
+fn schedules_refuse_non_finite_rates_and_keep_finite_ones_finite() {
+    let inf = f64::INFINITY;
+    for (base, gamma) in [(inf, 0.5), (1.0, inf), (f64::NAN, 0.5), (1.0, -1.0)] {
+        let e = StepLr::new(base, 2, gamma).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                NnError::InvalidConfig {
+                    component: "StepLr",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+    for (base, eta_min) in [(inf, 0.0), (1.0, inf), (f64::NAN, 0.0), (1.0, f64::NAN)] {
+        let e = CosineAnnealingLr::new(base, 4, eta_min).unwrap_err();
+        let ok = matches!(
+            e,
+            NnError::InvalidConfig {
+                component: "CosineAnnealingLr",
+                ..
+            }
+        );
+        assert!(ok, "{e}");
+    }
+    // Finite rates near the top of f64's range give finite rates, as PyTorch's formula would
+    // with unbounded reals: (base − η_min)·(1 + cos) overflowed before the halving.
+    let big = f64::MAX;
+    let c = CosineAnnealingLr::new(big, 4, 0.0).unwrap();
+    assert_eq!(c.lr_at(0), big);
+    assert_eq!(c.lr_at(2), big / 2.0);
+    assert_eq!(c.lr_at(4), 0.0);
+    let w = WarmupCosineLr::new(big, 4, 8, 0.0).unwrap();
+    assert_eq!(w.lr_at(1), big / 2.0);
+    assert_eq!(w.lr_at(4), big);
+    assert_eq!(w.lr_at(6), big / 2.0);
+    // Ordinary values keep PyTorch's bits.
+    let c = CosineAnnealingLr::new(0.1, 7, 0.003).unwrap();
+    let want = 0.003 + (0.1 - 0.003) * (1.0 + (std::f64::consts::PI * 3.0 / 7.0).cos()) / 2.0;
+    assert_eq!(c.lr_at(3), want);
+    // A γ above 1 grows past f64's range: the optimiser refuses the infinite rate.
+    let s = StepLr::new(1.0, 1, 2.0).unwrap();
+    assert_eq!(s.lr_at(3), 8.0);
+    assert_eq!(s.lr_at(2000), inf);
+    let mut opt = Sgd::new([scalar(1.0)], SgdConfig::new(0.1)).unwrap();
+    assert!(s.apply(&mut opt, 2000).is_err());
+    assert_eq!(opt.learning_rate(), 0.1);
+    assert_eq!(s.apply(&mut opt, 3).unwrap(), 8.0);
+}

@@ -43,12 +43,17 @@ pub struct StepLr {
 }
 
 impl StepLr {
-    /// Decays by `gamma` every `step_size` epochs.
+    /// Decays by `gamma` every `step_size` epochs. A `gamma` above 1 grows the rate instead, up
+    /// to infinity once `base_lr·γ^k` leaves `f64`'s range: [`LrSchedule::apply`] refuses that.
     pub fn new(base_lr: f64, step_size: usize, gamma: f64) -> Result<Self> {
-        if step_size == 0 || gamma.is_nan() || gamma < 0.0 || base_lr.is_nan() || base_lr < 0.0 {
+        let finite = |v: f64| v.is_finite() && v >= 0.0;
+        if step_size == 0 || !finite(gamma) || !finite(base_lr) {
             return Err(config(
                 "StepLr",
-                format!("need step_size > 0, gamma ≥ 0, base_lr ≥ 0; got {step_size}, {gamma}, {base_lr}"),
+                format!(
+                    "need step_size > 0, finite gamma ≥ 0, finite base_lr ≥ 0; got {step_size}, \
+                     {gamma}, {base_lr}"
+                ),
             ));
         }
         Ok(StepLr {
@@ -78,10 +83,14 @@ pub struct CosineAnnealingLr {
 impl CosineAnnealingLr {
     /// Anneals from `base_lr` to `eta_min` over `t_max` epochs.
     pub fn new(base_lr: f64, t_max: usize, eta_min: f64) -> Result<Self> {
-        if t_max == 0 || base_lr.is_nan() || base_lr < 0.0 || eta_min.is_nan() || eta_min < 0.0 {
+        let finite = |v: f64| v.is_finite() && v >= 0.0;
+        if t_max == 0 || !finite(base_lr) || !finite(eta_min) {
             return Err(config(
                 "CosineAnnealingLr",
-                format!("need t_max > 0 and non-negative rates; got {t_max}, {base_lr}, {eta_min}"),
+                format!(
+                    "need t_max > 0 and finite non-negative rates; got {t_max}, {base_lr}, \
+                     {eta_min}"
+                ),
             ));
         }
         Ok(CosineAnnealingLr {
@@ -95,7 +104,7 @@ impl CosineAnnealingLr {
 impl LrSchedule for CosineAnnealingLr {
     fn lr_at(&self, epoch: usize) -> f64 {
         let c = (std::f64::consts::PI * epoch as f64 / self.t_max as f64).cos();
-        self.eta_min + (self.base_lr - self.eta_min) * (1.0 + c) / 2.0
+        between(self.eta_min, self.base_lr, c)
     }
 }
 
@@ -146,13 +155,33 @@ impl WarmupCosineLr {
 impl LrSchedule for WarmupCosineLr {
     fn lr_at(&self, step: usize) -> f64 {
         if step < self.warmup {
-            return self.base_lr * (step + 1) as f64 / self.warmup as f64;
+            let (done, warmup) = ((step + 1) as f64, self.warmup as f64);
+            let lr = self.base_lr * done / warmup;
+            // As `between`: the division first where the product overflows.
+            return if lr.is_finite() {
+                lr
+            } else {
+                self.base_lr * (done / warmup)
+            };
         }
         if step >= self.total {
             return self.min_lr;
         }
         let p = (step - self.warmup) as f64 / (self.total - self.warmup) as f64;
         let c = (std::f64::consts::PI * p).cos();
-        self.min_lr + (self.base_lr - self.min_lr) * (1.0 + c) / 2.0
+        between(self.min_lr, self.base_lr, c)
+    }
+}
+
+/// `lo + (hi − lo)·(1 + c)/2`, the cosine schedules' rate, in PyTorch's order of operations
+/// (the same bits as its closed form); where `(hi − lo)·(1 + c)` overflows (`hi` above half of
+/// `f64::MAX`), the halving comes first, so that finite rates give a finite one.
+fn between(lo: f64, hi: f64, c: f64) -> f64 {
+    let d = hi - lo;
+    let twice = d * (1.0 + c);
+    if twice.is_finite() {
+        lo + twice / 2.0
+    } else {
+        lo + d * ((1.0 + c) / 2.0)
     }
 }
