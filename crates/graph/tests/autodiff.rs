@@ -614,3 +614,33 @@ fn a_checkpoint_whose_second_run_panics_leaves_the_generator_where_it_was() {
     // And grad mode is as it was.
     assert!(g.is_grad_enabled());
 }
+
+#[test]
+fn errors_name_the_op_the_user_called() {
+    // Ops built of others reported the inner op's name (`max`, `where`, `concat`).
+    let g = Graph::new();
+    let x = g.var(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64).unwrap();
+    let e = g.zeros(&[2, 0], DType::F64).unwrap();
+    let m32 = g.from_f64(&[1.0, 0.0], &[2], DType::F32).unwrap();
+    let x32 = g
+        .from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F32)
+        .unwrap();
+    let op_of = |r: arenagrad_graph::Result<Tensor<'_>>| match r {
+        Err(GraphError::BadAxis { op, .. })
+        | Err(GraphError::RepeatedAxis { op, .. })
+        | Err(GraphError::BadArgument { op, .. })
+        | Err(GraphError::DTypeMismatch { op, .. }) => op,
+        other => panic!("expected an error, got {other:?}"),
+    };
+    assert_eq!(op_of(x.logsumexp(&[2], false)), "logsumexp");
+    assert_eq!(op_of(x.logsumexp(&[1, -1], false)), "logsumexp");
+    assert_eq!(op_of(e.norm(f64::INFINITY, &[1], false)), "norm");
+    assert_eq!(op_of(e.norm(f64::INFINITY, &[], false)), "norm");
+    assert_eq!(op_of(x.masked_fill(m32, 0.0)), "masked_fill");
+    assert_eq!(op_of(g.stack(&[x, x32], 0)), "stack");
+    assert_eq!(op_of(g.stack(&[x, x], 3)), "stack");
+    assert!(matches!(
+        g.stack(&[x, e], 0),
+        Err(GraphError::ShapeMismatch { op: "stack", .. })
+    ));
+}

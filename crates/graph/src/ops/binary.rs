@@ -128,7 +128,7 @@ impl<'g> Tensor<'g> {
             (values, keep)
         };
         match keep {
-            Some(k) => g.select(k, self, values),
+            Some(k) => g.select_as("clamp", k, self, values),
             None => Ok(self),
         }
     }
@@ -182,7 +182,7 @@ impl<'g> Tensor<'g> {
             });
         }
         let fill = self.g.full_on(&[], value, self.dtype(), self.device())?;
-        self.g.select(mask, fill, self)
+        self.g.select_as("masked_fill", mask, fill, self)
     }
 
     /// self + other (broadcasting).
@@ -252,7 +252,18 @@ impl Graph {
         a: Tensor<'g>,
         b: Tensor<'g>,
     ) -> Result<Tensor<'g>> {
-        let name = "where";
+        self.select_as("where", cond, a, b)
+    }
+
+    /// [`Graph::select`], its errors naming `name` (the op the user called: `masked_fill` and
+    /// `clamp` select through here).
+    pub(crate) fn select_as<'g>(
+        &'g self,
+        name: &'static str,
+        cond: Tensor<'g>,
+        a: Tensor<'g>,
+        b: Tensor<'g>,
+    ) -> Result<Tensor<'g>> {
         let ids = self.owns_all(name, &[cond, a, b])?;
         check_pair(name, &cond, &a)?;
         check_pair(name, &a, &b)?;

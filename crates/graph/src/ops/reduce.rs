@@ -223,6 +223,13 @@ impl<'g> Tensor<'g> {
         }
         let shape = self.try_shape()?;
         let mask = axes_mask(OP, axes, &shape)?;
+        if p == f64::INFINITY && mask.iter().zip(&shape).any(|(&m, &d)| m && d == 0) {
+            // PyTorch refuses it too: the largest magnitude of nothing has no value.
+            return Err(GraphError::BadArgument {
+                op: OP,
+                what: "the inf norm over an empty axis has no value",
+            });
+        }
         let value = {
             let _ng = self.g.no_grad();
             norm_forward(self, p, axes, keepdim)?
@@ -239,6 +246,15 @@ impl<'g> Tensor<'g> {
     /// overflow. Where the maximum is infinite `m` is taken as 0, so a slice of −inf gives −inf
     /// and one holding +inf gives +inf; NaN propagates. The gradient is the softmax over `axes`.
     pub fn logsumexp(self, axes: &[isize], keepdim: bool) -> Result<Tensor<'g>> {
+        const OP: &str = "logsumexp";
+        let shape = self.try_shape()?;
+        let mask = axes_mask(OP, axes, &shape)?;
+        if mask.iter().zip(&shape).any(|(&m, &d)| m && d == 0) {
+            return Err(GraphError::BadArgument {
+                op: OP,
+                what: "logsumexp over an empty axis has no value",
+            });
+        }
         let m = {
             let _no_grad = self.g.no_grad();
             let m = self.max_axes(axes, true)?;

@@ -402,7 +402,17 @@ impl<'g> Tensor<'g> {
 impl Graph {
     /// Joins tensors along `axis`; all other extents must agree.
     pub fn concat<'g>(&'g self, parts: &[Tensor<'g>], axis: isize) -> Result<Tensor<'g>> {
-        let op = "concat";
+        self.concat_as("concat", parts, axis)
+    }
+
+    /// [`Graph::concat`], its errors naming `op` (the op the user called: `stack` joins
+    /// through here).
+    fn concat_as<'g>(
+        &'g self,
+        op: &'static str,
+        parts: &[Tensor<'g>],
+        axis: isize,
+    ) -> Result<Tensor<'g>> {
         let first = parts.first().ok_or(GraphError::BadArgument {
             op,
             what: "needs at least one tensor",
@@ -865,6 +875,6 @@ impl Graph {
             }
             views.push(p.reshape(&expanded)?);
         }
-        self.concat(&views, ax as isize)
+        self.concat_as(op, &views, ax as isize)
     }
 }
