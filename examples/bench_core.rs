@@ -8,8 +8,10 @@
 //! 128, hidden 256, sequence 64, batch 1 and 32) trained by SGD, as one fused layer and as a loop
 //! of cells; gradient checkpointing on an 8-block residual MLP.
 //!
-//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,ckpt]`
-//! Threads: `ARENAGRAD_NUM_THREADS` (default: all cores).
+//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,w5,w6,ckpt] [--busy-thread]`
+//! Threads: `ARENAGRAD_NUM_THREADS` (default: the CPUs this process may use). `--busy-thread`
+//! keeps one more thread of the process busy all along, as an application's own work would
+//! (`scripts/contention.py` measures the slowdown it causes).
 
 use std::time::Instant;
 
@@ -250,9 +252,27 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Only these workloads, comma-separated: w1 (randn-matmul loop and GEMM), w2, w3, w4, cnn,
-    /// attn, gpt, lstm, ckpt
-    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "ckpt"])]
+    /// attn, gpt, lstm (W5 and W6, fused and as cells, and a long stream), w5 and w6 (the fused
+    /// layer alone), ckpt
+    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "w5", "w6", "ckpt"])]
     only: Vec<String>,
+    /// Keep one more thread busy (a loop of arithmetic) while the workloads run, as an
+    /// application's own thread would
+    #[arg(long)]
+    busy_thread: bool,
+}
+
+/// A thread that does arithmetic until the process ends: the application's own work beside the
+/// engine's.
+fn start_busy_thread() {
+    std::thread::spawn(|| {
+        let mut x = 1u64;
+        loop {
+            for _ in 0..1_000_000 {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+        }
+    });
 }
 
 fn main() {
@@ -260,10 +280,18 @@ fn main() {
     let args = Args::parse();
     let quick = args.quick;
     let run = |w: &str| args.only.is_empty() || args.only.iter().any(|x| x == w);
+    if args.busy_thread {
+        start_busy_thread();
+    }
     let mut g = Graph::new();
     let threads = g.threads();
     let reps = if quick { 5 } else { 20 };
-    println!("arenagrad core benchmarks ({threads} threads)\n");
+    let busy = if args.busy_thread {
+        ", beside a busy application thread"
+    } else {
+        ""
+    };
+    println!("arenagrad core benchmarks ({threads} threads{busy})\n");
     println!("| workload | figure | target |");
     println!("|---|---|---|");
     if run("w2") {
@@ -342,6 +370,18 @@ fn main() {
             after as f64 / 1048576.0,
             secs
         );
+    }
+    for (w, batch) in [("w5", 1), ("w6", 32)] {
+        if !run("lstm") && args.only.iter().any(|x| x == w) {
+            let steps = if quick { 8 } else { 30 };
+            let fused = lstm_step(batch, false, steps);
+            println!(
+                "| {} LSTM 128→256, seq 64, batch {batch}, SGD step, nn::LSTM (fused) | {:.3} ms ({:.1} GFLOP/s) | |",
+                w.to_uppercase(),
+                fused.0,
+                fused.1
+            );
+        }
     }
     if run("ckpt") {
         let steps = if quick { 5 } else { 20 };

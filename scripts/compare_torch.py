@@ -206,7 +206,7 @@ ROWS = [
     ("cnn", "| Fashion-MNIST CNN", "ms"),
     ("attn", "| causal attention [32, 4, 128, 32] fwd+bwd, fused", "ms"),
     ("gpt", "| char GPT step (", "ms"),
-    ("gpt_gen", "| char GPT generation", "tokens/s"),
+    ("gpt_gen", "| char GPT generation, batch 1", "tokens/s"),
     ("w5", "| W5 LSTM 128→256, seq 64, batch 1, SGD step, nn::LSTM (fused)", "ms"),
     ("w5_cells", "| W5 LSTM 128→256, seq 64, batch 1, SGD step, LSTMCell loop", "ms"),
     ("w6", "| W6 LSTM 128→256, seq 64, batch 32, SGD step, nn::LSTM (fused)", "ms"),

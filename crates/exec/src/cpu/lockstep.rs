@@ -18,13 +18,20 @@
 
 use std::any::Any;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// How long a task waits for a slot whose own task is running before taking the slot's unit
-/// over: far above a step's length, so that it happens only when that task has been stopped.
-const PATIENCE: Duration = Duration::from_millis(2);
+use super::wait::Backoff;
+
+/// How long a task waits for a slot's unit that nobody has claimed, while the slot's own task
+/// has started but not yet come to that unit, before running it itself. A running task comes to
+/// its next unit within a microsecond or two of the last meeting (it waits for it too, and its
+/// waits spin, then yield); one that has not come after this long has lost its core (other
+/// processes, the application's own threads, a quota), and the unit would otherwise wait for a
+/// scheduler's slice, milliseconds. While the same task stays away, its later units are taken
+/// without waiting.
+const PATIENCE: Duration = Duration::from_micros(30);
 
 /// How long a task waits, once, for a slot whose task has not started yet (a worker wakes in
 /// microseconds when idle; one that is busy elsewhere may not come at all).
@@ -36,8 +43,10 @@ struct Progress {
     claimed: Vec<AtomicUsize>,
     /// Per slot: units finished.
     done: Vec<AtomicUsize>,
-    /// Per slot: whether its own task has started.
-    started: Vec<AtomicBool>,
+    /// Per slot: one more than the unit its own task has come to (0: not started).
+    arrived: Vec<AtomicUsize>,
+    /// Units run by a task other than their slot's own.
+    stood_in: AtomicUsize,
     /// A unit panicked: everyone stops waiting.
     failed: AtomicBool,
     /// The first panic's payload, re-raised by [`lockstep`] once every task has stopped.
@@ -45,49 +54,59 @@ struct Progress {
 }
 
 impl Progress {
-    /// Runs unit `u` of slot `q` unless another task has claimed it.
-    fn try_run(&self, q: usize, u: usize, work: &(dyn Fn(usize, usize) + Sync)) {
+    /// Runs unit `u` of slot `q` unless another task has claimed it; whether it ran here.
+    fn try_run(&self, q: usize, u: usize, work: &(dyn Fn(usize, usize) + Sync)) -> bool {
         if self.claimed[q]
             .compare_exchange(u, u + 1, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+            .is_err()
         {
-            match catch_unwind(AssertUnwindSafe(|| work(q, u))) {
-                Ok(()) => self.done[q].store(u + 1, Ordering::Release),
-                Err(p) => {
-                    let mut first = self.payload.lock().unwrap_or_else(|e| e.into_inner());
-                    first.get_or_insert(p);
-                    self.failed.store(true, Ordering::Release);
-                }
+            return false;
+        }
+        match catch_unwind(AssertUnwindSafe(|| work(q, u))) {
+            Ok(()) => self.done[q].store(u + 1, Ordering::Release),
+            Err(p) => {
+                let mut first = self.payload.lock().unwrap_or_else(|e| e.into_inner());
+                first.get_or_insert(p);
+                self.failed.store(true, Ordering::Release);
             }
         }
+        true
     }
 
     /// Returns once slot `q` has finished unit `u` (or a unit failed), running it here if its
-    /// task does not come.
-    fn wait(&self, q: usize, u: usize, work: &(dyn Fn(usize, usize) + Sync)) {
-        let mut since: Option<Instant> = None;
-        let mut turns = 0u32;
+    /// task does not come. `away[q]` is where slot `q`'s task was (its `arrived`) when this task
+    /// last ran a unit of `q` for it: while the task is still there, it is still away.
+    fn wait(
+        &self,
+        q: usize,
+        u: usize,
+        away: &mut [Option<usize>],
+        work: &(dyn Fn(usize, usize) + Sync),
+    ) {
+        let mut backoff = Backoff::new();
         while self.done[q].load(Ordering::Acquire) <= u {
             if self.failed.load(Ordering::Acquire) {
                 return;
             }
-            turns = turns.wrapping_add(1);
-            if turns.is_multiple_of(64) {
-                let now = Instant::now();
-                let t0 = *since.get_or_insert(now);
-                let patience = if self.started[q].load(Ordering::Acquire) {
-                    PATIENCE
-                } else if u > 0 {
-                    // Absent since before the last unit: do not wait again.
+            // Unclaimed, and its own task has not come to it yet.
+            let at = self.arrived[q].load(Ordering::Acquire);
+            if self.claimed[q].load(Ordering::Acquire) == u && at <= u {
+                let patience = if away[q] == Some(at) || (at == 0 && u > 0) {
+                    // Still away since this task last stood in for it, or absent since before
+                    // the last unit: do not wait again.
                     Duration::ZERO
-                } else {
+                } else if at == 0 {
                     FIRST_PATIENCE
+                } else {
+                    PATIENCE
                 };
-                if cfg!(miri) || now - t0 >= patience {
-                    self.try_run(q, u, work);
+                if (cfg!(miri) || backoff.elapsed() >= patience) && self.try_run(q, u, work) {
+                    away[q] = Some(at);
+                    self.stood_in.fetch_add(1, Ordering::Relaxed);
+                    continue;
                 }
             }
-            std::hint::spin_loop();
+            backoff.snooze();
         }
     }
 }
@@ -96,8 +115,14 @@ impl Progress {
 /// slot's unit `u` finishes before any slot's unit `u + 1` starts, and writes made by one unit
 /// are visible to every later one. Each slot's units normally run on one thread of its own (slot
 /// 0 on the caller's). A panic in a unit stops the rest and is re-raised here.
+///
+/// When a recent call had to stand in for absent threads again and again (the process has fewer
+/// cores than threads for now: other processes, its own busy threads, a quota), calls for the
+/// next [`ALONE_FOR`] run every slot on the calling thread instead: the same units in the same
+/// order, so the same results, without meetings that wait for a thread the scheduler is not
+/// running. A call after that window tries the threads again.
 pub fn lockstep(slots: usize, units: usize, work: &(dyn Fn(usize, usize) + Sync)) {
-    if slots <= 1 {
+    if slots <= 1 || cores_short() {
         for u in 0..units {
             for q in 0..slots {
                 work(q, u);
@@ -108,28 +133,64 @@ pub fn lockstep(slots: usize, units: usize, work: &(dyn Fn(usize, usize) + Sync)
     let p = Progress {
         claimed: (0..slots).map(|_| AtomicUsize::new(0)).collect(),
         done: (0..slots).map(|_| AtomicUsize::new(0)).collect(),
-        started: (0..slots).map(|_| AtomicBool::new(false)).collect(),
+        arrived: (0..slots).map(|_| AtomicUsize::new(0)).collect(),
+        stood_in: AtomicUsize::new(0),
         failed: AtomicBool::new(false),
         payload: Mutex::new(None),
     };
     // Units run under `catch_unwind` (in `try_run`), so the tasks themselves do not panic and
     // the first unit's own panic is re-raised here, not the pool's report of a failed task.
     super::thread_pool::fork(slots, &|me| {
-        p.started[me].store(true, Ordering::Release);
+        let mut away = vec![None; slots];
         for u in 0..units {
             if p.failed.load(Ordering::Acquire) {
                 return;
             }
+            p.arrived[me].store(u + 1, Ordering::Release);
             p.try_run(me, u, work);
             for q in 0..slots {
-                p.wait(q, u, work);
+                p.wait(q, u, &mut away, work);
             }
         }
     });
+    // Standing in for more than one unit in sixteen of the other slots' (and for two at least)
+    // means their threads were missing for long stretches, not for a hiccup.
+    let stood_in = p.stood_in.load(Ordering::Relaxed);
+    if stood_in >= 2 && stood_in * 16 > units * (slots - 1) {
+        note_cores_short();
+    }
     let first = p.payload.into_inner().unwrap_or_else(|e| e.into_inner());
     if let Some(e) = first {
         resume_unwind(e);
     }
+}
+
+/// How long [`lockstep`] keeps to the calling thread once its threads were found missing.
+pub const ALONE_FOR: Duration = Duration::from_millis(50);
+
+/// Nanoseconds since [`epoch`] until which [`lockstep`] runs on the calling thread alone.
+static ALONE_UNTIL: AtomicU64 = AtomicU64::new(0);
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ns() -> u64 {
+    u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Whether a recent call found the process short of cores (within [`ALONE_FOR`]). Never in
+/// this crate's unit tests, which run many locksteps at once on purpose and must exercise the
+/// threads every time.
+fn cores_short() -> bool {
+    let until = ALONE_UNTIL.load(Ordering::Relaxed);
+    !cfg!(test) && until != 0 && now_ns() < until
+}
+
+fn note_cores_short() {
+    let until = now_ns().saturating_add(ALONE_FOR.as_nanos() as u64);
+    ALONE_UNTIL.fetch_max(until, Ordering::Relaxed);
 }
 
 /// A slice that the slots of a [`lockstep`] call write in disjoint parts and read after the
@@ -249,6 +310,18 @@ mod tests {
             });
         });
         assert_eq!(total.load(Ordering::Relaxed), 3 * 2 * units);
+    }
+
+    #[test]
+    fn the_window_alone_opens_and_closes() {
+        let before = ALONE_UNTIL.load(Ordering::Relaxed);
+        note_cores_short();
+        let until = ALONE_UNTIL.load(Ordering::Relaxed);
+        assert!(until >= now_ns() && until > before);
+        assert!(until <= now_ns() + ALONE_FOR.as_nanos() as u64);
+        // A later note never shortens the window.
+        ALONE_UNTIL.fetch_max(1, Ordering::Relaxed);
+        assert_eq!(ALONE_UNTIL.load(Ordering::Relaxed), until);
     }
 
     #[test]

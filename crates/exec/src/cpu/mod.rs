@@ -15,6 +15,7 @@ pub mod rnn;
 pub mod shape;
 pub mod thread_pool;
 pub mod transpose;
+pub mod wait;
 pub mod wide;
 
 pub use conv::{

@@ -4,7 +4,10 @@
 //! step when every GEMM and large elementwise map forks. [`fork`] instead hands its tasks to a
 //! few workers that sleep on a condition variable between calls. The workers are started on the
 //! first parallel call, only as many as the largest fork asked for (a graph with one thread never
-//! starts any), and the number of threads a kernel uses is still the caller's choice.
+//! starts any), and the number of threads a kernel uses is still the caller's choice. An idle
+//! worker, and a fork waiting for its tasks, spin for a couple of microseconds, then yield the
+//! core between checks for a millisecond, then sleep ([`super::wait`]): they never keep a core
+//! from the thread they wait for, or from the application's and other processes' threads.
 //!
 //! A fork borrows its closure from the caller's stack. That is sound because [`fork`] returns only
 //! after every task of the call has finished — it waits on a latch, also when a task or the
@@ -15,17 +18,8 @@ use std::collections::VecDeque;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
 
-/// How long an idle worker (or a fork waiting for its tasks) spins before it sleeps. Kernels of
-/// one training step come microseconds to a millisecond apart, and waking a sleeping thread costs
-/// tens of microseconds — more on a shared virtual machine — so a short spin keeps the hand-off
-/// cheap, as OpenMP runtimes do with their block time. (Miri: no spinning.)
-const SPIN: Duration = if cfg!(miri) {
-    Duration::ZERO
-} else {
-    Duration::from_micros(1000)
-};
+use super::wait::{Backoff, Stage};
 
 /// The work of one fork: called once with each task index.
 type Work = dyn Fn(usize) + Sync;
@@ -51,23 +45,11 @@ struct Task {
 // travel to a worker and be called there.
 unsafe impl Send for Task {}
 
-/// Spins while `busy()` holds, for at most [`SPIN`] (the clock is read every 64 turns).
-fn spin_while(busy: impl Fn() -> bool) {
-    if SPIN.is_zero() {
-        return;
-    }
-    let until = Instant::now() + SPIN;
-    loop {
-        for _ in 0..64 {
-            if !busy() {
-                return;
-            }
-            std::hint::spin_loop();
-        }
-        if Instant::now() >= until {
-            return;
-        }
-    }
+/// Waits while `busy()` holds, spinning and then yielding the core (see [`super::wait`]), until
+/// the wait is long enough to block on a condition variable instead.
+fn wait_while(busy: impl Fn() -> bool) {
+    let mut backoff = Backoff::new();
+    while busy() && backoff.stage() != Stage::Sleep {}
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -134,7 +116,7 @@ impl Pool {
 
     fn work_forever(&self) {
         loop {
-            spin_while(|| self.queued.load(Ordering::Acquire) == 0);
+            wait_while(|| self.queued.load(Ordering::Acquire) == 0);
             let task = {
                 let mut q = lock(&self.queue);
                 loop {
@@ -208,7 +190,7 @@ pub fn fork(n: usize, work: &(dyn Fn(usize) + Sync)) {
         match p.pop() {
             Some(t) => t.run(),
             None => {
-                spin_while(|| latch.left.load(Ordering::Acquire) > 0);
+                wait_while(|| latch.left.load(Ordering::Acquire) > 0);
                 let mut st = lock(&latch.state);
                 while st.0 > 0 {
                     st = latch.done.wait(st).unwrap_or_else(|e| e.into_inner());
