@@ -2,16 +2,18 @@
 //! [`Hooked`] wraps any module, runs its pre-hooks on the input and its hooks on the output, and
 //! is otherwise the module itself — the same parameters under the same names.
 
-use arenagrad_graph::{Graph, Tensor};
+use arenagrad_graph::{Graph, GraphError, Tensor};
 
 use crate::error::Result;
 use crate::module::{Module, Visitor};
 
-/// A hook on a module's input: `Some(x)` replaces it.
+/// A hook on a module's input: `Some(x)` replaces it (a tensor of `x`'s graph: one of another
+/// graph is [`GraphError::GraphMismatch`]).
 pub type ForwardPreHook =
     Box<dyn for<'g> Fn(&'g Graph, Tensor<'g>) -> Result<Option<Tensor<'g>>> + Send + Sync>;
 
-/// A hook on a module's output, given its input too: `Some(y)` replaces the output.
+/// A hook on a module's output, given its input too: `Some(y)` replaces the output (a tensor of
+/// `y`'s graph: one of another graph is [`GraphError::GraphMismatch`]).
 pub type ForwardHook = Box<
     dyn for<'g> Fn(&'g Graph, Tensor<'g>, Tensor<'g>) -> Result<Option<Tensor<'g>>> + Send + Sync,
 >;
@@ -109,13 +111,13 @@ impl<M: Module> Module for Hooked<M> {
         let mut x = x;
         for hook in &self.pre {
             if let Some(nx) = hook(g, x)? {
-                x = nx;
+                x = own(g, nx)?;
             }
         }
         let mut y = self.inner.forward(g, x)?;
         for hook in &self.post {
             if let Some(ny) = hook(g, x, y)? {
-                y = ny;
+                y = own(g, ny)?;
             }
         }
         Ok(y)
@@ -130,11 +132,49 @@ impl<M: Module> Module for Hooked<M> {
     }
 }
 
+/// `t`, when it belongs to `g`: a hook's tensor of another graph (one that outlives the
+/// iteration) is refused as [`Tensor::register_hook`] and `checkpoint` refuse theirs, rather than
+/// handed on as if it were the iteration's.
+fn own<'g>(g: &'g Graph, t: Tensor<'g>) -> Result<Tensor<'g>> {
+    if std::ptr::eq(t.graph(), g) {
+        Ok(t)
+    } else {
+        Err(GraphError::GraphMismatch {
+            op: "Hooked::forward",
+        }
+        .into())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{Linear, Rng, Sequential};
     use arenagrad_graph::DType;
+
+    #[test]
+    fn a_hook_returning_a_tensor_of_another_graph_is_refused() {
+        // A graph that outlives every iteration: its tensors fit any hook's lifetime.
+        fn other_graph(shape: &[usize]) -> Result<Tensor<'static>> {
+            let other: &'static Graph = Box::leak(Box::new(Graph::new()));
+            Ok(other.ones(shape, DType::F32)?)
+        }
+        let make = || Hooked::new(Linear::new(2, 2, &mut Rng::seed(0)).unwrap());
+        let mut post = make();
+        post.register_forward_hook(|_, _, y| Ok(Some(other_graph(&y.shape())?)));
+        let mut pre = make();
+        pre.register_forward_pre_hook(|_, x| Ok(Some(other_graph(&x.shape())?)));
+        for (what, m) in [("hook", post), ("pre-hook", pre)] {
+            let g = Graph::new();
+            let x = g.ones(&[3, 2], DType::F32).unwrap();
+            match m.forward(&g, x) {
+                Err(crate::NnError::Graph(arenagrad_graph::GraphError::GraphMismatch { op })) => {
+                    assert_eq!(op, "Hooked::forward", "{what}")
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn hooks_change_the_input_and_the_output_and_gradients_follow() {
