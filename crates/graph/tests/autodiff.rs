@@ -644,3 +644,31 @@ fn errors_name_the_op_the_user_called() {
         Err(GraphError::ShapeMismatch { op: "stack", .. })
     ));
 }
+
+#[test]
+fn reshape_of_an_empty_tensor_refuses_extents_zeros_refuses() {
+    // [0, 2^62, 2^62] holds no element, but its strides overflow: zeros refuses it, and so
+    // must a reshape into it (which made it).
+    let g = Graph::new();
+    let e = g.zeros(&[0, 3], DType::F32).unwrap();
+    let huge = 1usize << 62;
+    assert!(matches!(
+        g.zeros(&[0, huge, huge], DType::F32),
+        Err(GraphError::TooLarge { op: "full", .. })
+    ));
+    match e.reshape(&[0, huge as isize, huge as isize]) {
+        Err(GraphError::TooLarge { op, shape }) => {
+            assert_eq!(op, "reshape");
+            assert_eq!(shape, [0, huge, huge]);
+        }
+        other => panic!("{other:?}"),
+    }
+    // What zeros accepts, a reshape accepts.
+    let big = 1usize << 40;
+    assert!(g.zeros(&[0, big], DType::F32).is_ok());
+    assert_eq!(
+        e.reshape(&[0, big as isize]).unwrap().shape().as_slice(),
+        &[0, big]
+    );
+    assert_eq!(e.shape().as_slice(), &[0, 3]);
+}

@@ -92,6 +92,9 @@ impl<'g> Tensor<'g> {
         } else if known != n {
             return Err(bad());
         }
+        // zeros' check: a shape of no elements can still have extents whose strides overflow
+        // (`[0, 2^62, 2^62]`), which no op could then index.
+        checked_numel(op, &out)?;
         if out == from {
             return Ok(self);
         }
