@@ -12,6 +12,7 @@
 
 use std::path::Path;
 
+use arenagrad::graph::testing::{skip_or_fail, REQUIRE_DATA};
 use arenagrad::nn::checkpoint;
 use arenagrad::nn::data::{Split, TextCorpus};
 use arenagrad::nn::optim::{
@@ -25,11 +26,10 @@ const FORTUNES: &str = "/usr/share/games/fortunes";
 #[test]
 fn the_first_steps_match_pytorchs_losses() {
     if !Path::new(FORTUNES).is_dir() {
-        assert!(
-            std::env::var("ARENAGRAD_REQUIRE_DATA").is_err(),
-            "ARENAGRAD_REQUIRE_DATA is set but {FORTUNES} is missing (Debian's `fortunes`)"
+        skip_or_fail(
+            REQUIRE_DATA,
+            format_args!("{FORTUNES} is not installed (Debian: fortunes)"),
         );
-        eprintln!("skipped: {FORTUNES} not found (apt-get install fortunes)");
         return;
     }
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/char_gpt");
@@ -65,7 +65,7 @@ fn the_first_steps_match_pytorchs_losses() {
         let (x, y) = corpus
             .fixed_batch(Split::Train, step, batch, cfg.context)
             .unwrap();
-        schedule.apply(&mut opt, step);
+        schedule.apply(&mut opt, step).unwrap();
         opt.zero_grad();
         let l = model.loss(&g, &x, &y, batch, cfg.context).unwrap();
         l.backward().unwrap();

@@ -74,7 +74,10 @@ fn run_install(then: &str, with_sudo: bool) -> (bool, String) {
 fn the_set_up_line_works_as_root_without_sudo_and_as_a_user_with_it() {
     for (then, packages) in [
         ("cargo run", "dataset-fashion-mnist"),
-        ("cargo test", "libopenmpi-dev openmpi-bin libclang-dev"),
+        (
+            "cargo test",
+            "libopenmpi-dev openmpi-bin libclang-dev python3-sklearn fortunes g++",
+        ),
     ] {
         let want = format!("apt-get update\napt-get install -y {packages}\n");
         let (ok, log) = run_install(then, false);
@@ -84,4 +87,50 @@ fn the_set_up_line_works_as_root_without_sudo_and_as_a_user_with_it() {
         assert!(ok, "{then}: as a user with sudo the line failed: {log}");
         assert_eq!(log, format!("sudo sh\n{want}"));
     }
+}
+
+/// The Debian packages `.ci/run` installs for the test suite (its `need="… pkg"` lines).
+fn ci_packages() -> Vec<String> {
+    let ci = include_str!("../.ci/run");
+    let mut packages = Vec::new();
+    for line in ci.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        let Some(start) = line.find("need=\"") else {
+            continue;
+        };
+        let rest = &line[start + 6..];
+        let list = &rest[..rest.find('"').expect("the need list's closing quote")];
+        packages.extend(
+            list.split_whitespace()
+                .filter(|p| *p != "$need")
+                .map(String::from),
+        );
+    }
+    packages
+}
+
+/// A user who runs the README's test line from a clean clone gets what CI gets: every package a
+/// test reads or runs is installed (a test without its data skips, and would pass unseen).
+#[test]
+fn the_test_line_installs_every_package_ci_installs_for_the_tests() {
+    let ci = ci_packages();
+    assert!(
+        ci.len() >= 6 && ci.iter().any(|p| p == "fortunes"),
+        "reading .ci/run's list: {ci:?}"
+    );
+    let install = install_part("cargo test");
+    let readme: Vec<&str> = install
+        .rsplit("apt-get install -y ")
+        .next()
+        .unwrap()
+        .trim_end_matches('\'')
+        .split_whitespace()
+        .collect();
+    let missing: Vec<&String> = ci
+        .iter()
+        .filter(|p| !readme.contains(&p.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the README's test line does not install {missing:?} (.ci/run does)"
+    );
 }

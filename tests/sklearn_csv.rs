@@ -2,11 +2,12 @@
 //! installs them. Their sizes and class counts are the published ones (UCI's wine: 59/71/48;
 //! Wisconsin breast cancer: 212 malignant, 357 benign; Fisher's iris: 50 of each).
 //!
-//! Skipped, with the reason, when the package is not installed — unless
+//! Skipped, with the reason shown, when the package is not installed — unless
 //! `ARENAGRAD_REQUIRE_DATA=1` (CI sets it), when a missing file fails the test.
 
 use std::path::Path;
 
+use arenagrad::graph::testing::{skip_or_fail, REQUIRE_DATA};
 use arenagrad::nn::data::{CsvOptions, Standardize, TabularDataset};
 
 const DIR: &str = "/usr/lib/python3/dist-packages/sklearn/datasets/data";
@@ -14,14 +15,12 @@ const DIR: &str = "/usr/lib/python3/dist-packages/sklearn/datasets/data";
 fn load(file: &str) -> Option<TabularDataset> {
     let path = Path::new(DIR).join(file);
     if !path.exists() {
-        assert!(
-            std::env::var_os("ARENAGRAD_REQUIRE_DATA").is_none(),
-            "{} is missing (apt-get install python3-sklearn)",
-            path.display()
-        );
-        eprintln!(
-            "skipped: {} not installed (python3-sklearn)",
-            path.display()
+        skip_or_fail(
+            REQUIRE_DATA,
+            format_args!(
+                "{} is not installed (Debian: python3-sklearn)",
+                path.display()
+            ),
         );
         return None;
     }

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arenagrad_dist::{Communicator, DataParallel, DdpConfig, DistError, MpiConfig, ProcessGroup};
+use arenagrad_graph::testing::{skip_or_fail, REQUIRE_MPI};
 use arenagrad_graph::HostData;
 use arenagrad_nn::checkpoint;
 use arenagrad_nn::optim::Optimizer;
@@ -42,11 +43,10 @@ struct Job {
 fn mpirun(test: &str, dir: &Path, env: &[(&str, &str)], limit: Duration) -> Option<Job> {
     let found = Command::new("mpirun").arg("--version").output().is_ok();
     if !found {
-        assert!(
-            std::env::var_os("ARENAGRAD_REQUIRE_MPI").is_none(),
-            "ARENAGRAD_REQUIRE_MPI=1 but there is no mpirun (Debian: openmpi-bin)"
+        skip_or_fail(
+            REQUIRE_MPI,
+            "no mpirun on PATH (Debian: openmpi-bin, libopenmpi-dev)",
         );
-        eprintln!("skipping: no mpirun on PATH (Debian: openmpi-bin, libopenmpi-dev)");
         return None;
     }
     let log = dir.join("mpirun.log");

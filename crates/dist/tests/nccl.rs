@@ -7,6 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use arenagrad_dist::{Communicator, DataParallel, DdpConfig, NcclConfig, ProcessGroup, Reduce};
+use arenagrad_graph::testing::{skip_or_fail, TEST_CUDA};
 use arenagrad_graph::HostData;
 use arenagrad_nn::optim::Optimizer;
 use arenagrad_nn::Graph;
@@ -16,11 +17,7 @@ fn group() -> Option<ProcessGroup> {
     match ProcessGroup::nccl_single(NcclConfig::default()) {
         Ok(pg) => Some(pg),
         Err(e) => {
-            assert!(
-                std::env::var_os("ARENAGRAD_TEST_CUDA").is_none(),
-                "ARENAGRAD_TEST_CUDA=1 but NCCL does not start: {e}"
-            );
-            eprintln!("skipping: {e}");
+            skip_or_fail(TEST_CUDA, format_args!("NCCL does not start: {e}"));
             None
         }
     }

@@ -17,6 +17,8 @@
 //!   at run time with NVRTC, matrix products through cuBLAS, memory from the block cache of
 //!   `arenagrad-alloc`. The CUDA libraries are loaded at run time, so the feature builds without
 //!   them.
+//! * [`testing`] lets a test that needs what a machine may lack (a GPU, a compiler, a data
+//!   package) skip visibly, or fail where a switch says the machine has it.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -24,6 +26,7 @@ pub mod cuda;
 mod float;
 pub mod layout;
 pub mod ops;
+pub mod testing;
 
 pub use float::{DType, Float};
 

@@ -1,34 +1,39 @@
-//! Running one test body on every device: [`device_test!`](crate::device_test).
+//! Running one test body on every device: [`device_test!`](crate::device_test); and, from
+//! `arenagrad-exec`, the skip that shows in `cargo test`'s output and the switches that make it
+//! a failure ([`skip`], [`skip_or_fail`]).
+
+pub use arenagrad_exec::testing::*;
 
 use crate::Device;
 
 /// The environment variable that turns a missing GPU from a skip into a failure (set it on
 /// machines that have one, so a broken driver setup cannot pass as "skipped").
-pub const REQUIRE_CUDA_ENV: &str = "ARENAGRAD_TEST_CUDA";
+pub const REQUIRE_CUDA_ENV: &str = TEST_CUDA;
 
-/// The CUDA device a device test should use, or `None` after printing why it is skipped.
+/// The CUDA device a device test should use, or `None` after reporting the skip and why
+/// ([`skip`]).
 ///
 /// # Panics
-/// When [`REQUIRE_CUDA_ENV`] is set to `1` and no CUDA device can be used: a test machine that
-/// promises a GPU must not pass by skipping.
-pub fn cuda_test_device(test: &str) -> Option<Device> {
+/// When [`REQUIRE_CUDA_ENV`] is on ([`required`]) and no CUDA device can be used: a test
+/// machine that promises a GPU must not pass by skipping.
+#[track_caller]
+pub fn cuda_test_device() -> Option<Device> {
     let dev = Device::Cuda(0);
-    let why = match crate::check_device(dev) {
-        Ok(()) => return Some(dev),
-        Err(e) => e.to_string(),
-    };
-    if std::env::var(REQUIRE_CUDA_ENV).is_ok_and(|v| v == "1") {
-        panic!("{test}: {REQUIRE_CUDA_ENV}=1 but CUDA is unusable: {why}");
+    match crate::check_device(dev) {
+        Ok(()) => Some(dev),
+        Err(e) => {
+            skip_or_fail(REQUIRE_CUDA_ENV, format_args!("CUDA is unusable: {e}"));
+            None
+        }
     }
-    eprintln!("skipped {test} on CUDA: {why}");
-    None
 }
 
 /// Defines a test whose body runs on the CPU always and on `cuda:0` when a GPU is present.
 ///
 /// `device_test!(fn name(dev) { ... })` makes a module `name` with two tests, `name::cpu` and
 /// `name::cuda`; the body sees the device as `dev: Device`. Without a usable GPU the CUDA test
-/// prints why it skipped and passes — unless `ARENAGRAD_TEST_CUDA=1`, when it fails.
+/// reports why it skipped ([`skip`](crate::testing::skip)) and passes — unless
+/// `ARENAGRAD_TEST_CUDA=1`, when it fails.
 ///
 /// ```
 /// use arenagrad_graph::{device_test, Graph};
@@ -59,8 +64,7 @@ macro_rules! device_test {
 
             #[test]
             pub fn cuda() {
-                let name = concat!(module_path!(), "::cuda");
-                if let Some(d) = $crate::testing::cuda_test_device(name) {
+                if let Some(d) = $crate::testing::cuda_test_device() {
                     body(d)
                 }
             }

@@ -1,8 +1,8 @@
 //! Every op on a CUDA device against the CPU: values and gradients, f32 within 1e-4 relative and
-//! f64 within 1e-10. Skipped (with the reason printed) where no GPU is usable, unless
+//! f64 within 1e-10. Skipped (with the reason shown) where no GPU is usable, unless
 //! `ARENAGRAD_TEST_CUDA=1`.
 
-use arenagrad_graph::testing::cuda_test_device;
+use arenagrad_graph::testing::{cuda_test_device, skip};
 use arenagrad_graph::{AttentionOptions, DType, Device, Graph, Result, Tensor};
 
 mod common;
@@ -59,7 +59,7 @@ fn close(what: &str, a: &[f64], b: &[f64], rtol: f64) {
 }
 
 fn parity(name: &str, f: Build, shapes: &[&[usize]], positive: bool) {
-    let Some(dev) = cuda_test_device(&format!("device_parity::{name}")) else {
+    let Some(dev) = cuda_test_device() else {
         return;
     };
     for (dtype, rtol) in [(DType::F32, 1e-4), (DType::F64, 1e-10)] {
@@ -215,7 +215,7 @@ parity_tests! {
 
 #[test]
 fn second_derivative_on_device() {
-    let Some(dev) = cuda_test_device("device_parity::second_derivative_on_device") else {
+    let Some(dev) = cuda_test_device() else {
         return;
     };
     let grad2 = |dev: Device| {
@@ -235,7 +235,7 @@ fn second_derivative_on_device() {
 
 #[test]
 fn mixing_devices_is_a_typed_error() {
-    let Some(dev) = cuda_test_device("device_parity::mixing_devices_is_a_typed_error") else {
+    let Some(dev) = cuda_test_device() else {
         return;
     };
     let g = Graph::new();
@@ -251,7 +251,8 @@ fn mixing_devices_is_a_typed_error() {
 #[test]
 fn without_a_usable_gpu_a_cuda_graph_is_no_cuda_device() {
     if arenagrad_graph::cuda_device_count() > 0 {
-        return; // the other tests here cover a working device
+        skip("a CUDA device is present (the other tests here cover a working one)");
+        return;
     }
     match Graph::on(Device::Cuda(0)) {
         Err(arenagrad_graph::GraphError::NoCudaDevice { ordinal: 0, reason }) => {
@@ -270,7 +271,7 @@ fn without_a_usable_gpu_a_cuda_graph_is_no_cuda_device() {
 
 #[test]
 fn empty_inner_dimension_gives_zeros() {
-    let Some(dev) = cuda_test_device("device_parity::empty_inner_dimension_gives_zeros") else {
+    let Some(dev) = cuda_test_device() else {
         return;
     };
     let g = Graph::on(dev).unwrap();
@@ -286,9 +287,7 @@ fn empty_inner_dimension_gives_zeros() {
 
 #[test]
 fn parameters_and_repeated_backward_accumulate_on_device() {
-    let Some(dev) =
-        cuda_test_device("device_parity::parameters_and_repeated_backward_accumulate_on_device")
-    else {
+    let Some(dev) = cuda_test_device() else {
         return;
     };
     let run = |dev: Device| {
@@ -333,9 +332,7 @@ fn parameters_and_repeated_backward_accumulate_on_device() {
 
 #[test]
 fn a_gradient_on_another_device_is_a_typed_error() {
-    let Some(dev) =
-        cuda_test_device("device_parity::a_gradient_on_another_device_is_a_typed_error")
-    else {
+    let Some(dev) = cuda_test_device() else {
         return;
     };
     struct ToHost;
@@ -373,9 +370,7 @@ fn a_gradient_on_another_device_is_a_typed_error() {
 /// (which holds the 4096² scores, weights and their gradients), with the same gradient.
 #[test]
 fn long_attention_on_device_needs_a_fraction_of_the_compositions_memory() {
-    let Some(dev) = cuda_test_device(
-        "device_parity::long_attention_on_device_needs_a_fraction_of_the_compositions_memory",
-    ) else {
+    let Some(dev) = cuda_test_device() else {
         return;
     };
     let (l, d) = (4096, 16);

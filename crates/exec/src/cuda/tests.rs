@@ -13,6 +13,7 @@ use super::params::{self, GemmPlan};
 use super::*;
 use crate::cpu::{self, ReduceOp, Window};
 use crate::layout::{broadcast_shapes, contiguous_strides};
+use crate::testing;
 use crate::{BinaryOp, DType, Float, UnaryOp};
 
 // ---------------------------------------------------------------------------------------------
@@ -76,17 +77,17 @@ fn assert_close<T: Float>(what: &str, got: &[T], want: &[T], scale: Option<&[T]>
     }
 }
 
-/// The backend of device 0, or `None` (with the reason printed) on a machine without one. Any
-/// other failure to start it fails the test.
+/// The backend of device 0, or `None` (the skip reported, with its reason) on a machine without
+/// one. Any other failure to start it fails the test.
 fn gpu() -> Option<Arc<CudaBackend>> {
     match CudaBackend::get(0) {
         Ok(be) => Some(be),
         Err(CudaError::NoCudaDevice { reason, .. }) => {
             // A machine that promises a GPU must not pass by skipping.
-            if std::env::var("ARENAGRAD_TEST_CUDA").is_ok_and(|v| v == "1") {
-                panic!("ARENAGRAD_TEST_CUDA=1 but there is no CUDA device: {reason}");
-            }
-            eprintln!("skipping: no CUDA device ({reason})");
+            testing::skip_or_fail(
+                testing::TEST_CUDA,
+                format_args!("no CUDA device ({reason})"),
+            );
             None
         }
         Err(e) => panic!("a CUDA driver is present but the backend failed to start: {e}"),
@@ -236,10 +237,10 @@ fn missing_driver_is_a_typed_error_and_a_device_works() {
 #[cfg_attr(miri, ignore)]
 fn kernels_compile_with_nvrtc() {
     if !nvrtc_present() {
-        if std::env::var("ARENAGRAD_TEST_NVRTC").is_ok_and(|v| v == "1") {
-            panic!("ARENAGRAD_TEST_NVRTC=1 but libnvrtc cannot be loaded");
-        }
-        eprintln!("skipping: NVRTC (libnvrtc) cannot be loaded; set LD_LIBRARY_PATH to its folder");
+        testing::skip_or_fail(
+            testing::TEST_NVRTC,
+            "NVRTC (libnvrtc) cannot be loaded; set LD_LIBRARY_PATH to its folder",
+        );
         assert!(matches!(
             compile_kernels(None),
             Err(CudaError::Compile { .. })
