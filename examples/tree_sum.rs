@@ -229,7 +229,7 @@ fn run() -> Result<(), NnError> {
             .collect();
         nodes += batch.iter().map(Vec::len).sum::<usize>();
         let targets: Vec<f64> = batch.iter().map(|e| value(e) / 10.0).collect();
-        schedule.apply(&mut opt, step);
+        schedule.apply(&mut opt, step)?;
         opt.zero_grad();
         let pred = net.forward(&g, &batch)?;
         let want = g.from_f64(&targets, &[args.batch, 1], DType::F32)?;
