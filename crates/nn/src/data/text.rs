@@ -40,7 +40,10 @@ pub enum Split {
 pub struct TextCorpus {
     train: Vec<u8>,
     valid: Vec<u8>,
-    docs: (usize, usize),
+    /// Where each document ends (its `%` line included) in the training and validation text:
+    /// the boundaries `documents_of` returns, kept rather than found again by looking for `%`
+    /// lines, which a document may hold itself.
+    ends: (Vec<usize>, Vec<usize>),
     files: usize,
 }
 
@@ -87,31 +90,31 @@ impl TextCorpus {
                 reason: format!("valid_every must be at least 2, got {valid_every}"),
             });
         }
-        let (mut train, mut valid, mut counts) = (Vec::new(), Vec::new(), (0, 0));
+        let (mut train, mut valid, mut ends) = (Vec::new(), Vec::new(), (Vec::new(), Vec::new()));
         for (i, d) in docs.iter().enumerate() {
-            let (out, n) = if i % valid_every == valid_every - 1 {
-                (&mut valid, &mut counts.1)
+            let (out, ends) = if i % valid_every == valid_every - 1 {
+                (&mut valid, &mut ends.1)
             } else {
-                (&mut train, &mut counts.0)
+                (&mut train, &mut ends.0)
             };
             out.extend_from_slice(d);
             if !d.ends_with(b"\n") {
                 out.push(b'\n');
             }
             out.extend_from_slice(b"%\n");
-            *n += 1;
+            ends.push(out.len());
         }
         Ok(TextCorpus {
             train,
             valid,
-            docs: counts,
+            ends,
             files: 1,
         })
     }
 
     /// Training and validation document counts.
     pub fn documents(&self) -> (usize, usize) {
-        self.docs
+        (self.ends.0.len(), self.ends.1.len())
     }
 
     /// The files read.
@@ -128,7 +131,8 @@ impl TextCorpus {
     }
 
     /// The documents of a split, each with the `%` line that ends it (so that a model reading
-    /// one document at a time learns where documents end).
+    /// one document at a time learns where documents end): as many as [`TextCorpus::documents`]
+    /// counts, a document that holds `%` lines of its own included.
     ///
     /// ```
     /// use arenagrad_nn::data::{Split, TextCorpus};
@@ -139,24 +143,12 @@ impl TextCorpus {
     /// # Ok::<(), arenagrad_nn::NnError>(())
     /// ```
     pub fn documents_of(&self, split: Split) -> Vec<&[u8]> {
-        let text = self.text(split);
-        let mut docs = Vec::new();
-        let (mut start, mut line) = (0, 0);
-        while line < text.len() {
-            let end = text[line..]
-                .iter()
-                .position(|&c| c == b'\n')
-                .map_or(text.len(), |k| line + k + 1);
-            if &text[line..end] == b"%\n" {
-                docs.push(&text[start..end]);
-                start = end;
-            }
-            line = end;
-        }
-        if start < text.len() {
-            docs.push(&text[start..]);
-        }
-        docs
+        let (text, ends) = match split {
+            Split::Train => (&self.train, &self.ends.0),
+            Split::Valid => (&self.valid, &self.ends.1),
+        };
+        let starts = std::iter::once(0).chain(ends.iter().copied());
+        starts.zip(ends).map(|(a, &b)| &text[a..b]).collect()
     }
 
     fn windows(&self, split: Split, context: usize) -> Result<usize> {
@@ -277,5 +269,26 @@ mod tests {
             vec![&b"one\nline\n"[..], &b"two\n"[..], &b"three"[..]]
         );
         assert!(split_fortunes(b"%\n%\n").is_empty());
+    }
+
+    #[test]
+    fn documents_that_hold_percent_lines_stay_whole() {
+        let docs: [&[u8]; 5] = [b"one\n", b"%", b"%\n", b"a\n%\nb\n", b"two"];
+        let c = TextCorpus::from_documents(&docs, 1000).unwrap();
+        assert_eq!(c.documents(), (5, 0));
+        let want: [&[u8]; 5] = [
+            b"one\n%\n",
+            b"%\n%\n",
+            b"%\n%\n",
+            b"a\n%\nb\n%\n",
+            b"two\n%\n",
+        ];
+        assert_eq!(c.documents_of(Split::Train), want);
+        assert_eq!(c.documents_of(Split::Valid), Vec::<&[u8]>::new());
+        // Every other one to validation: the counts and the lists agree there too.
+        let c = TextCorpus::from_documents(&docs, 2).unwrap();
+        assert_eq!(c.documents(), (3, 2));
+        assert_eq!(c.documents_of(Split::Train), [want[0], want[2], want[4]]);
+        assert_eq!(c.documents_of(Split::Valid), [want[1], want[3]]);
     }
 }
