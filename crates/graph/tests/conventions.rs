@@ -290,3 +290,171 @@ fn repeated_reduction_axes_are_refused() {
     }
     assert_eq!(x.sum_axes(&[0, -1], false).unwrap().item().unwrap(), 6.0);
 }
+
+/// `(f(x), d Σf / dx)` for an input of any shape, by a plain backward and by `grad` with
+/// `create_graph`.
+fn shaped_both(f: Un, xs: &[f64], shape: &[usize]) -> [(Vec<usize>, Vec<f64>, Vec<f64>); 2] {
+    let run = |create: bool| {
+        let g = Graph::new();
+        let x = g.var(xs, shape, DType::F64).unwrap();
+        let y = f(x).unwrap();
+        let l = y.sum().unwrap();
+        let gr = if create {
+            let opts = BackwardOptions {
+                create_graph: true,
+                ..Default::default()
+            };
+            grad(l, &[x], opts).unwrap()[0].unwrap()
+        } else {
+            l.backward().unwrap();
+            x.grad().unwrap().unwrap()
+        };
+        assert_eq!(gr.shape().as_slice(), shape);
+        (
+            y.shape().to_vec(),
+            y.to_vec::<f64>().unwrap(),
+            gr.to_vec::<f64>().unwrap(),
+        )
+    };
+    [run(false), run(true)]
+}
+
+#[test]
+fn logsumexp_over_an_empty_axis_is_minus_infinity() {
+    // torch.logsumexp(torch.zeros(2, 0), 1) = [-inf, -inf] (log of an empty sum), and the
+    // gradient is the (empty) input's shape.
+    for (shape, axes, keep, want_shape, want) in [
+        (
+            &[2usize, 0][..],
+            &[1isize][..],
+            false,
+            &[2usize][..],
+            &[-INF, -INF][..],
+        ),
+        (&[2, 0], &[-1], true, &[2, 1], &[-INF, -INF]),
+        (&[0], &[], false, &[], &[-INF]),
+        (&[0, 3], &[0], false, &[3], &[-INF, -INF, -INF]),
+    ] {
+        let f: Un = match (axes, keep) {
+            ([1], false) => |x| x.logsumexp(&[1], false),
+            ([-1], true) => |x| x.logsumexp(&[-1], true),
+            ([], false) => |x| x.logsumexp(&[], false),
+            _ => |x| x.logsumexp(&[0], false),
+        };
+        for (y_shape, y, gx) in shaped_both(f, &[], shape) {
+            assert_eq!(y_shape, want_shape, "{shape:?} over {axes:?}");
+            assert_all_same(&format!("logsumexp {shape:?} {axes:?}"), &y, want);
+            assert!(gx.is_empty());
+        }
+    }
+}
+
+#[test]
+fn cumsum_of_a_0d_tensor_is_its_value() {
+    // torch.tensor(3.).cumsum(0) = 3 (also dim -1), gradient 1; dim 1 is out of range.
+    for f in [(|x| x.cumsum(0)) as Un, |x| x.cumsum(-1)] {
+        for (y_shape, y, gx) in shaped_both(f, &[3.0], &[]) {
+            assert!(y_shape.is_empty());
+            assert_eq!((y, gx), (vec![3.0], vec![1.0]));
+        }
+    }
+    let g = Graph::new();
+    let x = g.scalar(3.0, DType::F64).unwrap();
+    for axis in [1, -2] {
+        assert!(matches!(
+            x.cumsum(axis),
+            Err(GraphError::BadAxis { op: "cumsum", .. })
+        ));
+    }
+}
+
+#[test]
+fn clamp_with_neither_bound_is_an_error() {
+    // torch.clamp(x): "At least one of 'min' or 'max' must not be None".
+    let g = Graph::new();
+    let x = g.var(&[1.0, -2.0], &[2], DType::F64).unwrap();
+    assert!(matches!(
+        x.clamp(None, None),
+        Err(GraphError::BadArgument { op: "clamp", .. })
+    ));
+    assert_eq!(g.stats().tape_len, 1, "nothing recorded");
+}
+
+#[test]
+fn recurrences_over_no_steps_and_rows_of_no_length() {
+    // PyTorch refuses a sequence of length 0 and a packed row of length 0. Here both run: a
+    // row of no length takes part in no step (its outputs are 0, its final state is its
+    // initial one, which gets the final state's gradient), and a sequence of no steps is
+    // every row so. (A batch mixing lengths need not drop its empty rows first.)
+    let g = Graph::new();
+    let h = 2;
+    for t in [0usize, 2] {
+        let gi = g
+            .var(&vec![0.3; t * 2 * 4 * h], &[t, 2, 4 * h], DType::F64)
+            .unwrap();
+        let w = g.var(&[0.1; 4 * 2 * 2], &[4 * h, h], DType::F64).unwrap();
+        let h0 = g.var(&[1.0, 2.0, 3.0, 4.0], &[2, h], DType::F64).unwrap();
+        let c0 = g.var(&[5.0, 6.0, 7.0, 8.0], &[2, h], DType::F64).unwrap();
+        let lengths = [t, 0];
+        let opts = arenagrad_graph::LstmSequenceOptions {
+            lengths: Some(&lengths),
+            ..Default::default()
+        };
+        let (y, hn, cn) = gi.lstm_sequence(w, h0, c0, opts).unwrap();
+        assert_eq!(y.shape().as_slice(), &[t, 2, h]);
+        let yv = y.to_vec::<f64>().unwrap();
+        // Row 1 (length 0): outputs 0 at every step; final states its initial ones.
+        for s in 0..t {
+            assert_eq!(yv[(s * 2 + 1) * h..(s * 2 + 2) * h], [0.0, 0.0]);
+        }
+        assert_eq!(hn.to_vec::<f64>().unwrap()[h..], [3.0, 4.0]);
+        assert_eq!(cn.to_vec::<f64>().unwrap()[h..], [7.0, 8.0]);
+        if t == 0 {
+            assert_eq!(hn.to_vec::<f64>().unwrap(), [1.0, 2.0, 3.0, 4.0]);
+        }
+        hn.add(cn).unwrap().sum().unwrap().backward().unwrap();
+        let gh = h0.grad().unwrap().unwrap().to_vec::<f64>().unwrap();
+        assert_eq!(gh[h..], [1.0, 1.0]);
+        if t == 0 {
+            assert_eq!(gh, [1.0; 4]);
+        }
+    }
+    // The composed recurrence: no steps, final state the initial one.
+    let x = g.from_f64(&[], &[0, 3], DType::F64).unwrap();
+    let s0 = g.var(&[1.0, 2.0], &[2, 1], DType::F64).unwrap();
+    let (out, last) = g
+        .recurrence(x, vec![s0], 0, &[0, 0], false, |x, s| {
+            Ok::<_, GraphError>(vec![s[0].add(x.sum_axes(&[1], true)?)?])
+        })
+        .unwrap();
+    assert_eq!(out.shape().as_slice(), &[0, 2, 1]);
+    assert_eq!(last[0].to_vec::<f64>().unwrap(), [1.0, 2.0]);
+}
+
+#[test]
+fn attention_with_heads_of_no_width_averages_the_values() {
+    // PyTorch: q, k of width 0 make scores 0·(1/√0) = NaN, and a NaN output. Here the default
+    // scale is 1 at width 0 (the scores of empty dot products are 0): every key weighs the
+    // same, and each query gets the values' mean, with finite gradients.
+    let g = Graph::new();
+    let q = g.var(&[], &[1, 2, 0], DType::F64).unwrap();
+    let k = g.var(&[], &[1, 3, 0], DType::F64).unwrap();
+    let v = g
+        .var(&[1.0, 10.0, 2.0, 20.0, 6.0, 60.0], &[1, 3, 2], DType::F64)
+        .unwrap();
+    let o = q
+        .scaled_dot_product_attention(k, v, Default::default())
+        .unwrap();
+    assert_eq!(o.shape().as_slice(), &[1, 2, 2]);
+    assert_all_same(
+        "attention d = 0",
+        &o.to_vec::<f64>().unwrap(),
+        &[3.0, 30.0, 3.0, 30.0],
+    );
+    o.sum().unwrap().backward().unwrap();
+    assert_all_same(
+        "attention d = 0, dv",
+        &v.grad().unwrap().unwrap().to_vec::<f64>().unwrap(),
+        &[2.0 / 3.0; 6],
+    );
+}

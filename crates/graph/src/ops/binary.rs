@@ -103,10 +103,18 @@ impl<'g> Tensor<'g> {
         self.binary(BinaryOp::Ge, other)
     }
 
-    /// Each element clamped into `[min, max]` (either bound optional), PyTorch's `clamp`: NaN
+    /// Each element clamped into `[min, max]` (either bound optional, but not both: neither is
+    /// an error, as in PyTorch), PyTorch's `clamp`: NaN
     /// stays NaN, and where `min > max` every element becomes `max`. The gradient passes where
     /// `min ≤ x ≤ max`, the bounds included (PyTorch's rule), and is 0 elsewhere and at NaN.
     pub fn clamp(self, min: Option<f64>, max: Option<f64>) -> Result<Tensor<'g>> {
+        if min.is_none() && max.is_none() {
+            // PyTorch: "At least one of 'min' or 'max' must not be None".
+            return Err(GraphError::BadArgument {
+                op: "clamp",
+                what: "at least one of min and max must be given",
+            });
+        }
         let g = self.g;
         let (values, keep) = {
             let _no_grad = g.no_grad();

@@ -244,24 +244,30 @@ impl<'g> Tensor<'g> {
     /// `log Σ exp` over `axes` (empty means all), PyTorch's `logsumexp`: computed as
     /// `m + log Σ exp(x − m)` with `m` the (unrecorded) maximum, so that large values do not
     /// overflow. Where the maximum is infinite `m` is taken as 0, so a slice of −inf gives −inf
-    /// and one holding +inf gives +inf; NaN propagates. The gradient is the softmax over `axes`.
+    /// and one holding +inf gives +inf; NaN propagates; over an empty axis it is −inf (the log
+    /// of an empty sum), as PyTorch's. The gradient is the softmax over `axes`.
     pub fn logsumexp(self, axes: &[isize], keepdim: bool) -> Result<Tensor<'g>> {
         const OP: &str = "logsumexp";
         let shape = self.try_shape()?;
         let mask = axes_mask(OP, axes, &shape)?;
-        if mask.iter().zip(&shape).any(|(&m, &d)| m && d == 0) {
-            return Err(GraphError::BadArgument {
-                op: OP,
-                what: "logsumexp over an empty axis has no value",
-            });
-        }
         let m = {
             let _no_grad = self.g.no_grad();
-            let m = self.max_axes(axes, true)?;
-            let inf = self
-                .g
-                .full_on(&[], f64::INFINITY, self.dtype(), self.device())?;
-            m.masked_fill(m.abs()?.eq(inf)?, 0.0)?
+            if mask.iter().zip(&shape).any(|(&m, &d)| m && d == 0) {
+                // An empty axis has no maximum; its sum of exponentials is 0, and the result
+                // −∞, as PyTorch's. The shift is 0 there (it changes nothing).
+                let kept: Vec<usize> = shape
+                    .iter()
+                    .zip(&mask)
+                    .map(|(&d, &m)| if m { 1 } else { d })
+                    .collect();
+                self.g.full_on(&kept, 0.0, self.dtype(), self.device())?
+            } else {
+                let m = self.max_axes(axes, true)?;
+                let inf = self
+                    .g
+                    .full_on(&[], f64::INFINITY, self.dtype(), self.device())?;
+                m.masked_fill(m.abs()?.eq(inf)?, 0.0)?
+            }
         };
         let lse = self.sub(m)?.exp()?.sum_axes(axes, keepdim)?.log()?;
         let out: Vec<isize> = lse.shape().iter().map(|&d| d as isize).collect();
@@ -269,9 +275,18 @@ impl<'g> Tensor<'g> {
     }
 
     /// Running sums along `axis`, PyTorch's `cumsum`: `out[k] = x[0] + … + x[k]`. The gradient
-    /// is the running sum of the gradient from the end.
+    /// is the running sum of the gradient from the end. A 0-D tensor scans as one element
+    /// (axis 0 or −1), as PyTorch's: its value, gradient 1.
     pub fn cumsum(self, axis: isize) -> Result<Tensor<'g>> {
         let shape = self.try_shape()?;
+        if shape.is_empty() {
+            norm_axis("cumsum", axis, &[1]).map_err(|_| GraphError::BadAxis {
+                op: "cumsum",
+                axis,
+                shape: Vec::new(),
+            })?;
+            return self.reshape(&[1])?.scan(0, false)?.reshape(&[]);
+        }
         let ax = norm_axis("cumsum", axis, &shape)?;
         self.scan(ax, false)
     }
