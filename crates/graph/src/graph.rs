@@ -175,6 +175,13 @@ impl Inner {
         }
     }
 
+    /// Whether an op over `inputs` (ids already looked up) is recorded for backward: grad mode is
+    /// on and an input requires grad. A fused op keeps what its backward reads only then.
+    #[inline]
+    pub fn records(&self, inputs: &[NodeId]) -> bool {
+        self.grad_mode && inputs.iter().any(|&x| self.nodes[x].requires_grad)
+    }
+
     /// Reserves room for the `more` nodes `op` is about to make over a tensor of `shape` (a
     /// piece or a step each): [`GraphError::TooLarge`] when one iteration cannot hold them.
     pub fn reserve_nodes(&mut self, op: &'static str, more: usize, shape: &[usize]) -> Result<()> {

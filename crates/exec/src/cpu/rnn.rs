@@ -122,13 +122,39 @@ pub fn lstm_cell_forward<T: Float>(z: &[T], cp: &[T], h: usize, saved: &mut [T])
     let mut c = vec![T::ZERO; h];
     for r in 0..rows {
         let s = &mut saved[r * 5 * h..(r + 1) * 5 * h];
-        let (a, tc) = s.split_at_mut(4 * h);
-        a.copy_from_slice(&z[r * 4 * h..(r + 1) * 4 * h]);
-        lstm_gates(a, &mut tmp, h);
-        for (j, cj) in c.iter_mut().enumerate() {
-            *cj = lstm_c(a, cp[r * h + j], h, j);
+        lstm_cell_row(&z[r * 4 * h..], &cp[r * h..], h, &mut tmp, &mut c, s);
+    }
+}
+
+/// One row of [`lstm_cell_forward`]: its `5h` saved values `s` from its pre-activations `z`
+/// and previous cell state `cp` (each read from its start); `tmp` (4h) and `c` (h) scratch.
+#[inline(always)]
+fn lstm_cell_row<T: Float>(z: &[T], cp: &[T], h: usize, tmp: &mut [T], c: &mut [T], s: &mut [T]) {
+    let (a, tc) = s.split_at_mut(4 * h);
+    a.copy_from_slice(&z[..4 * h]);
+    lstm_gates(a, tmp, h);
+    for (j, cj) in c.iter_mut().enumerate() {
+        *cj = lstm_c(a, cp[j], h, j);
+    }
+    T::tanh_into(c, tc);
+}
+
+/// The cell's output `[2, rows, h]` (as [`lstm_cell_output`]) keeping nothing for backward:
+/// each row's activations live in one row of scratch. The same bits as [`lstm_cell_forward`]
+/// then [`lstm_cell_output`].
+pub fn lstm_cell_infer<T: Float>(z: &[T], cp: &[T], h: usize, out: &mut [T]) {
+    let rows = cp.len() / h.max(1);
+    let mut tmp = vec![T::ZERO; 4 * h];
+    let mut c = vec![T::ZERO; h];
+    let mut s = vec![T::ZERO; 5 * h];
+    let (hs, cs) = out.split_at_mut(rows * h);
+    for r in 0..rows {
+        let cpr = &cp[r * h..(r + 1) * h];
+        lstm_cell_row(&z[r * 4 * h..], cpr, h, &mut tmp, &mut c, &mut s);
+        for j in 0..h {
+            hs[r * h + j] = s[3 * h + j] * s[4 * h + j];
+            cs[r * h + j] = lstm_c(&s, cpr[j], h, j);
         }
-        T::tanh_into(&c, tc);
     }
 }
 
@@ -190,19 +216,37 @@ pub fn gru_cell_forward<T: Float>(gi: &[T], gh: &[T], h: usize, saved: &mut [T])
             &gi[r * 3 * h..(r + 1) * 3 * h],
             &gh[r * 3 * h..(r + 1) * 3 * h],
         );
-        let s = &mut saved[r * 3 * h..(r + 1) * 3 * h];
-        for j in 0..2 * h {
-            tmp[j] = -(gi[j] + gh[j]);
-        }
-        T::exp_into(&tmp[..2 * h], &mut s[..2 * h]);
-        for v in &mut s[..2 * h] {
-            *v = T::ONE / (T::ONE + *v);
-        }
-        for j in 0..h {
-            tmp[2 * h + j] = gi[2 * h + j] + s[j] * gh[2 * h + j];
-        }
-        T::tanh_into(&tmp[2 * h..], &mut s[2 * h..]);
+        gru_cell_row(gi, gh, h, &mut tmp, &mut saved[r * 3 * h..(r + 1) * 3 * h]);
     }
+}
+
+/// The GRU cell's output `h'` keeping nothing for backward (each row's `r, z, n` in one row
+/// of scratch): the same bits as [`gru_cell_forward`] then [`gru_cell_output`].
+pub fn gru_cell_infer<T: Float>(gi: &[T], gh: &[T], hp: &[T], h: usize, out: &mut [T]) {
+    let rows = hp.len() / h.max(1);
+    let mut tmp = vec![T::ZERO; 3 * h];
+    let mut s = vec![T::ZERO; 3 * h];
+    for r in 0..rows {
+        let row = r * 3 * h..(r + 1) * 3 * h;
+        gru_cell_row(&gi[row.clone()], &gh[row], h, &mut tmp, &mut s);
+        gru_cell_output(&s, &hp[r * h..(r + 1) * h], h, &mut out[r * h..(r + 1) * h]);
+    }
+}
+
+/// One row of [`gru_cell_forward`]: `r, z, n` into `s` (3h); `tmp` (3h) scratch.
+#[inline(always)]
+fn gru_cell_row<T: Float>(gi: &[T], gh: &[T], h: usize, tmp: &mut [T], s: &mut [T]) {
+    for j in 0..2 * h {
+        tmp[j] = -(gi[j] + gh[j]);
+    }
+    T::exp_into(&tmp[..2 * h], &mut s[..2 * h]);
+    for v in &mut s[..2 * h] {
+        *v = T::ONE / (T::ONE + *v);
+    }
+    for j in 0..h {
+        tmp[2 * h + j] = gi[2 * h + j] + s[j] * gh[2 * h + j];
+    }
+    T::tanh_into(&tmp[2 * h..], &mut s[2 * h..]);
 }
 
 /// The GRU cell's output `h' = (1 − z)·n + z·h`.
@@ -363,6 +407,26 @@ struct FwdSlot<T> {
     z: Vec<T>,
     tmp: Vec<T>,
     cnew: Vec<T>,
+    /// `tanh(c)` of a row's units when no record is kept (it is written into the record
+    /// otherwise).
+    tc: Vec<T>,
+}
+
+/// What a forward pass writes besides the final states: the record backward reads (`[t, b,
+/// 7h]`, [`LSTM_SAVED`]), or only the output (`[t, b, h]`) when nothing will be differentiated.
+enum Sink<'a, T> {
+    Record(&'a mut [T]),
+    Output(&'a mut [T]),
+}
+
+impl<'a, T> Sink<'a, T> {
+    /// The sink's buffer and the values it keeps per position and row.
+    fn parts(self, h: usize) -> (&'a mut [T], usize, bool) {
+        match self {
+            Sink::Record(s) => (s, LSTM_SAVED * h, true),
+            Sink::Output(y) => (y, h, false),
+        }
+    }
 }
 
 /// Rows per thread from which a batch is divided between the threads by rows (each running its
@@ -463,18 +527,69 @@ pub fn lstm_seq_forward<T: Float + Gemm>(
     cn: &mut [T],
     threads: usize,
 ) {
+    forward(
+        d,
+        lengths,
+        gi,
+        w,
+        h0,
+        c0,
+        Sink::Record(saved),
+        hn,
+        cn,
+        threads,
+    );
+}
+
+/// [`lstm_seq_forward`] keeping no record, for a pass that will not be differentiated: writes
+/// the output `y` `[t, b, h]` (zeros past each row's length) and the final states, the same
+/// bits as [`lstm_seq_forward`] then [`lstm_seq_output`], in a seventh of the memory.
+#[allow(clippy::too_many_arguments)]
+pub fn lstm_seq_infer<T: Float + Gemm>(
+    d: &LstmDims,
+    lengths: &[usize],
+    gi: &[T],
+    w: &[T],
+    h0: &[T],
+    c0: &[T],
+    y: &mut [T],
+    hn: &mut [T],
+    cn: &mut [T],
+    threads: usize,
+) {
+    forward(d, lengths, gi, w, h0, c0, Sink::Output(y), hn, cn, threads);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn forward<T: Float + Gemm>(
+    d: &LstmDims,
+    lengths: &[usize],
+    gi: &[T],
+    w: &[T],
+    h0: &[T],
+    c0: &[T],
+    sink: Sink<'_, T>,
+    hn: &mut [T],
+    cn: &mut [T],
+    threads: usize,
+) {
     if d.b * d.h == 0 {
-        // No row or no unit: `saved`, `hn` and `cn` are empty, and the steps are not walked
+        // No row or no unit: the sink, `hn` and `cn` are empty, and the steps are not walked
         // (a sequence of 2^40 empty steps took hours).
         return;
     }
-    let k = LSTM_SAVED * d.h;
-    zero_past_lengths(saved, d, lengths, k);
+    let (buf, k, record) = sink.parts(d.h);
+    zero_past_lengths(buf, d, lengths, k);
+    let sink = if record {
+        Sink::Record(buf)
+    } else {
+        Sink::Output(buf)
+    };
     hn.copy_from_slice(h0);
     cn.copy_from_slice(c0);
     match row_blocks(d.b, threads) {
-        Some(bounds) => forward_by_rows(d, lengths, gi, w, saved, hn, cn, &bounds),
-        None => forward_by_units(d, lengths, gi, w, h0, c0, saved, hn, cn, threads),
+        Some(bounds) => forward_by_rows(d, lengths, gi, w, sink, hn, cn, &bounds),
+        None => forward_by_units(d, lengths, gi, w, h0, c0, sink, hn, cn, threads),
     }
 }
 
@@ -486,22 +601,23 @@ fn forward_by_rows<T: Float + Gemm>(
     lengths: &[usize],
     gi: &[T],
     w: &[T],
-    saved: &mut [T],
+    sink: Sink<'_, T>,
     hn: &mut [T],
     cn: &mut [T],
     bounds: &[usize],
 ) {
     let (b, h) = (d.b, d.h);
-    let k = LSTM_SAVED * h;
+    let (buf, k, record) = sink.parts(h);
     // wᵀ, `[h, 4h]`, read by every thread at every step.
     let mut wt = vec![T::ZERO; w.len()];
     T::transpose(w, 4 * h, h, h, &mut wt);
-    let runs = by_blocks(saved, b, k, bounds);
+    let runs = by_blocks(buf, b, k, bounds);
     per_block(runs, hn, cn, bounds, h, |blk| {
         let rows = blk.h.len() / h.max(1);
         let mut z = vec![T::ZERO; rows * 4 * h];
         let mut tmp = vec![T::ZERO; 4 * h];
         let mut c = vec![T::ZERO; h];
+        let mut tcl = vec![T::ZERO; if record { 0 } else { h }];
         for s in 0..d.t {
             let nb = d.active(lengths, s).saturating_sub(blk.r0).min(rows);
             if nb == 0 {
@@ -530,13 +646,22 @@ fn forward_by_rows<T: Float + Gemm>(
                         for (j, cj) in c.iter_mut().enumerate() {
                             *cj = lstm_c(zr, cr[j], h, j);
                         }
-                        sv[..4 * h].copy_from_slice(zr);
-                        sv[5 * h..6 * h].copy_from_slice(cr);
-                        sv[6 * h..].copy_from_slice(hr);
-                        T::tanh_into(&c, &mut sv[4 * h..5 * h]);
+                        if record {
+                            sv[..4 * h].copy_from_slice(zr);
+                            sv[5 * h..6 * h].copy_from_slice(cr);
+                            sv[6 * h..].copy_from_slice(hr);
+                            T::tanh_into(&c, &mut sv[4 * h..5 * h]);
+                        } else {
+                            T::tanh_into(&c, &mut tcl);
+                        }
+                        let tc = if record { &sv[4 * h..5 * h] } else { &tcl[..] };
                         cr.copy_from_slice(&c);
                         for j in 0..h {
-                            hr[j] = zr[3 * h + j] * sv[4 * h + j];
+                            hr[j] = zr[3 * h + j] * tc[j];
+                        }
+                        if !record {
+                            // The output row, as `lstm_seq_output` reads it from the record.
+                            sv.copy_from_slice(hr);
                         }
                     }
                 },
@@ -554,13 +679,13 @@ fn forward_by_units<T: Float + Gemm>(
     w: &[T],
     h0: &[T],
     c0: &[T],
-    saved: &mut [T],
+    sink: Sink<'_, T>,
     hn: &mut [T],
     cn: &mut [T],
     threads: usize,
 ) {
     let (b, h) = (d.b, d.h);
-    let k = LSTM_SAVED * h;
+    let (buf, k, record) = sink.parts(h);
     let bounds = unit_slots(h, threads);
     let slots: Vec<Mutex<FwdSlot<T>>> = bounds
         .windows(2)
@@ -573,6 +698,7 @@ fn forward_by_units<T: Float + Gemm>(
                 z: vec![T::ZERO; b * 4 * wd],
                 tmp: vec![T::ZERO; 4 * wd],
                 cnew: vec![T::ZERO; wd],
+                tc: vec![T::ZERO; if record { 0 } else { wd }],
             })
         })
         .collect();
@@ -581,7 +707,7 @@ fn forward_by_units<T: Float + Gemm>(
     let hbuf = hbuf.as_mut_slice();
     hbuf[b * h..].copy_from_slice(h0);
     let hs = Shared::new(hbuf);
-    let sv = Shared::new(saved);
+    let sv = Shared::new(buf);
     let (hns, cns) = (Shared::new(hn), Shared::new(cn));
     lockstep(slots.len(), d.t, &|q, s| {
         let mut st = lock(&slots[q]);
@@ -592,6 +718,7 @@ fn forward_by_units<T: Float + Gemm>(
             z,
             tmp,
             cnew,
+            tc: tcl,
         } = &mut *st;
         let (u0, u1) = (bounds[q], bounds[q + 1]);
         let wd = u1 - u0;
@@ -656,28 +783,38 @@ fn forward_by_units<T: Float + Gemm>(
                         *cj = lstm_c(zr, cr[j], wd, j);
                     }
                     let at = (p * b + r) * k;
-                    // SAFETY: in step s only this slot writes its units' columns of the record of row r
-                    // at position p (each row visits each position once), and no unit reads them.
-                    let (tc, cp, hp) = unsafe {
-                        for g in 0..4 {
-                            sv.part_mut(at + g * h + u0, wd)
-                                .copy_from_slice(&zr[g * wd..(g + 1) * wd]);
-                        }
-                        (
-                            sv.part_mut(at + 4 * h + u0, wd),
-                            sv.part_mut(at + 5 * h + u0, wd),
-                            sv.part_mut(at + 6 * h + u0, wd),
-                        )
+                    let tc: &mut [T] = if record {
+                        // SAFETY: in step s only this slot writes its units' columns of the record of row r
+                        // at position p (each row visits each position once), and no unit reads them.
+                        let (tc, cp, hp) = unsafe {
+                            for g in 0..4 {
+                                sv.part_mut(at + g * h + u0, wd)
+                                    .copy_from_slice(&zr[g * wd..(g + 1) * wd]);
+                            }
+                            (
+                                sv.part_mut(at + 4 * h + u0, wd),
+                                sv.part_mut(at + 5 * h + u0, wd),
+                                sv.part_mut(at + 6 * h + u0, wd),
+                            )
+                        };
+                        cp.copy_from_slice(cr);
+                        hp.copy_from_slice(&hprev[r * h + u0..r * h + u1]);
+                        tc
+                    } else {
+                        &mut tcl[..]
                     };
                     T::tanh_into(cnew, tc);
-                    cp.copy_from_slice(cr);
-                    hp.copy_from_slice(&hprev[r * h + u0..r * h + u1]);
                     cr.copy_from_slice(cnew);
                     // SAFETY: this slot's units of row r in this step's half of `hbuf`: written here
                     // alone, read by the next step (after `lockstep`'s meeting).
                     let hr = unsafe { hs.part_mut((s % 2) * b * h + r * h + u0, wd) };
                     for j in 0..wd {
                         hr[j] = zr[3 * wd + j] * tc[j];
+                    }
+                    if !record {
+                        // SAFETY: this slot's units of the output row r at position p: written
+                        // here alone (each row visits each position once), read by no unit.
+                        unsafe { sv.part_mut(at + u0, wd) }.copy_from_slice(hr);
                     }
                     if s + 1 == len {
                         // SAFETY: row r ends here; only this slot writes its units of the row's final
@@ -979,6 +1116,78 @@ mod tests {
             d, lengths, &gy, &saved, &w, &mut dgi, &mut dh0, &mut dc0, threads,
         );
         vec![saved, hn, cn, dgi, dh0, dc0]
+    }
+
+    /// The cells without a record give the recorded forward's bits.
+    #[test]
+    fn cells_without_a_record_have_the_recorded_output() {
+        let (rows, h) = (3, 5);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let (z, cp) = (data(rows * 4 * h, 1, 2.0), data(rows * h, 2, 1.0));
+        let mut saved = vec![f32::NAN; rows * 5 * h];
+        lstm_cell_forward(&z, &cp, h, &mut saved);
+        let mut want = vec![f32::NAN; 2 * rows * h];
+        lstm_cell_output(&saved, &cp, h, &mut want);
+        let mut got = vec![f32::NAN; 2 * rows * h];
+        lstm_cell_infer(&z, &cp, h, &mut got);
+        assert_eq!(bits(&got), bits(&want));
+        let (gi, gh) = (data(rows * 3 * h, 3, 2.0), data(rows * 3 * h, 4, 2.0));
+        let mut saved = vec![f32::NAN; rows * 3 * h];
+        gru_cell_forward(&gi, &gh, h, &mut saved);
+        let mut want = vec![f32::NAN; rows * h];
+        gru_cell_output(&saved, &cp, h, &mut want);
+        let mut got = vec![f32::NAN; rows * h];
+        gru_cell_infer(&gi, &gh, &cp, h, &mut got);
+        assert_eq!(bits(&got), bits(&want));
+    }
+
+    /// Without a record, the output and final states are the recorded pass's bits, in both
+    /// divisions and at one and two threads, every position written (zeros past a length).
+    #[test]
+    fn a_pass_without_a_record_has_the_recorded_passs_output() {
+        let cases: &[(usize, usize, &[usize], bool)] = &[
+            (2, 64, &[3, 2], false),
+            (2, 40, &[3, 0], true),
+            (25, 4, &[3; 25], false),
+            (
+                26,
+                3,
+                &[
+                    4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0,
+                ],
+                true,
+            ),
+        ];
+        for &(b, h, lengths, reverse) in cases {
+            let d = LstmDims {
+                t: lengths[0],
+                b,
+                h,
+                reverse,
+            };
+            let t = d.t;
+            let gi = data(t * b * 4 * h, 1, 1.0);
+            let w = data(4 * h * h, 2, 0.2);
+            let (h0, c0) = (data(b * h, 3, 1.0), data(b * h, 4, 1.0));
+            for threads in [1, 2] {
+                let mut saved = vec![f32::NAN; t * b * LSTM_SAVED * h];
+                let (mut hn, mut cn) = (vec![0.0; b * h], vec![0.0; b * h]);
+                lstm_seq_forward(
+                    &d, lengths, &gi, &w, &h0, &c0, &mut saved, &mut hn, &mut cn, threads,
+                );
+                let mut want = vec![f32::NAN; (t + 2) * b * h];
+                lstm_seq_output(&d, lengths, &saved, &hn, &cn, &mut want);
+                let mut y = vec![f32::NAN; t * b * h];
+                let (mut hn2, mut cn2) = (vec![f32::NAN; b * h], vec![f32::NAN; b * h]);
+                lstm_seq_infer(
+                    &d, lengths, &gi, &w, &h0, &c0, &mut y, &mut hn2, &mut cn2, threads,
+                );
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                y.extend_from_slice(&hn2);
+                y.extend_from_slice(&cn2);
+                assert_eq!(bits(&y), bits(&want), "b {b}, h {h}, {threads} threads");
+            }
+        }
     }
 
     /// Divided by hidden units (a small batch, two threads meeting at every step) and by rows

@@ -23,6 +23,7 @@ use super::{check_pair, Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::graph::Inner;
+use crate::host::try_vec;
 use crate::shape::Shape;
 use crate::{Device, Tensor};
 use arenagrad_exec::layout::broadcast_shapes;
@@ -43,12 +44,21 @@ pub struct AttentionOptions<'g> {
 }
 
 /// What the node keeps: the problem, whether a mask is its fourth input, and the per-row
-/// log-sum-exp.
+/// log-sum-exp (`None` when the op is not recorded: then it is scratch, and the node is only
+/// counted).
 #[derive(Clone, Copy)]
 pub(crate) struct AttnNode {
     pub dims: AttnDims,
     pub mask: bool,
-    pub lse: BufId,
+    pub lse: Option<BufId>,
+}
+
+impl AttnNode {
+    /// The log-sum-exp a recorded node keeps for its backward.
+    fn kept_lse(&self) -> BufId {
+        self.lse
+            .expect("invariant: a recorded attention keeps its rows' log-sum-exp")
+    }
 }
 
 const OP: &str = "scaled_dot_product_attention";
@@ -139,8 +149,12 @@ impl<'g> Tensor<'g> {
             _ => None,
         };
         let (o_len, lse_len) = (dims.bh * lq * dv, dims.bh * lq);
+        let mut inputs: SmallVec<[_; 4]> = smallvec![self.id, k.id, v.id];
+        inputs.extend(opts.mask.map(|m| m.id));
+        // The rows' log-sum-exp is kept for backward only when the op is recorded.
+        let record = i.records(&inputs);
         let (o, lse) = match dev {
-            Device::Cpu => host_forward(i, &dims, &bufs, mask.as_ref(), &full, dtype)?,
+            Device::Cpu => host_forward(i, &dims, &bufs, mask.as_ref(), &full, dtype, record)?,
             Device::Cuda(_) => {
                 let o = i.alloc_on(OP, dev, dtype, o_len)?;
                 let lse = i.alloc_on(OP, dev, dtype, lse_len)?;
@@ -158,11 +172,14 @@ impl<'g> Tensor<'g> {
                         be.attention_forward(dtype, &dims, qp, kp, vp, m.as_ref(), op, lp)
                     }
                 );
-                (o, lse)
+                if record {
+                    (o, Some(lse))
+                } else {
+                    i.release_buf(dev, lse)?;
+                    (o, None)
+                }
             }
         };
-        let mut inputs: SmallVec<[_; 4]> = smallvec![self.id, k.id, v.id];
-        inputs.extend(opts.mask.map(|m| m.id));
         let node = AttnNode {
             dims,
             mask: opts.mask.is_some(),
@@ -198,7 +215,9 @@ fn bufs_of<const N: usize>(i: &Inner, ts: [Tensor<'_>; N]) -> Result<[BufId; N]>
     Ok(std::array::from_fn(|k| bufs[k]))
 }
 
-/// The host's forward: the output and the log-sum-exp buffers.
+/// The host's forward: the output buffer, and the log-sum-exp's when `record` (it is scratch
+/// otherwise). The output is written in place; the log-sum-exp on the host, then copied into
+/// the arena when kept (a row's value beside the output's `dv`).
 fn host_forward(
     i: &mut Inner,
     dims: &AttnDims,
@@ -206,14 +225,16 @@ fn host_forward(
     mask: Option<&(BufId, Shape)>,
     full: &[usize],
     dtype: arenagrad_exec::DType,
-) -> Result<(BufId, BufId)> {
+    record: bool,
+) -> Result<(BufId, Option<BufId>)> {
     let (o_len, lse_len) = (dims.bh * dims.lq * dims.dv, dims.bh * dims.lq);
-    let both = i.alloc(OP, dtype, o_len + lse_len)?;
+    let o = i.alloc(OP, dtype, o_len)?;
     let threads = i.threads;
     with_float!(dtype, T, {
+        let mut lse = try_vec::<T>(OP, &[dims.bh, dims.lq], lse_len)?;
+        lse.resize(lse_len, <T as Float>::ZERO);
         let mb = mask.map_or(bufs[0], |m| m.0);
-        let (all, [q, kk, vv, md]) =
-            i.split_mut::<T, 4>(OP, both, [bufs[0], bufs[1], bufs[2], mb])?;
+        let (os, [q, kk, vv, md]) = i.split_mut::<T, 4>(OP, o, [bufs[0], bufs[1], bufs[2], mb])?;
         let offsets = mask
             .map(|m| mask_view(&m.1, full, dims))
             .unwrap_or_default();
@@ -223,19 +244,14 @@ fn host_forward(
             rs: offsets.1,
             cs: offsets.2,
         });
-        let (o, lse) = all.split_at_mut(o_len);
-        forward_threads(dims, q, kk, vv, mv.as_ref(), o, lse, threads);
-    });
-    let o = i.alloc(OP, dtype, o_len)?;
-    let lse = i.alloc(OP, dtype, lse_len)?;
-    with_float!(dtype, T, {
-        let (dst, [src]) = i.split_mut::<T, 1>(OP, o, [both])?;
-        dst.copy_from_slice(&src[..o_len]);
-        let (dst, [src]) = i.split_mut::<T, 1>(OP, lse, [both])?;
-        dst.copy_from_slice(&src[o_len..]);
-    });
-    i.release_buf(Device::Cpu, both)?;
-    Ok((o, lse))
+        forward_threads(dims, q, kk, vv, mv.as_ref(), os, &mut lse, threads);
+        if !record {
+            return Ok((o, None));
+        }
+        let kept = i.alloc(OP, dtype, lse_len)?;
+        i.split_mut::<T, 0>(OP, kept, [])?.0.copy_from_slice(&lse);
+        Ok((o, Some(kept)))
+    })
 }
 
 /// Whether a CUDA device runs this problem with the fused kernels: unless a mask's leading axes
@@ -494,7 +510,7 @@ fn device_backward<'g>(
         Some(m) => bufs_of(i, [m])?[0],
         None => qb,
     };
-    let lse = nd.lse;
+    let lse = nd.kept_lse();
     let mut grads: Grads<'g> = SmallVec::new();
     let mut out = [qb; 3];
     for (slot, len) in out.iter_mut().zip([
@@ -567,7 +583,7 @@ fn fused_backward<'g>(
     with_float!(dtype, T, {
         let (out, ins) = i
             .arena
-            .split_mut_many::<T>(all, &[qb, kb, vb, ob, nd.lse, gb, mb])
+            .split_mut_many::<T>(all, &[qb, kb, vb, ob, nd.kept_lse(), gb, mb])
             .map_err(|source| GraphError::Alloc { op: OP, source })?;
         let offsets = mask
             .as_ref()

@@ -109,12 +109,14 @@ pub(crate) enum Op {
     /// Scaled dot-product attention; inputs `[q, k, v, mask?]` (see [`attention`]).
     Attention(Arc<attention::AttnNode>),
     /// A fused LSTM step; inputs `[z, c_prev]`, output `[2, b, h]` = `h', c'` (see [`rnn`]).
+    /// `saved` (the activations) is `None` when the step is not recorded: nothing is kept for
+    /// a backward that cannot come, and the op is only counted.
     LstmCell {
-        saved: arenagrad_alloc::BufId,
+        saved: Option<arenagrad_alloc::BufId>,
     },
-    /// A fused GRU step; inputs `[gi, gh, h]`.
+    /// A fused GRU step; inputs `[gi, gh, h]`; `saved` as [`Op::LstmCell`]'s.
     GruCell {
-        saved: arenagrad_alloc::BufId,
+        saved: Option<arenagrad_alloc::BufId>,
     },
     /// An LSTM over a sequence; inputs `[gi, w_hh, h0, c0]`, output `[t + 2, b, h]`.
     LstmSeq(Arc<rnn::LstmSeqNode>),

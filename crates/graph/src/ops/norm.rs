@@ -1,7 +1,8 @@
 //! Layer normalisation and RMS normalisation over the trailing axes, each one recorded op.
 //!
 //! On the host the forward is two passes over each row (its mean and `rstd = 1/√(var + eps)`,
-//! then the output), keeping only the two statistics per row besides the output; backward is one
+//! then the output), keeping only the two statistics per row besides the output (and those only
+//! when the op is recorded: under `no_grad` they are scratch); backward is one
 //! pass for the input's gradient and one each for the weight's and the bias's. Under
 //! `create_graph` the rule is written in tensor ops instead, so it can be differentiated again.
 //! On a CUDA device the same two passes and backward run as the fused kernels of
@@ -16,15 +17,17 @@ use smallvec::{smallvec, SmallVec};
 use super::{check_pair, Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
+use crate::host::try_vec;
 use crate::shape::{copy_of, Shape};
 use crate::{Device, Tensor};
 
 /// What the norm's node keeps: its kind, `eps`, the row length, which affine inputs follow `x`,
-/// and the per-row statistics `[mean, rstd]`.
+/// and the per-row statistics `[mean, rstd]` (`None` when the op is not recorded: then they
+/// are scratch, and the node is only counted).
 #[derive(Clone, Copy)]
 pub(crate) struct NormNode {
     pub eps: f64,
-    pub stats: BufId,
+    pub stats: Option<BufId>,
     /// The number of trailing axes normalised (at most the rank: small).
     pub ndim: u32,
     pub rms: bool,
@@ -108,19 +111,39 @@ impl<'g> Tensor<'g> {
         let bb = bias
             .map(|b| i.node(op, b.id).map(|nd| nd.buf))
             .transpose()?;
-        let stats = i.alloc_on(op, dev, dtype, 2 * rows)?;
-        let out = i.alloc_on(op, dev, dtype, numel)?;
+        let mut inputs: SmallVec<[_; 3]> = smallvec![self.id];
+        inputs.extend(weight.map(|w| w.id));
+        inputs.extend(bias.map(|b| b.id));
+        // The statistics are kept for backward only when the op is recorded; otherwise they
+        // are scratch, let go of before the op returns (on the host, not in the arena at all).
+        let record = i.records(&inputs);
         let threads = i.threads;
-        match dev {
+        let (out, stats) = match dev {
+            Device::Cpu if !record => with_float!(dtype, T, {
+                let mut st = try_vec::<T>(op, &shape, 2 * rows)?;
+                st.resize(2 * rows, <T as arenagrad_exec::Float>::ZERO);
+                let out = i.alloc_on(op, dev, dtype, numel)?;
+                let (y, [x, w, b]) =
+                    i.split_mut::<T, 3>(op, out, [xb, wb.unwrap_or(xb), bb.unwrap_or(xb)])?;
+                k::norm_stats(x, n, eps, rms, &mut st, threads);
+                let (w, b) = (wb.map(|_| w), bb.map(|_| b));
+                k::norm_apply(x, n, &st, w, b, y, threads);
+                (out, None)
+            }),
             Device::Cpu => with_float!(dtype, T, {
+                let stats = i.alloc_on(op, dev, dtype, 2 * rows)?;
+                let out = i.alloc_on(op, dev, dtype, numel)?;
                 let (st, [x]) = i.split_mut::<T, 1>(op, stats, [xb])?;
                 k::norm_stats(x, n, eps, rms, st, threads);
                 let (y, [x, st, w, b]) =
                     i.split_mut::<T, 4>(op, out, [xb, stats, wb.unwrap_or(xb), bb.unwrap_or(xb)])?;
                 let (w, b) = (wb.map(|_| w), bb.map(|_| b));
                 k::norm_apply(x, n, st, w, b, y, threads);
+                (out, Some(stats))
             }),
             Device::Cuda(_) => {
+                let stats = i.alloc_on(op, dev, dtype, 2 * rows)?;
+                let out = i.alloc_on(op, dev, dtype, numel)?;
                 let (wd, bd) = (wb.unwrap_or(xb), bb.unwrap_or(xb));
                 on_cuda!(
                     i,
@@ -132,12 +155,15 @@ impl<'g> Tensor<'g> {
                         be.norm_stats(dtype, x, rows, n, eps, rms, st)
                             .and_then(|()| be.norm_apply(dtype, x, rows, n, st, w, b, y))
                     }
-                )
+                );
+                if record {
+                    (out, Some(stats))
+                } else {
+                    i.release_buf(dev, stats)?;
+                    (out, None)
+                }
             }
-        }
-        let mut inputs: SmallVec<[_; 3]> = smallvec![self.id];
-        inputs.extend(weight.map(|w| w.id));
-        inputs.extend(bias.map(|b| b.id));
+        };
         let node = NormNode {
             rms,
             eps,
@@ -221,6 +247,9 @@ pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
     };
     let gb = i.node(op, c.gy.id)?.buf;
     let wb = w.map(|w| i.node(op, w.id).map(|wn| wn.buf)).transpose()?;
+    let stats = nd
+        .stats
+        .expect("invariant: a recorded norm keeps its statistics");
     let threads = i.threads;
     let dx = i.alloc_on(op, dev, dtype, numel)?;
     let dw = if nd.weight {
@@ -236,10 +265,10 @@ pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
     match dev {
         Device::Cpu => with_float!(dtype, T, {
             let (d, [xs, gs, st, ws]) =
-                i.split_mut::<T, 4>(op, dx, [xb, gb, nd.stats, wb.unwrap_or(xb)])?;
+                i.split_mut::<T, 4>(op, dx, [xb, gb, stats, wb.unwrap_or(xb)])?;
             k::norm_grad_input(xs, gs, st, n, wb.map(|_| ws), nd.rms, d, threads);
             if let Some(dw) = dw {
-                let (d, [xs, gs, st]) = i.split_mut::<T, 3>(op, dw, [xb, gb, nd.stats])?;
+                let (d, [xs, gs, st]) = i.split_mut::<T, 3>(op, dw, [xb, gb, stats])?;
                 k::norm_grad_weight(xs, gs, st, n, d);
             }
             if let Some(db) = db {
@@ -249,7 +278,7 @@ pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
         }),
         Device::Cuda(_) => {
             let (wd, dwd, dbd) = (wb.unwrap_or(xb), dw.unwrap_or(dx), db.unwrap_or(dx));
-            let st = nd.stats;
+            let st = stats;
             on_cuda!(
                 i,
                 op,

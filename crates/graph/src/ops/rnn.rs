@@ -6,7 +6,8 @@
 //! one matrix–vector product per step and the recurrent weight's gradient is one GEMM.
 //!
 //! On the host the forward keeps each step's gate activations (and the sequence op its previous
-//! states) in the arena beside the output. Under `create_graph` the cells' rules are written in
+//! states) in the arena beside the output — only when the op is recorded: under `no_grad`, or
+//! when no input requires grad, a forward-only kernel keeps nothing. Under `create_graph` the cells' rules are written in
 //! tensor ops, so they can be differentiated again; the sequence op's is not (as PyTorch's cuDNN
 //! LSTM) and says so: the cell loop differentiates twice. On a CUDA device each op is the same
 //! formula composed of tensor ops.
@@ -28,8 +29,9 @@ pub(crate) struct LstmSeqNode {
     pub dims: LstmDims,
     /// Each row's length, longest first.
     pub lengths: Arc<[usize]>,
-    /// `[t, b, 7h]`, see [`LSTM_SAVED`].
-    pub saved: BufId,
+    /// `[t, b, 7h]`, see [`LSTM_SAVED`]; `None` when the op is not recorded (its node is then
+    /// only counted, [`crate::flops`]).
+    pub saved: Option<BufId>,
 }
 
 fn shape_of<'g>(op: &'static str, t: &Tensor<'g>, rank: usize) -> Result<Vec<usize>> {
@@ -90,16 +92,33 @@ impl<'g> Tensor<'g> {
                 (n.dtype, n.buf)
             };
             let cb = i.node(op, c.id)?.buf;
-            let saved = i.alloc(op, dtype, b * 5 * h)?;
-            let out = i.alloc(op, dtype, 2 * b * h)?;
-            with_float!(dtype, T, {
-                let (s, [z, cp]) = i.split_mut::<T, 2>(op, saved, [zb, cb])?;
-                k::lstm_cell_forward(z, cp, h, s);
-                let (o, [s, cp]) = i.split_mut::<T, 2>(op, out, [saved, cb])?;
-                k::lstm_cell_output(s, cp, h, o);
-            });
             let shape: Shape = smallvec![2, b, h];
-            let id = i.push(shape, dtype, out, Op::LstmCell { saved }, &[self.id, c.id]);
+            let inputs = [self.id, c.id];
+            let id = if i.records(&inputs) {
+                let saved = i.alloc(op, dtype, b * 5 * h)?;
+                let out = i.alloc(op, dtype, 2 * b * h)?;
+                with_float!(dtype, T, {
+                    let (s, [z, cp]) = i.split_mut::<T, 2>(op, saved, [zb, cb])?;
+                    k::lstm_cell_forward(z, cp, h, s);
+                    let (o, [s, cp]) = i.split_mut::<T, 2>(op, out, [saved, cb])?;
+                    k::lstm_cell_output(s, cp, h, o);
+                });
+                i.push(
+                    shape,
+                    dtype,
+                    out,
+                    Op::LstmCell { saved: Some(saved) },
+                    &inputs,
+                )
+            } else {
+                // Nothing will be differentiated: no record of the activations.
+                let out = i.alloc(op, dtype, 2 * b * h)?;
+                with_float!(dtype, T, {
+                    let (o, [z, cp]) = i.split_mut::<T, 2>(op, out, [zb, cb])?;
+                    k::lstm_cell_infer(z, cp, h, o);
+                });
+                i.push(shape, dtype, out, Op::LstmCell { saved: None }, &inputs)
+            };
             drop(guard);
             self.g.handle(id)
         } else {
@@ -142,22 +161,32 @@ impl<'g> Tensor<'g> {
             (n.dtype, n.buf)
         };
         let (gb, hb) = (i.node(op, gh.id)?.buf, i.node(op, h.id)?.buf);
-        let saved = i.alloc(op, dtype, b * 3 * hd)?;
-        let out = i.alloc(op, dtype, b * hd)?;
-        with_float!(dtype, T, {
-            let (s, [gi, ghs]) = i.split_mut::<T, 2>(op, saved, [ib, gb])?;
-            k::gru_cell_forward(gi, ghs, hd, s);
-            let (o, [s, hp]) = i.split_mut::<T, 2>(op, out, [saved, hb])?;
-            k::gru_cell_output(s, hp, hd, o);
-        });
         let shape: Shape = smallvec![b, hd];
-        let id = i.push(
-            shape,
-            dtype,
-            out,
-            Op::GruCell { saved },
-            &[self.id, gh.id, h.id],
-        );
+        let inputs = [self.id, gh.id, h.id];
+        let out = i.alloc(op, dtype, b * hd)?;
+        let id = if i.records(&inputs) {
+            let saved = i.alloc(op, dtype, b * 3 * hd)?;
+            with_float!(dtype, T, {
+                let (s, [gi, ghs]) = i.split_mut::<T, 2>(op, saved, [ib, gb])?;
+                k::gru_cell_forward(gi, ghs, hd, s);
+                let (o, [s, hp]) = i.split_mut::<T, 2>(op, out, [saved, hb])?;
+                k::gru_cell_output(s, hp, hd, o);
+            });
+            i.push(
+                shape,
+                dtype,
+                out,
+                Op::GruCell { saved: Some(saved) },
+                &inputs,
+            )
+        } else {
+            // Nothing will be differentiated: no record of the gates.
+            with_float!(dtype, T, {
+                let (o, [gi, ghs, hp]) = i.split_mut::<T, 3>(op, out, [ib, gb, hb])?;
+                k::gru_cell_infer(gi, ghs, hp, hd, o);
+            });
+            i.push(shape, dtype, out, Op::GruCell { saved: None }, &inputs)
+        };
         drop(guard);
         Ok(self.g.handle(id))
     }
@@ -246,6 +275,43 @@ impl<'g> Tensor<'g> {
             };
             let [wb, h0b, c0b] = [w_hh.id, h0.id, c0.id].map(|id| i.node(op, id).map(|n| n.buf));
             let (wb, h0b, c0b) = (wb?, h0b?, c0b?);
+            let inputs = [self.id, w_hh.id, h0.id, c0.id];
+            if !i.records(&inputs) {
+                // Nothing will be differentiated: no record (seven values per unit and
+                // position), and the output and final states written where they are returned
+                // (no copies sliced from one buffer).
+                let y = i.alloc(op, dtype, t * b * hd)?;
+                let (hnb, cnb) = (i.alloc(op, dtype, b * hd)?, i.alloc(op, dtype, b * hd)?);
+                let threads = i.threads;
+                with_float!(dtype, T, {
+                    let mut hn = vec![<T as arenagrad_exec::Float>::ZERO; b * hd];
+                    let mut cn = vec![<T as arenagrad_exec::Float>::ZERO; b * hd];
+                    let (ys, [gi, w, h0s, c0s]) =
+                        i.split_mut::<T, 4>(op, y, [gib, wb, h0b, c0b])?;
+                    k::lstm_seq_infer(
+                        &dims, &lengths, gi, w, h0s, c0s, ys, &mut hn, &mut cn, threads,
+                    );
+                    i.split_mut::<T, 0>(op, hnb, [])?.0.copy_from_slice(&hn);
+                    i.split_mut::<T, 0>(op, cnb, [])?.0.copy_from_slice(&cn);
+                });
+                let node = LstmSeqNode {
+                    dims,
+                    lengths,
+                    saved: None,
+                };
+                // Pushed as the op (counted, not recorded), the final states as constants.
+                let y = i.push(
+                    smallvec![t, b, hd],
+                    dtype,
+                    y,
+                    Op::LstmSeq(Arc::new(node)),
+                    &inputs,
+                );
+                let hn = i.push(smallvec![b, hd], dtype, hnb, Op::Leaf, &inputs);
+                let cn = i.push(smallvec![b, hd], dtype, cnb, Op::Leaf, &inputs);
+                drop(guard);
+                return Ok((self.g.handle(y), self.g.handle(hn), self.g.handle(cn)));
+            }
             let saved = i.alloc(op, dtype, t * b * LSTM_SAVED * hd)?;
             let out = i.alloc(op, dtype, (t + 2) * b * hd)?;
             let threads = i.threads;
@@ -262,16 +328,10 @@ impl<'g> Tensor<'g> {
             let node = LstmSeqNode {
                 dims,
                 lengths,
-                saved,
+                saved: Some(saved),
             };
             let shape: Shape = smallvec![t + 2, b, hd];
-            let id = i.push(
-                shape,
-                dtype,
-                out,
-                Op::LstmSeq(Arc::new(node)),
-                &[self.id, w_hh.id, h0.id, c0.id],
-            );
+            let id = i.push(shape, dtype, out, Op::LstmSeq(Arc::new(node)), &inputs);
             drop(guard);
             self.g.handle(id)
         } else {
@@ -539,7 +599,7 @@ fn gru_cell_grad_composed<'g>(
     Ok((dgi, dgh, gy.mul(z)?))
 }
 
-pub(crate) fn lstm_cell_backward<'g>(saved: BufId, c: &Ctx<'g>) -> Result<Grads<'g>> {
+pub(crate) fn lstm_cell_backward<'g>(saved: Option<BufId>, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let (z, cp) = (c.input(0), c.input(1));
     if c.create_graph {
         let s = c.gy.try_shape()?;
@@ -550,6 +610,7 @@ pub(crate) fn lstm_cell_backward<'g>(saved: BufId, c: &Ctx<'g>) -> Result<Grads<
         return Ok(smallvec![Some(dz), Some(dcp)]);
     }
     let op = "lstm_cell";
+    let saved = saved.expect("invariant: a recorded LSTM step keeps its activations");
     let zshape = z.try_shape()?;
     let cshape = cp.try_shape()?;
     let h = cshape[1];
@@ -574,13 +635,14 @@ pub(crate) fn lstm_cell_backward<'g>(saved: BufId, c: &Ctx<'g>) -> Result<Grads<
     Ok(smallvec![Some(c.g.handle(dz)), Some(c.g.handle(dcp))])
 }
 
-pub(crate) fn gru_cell_backward<'g>(saved: BufId, c: &Ctx<'g>) -> Result<Grads<'g>> {
+pub(crate) fn gru_cell_backward<'g>(saved: Option<BufId>, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let (gi, gh, hp) = (c.input(0), c.input(1), c.input(2));
     if c.create_graph {
         let (a, b, d) = gru_cell_grad_composed(gi, gh, hp, c.gy)?;
         return Ok(smallvec![Some(a), Some(b), Some(d)]);
     }
     let op = "gru_cell";
+    let saved = saved.expect("invariant: a recorded GRU step keeps its gates");
     let gshape = gi.try_shape()?;
     let hshape = hp.try_shape()?;
     let h = hshape[1];
@@ -624,6 +686,9 @@ pub(crate) fn lstm_seq_backward<'g>(nd: &LstmSeqNode, c: &Ctx<'g>) -> Result<Gra
     let (gi, w, h0) = (c.input(0), c.input(1), c.input(2));
     let (gshape, wshape, hshape) = (gi.try_shape()?, w.try_shape()?, h0.try_shape()?);
     let d = nd.dims;
+    let saved = nd
+        .saved
+        .expect("invariant: a recorded LSTM sequence keeps its record");
     let mut guard = c.g.inner();
     let i = &mut *guard;
     let (dtype, wb) = {
@@ -639,9 +704,9 @@ pub(crate) fn lstm_seq_backward<'g>(nd: &LstmSeqNode, c: &Ctx<'g>) -> Result<Gra
     with_float!(dtype, T, {
         let mut dhs = vec![<T as arenagrad_exec::Float>::ZERO; d.b * d.h];
         let mut dcs = vec![<T as arenagrad_exec::Float>::ZERO; d.b * d.h];
-        let (dg, [gy, s, ws]) = i.split_mut::<T, 3>(op, dgi, [gb, nd.saved, wb])?;
+        let (dg, [gy, s, ws]) = i.split_mut::<T, 3>(op, dgi, [gb, saved, wb])?;
         k::lstm_seq_backward(&d, &nd.lengths, gy, s, ws, dg, &mut dhs, &mut dcs, threads);
-        let (dws, [dg, s]) = i.split_mut::<T, 2>(op, dw, [dgi, nd.saved])?;
+        let (dws, [dg, s]) = i.split_mut::<T, 2>(op, dw, [dgi, saved])?;
         k::lstm_seq_grad_weight(&d, dg, s, dws, threads);
         let (o, []) = i.split_mut::<T, 0>(op, dh0, [])?;
         o.copy_from_slice(&dhs);
