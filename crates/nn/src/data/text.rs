@@ -204,7 +204,8 @@ impl TextCorpus {
 
     /// The `step`-th batch of a fixed order that another program can compute too (the PyTorch
     /// twin of the `char_gpt` example): window `b` starts at `((step·batch + b)·104729) mod n`,
-    /// `n` the number of windows.
+    /// `n` the number of windows, in exact integer arithmetic (as Python's integers compute it)
+    /// for every `step` and `batch`.
     pub fn fixed_batch(
         &self,
         split: Split,
@@ -212,9 +213,14 @@ impl TextCorpus {
         batch: usize,
         context: usize,
     ) -> Result<(Vec<usize>, Vec<usize>)> {
-        let limit = self.windows(split, context)? as u128;
+        let n = self.windows(split, context)? as u128;
+        // step·batch + b < 2^128 for 64-bit operands; reducing it mod n first keeps the product
+        // by 104729 below 2^81, and changes no residue.
         let starts: Vec<usize> = (0..batch)
-            .map(|b| ((((step * batch + b) as u128) * 104_729) % limit) as usize)
+            .map(|b| {
+                let k = (step as u128 * batch as u128 + b as u128) % n;
+                ((k * 104_729) % n) as usize
+            })
             .collect();
         self.batch_at(split, context, &starts)
     }
@@ -269,6 +275,41 @@ mod tests {
             vec![&b"one\nline\n"[..], &b"two\n"[..], &b"three"[..]]
         );
         assert!(split_fortunes(b"%\n%\n").is_empty());
+    }
+
+    fn corpus() -> TextCorpus {
+        let docs: Vec<&[u8]> = (0..4)
+            .map(|_| b"To be or not to be.\n".as_slice())
+            .collect();
+        TextCorpus::from_documents(&docs, 1000).unwrap()
+    }
+
+    #[test]
+    fn fixed_batch_follows_its_formula_for_any_step() {
+        let c = corpus();
+        let text = c.text(Split::Train);
+        let context = 5;
+        let n = (text.len() - context) as u128;
+        for (step, batch) in [(0, 3), (7, 4), (1usize << 62, 8), (usize::MAX, 3)] {
+            let (x, y) = c.fixed_batch(Split::Train, step, batch, context).unwrap();
+            assert_eq!((x.len(), y.len()), (batch * context, batch * context));
+            for b in 0..batch {
+                // The documented formula, in integers wide enough for these operands.
+                let k = step as u128 * batch as u128 + b as u128;
+                let s = ((k * 104_729) % n) as usize;
+                let want: Vec<usize> = text[s..s + context].iter().map(|&v| v.into()).collect();
+                assert_eq!(
+                    &x[b * context..(b + 1) * context],
+                    want,
+                    "step {step}, b {b}"
+                );
+                assert_eq!(
+                    y[b * context],
+                    usize::from(text[s + 1]),
+                    "step {step}, b {b}"
+                );
+            }
+        }
     }
 
     #[test]
