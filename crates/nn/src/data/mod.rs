@@ -119,6 +119,20 @@ pub struct IdxArray {
     pub data: IdxData,
 }
 
+/// An empty vector with room for `n` elements (a tensor of `shape`), reserved fallibly: where the
+/// host cannot provide them, [`GraphError::OutOfMemory`](arenagrad_graph::GraphError) naming
+/// `op` and `shape`, not an abort.
+pub(crate) fn try_vec<T>(op: &'static str, shape: &[usize], n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| arenagrad_graph::GraphError::OutOfMemory {
+            op,
+            shape: shape.to_vec(),
+            bytes: n.saturating_mul(std::mem::size_of::<T>()),
+        })?;
+    Ok(v)
+}
+
 /// The gzip magic bytes.
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 

@@ -9,6 +9,9 @@
 
 use std::path::Path;
 
+use arenagrad_graph::GraphError;
+
+use super::try_vec;
 use crate::error::{NnError, Result};
 use crate::files::io;
 use crate::Rng;
@@ -171,12 +174,33 @@ impl TextCorpus {
         starts: &[usize],
     ) -> Result<(Vec<usize>, Vec<usize>)> {
         let limit = self.windows(split, context)?;
+        let op = "TextCorpus::batch_at";
+        self.gather(op, split, context, starts.iter().copied(), limit)
+    }
+
+    /// The windows at `starts` (each below `limit`), into inputs and targets reserved fallibly
+    /// first: a batch too large to hold is [`GraphError::TooLarge`] or
+    /// [`GraphError::OutOfMemory`] naming `op` and `[batch, context]`, not an abort, and no
+    /// start is drawn before the room for all of them is there.
+    fn gather(
+        &self,
+        op: &'static str,
+        split: Split,
+        context: usize,
+        starts: impl ExactSizeIterator<Item = usize>,
+        limit: usize,
+    ) -> Result<(Vec<usize>, Vec<usize>)> {
+        let batch = starts.len();
+        let shape = [batch, context];
+        let n = batch
+            .checked_mul(context)
+            .ok_or_else(|| GraphError::TooLarge {
+                op,
+                shape: shape.to_vec(),
+            })?;
+        let (mut x, mut y) = (try_vec(op, &shape, n)?, try_vec(op, &shape, n)?);
         let text = self.text(split);
-        let (mut x, mut y) = (
-            Vec::with_capacity(starts.len() * context),
-            Vec::with_capacity(starts.len() * context),
-        );
-        for &s in starts {
+        for s in starts {
             if s >= limit {
                 return Err(NnError::BadData {
                     what: "TextCorpus",
@@ -198,8 +222,8 @@ impl TextCorpus {
         rng: &mut Rng,
     ) -> Result<(Vec<usize>, Vec<usize>)> {
         let limit = self.windows(split, context)?;
-        let starts: Vec<usize> = (0..batch).map(|_| rng.below(limit)).collect();
-        self.batch_at(split, context, &starts)
+        let starts = (0..batch).map(|_| rng.below(limit));
+        self.gather("TextCorpus::batch", split, context, starts, limit)
     }
 
     /// The `step`-th batch of a fixed order that another program can compute too (the PyTorch
@@ -213,16 +237,15 @@ impl TextCorpus {
         batch: usize,
         context: usize,
     ) -> Result<(Vec<usize>, Vec<usize>)> {
-        let n = self.windows(split, context)? as u128;
+        let limit = self.windows(split, context)?;
+        let n = limit as u128;
         // step·batch + b < 2^128 for 64-bit operands; reducing it mod n first keeps the product
         // by 104729 below 2^81, and changes no residue.
-        let starts: Vec<usize> = (0..batch)
-            .map(|b| {
-                let k = (step as u128 * batch as u128 + b as u128) % n;
-                ((k * 104_729) % n) as usize
-            })
-            .collect();
-        self.batch_at(split, context, &starts)
+        let starts = (0..batch).map(|b| {
+            let k = (step as u128 * batch as u128 + b as u128) % n;
+            ((k * 104_729) % n) as usize
+        });
+        self.gather("TextCorpus::fixed_batch", split, context, starts, limit)
     }
 
     /// Consecutive windows covering a split (the last one may overlap the one before): every
@@ -282,6 +305,38 @@ mod tests {
             .map(|_| b"To be or not to be.\n".as_slice())
             .collect();
         TextCorpus::from_documents(&docs, 1000).unwrap()
+    }
+
+    #[test]
+    fn a_batch_too_large_to_hold_is_a_typed_error_not_an_abort() {
+        let c = corpus();
+        let mut rng = Rng::seed(0);
+        // 2^40 windows of 16: 2^44 indices, more than any address space holds.
+        let huge = 1usize << 40;
+        let oom = |r: Result<(Vec<usize>, Vec<usize>)>, want: &str| match r {
+            Err(NnError::Graph(GraphError::OutOfMemory { op, shape, bytes })) => {
+                assert_eq!((op, shape), (want, vec![huge, 16]));
+                assert_eq!(bytes, (huge * 16) * std::mem::size_of::<usize>());
+            }
+            other => panic!("{want}: {other:?}"),
+        };
+        oom(
+            c.batch(Split::Train, huge, 16, &mut rng),
+            "TextCorpus::batch",
+        );
+        oom(
+            c.fixed_batch(Split::Train, 3, huge, 16),
+            "TextCorpus::fixed_batch",
+        );
+        // A batch·context that overflows usize.
+        match c.batch(Split::Train, usize::MAX / 2, 4, &mut rng) {
+            Err(NnError::Graph(GraphError::TooLarge { op, shape })) => {
+                assert_eq!((op, shape), ("TextCorpus::batch", vec![usize::MAX / 2, 4]))
+            }
+            other => panic!("{other:?}"),
+        }
+        // Nothing was drawn for the refused batches: the generator is where a fresh one is.
+        assert_eq!(rng.below(1000), Rng::seed(0).below(1000));
     }
 
     #[test]
