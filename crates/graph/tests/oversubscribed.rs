@@ -122,3 +122,28 @@ fn three_threads_beside_a_busy_thread_give_one_threads_bits() {
         stop.store(true, Ordering::Relaxed);
     });
 }
+
+/// Run as a child under `taskset -c 0` by the test below: prints the default thread count.
+const PRINT_DEFAULT: &str = "ARENAGRAD_TEST_PRINT_DEFAULT_THREADS";
+
+#[test]
+fn the_default_thread_count_follows_the_cpus_this_process_may_use() {
+    if std::env::var_os(PRINT_DEFAULT).is_some() {
+        println!("default threads: {}", arenagrad_graph::default_threads());
+        return;
+    }
+    let name = "the_default_thread_count_follows_the_cpus_this_process_may_use";
+    // One CPU allowed (the affinity a `taskset`, a container or a job scheduler sets): one
+    // thread by default, not one per core of the machine.
+    let out = std::process::Command::new("taskset")
+        .args(["-c", "0"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .env(PRINT_DEFAULT, "1")
+        .env_remove("ARENAGRAD_NUM_THREADS")
+        .output()
+        .expect("taskset (util-linux) runs the test binary on one CPU");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("default threads: 1\n"), "{text}");
+}

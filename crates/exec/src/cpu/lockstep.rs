@@ -102,7 +102,11 @@ impl Progress {
                 };
                 if (cfg!(miri) || backoff.elapsed() >= patience) && self.try_run(q, u, work) {
                     away[q] = Some(at);
-                    self.stood_in.fetch_add(1, Ordering::Relaxed);
+                    // A task that has not started is a worker waking up (tens of microseconds,
+                    // more on a virtual machine): only one that started and fell behind counts.
+                    if at > 0 {
+                        self.stood_in.fetch_add(1, Ordering::Relaxed);
+                    }
                     continue;
                 }
             }
@@ -153,11 +157,16 @@ pub fn lockstep(slots: usize, units: usize, work: &(dyn Fn(usize, usize) + Sync)
             }
         }
     });
-    // Standing in for more than one unit in sixteen of the other slots' (and for two at least)
-    // means their threads were missing for long stretches, not for a hiccup.
+    // Standing in for more than one unit in sixteen of the other slots' (two at least) means
+    // their threads were missing for long stretches; twice in a row, that it was no hiccup (a
+    // quiet machine's timer interrupt, a virtual machine's pause).
     let stood_in = p.stood_in.load(Ordering::Relaxed);
     if stood_in >= 2 && stood_in * 16 > units * (slots - 1) {
-        note_cores_short();
+        if SHORT_STREAK.fetch_add(1, Ordering::Relaxed) >= 1 {
+            note_cores_short();
+        }
+    } else {
+        SHORT_STREAK.store(0, Ordering::Relaxed);
     }
     let first = p.payload.into_inner().unwrap_or_else(|e| e.into_inner());
     if let Some(e) = first {
@@ -170,6 +179,9 @@ pub const ALONE_FOR: Duration = Duration::from_millis(50);
 
 /// Nanoseconds since [`epoch`] until which [`lockstep`] runs on the calling thread alone.
 static ALONE_UNTIL: AtomicU64 = AtomicU64::new(0);
+
+/// Calls in a row that stood in for their slots' tasks often.
+static SHORT_STREAK: AtomicUsize = AtomicUsize::new(0);
 
 fn epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
