@@ -160,7 +160,15 @@ pub const OPS: &[OpRow] = &[
         arity: 1,
         params: &[("the axis", ParamKind::Int)],
         smooth: true,
-        shape: |s, p| axis(s[0], p[0]).map(|_| s[0].to_vec()),
+        // A scalar scans as one element (axis 0 or -1), as the engine's (PyTorch's) cumsum.
+        shape: |s, p| {
+            if s[0].is_empty() {
+                return axis(&[1], p[0])
+                    .map(|_| Vec::new())
+                    .map_err(|_| format!("axis {} is out of range for a scalar", p[0]));
+            }
+            axis(s[0], p[0]).map(|_| s[0].to_vec())
+        },
         run: |_, x, p| x[0].cumsum(ax(p[0])),
         gen: Some(gen_one_axis),
     },
@@ -169,6 +177,7 @@ pub const OPS: &[OpRow] = &[
         arity: 1,
         params: &[("the axis", ParamKind::Int)],
         smooth: true,
+        // An empty axis is allowed: the engine gives −∞ there (PyTorch's answer).
         shape: |s, p| axis(s[0], p[0]).map(|d| without(s[0], d)),
         run: |_, x, p| x[0].logsumexp(&[ax(p[0])], false),
         gen: Some(gen_one_axis),
@@ -203,7 +212,15 @@ pub const OPS: &[OpRow] = &[
             if p[0].is_nan() || p[0] <= 0.0 {
                 return Err(format!("the order p must be > 0, found {}", p[0]));
             }
-            axis(s[0], p[1]).map(|d| without(s[0], d))
+            let d = axis(s[0], p[1])?;
+            if p[0] == f64::INFINITY && s[0][d] == 0 {
+                // The engine refuses it, as PyTorch: the largest of no magnitudes.
+                return Err(format!(
+                    "the inf norm over axis {} of shape {:?}, which is empty",
+                    p[1], s[0]
+                ));
+            }
+            Ok(without(s[0], d))
         },
         run: |_, x, p| x[0].norm(p[0], &[ax(p[1])], false),
         gen: Some(|s, t| {
@@ -545,7 +562,13 @@ pub const OPS: &[OpRow] = &[
                     "arange {a} {b} {st}: expected finite bounds and a step ≠ 0"
                 ));
             }
-            let n = ((b - a) / st).ceil().max(0.0);
+            // The engine's count, and its refusal of a step pointing away from the end.
+            let n = ((b - a) / st).ceil();
+            if n < 0.0 {
+                return Err(format!(
+                    "arange {a} {b} {st}: the step points away from the end"
+                ));
+            }
             if n > 1e9 {
                 return Err(format!("arange {a} {b} {st} has too many elements"));
             }

@@ -623,3 +623,41 @@ fn the_run_limit_names_what_it_counts() {
     assert!(matches!(e, ProgramError::TooLarge { line: 2, .. }), "{msg}");
     assert!(msg.contains("(values, gradients and host copies)"), "{msg}");
 }
+
+#[test]
+fn the_shape_check_and_the_engine_agree_at_the_edges() {
+    // Each program is accepted by both or refused by both: the check once passed what the
+    // engine then refused (a step pointing away from the end, the inf norm of an empty axis).
+    let cases: &[(&str, bool)] = &[
+        ("a = const 1\ny = arange a 0 5 1\n", true),
+        ("a = const 1\ny = arange a 5 0 -1\n", true),
+        ("a = const 1\ny = arange a 0 5 -1\n", false),
+        ("a = const 1\ny = arange a 5 0 1\n", false),
+        ("a = const 1\ny = arange a 2 2 1\n", true),
+        // logsumexp over an empty axis is −∞ (PyTorch's), in the engine and so in the check.
+        ("a = input 2 0\ny = logsumexp a 1\n", true),
+        ("a = input 0 3\ny = logsumexp a 0\n", true),
+        ("a = input 2 0\ny = norm a inf 1\n", false),
+        ("a = input 2 0\ny = norm a inf -1\n", false),
+        ("a = input 2 0\ny = norm a 2 1\n", true),
+        ("a = input 2 0\ny = norm a inf 0\n", true),
+        // A scalar's running sum is its value (axis 0 or -1), as the engine's.
+        ("a = input : 3\ny = cumsum a 0\n", true),
+        ("a = input : 3\ny = cumsum a -1\n", true),
+        ("a = input : 3\ny = cumsum a 1\n", false),
+    ];
+    for &(text, ok) in cases {
+        let p = Program::parse(text).unwrap();
+        let checked = p.check(&Limits::default());
+        let ran = p.run(&RunOptions::default());
+        assert_eq!(checked.is_ok(), ok, "check of {text:?}: {checked:?}");
+        assert_eq!(ran.is_ok(), ok, "run of {text:?}: {:?}", ran.err());
+        if let Err(e) = ran {
+            // Refused by the check, before the engine ran.
+            assert!(!matches!(e, ProgramError::Engine { .. }), "{text:?}: {e}");
+        }
+    }
+    let p = Program::parse("a = input 2 0\ny = logsumexp a 1\n").unwrap();
+    let r = p.run(&RunOptions::default()).unwrap();
+    assert_eq!(r.output.tensor.to_f64_vec(), [f64::NEG_INFINITY; 2]);
+}
