@@ -105,7 +105,7 @@ fn evaluate(
     let share = DistributedSampler::new(test.len(), comm, 0)
         .shuffle(false)
         .drop_last(true)
-        .indices(0);
+        .indices(0)?;
     let mut correct = 0usize;
     for rows in share.chunks(250) {
         let (x, y) = test.batch(rows)?;
@@ -195,7 +195,7 @@ fn run() -> Result<(), DistError> {
     let mut total = Times::default();
     let mut running = 0.0f64;
     for epoch in 0..args.epochs {
-        let order = sampler.indices(epoch as u64);
+        let order = sampler.indices(epoch as u64)?;
         for rows in order.chunks(args.batch) {
             opt.set_learning_rate(cosine.lr_at(step))?;
             opt.zero_grad();

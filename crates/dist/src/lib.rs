@@ -28,7 +28,7 @@
 //! let mut opt = Sgd::new(model.parameters(), SgdConfig::new(0.1))?;
 //! let sampler = DistributedSampler::new(60_000, comm.as_ref(), 42);
 //! let mut g = Graph::new();
-//! for batch in sampler.indices(0).chunks(32) {
+//! for batch in sampler.indices(0)?.chunks(32) {
 //!     let x = g.randn(&[batch.len(), 784], DType::F32)?; // this rank's examples
 //!     opt.zero_grad();
 //!     let l = loss::cross_entropy(model.forward(&g, x)?, &vec![0; batch.len()])?;

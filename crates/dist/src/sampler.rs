@@ -1,8 +1,9 @@
 //! [`DistributedSampler`]: each rank's share of a dataset, PyTorch's rules.
 
-use arenagrad_graph::Rng;
+use arenagrad_graph::{GraphError, Rng};
 
 use crate::comm::Communicator;
+use crate::error::Result;
 
 /// Which examples each rank reads in an epoch: one permutation of the dataset (seeded by
 /// `seed + epoch`, so every rank computes the same one without talking), dealt round-robin —
@@ -61,19 +62,29 @@ impl DistributedSampler {
         }
     }
 
-    /// This rank's example indices for `epoch`, in the order to read them.
-    pub fn indices(&self, epoch: u64) -> Vec<usize> {
-        let mut order: Vec<usize> = if self.shuffle {
-            // The same draws as `Rng::permutation`, into the list this infallible method builds.
-            let mut order: Vec<usize> = (0..self.len).collect();
+    /// This rank's example indices for `epoch`, in the order to read them. A dataset whose
+    /// order the host cannot hold is [`GraphError::OutOfMemory`] (one whose padded length
+    /// overflows, [`GraphError::TooLarge`]), not an abort.
+    pub fn indices(&self, epoch: u64) -> Result<Vec<usize>> {
+        const OP: &str = "DistributedSampler::indices";
+        let share = self.num_samples();
+        let total = share
+            .checked_mul(self.world)
+            .ok_or_else(|| GraphError::TooLarge {
+                op: OP,
+                shape: vec![share, self.world],
+            })?;
+        if self.len == 0 {
+            return Ok(Vec::new());
+        }
+        // Room for the padded permutation, then for this rank's share of it, reserved before
+        // anything is drawn.
+        let mut order = try_vec(OP, self.len, total.max(self.len))?;
+        let mut mine = try_vec(OP, self.len, share)?;
+        order.extend(0..self.len);
+        if self.shuffle {
+            // The same draws as `Rng::permutation`.
             Rng::seed(self.seed.wrapping_add(epoch)).shuffle(&mut order);
-            order
-        } else {
-            (0..self.len).collect()
-        };
-        let total = self.num_samples() * self.world;
-        if order.is_empty() {
-            return Vec::new();
         }
         // Pad by repeating the permutation from its start (more than once for a dataset smaller
         // than the world), or cut the tail.
@@ -83,10 +94,19 @@ impl DistributedSampler {
             k += 1;
         }
         order.truncate(total);
-        order
-            .into_iter()
-            .skip(self.rank)
-            .step_by(self.world)
-            .collect()
+        mine.extend(order.into_iter().skip(self.rank).step_by(self.world));
+        Ok(mine)
     }
+}
+
+/// An empty vector with room for `n` indices (of a dataset of `len`), reserved fallibly.
+fn try_vec(op: &'static str, len: usize, n: usize) -> Result<Vec<usize>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| GraphError::OutOfMemory {
+            op,
+            shape: vec![len],
+            bytes: n.saturating_mul(std::mem::size_of::<usize>()),
+        })?;
+    Ok(v)
 }
