@@ -44,6 +44,7 @@ mod font;
 mod setup;
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use setup::{drop_probability, non_negative_real, positive, positive_real};
 
 /// Trains a character-level GPT on Debian's fortune cookies and generates text.
 #[derive(Debug, Parser)]
@@ -53,7 +54,7 @@ struct Args {
     #[arg(long, default_value = "/usr/share/games/fortunes")]
     data: PathBuf,
     /// Training steps
-    #[arg(long, default_value_t = 1500)]
+    #[arg(long, default_value_t = 1500, value_parser = positive)]
     steps: usize,
     /// Sequences per step
     #[arg(long, default_value_t = 32, value_parser = positive)]
@@ -71,19 +72,19 @@ struct Args {
     #[arg(long, default_value_t = 128, value_parser = positive)]
     dim: usize,
     /// Dropout (embeddings, attention weights, residual branches)
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = drop_probability)]
     dropout: f64,
     /// AdamW's peak learning rate
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = 3e-3, value_parser = positive_real)]
     lr: f64,
     /// Warmup steps (then cosine decay to lr/10)
     #[arg(long, default_value_t = 100)]
     warmup: usize,
     /// Weight decay of the blocks' matrices
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = non_negative_real)]
     weight_decay: f64,
     /// Clip the gradients' global norm to this
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = positive_real)]
     clip: f64,
     /// Validation loss every N steps (on 20 batches; the full validation text at the end)
     #[arg(long, default_value_t = 250, value_parser = positive)]
@@ -109,7 +110,7 @@ struct Args {
     resume: bool,
     /// Stop after this step, saving the checkpoint, as if interrupted (the schedule still spans
     /// --steps)
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     until: Option<usize>,
     /// Text the generation starts from
     #[arg(long, default_value = "The meaning of life is")]
@@ -118,10 +119,10 @@ struct Args {
     #[arg(long, default_value_t = 400)]
     generate: usize,
     /// Sampling temperature (0: greedy)
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, value_parser = non_negative_real)]
     temperature: f64,
     /// Sample among the k most likely characters
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 40, value_parser = positive)]
     top_k: usize,
     /// Where to write the loss curves (PNG)
     #[arg(long, default_value = "char_gpt.png")]
@@ -134,13 +135,6 @@ enum Order {
     Random,
     /// The fixed order of TextCorpus::fixed_batch (shared with the PyTorch script)
     Fixed,
-}
-
-fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("`{s}` is not a positive whole number")),
-    }
 }
 
 /// The mean loss over validation windows at `starts` (batches of `batch`), in scopes: memory
@@ -174,7 +168,9 @@ fn plot(
     font::register()?;
     let root = BitMapBackend::new(path, (1100, 600)).into_drawing_area();
     root.fill(&WHITE)?;
-    let steps = train.len().max(1);
+    // Both curves by the step they were taken after, counted from the run's start (a resumed
+    // run's history comes from its checkpoint).
+    let steps = valid.last().map_or(0, |v| v.0).max(train.len()).max(1);
     let all = train.iter().chain(valid.iter().map(|v| &v.1));
     let top = all.clone().cloned().fold(0.0f64, f64::max).max(0.1) * 1.05;
     let bottom = all.cloned().fold(f64::INFINITY, f64::min).min(top) * 0.95;
@@ -186,15 +182,18 @@ fn plot(
         .margin(18)
         .x_label_area_size(44)
         .y_label_area_size(60)
-        .build_cartesian_2d(0..steps, bottom..top)?;
+        .build_cartesian_2d(0..steps + 1, bottom..top)?;
     c.configure_mesh()
         .x_desc("step")
         .y_desc("cross-entropy, nats per character")
         .label_style(("sans-serif", 16))
         .draw()?;
-    c.draw_series(LineSeries::new(train.iter().copied().enumerate(), BLUE))?
-        .label("training (running mean of the step losses)")
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE));
+    c.draw_series(LineSeries::new(
+        train.iter().enumerate().map(|(i, &v)| (i + 1, v)),
+        BLUE,
+    ))?
+    .label("training (running mean of the step losses)")
+    .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE));
     c.draw_series(LineSeries::new(valid.iter().copied(), RED.stroke_width(2)))?
         .label("validation")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED));
@@ -204,6 +203,7 @@ fn plot(
             .map(|&(s, v)| Circle::new((s, v), 4, RED.filled())),
     )?;
     c.configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .label_font(("sans-serif", 16))
@@ -216,8 +216,42 @@ fn main() -> std::process::ExitCode {
     setup::report(run)
 }
 
-fn run() -> Result<(), NnError> {
+/// The history's series in the checkpoint's progress record.
+const TRAIN: &str = "train_loss";
+const VALID_STEP: &str = "valid_step";
+const VALID_LOSS: &str = "valid_loss";
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
+    // Every argument is checked before any work.
+    if let Some(until) = args.until {
+        if until > args.steps {
+            return Err(setup::fail(format!(
+                "--until {until} is past the end of the run (--steps {})",
+                args.steps
+            )));
+        }
+    }
+    if args.generate > 0 && args.prompt.is_empty() {
+        return Err(setup::fail(
+            "--prompt is empty: generating needs at least one character to start from (or pass \
+             --generate 0)",
+        ));
+    }
+    if !args.dim.is_multiple_of(args.heads) {
+        return Err(setup::fail(format!(
+            "--heads {} does not divide the width --dim {}",
+            args.heads, args.dim
+        )));
+    }
+    setup::check_writable("the plot", "--plot", &args.plot)?;
+    setup::check_writable("the checkpoint", "--checkpoint", &args.checkpoint)?;
+    if args.resume && !args.checkpoint.is_file() {
+        return Err(setup::fail(format!(
+            "cannot resume: there is no checkpoint at {} (leave out --resume to start a run)",
+            args.checkpoint.display()
+        )));
+    }
     if !args.data.is_dir() {
         eprintln!(
             "The fortune files were not found in {}.\nInstall them with:  {}\n\
@@ -254,13 +288,37 @@ fn run() -> Result<(), NnError> {
         args.lr / 10.0,
     )?;
     let mut start = 0usize;
+    let (mut train_curve, mut valid_curve) = (Vec::new(), Vec::new());
     if args.resume {
         let p = checkpoint::load_training(&args.checkpoint, &model, &mut opt)?;
         start = p.step as usize;
         if let Some(r) = p.rng {
             rng = r;
         }
+        if start > args.steps {
+            return Err(setup::fail(format!(
+                "{} is at step {start}, past the end of this run (--steps {})",
+                args.checkpoint.display(),
+                args.steps
+            )));
+        }
+        // The curves so far, so that the plot shows the whole run.
+        let series = |name: &str| p.history.get(name).cloned().unwrap_or_default();
+        train_curve = series(TRAIN);
+        train_curve.truncate(start);
+        valid_curve = series(VALID_STEP)
+            .into_iter()
+            .map(|s| s as usize)
+            .zip(series(VALID_LOSS))
+            .collect();
         println!("resumed from {} at step {start}", args.checkpoint.display());
+    }
+    let end = args.until.unwrap_or(args.steps).min(args.steps);
+    if end < start {
+        return Err(setup::fail(format!(
+            "--until {end} is before step {start}, where {} is",
+            args.checkpoint.display()
+        )));
     }
     let mut g = Graph::new();
     let (nt, nv) = corpus.documents();
@@ -295,13 +353,11 @@ fn run() -> Result<(), NnError> {
     );
     bar.set_position(start as u64);
     let plain = !std::io::stderr().is_terminal();
-    let (mut train_curve, mut valid_curve) = (Vec::new(), Vec::new());
-    let mut running = f64::NAN;
+    let mut running = train_curve.last().copied().unwrap_or(f64::NAN);
     // The mean training loss since the last evaluation (what the evaluation line prints).
     let (mut since_sum, mut since_n) = (0.0f64, 0usize);
     let t0 = Instant::now();
     let tokens_per_step = args.batch * args.context;
-    let end = args.until.unwrap_or(args.steps).min(args.steps);
     for step in start..end {
         model.train();
         // Dropout's generator from the seed and the step alone, so a resumed run draws what an
@@ -336,13 +392,27 @@ fn run() -> Result<(), NnError> {
             model.eval();
             let v = valid_loss(&model, &g, &corpus, &probe, args.batch, args.context)?;
             g.reset();
+            valid_curve.push((step + 1, v));
             // A checkpoint at every evaluation: an interrupted run resumes from the last.
             let progress = Progress {
                 step: (step + 1) as u64,
                 rng: Some(rng.clone()),
+                history: [
+                    (TRAIN.to_string(), train_curve.clone()),
+                    (
+                        VALID_STEP.to_string(),
+                        valid_curve.iter().map(|v| v.0 as f64).collect(),
+                    ),
+                    (
+                        VALID_LOSS.to_string(),
+                        valid_curve.iter().map(|v| v.1).collect(),
+                    ),
+                ]
+                .into(),
             };
-            checkpoint::save_training(&args.checkpoint, &model, &opt, &progress)?;
-            valid_curve.push((step + 1 - start, v));
+            checkpoint::save_training(&args.checkpoint, &model, &opt, &progress).map_err(|e| {
+                setup::write_failed("the checkpoint", "--checkpoint", &args.checkpoint, e)
+            })?;
             let line = format!(
                 "step {}: train loss {:.4}  validation loss {v:.4}  {tps:.0} tokens/s",
                 step + 1,
@@ -384,18 +454,25 @@ fn run() -> Result<(), NnError> {
         full / std::f64::consts::LN_2,
         tv.elapsed().as_secs_f64()
     );
-    match plot(&train_curve, &valid_curve, &args.plot) {
-        Ok(()) => println!(
-            "wrote {} (training loss per step, validation loss every {} steps)",
-            args.plot.display(),
-            args.eval_every
-        ),
-        Err(e) => eprintln!("could not write {}: {e}", args.plot.display()),
-    }
+    plot(&train_curve, &valid_curve, &args.plot)
+        .map_err(|e| setup::write_failed("the plot", "--plot", &args.plot, e))?;
     println!(
-        "saved {} at step {end} (model, optimiser state and progress: --resume continues from it)",
-        args.checkpoint.display()
+        "wrote {} (training loss per step, validation loss every {} steps)",
+        args.plot.display(),
+        args.eval_every
     );
+    if trained > 0 {
+        println!(
+            "saved {} at step {end} (model, optimiser state and progress: --resume continues \
+             from it)",
+            args.checkpoint.display()
+        );
+    } else {
+        println!(
+            "{} is at step {end}: nothing left to train",
+            args.checkpoint.display()
+        );
+    }
     if args.generate > 0 {
         let prompt: Vec<usize> = args.prompt.bytes().map(usize::from).collect();
         let sampling = Sampling {

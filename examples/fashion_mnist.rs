@@ -1,12 +1,18 @@
 //! Trains a small CNN (or an MLP) on Fashion-MNIST on the CPU, reports test accuracy each
-//! epoch, saves a checkpoint, reloads it into a fresh model and evaluates again.
+//! epoch, saves a resumable checkpoint after each epoch, and at the end reloads it into a fresh
+//! model and evaluates again.
 //!
 //! ```text
 //! cargo run --release --example fashion_mnist -- [--data DIR] [--model cnn|mlp]
 //!     [--epochs 2] [--batch 64] [--lr 2e-3] [--schedule cosine|constant] [--channels 32,64]
-//!     [--limit N] [--seed 0] [--checkpoint PATH] [--init PATH] [--order shuffled|fixed]
-//!     [--steps N] [--log-every N]
+//!     [--limit N] [--seed 0] [--checkpoint PATH] [--resume] [--until EPOCH] [--init PATH]
+//!     [--order shuffled|fixed] [--steps N] [--log-every N] [--plot fashion_mnist.png]
 //! ```
+//!
+//! The checkpoint holds the model, Adam's state and the progress (steps and epochs done, the
+//! data order's generator, the curves so far); `--resume` continues from the last finished epoch
+//! to `--epochs` and ends with the weights an uninterrupted run would have (`--until EPOCH`
+//! stops early, as an interruption would).
 //!
 //! `--init` starts from weights in a safetensors file (PyTorch's `state_dict` names), `--order
 //! fixed` feeds the training images in file order, `--steps` stops after that many steps (and
@@ -24,11 +30,10 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use arenagrad::nn::checkpoint::{self, Progress};
 use arenagrad::nn::data::Dataset;
 use arenagrad::nn::optim::{Adam, AdamConfig, CosineAnnealingLr, LrSchedule, Optimizer};
-use arenagrad::nn::{
-    checkpoint, loss, metrics, Flatten, Linear, Module, NnError, ReLU, Rng, Sequential,
-};
+use arenagrad::nn::{loss, metrics, Flatten, Linear, Module, NnError, ReLU, Rng, Sequential};
 use arenagrad::prelude::*;
 
 #[path = "common/fashion.rs"]
@@ -39,6 +44,7 @@ mod font;
 mod setup;
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use setup::{positive, positive_real};
 
 /// Trains a CNN (or an MLP) on Fashion-MNIST on the CPU and reports test accuracy per epoch.
 #[derive(Debug, Parser)]
@@ -51,13 +57,13 @@ struct Args {
     #[arg(long, value_enum, default_value_t = ModelKind::Cnn)]
     model: ModelKind,
     /// Passes over the training images
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = positive)]
     epochs: usize,
     /// Images per step
     #[arg(long, default_value_t = 64, value_parser = positive)]
     batch: usize,
     /// Adam's learning rate (the schedule's start)
-    #[arg(long, default_value_t = 2e-3)]
+    #[arg(long, default_value_t = 2e-3, value_parser = positive_real)]
     lr: f64,
     /// Learning-rate schedule over the run's steps
     #[arg(long, value_enum, default_value_t = Schedule::Cosine)]
@@ -66,14 +72,22 @@ struct Args {
     #[arg(long, default_value = "32,64", value_parser = parse_channels)]
     channels: (usize, usize),
     /// Train on the first N images only
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     limit: Option<usize>,
     /// Seed of the weights, the data order and the graph's generator
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Where to save (and reload) the trained model
+    /// Where to save the model, the optimiser state and the progress after each epoch (and
+    /// reload the model from at the end)
     #[arg(long, default_value_os_t = std::env::temp_dir().join("arenagrad-fashion-mnist.safetensors"))]
     checkpoint: PathBuf,
+    /// Continue from --checkpoint after its last epoch (model, optimiser, steps, data order):
+    /// the same command with --resume gives the weights of an uninterrupted run
+    #[arg(long)]
+    resume: bool,
+    /// Stop after this epoch, as if interrupted (the schedule still spans --epochs)
+    #[arg(long, value_parser = positive)]
+    until: Option<usize>,
     /// Start from the weights in this safetensors file (PyTorch's state_dict names)
     #[arg(long)]
     init: Option<PathBuf>,
@@ -81,7 +95,7 @@ struct Args {
     #[arg(long, value_enum, default_value_t = Order::Shuffled)]
     order: Order,
     /// Stop after N steps (and anneal over them)
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     steps: Option<usize>,
     /// Print the loss of every N-th step
     #[arg(long, value_parser = positive)]
@@ -120,13 +134,6 @@ enum Order {
     Shuffled,
     /// File order
     Fixed,
-}
-
-fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("`{s}` is not a positive whole number")),
-    }
 }
 
 fn parse_channels(s: &str) -> Result<(usize, usize), String> {
@@ -241,8 +248,34 @@ fn main() -> std::process::ExitCode {
     setup::report(run)
 }
 
-fn run() -> Result<(), NnError> {
+/// The history's series in the checkpoint's progress record.
+const LOSS: &str = "loss";
+const ACCURACY: &str = "accuracy";
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
+    // Every argument is checked before any work.
+    setup::check_writable("the plot", "--plot", &args.plot)?;
+    setup::check_writable("the checkpoint", "--checkpoint", &args.checkpoint)?;
+    if args.resume && !args.checkpoint.is_file() {
+        return Err(setup::fail(format!(
+            "cannot resume: there is no checkpoint at {} (leave out --resume to start a run)",
+            args.checkpoint.display()
+        )));
+    }
+    if let Some(until) = args.until {
+        if until > args.epochs {
+            return Err(setup::fail(format!(
+                "--until {until} is past the end of the run (--epochs {})",
+                args.epochs
+            )));
+        }
+    }
+    if args.resume && args.init.is_some() {
+        return Err(setup::fail(
+            "--init and --resume both give the starting weights: pass one of them",
+        ));
+    }
     let (train, test) = fashion::datasets(&args.data, args.limit, false)?;
     let mut rng = Rng::seed(args.seed);
     let mut model = build(args.model, args.channels, &mut rng)?;
@@ -250,7 +283,7 @@ fn run() -> Result<(), NnError> {
         checkpoint::load(&model, init)?;
     }
     let mut opt = Adam::new(model.parameters(), AdamConfig::new(args.lr))?;
-    let per_epoch = train.len().div_ceil(args.batch.max(1));
+    let per_epoch = train.len().div_ceil(args.batch);
     let total = args
         .steps
         .unwrap_or(usize::MAX)
@@ -258,8 +291,39 @@ fn run() -> Result<(), NnError> {
     let cosine = CosineAnnealingLr::new(args.lr, total.max(1), 0.0)?;
     let mut step = 0usize;
     // For the picture: the running loss at each step, the test accuracy after each epoch.
-    let (mut loss_curve, mut acc_curve) = (Vec::new(), Vec::new());
-    let mut running = 0.0f64;
+    let (mut loss_curve, mut acc_curve) = (Vec::new(), Vec::<(usize, f64)>::new());
+    if args.resume {
+        let p = checkpoint::load_training(&args.checkpoint, &model, &mut opt)?;
+        step = p.step as usize;
+        if let Some(r) = p.rng {
+            rng = r;
+        }
+        loss_curve = p.history.get(LOSS).cloned().unwrap_or_default();
+        acc_curve = p
+            .history
+            .get(ACCURACY)
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .map(|(e, &a)| (e + 1, a))
+            .collect();
+        let done = acc_curve.len();
+        if done >= args.until.unwrap_or(args.epochs) || step >= total {
+            return Err(setup::fail(format!(
+                "{} is after epoch {done} (step {step}): nothing is left to train up to \
+                 epoch {}{} (pass more)",
+                args.checkpoint.display(),
+                args.until.unwrap_or(args.epochs),
+                args.steps
+                    .map_or(String::new(), |n| format!(" and --steps {n}"))
+            )));
+        }
+        println!(
+            "resumed from {} after epoch {done} (step {step})",
+            args.checkpoint.display()
+        );
+    }
+    let mut running = loss_curve.last().copied().unwrap_or(0.0);
     let mut g = Graph::new();
     g.seed(args.seed);
     println!(
@@ -277,7 +341,10 @@ fn run() -> Result<(), NnError> {
         },
         g.threads()
     );
-    for epoch in 1..=args.epochs {
+    for epoch in acc_curve.len() + 1..=args.until.unwrap_or(args.epochs) {
+        if step >= total {
+            break; // --steps reached
+        }
         model.train();
         let batches = if args.order == Order::Fixed {
             train.batches(args.batch)?
@@ -298,7 +365,7 @@ fn run() -> Result<(), NnError> {
         let t0 = Instant::now();
         let mut seen = 0usize;
         for (k, (x, y)) in batches.enumerate() {
-            if args.steps.is_some_and(|n| step >= n) {
+            if step >= total {
                 break;
             }
             if args.schedule == Schedule::Cosine {
@@ -343,22 +410,42 @@ fn run() -> Result<(), NnError> {
         model.eval();
         let acc = evaluate(&model, &mut g, &test)?;
         acc_curve.push((epoch, acc * 100.0));
+        // A checkpoint after every epoch: an interrupted run resumes from the last.
+        let progress = Progress {
+            step: step as u64,
+            rng: Some(rng.clone()),
+            history: [
+                (LOSS.to_string(), loss_curve.clone()),
+                (
+                    ACCURACY.to_string(),
+                    acc_curve.iter().map(|a| a.1).collect(),
+                ),
+            ]
+            .into(),
+        };
+        checkpoint::save_training(&args.checkpoint, &model, &opt, &progress).map_err(|e| {
+            setup::write_failed("the checkpoint", "--checkpoint", &args.checkpoint, e)
+        })?;
         println!(
             "epoch {epoch}: loss {running:.4}  test accuracy {:.2}%  {secs:.1} s/epoch  ({:.0} img/s)",
             acc * 100.0,
             seen as f64 / secs
         );
     }
-    match plot(&loss_curve, &acc_curve, per_epoch, &args.plot) {
-        Ok(()) => println!(
-            "wrote {} (training loss per step, test accuracy per epoch)",
-            args.plot.display()
-        ),
-        Err(e) => eprintln!("could not write {}: {e}", args.plot.display()),
-    }
-    checkpoint::save(&model, &args.checkpoint)?;
+    plot(&loss_curve, &acc_curve, per_epoch, &args.plot)
+        .map_err(|e| setup::write_failed("the plot", "--plot", &args.plot, e))?;
+    println!(
+        "wrote {} (training loss per step, test accuracy per epoch)",
+        args.plot.display()
+    );
+    println!(
+        "saved {} after epoch {} (model, optimiser state and progress: --resume continues from it)",
+        args.checkpoint.display(),
+        acc_curve.len()
+    );
     let mut fresh = build(args.model, args.channels, &mut Rng::seed(args.seed + 1))?;
-    checkpoint::load(&fresh, &args.checkpoint)?;
+    let mut fresh_opt = Adam::new(fresh.parameters(), AdamConfig::new(args.lr))?;
+    checkpoint::load_training(&args.checkpoint, &fresh, &mut fresh_opt)?;
     fresh.eval();
     let acc = evaluate(&fresh, &mut g, &test)?;
     println!(

@@ -265,19 +265,24 @@ pub fn load_tensors(path: impl AsRef<Path>) -> Result<Vec<(String, HostTensor)>>
 
 /// Where a training run is, besides its model and optimiser: what [`save_training`] keeps so
 /// that a resumed run continues exactly — the step (or epoch) count a learning-rate schedule
-/// reads, and the generator that orders the data.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// reads, and the generator that orders the data — and what it has recorded so far, so that a
+/// resumed run reports on the whole run (a loss curve that goes on from the step it stopped at).
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Progress {
     /// Steps (or epochs) done; what `LrSchedule::lr_at` is given next.
     pub step: u64,
     /// The data order's generator, as it is now.
     pub rng: Option<Rng>,
+    /// Series of numbers by name (a loss per step, an accuracy per epoch), kept as `f64`
+    /// tensors `progress/history/<name>`.
+    pub history: BTreeMap<String, Vec<f64>>,
 }
 
 const MODEL: &str = "model/";
 const OPTIMIZER: &str = "optimizer/";
 const STEP: &str = "progress/step";
 const RNG: &str = "progress/rng";
+const HISTORY: &str = "progress/history/";
 
 /// Saves everything a run needs to resume exactly, in one safetensors file written atomically:
 /// the module's parameters and buffers (`model/…`), the optimiser's state (`optimizer/…`, see
@@ -303,6 +308,10 @@ pub fn save_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
     if let Some(rng) = &progress.rng {
         all.push((RNG.to_string(), crate::optim::u64s_tensor(&rng.state())));
     }
+    for (name, series) in &progress.history {
+        let t = HostTensor::new(series.clone(), &[series.len()])?;
+        all.push((format!("{HISTORY}{name}"), t));
+    }
     save_tensors(all.iter().map(|(n, t)| (n.as_str(), t)), path)
 }
 
@@ -321,11 +330,20 @@ pub fn load_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
         reason,
     };
     let (mut model, mut opt, mut step, mut rng) = (Vec::new(), Vec::new(), None, None);
+    let mut history = BTreeMap::new();
     for (name, t) in load_tensors(path)? {
         if let Some(n) = name.strip_prefix(MODEL) {
             model.push((n.to_string(), t));
         } else if let Some(n) = name.strip_prefix(OPTIMIZER) {
             opt.push((n.to_string(), t));
+        } else if let Some(n) = name.strip_prefix(HISTORY) {
+            if t.shape().len() != 1 {
+                return Err(bad(format!(
+                    "`{name}` is not a series (shape {:?})",
+                    t.shape()
+                )));
+            }
+            history.insert(n.to_string(), t.to_f64_vec());
         } else if name == STEP {
             step = Some(crate::optim::tensor_u64("load_training", STEP, &t)?);
         } else if name == RNG {
@@ -349,7 +367,7 @@ pub fn load_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
         optimizer.load_state_tensors(&before)?;
         return Err(e);
     }
-    Ok(Progress { step, rng })
+    Ok(Progress { step, rng, history })
 }
 
 /// What a non-strict load skipped.

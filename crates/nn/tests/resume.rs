@@ -103,6 +103,11 @@ fn training_resumes_bit_for_bit() {
         let progress = Progress {
             step: STEPS,
             rng: Some(rng.clone()),
+            history: [
+                ("loss".to_string(), vec![0.5, 0.25, f64::MAX]),
+                ("none".to_string(), vec![]),
+            ]
+            .into(),
         };
         checkpoint::save_training(&path, &m, opt.as_ref(), &progress).unwrap();
 
@@ -146,7 +151,10 @@ fn a_checkpoint_that_does_not_fit_changes_nothing() {
     let mut rng = Rng::seed(5);
     train(&m, &mut adam, &mut rng, 0, 3);
     let path = dir.path().join("adam.safetensors");
-    let progress = Progress { step: 3, rng: None };
+    let progress = Progress {
+        step: 3,
+        ..Progress::default()
+    };
     checkpoint::save_training(&path, &m, &adam, &progress).unwrap();
 
     // An SGD over the same parameters cannot take Adam's state; a wider model cannot take the
