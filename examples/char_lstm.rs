@@ -40,6 +40,7 @@ use arenagrad::prelude::*;
 mod setup;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
+use setup::{non_negative_real, positive, positive_real};
 
 /// Trains a character-level LSTM on Debian's fortune cookies and samples text.
 #[derive(Debug, Parser)]
@@ -65,10 +66,10 @@ struct Args {
     #[arg(long, default_value_t = 64, value_parser = positive)]
     bptt: usize,
     /// Adam's learning rate
-    #[arg(long, default_value_t = 2e-3)]
+    #[arg(long, default_value_t = 2e-3, value_parser = positive_real)]
     lr: f64,
     /// Clip the gradients' global norm to this
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = positive_real)]
     clip: f64,
     /// Validation loss every N documents (on the first 256 validation documents; all of them
     /// at the end)
@@ -84,7 +85,7 @@ struct Args {
     #[arg(long)]
     resume: bool,
     /// Stop after this many documents, saving the checkpoint, as if interrupted
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     until: Option<usize>,
     /// Text the sampling starts from
     #[arg(long, default_value = "The meaning of life is")]
@@ -93,15 +94,8 @@ struct Args {
     #[arg(long, default_value_t = 400)]
     generate: usize,
     /// Sampling temperature (0: greedy)
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, value_parser = non_negative_real)]
     temperature: f64,
-}
-
-fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("`{s}` is not a positive whole number")),
-    }
 }
 
 /// Bytes in, a distribution over the next byte out: an embedding, a stacked LSTM, a linear head.
@@ -240,8 +234,30 @@ fn main() -> std::process::ExitCode {
     setup::report(run)
 }
 
-fn run() -> Result<(), NnError> {
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
+    // Every argument is checked before any work.
+    if let Some(until) = args.until {
+        if until > args.docs {
+            return Err(setup::fail(format!(
+                "--until {until} is past the end of the run (--docs {})",
+                args.docs
+            )));
+        }
+    }
+    if args.generate > 0 && args.prompt.is_empty() {
+        return Err(setup::fail(
+            "--prompt is empty: sampling needs at least one character to start from (or pass \
+             --generate 0)",
+        ));
+    }
+    setup::check_writable("the checkpoint", "--checkpoint", &args.checkpoint)?;
+    if args.resume && !args.checkpoint.is_file() {
+        return Err(setup::fail(format!(
+            "cannot resume: there is no checkpoint at {} (leave out --resume to start a run)",
+            args.checkpoint.display()
+        )));
+    }
     if !args.data.is_dir() {
         eprintln!(
             "The fortune files were not found in {}.\nInstall them with:  {}\n\
@@ -283,6 +299,13 @@ fn run() -> Result<(), NnError> {
             args.checkpoint.display()
         );
     }
+    let end = args.until.unwrap_or(args.docs).min(args.docs);
+    if end < start {
+        return Err(setup::fail(format!(
+            "--until {end} is before document {start}, where {} is",
+            args.checkpoint.display()
+        )));
+    }
     let mut g = Graph::new();
     println!(
         "arenagrad char-lstm: {} parameters ({} layers of {}, embedding {}), {} training / {} \
@@ -299,7 +322,6 @@ fn run() -> Result<(), NnError> {
         g.threads()
     );
     let probe = &valid_docs[..valid_docs.len().min(256)];
-    let end = args.until.unwrap_or(args.docs).min(args.docs);
     let bar = ProgressBar::new(args.docs as u64);
     bar.set_style(
         ProgressStyle::with_template("[{bar:30}] {pos}/{len} documents {msg}")
@@ -407,11 +429,18 @@ fn run() -> Result<(), NnError> {
         full / std::f64::consts::LN_2,
         tv.elapsed().as_secs_f64()
     );
-    println!(
-        "saved {} after {doc} documents (model, optimiser state and progress: --resume \
-         continues from it)",
-        args.checkpoint.display()
-    );
+    if doc > start {
+        println!(
+            "saved {} after {doc} documents (model, optimiser state and progress: --resume \
+             continues from it)",
+            args.checkpoint.display()
+        );
+    } else {
+        println!(
+            "{} is after {doc} documents: nothing left to train",
+            args.checkpoint.display()
+        );
+    }
     if args.generate > 0 {
         let sampling = Sampling {
             temperature: args.temperature,
@@ -454,13 +483,15 @@ fn evaluate(
     bar: &ProgressBar,
     train_loss: f64,
     (cps, gflops): (f64, f64),
-) -> Result<(), NnError> {
+) -> Result<(), Box<dyn std::error::Error>> {
     let v = valid_loss(model, g, probe)?;
     let progress = Progress {
         step: doc as u64,
         rng: Some(order_rng.clone()),
+        ..Progress::default()
     };
-    checkpoint::save_training(&args.checkpoint, model, opt, &progress)?;
+    checkpoint::save_training(&args.checkpoint, model, opt, &progress)
+        .map_err(|e| setup::write_failed("the checkpoint", "--checkpoint", &args.checkpoint, e))?;
     let line = format!(
         "{doc} documents: train loss {train_loss:.4}  validation loss {v:.4}  {cps:.0} \
          characters/s  {gflops:.1} GFLOP/s"
