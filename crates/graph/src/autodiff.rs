@@ -451,7 +451,12 @@ fn accumulate<'a>(
             });
         }
         let ipos = n.tape_pos as usize;
-        match i.grad_slots[ipos] {
+        // A leaf set to require grad after this pass began (by a hook) lies past its slots: as
+        // in PyTorch, which fixes at the forward what needs a gradient, it sits this pass out.
+        let Some(&slot) = i.grad_slots.get(ipos) else {
+            continue;
+        };
+        match slot {
             None => {
                 i.grad_slots[ipos] = Some(t.id);
                 i.nodes[t.id].grad_refs += 1;
@@ -549,7 +554,7 @@ fn unary_fast_path(i: &mut Inner, node_id: NodeId, gid: NodeId, retain: bool) ->
         .get(x)
         .filter(|xn| xn.requires_grad && xn.tape_pos != NO_POS)
         .map(|xn| (xn.tape_pos as usize, xn.buf))
-        .filter(|&(p, _)| i.grad_slots[p].is_none());
+        .filter(|&(p, _)| i.grad_slots.get(p).is_some_and(Option::is_none));
     let done = match slot {
         Some((slot, xb)) if ops::unary::backward_in_place_bufs(i, u, xb, yb, gid)? => {
             i.grad_slots[slot] = Some(gid);

@@ -257,3 +257,34 @@ fn a_param_hook_hears_parameters_used_only_inside_checkpointed_blocks() {
     let told: Vec<Vec<f64>> = got.into_iter().map(|(_, v)| v.unwrap()).collect();
     assert_eq!(told, want);
 }
+
+#[test]
+fn a_leaf_set_to_require_grad_during_backward_joins_the_next_pass_not_this_one() {
+    // PyTorch records which inputs need a gradient when the forward runs: a hook that turns
+    // `requires_grad` on for a constant changes nothing in the running pass. Here the rule of
+    // `x·c` then found c requiring grad with a tape position past the pass's slots, and
+    // panicked indexing them; also when the flag was set inside a scope in the hook.
+    for in_scope in [false, true] {
+        let g = Graph::new();
+        let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+        let c = g.from_f64(&[3.0, 4.0], &[2], DType::F64).unwrap();
+        let y = x.mul(c).unwrap();
+        let cid = c.id();
+        y.register_hook(move |gy| {
+            let c = gy.graph().get(cid)?;
+            if in_scope {
+                gy.graph().scope(|_| c.set_requires_grad(true).map(drop))?;
+            } else {
+                c.set_requires_grad(true)?;
+            }
+            Ok(None)
+        })
+        .unwrap();
+        y.sum().unwrap().backward().unwrap();
+        assert_eq!(x.grad().unwrap().unwrap().to_vec_f64().unwrap(), [3.0, 4.0]);
+        assert!(c.grad().unwrap().is_none(), "in scope: {in_scope}");
+        // The next pass includes it.
+        x.mul(c).unwrap().sum().unwrap().backward().unwrap();
+        assert_eq!(c.grad().unwrap().unwrap().to_vec_f64().unwrap(), [1.0, 2.0]);
+    }
+}
