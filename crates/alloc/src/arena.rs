@@ -227,14 +227,21 @@ pub struct Arena {
     /// The bump's chunk, taken whole at every reset and handed out by the arena itself, as
     /// `region_len` bytes from `region`: buffers of a cache line or more are carved upwards from
     /// the bottom (`region_lo`), smaller ones downwards from the top (`region_hi`), so each end
-    /// keeps its alignment with no padding. Every byte of it was written when the chunk was new,
-    /// so a carved buffer holds old `Pod` values and needs no clearing (a steady loop never pays
-    /// for a memset), and carving is an add and a compare. When it runs out, buffers come from
-    /// the bump itself (cleared), and the next reset makes one chunk that holds the iteration.
+    /// keeps its alignment with no padding. Its bytes are cleared the first time they are
+    /// carved (below `init_lo`, at or above `init_hi`, they have been): a carved buffer holds
+    /// old `Pod` values, a steady loop never pays for a memset, and carving is an add and two
+    /// compares. A region is not cleared whole when made: that touched every page of it at
+    /// once, and a region sized for a scope four times over (or a chunk sized for the largest
+    /// iteration) then held that much resident memory however little of it was used. When it
+    /// runs out, buffers come from the bump itself (cleared), and the next reset makes one
+    /// chunk that holds the iteration.
     region: NonNull<u8>,
     region_lo: usize,
     region_hi: usize,
     region_len: usize,
+    /// `[0, init_lo)` and `[init_hi, region_len)` of the region have been written.
+    init_lo: usize,
+    init_hi: usize,
     /// Some buffer of this iteration came from outside the region.
     overflowed: bool,
     /// Bytes of this iteration's buffers that came from outside the region.
@@ -284,6 +291,8 @@ impl Arena {
             region_lo: 0,
             region_hi: 0,
             region_len: 0,
+            init_lo: 0,
+            init_hi: 0,
             overflowed: false,
             fresh_bytes: 0,
             owners: Vec::new(),
@@ -293,8 +302,8 @@ impl Arena {
     }
 
     /// Takes the bump's (single, empty) chunk whole as the region the arena carves buffers from.
-    /// The memory is cleared the first time a chunk is taken; later it is the same memory (the
-    /// bump keeps its chunk across resets and hands out the same top), which holds old `Pod`
+    /// A new chunk is cleared as it is carved; later it is the same memory (the bump keeps its
+    /// chunk across resets and hands out the same top), whose carved parts hold old `Pod`
     /// values: initialised.
     fn take_region(&mut self) {
         let (old, old_len) = (self.region, self.region_len);
@@ -315,9 +324,9 @@ impl Arena {
             return;
         };
         if p != old || cap != old_len {
-            // SAFETY: `p` was just returned by the bump for `cap` bytes; nothing else refers to
-            // it, so writing all of it is in bounds and unaliased.
-            unsafe { std::ptr::write_bytes(p.as_ptr(), 0, cap) };
+            // New memory: nothing of it written yet.
+            self.init_lo = 0;
+            self.init_hi = cap;
         }
         self.region = p;
         self.region_hi = cap;
@@ -440,14 +449,13 @@ impl Arena {
             // No memory for it: scopes keep working from the free lists and fresh memory.
             return;
         };
-        // SAFETY: `p` was just returned by the bump for `len` bytes; nothing else refers to it,
-        // so writing all of it is in bounds and unaliased. Cleared once, it holds valid `Pod`
-        // values for every buffer carved from it (see `region`).
-        unsafe { std::ptr::write_bytes(p.as_ptr(), 0, len) };
+        // Cleared as it is carved (see `region`).
         self.region = p;
         self.region_lo = 0;
         self.region_hi = len;
         self.region_len = len;
+        self.init_lo = 0;
+        self.init_hi = len;
     }
 
     /// The arena's current epoch (incremented by every reset and every rollback).
@@ -567,7 +575,8 @@ impl Arena {
         // The region starts on a BUF_ALIGN boundary and its length is a multiple of it; the
         // bottom end moves by multiples of BUF_ALIGN, the top end by multiples of TINY_ALIGN, so
         // each stays aligned for what it hands out.
-        let start = if align == BUF_ALIGN {
+        let bottom = align == BUF_ALIGN;
+        let start = if bottom {
             self.region_lo += bytes;
             self.region_lo - bytes
         } else {
@@ -575,11 +584,40 @@ impl Arena {
             self.region_hi
         };
         self.stats.bytes_bumped += bytes;
+        if (bottom && start + bytes > self.init_lo) || (!bottom && start < self.init_hi) {
+            self.clear_carved(start, bytes, bottom);
+        }
         // SAFETY: `region_lo <= region_hi <= region_len` holds (checked above before either end
         // moved by `bytes`), and `[start, start + bytes)` lies between the old and the new end,
         // inside the region the bump handed out (see `take_region`) and outside every buffer
         // carved before.
         Some(unsafe { self.region.add(start) })
+    }
+
+    /// Clears the part of the just-carved `[start, start + bytes)` (from the `bottom` end, or
+    /// the top) that was never written, and moves that end's written mark past it.
+    #[cold]
+    #[inline(never)]
+    fn clear_carved(&mut self, start: usize, bytes: usize, bottom: bool) {
+        let end = start + bytes;
+        // The bottom end carves upwards from `region_lo <= init_lo`, the top end downwards from
+        // `region_hi >= init_hi`: the unwritten part is a run at the far end of the carve.
+        let (from, to) = if bottom {
+            (self.init_lo.max(start), end)
+        } else {
+            (start, self.init_hi.min(end))
+        };
+        if from < to {
+            // SAFETY: `[from, to)` lies inside the carve `[start, start + bytes)`, which is inside
+            // the region the bump handed out and outside every live buffer (see `carve`); no
+            // reference to it exists yet, so writing it is in bounds and unaliased.
+            unsafe { std::ptr::write_bytes(self.region.as_ptr().add(from), 0, to - from) };
+        }
+        if bottom {
+            self.init_lo = self.init_lo.max(end);
+        } else {
+            self.init_hi = self.init_hi.min(start);
+        }
     }
 
     /// [`Arena::reserve`] for buffers of `SMALL_BYTES` or more: their free list in the map, else
