@@ -239,7 +239,7 @@ fn plot(run: &GanRun, path: &str) -> Result<(), Box<dyn std::error::Error>> {
 #[allow(dead_code)] // tests/gan_modes.rs includes this file without calling main
 struct Args {
     /// Training steps (one discriminator and one generator update each)
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = 3000, value_parser = setup::positive)]
     steps: usize,
     /// Seed of the weights and the noise
     #[arg(long, default_value_t = 0)]
@@ -260,6 +260,8 @@ fn main() -> std::process::ExitCode {
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     use clap::Parser;
     let Args { steps, seed, out } = Args::parse();
+    // Every argument is checked before any work.
+    setup::check_writable("the picture", "--out", out.as_ref())?;
     let t0 = std::time::Instant::now();
     let every = (steps / 10).max(1);
     let run = train_with(steps, seed, |step, d, gl| {
@@ -277,7 +279,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         run.g_loss.last().copied().unwrap_or(f64::NAN),
         modes_covered(&run.samples)
     );
-    plot(&run, &out)?;
+    plot(&run, &out).map_err(|e| setup::write_failed("the picture", "--out", out.as_ref(), e))?;
     println!("wrote {out} (left: real samples and generated ones; right: the two losses per step)");
     Ok(())
 }
