@@ -288,3 +288,33 @@ fn a_leaf_set_to_require_grad_during_backward_joins_the_next_pass_not_this_one()
         assert_eq!(c.grad().unwrap().unwrap().to_vec_f64().unwrap(), [1.0, 2.0]);
     }
 }
+
+#[test]
+fn a_param_hook_hears_parameters_of_nested_checkpoints_once_per_backward() {
+    let p = param("p", &[0.5, -2.0], &[2]);
+    let pp = p.clone();
+    let inner: arenagrad_graph::CheckpointFn =
+        Arc::new(move |g, x| x[0].mul(g.param(&pp)?)?.tanh());
+    let outer: arenagrad_graph::CheckpointFn =
+        Arc::new(move |g, x| g.checkpoint(inner.clone(), &[x[0].sin()?])?.exp());
+    let g = Graph::new();
+    let seen = listen(&g);
+    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let l = g.checkpoint(outer, &[x]).unwrap().sum().unwrap();
+    let opts = arenagrad_graph::BackwardOptions {
+        retain_graph: true,
+        ..Default::default()
+    };
+    l.backward_with(opts).unwrap();
+    let once = p.grad().unwrap().to_f64_vec();
+    l.backward().unwrap();
+    let got = seen.lock().unwrap().clone();
+    let twice: Vec<f64> = once.iter().map(|v| 2.0 * v).collect();
+    assert_eq!(
+        got,
+        [
+            ("p".to_string(), Some(once)),
+            ("p".to_string(), Some(twice))
+        ]
+    );
+}
