@@ -40,24 +40,24 @@ use clap::Parser;
 struct Args {
     #[arg(long, default_value = "/usr/share/datasets/fashion-mnist")]
     data: PathBuf,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = setup::positive)]
     epochs: usize,
     /// Examples per step on each rank.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = setup::positive)]
     batch: usize,
-    #[arg(long, default_value_t = 2e-3)]
+    #[arg(long, default_value_t = 2e-3, value_parser = setup::positive_real)]
     lr: f64,
     #[arg(long, default_value = "32,64", value_parser = channels)]
     channels: (usize, usize),
     /// Train on the first N images (and test on as many).
-    #[arg(long)]
+    #[arg(long, value_parser = setup::positive)]
     limit: Option<usize>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Gradient bucket size, MiB (the first bucket is at most 1 MiB).
-    #[arg(long, default_value_t = 25.0)]
+    #[arg(long, default_value_t = 25.0, value_parser = setup::positive_real)]
     bucket_mb: f64,
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = setup::positive)]
     log_every: usize,
     #[arg(long, default_value_os_t = std::env::temp_dir().join("arenagrad-ddp-fashion-mnist.safetensors"))]
     checkpoint: PathBuf,
@@ -143,8 +143,11 @@ fn main() -> std::process::ExitCode {
     setup::report(run)
 }
 
-fn run() -> Result<(), DistError> {
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
+    // Checked on every rank before any work, so that all of them stop (rather than the others
+    // waiting for rank 0 until the timeout).
+    setup::check_writable("the checkpoint", "--checkpoint", &args.checkpoint)?;
     let comm = communicator()?;
     let (rank, world) = (comm.rank(), comm.world_size());
     let main = rank == 0;
@@ -243,7 +246,9 @@ fn run() -> Result<(), DistError> {
         }
     }
     let secs = t_all.elapsed().as_secs_f64();
-    model.on_main(|| checkpoint::save(model.module(), &args.checkpoint))?;
+    model
+        .on_main(|| checkpoint::save(model.module(), &args.checkpoint))
+        .map_err(|e| setup::write_failed("the checkpoint", "--checkpoint", &args.checkpoint, e))?;
     if main {
         println!(
             "{step} steps in {secs:.1} s: {:.0} images/s over {world} rank{}; per step \
