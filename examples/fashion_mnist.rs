@@ -232,7 +232,8 @@ fn plot(
 fn evaluate(model: &Sequential, g: &mut Graph, test: &Dataset) -> Result<f64, NnError> {
     let mut correct = 0;
     // Modest batches: the arena holds every intermediate of an iteration until its reset.
-    for (x, y) in test.batches(250)? {
+    for batch in test.batches(250)? {
+        let (x, y) = batch?;
         let n = {
             let _ng = g.no_grad();
             let logits = model.forward(g, g.from_host(&x)?)?;
@@ -364,10 +365,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let total_batches = batches.len();
         let t0 = Instant::now();
         let mut seen = 0usize;
-        for (k, (x, y)) in batches.enumerate() {
+        for (k, batch) in batches.enumerate() {
             if step >= total {
                 break;
             }
+            let (x, y) = batch?;
             if args.schedule == Schedule::Cosine {
                 cosine.apply(&mut opt, step)?;
             }

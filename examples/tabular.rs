@@ -141,7 +141,8 @@ fn run() -> Result<(), NnError> {
     let every = (args.epochs / 6).max(1);
     for epoch in 1..=args.epochs {
         let (mut sum, mut rows) = (0.0, 0);
-        for (x, y) in train.shuffled_batches(args.batch, &mut rng)? {
+        for batch in train.shuffled_batches(args.batch, &mut rng)? {
+            let (x, y) = batch?;
             opt.zero_grad();
             let l = loss::cross_entropy(model.forward(&g, g.from_host(&x)?)?, &y)?;
             l.backward()?;

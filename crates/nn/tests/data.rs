@@ -154,13 +154,13 @@ fn dataset_from_files_and_batches() {
     assert_eq!(v[0], 21.0 / 255.0); // image 3, pixel 0 = 3·7
     assert_eq!(v[12], 0.0);
     assert!(v.iter().all(|p| (0.0..=1.0).contains(p)));
-    let sizes: Vec<usize> = ds.batches(4).unwrap().map(|(_, y)| y.len()).collect();
+    let sizes: Vec<usize> = ds.batches(4).unwrap().map(|b| b.unwrap().1.len()).collect();
     assert_eq!(sizes, vec![4, 4, 2]);
     let sizes: Vec<usize> = ds
         .batches(4)
         .unwrap()
         .drop_last(true)
-        .map(|(_, y)| y.len())
+        .map(|b| b.unwrap().1.len())
         .collect();
     assert_eq!(sizes, vec![4, 4]);
     assert_eq!(ds.batches(3).unwrap().len(), 4);
@@ -179,7 +179,8 @@ fn shuffling_is_seeded_and_covers_every_sample_once() {
     let epoch = |rng: &mut Rng| -> Vec<usize> {
         ds.shuffled_batches(5, rng)
             .unwrap()
-            .flat_map(|(x, _)| {
+            .flat_map(|b| {
+                let (x, _) = b.unwrap();
                 let HostData::F32(v) = x.data() else { panic!() };
                 // Recover each image's index from its first pixel (index · 7).
                 v.chunks(12)
@@ -200,7 +201,8 @@ fn shuffling_is_seeded_and_covers_every_sample_once() {
     assert_eq!(sorted, (0..23).collect::<Vec<_>>());
     // Labels travel with their images.
     let mut r = Rng::seed(9);
-    for (x, y) in ds.shuffled_batches(4, &mut r).unwrap() {
+    for b in ds.shuffled_batches(4, &mut r).unwrap() {
+        let (x, y) = b.unwrap();
         let HostData::F32(v) = x.data() else { panic!() };
         for (img, &label) in v.chunks(12).zip(&y) {
             assert_eq!(((img[0] * 255.0).round() as usize / 7) % 10, label);
@@ -233,6 +235,19 @@ fn bad_datasets_are_typed() {
         Err(NnError::BadData { .. })
     ));
     assert!(Dataset::new(vec![0; 8], vec![0, 1], &[2, 2]).is_ok());
+}
+
+#[test]
+fn a_sample_shape_whose_element_count_overflows_is_refused() {
+    // 3 · 0xAAAA_AAAA_AAAA_AAAB = 2^65 + 1: one element per sample, wrapped.
+    let shape = [3, 0xAAAA_AAAA_AAAA_AAAB, 1];
+    match Dataset::new(vec![7], vec![0], &shape) {
+        Err(NnError::BadData { what, reason }) => {
+            assert_eq!(what, "Dataset");
+            assert!(reason.contains("overflows"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 /// Bytes past the dimensions a header gives are refused, plain or gzipped.

@@ -122,7 +122,8 @@ fn seeded_batches_cover_every_row_once_in_the_dataset_dtype() {
     let order = |seed| {
         let mut rng = Rng::seed(seed);
         let mut seen = Vec::new();
-        for (x, y) in ds.shuffled_batches(4, &mut rng).unwrap() {
+        for b in ds.shuffled_batches(4, &mut rng).unwrap() {
+            let (x, y) = b.unwrap();
             assert_eq!(x.dtype(), DType::F64);
             assert_eq!(x.shape(), &[y.len(), 2]);
             let v = x.to_f64_vec();

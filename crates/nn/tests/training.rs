@@ -102,7 +102,8 @@ fn train_cnn(seed: u64, epochs: usize) -> (Vec<f64>, Sequential) {
     let mut losses = Vec::new();
     for epoch in 0..epochs {
         sched.apply(&mut opt, epoch).unwrap();
-        for (x, y) in ds.shuffled_batches(16, &mut rng).unwrap() {
+        for b in ds.shuffled_batches(16, &mut rng).unwrap() {
+            let (x, y) = b.unwrap();
             opt.zero_grad();
             let xt = g.from_host(&x).unwrap();
             let l = loss::cross_entropy(model.forward(&g, xt).unwrap(), &y).unwrap();

@@ -13,7 +13,8 @@
 //! let ds = Dataset::from_idx(images, labels)?;
 //! let mut rng = Rng::seed(0);
 //! let mut seen = 0;
-//! for (x, y) in ds.shuffled_batches(3, &mut rng)? {
+//! for batch in ds.shuffled_batches(3, &mut rng)? {
+//!     let (x, y) = batch?;
 //!     assert_eq!(&x.shape()[1..], &[1, 2, 2]); // [B, 1, H, W], values in [0, 1]
 //!     assert_eq!(x.shape()[0], y.len());
 //!     seen += y.len();
@@ -405,7 +406,14 @@ impl Dataset {
                 )))
             }
         };
-        let per: usize = sample_shape.iter().product();
+        let per = sample_shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| {
+                bad(format!(
+                    "sample shape {sample_shape:?}: its element count overflows usize"
+                ))
+            })?;
         if per == 0 || labels.len().checked_mul(per) != Some(images.len()) {
             return Err(bad(format!(
                 "{} pixel bytes for {} labels of {sample_shape:?} images",
@@ -501,9 +509,18 @@ impl Dataset {
 
     /// The samples `indices` as images `f32 [B, C, H, W]` scaled to `[0, 1]` and their labels.
     pub fn batch(&self, indices: &[usize]) -> Result<(HostTensor, Vec<usize>)> {
+        const OP: &str = "Dataset::batch";
         let per: usize = self.sample_shape.iter().product();
-        let mut x = Vec::with_capacity(indices.len() * per);
-        let mut y = Vec::with_capacity(indices.len());
+        let mut shape = vec![indices.len()];
+        shape.extend_from_slice(&self.sample_shape);
+        let n = indices.len().checked_mul(per).ok_or_else(|| {
+            arenagrad_graph::GraphError::TooLarge {
+                op: OP,
+                shape: shape.clone(),
+            }
+        })?;
+        let mut x = try_vec(OP, &shape, n)?;
+        let mut y = try_vec(OP, &shape, indices.len())?;
         for &i in indices {
             if i >= self.len() {
                 return Err(NnError::IndexOutOfRange {
@@ -520,8 +537,6 @@ impl Dataset {
             );
             y.push(self.labels[i]);
         }
-        let mut shape = vec![indices.len()];
-        shape.extend_from_slice(&self.sample_shape);
         Ok((HostTensor::new(x, &shape)?, y))
     }
 
@@ -548,7 +563,9 @@ impl Samples for Dataset {
 }
 
 /// An iterator of mini-batches `(samples, labels)` over a dataset: for a [`Dataset`], images
-/// `f32 [B, C, H, W]` in `[0, 1]`; for a [`TabularDataset`], features `[B, n_features]`.
+/// `f32 [B, C, H, W]` in `[0, 1]`; for a [`TabularDataset`], features `[B, n_features]`. Each
+/// item is the batch or the error gathering it (memory the host cannot provide, say): an error
+/// is yielded where it happens, not taken for the end of the pass, and the pass goes on after it.
 #[derive(Debug, Clone)]
 pub struct Batches<'a, D: Samples + ?Sized = Dataset> {
     ds: &'a D,
@@ -597,7 +614,7 @@ impl<'a, D: Samples + ?Sized> Batches<'a, D> {
 }
 
 impl<D: Samples + ?Sized> Iterator for Batches<'_, D> {
-    type Item = (HostTensor, Vec<usize>);
+    type Item = Result<(HostTensor, Vec<usize>)>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.remaining() == 0 {
@@ -606,8 +623,7 @@ impl<D: Samples + ?Sized> Iterator for Batches<'_, D> {
         let end = (self.pos + self.batch_size).min(self.order.len());
         let idx = &self.order[self.pos..end];
         self.pos = end;
-        // Indices come from 0..len, so the batch cannot fail.
-        self.ds.batch(idx).ok()
+        Some(self.ds.batch(idx))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -617,3 +633,40 @@ impl<D: Samples + ?Sized> Iterator for Batches<'_, D> {
 }
 
 impl<D: Samples + ?Sized> ExactSizeIterator for Batches<'_, D> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three samples of one value each; sample 1 cannot be read.
+    struct OneBad;
+
+    impl Samples for OneBad {
+        fn len(&self) -> usize {
+            3
+        }
+        fn batch(&self, indices: &[usize]) -> Result<(HostTensor, Vec<usize>)> {
+            if indices.contains(&1) {
+                return Err(NnError::BadData {
+                    what: "OneBad",
+                    reason: "sample 1 is unreadable".into(),
+                });
+            }
+            let x: Vec<f32> = indices.iter().map(|&i| i as f32).collect();
+            Ok((HostTensor::new(x, &[indices.len(), 1])?, indices.to_vec()))
+        }
+    }
+
+    #[test]
+    fn a_batch_that_fails_is_yielded_as_its_error_not_the_end() {
+        let seen: Vec<_> = Batches::new(&OneBad, vec![0, 1, 2], 1).unwrap().collect();
+        assert_eq!(seen.len(), 3);
+        assert_eq!(seen[0].as_ref().unwrap().1, [0]);
+        assert!(
+            matches!(&seen[1], Err(NnError::BadData { what: "OneBad", .. })),
+            "{:?}",
+            seen[1]
+        );
+        assert_eq!(seen[2].as_ref().unwrap().1, [2]);
+    }
+}

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use arenagrad_graph::{DType, HostTensor};
 
-use super::{Batches, Samples};
+use super::{try_vec, Batches, Samples};
 use crate::error::{NnError, Result};
 use crate::Rng;
 
@@ -24,7 +24,8 @@ use crate::Rng;
 /// let (train, test) = (scale.transform(&train)?, scale.transform(&test)?);
 /// assert!((train.features()[0] + 1.224744871391589).abs() < 1e-12);
 /// let mut rng = Rng::seed(0);
-/// for (x, y) in train.shuffled_batches(2, &mut rng)? {
+/// for batch in train.shuffled_batches(2, &mut rng)? {
+///     let (x, y) = batch?;
 ///     assert_eq!(x.shape(), &[y.len(), 2]);
 /// }
 /// assert_eq!(test.len(), 1);
@@ -162,9 +163,19 @@ impl TabularDataset {
 
     /// The rows `indices` as a `[B, n_features]` tensor and their labels.
     pub fn batch(&self, indices: &[usize]) -> Result<(HostTensor, Vec<usize>)> {
+        const OP: &str = "TabularDataset::batch";
         let f = self.n_features;
-        let mut x = Vec::with_capacity(indices.len() * f);
-        let mut y = Vec::with_capacity(indices.len());
+        let shape = [indices.len(), f];
+        let n =
+            indices
+                .len()
+                .checked_mul(f)
+                .ok_or_else(|| arenagrad_graph::GraphError::TooLarge {
+                    op: OP,
+                    shape: shape.to_vec(),
+                })?;
+        let mut x = try_vec(OP, &shape, n)?;
+        let mut y = try_vec(OP, &shape, indices.len())?;
         for &i in indices {
             if i >= self.len() {
                 return Err(NnError::IndexOutOfRange {
