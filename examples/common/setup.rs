@@ -46,20 +46,27 @@ pub fn report<E: Into<Box<dyn std::error::Error>>>(
         return std::process::ExitCode::SUCCESS;
     };
     let e: Box<dyn std::error::Error> = e.into();
+    for line in error_lines(e.as_ref()) {
+        eprintln!("{line}");
+    }
+    std::process::ExitCode::FAILURE
+}
+
+/// What [`report`] prints for `e`: `error: …`, then a `caused by: …` line for each cause whose
+/// words the lines before do not already carry (most errors quote their source).
+pub fn error_lines(e: &dyn std::error::Error) -> Vec<String> {
     let mut said = e.to_string();
-    eprintln!("error: {said}");
-    // A cause whose words the message already carries (most errors quote their source) is not
-    // said twice.
+    let mut lines = vec![format!("error: {said}")];
     let mut source = e.source();
     while let Some(s) = source {
         let text = s.to_string();
         if !said.contains(&text) {
-            eprintln!("  caused by: {text}");
+            lines.push(format!("  caused by: {text}"));
             said.push_str(&text);
         }
         source = s.source();
     }
-    std::process::ExitCode::FAILURE
+    lines
 }
 
 /// An example's error: a sentence for the user.
