@@ -250,6 +250,17 @@ fn a_sample_shape_whose_element_count_overflows_is_refused() {
     }
 }
 
+#[test]
+fn a_label_with_no_class_count_is_refused_not_wrapped_to_zero_classes() {
+    let e = Dataset::new(vec![0; 4], vec![3, usize::MAX], &[2, 1]).unwrap_err();
+    assert!(
+        matches!(&e, NnError::BadData { what: "Dataset", reason } if reason.contains("label 1")),
+        "{e}"
+    );
+    let ds = Dataset::new(vec![0; 4], vec![3, usize::MAX - 1], &[2, 1]).unwrap();
+    assert_eq!(ds.num_classes(), usize::MAX);
+}
+
 /// Bytes past the dimensions a header gives are refused, plain or gzipped.
 #[test]
 fn data_past_the_header_is_refused() {

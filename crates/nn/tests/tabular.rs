@@ -112,6 +112,27 @@ fn malformed_files_are_refused_naming_the_line_and_column() {
 }
 
 #[test]
+fn a_label_with_no_class_count_is_refused_not_wrapped_to_zero_classes() {
+    // One more than usize::MAX classes cannot be counted: refused where the label is read.
+    let max = usize::MAX.to_string();
+    let (line, why) = csv_error(&format!("a,y\n1,0\n2,{max}\n"), &CsvOptions::default());
+    assert_eq!(line, 3);
+    assert!(why.contains(&max), "{why}");
+    let e = TabularDataset::new(vec![1.0, 2.0], vec![0, usize::MAX], 1).unwrap_err();
+    assert!(
+        matches!(&e, NnError::BadData { reason, .. } if reason.contains("row 1")),
+        "{e}"
+    );
+    // One below is a count of usize::MAX classes.
+    let ds = read(
+        &format!("a,y\n1,0\n2,{}\n", usize::MAX - 1),
+        &CsvOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(ds.num_classes(), usize::MAX);
+}
+
+#[test]
 fn seeded_batches_cover_every_row_once_in_the_dataset_dtype() {
     let n = 10;
     let features: Vec<f64> = (0..2 * n).map(|v| v as f64).collect();

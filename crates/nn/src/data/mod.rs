@@ -120,6 +120,15 @@ pub struct IdxArray {
     pub data: IdxData,
 }
 
+/// Why a label of `usize::MAX` (at `what`) is refused: the class count, one more than the
+/// largest label, would not fit (and wrapped to 0 classes).
+pub(crate) fn no_class_count(what: &str) -> String {
+    format!(
+        "{what} is {}: one more than it, the number of classes, does not fit usize",
+        usize::MAX
+    )
+}
+
 /// An empty vector with room for `n` elements (a tensor of `shape`), reserved fallibly: where the
 /// host cannot provide them, [`GraphError::OutOfMemory`](arenagrad_graph::GraphError) naming
 /// `op` and `shape`, not an abort.
@@ -421,6 +430,9 @@ impl Dataset {
                 labels.len()
             )));
         }
+        if let Some(k) = labels.iter().position(|&l| l == usize::MAX) {
+            return Err(bad(no_class_count(&format!("label {k}"))));
+        }
         Ok(Dataset {
             images,
             labels,
@@ -493,7 +505,10 @@ impl Dataset {
 
     /// One more than the largest label (0 when empty).
     pub fn num_classes(&self) -> usize {
-        self.labels.iter().max().map_or(0, |m| m + 1)
+        self.labels.iter().max().map_or(0, |m| {
+            m.checked_add(1)
+                .expect("invariant: a label of usize::MAX is refused by Dataset::new")
+        })
     }
 
     /// The first `n` samples (all of them if there are fewer).

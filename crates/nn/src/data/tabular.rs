@@ -7,7 +7,7 @@ use std::path::Path;
 
 use arenagrad_graph::{DType, HostTensor};
 
-use super::{try_vec, Batches, Samples};
+use super::{no_class_count, try_vec, Batches, Samples};
 use crate::error::{NnError, Result};
 use crate::Rng;
 
@@ -58,6 +58,9 @@ impl TabularDataset {
                 features.len(),
                 labels.len()
             )));
+        }
+        if let Some(k) = labels.iter().position(|&l| l == usize::MAX) {
+            return Err(bad(no_class_count(&format!("row {k}'s label"))));
         }
         if let Some(k) = features.iter().position(|v| !v.is_finite()) {
             return Err(bad(format!(
@@ -120,9 +123,11 @@ impl TabularDataset {
 
     /// The number of classes: the names read, or one more than the largest label.
     pub fn num_classes(&self) -> usize {
-        self.class_names
-            .len()
-            .max(self.labels.iter().max().map_or(0, |m| m + 1))
+        let labelled = self.labels.iter().max().map_or(0, |m| {
+            m.checked_add(1)
+                .expect("invariant: a label of usize::MAX is refused by TabularDataset::new")
+        });
+        self.class_names.len().max(labelled)
     }
 
     fn rows(&self, range: std::ops::Range<usize>) -> TabularDataset {
@@ -436,7 +441,13 @@ impl TabularDataset {
         };
         let numeric: Option<Vec<usize>> = label_text.iter().map(|(_, t)| t.parse().ok()).collect();
         let (labels, class_names) = match numeric {
-            Some(l) => (l, Vec::new()),
+            Some(l) => {
+                if let Some(k) = l.iter().position(|&v| v == usize::MAX) {
+                    let (line, text) = &label_text[k];
+                    return Err(err(*line, no_class_count(&format!("label {text:?}"))));
+                }
+                (l, Vec::new())
+            }
             None => {
                 let mut names: Vec<String> = label_text.iter().map(|(_, t)| t.clone()).collect();
                 names.sort();
