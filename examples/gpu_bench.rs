@@ -28,10 +28,16 @@ use arenagrad::prelude::*;
 fn arg(args: &[String], name: &str, default: usize) -> Result<usize, String> {
     match args.iter().position(|a| a == name) {
         None => Ok(default),
-        Some(k) => args
-            .get(k + 1)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| format!("{name} needs a number")),
+        Some(k) => match args.get(k + 1).map(|v| v.parse::<usize>()) {
+            // A device is an ordinal from 0; every other flag is a count of at least 1.
+            Some(Ok(n)) if n > 0 || name == "--device" => Ok(n),
+            Some(Ok(_)) => Err(format!("{name} needs a whole number of at least 1, not 0")),
+            Some(Err(_)) => Err(format!(
+                "{name} needs a whole number, not `{}`",
+                args[k + 1]
+            )),
+            None => Err(format!("{name} needs a whole number after it")),
+        },
     }
 }
 

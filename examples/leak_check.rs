@@ -33,10 +33,10 @@ fn rss_mib() -> f64 {
 #[command(name = "leak_check")]
 struct Args {
     /// Iterations
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = setup::positive)]
     iters: usize,
     /// The input's side (an n×n matrix)
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = setup::positive)]
     size: usize,
     /// Skip backward (the graph is then never consumed: the reset must still free it)
     #[arg(long)]

@@ -39,19 +39,19 @@ struct Args {
     #[arg(long, default_value = "last")]
     label: String,
     /// Passes over the training rows.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = setup::positive)]
     epochs: usize,
     /// Rows per batch.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = setup::positive)]
     batch: usize,
     /// Adam's learning rate.
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = 3e-3, value_parser = setup::positive_real)]
     lr: f64,
     /// Width of the two hidden layers.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = setup::positive)]
     hidden: usize,
-    /// The share of rows held out for testing.
-    #[arg(long, default_value_t = 0.2)]
+    /// The share of rows held out for testing (above 0, below 1).
+    #[arg(long, default_value_t = 0.2, value_parser = test_fraction)]
     test_fraction: f64,
     /// Seed of the split, the weights and the batch order.
     #[arg(long, default_value_t = 0)]
@@ -82,12 +82,15 @@ fn main() -> std::process::ExitCode {
     setup::report(run)
 }
 
-fn run() -> Result<(), NnError> {
-    let args = Args::parse();
-    if !(0.0..1.0).contains(&args.test_fraction) {
-        eprintln!("--test-fraction must be in [0, 1)");
-        std::process::exit(2);
+fn test_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a share above 0 and below 1")),
     }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
     let (path, bundled) = source(&args.data);
     if !path.exists() {
         if bundled {
@@ -97,10 +100,18 @@ fn run() -> Result<(), NnError> {
                 path.display(),
                 setup::apt_install("python3-sklearn")
             );
-        } else {
-            eprintln!("{} not found", path.display());
+            std::process::exit(2);
         }
-        std::process::exit(2);
+        return Err(setup::fail(format!(
+            "there is no file {} (--data takes wine, breast-cancer, iris or a CSV file)",
+            path.display()
+        )));
+    }
+    if path.is_dir() {
+        return Err(setup::fail(format!(
+            "{} is a folder; --data takes wine, breast-cancer, iris or a CSV file",
+            path.display()
+        )));
     }
     let label = match args.label.as_str() {
         "last" => LabelColumn::Last,
@@ -115,6 +126,16 @@ fn run() -> Result<(), NnError> {
     let all = TabularDataset::from_csv(&path, &opts)?;
     let mut rng = Rng::seed(args.seed);
     let n_test = (all.len() as f64 * args.test_fraction).round() as usize;
+    if n_test == 0 || n_test == all.len() {
+        return Err(setup::fail(format!(
+            "--test-fraction {} of {} rows leaves {} rows to test and {} to train: both need \
+             at least one",
+            args.test_fraction,
+            all.len(),
+            n_test,
+            all.len() - n_test
+        )));
+    }
     let (test, train) = all.shuffled(&mut rng).split_at(n_test);
     let scale = Standardize::fit(&train)?;
     let (train, test) = (scale.transform(&train)?, scale.transform(&test)?);

@@ -43,7 +43,7 @@ struct Args {
     #[arg(long, default_value_t = 6, value_parser = positive)]
     max_leaves: usize,
     /// Adam's learning rate
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = 3e-3, value_parser = setup::positive_real)]
     lr: f64,
     /// Held-out expressions per evaluation
     #[arg(long, default_value_t = 1000, value_parser = positive)]
@@ -53,12 +53,7 @@ struct Args {
     seed: u64,
 }
 
-fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("`{s}` is not a positive whole number")),
-    }
-}
+use setup::positive;
 
 /// An expression tree's node; children come before their parent (the order evaluation takes).
 #[derive(Debug, Clone, Copy)]
