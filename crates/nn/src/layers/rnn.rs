@@ -6,7 +6,9 @@
 //! projections for every position in one GEMM, then the recurrence — for the LSTM one fused
 //! node per layer and direction ([`Tensor::lstm_sequence`]), for the GRU and the Elman RNN a
 //! loop of fused steps. Batches of sequences of different lengths run each to its own length
-//! ([`LSTM::forward_with`]'s `lengths`), as PyTorch's packed sequences.
+//! ([`LSTM::forward_with`]'s `lengths`), as PyTorch's packed sequences. Run for inference
+//! (grad mode off), an LSTM layer makes its projections a piece of a long sequence at a time,
+//! each piece in a scope of its own: the same result, without four times the output held.
 
 use arenagrad_graph::{DType, Graph, LstmSequenceOptions, Parameter, Tensor};
 
@@ -538,12 +540,19 @@ impl Stack {
                     unfused: self.cfg.unfused,
                 };
                 let (y, h, c) = match (self.kind, cs) {
-                    (Kind::Lstm, Some(cs)) => {
-                        let gi = w.input_proj(g, rows, true)?;
-                        let gi = gi.reshape(&[t as isize, b as isize, (4 * hd) as isize])?;
-                        let (y, h, c) = gi.lstm_sequence(g.param(&w.w_hh)?, hs, cs, opts)?;
-                        (y, h, Some(c))
-                    }
+                    (Kind::Lstm, Some(cs)) => match inference_pieces(g, x, t, b, hd) {
+                        Some(per) => {
+                            let (y, h, c) =
+                                lstm_by_pieces(g, w, rows, hs, cs, [t, b, hd], per, opts)?;
+                            (y, h, Some(c))
+                        }
+                        None => {
+                            let gi = w.input_proj(g, rows, true)?;
+                            let gi = gi.reshape(&[t as isize, b as isize, (4 * hd) as isize])?;
+                            let (y, h, c) = gi.lstm_sequence(g.param(&w.w_hh)?, hs, cs, opts)?;
+                            (y, h, Some(c))
+                        }
+                    },
                     (kind, _) => {
                         let gi = w.input_proj(g, rows, !matches!(kind, Kind::Gru))?;
                         let (y, h) = steps(g, w, kind, gi, hs, t, b, &opts)?;
@@ -586,6 +595,68 @@ impl Stack {
         };
         Ok(RnnOutput { output, h_n, c_n })
     }
+}
+
+/// Bytes of input projections an LSTM layer makes at once when it runs for inference.
+const INFERENCE_PIECE_BYTES: usize = 4 << 20;
+
+/// Positions per piece when an LSTM layer runs for inference (nothing recorded) over a sequence
+/// whose input projections `[t, b, 4h]` would take more than [`INFERENCE_PIECE_BYTES`]; `None`
+/// to run it whole. Training keeps the whole projection (backward reads it); inference need
+/// not: the projections of a validation batch of long documents were four times the layer's
+/// output, held until the batch's scope ended.
+fn inference_pieces(g: &Graph, x: Tensor<'_>, t: usize, b: usize, hd: usize) -> Option<usize> {
+    if g.is_grad_enabled() || x.device() != arenagrad_graph::Device::Cpu {
+        return None;
+    }
+    let row = b * 4 * hd * x.dtype().size();
+    let per = (INFERENCE_PIECE_BYTES / row.max(1)).max(1);
+    (per < t).then_some(per)
+}
+
+/// One LSTM layer's direction for inference, `per` positions at a time: each piece's input
+/// projections and recurrence in a scope of their own, its output written into `y` in place,
+/// its final states carried to the next piece (from the last piece to the first when the
+/// direction runs reversed). A row's length is cut to each piece (lengths sorted longest first
+/// stay so): inside a piece it runs to its own end, and a piece it does not reach passes its
+/// state on unchanged, so the result is the whole sequence's.
+#[allow(clippy::too_many_arguments)]
+fn lstm_by_pieces<'g>(
+    g: &'g Graph,
+    w: &Weights,
+    rows: Tensor<'g>,
+    h0: Tensor<'g>,
+    c0: Tensor<'g>,
+    [t, b, hd]: [usize; 3],
+    per: usize,
+    opts: LstmSequenceOptions<'_>,
+) -> Result<(Tensor<'g>, Tensor<'g>, Tensor<'g>)> {
+    let y = g.zeros(&[t, b, hd], rows.dtype())?;
+    let (mut h, mut c) = (h0, c0);
+    let mut starts: Vec<usize> = (0..t).step_by(per).collect();
+    if opts.reverse {
+        starts.reverse();
+    }
+    for p0 in starts {
+        let p1 = (p0 + per).min(t);
+        let lengths: Option<Vec<usize>> = opts.lengths.map(|l| {
+            l.iter()
+                .map(|&v| v.saturating_sub(p0).min(p1 - p0))
+                .collect()
+        });
+        (h, c) = g.try_scope(|g| -> Result<(Tensor<'g>, Tensor<'g>)> {
+            let gi = w.input_proj(g, rows.slice(0, p0 * b, p1 * b)?, true)?;
+            let gi = gi.reshape(&[(p1 - p0) as isize, b as isize, (4 * hd) as isize])?;
+            let piece = LstmSequenceOptions {
+                lengths: lengths.as_deref(),
+                ..opts
+            };
+            let (yp, hp, cp) = gi.lstm_sequence(g.param(&w.w_hh)?, h, c, piece)?;
+            y.slice_write(0, p0, yp)?;
+            Ok((hp, cp))
+        })?;
+    }
+    Ok((y, h, c))
 }
 
 fn inverse(order: &[usize]) -> Vec<usize> {
