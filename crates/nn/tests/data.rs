@@ -282,3 +282,39 @@ fn data_past_the_header_is_refused() {
         assert!(matches!(parse_idx(&gz), Err(NnError::IdxCorrupt { .. })));
     }
 }
+
+/// Bytes after the gzip member are refused as the same bytes after a raw file are, naming the
+/// file.
+#[test]
+fn bytes_after_the_gzip_member_are_refused() {
+    let (images, _) = synthetic(3);
+    let dir = tempfile::tempdir().unwrap();
+    for gzip in [false, true] {
+        let whole = encode_idx(&images, gzip).unwrap();
+        for extra in [&b"x"[..], &[0u8; 9][..], &vec![0x1f; 70_000][..]] {
+            let mut longer = whole.clone();
+            longer.extend_from_slice(extra);
+            let path = dir
+                .path()
+                .join(format!("images-{gzip}-{}.idx", extra.len()));
+            std::fs::write(&path, &longer).unwrap();
+            match read_idx(&path) {
+                Err(NnError::IdxCorrupt { path: p, reason }) => {
+                    assert_eq!(p, path);
+                    assert!(reason.contains("follow"), "{reason}");
+                }
+                other => panic!("gzip {gzip}, {} bytes: {other:?}", extra.len()),
+            }
+            assert!(matches!(
+                parse_idx(&longer),
+                Err(NnError::IdxCorrupt { .. })
+            ));
+        }
+        // A file read to its last byte is still read.
+        assert_eq!(parse_idx(&whole).unwrap(), images);
+    }
+    // A second gzip member after the first is bytes after the member too.
+    let gz = encode_idx(&images, true).unwrap();
+    let twice = [gz.clone(), gz].concat();
+    assert!(matches!(parse_idx(&twice), Err(NnError::IdxCorrupt { .. })));
+}

@@ -27,7 +27,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use arenagrad_graph::HostTensor;
-use flate2::read::GzDecoder;
+use flate2::bufread::GzDecoder;
 
 use crate::error::{NnError, Result};
 use crate::Rng;
@@ -164,7 +164,8 @@ pub fn parse_idx(bytes: &[u8]) -> Result<IdxArray> {
 /// Reads an IDX array from any reader (gzipped or not); `path` only labels errors. The body is
 /// read only as far as the header says, so a gzip bomb or trailing garbage cannot make it
 /// allocate more than the header's dimensions; bytes past them make the file
-/// [`NnError::IdxCorrupt`] (a file whose header and length disagree is not the array it claims).
+/// [`NnError::IdxCorrupt`] (a file whose header and length disagree is not the array it claims),
+/// and so do bytes after a gzipped file's member, as after a raw file.
 pub fn read_idx_from(mut r: impl Read, path: &Path) -> Result<IdxArray> {
     let io_err = |source| NnError::Io {
         path: path.to_path_buf(),
@@ -174,7 +175,9 @@ pub fn read_idx_from(mut r: impl Read, path: &Path) -> Result<IdxArray> {
     let got = read_up_to(&mut r, &mut head).map_err(io_err)?;
     let rest = (&head[..got]).chain(r);
     if got == 2 && head == GZIP_MAGIC {
-        let mut dec = GzDecoder::new(rest);
+        // The buffered decoder takes from the buffer only the member's bytes, so what follows
+        // the member is still there to be found.
+        let mut dec = GzDecoder::new(std::io::BufReader::new(rest));
         let corrupt = |e: NnError| match e {
             NnError::Io { path, source }
                 if matches!(
@@ -210,6 +213,23 @@ pub fn read_idx_from(mut r: impl Read, path: &Path) -> Result<IdxArray> {
             }
         }
         refuse_trailing(trailing, 1 << 20, path)?;
+        // Bytes after the member are refused as bytes after a raw file are (a second member
+        // too: the format holds one array).
+        let mut probe = [0u8; 4096];
+        let after = read_up_to(&mut dec.into_inner(), &mut probe).map_err(io_err)?;
+        if after > 0 {
+            return Err(NnError::IdxCorrupt {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "{}{after} bytes follow the gzip member",
+                    if after >= probe.len() {
+                        "at least "
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
         Ok(a)
     } else {
         let mut rest = rest;
