@@ -131,10 +131,13 @@ fn two_steps_in_one_iteration_hook_the_graph_once() {
     }
 }
 
+/// How a [`Liar`] answers broadcast number `call` (from 0) of `request`.
+type Answer = fn(HostData, usize) -> HostData;
+
 /// Rank 1 of 2 whose reductions give the elements back and whose broadcasts answer with
 /// `answer(request, call)`: a transport that answers wrongly.
 struct Liar {
-    answer: fn(HostData, usize) -> HostData,
+    answer: Answer,
     calls: std::sync::atomic::AtomicUsize,
 }
 
@@ -216,7 +219,7 @@ fn a_broadcast_answered_with_another_length_or_dtype_is_refused_with_nothing_wri
     fn nines(buf: HostData) -> HostData {
         HostData::from_f64(buf.dtype(), &vec![9.0; buf.len()])
     }
-    let liars: [(&str, fn(HostData, usize) -> HostData); 5] = [
+    let liars: [(&str, Answer); 5] = [
         ("short", |buf, _| {
             HostData::from_f64(buf.dtype(), &vec![9.0; buf.len() - 1])
         }),
