@@ -6,7 +6,7 @@
 use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::time::Duration;
 
-use arenagrad_graph::{DType, Graph, GraphError, LstmSequenceOptions, Result};
+use arenagrad_graph::{AttentionOptions, DType, Graph, GraphError, LstmSequenceOptions, Result};
 
 const HUGE: usize = 1 << 40;
 
@@ -158,6 +158,41 @@ fn an_lstm_over_empty_steps_does_not_walk_them() {
         );
         y.sum()?.backward()?;
         assert_eq!(w.grad()?.unwrap().to_vec::<f32>()?, vec![0.0; 16]);
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn ops_with_an_empty_result_do_no_work() {
+    within("concat, cumsum, attention", || -> Result<()> {
+        let g = Graph::new();
+        let x = g.zeros(&[HUGE, 0], DType::F32)?;
+        // Placing 2^40 rows of nothing, twice, took hours.
+        assert_eq!(g.concat(&[x, x], 1)?.shape().as_slice(), &[HUGE, 0]);
+        // 2^40 running sums of nothing.
+        assert_eq!(x.cumsum(0)?.shape().as_slice(), &[HUGE, 0]);
+        // 2^40 heads of no query: a list of each head's mask offset (8 TiB) aborted.
+        let q = g.zeros(&[HUGE, 0, 4], DType::F32)?;
+        let mask = g.zeros(&[HUGE, 0, 0], DType::F32)?;
+        let opts = AttentionOptions {
+            mask: Some(mask),
+            ..Default::default()
+        };
+        let o = q.scaled_dot_product_attention(q, q, opts)?;
+        assert_eq!(o.shape().as_slice(), &[HUGE, 0, 4]);
+        // And through backward (the recorded op keeps its empty statistics).
+        let q = q.set_requires_grad(true)?;
+        let o = q.scaled_dot_product_attention(q, q, opts)?;
+        o.sum()?.backward()?;
+        assert_eq!(q.grad()?.unwrap().shape().as_slice(), &[HUGE, 0, 4]);
+        // The values of a small concat and cumsum are unchanged.
+        let a = g.from_f64(&[1., 2., 3., 4.], &[2, 2], DType::F64)?;
+        assert_eq!(
+            g.concat(&[a, a], 1)?.to_vec::<f64>()?,
+            [1., 2., 1., 2., 3., 4., 3., 4.]
+        );
+        assert_eq!(a.cumsum(0)?.to_vec::<f64>()?, [1., 2., 4., 6.]);
         Ok(())
     })
     .unwrap();

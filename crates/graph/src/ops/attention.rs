@@ -233,6 +233,16 @@ fn host_forward(
     with_float!(dtype, T, {
         let mut lse = try_vec::<T>(OP, &[dims.bh, dims.lq], lse_len)?;
         lse.resize(lse_len, <T as Float>::ZERO);
+        if lse_len == 0 {
+            // No query row: nothing to compute (and no per-head list of mask offsets, which
+            // for 2^40 heads of no rows was the only large thing made).
+            let kept = if record {
+                Some(i.alloc(OP, dtype, 0)?)
+            } else {
+                None
+            };
+            return Ok((o, kept));
+        }
         let mb = mask.map_or(bufs[0], |m| m.0);
         let (os, [q, kk, vv, md]) = i.split_mut::<T, 4>(OP, o, [bufs[0], bufs[1], bufs[2], mb])?;
         let offsets = mask
@@ -580,7 +590,13 @@ fn fused_backward<'g>(
     let all = i.alloc(OP, dtype, nq + nk + nv)?;
     let threads = i.threads;
     let mb = mask.as_ref().map_or(qb, |m| m.0);
+    // Empty gradients are computed by doing nothing (no walk over heads of no rows, and no
+    // per-head list of mask offsets).
+    let empty = nq + nk + nv == 0;
     with_float!(dtype, T, {
+        if empty {
+            return split_grads(i, c, [(qs, nq), (ks, nk), (vs, nv)], dtype, all);
+        }
         let (out, ins) = i
             .arena
             .split_mut_many::<T>(all, &[qb, kb, vb, ob, nd.kept_lse(), gb, mb])
@@ -629,9 +645,23 @@ fn fused_backward<'g>(
             for_each_owned(parts, |_, (h0, a, b, c)| run(*h0, a, b, c));
         }
     });
+    let grads = split_grads(i, c, [(qs, nq), (ks, nk), (vs, nv)], dtype, all)?;
+    drop(guard);
+    Ok(grads)
+}
+
+/// The gradients of `q`, `k` and `v` (each `(shape, len)`) as their own buffers, copied out of
+/// `all` (one after the other), which is then let go of.
+fn split_grads<'g>(
+    i: &mut Inner,
+    c: &Ctx<'g>,
+    parts: [(Shape, usize); 3],
+    dtype: arenagrad_exec::DType,
+    all: BufId,
+) -> Result<Grads<'g>> {
     let mut grads: Grads<'g> = SmallVec::new();
     let mut at = 0;
-    for (shape, len) in [(qs, nq), (ks, nk), (vs, nv)] {
+    for (shape, len) in parts {
         let b = i.alloc(OP, dtype, len)?;
         with_float!(dtype, T, {
             let (dst, [src]) = i.split_mut::<T, 1>(OP, b, [all])?;
@@ -642,6 +672,5 @@ fn fused_backward<'g>(
         grads.push(Some(c.g.handle(id)));
     }
     i.release_buf(Device::Cpu, all)?;
-    drop(guard);
     Ok(grads)
 }
