@@ -32,7 +32,7 @@ Workloads (the same definitions as `examples/bench_core.rs`):
   a Python loop of `nn.LSTMCell` beside arenagrad's `nn::LSTM` and a Rust loop of `LSTMCell`.
 
 Threads: ARENAGRAD_NUM_THREADS and torch.set_num_threads get the same count (default: the
-machine's cores). Needs PyTorch (`pip install torch --index-url https://download.pytorch.org/whl/cpu`).
+CPUs this process may use). Needs PyTorch (`pip install torch --index-url https://download.pytorch.org/whl/cpu`).
 """
 
 import argparse
@@ -276,7 +276,7 @@ def main():
         import torch
     except ImportError as e:
         sys.exit(f"compare_torch.py: PyTorch is not installed ({e})")
-    threads = int(os.environ.get("ARENAGRAD_NUM_THREADS", os.cpu_count() or 1))
+    threads = int(os.environ.get("ARENAGRAD_NUM_THREADS", len(os.sched_getaffinity(0))))
     torch.set_num_threads(threads)
     torch.manual_seed(0)
 

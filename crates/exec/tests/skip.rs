@@ -1,6 +1,8 @@
 //! A skipped test says so in `cargo test`'s ordinary output (libtest keeps what a passing test
 //! prints with `eprintln!` to itself), and its switch turns the skip into a failure. The test
 //! runs this binary again as `cargo test` would, with the output captured, and reads what shows.
+// The tests start this binary again as a child process, which Miri cannot do.
+#![cfg(not(miri))]
 
 use std::process::{Command, Output};
 

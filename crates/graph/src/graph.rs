@@ -492,7 +492,10 @@ pub struct GraphStats {
     pub flops: crate::flops::FlopStats,
 }
 
-/// The default thread count: `ARENAGRAD_NUM_THREADS`, else the machine's available parallelism.
+/// The default thread count: `ARENAGRAD_NUM_THREADS`, else the CPUs this process may use — std's
+/// `available_parallelism`, which reads the process's affinity mask (`taskset`, a container's
+/// cpuset) and its cgroup CPU quota — not the machine's core count. More threads than that only
+/// take turns on the same cores.
 pub fn default_threads() -> usize {
     std::env::var("ARENAGRAD_NUM_THREADS")
         .ok()

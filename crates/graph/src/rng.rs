@@ -400,9 +400,13 @@ mod tests {
 
     /// A length the host cannot hold is a typed error naming the op and the length, at once
     /// (it aborted the process: the index list was collected infallibly).
+    // Miri stops at an allocation it cannot make instead of reporting it.
+    #[cfg_attr(miri, ignore)]
     #[test]
     fn a_permutation_too_large_to_hold_is_an_error() {
-        let n = 1usize << 40;
+        // 2^47 bytes: the whole user address space of x86-64, refused whatever the host's
+        // overcommit setting (2^40 indices could be granted and then filled).
+        let n = 1usize << 44;
         let before = Rng::seed(5);
         let mut r = before.clone();
         match r.permutation(n) {

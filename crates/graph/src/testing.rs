@@ -33,7 +33,7 @@ pub fn cuda_test_device() -> Option<Device> {
 /// `device_test!(fn name(dev) { ... })` makes a module `name` with two tests, `name::cpu` and
 /// `name::cuda`; the body sees the device as `dev: Device`. Without a usable GPU the CUDA test
 /// reports why it skipped ([`skip`](crate::testing::skip)) and passes — unless
-/// `ARENAGRAD_TEST_CUDA=1`, when it fails.
+/// `ARENAGRAD_TEST_CUDA` (set to anything but empty or `0`), when it fails.
 ///
 /// ```
 /// use arenagrad_graph::{device_test, Graph};

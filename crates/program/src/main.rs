@@ -103,7 +103,7 @@ struct RunArgs {
     /// Print one JSON object: dtype, output, values (every leaf), grads (every input)
     #[arg(long)]
     json: bool,
-    /// Threads the kernels may use (default: ARENAGRAD_NUM_THREADS, else all cores)
+    /// Threads the kernels may use (default: ARENAGRAD_NUM_THREADS, else the CPUs this process may use)
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     #[command(flatten)]
