@@ -224,20 +224,8 @@ const VALID_LOSS: &str = "valid_loss";
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     // Every argument is checked before any work.
-    if let Some(until) = args.until {
-        if until > args.steps {
-            return Err(setup::fail(format!(
-                "--until {until} is past the end of the run (--steps {})",
-                args.steps
-            )));
-        }
-    }
-    if args.generate > 0 && args.prompt.is_empty() {
-        return Err(setup::fail(
-            "--prompt is empty: generating needs at least one character to start from (or pass \
-             --generate 0)",
-        ));
-    }
+    setup::check_until(args.until, args.steps, "--steps")?;
+    setup::check_prompt(args.generate, &args.prompt)?;
     if !args.dim.is_multiple_of(args.heads) {
         return Err(setup::fail(format!(
             "--heads {} does not divide the width --dim {}",

@@ -237,20 +237,8 @@ fn main() -> std::process::ExitCode {
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     // Every argument is checked before any work.
-    if let Some(until) = args.until {
-        if until > args.docs {
-            return Err(setup::fail(format!(
-                "--until {until} is past the end of the run (--docs {})",
-                args.docs
-            )));
-        }
-    }
-    if args.generate > 0 && args.prompt.is_empty() {
-        return Err(setup::fail(
-            "--prompt is empty: sampling needs at least one character to start from (or pass \
-             --generate 0)",
-        ));
-    }
+    setup::check_until(args.until, args.docs, "--docs")?;
+    setup::check_prompt(args.generate, &args.prompt)?;
     setup::check_writable("the checkpoint", "--checkpoint", &args.checkpoint)?;
     if args.resume && !args.checkpoint.is_file() {
         return Err(setup::fail(format!(

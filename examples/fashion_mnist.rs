@@ -264,14 +264,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             args.checkpoint.display()
         )));
     }
-    if let Some(until) = args.until {
-        if until > args.epochs {
-            return Err(setup::fail(format!(
-                "--until {until} is past the end of the run (--epochs {})",
-                args.epochs
-            )));
-        }
-    }
+    setup::check_until(args.until, args.epochs, "--epochs")?;
     if args.resume && args.init.is_some() {
         return Err(setup::fail(
             "--init and --resume both give the starting weights: pass one of them",

@@ -68,6 +68,24 @@ fn a_writable_path_passes_and_nothing_is_left_behind() {
 }
 
 #[test]
+fn until_past_the_run_and_an_empty_prompt_are_refused() {
+    assert!(setup::check_until(None, 5, "--steps").is_ok());
+    assert!(setup::check_until(Some(5), 5, "--steps").is_ok());
+    assert_eq!(
+        setup::check_until(Some(6), 5, "--steps")
+            .unwrap_err()
+            .to_string(),
+        "--until 6 is past the end of the run (--steps 5)"
+    );
+    assert!(setup::check_prompt(0, "").is_ok());
+    assert!(setup::check_prompt(10, "The").is_ok());
+    assert!(setup::check_prompt(10, "")
+        .unwrap_err()
+        .to_string()
+        .starts_with("--prompt is empty"));
+}
+
+#[test]
 fn counts_and_rates_out_of_range_are_refused() {
     assert_eq!(setup::positive("3"), Ok(3));
     for bad in ["0", "-1", "x", ""] {

@@ -74,6 +74,31 @@ pub fn fail(sentence: impl Into<String>) -> Box<dyn std::error::Error> {
     sentence.into().into()
 }
 
+/// Refuses `--until` past the run's end (`end`, given by the flag `end_flag`).
+pub fn check_until(
+    until: Option<usize>,
+    end: usize,
+    end_flag: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    match until {
+        Some(until) if until > end => Err(fail(format!(
+            "--until {until} is past the end of the run ({end_flag} {end})"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses an empty `--prompt` when text is to be generated (`generate` characters).
+pub fn check_prompt(generate: usize, prompt: &str) -> Result<(), Box<dyn std::error::Error>> {
+    if generate > 0 && prompt.is_empty() {
+        return Err(fail(
+            "--prompt is empty: generating needs at least one character to start from (or pass \
+             --generate 0)",
+        ));
+    }
+    Ok(())
+}
+
 /// What went wrong with a file, as the end of a sentence.
 fn reason(e: &std::io::Error) -> String {
     use std::io::ErrorKind as K;
