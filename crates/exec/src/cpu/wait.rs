@@ -119,14 +119,6 @@ impl Backoff {
     }
 }
 
-/// Waits (spinning, then yielding, then napping) until `done()` holds.
-pub fn wait_until(done: impl Fn() -> bool) {
-    let mut b = Backoff::new();
-    while !done() {
-        b.snooze();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,14 +143,17 @@ mod tests {
     }
 
     #[test]
-    fn wait_until_sees_another_threads_flag() {
+    fn snoozing_sees_another_threads_flag() {
         let flag = AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
                 std::thread::sleep(Duration::from_millis(5));
                 flag.store(true, Ordering::Release);
             });
-            wait_until(|| flag.load(Ordering::Acquire));
+            let mut b = Backoff::new();
+            while !flag.load(Ordering::Acquire) {
+                b.snooze();
+            }
         });
         assert!(flag.load(Ordering::Acquire));
     }
