@@ -105,6 +105,7 @@ impl fmt::Display for StreamId {
 
 /// Why the device's own allocator gave no memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RawAllocError {
     /// The device has no memory left: the cache returns its free segments and tries once more.
     OutOfMemory,
@@ -148,6 +149,7 @@ pub enum Pool {
 
 /// Errors of the block cache.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CacheError {
     /// The device could not provide a segment, even after the cache returned its free segments.
     #[error(

@@ -29,6 +29,7 @@ pub use device_arena::{DeviceArena, DeviceArenaStats};
 
 /// Errors of the memory layer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AllocError {
     /// The handle names a buffer of an earlier iteration, or one that was recycled.
     #[error("stale buffer handle (slot {slot}, epoch {epoch}; arena is at epoch {current})")]

@@ -10,6 +10,7 @@ pub type ShapeVec = Vec<usize>;
 /// Everything that can go wrong building or differentiating a graph. Each variant names the op and
 /// the shapes involved, so that a message read from a log says what to fix.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum GraphError {
     /// Two operands that must have equal (or broadcastable) shapes do not.
     #[error("{op}: shapes {lhs:?} and {rhs:?} do not broadcast")]

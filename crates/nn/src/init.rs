@@ -5,7 +5,7 @@
 //! use arenagrad_nn::init::{FanMode, Init, Nonlinearity};
 //! use arenagrad_nn::{DType, Rng};
 //! let mut rng = Rng::seed(0);
-//! let w = Init::KaimingNormal { a: 0.0, mode: FanMode::FanIn, nonlinearity: Nonlinearity::Relu }
+//! let w = Init::KaimingNormal { a: 0.0, mode: FanMode::FanIn, nonlinearity: Nonlinearity::ReLU }
 //!     .tensor(&[256, 128], DType::F32, &mut rng)
 //!     .unwrap();
 //! assert_eq!(w.shape(), &[256, 128]);
@@ -26,8 +26,11 @@ pub enum FanMode {
     FanOut,
 }
 
-/// The nonlinearity a layer feeds, for [`calculate_gain`] (PyTorch's values).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// A nonlinearity, by PyTorch's names: what an Elman [`RNN`](crate::RNN) or
+/// [`RNNCell`](crate::RNNCell) applies (`Tanh`, PyTorch's default, or `ReLU`; others are refused
+/// as PyTorch refuses them), and what a layer feeds, for [`calculate_gain`] (PyTorch's
+/// `nonlinearity` strings `"linear"`, `"sigmoid"`, `"tanh"`, `"relu"`, `"leaky_relu"`, `"selu"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Nonlinearity {
     /// Identity, linear and convolution layers: gain 1.
     Linear,
@@ -36,12 +39,26 @@ pub enum Nonlinearity {
     /// Tanh: gain 5/3.
     Tanh,
     /// ReLU: gain √2.
-    Relu,
-    /// Leaky ReLU with negative slope `a`: gain √(2 / (1 + a²)).
-    #[default]
-    LeakyRelu,
+    ReLU,
+    /// Leaky ReLU with negative slope `a`: gain √(2 / (1 + a²)) (the Kaiming initialisers'
+    /// default, as PyTorch's).
+    LeakyReLU,
     /// SELU: gain 3/4.
-    Selu,
+    SELU,
+}
+
+impl Nonlinearity {
+    /// PyTorch's string for it (`"leaky_relu"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Nonlinearity::Linear => "linear",
+            Nonlinearity::Sigmoid => "sigmoid",
+            Nonlinearity::Tanh => "tanh",
+            Nonlinearity::ReLU => "relu",
+            Nonlinearity::LeakyReLU => "leaky_relu",
+            Nonlinearity::SELU => "selu",
+        }
+    }
 }
 
 /// The recommended gain for a nonlinearity; `a` is the leaky ReLU's negative slope (ignored by
@@ -50,9 +67,9 @@ pub fn calculate_gain(nonlinearity: Nonlinearity, a: f64) -> f64 {
     match nonlinearity {
         Nonlinearity::Linear | Nonlinearity::Sigmoid => 1.0,
         Nonlinearity::Tanh => 5.0 / 3.0,
-        Nonlinearity::Relu => 2f64.sqrt(),
-        Nonlinearity::LeakyRelu => (2.0 / (1.0 + a * a)).sqrt(),
-        Nonlinearity::Selu => 0.75,
+        Nonlinearity::ReLU => 2f64.sqrt(),
+        Nonlinearity::LeakyReLU => (2.0 / (1.0 + a * a)).sqrt(),
+        Nonlinearity::SELU => 0.75,
     }
 }
 
@@ -107,7 +124,7 @@ pub enum Init {
     },
     /// He uniform: `U(−b, b)` with `b = √3 · gain / √fan`, `gain = calculate_gain(nonlinearity, a)`.
     KaimingUniform {
-        /// Negative slope for [`Nonlinearity::LeakyRelu`].
+        /// Negative slope for [`Nonlinearity::LeakyReLU`].
         a: f64,
         /// Which fan.
         mode: FanMode,
@@ -116,7 +133,7 @@ pub enum Init {
     },
     /// He normal: `N(0, σ²)` with `σ = gain / √fan`.
     KaimingNormal {
-        /// Negative slope for [`Nonlinearity::LeakyRelu`].
+        /// Negative slope for [`Nonlinearity::LeakyReLU`].
         a: f64,
         /// Which fan.
         mode: FanMode,
@@ -137,7 +154,7 @@ impl Init {
         Init::KaimingUniform {
             a: 0.0,
             mode: FanMode::FanIn,
-            nonlinearity: Nonlinearity::Relu,
+            nonlinearity: Nonlinearity::ReLU,
         }
     }
 
@@ -303,7 +320,7 @@ mod tests {
         let var = v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64;
         assert!((var / (2.0 / 500.0) - 1.0).abs() < 0.05, "{var}");
         // The default linear weight init (kaiming_uniform with a = √5) equals FanInUniform's bound.
-        let k = calculate_gain(Nonlinearity::LeakyRelu, 5f64.sqrt()) * 3f64.sqrt();
+        let k = calculate_gain(Nonlinearity::LeakyReLU, 5f64.sqrt()) * 3f64.sqrt();
         assert!((k - 1.0).abs() < 1e-15);
     }
 

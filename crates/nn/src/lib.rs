@@ -76,6 +76,7 @@ pub use arenagrad_graph::{
 };
 pub use error::{NnError, Result, ShapeConflict, StateMismatch};
 pub use hooks::{ForwardHook, ForwardPreHook, Hooked};
+pub use init::Nonlinearity;
 pub use layers::attention::{KvCache, MultiheadAttention, TransformerBlock, TransformerConfig};
 pub use layers::basic::{Dropout, Flatten, GELUTanh, Lambda, LeakyReLU, ReLU, Sigmoid, Tanh, GELU};
 pub use layers::conv::{AvgPool2d, Conv2d, Conv2dConfig, MaxPool2d};
@@ -83,14 +84,13 @@ pub use layers::linear::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 pub use layers::norm::{
     BatchNorm1d, BatchNorm2d, BatchNormConfig, LayerNorm, LayerNormConfig, RMSNorm, RMSNormConfig,
 };
-pub use layers::rnn::{
-    GRUCell, LSTMCell, Nonlinearity, RNNCell, RnnConfig, RnnOutput, GRU, LSTM, RNN,
-};
+pub use layers::rnn::{GRUCell, LSTMCell, RNNCell, RnnConfig, RnnOutput, GRU, LSTM, RNN};
 pub use layers::sequential::Sequential;
 pub use models::gpt::{Gpt, GptConfig, Sampling};
 pub use module::{Module, Slot, Visitor};
 
-/// The names a training program needs.
+/// The names a training program needs. Its [`Result`](crate::Result) is nn's, whose error
+/// defaults to [`NnError`] (a second parameter names another: `Result<(), Box<dyn Error>>`).
 pub mod prelude {
     #[cfg(feature = "checkpoint")]
     pub use crate::checkpoint;
@@ -103,9 +103,10 @@ pub mod prelude {
     };
     pub use crate::{
         AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Conv2dConfig, DType, Dropout, Embedding,
-        Flatten, Graph, HostTensor, LayerNorm, LeakyReLU, Linear, LinearConfig, MaxPool2d, Module,
-        MultiheadAttention, NnError, Parameter, RMSNorm, ReLU, Rng, Sequential, Sigmoid, Tanh,
-        Tensor, TransformerBlock, TransformerConfig, GELU,
+        Flatten, GRUCell, Gpt, GptConfig, Graph, Hooked, HostTensor, LSTMCell, LayerNorm,
+        LeakyReLU, Linear, LinearConfig, MaxPool2d, Module, MultiheadAttention, NnError,
+        Nonlinearity, Parameter, RMSNorm, RNNCell, ReLU, Result, Rng, RnnConfig, Sequential,
+        Sigmoid, Tanh, Tensor, TransformerBlock, TransformerConfig, GELU, GRU, LSTM, RNN,
     };
     pub use arenagrad_graph::AttentionOptions;
 }

@@ -749,3 +749,43 @@ fn batch_norm_refuses_another_graphs_tensor_and_keeps_its_statistics() {
     );
     assert_eq!(before, arenagrad_nn::checkpoint::state_dict(&bn));
 }
+
+/// One `Nonlinearity` serves the initialisers' gains and the Elman RNN; the RNN applies only tanh
+/// and relu and refuses the rest when made, as PyTorch's `nn.RNN(nonlinearity='sigmoid')` does.
+#[test]
+fn elman_rnn_refuses_a_nonlinearity_it_cannot_apply() {
+    use arenagrad_nn::{init::calculate_gain, Nonlinearity, RNNCell, RnnConfig, LSTM, RNN};
+    let mut rng = Rng::seed(0);
+    for f in [
+        Nonlinearity::Linear,
+        Nonlinearity::Sigmoid,
+        Nonlinearity::LeakyReLU,
+        Nonlinearity::SELU,
+    ] {
+        let cfg = RnnConfig {
+            nonlinearity: f,
+            ..RnnConfig::default()
+        };
+        for err in [
+            RNNCell::with_config(3, 4, cfg, &mut rng).err(),
+            RNN::with_config(3, 4, cfg, &mut rng).err(),
+        ] {
+            let Some(NnError::InvalidConfig { component, reason }) = err else {
+                panic!("{f:?}: {err:?}");
+            };
+            assert!(component.starts_with("RNN"), "{component}");
+            assert!(reason.contains(f.name()), "{reason}");
+        }
+        // The LSTM has its own gates: the option does not apply, as in PyTorch.
+        assert!(LSTM::with_config(3, 4, cfg, &mut rng).is_ok());
+    }
+    for f in [Nonlinearity::Tanh, Nonlinearity::ReLU] {
+        let cfg = RnnConfig {
+            nonlinearity: f,
+            ..RnnConfig::default()
+        };
+        assert!(RNN::with_config(3, 4, cfg, &mut rng).is_ok(), "{f:?}");
+    }
+    assert_eq!(calculate_gain(Nonlinearity::ReLU, 0.0), 2f64.sqrt());
+    assert_eq!(calculate_gain(Nonlinearity::Tanh, 0.0), 5.0 / 3.0);
+}

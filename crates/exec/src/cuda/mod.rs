@@ -76,6 +76,7 @@ pub const MAX_DIMS: usize = 8;
 
 /// Errors of the CUDA backend.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum CudaError {
     /// No usable device: the driver library is missing, there is no device, or the ordinal is
     /// out of range.

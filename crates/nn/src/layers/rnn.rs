@@ -12,20 +12,10 @@
 
 use arenagrad_graph::{DType, Graph, LstmSequenceOptions, Parameter, Tensor};
 
-use crate::error::{config, input_shape, Result};
-use crate::init::Init;
+use crate::error::{config, input_shape, NnError, Result};
+use crate::init::{Init, Nonlinearity};
 use crate::module::{Module, Visitor};
 use crate::Rng;
-
-/// The nonlinearity of an Elman [`RNNCell`] / [`RNN`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Nonlinearity {
-    /// `tanh` (PyTorch's default).
-    #[default]
-    Tanh,
-    /// `relu`.
-    ReLU,
-}
 
 /// Options of the recurrent cells and layers (PyTorch's constructor arguments).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -157,6 +147,25 @@ impl Weights {
     }
 }
 
+/// The error for an Elman nonlinearity other than tanh and relu (PyTorch's `ValueError`).
+fn elman_refused(op: &'static str, f: Nonlinearity) -> NnError {
+    config(
+        op,
+        format!(
+            "unknown nonlinearity '{}': an Elman RNN applies 'tanh' or 'relu'",
+            f.name()
+        ),
+    )
+}
+
+/// `Ok` for the nonlinearities an Elman cell applies.
+fn check_elman(op: &'static str, f: Nonlinearity) -> Result<()> {
+    match f {
+        Nonlinearity::Tanh | Nonlinearity::ReLU => Ok(()),
+        other => Err(elman_refused(op, other)),
+    }
+}
+
 fn check_features(op: &'static str, cfg: &RnnConfig, input: usize, hidden: usize) -> Result<()> {
     if input == 0 || hidden == 0 {
         return Err(config(
@@ -224,6 +233,9 @@ macro_rules! cell {
                 rng: &mut Rng,
             ) -> Result<Self> {
                 check_features(stringify!($t), &cfg, input, hidden)?;
+                if $gates == 1 {
+                    check_elman(stringify!($t), cfg.nonlinearity)?;
+                }
                 Ok($t {
                     w: Weights::new($gates, input, hidden, &cfg, rng)?,
                     nonlinearity: cfg.nonlinearity,
@@ -320,10 +332,12 @@ impl RNNCell {
 }
 
 fn elman(z: Tensor<'_>, f: Nonlinearity) -> Result<Tensor<'_>> {
-    Ok(match f {
-        Nonlinearity::Tanh => z.tanh()?,
-        Nonlinearity::ReLU => z.relu()?,
-    })
+    match f {
+        Nonlinearity::Tanh => Ok(z.tanh()?),
+        Nonlinearity::ReLU => Ok(z.relu()?),
+        // Refused when the cell was made (`check_elman`).
+        other => Err(elman_refused("RNNCell", other)),
+    }
 }
 
 macro_rules! cell_module {
@@ -711,7 +725,10 @@ macro_rules! layer {
             /// Layers with the given options.
             pub fn with_config(input: usize, hidden: usize, cfg: RnnConfig, rng: &mut Rng) -> Result<Self> {
                 let kind = match $kind {
-                    Kind::Elman(_) => Kind::Elman(cfg.nonlinearity),
+                    Kind::Elman(_) => {
+                        check_elman(stringify!($t), cfg.nonlinearity)?;
+                        Kind::Elman(cfg.nonlinearity)
+                    }
                     k => k,
                 };
                 Ok($t {
