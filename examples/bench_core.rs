@@ -291,7 +291,9 @@ fn main() {
     } else {
         ""
     };
-    println!("arenagrad core benchmarks ({threads} threads{busy})\n");
+    // Which vectorised build the loops run (figures from different machines differ by it).
+    let simd = arenagrad::exec::cpu::simd();
+    println!("arenagrad core benchmarks ({threads} threads{busy}, {simd:?} loops)\n");
     println!("| workload | figure | target |");
     println!("|---|---|---|");
     if run("w2") {

@@ -8,14 +8,28 @@
 //!   [`BatchNorm2d`], [`LayerNorm`], [`RMSNorm`], [`Dropout`], [`Embedding`], [`Flatten`], [`Sequential`],
 //!   the activations [`ReLU`], [`LeakyReLU`], [`Tanh`], [`Sigmoid`], [`GELU`], [`GELUTanh`], and [`Lambda`]
 //!   for a closure; their math as plain functions in [`functional`].
-//! * [`init`] — uniform, normal, Xavier and Kaiming initialisers on a seeded [`Rng`].
+//! * Attention — [`MultiheadAttention`] (PyTorch's packed `in_proj` weights, masks, a [`KvCache`]
+//!   for generation) and the pre-norm [`TransformerBlock`].
+//! * Recurrent layers — [`RNNCell`], [`LSTMCell`], [`GRUCell`] and the multi-layer,
+//!   bidirectional [`RNN`], [`LSTM`], [`GRU`] ([`RnnConfig`]), with PyTorch's parameter names and
+//!   gate orders; the LSTM's recurrence is one fused node per layer.
+//! * Models — [`Gpt`], a decoder-only transformer with tied embeddings and cached generation.
+//! * [`Hooked`] — forward pre-hooks and hooks on any module (PyTorch's `register_forward_hook`).
+//! * [`init`] — uniform, normal, Xavier and Kaiming initialisers on a seeded [`Rng`], and the gain
+//!   of each [`Nonlinearity`].
 //! * [`loss`] — MSE, cross-entropy from logits (with label smoothing), NLL, BCE with logits.
 //! * [`optim`] — SGD (momentum, Nesterov, weight decay), Adam, AdamW, learning-rate
-//!   schedules, gradient clipping.
-//! * [`checkpoint`] — safetensors files, saved atomically and loaded with typed errors.
-//! * [`data`] — the IDX format (MNIST) and shuffled mini-batches.
+//!   schedules, gradient clipping; their state in training checkpoints.
+//! * [`checkpoint`] — safetensors files, saved atomically and loaded with typed errors
+//!   (feature `checkpoint`, on by default).
+//! * [`data`] — seeded shuffled mini-batches of images from IDX files (MNIST, Fashion-MNIST),
+//!   of rows from CSV tables (feature `csv`, with standardisation) and of windows of text
+//!   (character language models, e.g. Debian's fortunes).
 //! * [`metrics`] — argmax and accuracy.
 //! * [`check`] — gradient checks of whole modules against finite differences.
+//!
+//! nn speaks only to `arenagrad-graph`: tensors, parameters and the graph's threads, never exec's
+//! kernels or alloc's arenas.
 //!
 //! Reproducibility: initialisers and batch shuffling draw from an [`Rng`] you seed
 //! ([`Rng::seed`]); Dropout draws from the graph's generator ([`Graph::seed`]). With both seeded,

@@ -9,8 +9,9 @@
 //! Adding an elementwise op: a row in `arenagrad_exec::ops` and its `create_graph` arm in
 //! `unary.rs`. Adding another op: a variant of [`Op`] (its name in [`Op::name`], whether it holds
 //! heap memory in [`Op::holds_heap`]), a forward method in the family's file that computes the
-//! output and calls `Inner::push`, and its backward rule there, called from [`backward`]. All
-//! three matches are exhaustive, so the compiler lists what is missing.
+//! output and calls `Inner::push`, and its backward rule there, called from [`backward`]; and
+//! its FLOP count in `crate::flops`. All four matches (`holds_heap`, `name`, `backward` and the
+//! count) are exhaustive, with no catch-all, so the compiler lists what is missing.
 
 use std::sync::Arc;
 
