@@ -442,15 +442,17 @@ static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);
 /// come back as [`GraphError::StaleTensor`] after a reset.
 ///
 /// ```
-/// use arenagrad_graph::{Graph, DType};
+/// use arenagrad_graph::{DType, Graph};
 /// let mut g = Graph::new();
 /// for _ in 0..3 {
-///     let x = g.randn(&[4, 4], DType::F32).unwrap().set_requires_grad(true).unwrap();
-///     let loss = x.matmul(x).unwrap().sum().unwrap();
-///     loss.backward().unwrap();
-///     assert_eq!(x.grad().unwrap().unwrap().shape().as_slice(), &[4, 4]);
+///     let x = g.randn(&[4, 4], DType::F32)?.set_requires_grad(true)?;
+///     let loss = x.matmul(x)?.sum()?;
+///     loss.backward()?;
+///     let dx = x.grad()?.map(|d| d.shape());
+///     assert_eq!(dx.as_deref(), Some(&[4, 4][..]));
 ///     g.reset(); // the whole iteration is freed here
 /// }
+/// # Ok::<(), arenagrad_graph::GraphError>(())
 /// ```
 pub struct Graph {
     pub(crate) inner: RefCell<Inner>,
@@ -506,6 +508,23 @@ pub fn default_threads() -> usize {
 
 impl Graph {
     /// An empty graph with the default thread count ([`default_threads`]) and RNG seed 0.
+    ///
+    /// # Examples
+    ///
+    /// One graph serves every iteration of a training loop: [`Graph::reset`] frees what an
+    /// iteration made, and the next starts from an empty graph (PyTorch has no such object:
+    /// its graph hangs off the tensors and is freed as they are dropped).
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph};
+    /// let mut g = Graph::new();
+    /// let x = g.randn(&[2, 3], DType::F32)?;
+    /// x.exp()?.sum()?;
+    /// assert_eq!(g.stats().nodes, 3);
+    /// g.reset();
+    /// assert_eq!(g.stats().nodes, 0);
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
     pub fn new() -> Self {
         Self::with_threads(default_threads())
     }
