@@ -571,12 +571,40 @@ impl Graph {
     }
 
     /// Reseeds the graph's random number generator (used by `randn`, `rand`, dropout).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph};
+    /// let g = Graph::new();
+    /// g.seed(7); // torch.manual_seed(7)
+    /// let a = g.randn(&[4], DType::F64)?.to_vec::<f64>()?;
+    /// let b = g.randn(&[4], DType::F64)?.to_vec::<f64>()?;
+    /// assert_ne!(a, b); // the stream goes on
+    /// g.seed(7);
+    /// assert_eq!(g.randn(&[4], DType::F64)?.to_vec::<f64>()?, a); // and starts again
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
     pub fn seed(&self, seed: u64) {
         self.inner().rng = Rng::seed(seed);
     }
 
     /// Ends the iteration: frees every node and every buffer at once. Handles cannot be alive
     /// (they borrow the graph); stored [`crate::TensorId`]s go stale.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph, GraphError};
+    /// let mut g = Graph::new();
+    /// let id = g.ones(&[3], DType::F32)?.id(); // an id kept as plain data
+    /// assert_eq!(g.get(id)?.to_vec::<f32>()?, vec![1.0; 3]);
+    /// g.reset();
+    /// // The id's iteration has ended: a typed error, never someone else's data.
+    /// assert!(matches!(g.get(id), Err(GraphError::StaleTensor { .. })));
+    /// assert_eq!(g.stats().nodes, 0);
+    /// # Ok::<(), GraphError>(())
+    /// ```
     pub fn reset(&mut self) {
         let inner = self.inner.get_mut();
         inner.nodes.clear();

@@ -511,6 +511,21 @@ impl<'g> Tensor<'g> {
     /// Keeps this intermediate's gradient after backward (readable with [`Tensor::grad`]).
     /// As in PyTorch, a tensor that does not require grad has no gradient to keep:
     /// it is refused with [`GraphError::BadArgument`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph};
+    /// let g = Graph::new();
+    /// let x = g.var(&[1.0, 2.0], &[2], DType::F64)?;
+    /// let h = x.scale(3.0)?; // an intermediate: its gradient is dropped unless kept
+    /// h.retain_grad()?; // torch: h.retain_grad()
+    /// h.square()?.sum()?.backward()?;
+    /// // d Σh² / dh = 2h = [6, 12]
+    /// assert_eq!(h.grad()?.map(|d| d.to_vec::<f64>()).transpose()?, Some(vec![6.0, 12.0]));
+    /// assert!(g.ones(&[2], DType::F64)?.retain_grad().is_err()); // no grad to keep
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
     pub fn retain_grad(&self) -> Result<()> {
         let op = "retain_grad";
         let mut i = self.g.inner();
@@ -529,6 +544,20 @@ impl<'g> Tensor<'g> {
     }
 
     /// The same values, cut from the graph: no gradient flows through the result.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph};
+    /// let g = Graph::new();
+    /// let x = g.var(&[3.0], &[1], DType::F64)?;
+    /// // x · stop_gradient(x): torch's x * x.detach()
+    /// let y = x.mul(x.detach()?)?.sum()?;
+    /// y.backward()?;
+    /// // Only the first factor passes a gradient: 3, not 2x = 6.
+    /// assert_eq!(x.grad()?.map(|d| d.item()).transpose()?, Some(3.0));
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
     pub fn detach(&self) -> Result<Tensor<'g>> {
         let op = "detach";
         let mut i = self.g.inner();
