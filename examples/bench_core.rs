@@ -1,4 +1,4 @@
-//! Prints the engine's speed figures as a table, on the workloads of the README's comparison with
+//! Prints the engine's speed figures as a table, on the workloads of docs/performance.md's comparison with
 //! PyTorch (`scripts/compare_torch.py` runs both): W1 the randn-matmul loop at 1024×1024, W2 tiny-op overhead, W3/W4 MLP training
 //! steps (ReLU, cross-entropy, plain SGD lr 0.01, median of 50 steps after 5 warm-up), and GEMM;
 //! then one training step of the Fashion-MNIST example's CNN (Adam, batch 64, random images);

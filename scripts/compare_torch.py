@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""arenagrad beside PyTorch on the CPU, in one run: the README's benchmark table.
+"""arenagrad beside PyTorch on the CPU, in one run: the benchmark table of docs/performance.md.
 
 Runs `bench_core` (built first with `cargo build --release --example bench_core`), then the same
 workloads in PyTorch in this process, and prints one table with both figures and their ratio.

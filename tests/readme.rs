@@ -134,3 +134,91 @@ fn the_test_line_installs_every_package_ci_installs_for_the_tests() {
         "the README's test line does not install {missing:?} (.ci/run does)"
     );
 }
+
+/// The README's sections in order: each `## ` heading with the text up to the next one.
+fn readme_sections() -> Vec<(&'static str, &'static str)> {
+    let repo = include_str!("../README.md");
+    let mut starts: Vec<usize> = repo.match_indices("\n## ").map(|(i, _)| i + 1).collect();
+    starts.push(repo.len());
+    starts
+        .windows(2)
+        .map(|w| {
+            let section = &repo[w[0]..w[1]];
+            let heading = section.lines().next().unwrap_or_default();
+            (heading.trim_start_matches("## "), section)
+        })
+        .collect()
+}
+
+/// The top-level folders of the repository a clone has (ignored build output left out), as
+/// `name/`, and its crates as `crates/name`.
+fn repository_folders() -> Vec<String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let ignored: Vec<String> = include_str!("../.gitignore")
+        .lines()
+        .filter(|l| l.starts_with('/') && !l[1..].trim_end_matches('/').contains('/'))
+        .map(|l| l.trim_matches('/').to_string())
+        .collect();
+    let dirs = |dir: &std::path::Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_type().unwrap().is_dir())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let mut out: Vec<String> = dirs(&root.join("crates"))
+        .into_iter()
+        .map(|c| format!("crates/{c}"))
+        .collect();
+    out.extend(
+        dirs(root)
+            .into_iter()
+            .filter(|d| d != "crates" && d != ".git" && !ignored.contains(d))
+            .map(|d| format!("{d}/")),
+    );
+    out
+}
+
+/// The README opens with its map, one line for each crate and each top-level folder, and then
+/// the set-up with the two commands: the main job and the tests.
+#[test]
+fn the_readme_opens_with_the_layout_map_and_the_set_up() {
+    let sections = readme_sections();
+    let headings: Vec<&str> = sections.iter().map(|(h, _)| *h).collect();
+    assert_eq!(
+        headings.get(..2),
+        Some(&["Layout", "Set-up"][..]),
+        "the README's first sections: {headings:?}"
+    );
+    let listed: Vec<String> = sections[0]
+        .1
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .map(String::from)
+        .collect();
+    let mut want = repository_folders();
+    assert!(
+        want.contains(&"crates/graph".to_string()) && want.contains(&"docs/".to_string()),
+        "reading the repository's folders: {want:?}"
+    );
+    let mut got = listed;
+    want.sort();
+    got.sort();
+    assert_eq!(
+        got, want,
+        "the layout map's rows against the repository's folders"
+    );
+    let set_up = sections[1].1;
+    for then in ["cargo run --release --example fashion_mnist", "cargo test"] {
+        assert!(
+            set_up
+                .lines()
+                .any(|l| l.contains("apt-get install") && l.contains(&format!("&& {then}"))),
+            "the set-up section has no line that installs and runs `{then}`"
+        );
+    }
+}

@@ -120,6 +120,12 @@ impl std::fmt::Debug for dyn Communicator {
 /// inner module's) so that the graph gets the hook; checkpoints hold the inner module's names,
 /// so they load into a model on any number of ranks, or none.
 ///
+/// # Examples
+///
+/// One process runs as a world of one with [`Local`](crate::Local) (PyTorch:
+/// `DistributedDataParallel(model)` in a process group of size 1); under `mpirun` the same code
+/// takes an MPI communicator instead.
+///
 /// ```
 /// use std::sync::Arc;
 /// use arenagrad_dist::{DataParallel, DdpConfig, Local};
@@ -133,8 +139,16 @@ impl std::fmt::Debug for dyn Communicator {
 /// let x = g.randn(&[4, 3], DType::F32)?;
 /// loss::cross_entropy(model.forward(&g, x)?, &[0, 1, 1, 0])?.backward()?;
 /// g.reset();
+/// let w = model.parameters()[0].clone();
+/// let before = w.value().to_f64_vec();
+/// let grad = w.grad().map(|d| d.to_f64_vec()).unwrap_or_default();
+/// assert_eq!(grad.len(), before.len());
 /// let stats = model.step(&mut opt)?; // averaged over the ranks (one here), then a step
-/// assert_eq!(stats.buckets, 1);
+/// assert_eq!((stats.buckets, stats.started_in_backward), (1, 1));
+/// // The mean over one rank is its own gradient, so the step is plain SGD's: w − 0.1·grad.
+/// let after = w.value().to_f64_vec();
+/// let sgd = before.iter().zip(&grad).map(|(w, d)| w - 0.1 * d);
+/// assert!(after.iter().zip(sgd).all(|(a, want)| (a - want).abs() < 1e-6));
 /// # Ok::<(), arenagrad_dist::DistError>(())
 /// ```
 pub struct DataParallel<M> {

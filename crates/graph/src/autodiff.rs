@@ -36,11 +36,40 @@ pub struct BackwardOptions<'g> {
 impl<'g> Tensor<'g> {
     /// Backpropagates from this one-element tensor into every leaf that requires grad, then frees
     /// the graph for backward: a second backward through the same nodes is an error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph, GraphError};
+    /// let g = Graph::new();
+    /// let x = g.var(&[3.0], &[1], DType::F64)?;
+    /// let y = x.mul(x)?.sum()?; // x²
+    /// y.backward()?; // torch: y.backward()
+    /// assert_eq!(x.grad()?.map(|d| d.item()).transpose()?, Some(6.0)); // 2x
+    /// // The pass consumed the graph, as in PyTorch without retain_graph=True.
+    /// assert!(matches!(y.backward(), Err(GraphError::GraphSpent { .. })));
+    /// # Ok::<(), GraphError>(())
+    /// ```
     pub fn backward(self) -> Result<()> {
         self.backward_with(BackwardOptions::default())
     }
 
     /// [`Tensor::backward`] with options.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use arenagrad_graph::{BackwardOptions, DType, Graph};
+    /// let g = Graph::new();
+    /// let x = g.var(&[3.0], &[1], DType::F64)?;
+    /// let y = x.mul(x)?.sum()?; // x²
+    /// // torch: y.backward(retain_graph=True); y.backward()
+    /// y.backward_with(BackwardOptions { retain_graph: true, ..Default::default() })?;
+    /// y.backward()?;
+    /// // Each pass added 2x = 6 into x's gradient.
+    /// assert_eq!(x.grad()?.map(|d| d.item()).transpose()?, Some(12.0));
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
     pub fn backward_with(self, opts: BackwardOptions<'g>) -> Result<()> {
         run(self.g, self, opts, None).map(|_| ())
     }

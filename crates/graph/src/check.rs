@@ -166,6 +166,29 @@ fn projected_difference(plus: &[f64], minus: &[f64], w: &[f64], eps: f64) -> f64
 }
 
 /// Checks the gradients of `f` at `inputs` (converted to `f64`).
+///
+/// # Examples
+///
+/// Backward's gradient of `Σ w·f` (with random weights `w`) is held to central differences,
+/// element by element; a gradient that goes wrong anywhere on the way back fails the check:
+///
+/// ```
+/// use arenagrad_graph::check::{check_fn, gradcheck, GradcheckOptions};
+/// use arenagrad_graph::{DType, HostTensor};
+/// // torch.autograd.gradcheck(lambda x: (x.sin() * x).sum(), (x,))
+/// let at = [HostTensor::from_f64(&[0.3, -1.2, 2.0], &[3], DType::F64)?];
+/// let report = gradcheck(|_g, xs| xs[0].sin()?.mul(xs[0])?.sum(), &at, GradcheckOptions::default())?;
+/// assert!(report.passed, "{report}");
+/// // The same function with sin's gradient doubled by a hook on its way back: caught.
+/// let doubled = check_fn(|_g, xs| {
+///     let s = xs[0].sin()?;
+///     s.register_hook(|gs| Ok(Some(gs.scale(2.0)?)))?;
+///     s.mul(xs[0])?.sum()
+/// });
+/// let report = gradcheck(doubled, &at, GradcheckOptions::default())?;
+/// assert!(!report.passed, "the check must catch a doubled gradient");
+/// # Ok::<(), arenagrad_graph::GraphError>(())
+/// ```
 pub fn gradcheck<F>(f: F, inputs: &[HostTensor], opts: GradcheckOptions) -> Result<GradcheckReport>
 where
     F: for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,

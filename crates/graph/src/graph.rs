@@ -442,15 +442,17 @@ static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);
 /// come back as [`GraphError::StaleTensor`] after a reset.
 ///
 /// ```
-/// use arenagrad_graph::{Graph, DType};
+/// use arenagrad_graph::{DType, Graph};
 /// let mut g = Graph::new();
 /// for _ in 0..3 {
-///     let x = g.randn(&[4, 4], DType::F32).unwrap().set_requires_grad(true).unwrap();
-///     let loss = x.matmul(x).unwrap().sum().unwrap();
-///     loss.backward().unwrap();
-///     assert_eq!(x.grad().unwrap().unwrap().shape().as_slice(), &[4, 4]);
+///     let x = g.randn(&[4, 4], DType::F32)?.set_requires_grad(true)?;
+///     let loss = x.matmul(x)?.sum()?;
+///     loss.backward()?;
+///     let dx = x.grad()?.map(|d| d.shape());
+///     assert_eq!(dx.as_deref(), Some(&[4, 4][..]));
 ///     g.reset(); // the whole iteration is freed here
 /// }
+/// # Ok::<(), arenagrad_graph::GraphError>(())
 /// ```
 pub struct Graph {
     pub(crate) inner: RefCell<Inner>,
@@ -506,6 +508,23 @@ pub fn default_threads() -> usize {
 
 impl Graph {
     /// An empty graph with the default thread count ([`default_threads`]) and RNG seed 0.
+    ///
+    /// # Examples
+    ///
+    /// One graph serves every iteration of a training loop: [`Graph::reset`] frees what an
+    /// iteration made, and the next starts from an empty graph (PyTorch has no such object:
+    /// its graph hangs off the tensors and is freed as they are dropped).
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph};
+    /// let mut g = Graph::new();
+    /// let x = g.randn(&[2, 3], DType::F32)?;
+    /// x.exp()?.sum()?;
+    /// assert_eq!(g.stats().nodes, 3);
+    /// g.reset();
+    /// assert_eq!(g.stats().nodes, 0);
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
     pub fn new() -> Self {
         Self::with_threads(default_threads())
     }
@@ -552,12 +571,40 @@ impl Graph {
     }
 
     /// Reseeds the graph's random number generator (used by `randn`, `rand`, dropout).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph};
+    /// let g = Graph::new();
+    /// g.seed(7); // torch.manual_seed(7)
+    /// let a = g.randn(&[4], DType::F64)?.to_vec::<f64>()?;
+    /// let b = g.randn(&[4], DType::F64)?.to_vec::<f64>()?;
+    /// assert_ne!(a, b); // the stream goes on
+    /// g.seed(7);
+    /// assert_eq!(g.randn(&[4], DType::F64)?.to_vec::<f64>()?, a); // and starts again
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
     pub fn seed(&self, seed: u64) {
         self.inner().rng = Rng::seed(seed);
     }
 
     /// Ends the iteration: frees every node and every buffer at once. Handles cannot be alive
     /// (they borrow the graph); stored [`crate::TensorId`]s go stale.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph, GraphError};
+    /// let mut g = Graph::new();
+    /// let id = g.ones(&[3], DType::F32)?.id(); // an id kept as plain data
+    /// assert_eq!(g.get(id)?.to_vec::<f32>()?, vec![1.0; 3]);
+    /// g.reset();
+    /// // The id's iteration has ended: a typed error, never someone else's data.
+    /// assert!(matches!(g.get(id), Err(GraphError::StaleTensor { .. })));
+    /// assert_eq!(g.stats().nodes, 0);
+    /// # Ok::<(), GraphError>(())
+    /// ```
     pub fn reset(&mut self) {
         let inner = self.inner.get_mut();
         inner.nodes.clear();

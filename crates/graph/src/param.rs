@@ -28,6 +28,26 @@ struct ParamInner {
 /// an optimiser and a checkpoint writer all see one value. Each iteration brings it into the graph
 /// with [`Graph::param`]; backward accumulates its gradient here, across backward calls and
 /// iterations, until [`Parameter::zero_grad`] — PyTorch's semantics.
+///
+/// # Examples
+///
+/// ```
+/// use arenagrad_graph::{DType, Graph, HostTensor, Parameter};
+/// // torch: w = torch.nn.Parameter(torch.tensor([1., -2.], dtype=torch.float64))
+/// let w = Parameter::new("w", HostTensor::from_f64(&[1.0, -2.0], &[2], DType::F64)?);
+/// let alias = w.clone(); // the same storage, as a module and its optimiser both hold it
+/// let mut g = Graph::new();
+/// for _ in 0..2 {
+///     let x = g.param(&w)?;
+///     x.mul(x)?.sum()?.backward()?; // adds 2w to w's gradient
+///     g.reset(); // the iteration ends; the parameter and its gradient stay
+/// }
+/// // No zero_grad between the iterations: the two gradients added up, as in PyTorch.
+/// assert_eq!(alias.grad().map(|d| d.to_f64_vec()), Some(vec![4.0, -8.0]));
+/// w.zero_grad();
+/// assert!(alias.grad().is_none());
+/// # Ok::<(), arenagrad_graph::GraphError>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Parameter(Arc<Mutex<ParamInner>>);
 

@@ -16,6 +16,37 @@ use arenagrad_exec::Float;
 
 /// A handle to a tensor of the current iteration: `Copy`, two words, and unable to outlive the
 /// [`Graph`] borrow it came from — so it cannot outlive the iteration either.
+///
+/// # Examples
+///
+/// Tensors are made by the graph ([`Graph::var`], [`Graph::from_slice`], [`Graph::randn`], …)
+/// and by the ops on them; backward fills the gradients of the leaves that require grad:
+///
+/// ```
+/// use arenagrad_graph::{DType, Graph};
+/// let g = Graph::new();
+/// // torch: x = torch.tensor([[1., 2.], [3., 4.]], dtype=torch.float64, requires_grad=True)
+/// let x = g.var(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64)?;
+/// let y = x.matmul(x)?.add(x)?; // x @ x + x
+/// assert_eq!(y.shape().as_slice(), &[2, 2]);
+/// assert_eq!(y.to_vec::<f64>()?, vec![8.0, 12.0, 18.0, 26.0]);
+/// y.sum()?.backward()?;
+/// // d/dx Σ(x·x + x) = 1·xᵀ + xᵀ·1 + 1, where 1 is the matrix of ones
+/// let dx = x.grad()?.map(|d| d.to_vec::<f64>()).transpose()?;
+/// assert_eq!(dx, Some(vec![8.0, 12.0, 10.0, 14.0]));
+/// # Ok::<(), arenagrad_graph::GraphError>(())
+/// ```
+///
+/// A handle borrows the graph, so the iteration cannot end while one is still in use:
+///
+/// ```compile_fail
+/// use arenagrad_graph::{DType, Graph};
+/// let mut g = Graph::new();
+/// let x = g.ones(&[2], DType::F32)?;
+/// g.reset(); // error: `g` is still borrowed by `x`
+/// x.sum()?;
+/// # Ok::<(), arenagrad_graph::GraphError>(())
+/// ```
 #[derive(Clone, Copy)]
 pub struct Tensor<'g> {
     pub(crate) g: &'g Graph,
@@ -480,6 +511,21 @@ impl<'g> Tensor<'g> {
     /// Keeps this intermediate's gradient after backward (readable with [`Tensor::grad`]).
     /// As in PyTorch, a tensor that does not require grad has no gradient to keep:
     /// it is refused with [`GraphError::BadArgument`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph};
+    /// let g = Graph::new();
+    /// let x = g.var(&[1.0, 2.0], &[2], DType::F64)?;
+    /// let h = x.scale(3.0)?; // an intermediate: its gradient is dropped unless kept
+    /// h.retain_grad()?; // torch: h.retain_grad()
+    /// h.square()?.sum()?.backward()?;
+    /// // d Σh² / dh = 2h = [6, 12]
+    /// assert_eq!(h.grad()?.map(|d| d.to_vec::<f64>()).transpose()?, Some(vec![6.0, 12.0]));
+    /// assert!(g.ones(&[2], DType::F64)?.retain_grad().is_err()); // no grad to keep
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
     pub fn retain_grad(&self) -> Result<()> {
         let op = "retain_grad";
         let mut i = self.g.inner();
@@ -498,6 +544,20 @@ impl<'g> Tensor<'g> {
     }
 
     /// The same values, cut from the graph: no gradient flows through the result.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph};
+    /// let g = Graph::new();
+    /// let x = g.var(&[3.0], &[1], DType::F64)?;
+    /// // x · stop_gradient(x): torch's x * x.detach()
+    /// let y = x.mul(x.detach()?)?.sum()?;
+    /// y.backward()?;
+    /// // Only the first factor passes a gradient: 3, not 2x = 6.
+    /// assert_eq!(x.grad()?.map(|d| d.item()).transpose()?, Some(3.0));
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
     pub fn detach(&self) -> Result<Tensor<'g>> {
         let op = "detach";
         let mut i = self.g.inner();

@@ -118,6 +118,25 @@ fn class_rows<'g>(
 /// Cross-entropy of class scores (logits, before softmax) against class indices, averaged over
 /// the samples. `logits` is `[N, C]` (or `[N, C, d…]` with targets in `[N, d…]` row-major order,
 /// or `[C]` with one target).
+///
+/// # Examples
+///
+/// ```
+/// use arenagrad_nn::{loss, DType, Graph};
+/// let g = Graph::new();
+/// // Two samples, four classes, all scores equal: each class has probability 1/4.
+/// let logits = g.var(&[0.0; 8], &[2, 4], DType::F64)?;
+/// // torch: F.cross_entropy(logits, torch.tensor([0, 3]))
+/// let l = loss::cross_entropy(logits, &[0, 3])?;
+/// assert!((l.item()? - 4f64.ln()).abs() < 1e-12);
+/// l.backward()?;
+/// // The gradient is (softmax − one-hot) / N.
+/// let want = [-0.375, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125, -0.375];
+/// let got = logits.grad()?.map(|d| d.to_vec::<f64>()).transpose()?.unwrap_or_default();
+/// assert_eq!(got.len(), want.len());
+/// assert!(got.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12), "{got:?}");
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
 pub fn cross_entropy<'g>(logits: Tensor<'g>, targets: &[usize]) -> Result<Tensor<'g>> {
     cross_entropy_with(logits, targets, CrossEntropyOptions::default())
 }

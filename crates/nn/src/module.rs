@@ -73,7 +73,8 @@ impl<'a> Visitor<'a> {
 /// ```
 /// use arenagrad_nn::{Graph, Linear, Module, Result, Rng, Tensor, Visitor};
 ///
-/// /// x ↦ fc2(tanh(fc1(x))) + x
+/// /// x ↦ fc2(tanh(fc1(x))) + x. In PyTorch, an nn.Module whose __init__ sets self.fc1 and
+/// /// self.fc2: here `visit` names the children, and the names come out the same.
 /// struct Residual { fc1: Linear, fc2: Linear }
 ///
 /// impl Module for Residual {

@@ -17,6 +17,22 @@ use crate::{Device, Tensor};
 impl<'g> Tensor<'g> {
     /// Matrix product with numpy's `matmul` rules: 2-D × 2-D, batched with broadcast batch axes,
     /// and 1-D operands promoted (and the added axis removed from the result).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph};
+    /// let g = Graph::new();
+    /// let a = g.from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+    /// let b = g.from_slice(&[1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2])?;
+    /// let c = a.matmul(b)?; // torch: a @ b
+    /// assert_eq!(c.shape().as_slice(), &[2, 2]);
+    /// assert_eq!(c.to_vec::<f32>()?, vec![4.0, 5.0, 10.0, 11.0]);
+    /// // A batch of 5 matrices times one matrix: the batch axis broadcasts.
+    /// let batch = g.ones(&[5, 2, 3], DType::F32)?.matmul(b)?;
+    /// assert_eq!(batch.shape().as_slice(), &[5, 2, 2]);
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
     pub fn matmul(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
         let op = "matmul";
         check_pair(op, &self, &other)?;

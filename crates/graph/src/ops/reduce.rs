@@ -76,6 +76,22 @@ impl<'g> Tensor<'g> {
     }
 
     /// Sum of all elements (a 0-D tensor).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph};
+    /// let g = Graph::new();
+    /// let x = g.var(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64)?;
+    /// let s = x.sum()?; // torch: x.sum()
+    /// assert_eq!(s.rank(), 0);
+    /// assert_eq!(s.item()?, 10.0);
+    /// s.backward()?; // each element counts once
+    /// assert_eq!(x.grad()?.map(|d| d.to_vec::<f64>()).transpose()?, Some(vec![1.0; 4]));
+    /// // torch: x.sum(dim=1, keepdim=True)
+    /// assert_eq!(x.sum_axes(&[1], true)?.to_vec::<f64>()?, vec![3.0, 7.0]);
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
     pub fn sum(self) -> Result<Tensor<'g>> {
         self.reduce(ReduceOp::Sum, &[], false)
     }

@@ -36,12 +36,19 @@ impl Default for LinearConfig {
 /// `[out, in]` and `bias` `[out]` (PyTorch's layout and names, so checkpoints line up).
 ///
 /// ```
-/// use arenagrad_nn::{DType, Graph, Linear, Module, Rng};
+/// use arenagrad_nn::{DType, Graph, HostTensor, Linear, Module, Parameter, Rng};
 /// let mut rng = Rng::seed(0);
-/// let fc = Linear::new(3, 2, &mut rng)?;
+/// let fc = Linear::new(3, 2, &mut rng)?; // torch: nn.Linear(3, 2)
 /// let g = Graph::new();
 /// let y = fc.forward(&g, g.ones(&[5, 3], DType::F32)?)?;
 /// assert_eq!(y.shape().as_slice(), &[5, 2]);
+///
+/// // The same layer with its weight and bias set by hand: y = x·Wᵀ + b.
+/// let w = HostTensor::new(vec![1.0f32, 0.0, 2.0, 0.0, 1.0, -1.0], &[2, 3])?;
+/// let b = HostTensor::new(vec![0.5f32, -0.5], &[2])?;
+/// let fc = Linear::from_parameters(Parameter::new("weight", w), Some(Parameter::new("bias", b)))?;
+/// let y = fc.forward(&g, g.from_slice(&[1.0f32, 2.0, 3.0], &[1, 3])?)?;
+/// assert_eq!(y.to_vec::<f32>()?, vec![1.0 + 6.0 + 0.5, 2.0 - 3.0 - 0.5]);
 /// # Ok::<(), arenagrad_nn::NnError>(())
 /// ```
 #[derive(Debug)]

@@ -11,6 +11,7 @@ use crate::module::{Module, Visitor};
 /// ```
 /// use arenagrad_nn::{DType, Graph, Linear, Module, ReLU, Rng, Sequential};
 /// let mut rng = Rng::seed(0);
+/// // torch: nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
 /// let mlp = Sequential::new()
 ///     .add(Linear::new(4, 16, &mut rng)?)
 ///     .add(ReLU)

@@ -395,6 +395,30 @@ adam_optimizer!(
 /// v = β₂·v + (1 − β₂)·d²
 /// p = p − lr/(1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + ε)
 /// ```
+///
+/// # Examples
+///
+/// ```
+/// use arenagrad_nn::optim::{Adam, AdamConfig, Optimizer};
+/// use arenagrad_nn::{Graph, HostTensor, Parameter};
+/// // Minimise (w − 3)² from w = 0. torch: opt = torch.optim.Adam([w], lr=0.1)
+/// let w = Parameter::new("w", HostTensor::new(vec![0.0f64], &[1])?);
+/// let mut opt = Adam::new([w.clone()], AdamConfig::new(0.1))?;
+/// let mut g = Graph::new();
+/// let mut losses = Vec::new();
+/// for _ in 0..100 {
+///     let loss = g.param(&w)?.shift(-3.0)?.square()?.sum()?;
+///     losses.push(loss.item()?);
+///     loss.backward()?;
+///     g.reset();
+///     opt.step()?; // torch: opt.step(); opt.zero_grad()
+///     opt.zero_grad();
+/// }
+/// // Each step moves w by about lr towards 3 until it gets there.
+/// assert!(losses.windows(2).take(20).all(|l| l[1] < l[0]), "{losses:?}");
+/// assert!(losses[99] < 1e-2 && (w.value().to_f64_vec()[0] - 3.0).abs() < 0.1);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
     Adam,
     decoupled: false,
     new_doc: "An optimiser over `params` (repeated handles are updated once)."
