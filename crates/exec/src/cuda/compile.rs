@@ -2,8 +2,8 @@
 //! PTX ([`compile_kernels`]) or to machine code ([`compile_cubin`]), each cached once per
 //! process and architecture, and the choice between the two for a device ([`load_kernels`]).
 //!
-//! Where the source comes from: `crate::ops::cuda_defines()` writes the op tables' CUDA columns
-//! as `#define`s, then come `prelude.cu`,
+//! Where the source comes from: `crate::ops::cuda_defines()` writes the numbers the kernels
+//! share with Rust and the op tables' CUDA columns as `#define`s, then come `prelude.cu`,
 //! `kernels.cu` and `fused.cu`. Which kernels the backend loads from the compiled module is the
 //! list in `params.rs` (`params::K`).
 
@@ -18,9 +18,10 @@ use cudarc::nvrtc::{CompileError, CompileOptions};
 use super::params::KERNEL_BASES;
 use super::{driver_present, nvrtc_present, CudaError};
 
-/// The CUDA C source of the kernels: the op tables' definitions ([`crate::ops`]: op codes and
-/// `switch` cases) followed by `prelude.cu` (types, math, dropout's hash), `kernels.cu` and
-/// `fused.cu` (the fused normalisations and attention).
+/// The CUDA C source of the kernels: the definitions generated from Rust
+/// ([`crate::ops::cuda_defines`]: the shared numbers, the op tables' codes and `switch` cases)
+/// followed by `prelude.cu` (types, math, dropout's hash), `kernels.cu` and `fused.cu` (the
+/// fused normalisations and attention).
 pub fn kernel_source() -> &'static str {
     static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SOURCE.get_or_init(|| {

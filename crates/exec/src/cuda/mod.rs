@@ -21,6 +21,17 @@
 //! computes, element for element (reductions may add in another order). Matrix products go to
 //! cuBLAS.
 //!
+//! Where each list lives, so that the Rust and CUDA sides cannot drift:
+//! * the kernels the backend loads: one `Variant => "name"` list in `params.rs` (the enum `K`,
+//!   the names, `K::base`), checked against the kernels the source defines;
+//! * the elementwise ops and the reductions: the op tables in [`crate::ops`], whose CUDA columns
+//!   become the op codes and `switch` cases prepended to the source;
+//! * the numbers both sides use (threads per block, [`MAX_DIMS`], GELU's and softplus's
+//!   constants): Rust constants, prepended to the source as `#define`s; no `.cu` file spells
+//!   them (see `crate::ops::cuda_defines`);
+//! * the parameter structs: `#[repr(C)]` mirrors in `params.rs` of the structs in the `.cu`
+//!   files.
+//!
 //! # Devices, streams and memory
 //!
 //! [`CudaBackend::get`] returns the process-wide backend of one device: its context, one
@@ -75,8 +86,8 @@ pub(crate) static INIT_ATTEMPTS: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
 /// The most dimensions a strided kernel takes, after merging the dimensions that are contiguous
-/// for every operand.
-pub const MAX_DIMS: usize = 8;
+/// for every operand (`MAX_DIMS` in the kernels, defined from this value).
+pub const MAX_DIMS: usize = crate::ops::CUDA_MAX_DIMS;
 
 /// Errors of the CUDA backend.
 #[derive(Debug, Clone, thiserror::Error)]

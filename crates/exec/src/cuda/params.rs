@@ -5,8 +5,9 @@ use super::{CudaError, MAX_DIMS};
 use crate::cpu::Window;
 use crate::layout::coalesce;
 
-/// Threads per block of every launch (`BLOCK` in `kernels.cu`).
-pub(crate) const BLOCK: u32 = 256;
+/// Threads per block of every launch (`BLOCK` in the kernels, defined from this value by
+/// `crate::ops::cuda_defines`).
+pub(crate) const BLOCK: u32 = crate::ops::CUDA_BLOCK;
 /// Most blocks of one launch; the kernels' grid-stride loops cover any remaining work.
 pub(crate) const MAX_GRID: u64 = 32 * 1024;
 
