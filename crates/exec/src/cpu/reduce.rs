@@ -148,14 +148,14 @@ fn fold_row<T: Float, F: Fn(T, T) -> T>(row: &[T], init: T, f: F) -> T {
     s
 }
 
-/// Sum with eight independent accumulators ([`fold_row`] with the sum's row).
+/// Sum with eight independent accumulators (`fold_row` with the sum's row).
 #[inline(always)]
 pub fn sum_row<T: Float>(row: &[T]) -> T {
     let op = ReduceOp::Sum;
     fold_row(row, op.identity(), |a, v| op.combine(a, v))
 }
 
-/// Maximum with eight independent lanes (NaN propagates through each): [`fold_row`] with the
+/// Maximum with eight independent lanes (NaN propagates through each): `fold_row` with the
 /// maximum's row.
 #[inline(always)]
 fn max_row<T: Float>(row: &[T]) -> T {

@@ -27,8 +27,8 @@
 //! * the elementwise ops and the reductions: the op tables in [`crate::ops`], whose CUDA columns
 //!   become the op codes and `switch` cases prepended to the source;
 //! * the numbers both sides use (threads per block, [`MAX_DIMS`], GELU's and softplus's
-//!   constants): Rust constants, prepended to the source as `#define`s; no `.cu` file spells
-//!   them (see `crate::ops::cuda_defines`);
+//!   constants, dropout's hash multipliers): Rust constants, prepended to the source as
+//!   `#define`s by [`crate::ops::cuda_defines`]; no `.cu` file spells them;
 //! * the parameter structs: `#[repr(C)]` mirrors in `params.rs` of the structs in the `.cu`
 //!   files.
 //!

@@ -15,7 +15,8 @@
 // op codes (`U_*`, `B_*`, `R_*`) and the `switch` cases UNARY_CASES, UNARY_GRAD_CASES,
 // BINARY_CASES, REDUCE_IDENTITY_CASES and REDUCE_COMBINE_CASES used in kernels.cu. So are the
 // numbers the kernels share with Rust: BLOCK (threads per block), MAX_DIMS (the most dimensions
-// of a strided operand) and the math constants; no .cu file defines or spells them.
+// of a strided operand), the math constants and dropout's hash multipliers; no .cu file defines
+// or spells them.
 //
 // Conventions, shared with `mod.rs`:
 // * Device pointers, sizes and op codes are passed as 64-bit integers (`unsigned long long`),
@@ -82,18 +83,19 @@ template <typename T> __device__ __forceinline__ T fmin_(T a, T b) {
          i += (u64)blockDim.x * gridDim.x)
 
 // Dropout's keep decision for element `c` (cpu::dropout::keeps: two rounds of a 32-bit mixer
-// over the counter and the seed, compared with ⌈p·2³²⌉).
+// over the counter and the seed, compared with ⌈p·2³²⌉). The multipliers DROPOUT_MIX_1,
+// DROPOUT_MIX_2 and DROPOUT_HIGH_WORD are cpu::dropout's, prepended from Rust.
 __device__ __forceinline__ unsigned int dropout_mix(unsigned int x) {
     x ^= x >> 16;
-    x *= 0x7feb352du;
+    x *= DROPOUT_MIX_1;
     x ^= x >> 15;
-    x *= 0x846ca68bu;
+    x *= DROPOUT_MIX_2;
     return x ^ (x >> 16);
 }
 
 __device__ __forceinline__ bool dropout_keeps(u64 seed, u64 c, u64 threshold) {
     unsigned int lo = (unsigned int)c + (unsigned int)seed;
-    unsigned int hi = (unsigned int)(seed >> 32) ^ ((unsigned int)(c >> 32) * 0x9E3779B9u);
+    unsigned int hi = (unsigned int)(seed >> 32) ^ ((unsigned int)(c >> 32) * DROPOUT_HIGH_WORD);
     return (u64)dropout_mix(dropout_mix(lo) ^ hi) >= threshold;
 }
 

@@ -14,8 +14,8 @@
 //! C); `cpu::reduce` and the CUDA reduction kernels pick it up.
 //!
 //! The numbers the CUDA kernels share with Rust (threads per block, `MAX_DIMS`, GELU's and
-//! softplus's constants) are listed in `CUDA_CONSTANTS` and reach the kernels as `#define`s
-//! from [`cuda_defines`]; the `.cu` files only name them.
+//! softplus's constants, dropout's hash multipliers) are listed in `CUDA_CONSTANTS` and reach
+//! the kernels as `#define`s from [`cuda_defines`]; the `.cu` files only name them.
 
 mod table;
 
@@ -486,10 +486,14 @@ pub(crate) enum CudaConst {
     Int(u64),
     /// A real, written so that C reads back the same `double`.
     Real(f64),
+    /// A 32-bit unsigned integer (a hash multiplier), written in hex as an `unsigned int`.
+    U32(u32),
 }
 
 /// The numbers the CUDA kernels share with the Rust code, by the name the kernels use: written
-/// into the kernel source as `#define`s by [`cuda_defines`], so no `.cu` file spells them.
+/// into the kernel source as `#define`s by [`cuda_defines`], so no `.cu` file spells them. Each
+/// value is defined once in Rust: the sizes and the math constants here, dropout's hash
+/// multipliers in `cpu::dropout`.
 pub(crate) const CUDA_CONSTANTS: &[(&str, CudaConst)] = &[
     ("BLOCK", CudaConst::Int(CUDA_BLOCK as u64)),
     ("MAX_DIMS", CudaConst::Int(CUDA_MAX_DIMS as u64)),
@@ -499,6 +503,12 @@ pub(crate) const CUDA_CONSTANTS: &[(&str, CudaConst)] = &[
     ("FRAC_1_SQRT_2PI", CudaConst::Real(FRAC_1_SQRT_2PI)),
     ("TWO_OVER_SQRT_PI", CudaConst::Real(TWO_OVER_SQRT_PI)),
     ("SOFTPLUS_THRESHOLD", CudaConst::Real(SOFTPLUS_THRESHOLD)),
+    ("DROPOUT_MIX_1", CudaConst::U32(crate::cpu::dropout::MIX_1)),
+    ("DROPOUT_MIX_2", CudaConst::U32(crate::cpu::dropout::MIX_2)),
+    (
+        "DROPOUT_HIGH_WORD",
+        CudaConst::U32(crate::cpu::dropout::HIGH_WORD),
+    ),
 ];
 
 impl std::fmt::Display for CudaConst {
@@ -508,12 +518,14 @@ impl std::fmt::Display for CudaConst {
             // `{:?}` is the shortest decimal that reads back as the same `f64`, with a point
             // (`20.0`), as C parses it.
             CudaConst::Real(v) => write!(f, "{v:?}"),
+            CudaConst::U32(v) => write!(f, "{v:#010x}u"),
         }
     }
 }
 
 /// The head of the CUDA kernel source, generated from the Rust side: the shared numbers
-/// ([`CUDA_CONSTANTS`]: `BLOCK`, `MAX_DIMS`, GELU's and softplus's constants) and the op
+/// (`CUDA_CONSTANTS`: `BLOCK`, `MAX_DIMS`, GELU's and softplus's constants, dropout's hash
+/// multipliers) and the op
 /// tables' CUDA columns as C preprocessor definitions — the op codes (`U_NEG`, `B_ADD`, `R_SUM`,
 /// ...) and the `switch` cases of the unary forward (`UNARY_CASES`, in `x` and `p`), the unary
 /// derivative (`UNARY_GRAD_CASES`, in `x`, `y`, `g`, `p`), the binary function (`BINARY_CASES`,
@@ -579,7 +591,8 @@ mod tests {
 
     /// The shared numbers come only from [`CUDA_CONSTANTS`]: no `.cu` file defines one of their
     /// names (`#define NAME`, `NAME = ...`), and neither the files nor the tables' CUDA columns
-    /// spell a real one's value; the generated head defines each once.
+    /// spell a real one's decimal or a hash multiplier's hex digits; the generated head defines
+    /// each once.
     #[test]
     fn no_cuda_source_spells_a_shared_constant() {
         let columns = UNARY_CUDA
@@ -598,13 +611,16 @@ mod tests {
                     let defined = words.windows(2).any(|w| w == ["#define", *name])
                         || line.contains(&format!("{name} ="));
                     assert!(!defined, "{file} defines {name}: {line}");
-                    if let CudaConst::Real(_) = value {
-                        let spelled = value.to_string();
-                        assert!(
-                            !line.contains(&spelled),
-                            "{file} spells {name} ({spelled}) instead of naming it: {line}"
-                        );
-                    }
+                    // A real's decimal, or a hash multiplier's hex digits in either case.
+                    let spelled = match value {
+                        CudaConst::Int(_) => continue,
+                        CudaConst::Real(v) => format!("{v:?}"),
+                        CudaConst::U32(v) => format!("{v:x}"),
+                    };
+                    assert!(
+                        !line.to_ascii_lowercase().contains(&spelled),
+                        "{file} spells {name} ({spelled}) instead of naming it: {line}"
+                    );
                 }
             }
         }
