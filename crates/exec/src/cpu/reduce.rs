@@ -472,6 +472,20 @@ mod tests {
                 assert_eq!(got, sum, "sum of {shape:?} over {reduced:?}");
                 reduce(ReduceOp::Max, &x, &shape, &reduced, &mut got);
                 assert_eq!(got, max, "max of {shape:?} over {reduced:?}");
+                // Every row of the reduction table, against its own identity and step taken
+                // element by element (exact here: small integers, in any order).
+                for &op in ReduceOp::KINDS {
+                    let mut want = vec![op.identity::<f64>(); sum.len()];
+                    for (i, &v) in x.iter().enumerate() {
+                        let o: usize = (0..shape.len())
+                            .filter(|&d| !reduced[d])
+                            .map(|d| (i / strides[d]) % shape[d] * ks[d])
+                            .sum();
+                        want[o] = op.combine(want[o], v);
+                    }
+                    reduce(op, &x, &shape, &reduced, &mut got);
+                    assert_eq!(got, want, "{} of {shape:?} over {reduced:?}", op.name());
+                }
             }
         }
     }

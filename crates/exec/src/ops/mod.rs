@@ -11,7 +11,9 @@
 //! one; and a test. The program format, its generator and the CUDA kernels pick the row up.
 //!
 //! Adding a reduction: a row of the reduction table (identity and step, for the CPU and in CUDA
-//! C); `cpu::reduce` and the CUDA reduction kernels pick it up.
+//! C); `cpu::reduce`, the CUDA reduction kernels and their tests pick it up. `arenagrad-graph`
+//! then needs its derivative and its backward flop count, whose matches do not compile until
+//! they have one.
 //!
 //! The numbers the CUDA kernels share with Rust (threads per block, `MAX_DIMS`, GELU's and
 //! softplus's constants, dropout's hash multipliers) are listed in `CUDA_CONSTANTS` and reach
@@ -525,12 +527,11 @@ impl std::fmt::Display for CudaConst {
 
 /// The head of the CUDA kernel source, generated from the Rust side: the shared numbers
 /// (`CUDA_CONSTANTS`: `BLOCK`, `MAX_DIMS`, GELU's and softplus's constants, dropout's hash
-/// multipliers) and the op
-/// tables' CUDA columns as C preprocessor definitions — the op codes (`U_NEG`, `B_ADD`, `R_SUM`,
-/// ...) and the `switch` cases of the unary forward (`UNARY_CASES`, in `x` and `p`), the unary
-/// derivative (`UNARY_GRAD_CASES`, in `x`, `y`, `g`, `p`), the binary function (`BINARY_CASES`,
-/// in `a`, `b`) and the reductions' identity (`REDUCE_IDENTITY_CASES`) and step
-/// (`REDUCE_COMBINE_CASES`, in `acc`, `v`).
+/// multipliers) and the op tables' CUDA columns as C preprocessor definitions — the op codes
+/// (`U_NEG`, `B_ADD`, `R_SUM`, ...) and the `switch` cases of the unary forward (`UNARY_CASES`,
+/// in `x` and `p`), the unary derivative (`UNARY_GRAD_CASES`, in `x`, `y`, `g`, `p`), the binary
+/// function (`BINARY_CASES`, in `a`, `b`) and the reductions' identity
+/// (`REDUCE_IDENTITY_CASES`) and step (`REDUCE_COMBINE_CASES`, in `acc`, `v`).
 ///
 /// The CUDA backend puts it before `prelude.cu`, `kernels.cu` and `fused.cu`
 /// (`cuda::kernel_source`); the host test of the fused kernels (`tests/cuda_kernels_on_host.rs`)
