@@ -3,9 +3,10 @@
 //!
 //! Every fused kernel gives each thread whole rows and lets no thread wait on another, so running
 //! a launch's threads one after another computes exactly what the device computes. The test
-//! compiles `prelude.cu` and `fused.cu` as C++ with a small shim (the launch's block and thread
-//! indices as globals, the CUDA bit-cast intrinsics) and a driver that reads a problem, runs the
-//! kernels for every block and thread of a launch in turn, and writes the results; the same
+//! compiles the generated definitions (`ops::cuda_defines`), `prelude.cu` and `fused.cu` as C++
+//! with a small shim (the launch's block and thread indices as globals, the CUDA bit-cast
+//! intrinsics) and a driver that reads a problem, runs the kernels for every block and thread
+//! of a launch in turn, and writes the results; the same
 //! problem goes through `cpu::norm` and `cpu::attention`, and the two must agree (f64 within
 //! 1e-12 relative, f32 within 1e-5: the f32 exponentials differ by an ulp or so). Each problem
 //! runs under two launch shapes (one thread; 2 blocks of 3 threads) to check the grid-stride
@@ -149,8 +150,12 @@ fn driver() -> Option<&'static Path> {
         let dir = std::env::temp_dir().join(format!("arenagrad-host-cuda-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let src = dir.join("driver.cpp");
+        // The definitions the kernels take from Rust (`BLOCK`, `MAX_DIMS`, the op tables) come
+        // first, as in the CUDA backend's own source.
+        let defines = arenagrad_exec::ops::cuda_defines();
         let text = [
             SHIM,
+            &defines,
             include_str!("../src/cuda/prelude.cu"),
             include_str!("../src/cuda/fused.cu"),
             DRIVER,

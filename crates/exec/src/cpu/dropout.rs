@@ -9,19 +9,26 @@
 use super::par::{par_chunks_mut, PAR_MIN_ELEMS};
 use crate::Float;
 
+/// The multiplier of the mixer's first round (the CUDA kernels' `DROPOUT_MIX_1`).
+pub(crate) const MIX_1: u32 = 0x7feb_352d;
+/// The multiplier of the mixer's second round (`DROPOUT_MIX_2`).
+pub(crate) const MIX_2: u32 = 0x846c_a68b;
+/// The odd multiplier (⌊2³²/φ⌋) that spreads the counter's high word (`DROPOUT_HIGH_WORD`).
+pub(crate) const HIGH_WORD: u32 = 0x9E37_79B9;
+
 /// The 32-bit hash of element `counter` under `seed`.
 #[inline(always)]
 pub fn hash32(seed: u64, counter: u64) -> u32 {
     #[inline(always)]
     fn mix(mut x: u32) -> u32 {
         x ^= x >> 16;
-        x = x.wrapping_mul(0x7feb_352d);
+        x = x.wrapping_mul(MIX_1);
         x ^= x >> 15;
-        x = x.wrapping_mul(0x846c_a68b);
+        x = x.wrapping_mul(MIX_2);
         x ^ (x >> 16)
     }
     let lo = (counter as u32).wrapping_add(seed as u32);
-    let hi = ((seed >> 32) as u32) ^ ((counter >> 32) as u32).wrapping_mul(0x9E37_79B9);
+    let hi = ((seed >> 32) as u32) ^ ((counter >> 32) as u32).wrapping_mul(HIGH_WORD);
     mix(mix(lo) ^ hi)
 }
 

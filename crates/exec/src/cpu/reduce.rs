@@ -4,85 +4,95 @@ use super::wide::wide;
 use crate::layout::{contiguous_strides, walk};
 use crate::Float;
 
+use crate::ops::ReduceKernel;
 pub use crate::ops::ReduceOp;
 
 /// Reduces `x` of `shape` over the axes where `reduced[d]` is true. `out` is laid out as the
 /// keep-dim result (reduced axes of extent 1), so its length is the product of the kept extents.
+/// The identity and the step are the op's row of the reduction table ([`ReduceOp`]).
 pub fn reduce<T: Float>(op: ReduceOp, x: &[T], shape: &[usize], reduced: &[bool], out: &mut [T]) {
-    let init = match op {
-        ReduceOp::Sum => T::ZERO,
-        ReduceOp::Max => T::neg_infinity(),
-    };
-    out.fill(init);
-    if let Some((lead, outer, inner)) = reduced_block(shape, reduced) {
-        // The reduced axes form one leading or one trailing block (a bias gradient, a loss's
-        // mean, a row sum): plain loops over rows, no index bookkeeping.
-        let rows = x.chunks_exact(inner.max(1)).take(outer);
-        wide(
-            x.len(),
-            #[inline(always)]
-            move || match (op, lead) {
-                (ReduceOp::Sum, true) => {
-                    rows.for_each(|r| out.iter_mut().zip(r).for_each(|(o, &v)| *o += v))
-                }
-                (ReduceOp::Max, true) => {
-                    rows.for_each(|r| out.iter_mut().zip(r).for_each(|(o, &v)| *o = o.max(v)))
-                }
-                (ReduceOp::Sum, false) => {
-                    out.iter_mut().zip(rows).for_each(|(o, r)| *o = sum_row(r))
-                }
-                (ReduceOp::Max, false) => {
-                    out.iter_mut().zip(rows).for_each(|(o, r)| *o = max_row(r))
-                }
-            },
-        );
-        return;
-    }
-    let out_shape: Vec<usize> = shape
-        .iter()
-        .zip(reduced)
-        .map(|(&d, &r)| if r { 1 } else { d })
-        .collect();
-    let os = contiguous_strides(&out_shape);
-    let os: Vec<usize> = os
-        .iter()
-        .zip(reduced)
-        .map(|(&s, &r)| if r { 0 } else { s })
-        .collect();
-    let xs = contiguous_strides(shape);
-    if x.is_empty() {
-        return;
-    }
-    walk(shape, [&xs, &os], |[ox, oo], n, [ix, io]| {
-        debug_assert!(ix == 1 || n == 1, "the input is contiguous");
-        let row = &x[ox..ox + n];
-        match (op, io) {
-            (ReduceOp::Sum, 0) => out[oo] += sum_row(row),
-            (ReduceOp::Max, 0) => out[oo] = out[oo].max(max_row(row)),
-            // Reducing a leading axis: whole rows add into the output row (vectorises).
-            (ReduceOp::Sum, 1) => {
-                for (o, &v) in out[oo..oo + n].iter_mut().zip(row) {
-                    *o += v;
-                }
-            }
-            (ReduceOp::Max, 1) => {
-                for (o, &v) in out[oo..oo + n].iter_mut().zip(row) {
-                    *o = o.max(v);
-                }
-            }
-            (ReduceOp::Sum, _) => {
-                for (i, &v) in row.iter().enumerate() {
-                    out[oo + i * io] += v;
-                }
-            }
-            (ReduceOp::Max, _) => {
-                for (i, &v) in row.iter().enumerate() {
-                    let o = &mut out[oo + i * io];
-                    *o = o.max(v);
-                }
-            }
+    op.with_combine(Reduce {
+        x,
+        shape,
+        reduced,
+        out,
+    })
+}
+
+/// [`reduce`]'s arguments, run with one row's identity and step.
+struct Reduce<'a, T> {
+    x: &'a [T],
+    shape: &'a [usize],
+    reduced: &'a [bool],
+    out: &'a mut [T],
+}
+
+impl<T: Float> ReduceKernel<T> for Reduce<'_, T> {
+    type Out = ();
+
+    #[inline(always)]
+    fn run<F: Fn(T, T) -> T + Sync + Copy>(self, init: T, f: F) {
+        let Reduce {
+            x,
+            shape,
+            reduced,
+            out,
+        } = self;
+        out.fill(init);
+        if let Some((lead, outer, inner)) = reduced_block(shape, reduced) {
+            // The reduced axes form one leading or one trailing block (a bias gradient, a
+            // loss's mean, a row sum): plain loops over rows, no index bookkeeping.
+            let rows = x.chunks_exact(inner.max(1)).take(outer);
+            wide(
+                x.len(),
+                #[inline(always)]
+                move || {
+                    if lead {
+                        rows.for_each(|r| out.iter_mut().zip(r).for_each(|(o, &v)| *o = f(*o, v)))
+                    } else {
+                        out.iter_mut()
+                            .zip(rows)
+                            .for_each(|(o, r)| *o = fold_row(r, init, f))
+                    }
+                },
+            );
+            return;
         }
-    });
+        let out_shape: Vec<usize> = shape
+            .iter()
+            .zip(reduced)
+            .map(|(&d, &r)| if r { 1 } else { d })
+            .collect();
+        let os = contiguous_strides(&out_shape);
+        let os: Vec<usize> = os
+            .iter()
+            .zip(reduced)
+            .map(|(&s, &r)| if r { 0 } else { s })
+            .collect();
+        let xs = contiguous_strides(shape);
+        if x.is_empty() {
+            return;
+        }
+        walk(shape, [&xs, &os], |[ox, oo], n, [ix, io]| {
+            debug_assert!(ix == 1 || n == 1, "the input is contiguous");
+            let row = &x[ox..ox + n];
+            match io {
+                0 => out[oo] = f(out[oo], fold_row(row, init, f)),
+                // Reducing a leading axis: whole rows fold into the output row (vectorises).
+                1 => {
+                    for (o, &v) in out[oo..oo + n].iter_mut().zip(row) {
+                        *o = f(*o, v);
+                    }
+                }
+                _ => {
+                    for (i, &v) in row.iter().enumerate() {
+                        let o = &mut out[oo + i * io];
+                        *o = f(*o, v);
+                    }
+                }
+            }
+        });
+    }
 }
 
 /// When the reduced axes (of extent above 1) are all before the kept ones or all after them:
@@ -115,43 +125,42 @@ fn reduced_block(shape: &[usize], reduced: &[bool]) -> Option<(bool, usize, usiz
     })
 }
 
-/// Sum with eight independent accumulators: vectorises, and loses less precision than a single
-/// running sum on long rows.
+/// `row` folded by `f` from `init` in eight independent lanes, the lanes then joined in pairs
+/// (0 with 4, 1 with 5, ...) and the tail folded in order: the lanes vectorise and do not wait
+/// on one another, and a sum loses less precision than one running sum on long rows.
 #[inline(always)]
-pub fn sum_row<T: Float>(row: &[T]) -> T {
-    let mut acc = [T::ZERO; 8];
+fn fold_row<T: Float, F: Fn(T, T) -> T>(row: &[T], init: T, f: F) -> T {
+    let mut acc = [init; 8];
     let chunks = row.chunks_exact(8);
     let rem = chunks.remainder();
     for c in chunks {
         for i in 0..8 {
-            acc[i] += c[i];
+            acc[i] = f(acc[i], c[i]);
         }
     }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    let mut s = f(
+        f(f(acc[0], acc[4]), f(acc[1], acc[5])),
+        f(f(acc[2], acc[6]), f(acc[3], acc[7])),
+    );
     for &v in rem {
-        s += v;
+        s = f(s, v);
     }
     s
 }
 
-/// Maximum with eight independent lanes (NaN propagates through each), so the comparisons do
-/// not wait on one another.
+/// Sum with eight independent accumulators (`fold_row` with the sum's row).
+#[inline(always)]
+pub fn sum_row<T: Float>(row: &[T]) -> T {
+    let op = ReduceOp::Sum;
+    fold_row(row, op.identity(), |a, v| op.combine(a, v))
+}
+
+/// Maximum with eight independent lanes (NaN propagates through each): `fold_row` with the
+/// maximum's row.
 #[inline(always)]
 fn max_row<T: Float>(row: &[T]) -> T {
-    let mut acc = [T::neg_infinity(); 8];
-    let chunks = row.chunks_exact(8);
-    let rem = chunks.remainder();
-    for c in chunks {
-        for i in 0..8 {
-            acc[i] = acc[i].max(c[i]);
-        }
-    }
-    let mut m = (acc[0].max(acc[4]).max(acc[1].max(acc[5])))
-        .max(acc[2].max(acc[6]).max(acc[3].max(acc[7])));
-    for &v in rem {
-        m = m.max(v);
-    }
-    m
+    let op = ReduceOp::Max;
+    fold_row(row, op.identity(), |a, v| op.combine(a, v))
 }
 
 /// Splits a shape around `axis` into (outer, extent, inner).
@@ -463,6 +472,20 @@ mod tests {
                 assert_eq!(got, sum, "sum of {shape:?} over {reduced:?}");
                 reduce(ReduceOp::Max, &x, &shape, &reduced, &mut got);
                 assert_eq!(got, max, "max of {shape:?} over {reduced:?}");
+                // Every row of the reduction table, against its own identity and step taken
+                // element by element (exact here: small integers, in any order).
+                for &op in ReduceOp::KINDS {
+                    let mut want = vec![op.identity::<f64>(); sum.len()];
+                    for (i, &v) in x.iter().enumerate() {
+                        let o: usize = (0..shape.len())
+                            .filter(|&d| !reduced[d])
+                            .map(|d| (i / strides[d]) % shape[d] * ks[d])
+                            .sum();
+                        want[o] = op.combine(want[o], v);
+                    }
+                    reduce(op, &x, &shape, &reduced, &mut got);
+                    assert_eq!(got, want, "{} of {shape:?} over {reduced:?}", op.name());
+                }
             }
         }
     }

@@ -88,25 +88,27 @@ template <typename T> __device__ __forceinline__ T sigmoid_(T x) {
     return e / ((T)1 + e);
 }
 
+// GELU's constants (FRAC_1_SQRT_2, FRAC_1_SQRT_2PI, SQRT_2_OVER_PI, GELU_C) are prepended from
+// arenagrad_exec::ops, as the CPU's versions use them.
 template <typename T> __device__ __forceinline__ T gelu_erf_(T x) {
-    return (T)0.5 * x * ((T)1 + M<T>::erf_(x * (T)0.7071067811865476));
+    return (T)0.5 * x * ((T)1 + M<T>::erf_(x * (T)FRAC_1_SQRT_2));
 }
 
 template <typename T> __device__ __forceinline__ T gelu_erf_grad_(T x) {
-    T cdf = (T)0.5 * ((T)1 + M<T>::erf_(x * (T)0.7071067811865476));
-    return cdf + x * (T)0.3989422804014327 * M<T>::exp_((T)-0.5 * x * x);
+    T cdf = (T)0.5 * ((T)1 + M<T>::erf_(x * (T)FRAC_1_SQRT_2));
+    return cdf + x * (T)FRAC_1_SQRT_2PI * M<T>::exp_((T)-0.5 * x * x);
 }
 
 template <typename T> __device__ __forceinline__ T gelu_(T x) {
-    const T c = (T)0.7978845608028654;
-    const T k = (T)0.044715;
+    const T c = (T)SQRT_2_OVER_PI;
+    const T k = (T)GELU_C;
     T u = c * (x + k * x * x * x);
     return (T)0.5 * x * ((T)1 + M<T>::tanh_(u));
 }
 
 template <typename T> __device__ __forceinline__ T gelu_grad_(T x) {
-    const T c = (T)0.7978845608028654;
-    const T k = (T)0.044715;
+    const T c = (T)SQRT_2_OVER_PI;
+    const T k = (T)GELU_C;
     T t = M<T>::tanh_(c * (x + k * x * x * x));
     const T half = (T)0.5;
     return half * ((T)1 + t) + half * x * ((T)1 - t * t) * c * ((T)1 + (T)3.0 * k * x * x);
@@ -185,11 +187,20 @@ __device__ __forceinline__ void copy_strided_k(const T* src, u64 src_off, T* dst
 // ---------------------------------------------------------------------------------------------
 // Reductions.
 
+// The reduction table's identity and step: `REDUCE_IDENTITY_CASES` and `REDUCE_COMBINE_CASES`
+// (prepended from arenagrad_exec::ops) are one `case CODE: return (expr);` per row, the step in
+// `acc` and `v`. A code without a row gives NaN.
 template <typename T> __device__ __forceinline__ T reduce_init(u64 op) {
-    return op == R_MAX ? M<T>::neg_inf() : (T)0;
+    switch (op) {
+    REDUCE_IDENTITY_CASES
+    default: return M<T>::nan_();
+    }
 }
 template <typename T> __device__ __forceinline__ T reduce_combine(u64 op, T acc, T v) {
-    return op == R_MAX ? fmax_(acc, v) : acc + v;
+    switch (op) {
+    REDUCE_COMBINE_CASES
+    default: return M<T>::nan_();
+    }
 }
 
 // Tree reduction of one value per thread over a BLOCK-thread block; every thread gets the

@@ -9,17 +9,28 @@
 //!
 //! # Kernels
 //!
-//! The kernels are CUDA C in `kernels.cu` ([`kernel_source`]), compiled with NVRTC once per
-//! process and architecture and loaded into each device's context: to machine code for the
-//! device's own architecture (an `sm_XY` cubin, [`compile_cubin`]) when NVRTC can emit it, else
-//! to PTX for the newest virtual architecture it supports ([`compile_kernels`]), which the driver
-//! compiles when loading. Machine code matters: an NVRTC newer than the driver writes PTX of an
-//! ISA version the driver cannot read (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`), while a cubin
-//! needs only a driver that knows the architecture. [`versions`] says which NVRTC and driver
-//! were found.
+//! The kernels are CUDA C in `prelude.cu`, `kernels.cu` and `fused.cu` ([`kernel_source`]),
+//! compiled with NVRTC (`compile.rs`) once per process and architecture and loaded into each
+//! device's context: to machine code for the device's own architecture (an `sm_XY` cubin,
+//! [`compile_cubin`]) when NVRTC can emit it, else to PTX for the newest virtual architecture it
+//! supports ([`compile_kernels`]), which the driver compiles when loading. Machine code matters:
+//! an NVRTC newer than the driver writes PTX of an ISA version the driver cannot read
+//! (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`), while a cubin needs only a driver that knows the
+//! architecture. [`versions`] says which NVRTC and driver were found.
 //! Each kernel exists for `f32` and `f64` and computes what the CPU kernel of the same name
 //! computes, element for element (reductions may add in another order). Matrix products go to
 //! cuBLAS.
+//!
+//! Where each list lives, so that the Rust and CUDA sides cannot drift:
+//! * the kernels the backend loads: one `Variant => "name"` list in `params.rs` (the enum `K`,
+//!   the names, `K::base`), checked against the kernels the source defines;
+//! * the elementwise ops and the reductions: the op tables in [`crate::ops`], whose CUDA columns
+//!   become the op codes and `switch` cases prepended to the source;
+//! * the numbers both sides use (threads per block, [`MAX_DIMS`], GELU's and softplus's
+//!   constants, dropout's hash multipliers): Rust constants, prepended to the source as
+//!   `#define`s by [`crate::ops::cuda_defines`]; no `.cu` file spells them;
+//! * the parameter structs: `#[repr(C)]` mirrors in `params.rs` of the structs in the `.cu`
+//!   files.
 //!
 //! # Devices, streams and memory
 //!
@@ -41,7 +52,9 @@
 //! work (a fault inside a kernel) is reported by the next call that waits for the stream
 //! ([`CudaBackend::synchronize`], [`CudaBackend::dtoh`]) or queues more work.
 
+mod compile;
 mod fused;
+pub use compile::{compile_cubin, compile_kernels, kernel_source, versions, KernelImage};
 pub use fused::DeviceMask;
 mod ops;
 mod params;
@@ -60,9 +73,11 @@ use cudarc::driver::{
     result as dr, sys as dsys, CudaContext, CudaEvent, CudaFunction, CudaStream, DeviceRepr,
     DriverError,
 };
-use cudarc::nvrtc::{CompileError, CompileOptions};
 
 use crate::{DType, Float};
+#[cfg(test)]
+use compile::kernel_names;
+use compile::load_kernels;
 use params::{AttnParams, ReduceParams, Strided, Win, K, KERNEL_BASES};
 
 /// Calls of `CudaBackend::init`, so a test can see that a failed start is not repeated.
@@ -71,8 +86,8 @@ pub(crate) static INIT_ATTEMPTS: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
 /// The most dimensions a strided kernel takes, after merging the dimensions that are contiguous
-/// for every operand.
-pub const MAX_DIMS: usize = 8;
+/// for every operand (`MAX_DIMS` in the kernels, defined from this value).
+pub const MAX_DIMS: usize = crate::ops::CUDA_MAX_DIMS;
 
 /// Errors of the CUDA backend.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -183,269 +198,6 @@ pub fn device_count() -> Result<usize, CudaError> {
         Err(DriverError(dsys::CUresult::CUDA_ERROR_NO_DEVICE)) => Ok(0),
         Err(e) => Err(CudaError::driver("cuInit/cuDeviceGetCount", e)),
     }
-}
-
-/// The CUDA C source of the kernels: the op tables' definitions ([`crate::ops`]: op codes and
-/// `switch` cases) followed by `prelude.cu` (types, math, dropout's hash), `kernels.cu` and
-/// `fused.cu` (the fused normalisations and attention).
-pub fn kernel_source() -> &'static str {
-    static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SOURCE.get_or_init(|| {
-        crate::ops::cuda_defines()
-            + include_str!("prelude.cu")
-            + include_str!("kernels.cu")
-            + include_str!("fused.cu")
-    })
-}
-
-/// The names of every kernel the backend loads.
-#[cfg(test)]
-pub(crate) fn kernel_names() -> Vec<String> {
-    KERNEL_BASES
-        .iter()
-        .flat_map(|b| [format!("{b}_f32"), format!("{b}_f64")])
-        .collect()
-}
-
-/// Compiles [`kernel_source`] with NVRTC for `arch` (e.g. `"compute_90"`; `None`: NVRTC's
-/// default) and returns the PTX. Compiled once per process and architecture, then cached.
-/// Needs NVRTC only, no device.
-pub fn compile_kernels(arch: Option<&'static str>) -> Result<String, CudaError> {
-    static PTX: Compiled<Option<&'static str>, String> = OnceLock::new();
-    compiled_once(&PTX, arch, || compile_ptx(arch))
-}
-
-/// Compiled kernel images by architecture, one map per kind of image.
-type Compiled<K, V> = OnceLock<Mutex<HashMap<K, V>>>;
-
-/// The image for `key` from `cache`, compiled by `compile` the first time (under the lock, so
-/// each architecture is compiled once per process); [`CudaError::Compile`] without NVRTC.
-fn compiled_once<K: Eq + std::hash::Hash, V: Clone>(
-    cache: &Compiled<K, V>,
-    key: K,
-    compile: impl FnOnce() -> Result<V, CudaError>,
-) -> Result<V, CudaError> {
-    if !nvrtc_present() {
-        return Err(CudaError::Compile {
-            log: "NVRTC (libnvrtc) could not be loaded".into(),
-        });
-    }
-    let mut cache = cache
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    if let Some(image) = cache.get(&key) {
-        return Ok(image.clone());
-    }
-    let image = compile()?;
-    cache.insert(key, image.clone());
-    Ok(image)
-}
-
-/// [`compile_kernels`]' compilation itself.
-fn compile_ptx(arch: Option<&'static str>) -> Result<String, CudaError> {
-    let opts = CompileOptions {
-        arch,
-        // No contraction of a·b + c into one rounding: the results stay those of the CPU code.
-        fmad: Some(false),
-        name: Some("arenagrad_kernels.cu".into()),
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernel_source(), opts).map_err(|e| {
-        CudaError::Compile {
-            log: match e {
-                CompileError::CompileError { log, options, .. } => {
-                    format!("{} (options {options:?})", log.to_string_lossy())
-                }
-                other => other.to_string(),
-            },
-        }
-    })?;
-    Ok(ptx.to_src())
-}
-
-/// Compiles [`kernel_source`] with NVRTC to machine code for `sm` (e.g. `"sm_90"`) and returns
-/// the cubin (an ELF image the driver loads as it is). Compiled once per process and
-/// architecture, then cached. Needs NVRTC only, no device.
-pub fn compile_cubin(sm: &'static str) -> Result<Vec<u8>, CudaError> {
-    static CUBIN: Compiled<&'static str, Vec<u8>> = OnceLock::new();
-    compiled_once(&CUBIN, sm, || compile_sm(sm))
-}
-
-/// [`compile_cubin`]'s compilation itself: cudarc compiles only to PTX, so the program is
-/// driven through NVRTC's own calls.
-fn compile_sm(sm: &'static str) -> Result<Vec<u8>, CudaError> {
-    use cudarc::nvrtc::{result as nr, sys as ns};
-    let fail = |what: &str, e: &dyn fmt::Display| CudaError::Compile {
-        log: format!("{what} ({sm}): {e}"),
-    };
-    let src = std::ffi::CString::new(kernel_source()).expect("invariant: no NUL in kernels.cu");
-    let name = c"arenagrad_kernels.cu";
-    let prog = nr::create_program(&src, Some(name)).map_err(|e| fail("nvrtcCreateProgram", &e))?;
-    /// Destroys the program however compilation ends.
-    struct Prog(ns::nvrtcProgram);
-    impl Drop for Prog {
-        fn drop(&mut self) {
-            // SAFETY: the program came from `create_program` and is destroyed only here.
-            let _ = unsafe { nr::destroy_program(self.0) };
-        }
-    }
-    let prog = Prog(prog);
-    // No contraction of a·b + c into one rounding, as for the PTX (see `compile_kernels`).
-    let options = [format!("--gpu-architecture={sm}"), "--fmad=false".into()];
-    // SAFETY: `prog` is a live program (destroyed only when `Prog` drops, after this).
-    if let Err(e) = unsafe { nr::compile_program(prog.0, &options) } {
-        // SAFETY: as above; the log is a NUL-terminated string NVRTC wrote for this program.
-        let log = unsafe { nr::get_program_log(prog.0) }
-            .map(|l| {
-                // SAFETY: `get_program_log` returns the log with its terminating NUL.
-                unsafe { std::ffi::CStr::from_ptr(l.as_ptr()) }
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .unwrap_or_default();
-        return Err(fail(
-            "nvrtcCompileProgram",
-            &format!("{e:?}: {log} (options {options:?})"),
-        ));
-    }
-    let mut size = 0usize;
-    // SAFETY: a compiled live program; NVRTC writes one usize through a valid pointer.
-    let r = unsafe { ns::nvrtcGetCUBINSize(prog.0, &mut size) };
-    if r != ns::nvrtcResult::NVRTC_SUCCESS || size == 0 {
-        return Err(fail("nvrtcGetCUBINSize", &format!("{r:?}, {size} bytes")));
-    }
-    let mut bin = vec![0u8; size];
-    // SAFETY: `bin` has room for the `size` bytes NVRTC just said the cubin takes.
-    let r = unsafe { ns::nvrtcGetCUBIN(prog.0, bin.as_mut_ptr().cast()) };
-    if r != ns::nvrtcResult::NVRTC_SUCCESS {
-        return Err(fail("nvrtcGetCUBIN", &format!("{r:?}")));
-    }
-    Ok(bin)
-}
-
-/// The NVRTC and driver versions found, for logs: e.g. `"NVRTC 13.2; driver CUDA 13.0"`, with
-/// "not found" for a library that cannot be loaded.
-pub fn versions() -> String {
-    let nvrtc = if nvrtc_present() {
-        let (mut major, mut minor) = (0i32, 0i32);
-        // SAFETY: NVRTC can be loaded (checked just before); it writes two ints through valid
-        // pointers.
-        match unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) } {
-            cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS => format!("NVRTC {major}.{minor}"),
-            r => format!("NVRTC (version unknown: {r:?})"),
-        }
-    } else {
-        "NVRTC not found".into()
-    };
-    let driver = if driver_present() {
-        let mut v = 0i32;
-        // SAFETY: the driver library can be loaded; cuDriverGetVersion needs no cuInit and
-        // writes one int through a valid pointer.
-        match unsafe { dsys::cuDriverGetVersion(&mut v) } {
-            dsys::CUresult::CUDA_SUCCESS => {
-                format!("driver CUDA {}.{}", v / 1000, (v % 1000) / 10)
-            }
-            r => format!("driver (version unknown: {r:?})"),
-        }
-    } else {
-        "driver not found".into()
-    };
-    format!("{nvrtc}; {driver}")
-}
-
-/// How a device's kernels were built: machine code for its architecture, or PTX the driver
-/// compiled at load time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KernelImage {
-    /// A cubin for `sm_XY`.
-    Cubin(&'static str),
-    /// PTX for `compute_XY`, with why no cubin was used.
-    Ptx(&'static str, String),
-}
-
-impl fmt::Display for KernelImage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            KernelImage::Cubin(sm) => write!(f, "{sm} machine code"),
-            KernelImage::Ptx(arch, why) => write!(f, "{arch} PTX ({why})"),
-        }
-    }
-}
-
-/// A static name for an architecture (`"sm_90"`, `"compute_90"`), leaked once per value.
-fn arch_name(prefix: &'static str, cc: i32) -> &'static str {
-    static NAMES: OnceLock<Mutex<HashMap<(&'static str, i32), &'static str>>> = OnceLock::new();
-    let mut names = NAMES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    names
-        .entry((prefix, cc))
-        .or_insert_with(|| Box::leak(format!("{prefix}_{cc}").into_boxed_str()))
-}
-
-/// The device's kernels: a cubin for its own architecture when NVRTC supports it and it loads,
-/// else PTX for the newest virtual architecture NVRTC supports that the device runs.
-fn load_kernels(
-    ctx: &Arc<CudaContext>,
-    major: i32,
-    minor: i32,
-) -> Result<(Arc<cudarc::driver::CudaModule>, KernelImage), CudaError> {
-    let cc = major * 10 + minor;
-    let archs = nvrtc_archs();
-    let why = if archs.contains(&cc) {
-        let sm = arch_name("sm", cc);
-        match compile_cubin(sm) {
-            Ok(bin) => match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin)) {
-                Ok(m) => return Ok((m, KernelImage::Cubin(sm))),
-                Err(e) => format!("the {sm} cubin did not load: {e}"),
-            },
-            Err(e) => format!("no {sm} cubin: {e}"),
-        }
-    } else {
-        format!("NVRTC cannot emit machine code for sm_{cc}")
-    };
-    let arch = arch_for(&archs, cc);
-    let ptx = compile_kernels(Some(arch))?;
-    let module = ctx
-        .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-        .map_err(|e| CudaError::Driver {
-            op: "cuModuleLoadData",
-            msg: format!("{e} (kernels as {arch} PTX, since {why}; {})", versions()),
-        })?;
-    Ok((module, KernelImage::Ptx(arch, why)))
-}
-
-/// The newest virtual architecture among NVRTC's `archs` that a device of compute capability
-/// `cc` (`10·major + minor`) runs, as `"compute_XY"` (`cc` itself when NVRTC cannot say).
-fn arch_for(archs: &[i32], cc: i32) -> &'static str {
-    let best = archs
-        .iter()
-        .copied()
-        .filter(|&a| a <= cc)
-        .max()
-        .unwrap_or(cc);
-    arch_name("compute", best)
-}
-
-/// The architectures NVRTC supports (as `10·major + minor`), or none if it cannot say.
-fn nvrtc_archs() -> Vec<i32> {
-    use cudarc::nvrtc::sys::{nvrtcGetNumSupportedArchs, nvrtcGetSupportedArchs, nvrtcResult};
-    let mut n = 0i32;
-    // SAFETY: NVRTC can be loaded (checked just before, so the call does not panic); it writes
-    // one int through a valid pointer.
-    let ok = nvrtc_present()
-        && unsafe { nvrtcGetNumSupportedArchs(&mut n) } == nvrtcResult::NVRTC_SUCCESS;
-    if !ok || n <= 0 {
-        return Vec::new();
-    }
-    let mut archs = vec![0i32; n as usize];
-    // SAFETY: `archs` has room for the `n` ints NVRTC just said it would write.
-    if unsafe { nvrtcGetSupportedArchs(archs.as_mut_ptr()) } != nvrtcResult::NVRTC_SUCCESS {
-        return Vec::new();
-    }
-    archs
 }
 
 /// Device memory straight from the driver (`cuMemAlloc`/`cuMemFree`): the raw allocator under

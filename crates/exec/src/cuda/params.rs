@@ -5,8 +5,9 @@ use super::{CudaError, MAX_DIMS};
 use crate::cpu::Window;
 use crate::layout::coalesce;
 
-/// Threads per block of every launch (`BLOCK` in `kernels.cu`).
-pub(crate) const BLOCK: u32 = 256;
+/// Threads per block of every launch (`BLOCK` in the kernels, defined from this value by
+/// `crate::ops::cuda_defines`).
+pub(crate) const BLOCK: u32 = crate::ops::CUDA_BLOCK;
 /// Most blocks of one launch; the kernels' grid-stride loops cover any remaining work.
 pub(crate) const MAX_GRID: u64 = 32 * 1024;
 
@@ -62,76 +63,71 @@ pub(crate) struct Win {
     pub wo: i64,
 }
 
-/// The kernels, in the order of [`KERNEL_BASES`]; each exists as `<base>_f32` and `<base>_f64`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum K {
-    Fill,
-    Unary,
-    UnaryGrad,
-    Binary,
-    Select,
-    CopyStrided,
-    ReduceThread,
-    ReduceBlock,
-    SoftmaxThread,
-    SoftmaxBlock,
-    SoftmaxGradThread,
-    SoftmaxGradBlock,
-    IndexSelect,
-    IndexAdd,
-    Gather,
-    ScatterAdd,
-    Take,
-    PutAdd,
-    Im2col,
-    Col2im,
-    MaxPoolIndices,
-    Cumsum,
-    Dropout,
-    NormStats,
-    NormApply,
-    NormGradInput,
-    NormGradParams,
-    AttnForward,
-    AttnDelta,
-    AttnDq,
-    AttnDkdv,
+/// Declares the kernels from one list of `Variant => "base"` rows: the enum [`K`], the names
+/// [`KERNEL_BASES`] (indexed by `K as usize`) and [`K::base`]. A kernel's variant and its name sit
+/// on one row, so the two cannot fall out of step (a swap would launch the wrong kernel, which
+/// only a GPU would show).
+macro_rules! kernels {
+    ($($var:ident => $base:literal,)*) => {
+        /// The kernels of `kernels.cu` and `fused.cu`; each exists as `<base>_f32` and
+        /// `<base>_f64` ([`K::base`]).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(crate) enum K {
+            $($var,)*
+        }
+
+        /// The kernels' names without the type suffix, indexed by `K as usize`.
+        pub(crate) const KERNEL_BASES: &[&str] = &[$($base,)*];
+
+        impl K {
+            /// Every kernel, in the order of [`KERNEL_BASES`].
+            #[cfg_attr(not(test), allow(dead_code))]
+            pub(crate) const ALL: &'static [K] = &[$(K::$var,)*];
+
+            /// The kernel's name without the type suffix.
+            #[cfg_attr(not(test), allow(dead_code))]
+            pub(crate) fn base(self) -> &'static str {
+                match self {
+                    $(K::$var => $base,)*
+                }
+            }
+        }
+    };
 }
 
-/// The kernels' names without the type suffix, indexed by `K as usize`.
-pub(crate) const KERNEL_BASES: [&str; 31] = [
-    "fill",
-    "unary",
-    "unary_grad",
-    "binary",
-    "select",
-    "copy_strided",
-    "reduce_thread",
-    "reduce_block",
-    "softmax_thread",
-    "softmax_block",
-    "softmax_grad_thread",
-    "softmax_grad_block",
-    "index_select",
-    "index_add",
-    "gather",
-    "scatter_add",
-    "take",
-    "put_add",
-    "im2col",
-    "col2im",
-    "max_pool_indices",
-    "cumsum",
-    "dropout",
-    "norm_stats",
-    "norm_apply",
-    "norm_grad_input",
-    "norm_grad_params",
-    "attn_forward",
-    "attn_delta",
-    "attn_dq",
-    "attn_dkdv",
-];
+kernels! {
+    Fill => "fill",
+    Unary => "unary",
+    UnaryGrad => "unary_grad",
+    Binary => "binary",
+    Select => "select",
+    CopyStrided => "copy_strided",
+    ReduceThread => "reduce_thread",
+    ReduceBlock => "reduce_block",
+    SoftmaxThread => "softmax_thread",
+    SoftmaxBlock => "softmax_block",
+    SoftmaxGradThread => "softmax_grad_thread",
+    SoftmaxGradBlock => "softmax_grad_block",
+    IndexSelect => "index_select",
+    IndexAdd => "index_add",
+    Gather => "gather",
+    ScatterAdd => "scatter_add",
+    Take => "take",
+    PutAdd => "put_add",
+    Im2col => "im2col",
+    Col2im => "col2im",
+    MaxPoolIndices => "max_pool_indices",
+    Cumsum => "cumsum",
+    Dropout => "dropout",
+    NormStats => "norm_stats",
+    NormApply => "norm_apply",
+    NormGradInput => "norm_grad_input",
+    NormGradParams => "norm_grad_params",
+    AttnForward => "attn_forward",
+    AttnDelta => "attn_delta",
+    AttnDq => "attn_dq",
+    AttnDkdv => "attn_dkdv",
+}
 
 /// `struct AttnParams` of `fused.cu`: the attention problem ([`crate::cpu::attention::AttnDims`])
 /// and the mask's layout, every field 64 bits wide.

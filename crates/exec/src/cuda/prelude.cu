@@ -1,7 +1,8 @@
 // The shared part of the CUDA backend's kernel source: types, per-type math, the grid-stride
 // loop, dropout's hash and the macro that instantiates a kernel for f32 and f64. `kernel_source()`
-// puts it first, then `kernels.cu` and `fused.cu`; `tests/cuda_kernels_on_host.rs` compiles it
-// with `fused.cu` as host C++ to check the fused kernels against the CPU's.
+// puts it after the generated definitions (`ops::cuda_defines()`), then `kernels.cu` and
+// `fused.cu`; `tests/cuda_kernels_on_host.rs` compiles the definitions, it and `fused.cu` as host
+// C++ to check the fused kernels against the CPU's.
 //
 // Compiled at run time by NVRTC (no headers: only NVRTC's built-in declarations are used), once
 // per process and architecture. Every kernel exists as `<name>_f32` and `<name>_f64`, both
@@ -9,20 +10,21 @@
 // `crates/exec/src/cpu` computes, element for element; only the order of floating-point
 // additions in reductions may differ.
 //
-// The elementwise ops themselves are not written here: `kernel_source()` prepends the op tables'
-// CUDA columns (crates/exec/src/ops) as `#define`s — the op codes (`U_*`, `B_*`, `R_*`) and the
-// `switch` cases UNARY_CASES, UNARY_GRAD_CASES and BINARY_CASES used in kernels.cu.
+// The elementwise ops and reductions themselves are not written here: `kernel_source()`
+// prepends the op tables' CUDA columns (crates/exec/src/ops, `cuda_defines`) as `#define`s — the
+// op codes (`U_*`, `B_*`, `R_*`) and the `switch` cases UNARY_CASES, UNARY_GRAD_CASES,
+// BINARY_CASES, REDUCE_IDENTITY_CASES and REDUCE_COMBINE_CASES used in kernels.cu. So are the
+// numbers the kernels share with Rust: BLOCK (threads per block), MAX_DIMS (the most dimensions
+// of a strided operand), the math constants and dropout's hash multipliers; no .cu file defines
+// or spells them.
 //
 // Conventions, shared with `mod.rs`:
 // * Device pointers, sizes and op codes are passed as 64-bit integers (`unsigned long long`),
 //   scalar parameters as `double` (rounded to the element type here, as the CPU kernels do).
 // * Shapes and strides travel by value in the parameter structs of kernels.cu and fused.cu, which mirror `#[repr(C)]` structs
 //   on the host: every field is 64 bits wide, so the layouts agree without padding.
-// * Launches use 256-thread blocks; every loop over work items is a grid-stride loop, so any
+// * Launches use BLOCK-thread blocks; every loop over work items is a grid-stride loop, so any
 //   grid size covers any amount of work.
-
-#define MAX_DIMS 8
-#define BLOCK 256
 
 typedef unsigned long long u64;
 typedef long long i64;
@@ -81,18 +83,19 @@ template <typename T> __device__ __forceinline__ T fmin_(T a, T b) {
          i += (u64)blockDim.x * gridDim.x)
 
 // Dropout's keep decision for element `c` (cpu::dropout::keeps: two rounds of a 32-bit mixer
-// over the counter and the seed, compared with ⌈p·2³²⌉).
+// over the counter and the seed, compared with ⌈p·2³²⌉). The multipliers DROPOUT_MIX_1,
+// DROPOUT_MIX_2 and DROPOUT_HIGH_WORD are cpu::dropout's, prepended from Rust.
 __device__ __forceinline__ unsigned int dropout_mix(unsigned int x) {
     x ^= x >> 16;
-    x *= 0x7feb352du;
+    x *= DROPOUT_MIX_1;
     x ^= x >> 15;
-    x *= 0x846ca68bu;
+    x *= DROPOUT_MIX_2;
     return x ^ (x >> 16);
 }
 
 __device__ __forceinline__ bool dropout_keeps(u64 seed, u64 c, u64 threshold) {
     unsigned int lo = (unsigned int)c + (unsigned int)seed;
-    unsigned int hi = (unsigned int)(seed >> 32) ^ ((unsigned int)(c >> 32) * 0x9E3779B9u);
+    unsigned int hi = (unsigned int)(seed >> 32) ^ ((unsigned int)(c >> 32) * DROPOUT_HIGH_WORD);
     return (u64)dropout_mix(dropout_mix(lo) ^ hi) >= threshold;
 }
 

@@ -233,6 +233,66 @@ fn missing_driver_is_a_typed_error_and_a_device_works() {
     be.synchronize().unwrap();
 }
 
+/// The kernels `source` defines: `<base>_f32` and `<base>_f64` for each `BOTH(base, ...)` entry
+/// point, and any `extern "C" __global__` function written out by hand.
+fn defined_kernels(source: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in source.lines().map(str::trim_start) {
+        if let Some(rest) = line.strip_prefix("BOTH(") {
+            let base = rest.split(',').next().unwrap_or_default().trim();
+            names.extend([format!("{base}_f32"), format!("{base}_f64")]);
+        } else if let Some(rest) = line.split("__global__ void ").nth(1) {
+            let name: String = rest
+                .chars()
+                .take_while(|&c| c.is_ascii_alphanumeric() || c == '_' || c == '#')
+                .collect();
+            // The two functions of the `BOTH` macro itself.
+            if !name.starts_with("NAME##") {
+                names.push(name);
+            }
+        }
+    }
+    names
+}
+
+/// The kernel list of `params.rs` ([`params::K`], [`KERNEL_BASES`]) and the CUDA source agree:
+/// every listed kernel is defined for both types, and the source defines no kernel the list
+/// lacks (one the backend would never load). Needs no NVRTC: the source is read as text.
+#[test]
+fn the_kernel_list_is_what_the_source_defines() {
+    let defined = defined_kernels(kernel_source());
+    let listed = kernel_names();
+    for name in &listed {
+        assert!(
+            defined.contains(name),
+            "params.rs lists kernel {name}, which the CUDA source does not define"
+        );
+    }
+    for name in &defined {
+        assert!(
+            listed.contains(name),
+            "the CUDA source defines kernel {name}, which params.rs does not list"
+        );
+    }
+    assert_eq!(
+        defined.len(),
+        listed.len(),
+        "a kernel defined twice: {defined:?}"
+    );
+    assert_eq!(params::K::ALL.len(), KERNEL_BASES.len());
+    for (i, &k) in params::K::ALL.iter().enumerate() {
+        assert_eq!(k as usize, i, "{k:?}");
+        assert_eq!(KERNEL_BASES[i], k.base(), "{k:?}");
+        // The variant is the base name in camel case (`AttnDkdv` for `attn_dkdv`).
+        let camel: String = k
+            .base()
+            .split('_')
+            .map(|w| w[..1].to_uppercase() + &w[1..])
+            .collect();
+        assert_eq!(format!("{k:?}"), camel, "kernel {}", k.base());
+    }
+}
+
 #[test]
 #[cfg_attr(miri, ignore)]
 fn kernels_compile_with_nvrtc() {
@@ -728,7 +788,8 @@ fn check_reduce<T: Float>(be: &CudaBackend) {
             .product();
         let dx = up(be, &x);
         let dout = alloc(be, n_out.max(1) * T::DTYPE.size());
-        for op in [ReduceOp::Sum, ReduceOp::Max] {
+        // Every row of the reduction table (a new row is checked here without more code).
+        for &op in ReduceOp::KINDS {
             let mut want = vec![T::ZERO; n_out];
             cpu::reduce(op, &x, shape, mask, &mut want);
             let mut scale = vec![T::ZERO; n_out];

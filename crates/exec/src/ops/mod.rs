@@ -1,18 +1,28 @@
 //! The op tables: one row per elementwise op and per reduction, and everything else comes from
 //! the rows — the [`UnaryOp`]/[`BinaryOp`]/[`ReduceOp`] enums, their names and lists, the CPU
-//! kernels' per-op closures (`cpu::elementwise` runs them), the CUDA op codes and `switch` cases
-//! prepended to the kernel source, and what random programs need to know (domain, positivity,
-//! smoothness). So the CPU and CUDA codes cannot drift, and a derivative is written once per
-//! language. The macros that read the rows are in `table.rs`.
+//! kernels' per-op closures (`cpu::elementwise` and `cpu::reduce` run them), the CUDA op codes
+//! and `switch` cases prepended to the kernel source ([`cuda_defines`]), and what random
+//! programs need to know (domain, positivity, smoothness). So the CPU and CUDA codes cannot
+//! drift, and a derivative is written once per language. The macros that read the rows are in
+//! `table.rs`.
 //!
 //! Adding a unary op: a row here; its `create_graph` rule (the derivative in differentiable
 //! tensor ops) in `arenagrad-graph`'s `ops/unary.rs`, whose match does not compile until it has
 //! one; and a test. The program format, its generator and the CUDA kernels pick the row up.
+//!
+//! Adding a reduction: a row of the reduction table (identity and step, for the CPU and in CUDA
+//! C); `cpu::reduce`, the CUDA reduction kernels and their tests pick it up. `arenagrad-graph`
+//! then needs its derivative and its backward flop count, whose matches do not compile until
+//! they have one.
+//!
+//! The numbers the CUDA kernels share with Rust (threads per block, `MAX_DIMS`, GELU's and
+//! softplus's constants, dropout's hash multipliers) are listed in `CUDA_CONSTANTS` and reach
+//! the kernels as `#define`s from [`cuda_defines`]; the `.cu` files only name them.
 
 mod table;
 
 use crate::Float;
-use table::{binary_table, unary_table};
+use table::{binary_table, reduce_table, unary_table};
 
 /// Where an op's operand must lie for the op (and its derivative) to be defined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +69,22 @@ pub trait BinaryKernel<T: Float> {
     /// Runs the kernel with `f`, the op on one pair.
     fn run<F: Fn(T, T) -> T + Sync + Copy>(self, f: F) -> Self::Out;
 }
+
+/// A kernel that runs a reduction ([`ReduceOp::with_combine`]).
+pub trait ReduceKernel<T: Float> {
+    /// What the kernel returns.
+    type Out;
+    /// Runs the kernel with the reduction's `identity` (the result over nothing) and `f`, one
+    /// step `f(acc, v)`.
+    fn run<F: Fn(T, T) -> T + Sync + Copy>(self, identity: T, f: F) -> Self::Out;
+}
+
+/// Threads per block of every CUDA launch (`BLOCK` in the kernels, whose block reductions are
+/// sized by it).
+pub(crate) const CUDA_BLOCK: u32 = 256;
+/// The most dimensions a strided CUDA kernel takes, after merging the dimensions that are
+/// contiguous for every operand (`MAX_DIMS` in the kernels and their parameter structs).
+pub(crate) const CUDA_MAX_DIMS: usize = 8;
 
 /// √(2/π), in GELU's tanh approximation.
 pub const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -254,8 +280,8 @@ unary_table! {
         public: true, smooth: true, domain: Domain::All, positive: Positive::Always,
         cpu: |x| if x > T::from_f64(SOFTPLUS_THRESHOLD) { x } else { x.exp().ln_1p() },
         grad: |x, _, g| if x > T::from_f64(SOFTPLUS_THRESHOLD) { g } else { g * sigmoid(x) },
-        cuda: "x > (T)20 ? x : M<T>::log1p_(M<T>::exp_(x))",
-        cuda_grad: "x > (T)20 ? g : g * sigmoid_(x)",
+        cuda: "x > (T)SOFTPLUS_THRESHOLD ? x : M<T>::log1p_(M<T>::exp_(x))",
+        cuda_grad: "x > (T)SOFTPLUS_THRESHOLD ? g : g * sigmoid_(x)",
     }
     /// The error function, erf x = 2/√π ∫₀ˣ e^(−t²) dt.
     Erf => "erf" {
@@ -263,7 +289,7 @@ unary_table! {
         cpu: |x| x.erf(),
         grad: |x, _, g| g * T::from_f64(TWO_OVER_SQRT_PI) * (-(x * x)).exp(),
         cuda: "M<T>::erf_(x)",
-        cuda_grad: "g * (T)1.1283791670955126 * M<T>::exp_(-(x * x))",
+        cuda_grad: "g * (T)TWO_OVER_SQRT_PI * M<T>::exp_(-(x * x))",
     }
     /// sign(x) ∈ {-1, 0, 1}; 0 for NaN (as PyTorch's `sign`). Piecewise constant: no gradient.
     Sign => "sign" {
@@ -438,46 +464,89 @@ binary_table! {
     }
 }
 
-/// What a reduction computes: the reduction table. Each op's identity and combine step are in
-/// `cpu::reduce` and in the CUDA kernels (`R_*` codes from [`ReduceOp::code`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReduceOp {
+reduce_table! {
     /// Sum.
-    Sum,
+    Sum => "sum" {
+        identity: T::ZERO,
+        combine: |acc, v| acc + v,
+        cuda_identity: "(T)0",
+        cuda_combine: "acc + v",
+    }
     /// Maximum (NaN propagates).
-    Max,
+    Max => "max" {
+        identity: T::neg_infinity(),
+        combine: |acc, v| acc.max(v),
+        cuda_identity: "M<T>::neg_inf()",
+        cuda_combine: "fmax_(acc, v)",
+    }
 }
 
-impl ReduceOp {
-    /// Every reduction.
-    pub const KINDS: &'static [ReduceOp] = &[ReduceOp::Sum, ReduceOp::Max];
+/// A number the CUDA kernels share with the Rust code.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum CudaConst {
+    /// An integer (a size).
+    Int(u64),
+    /// A real, written so that C reads back the same `double`.
+    Real(f64),
+    /// A 32-bit unsigned integer (a hash multiplier), written in hex as an `unsigned int`.
+    U32(u32),
+}
 
-    /// The name, as errors and the program format spell it.
-    pub fn name(self) -> &'static str {
+/// The numbers the CUDA kernels share with the Rust code, by the name the kernels use: written
+/// into the kernel source as `#define`s by [`cuda_defines`], so no `.cu` file spells them. Each
+/// value is defined once in Rust: the sizes and the math constants here, dropout's hash
+/// multipliers in `cpu::dropout`.
+pub(crate) const CUDA_CONSTANTS: &[(&str, CudaConst)] = &[
+    ("BLOCK", CudaConst::Int(CUDA_BLOCK as u64)),
+    ("MAX_DIMS", CudaConst::Int(CUDA_MAX_DIMS as u64)),
+    ("SQRT_2_OVER_PI", CudaConst::Real(SQRT_2_OVER_PI)),
+    ("GELU_C", CudaConst::Real(GELU_C)),
+    ("FRAC_1_SQRT_2", CudaConst::Real(FRAC_1_SQRT_2)),
+    ("FRAC_1_SQRT_2PI", CudaConst::Real(FRAC_1_SQRT_2PI)),
+    ("TWO_OVER_SQRT_PI", CudaConst::Real(TWO_OVER_SQRT_PI)),
+    ("SOFTPLUS_THRESHOLD", CudaConst::Real(SOFTPLUS_THRESHOLD)),
+    ("DROPOUT_MIX_1", CudaConst::U32(crate::cpu::dropout::MIX_1)),
+    ("DROPOUT_MIX_2", CudaConst::U32(crate::cpu::dropout::MIX_2)),
+    (
+        "DROPOUT_HIGH_WORD",
+        CudaConst::U32(crate::cpu::dropout::HIGH_WORD),
+    ),
+];
+
+impl std::fmt::Display for CudaConst {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Max => "max",
+            CudaConst::Int(v) => write!(f, "{v}"),
+            // `{:?}` is the shortest decimal that reads back as the same `f64`, with a point
+            // (`20.0`), as C parses it.
+            CudaConst::Real(v) => write!(f, "{v:?}"),
+            CudaConst::U32(v) => write!(f, "{v:#010x}u"),
         }
     }
-
-    /// The op's code in the CUDA kernels.
-    pub fn code(self) -> u64 {
-        self as u64
-    }
 }
 
-/// The table's CUDA columns as C preprocessor definitions, prepended to the kernel source: the
-/// op codes (`U_NEG`, `B_ADD`, `R_SUM`, ...) and the `switch` cases of the unary forward
-/// (`UNARY_CASES`, in `x` and `p`), the unary derivative (`UNARY_GRAD_CASES`, in `x`, `y`, `g`,
-/// `p`) and the binary function (`BINARY_CASES`, in `a`, `b`).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn cuda_defines() -> String {
+/// The head of the CUDA kernel source, generated from the Rust side: the shared numbers
+/// (`CUDA_CONSTANTS`: `BLOCK`, `MAX_DIMS`, GELU's and softplus's constants, dropout's hash
+/// multipliers) and the op tables' CUDA columns as C preprocessor definitions — the op codes
+/// (`U_NEG`, `B_ADD`, `R_SUM`, ...) and the `switch` cases of the unary forward (`UNARY_CASES`,
+/// in `x` and `p`), the unary derivative (`UNARY_GRAD_CASES`, in `x`, `y`, `g`, `p`), the binary
+/// function (`BINARY_CASES`, in `a`, `b`) and the reductions' identity
+/// (`REDUCE_IDENTITY_CASES`) and step (`REDUCE_COMBINE_CASES`, in `acc`, `v`).
+///
+/// The CUDA backend puts it before `prelude.cu`, `kernels.cu` and `fused.cu`
+/// (`cuda::kernel_source`); the host test of the fused kernels (`tests/cuda_kernels_on_host.rs`)
+/// does the same, which is why it is public.
+pub fn cuda_defines() -> String {
     use std::fmt::Write;
-    let mut s = String::from("// Generated from the op tables (arenagrad_exec::ops).\n");
+    let mut s =
+        String::from("// Generated from arenagrad_exec::ops (shared numbers, op tables).\n");
+    for (name, value) in CUDA_CONSTANTS {
+        let _ = writeln!(s, "#define {name} {value}");
+    }
     let codes = [
         ("U", UNARY_CUDA.iter().map(|r| r.0).collect::<Vec<_>>()),
         ("B", BINARY_CUDA.iter().map(|r| r.0).collect()),
-        ("R", ReduceOp::KINDS.iter().map(|r| r.name()).collect()),
+        ("R", REDUCE_CUDA.iter().map(|r| r.0).collect()),
     ];
     for (prefix, names) in codes {
         for (k, name) in names.iter().enumerate() {
@@ -491,6 +560,14 @@ pub(crate) fn cuda_defines() -> String {
         ),
         ("UNARY_GRAD_CASES", UNARY_CUDA.iter().map(|r| r.2).collect()),
         ("BINARY_CASES", BINARY_CUDA.iter().map(|r| r.1).collect()),
+        (
+            "REDUCE_IDENTITY_CASES",
+            REDUCE_CUDA.iter().map(|r| r.1).collect(),
+        ),
+        (
+            "REDUCE_COMBINE_CASES",
+            REDUCE_CUDA.iter().map(|r| r.2).collect(),
+        ),
     ];
     for (name, exprs) in cases {
         let _ = writeln!(s, "#define {name} \\");
@@ -500,4 +577,87 @@ pub(crate) fn cuda_defines() -> String {
         s.push('\n');
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel sources, read as text (so this runs without the `cuda` feature).
+    const CU_FILES: [(&str, &str); 3] = [
+        ("prelude.cu", include_str!("../cuda/prelude.cu")),
+        ("kernels.cu", include_str!("../cuda/kernels.cu")),
+        ("fused.cu", include_str!("../cuda/fused.cu")),
+    ];
+
+    /// The shared numbers come only from [`CUDA_CONSTANTS`]: no `.cu` file defines one of their
+    /// names (`#define NAME`, `NAME = ...`), and neither the files nor the tables' CUDA columns
+    /// spell a real one's decimal or a hash multiplier's hex digits; the generated head defines
+    /// each once.
+    #[test]
+    fn no_cuda_source_spells_a_shared_constant() {
+        let columns = UNARY_CUDA
+            .iter()
+            .flat_map(|r| [r.1, r.2])
+            .chain(BINARY_CUDA.iter().map(|r| r.1))
+            .chain(REDUCE_CUDA.iter().flat_map(|r| [r.1, r.2]))
+            .map(|c| ("an op table's CUDA column", c));
+        for (file, text) in CU_FILES.into_iter().chain(columns) {
+            for line in text.lines() {
+                let words: Vec<&str> = line
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '#'))
+                    .filter(|w| !w.is_empty())
+                    .collect();
+                for (name, value) in CUDA_CONSTANTS {
+                    let defined = words.windows(2).any(|w| w == ["#define", *name])
+                        || line.contains(&format!("{name} ="));
+                    assert!(!defined, "{file} defines {name}: {line}");
+                    // A real's decimal, or a hash multiplier's hex digits in either case.
+                    let spelled = match value {
+                        CudaConst::Int(_) => continue,
+                        CudaConst::Real(v) => format!("{v:?}"),
+                        CudaConst::U32(v) => format!("{v:x}"),
+                    };
+                    assert!(
+                        !line.to_ascii_lowercase().contains(&spelled),
+                        "{file} spells {name} ({spelled}) instead of naming it: {line}"
+                    );
+                }
+            }
+        }
+        let head = cuda_defines();
+        for (name, value) in CUDA_CONSTANTS {
+            let line = format!("#define {name} {value}\n");
+            assert_eq!(head.matches(&line).count(), 1, "{line}");
+        }
+    }
+
+    /// Each reduction's CPU identity is what its combine step leaves unchanged, and the CUDA
+    /// head has an identity and a step for every row, at the row's code.
+    #[test]
+    fn reductions_follow_their_rows() {
+        let head = cuda_defines();
+        for (k, &op) in ReduceOp::KINDS.iter().enumerate() {
+            assert_eq!(op.code(), k as u64);
+            let id: f64 = op.identity();
+            for v in [-3.5, 0.0, 2.25] {
+                assert_eq!(op.combine(id, v), v, "{}: identity then {v}", op.name());
+            }
+            let name = op.name().to_uppercase();
+            assert!(head.contains(&format!("#define R_{name} {k}\n")), "{name}");
+            let (_, cuda_id, cuda_step) = REDUCE_CUDA[k];
+            assert_eq!(REDUCE_CUDA[k].0, op.name());
+            let cases = |macro_name: &str| {
+                let at = head.find(&format!("#define {macro_name} ")).unwrap();
+                head[at..].split("\n\n").next().unwrap().to_string()
+            };
+            assert!(
+                cases("REDUCE_IDENTITY_CASES").contains(&format!("case {k}: return ({cuda_id});"))
+            );
+            assert!(
+                cases("REDUCE_COMBINE_CASES").contains(&format!("case {k}: return ({cuda_step});"))
+            );
+        }
+        assert_eq!(REDUCE_CUDA.len(), ReduceOp::KINDS.len());
+    }
 }

@@ -1,4 +1,4 @@
-//! The macros that turn the op tables of [`super`] into code. A reader adding an op needs only
+//! The macros that turn the op tables of [`super`] (unary, binary, reductions) into code. A reader adding an op needs only
 //! the tables; this file says what each column becomes.
 //!
 //! Why a `macro_rules!` and not a build script: the rows stay Rust (the CPU columns are closures
@@ -262,4 +262,94 @@ macro_rules! binary_table {
     };
 }
 
-pub(crate) use {binary_table, unary_table};
+/// Expands the reduction table. Each row:
+///
+/// ```text
+/// /// doc
+/// Variant => "name" {
+///     identity: expr,            // the result over nothing, in `T: Float`: where outputs start
+///     combine: |acc, v| expr,    // one step, in `acc` and `v` (T)
+///     cuda_identity: "expr",     // the identity in CUDA C, in `T`
+///     cuda_combine: "expr",      // the step in CUDA C, in `acc`, `v` (T)
+/// }
+/// ```
+///
+/// Every column is required: a row without its CUDA columns does not match, so it does not
+/// compile (the CUDA kernels would otherwise meet a code they cannot reduce with).
+macro_rules! reduce_table {
+    ($(
+        $(#[doc = $doc:literal])*
+        $var:ident => $name:literal {
+            identity: $id:expr,
+            combine: |$acc:ident, $v:ident| $step:expr,
+            cuda_identity: $cuda_id:literal,
+            cuda_combine: $cuda_step:literal $(,)?
+        }
+    )*) => {
+        /// What a reduction computes, one per row of the reduction table
+        /// (`arenagrad_exec::ops`): `cpu::reduce` folds with the row's identity and step, the
+        /// CUDA kernels with its CUDA columns (`R_*` codes from [`ReduceOp::code`]).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum ReduceOp {
+            $(
+                $(#[doc = $doc])*
+                $var,
+            )*
+        }
+
+        impl ReduceOp {
+            /// Every reduction.
+            pub const KINDS: &'static [ReduceOp] = &[$(ReduceOp::$var,)*];
+
+            /// The name, as errors and the program format spell it.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(ReduceOp::$var => $name,)*
+                }
+            }
+
+            /// The op's code in the CUDA kernels (its row's position).
+            pub fn code(self) -> u64 {
+                self as u64
+            }
+
+            /// The result over nothing, where every output starts.
+            #[inline(always)]
+            pub fn identity<T: Float>(self) -> T {
+                match self {
+                    $(ReduceOp::$var => $id,)*
+                }
+            }
+
+            /// One step: `acc` combined with `v`.
+            #[inline(always)]
+            pub fn combine<T: Float>(self, acc: T, v: T) -> T {
+                match self {
+                    $(ReduceOp::$var => {
+                        let ($acc, $v) = (acc, v);
+                        $step
+                    })*
+                }
+            }
+
+            /// Calls `k` with the row's identity and its step as a closure, so that the
+            /// kernel's loops are compiled once per reduction with the step inlined.
+            #[inline(always)]
+            pub fn with_combine<T: Float, K: ReduceKernel<T>>(self, k: K) -> K::Out {
+                match self {
+                    $(ReduceOp::$var => k.run(
+                        $id,
+                        #[inline(always)]
+                        move |$acc: T, $v: T| -> T { $step }
+                    ),)*
+                }
+            }
+        }
+
+        /// The CUDA columns, in code order: name, identity, step.
+        #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+        pub(crate) const REDUCE_CUDA: &[(&str, &str, &str)] = &[$(($name, $cuda_id, $cuda_step),)*];
+    };
+}
+
+pub(crate) use {binary_table, reduce_table, unary_table};
