@@ -16,7 +16,7 @@ use std::sync::Mutex;
 
 use super::chain_gemm::chain_gemm;
 use super::lockstep::{lockstep, LineAligned, Shared};
-use super::matmul::{gemm, Gemm, MatView};
+use super::matmul::{gemm, Gemm, MatView, Mnk};
 use crate::Float;
 
 /// Values kept per processed position and hidden unit by [`lstm_seq_forward`]:
@@ -52,21 +52,27 @@ fn lstm_c<T: Float>(a: &[T], cp: T, h: usize, j: usize) -> T {
     a[h + j] * cp + a[j] * a[2 * h + j]
 }
 
-/// One LSTM step's gradients for a row: from the activations `a`, `tanh(c)` and `c_prev`, and
-/// the gradients `dh`, `dc` arriving at the step's `h` and `c`, writes the pre-activation
-/// gradients into `dz` (4h) and returns nothing; `dc_prev` is `dcp` (h) when given.
+/// What one row's LSTM step kept for backward: the activations `a` (`[i f g o]`, 4h), `tanh(c)`
+/// and `c_prev` (h each).
+#[derive(Clone, Copy)]
+struct RowRecord<'a, T> {
+    a: &'a [T],
+    tc: &'a [T],
+    cp: &'a [T],
+}
+
+/// One LSTM step's gradients for a row: from what the step kept and the gradients `dh`, `dc`
+/// arriving at the step's `h` and `c`, writes the pre-activation gradients into `dz` (4h) and
+/// returns nothing; `dc_prev` is `dcp` (h) when given.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn lstm_row_backward<T: Float>(
-    a: &[T],
-    tc: &[T],
-    cp: &[T],
-    dh: &[T],
-    dc: &[T],
+    rec: RowRecord<'_, T>,
+    (dh, dc): (&[T], &[T]),
     dz: &mut [T],
     mut dcp: Option<&mut [T]>,
     h: usize,
 ) {
+    let RowRecord { a, tc, cp } = rec;
     for j in 0..h {
         let (i, f, g, o) = (a[j], a[h + j], a[2 * h + j], a[3 * h + j]);
         let t = tc[j];
@@ -179,12 +185,14 @@ pub fn lstm_cell_grad_gates<T: Float>(gy: &[T], saved: &[T], cp: &[T], h: usize,
     for r in 0..rows {
         let s = &saved[r * 5 * h..(r + 1) * 5 * h];
         let row = r * h..(r + 1) * h;
+        let rec = RowRecord {
+            a: &s[..4 * h],
+            tc: &s[4 * h..],
+            cp: &cp[row.clone()],
+        };
         lstm_row_backward(
-            &s[..4 * h],
-            &s[4 * h..],
-            &cp[row.clone()],
-            &dh[row.clone()],
-            &dc[row],
+            rec,
+            (&dh[row.clone()], &dc[row]),
             &mut dz[r * 4 * h..(r + 1) * 4 * h],
             None,
             h,
@@ -351,6 +359,36 @@ impl LstmDims {
     }
 }
 
+/// The fixed inputs of an LSTM sequence pass: its sizes, each row's length (sorted longest
+/// first, none past `dims.t`), and the recurrent weight `w` `[4h, h]`.
+#[derive(Debug, Clone, Copy)]
+pub struct LstmSeq<'a, T> {
+    /// The sizes.
+    pub dims: LstmDims,
+    /// Each row's length.
+    pub lengths: &'a [usize],
+    /// The recurrent weight.
+    pub w: &'a [T],
+}
+
+/// A hidden state and a cell state, each `[b, h]`: a pass's initial states.
+#[derive(Debug, Clone, Copy)]
+pub struct LstmStates<'a, T> {
+    /// The hidden state.
+    pub h: &'a [T],
+    /// The cell state.
+    pub c: &'a [T],
+}
+
+/// A hidden state and a cell state (or their gradients), each `[b, h]`, written by a pass.
+#[derive(Debug)]
+pub struct LstmStatesMut<'a, T> {
+    /// The hidden state.
+    pub h: &'a mut [T],
+    /// The cell state.
+    pub c: &'a mut [T],
+}
+
 /// Hidden units a thread takes at the least: below this a step's share is too small to repay
 /// the threads' meeting.
 const MIN_SLOT_UNITS: usize = 32;
@@ -504,9 +542,9 @@ fn per_block<'a, T: Float>(
     super::thread_pool::for_each_owned(blocks, |_, blk| f(blk));
 }
 
-/// The LSTM over a sequence. `gi` `[t, b, 4h]`: the input projections with both biases; `w`
-/// `[4h, h]`: the recurrent weight; `h0`, `c0` `[b, h]`. Writes `saved` `[t, b, 7h]` (zeros at
-/// positions past a row's length) and the final states `hn`, `cn` `[b, h]`.
+/// The LSTM over a sequence. `gi` `[t, b, 4h]`: the input projections with both biases;
+/// `init`: the initial states. Writes `saved` `[t, b, 7h]` (zeros at positions past a row's
+/// length) and the final states into `last`.
 ///
 /// Each pre-activation is one fused chain over the hidden units ([`chain_gemm`]), so the bits
 /// do not depend on how the work is divided between threads. A batch with rows enough for
@@ -514,65 +552,40 @@ fn per_block<'a, T: Float>(
 /// by hidden units, blocks of at least 32 that each thread keeps forward and backward, the
 /// threads advancing through the steps together ([`lockstep`]), each
 /// multiplying the whole previous hidden state by its own units' rows of `w`.
-#[allow(clippy::too_many_arguments)]
 pub fn lstm_seq_forward<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gi: &[T],
-    w: &[T],
-    h0: &[T],
-    c0: &[T],
+    init: LstmStates<'_, T>,
     saved: &mut [T],
-    hn: &mut [T],
-    cn: &mut [T],
+    last: LstmStatesMut<'_, T>,
     threads: usize,
 ) {
-    forward(
-        d,
-        lengths,
-        gi,
-        w,
-        h0,
-        c0,
-        Sink::Record(saved),
-        hn,
-        cn,
-        threads,
-    );
+    forward(seq, gi, init, Sink::Record(saved), last, threads);
 }
 
 /// [`lstm_seq_forward`] keeping no record, for a pass that will not be differentiated: writes
 /// the output `y` `[t, b, h]` (zeros past each row's length) and the final states, the same
 /// bits as [`lstm_seq_forward`] then [`lstm_seq_output`], in a seventh of the memory.
-#[allow(clippy::too_many_arguments)]
 pub fn lstm_seq_infer<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gi: &[T],
-    w: &[T],
-    h0: &[T],
-    c0: &[T],
+    init: LstmStates<'_, T>,
     y: &mut [T],
-    hn: &mut [T],
-    cn: &mut [T],
+    last: LstmStatesMut<'_, T>,
     threads: usize,
 ) {
-    forward(d, lengths, gi, w, h0, c0, Sink::Output(y), hn, cn, threads);
+    forward(seq, gi, init, Sink::Output(y), last, threads);
 }
 
-#[allow(clippy::too_many_arguments)]
 fn forward<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gi: &[T],
-    w: &[T],
-    h0: &[T],
-    c0: &[T],
+    init: LstmStates<'_, T>,
     sink: Sink<'_, T>,
-    hn: &mut [T],
-    cn: &mut [T],
+    last: LstmStatesMut<'_, T>,
     threads: usize,
 ) {
+    let (d, lengths) = (&seq.dims, seq.lengths);
     if d.b * d.h == 0 {
         // No row or no unit: the sink, `hn` and `cn` are empty, and the steps are not walked
         // (a sequence of 2^40 empty steps took hours).
@@ -585,27 +598,25 @@ fn forward<T: Float + Gemm>(
     } else {
         Sink::Output(buf)
     };
-    hn.copy_from_slice(h0);
-    cn.copy_from_slice(c0);
+    last.h.copy_from_slice(init.h);
+    last.c.copy_from_slice(init.c);
     match row_blocks(d.b, threads) {
-        Some(bounds) => forward_by_rows(d, lengths, gi, w, sink, hn, cn, &bounds),
-        None => forward_by_units(d, lengths, gi, w, h0, c0, sink, hn, cn, threads),
+        Some(bounds) => forward_by_rows(seq, gi, sink, last, &bounds),
+        None => forward_by_units(seq, gi, init, sink, last, threads),
     }
 }
 
-/// [`lstm_seq_forward`] over row blocks, one per thread; `hn`, `cn` hold the initial states
-/// and become the final ones.
-#[allow(clippy::too_many_arguments)]
+/// [`lstm_seq_forward`] over row blocks, one per thread; `states` holds the initial states
+/// and becomes the final ones.
 fn forward_by_rows<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gi: &[T],
-    w: &[T],
     sink: Sink<'_, T>,
-    hn: &mut [T],
-    cn: &mut [T],
+    states: LstmStatesMut<'_, T>,
     bounds: &[usize],
 ) {
+    let (d, lengths, w) = (&seq.dims, seq.lengths, seq.w);
+    let LstmStatesMut { h: hn, c: cn } = states;
     let (b, h) = (d.b, d.h);
     let (buf, k, record) = sink.parts(h);
     // wᵀ, `[h, 4h]`, read by every thread at every step.
@@ -623,7 +634,12 @@ fn forward_by_rows<T: Float + Gemm>(
             if nb == 0 {
                 break;
             }
-            chain_gemm(nb, h, 4 * h, blk.h, h, &wt, 4 * h, &mut z, 4 * h);
+            chain_gemm(
+                Mnk::new(nb, h, 4 * h),
+                (blk.h, h),
+                (&wt, 4 * h),
+                (&mut z, 4 * h),
+            );
             // The rows' gate arithmetic at the widest vector width (the same operations at any).
             super::wide::wide(
                 nb * 4 * h,
@@ -671,19 +687,17 @@ fn forward_by_rows<T: Float + Gemm>(
 }
 
 /// [`lstm_seq_forward`] divided by hidden units.
-#[allow(clippy::too_many_arguments)]
 fn forward_by_units<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gi: &[T],
-    w: &[T],
-    h0: &[T],
-    c0: &[T],
+    init: LstmStates<'_, T>,
     sink: Sink<'_, T>,
-    hn: &mut [T],
-    cn: &mut [T],
+    last: LstmStatesMut<'_, T>,
     threads: usize,
 ) {
+    let (d, lengths, w) = (&seq.dims, seq.lengths, seq.w);
+    let LstmStates { h: h0, c: c0 } = init;
+    let LstmStatesMut { h: hn, c: cn } = last;
     let (b, h) = (d.b, d.h);
     let (buf, k, record) = sink.parts(h);
     let bounds = unit_slots(h, threads);
@@ -751,15 +765,10 @@ fn forward_by_units<T: Float + Gemm>(
         let hprev = &*hprev;
         for g in 0..4 {
             chain_gemm(
-                nb,
-                h,
-                wd,
-                hprev,
-                h,
-                &wt[g * h * wd..],
-                wd,
-                &mut z[g * wd..],
-                4 * wd,
+                Mnk::new(nb, h, wd),
+                (hprev, h),
+                (&wt[g * h * wd..], wd),
+                (&mut z[g * wd..], 4 * wd),
             );
         }
         // The rows' gate arithmetic at the widest vector width (the same operations at any).
@@ -873,23 +882,21 @@ struct BwdSlot<T> {
 }
 
 /// Backward through time: from `gy` `[t + 2, b, h]` (the outputs', `hn`'s and `cn`'s
-/// gradients), writes the input projections' gradient `dgi` `[t, b, 4h]` and the initial
-/// states' `dh0`, `dc0` `[b, h]`.
+/// gradients) and the forward's `saved`, writes the input projections' gradient `dgi` `[t, b,
+/// 4h]` and the initial states' gradients into `d0`.
 ///
 /// The work is divided as forward; each gradient of the previous hidden state is one fused
 /// chain over all 4h gates, whatever the division.
-#[allow(clippy::too_many_arguments)]
 pub fn lstm_seq_backward<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gy: &[T],
     saved: &[T],
-    w: &[T],
     dgi: &mut [T],
-    dh0: &mut [T],
-    dc0: &mut [T],
+    d0: LstmStatesMut<'_, T>,
     threads: usize,
 ) {
+    let (d, lengths) = (&seq.dims, seq.lengths);
+    let LstmStatesMut { h: dh0, c: dc0 } = d0;
     let (b, h, t) = (d.b, d.h, d.t);
     if b * h == 0 {
         // Every gradient here is empty: no walk over the steps.
@@ -898,26 +905,25 @@ pub fn lstm_seq_backward<T: Float + Gemm>(
     zero_past_lengths(dgi, d, lengths, 4 * h);
     dh0.copy_from_slice(&gy[t * b * h..(t + 1) * b * h]);
     dc0.copy_from_slice(&gy[(t + 1) * b * h..]);
+    let d0 = LstmStatesMut { h: dh0, c: dc0 };
     match row_blocks(b, threads) {
-        Some(bounds) => backward_by_rows(d, lengths, gy, saved, w, dgi, dh0, dc0, &bounds),
-        None => backward_by_units(d, lengths, gy, saved, w, dgi, dh0, dc0, threads),
+        Some(bounds) => backward_by_rows(seq, gy, saved, dgi, d0, &bounds),
+        None => backward_by_units(seq, gy, saved, dgi, d0, threads),
     }
 }
 
 /// [`lstm_seq_backward`] over row blocks, one per thread; `dh0`, `dc0` hold the final states'
 /// gradients and become the initial ones'.
-#[allow(clippy::too_many_arguments)]
 fn backward_by_rows<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gy: &[T],
     saved: &[T],
-    w: &[T],
     dgi: &mut [T],
-    dh0: &mut [T],
-    dc0: &mut [T],
+    d0: LstmStatesMut<'_, T>,
     bounds: &[usize],
 ) {
+    let (d, lengths, w) = (&seq.dims, seq.lengths, seq.w);
+    let LstmStatesMut { h: dh0, c: dc0 } = d0;
     let (b, h) = (d.b, d.h);
     let k = LSTM_SAVED * h;
     let runs = by_blocks(dgi, b, 4 * h, bounds);
@@ -946,12 +952,14 @@ fn backward_by_rows<T: Float + Gemm>(
                         dcr.copy_from_slice(&blk.c[r * h..(r + 1) * h]);
                         let sv = &saved[(p * b + row) * k..(p * b + row + 1) * k];
                         let dzr = &mut dz[r * 4 * h..(r + 1) * 4 * h];
+                        let rec = RowRecord {
+                            a: &sv[..4 * h],
+                            tc: &sv[4 * h..5 * h],
+                            cp: &sv[5 * h..6 * h],
+                        };
                         lstm_row_backward(
-                            &sv[..4 * h],
-                            &sv[4 * h..5 * h],
-                            &sv[5 * h..6 * h],
-                            &dhr,
-                            &dcr,
+                            rec,
+                            (&dhr, &dcr),
                             dzr,
                             Some(&mut blk.c[r * h..(r + 1) * h]),
                             h,
@@ -960,7 +968,7 @@ fn backward_by_rows<T: Float + Gemm>(
                     }
                 },
             );
-            chain_gemm(nb, 4 * h, h, &dz, 4 * h, w, h, blk.h, h);
+            chain_gemm(Mnk::new(nb, 4 * h, h), (&dz, 4 * h), (w, h), (blk.h, h));
         }
     });
 }
@@ -969,18 +977,16 @@ fn backward_by_rows<T: Float + Gemm>(
 /// its units into their gates' pre-activation gradients; after the threads meet, it takes its
 /// units' part of the previous hidden state's gradient from all of them, `dz·w[:, units]` (its
 /// block of `w`'s columns, read in place and kept in its core's cache over the steps).
-#[allow(clippy::too_many_arguments)]
 fn backward_by_units<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gy: &[T],
     saved: &[T],
-    w: &[T],
     dgi: &mut [T],
-    dh0: &mut [T],
-    dc0: &mut [T],
+    d0: LstmStatesMut<'_, T>,
     threads: usize,
 ) {
+    let (d, lengths, w) = (&seq.dims, seq.lengths, seq.w);
+    let LstmStatesMut { h: dh0, c: dc0 } = d0;
     let (b, h, t) = (d.b, d.h, d.t);
     let k = LSTM_SAVED * h;
     let bounds = unit_slots(h, threads);
@@ -1018,7 +1024,12 @@ fn backward_by_units<T: Float + Gemm>(
                 // Copied first, as the hidden state forward.
                 let dzl = &mut dzloc[..nb * 4 * h];
                 dzl.copy_from_slice(dzp);
-                chain_gemm(nb, 4 * h, wd, dzl, 4 * h, &w[u0..], h, dh, wd);
+                chain_gemm(
+                    Mnk::new(nb, 4 * h, wd),
+                    (dzl, 4 * h),
+                    (&w[u0..], h),
+                    (dh, wd),
+                );
             }
         }
         if u < t {
@@ -1086,7 +1097,7 @@ pub fn lstm_seq_grad_weight<T: Float + Gemm>(
         rs: LSTM_SAVED * h,
         cs: 1,
     };
-    gemm(4 * h, rows, h, a, hp, dw, 0, false, threads);
+    gemm(Mnk::new(4 * h, rows, h), a, hp, dw, false, threads);
 }
 
 #[cfg(test)]
@@ -1107,14 +1118,24 @@ mod tests {
         let gy = data((t + 2) * b * h, 5, 1.0);
         let mut saved = vec![f32::NAN; t * b * LSTM_SAVED * h];
         let (mut hn, mut cn) = (vec![0.0; b * h], vec![0.0; b * h]);
-        lstm_seq_forward(
-            d, lengths, &gi, &w, &h0, &c0, &mut saved, &mut hn, &mut cn, threads,
-        );
+        let seq = LstmSeq {
+            dims: *d,
+            lengths,
+            w: &w,
+        };
+        let init = LstmStates { h: &h0, c: &c0 };
+        let last = LstmStatesMut {
+            h: &mut hn,
+            c: &mut cn,
+        };
+        lstm_seq_forward(&seq, &gi, init, &mut saved, last, threads);
         let mut dgi = vec![f32::NAN; t * b * 4 * h];
         let (mut dh0, mut dc0) = (vec![0.0; b * h], vec![0.0; b * h]);
-        lstm_seq_backward(
-            d, lengths, &gy, &saved, &w, &mut dgi, &mut dh0, &mut dc0, threads,
-        );
+        let d0 = LstmStatesMut {
+            h: &mut dh0,
+            c: &mut dc0,
+        };
+        lstm_seq_backward(&seq, &gy, &saved, &mut dgi, d0, threads);
         vec![saved, hn, cn, dgi, dh0, dc0]
     }
 
@@ -1178,16 +1199,26 @@ mod tests {
             for threads in [1, 2] {
                 let mut saved = vec![f32::NAN; t * b * LSTM_SAVED * h];
                 let (mut hn, mut cn) = (vec![0.0; b * h], vec![0.0; b * h]);
-                lstm_seq_forward(
-                    &d, lengths, &gi, &w, &h0, &c0, &mut saved, &mut hn, &mut cn, threads,
-                );
+                let seq = LstmSeq {
+                    dims: d,
+                    lengths,
+                    w: &w,
+                };
+                let init = LstmStates { h: &h0, c: &c0 };
+                let last = LstmStatesMut {
+                    h: &mut hn,
+                    c: &mut cn,
+                };
+                lstm_seq_forward(&seq, &gi, init, &mut saved, last, threads);
                 let mut want = vec![f32::NAN; (t + 2) * b * h];
                 lstm_seq_output(&d, lengths, &saved, &hn, &cn, &mut want);
                 let mut y = vec![f32::NAN; t * b * h];
                 let (mut hn2, mut cn2) = (vec![f32::NAN; b * h], vec![f32::NAN; b * h]);
-                lstm_seq_infer(
-                    &d, lengths, &gi, &w, &h0, &c0, &mut y, &mut hn2, &mut cn2, threads,
-                );
+                let last = LstmStatesMut {
+                    h: &mut hn2,
+                    c: &mut cn2,
+                };
+                lstm_seq_infer(&seq, &gi, init, &mut y, last, threads);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 y.extend_from_slice(&hn2);
                 y.extend_from_slice(&cn2);
