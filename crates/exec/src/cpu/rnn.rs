@@ -52,71 +52,96 @@ fn lstm_c<T: Float>(a: &[T], cp: T, h: usize, j: usize) -> T {
     a[h + j] * cp + a[j] * a[2 * h + j]
 }
 
-/// What one row's LSTM step kept for backward: the activations `a` (`[i f g o]`, 4h), `tanh(c)`
-/// and `c_prev` (h each).
+/// What one row's LSTM step kept for backward, for some `w` of its hidden units: each field `w`
+/// wide.
 #[derive(Clone, Copy)]
 struct RowRecord<'a, T> {
-    a: &'a [T],
+    /// The gates' activations `σ(i), σ(f), tanh(g), σ(o)`.
+    gates: [&'a [T]; 4],
+    /// `tanh(c)`.
     tc: &'a [T],
+    /// `c_prev`.
     cp: &'a [T],
 }
 
-/// One LSTM step's gradients for a row: from what the step kept and the gradients `dh`, `dc`
-/// arriving at the step's `h` and `c`, writes the pre-activation gradients into `dz` (4h) and
-/// returns nothing; `dc_prev` is `dcp` (h) when given.
-#[inline(always)]
-fn lstm_row_backward<T: Float>(
-    rec: RowRecord<'_, T>,
-    (dh, dc): (&[T], &[T]),
-    dz: &mut [T],
-    mut dcp: Option<&mut [T]>,
-    h: usize,
-) {
-    let RowRecord { a, tc, cp } = rec;
-    for j in 0..h {
-        let (i, f, g, o) = (a[j], a[h + j], a[2 * h + j], a[3 * h + j]);
-        let t = tc[j];
-        let dcj = dc[j] + dh[j] * o * (T::ONE - t * t);
-        dz[j] = dcj * g * i * (T::ONE - i);
-        dz[h + j] = dcj * cp[j] * f * (T::ONE - f);
-        dz[2 * h + j] = dcj * i * (T::ONE - g * g);
-        dz[3 * h + j] = dh[j] * t * o * (T::ONE - o);
-        if let Some(d) = dcp.as_deref_mut() {
-            d[j] = dcj * f;
+impl<'a, T> RowRecord<'a, T> {
+    /// Units `u0..u0 + w` of a record laid out in blocks of `h` (`[i f g o tanh(c) c_prev …]`,
+    /// a sequence pass's [`LSTM_SAVED`] values).
+    #[inline(always)]
+    fn units(sv: &'a [T], h: usize, u0: usize, w: usize) -> Self {
+        let col = |blk: usize| &sv[blk * h + u0..blk * h + u0 + w];
+        RowRecord {
+            gates: [col(0), col(1), col(2), col(3)],
+            tc: col(4),
+            cp: col(5),
         }
     }
 }
 
-/// [`lstm_row_backward`] for the units `u0..u0 + dh.len()` of one row, reading the activations
-/// in place from the row's saved record `sv` (`[i f g o tanh(c) c_prev …]`, blocks of `h`):
-/// `dc` in, `dc_prev` out; the four gates' pre-activation gradients into `out[g]` and again
-/// into `out[4 + g]`. The same operations in the same order as [`lstm_row_backward`].
+/// `s` as its first `N` runs of `w`.
 #[inline(always)]
-fn lstm_units_backward<T: Float>(
-    sv: &[T],
-    h: usize,
-    u0: usize,
+fn runs_mut<T, const N: usize>(s: &mut [T], w: usize) -> [&mut [T]; N] {
+    let mut rest = s;
+    std::array::from_fn(|_| {
+        let (run, tail) = std::mem::take(&mut rest).split_at_mut(w);
+        rest = tail;
+        run
+    })
+}
+
+/// One LSTM step's gradients for `dh.len()` units of a row: from what the step kept and the
+/// gradients `dh` and `dc` arriving at the step's `h` and `c`, writes the four gates'
+/// pre-activation gradients into `out[g]` (and again into `out[4 + g]` when `N` is 8), and
+/// turns `dc` into the gradient at `c_prev`. The cell and both divisions of the sequence pass
+/// run these operations, in this order, so their gradients have the same bits.
+#[inline(always)]
+fn lstm_gate_grads<T: Float, const N: usize>(
+    rec: RowRecord<'_, T>,
     dh: &[T],
     dc: &mut [T],
-    out: [&mut [T]; 8],
+    mut out: [&mut [T]; N],
 ) {
-    let wd = dh.len();
-    let col = |blk: usize| &sv[blk * h + u0..blk * h + u0 + wd];
-    let (ai, af, ag, ao, tc, cp) = (col(0), col(1), col(2), col(3), col(4), col(5));
-    let [zi, zf, zg, zo, yi, yf, yg, yo] = out;
-    for j in 0..wd {
+    let [ai, af, ag, ao] = rec.gates;
+    let (tc, cp) = (rec.tc, rec.cp);
+    for j in 0..dh.len() {
         let (i, f, g, o) = (ai[j], af[j], ag[j], ao[j]);
         let t = tc[j];
         let dcj = dc[j] + dh[j] * o * (T::ONE - t * t);
-        let (di, df, dg, d_o) = (
+        let d = [
             dcj * g * i * (T::ONE - i),
             dcj * cp[j] * f * (T::ONE - f),
             dcj * i * (T::ONE - g * g),
             dh[j] * t * o * (T::ONE - o),
-        );
-        (zi[j], zf[j], zg[j], zo[j]) = (di, df, dg, d_o);
-        (yi[j], yf[j], yg[j], yo[j]) = (di, df, dg, d_o);
+        ];
+        for (x, run) in out.iter_mut().enumerate() {
+            run[j] = d[x % 4];
+        }
         dc[j] = dcj * f;
+    }
+}
+
+/// One row's LSTM step for `w` hidden units, after its pre-activations `z` (`[i f g o]`, 4w):
+/// activates the gates in place, turns the cell state `c` into the new one (through `cnew`,
+/// scratch), writes `tanh(c)` into `tc` and the new hidden state into `h`; `tmp` is scratch of
+/// `z`'s length. Both divisions of the sequence pass run these operations, in this order, so
+/// their states have the same bits; each keeps its record around it.
+#[inline(always)]
+fn lstm_step_row<T: Float>(
+    z: &mut [T],
+    tmp: &mut [T],
+    (c, cnew): (&mut [T], &mut [T]),
+    tc: &mut [T],
+    h: &mut [T],
+) {
+    let w = c.len();
+    lstm_gates(z, tmp, w);
+    for (j, cj) in cnew.iter_mut().enumerate() {
+        *cj = lstm_c(z, c[j], w, j);
+    }
+    T::tanh_into(cnew, tc);
+    c.copy_from_slice(cnew);
+    for j in 0..w {
+        h[j] = z[3 * w + j] * tc[j];
     }
 }
 
@@ -182,21 +207,21 @@ pub fn lstm_cell_output<T: Float>(saved: &[T], cp: &[T], h: usize, out: &mut [T]
 pub fn lstm_cell_grad_gates<T: Float>(gy: &[T], saved: &[T], cp: &[T], h: usize, dz: &mut [T]) {
     let rows = cp.len() / h.max(1);
     let (dh, dc) = gy.split_at(rows * h);
+    // The gradient at `c_prev`, computed on the way and dropped (`lstm_cell_grad_c` is its op).
+    let mut dcr = vec![T::ZERO; h];
     for r in 0..rows {
         let s = &saved[r * 5 * h..(r + 1) * 5 * h];
         let row = r * h..(r + 1) * h;
+        // The cell keeps `[i f g o tanh(c)]`, and `c_prev` is its input.
+        let col = |blk: usize| &s[blk * h..(blk + 1) * h];
         let rec = RowRecord {
-            a: &s[..4 * h],
-            tc: &s[4 * h..],
+            gates: [col(0), col(1), col(2), col(3)],
+            tc: col(4),
             cp: &cp[row.clone()],
         };
-        lstm_row_backward(
-            rec,
-            (&dh[row.clone()], &dc[row]),
-            &mut dz[r * 4 * h..(r + 1) * 4 * h],
-            None,
-            h,
-        );
+        dcr.copy_from_slice(&dc[row.clone()]);
+        let out: [&mut [T]; 4] = runs_mut(&mut dz[r * 4 * h..(r + 1) * 4 * h], h);
+        lstm_gate_grads(rec, &dh[row], &mut dcr, out);
     }
 }
 
@@ -653,29 +678,25 @@ fn forward_by_rows<T: Float + Gemm>(
                         for (zv, &gv) in zr.iter_mut().zip(g) {
                             *zv += gv;
                         }
-                        lstm_gates(zr, &mut tmp, h);
                         let sv = &mut blk.runs[p][r * k..(r + 1) * k];
                         let (hr, cr) = (
                             &mut blk.h[r * h..(r + 1) * h],
                             &mut blk.c[r * h..(r + 1) * h],
                         );
-                        for (j, cj) in c.iter_mut().enumerate() {
-                            *cj = lstm_c(zr, cr[j], h, j);
-                        }
                         if record {
-                            sv[..4 * h].copy_from_slice(zr);
+                            // `c_prev` and `h_prev`, before the step replaces them.
                             sv[5 * h..6 * h].copy_from_slice(cr);
                             sv[6 * h..].copy_from_slice(hr);
-                            T::tanh_into(&c, &mut sv[4 * h..5 * h]);
+                        }
+                        let tc = if record {
+                            &mut sv[4 * h..5 * h]
                         } else {
-                            T::tanh_into(&c, &mut tcl);
-                        }
-                        let tc = if record { &sv[4 * h..5 * h] } else { &tcl[..] };
-                        cr.copy_from_slice(&c);
-                        for j in 0..h {
-                            hr[j] = zr[3 * h + j] * tc[j];
-                        }
-                        if !record {
+                            &mut tcl[..]
+                        };
+                        lstm_step_row(zr, &mut tmp, (cr, &mut c), tc, hr);
+                        if record {
+                            sv[..4 * h].copy_from_slice(zr);
+                        } else {
                             // The output row, as `lstm_seq_output` reads it from the record.
                             sv.copy_from_slice(hr);
                         }
@@ -786,20 +807,12 @@ fn forward_by_units<T: Float + Gemm>(
                             *zv += x;
                         }
                     }
-                    lstm_gates(zr, tmp, wd);
                     let cr = &mut c[r * wd..(r + 1) * wd];
-                    for (j, cj) in cnew.iter_mut().enumerate() {
-                        *cj = lstm_c(zr, cr[j], wd, j);
-                    }
                     let at = (p * b + r) * k;
                     let tc: &mut [T] = if record {
                         // SAFETY: in step s only this slot writes its units' columns of the record of row r
                         // at position p (each row visits each position once), and no unit reads them.
                         let (tc, cp, hp) = unsafe {
-                            for g in 0..4 {
-                                sv.part_mut(at + g * h + u0, wd)
-                                    .copy_from_slice(&zr[g * wd..(g + 1) * wd]);
-                            }
                             (
                                 sv.part_mut(at + 4 * h + u0, wd),
                                 sv.part_mut(at + 5 * h + u0, wd),
@@ -812,13 +825,18 @@ fn forward_by_units<T: Float + Gemm>(
                     } else {
                         &mut tcl[..]
                     };
-                    T::tanh_into(cnew, tc);
-                    cr.copy_from_slice(cnew);
                     // SAFETY: this slot's units of row r in this step's half of `hbuf`: written here
                     // alone, read by the next step (after `lockstep`'s meeting).
                     let hr = unsafe { hs.part_mut((s % 2) * b * h + r * h + u0, wd) };
-                    for j in 0..wd {
-                        hr[j] = zr[3 * wd + j] * tc[j];
+                    lstm_step_row(zr, tmp, (cr, cnew), tc, hr);
+                    if record {
+                        for g in 0..4 {
+                            // SAFETY: this slot's units of gate g in row r's record at position
+                            // p: written here alone (each row visits each position once), read
+                            // by no unit.
+                            unsafe { sv.part_mut(at + g * h + u0, wd) }
+                                .copy_from_slice(&zr[g * wd..(g + 1) * wd]);
+                        }
                     }
                     if !record {
                         // SAFETY: this slot's units of the output row r at position p: written
@@ -931,7 +949,6 @@ fn backward_by_rows<T: Float + Gemm>(
         let rows = blk.h.len() / h.max(1);
         let mut dz = vec![T::ZERO; rows * 4 * h];
         let mut dhr = vec![T::ZERO; h];
-        let mut dcr = vec![T::ZERO; h];
         for s in (0..d.t).rev() {
             let nb = d.active(lengths, s).saturating_sub(blk.r0).min(rows);
             if nb == 0 {
@@ -949,22 +966,17 @@ fn backward_by_rows<T: Float + Gemm>(
                         for j in 0..h {
                             dhr[j] = blk.h[r * h + j] + gy[at + j];
                         }
-                        dcr.copy_from_slice(&blk.c[r * h..(r + 1) * h]);
                         let sv = &saved[(p * b + row) * k..(p * b + row + 1) * k];
-                        let dzr = &mut dz[r * 4 * h..(r + 1) * 4 * h];
-                        let rec = RowRecord {
-                            a: &sv[..4 * h],
-                            tc: &sv[4 * h..5 * h],
-                            cp: &sv[5 * h..6 * h],
-                        };
-                        lstm_row_backward(
-                            rec,
-                            (&dhr, &dcr),
-                            dzr,
-                            Some(&mut blk.c[r * h..(r + 1) * h]),
-                            h,
+                        // The gate gradients into the rows' product operand and into `dgi`.
+                        let [zi, zf, zg, zo] = runs_mut(&mut dz[r * 4 * h..(r + 1) * 4 * h], h);
+                        let [yi, yf, yg, yo] =
+                            runs_mut(&mut blk.runs[p][r * 4 * h..(r + 1) * 4 * h], h);
+                        lstm_gate_grads(
+                            RowRecord::units(sv, h, 0, h),
+                            &dhr,
+                            &mut blk.c[r * h..(r + 1) * h],
+                            [zi, zf, zg, zo, yi, yf, yg, yo],
                         );
-                        blk.runs[p][r * 4 * h..(r + 1) * 4 * h].copy_from_slice(dzr);
                     }
                 },
             );
@@ -1061,7 +1073,12 @@ fn backward_by_units<T: Float + Gemm>(
                             // are disjoint.
                             unsafe { dzs_or_dgs(x < 4).part_mut(at + g * h + u0, wd) }
                         });
-                        lstm_units_backward(sv, h, u0, dhr, &mut dc[r * wd..(r + 1) * wd], out);
+                        lstm_gate_grads(
+                            RowRecord::units(sv, h, u0, wd),
+                            dhr,
+                            &mut dc[r * wd..(r + 1) * wd],
+                            out,
+                        );
                     }
                 },
             );
