@@ -2,7 +2,7 @@
 //! tensors takes one argument per tensor instead of a buffer and a shape apiece.
 //!
 //! The memory is a type parameter: a slice (`&[T]`) for a host kernel's input, a mutable slice
-//! for its output, a device pointer for a [`crate::cuda`] kernel's.
+//! for its output, a device pointer for a CUDA kernel's (the `cuda` feature's backend).
 
 /// A tensor for a kernel: `data` holds its elements in row-major order, `shape` its extents (a
 /// broadcasting kernel reads it through strides derived from the output's shape).
