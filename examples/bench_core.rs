@@ -15,7 +15,7 @@
 
 use std::time::Instant;
 
-use arenagrad::exec::cpu::{gemm, MatView};
+use arenagrad::exec::cpu::{gemm, MatView, Mnk};
 use arenagrad::nn::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use arenagrad::nn::{
     loss, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, ReLU, Rng, Sequential,
@@ -82,13 +82,10 @@ fn gemm_raw(n: usize, threads: usize, reps: usize) -> f64 {
     for _ in 0..reps {
         let t0 = Instant::now();
         gemm(
-            n,
-            n,
-            n,
+            Mnk::new(n, n, n),
             MatView::row_major(&a, 0, n, false),
             MatView::row_major(&b, 0, n, false),
             &mut c,
-            0,
             false,
             threads,
         );
@@ -124,13 +121,10 @@ fn randn_matmul_loop(g: &mut Graph, n: usize, iters: usize) -> (f64, f64, f64) {
         let t1 = Instant::now();
         for _ in 0..3 {
             gemm(
-                n,
-                n,
-                n,
+                Mnk::new(n, n, n),
                 MatView::row_major(&xv, 0, n, false),
                 MatView::row_major(&xv, 0, n, false),
                 &mut c,
-                0,
                 false,
                 threads,
             );

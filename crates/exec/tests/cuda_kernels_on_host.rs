@@ -283,7 +283,8 @@ fn norm_check<T: Float>(exe: &Path, rows: usize, n: usize, rms: bool, w: bool, b
         1,
     );
     let mut dx = vec![T::ZERO; rows * n];
-    norm::norm_grad_input(&x, &gy, &st, n, w.then_some(&wv[..]), rms, &mut dx, 1);
+    let spec = norm::NormSpec { n, rms };
+    norm::norm_grad_input(spec, &x, &gy, &st, w.then_some(&wv[..]), &mut dx, 1);
     let (mut dw, mut db) = (vec![T::ZERO; n], vec![T::ZERO; n]);
     norm::norm_grad_weight(&x, &gy, &st, n, &mut dw);
     norm::norm_grad_bias(&gy, n, &mut db);
@@ -416,24 +417,27 @@ fn attn_check<T: Float>(exe: &Path, a: &Attn<'_>) {
     });
     let mut o = vec![T::ZERO; bh * a.lq * a.dv];
     let mut lse = vec![T::ZERO; bh * a.lq];
-    attention::attention_forward(&dims, &q, &k, &v, mv.as_ref(), 0, &mut o, &mut lse);
+    let inputs = attention::AttnInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        mask: mv.as_ref(),
+    };
+    attention::attention_forward(&dims, &inputs, 0, &mut o, &mut lse);
     let mut dq = vec![T::ZERO; bh * a.lq * a.d];
     let mut dk = vec![T::ZERO; bh * a.lk * a.d];
     let mut dv = vec![T::ZERO; bh * a.lk * a.dv];
-    attention::attention_backward(
-        &dims,
-        &q,
-        &k,
-        &v,
-        mv.as_ref(),
-        &o,
-        &lse,
-        &go,
-        (0, bh),
-        &mut dq,
-        &mut dk,
-        &mut dv,
-    );
+    let saved = attention::AttnSaved {
+        o: &o,
+        lse: &lse,
+        go: &go,
+    };
+    let grads = attention::AttnGrads {
+        dq: &mut dq,
+        dk: &mut dk,
+        dv: &mut dv,
+    };
+    attention::attention_backward(&dims, &inputs, &saved, (0, bh), grads);
     let what = format!(
         "{} lead {:?} {}×{} d {} dv {} causal {} mask {:?} dropout {}",
         T::DTYPE,

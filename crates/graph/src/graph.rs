@@ -295,6 +295,7 @@ impl Inner {
     /// requires grad (`needs_grad`), with the op made by `op()` only when it is recorded, right
     /// where the node keeps it (the hot elementwise ops build it there rather than copy it in).
     #[inline(always)]
+    // A node's fields as the hot ops hold them; a struct would only be taken apart again.
     #[allow(clippy::too_many_arguments)]
     pub fn push_with(
         &mut self,

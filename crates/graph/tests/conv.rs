@@ -12,6 +12,7 @@ fn ht(shape: &[usize], seed: u64) -> HostTensor {
 }
 
 /// Direct convolution, the definition, as an independent reference.
+// The definition's parameters spelled out, independent of the crate's `Window`.
 #[allow(clippy::too_many_arguments)]
 fn conv_ref(
     x: &[f64],

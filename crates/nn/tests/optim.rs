@@ -177,6 +177,7 @@ fn sgd_bad_options_are_typed() {
 }
 
 /// Textbook Adam, written independently of the implementation.
+// The textbook's hyperparameters spelled out, independent of the crate's config types.
 #[allow(clippy::too_many_arguments)]
 fn adam_reference(
     p0: f64,

@@ -13,7 +13,7 @@
 //! `(seed, head, row, column)`, so backward regenerates exactly the forward's mask in any tile
 //! order without storing it.
 
-use super::matmul::{gemm, Gemm, MatView};
+use super::matmul::{gemm, Gemm, MatView, Mnk};
 use crate::Float;
 
 /// Queries and keys per tile.
@@ -56,6 +56,44 @@ pub struct AttnMask<'a, T> {
     pub cs: usize,
 }
 
+/// The inputs of attention: queries `q` `[bh, lq, d]`, keys `k` `[bh, lk, d]`, values `v`
+/// `[bh, lk, dv]` (all heads, row-major), and the additive mask when there is one.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnInputs<'a, T> {
+    /// Queries.
+    pub q: &'a [T],
+    /// Keys.
+    pub k: &'a [T],
+    /// Values.
+    pub v: &'a [T],
+    /// The mask on the scores.
+    pub mask: Option<&'a AttnMask<'a, T>>,
+}
+
+/// What backward reads of the forward, all heads: the output `o` `[bh, lq, dv]`, each query
+/// row's log-sum-exp `lse` `[bh, lq]`, and the output's gradient `go` `[bh, lq, dv]`.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnSaved<'a, T> {
+    /// The forward's output.
+    pub o: &'a [T],
+    /// The forward's log-sum-exp per query row.
+    pub lse: &'a [T],
+    /// The output's gradient.
+    pub go: &'a [T],
+}
+
+/// The gradients backward writes for a run of heads: `dq` `[heads, lq, d]`, `dk` `[heads, lk,
+/// d]`, `dv` `[heads, lk, dv]`.
+#[derive(Debug)]
+pub struct AttnGrads<'a, T> {
+    /// The queries' gradient.
+    pub dq: &'a mut [T],
+    /// The keys' gradient.
+    pub dk: &'a mut [T],
+    /// The values' gradient.
+    pub dv: &'a mut [T],
+}
+
 /// Whether dropout keeps weight `(h, i, j)`: [`super::dropout::keeps`] of the weight's
 /// row-major position among all heads' `lq × lk` weights.
 #[inline(always)]
@@ -66,26 +104,21 @@ pub fn keeps(dims: &AttnDims, h: usize, i: usize, j: usize) -> bool {
 
 /// Scores of one tile into `s` (`bq × bk`, row-major): `q·kᵀ·scale + mask`, −∞ where causal
 /// hides a key.
-#[allow(clippy::too_many_arguments)]
 fn scores<T: Float + Gemm>(
     dims: &AttnDims,
-    mask: Option<&AttnMask<'_, T>>,
+    inputs: &AttnInputs<'_, T>,
     h: usize,
-    q: &[T],
-    k: &[T],
     (i0, bq): (usize, usize),
     (j0, bk): (usize, usize),
     s: &mut [T],
 ) {
+    let AttnInputs { q, k, mask, .. } = *inputs;
     let (d, lq, lk) = (dims.d, dims.lq, dims.lk);
     gemm(
-        bq,
-        d,
-        bk,
+        Mnk::new(bq, d, bk),
         MatView::row_major(q, (h * lq + i0) * d, d, false),
         MatView::row_major(k, (h * lk + j0) * d, d, true),
         s,
-        0,
         false,
         1,
     );
@@ -111,17 +144,14 @@ fn tiles(n: usize) -> impl Iterator<Item = (usize, usize)> {
 
 /// The forward for heads `h0..h0 + o.len()/(lq·dv)`: `o` (`[heads, lq, dv]`) and `lse`
 /// (`[heads, lq]`) are those heads' parts of the outputs.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_forward<T: Float + Gemm>(
     dims: &AttnDims,
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    mask: Option<&AttnMask<'_, T>>,
+    inputs: &AttnInputs<'_, T>,
     h0: usize,
     o: &mut [T],
     lse: &mut [T],
 ) {
+    let v = inputs.v;
     let (lq, lk, dv) = (dims.lq, dims.lk, dims.dv);
     if lq == 0 {
         return;
@@ -150,7 +180,7 @@ pub fn attention_forward<T: Float + Gemm>(
                     break;
                 }
                 let st = &mut s[..bq * bk];
-                scores(dims, mask, h, q, k, (i0, bq), (j0, bk), st);
+                scores(dims, inputs, h, (i0, bq), (j0, bk), st);
                 for r in 0..bq {
                     let row = &mut st[r * bk..(r + 1) * bk];
                     let mut mt = m[r];
@@ -188,13 +218,10 @@ pub fn attention_forward<T: Float + Gemm>(
                     }
                 }
                 gemm(
-                    bq,
-                    bk,
-                    dv,
+                    Mnk::new(bq, bk, dv),
                     MatView::row_major(&*st, 0, bk, false),
                     MatView::row_major(v, (h * lk + j0) * dv, dv, false),
                     acc,
-                    0,
                     true,
                     1,
                 );
@@ -216,24 +243,17 @@ pub fn attention_forward<T: Float + Gemm>(
     }
 }
 
-/// The gradients for heads `h0..h0 + heads`: `dq`, `dk`, `dv_out` are those heads' parts (`[heads, lq,
-/// d]`, `[heads, lk, d]`, `[heads, lk, dv]`), overwritten. `o`, `lse` are the forward's
-/// outputs, `go` the output's gradient (all heads).
-#[allow(clippy::too_many_arguments)]
+/// The gradients for heads `h0..h0 + heads`: `grads` holds those heads' parts, overwritten.
 pub fn attention_backward<T: Float + Gemm>(
     dims: &AttnDims,
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    mask: Option<&AttnMask<'_, T>>,
-    o: &[T],
-    lse: &[T],
-    go: &[T],
+    inputs: &AttnInputs<'_, T>,
+    saved: &AttnSaved<'_, T>,
     (h0, heads): (usize, usize),
-    dq: &mut [T],
-    dk: &mut [T],
-    dv_out: &mut [T],
+    grads: AttnGrads<'_, T>,
 ) {
+    let AttnInputs { q, k, v, .. } = *inputs;
+    let AttnSaved { o, lse, go } = *saved;
+    let AttnGrads { dq, dk, dv: dv_out } = grads;
     let (lq, lk, d, dv) = (dims.lq, dims.lk, dims.d, dims.dv);
     dq.fill(T::ZERO);
     dk.fill(T::ZERO);
@@ -267,7 +287,7 @@ pub fn attention_backward<T: Float + Gemm>(
                     continue;
                 }
                 let pt = &mut p[..bq * bk];
-                scores(dims, mask, h, q, k, (i0, bq), (j0, bk), pt);
+                scores(dims, inputs, h, (i0, bq), (j0, bk), pt);
                 let pdt = &mut pd[..bq * bk];
                 for r in 0..bq {
                     let l = lse[h * lq + i0 + r];
@@ -298,26 +318,20 @@ pub fn attention_backward<T: Float + Gemm>(
                 }
                 // dV_j += P̃ᵀ·dO_i.
                 gemm(
-                    bk,
-                    bq,
-                    dv,
+                    Mnk::new(bk, bq, dv),
                     MatView::row_major(&*pdt, 0, bk, true),
                     MatView::row_major(go, (h * lq + i0) * dv, dv, false),
-                    dv_h,
-                    j0 * dv,
+                    &mut dv_h[j0 * dv..],
                     true,
                     1,
                 );
                 // dP̃ = dO_i·V_jᵀ.
                 let dpt = &mut dp[..bq * bk];
                 gemm(
-                    bq,
-                    dv,
-                    bk,
+                    Mnk::new(bq, dv, bk),
                     MatView::row_major(go, (h * lq + i0) * dv, dv, false),
                     MatView::row_major(v, (h * lk + j0) * dv, dv, true),
                     dpt,
-                    0,
                     false,
                     1,
                 );
@@ -344,24 +358,18 @@ pub fn attention_backward<T: Float + Gemm>(
                 }
                 // dQ_i += dS·K_j; dK_j += dSᵀ·Q_i.
                 gemm(
-                    bq,
-                    bk,
-                    d,
+                    Mnk::new(bq, bk, d),
                     MatView::row_major(&*dpt, 0, bk, false),
                     MatView::row_major(k, (h * lk + j0) * d, d, false),
-                    dq_h,
-                    i0 * d,
+                    &mut dq_h[i0 * d..],
                     true,
                     1,
                 );
                 gemm(
-                    bk,
-                    bq,
-                    d,
+                    Mnk::new(bk, bq, d),
                     MatView::row_major(&*dpt, 0, bk, true),
                     MatView::row_major(q, (h * lq + i0) * d, d, false),
-                    dk_h,
-                    j0 * d,
+                    &mut dk_h[j0 * d..],
                     true,
                     1,
                 );

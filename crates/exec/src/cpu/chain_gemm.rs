@@ -12,23 +12,20 @@
 //! build, where `mul_add` is a correctly rounded library call: slow, but the same numbers) and
 //! however the rows or columns are divided between threads.
 
+use super::matmul::Mnk;
 use crate::Float;
 
 /// `c[i·ldc + j] = Σ_kk a[i·lda + kk]·b[kk·ldb + j]` for `i < m`, `j < n`: each output a chain
-/// of fused multiply-adds in `kk` order from zero (zero when `k` is 0). Panics if an operand
-/// does not hold its extent (an internal invariant).
-#[allow(clippy::too_many_arguments)]
+/// of fused multiply-adds in `kk` order from zero (zero when `k` is 0). Each operand is a slice
+/// with its row stride (`(a, lda)`, …). Panics if an operand does not hold its extent (an
+/// internal invariant).
 pub fn chain_gemm<T: Float>(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: &[T],
-    lda: usize,
-    b: &[T],
-    ldb: usize,
-    c: &mut [T],
-    ldc: usize,
+    dims: Mnk,
+    (a, lda): (&[T], usize),
+    (b, ldb): (&[T], usize),
+    (c, ldc): (&mut [T], usize),
 ) {
+    let Mnk { m, k, n } = dims;
     if m == 0 || n == 0 {
         return;
     }
@@ -370,7 +367,7 @@ mod tests {
                 let before = simd();
                 set_simd(level);
                 let mut c = vec![T::from_f64(7.0); m * ldc];
-                chain_gemm(m, k, n, &a, lda, &b, ldb, &mut c, ldc);
+                chain_gemm(Mnk::new(m, k, n), (&a, lda), (&b, ldb), (&mut c, ldc));
                 set_simd(before);
                 for i in 0..m {
                     for j in 0..n {
@@ -405,7 +402,7 @@ mod tests {
         // (m − 1)·ldc + n wraps to 1 in 64 bits: the check must not pass.
         let (a, b) = ([1.0f32; 3], [1.0f32; 1]);
         let mut c = [0.0f32; 1];
-        chain_gemm(3, 1, 1, &a, 1, &b, 1, &mut c, 1 << 63);
+        chain_gemm(Mnk::new(3, 1, 1), (&a, 1), (&b, 1), (&mut c, 1 << 63));
     }
 
     #[test]
@@ -414,6 +411,6 @@ mod tests {
         let a = [1.0f32; 3];
         let b = [1.0f32; 4];
         let mut c = [0.0f32; 4];
-        chain_gemm(2, 2, 2, &a, 2, &b, 2, &mut c, 2);
+        chain_gemm(Mnk::new(2, 2, 2), (&a, 2), (&b, 2), (&mut c, 2));
     }
 }

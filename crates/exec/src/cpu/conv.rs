@@ -545,13 +545,10 @@ pub fn conv_gemm_forward<T: Float + Gemm>(
             }
         }
         super::gemm(
-            o,
-            k,
-            l,
+            super::Mnk::new(o, k, l),
             super::MatView::row_major(w, 0, k, false),
             super::MatView::row_major(cols, b * l, n * l, false),
             yb,
-            0,
             bias.is_some(),
             1,
         );

@@ -6,6 +6,7 @@
 //! single-slice loops, `shift`'s derivative of 1 as no pass at all); a test holds each such path
 //! to its row.
 
+use super::operand::Operand;
 use super::par::{par_chunks_mut, PAR_MIN_ELEMS};
 use super::wide::{wide, WIDE_MIN_ELEMS};
 use crate::layout::{broadcast_strides, contiguous_strides, walk};
@@ -280,17 +281,27 @@ fn unary_grad_row<T: Float>(
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn binary_rows<T: Float, F: Fn(T, T) -> T + Sync + Copy>(
     f: F,
-    a: &[T],
-    ash: &[usize],
-    b: &[T],
-    bsh: &[usize],
-    out: &mut [T],
-    osh: &[usize],
+    a: Operand<'_, &[T]>,
+    b: Operand<'_, &[T]>,
+    out: Operand<'_, &mut [T]>,
     threads: usize,
 ) {
+    let (
+        Operand {
+            data: a,
+            shape: ash,
+        },
+        Operand {
+            data: b,
+            shape: bsh,
+        },
+    ) = (a, b);
+    let Operand {
+        data: out,
+        shape: osh,
+    } = out;
     if ash == osh && bsh == osh {
         par_chunks_mut(out, threads, PAR_MIN_ELEMS, |start, o| {
             let end = start + o.len();
@@ -371,37 +382,22 @@ fn binary_rows<T: Float, F: Fn(T, T) -> T + Sync + Copy>(
     });
 }
 
-/// `out = op(a, b)` with numpy broadcasting; `osh` is the broadcast of `ash` and `bsh`.
-#[allow(clippy::too_many_arguments)]
+/// `out = op(a, b)` with numpy broadcasting; `out`'s shape is the broadcast of `a`'s and `b`'s.
 pub fn binary<T: Float>(
     op: BinaryOp,
-    a: &[T],
-    ash: &[usize],
-    b: &[T],
-    bsh: &[usize],
-    out: &mut [T],
-    osh: &[usize],
+    a: Operand<'_, &[T]>,
+    b: Operand<'_, &[T]>,
+    out: Operand<'_, &mut [T]>,
     threads: usize,
 ) {
-    op.with_fn(Rows {
-        a,
-        ash,
-        b,
-        bsh,
-        out,
-        osh,
-        threads,
-    })
+    op.with_fn(Rows { a, b, out, threads })
 }
 
 /// [`binary_rows`] over one broadcast pair, as a [`BinaryKernel`].
 struct Rows<'a, T> {
-    a: &'a [T],
-    ash: &'a [usize],
-    b: &'a [T],
-    bsh: &'a [usize],
-    out: &'a mut [T],
-    osh: &'a [usize],
+    a: Operand<'a, &'a [T]>,
+    b: Operand<'a, &'a [T]>,
+    out: Operand<'a, &'a mut [T]>,
     threads: usize,
 }
 
@@ -409,35 +405,24 @@ impl<T: Float> BinaryKernel<T> for Rows<'_, T> {
     type Out = ();
     #[inline(always)]
     fn run<F: Fn(T, T) -> T + Sync + Copy>(self, f: F) {
-        let Rows {
-            a,
-            ash,
-            b,
-            bsh,
-            out,
-            osh,
-            threads,
-        } = self;
-        binary_rows(f, a, ash, b, bsh, out, osh, threads)
+        let Rows { a, b, out, threads } = self;
+        binary_rows(f, a, b, out, threads)
     }
 }
 
-/// `out = cond != 0 ? a : b`, all three broadcast to `osh`.
-#[allow(clippy::too_many_arguments)]
+/// `out = cond != 0 ? a : b`, all three broadcast to `out`'s shape.
 pub fn select<T: Float>(
-    cond: &[T],
-    csh: &[usize],
-    a: &[T],
-    ash: &[usize],
-    b: &[T],
-    bsh: &[usize],
-    out: &mut [T],
-    osh: &[usize],
+    cond: Operand<'_, &[T]>,
+    a: Operand<'_, &[T]>,
+    b: Operand<'_, &[T]>,
+    out: Operand<'_, &mut [T]>,
 ) {
-    let sc = broadcast_strides(csh, osh);
-    let sa = broadcast_strides(ash, osh);
-    let sb = broadcast_strides(bsh, osh);
+    let osh = out.shape;
+    let sc = broadcast_strides(cond.shape, osh);
+    let sa = broadcast_strides(a.shape, osh);
+    let sb = broadcast_strides(b.shape, osh);
     let so = contiguous_strides(osh);
+    let (cond, a, b, out) = (cond.data, a.data, b.data, out.data);
     walk(
         osh,
         [&so, &sc, &sa, &sb],
@@ -565,17 +550,20 @@ mod tests {
         let mut out = [0.0; 6];
         binary(
             BinaryOp::Add,
-            &a,
-            &[2, 3],
-            &col,
-            &[2, 1],
-            &mut out,
-            &[2, 3],
+            Operand::new(&a, &[2, 3]),
+            Operand::new(&col, &[2, 1]),
+            Operand::new(&mut out, &[2, 3]),
             1,
         );
         assert_eq!(out, [11.0, 12.0, 13.0, 24.0, 25.0, 26.0]);
         let row = [100.0, 200.0, 300.0];
-        binary(BinaryOp::Sub, &row, &[3], &a, &[2, 3], &mut out, &[2, 3], 1);
+        binary(
+            BinaryOp::Sub,
+            Operand::new(&row, &[3]),
+            Operand::new(&a, &[2, 3]),
+            Operand::new(&mut out, &[2, 3]),
+            1,
+        );
         assert_eq!(out, [99.0, 198.0, 297.0, 96.0, 195.0, 294.0]);
     }
 
@@ -584,12 +572,9 @@ mod tests {
         let mut out = [0.0f32; 6];
         binary(
             BinaryOp::Mul,
-            &[1.0, 2.0],
-            &[2, 1],
-            &[1.0, 2.0, 3.0],
-            &[1, 3],
-            &mut out,
-            &[2, 3],
+            Operand::new(&[1.0, 2.0], &[2, 1]),
+            Operand::new(&[1.0, 2.0, 3.0], &[1, 3]),
+            Operand::new(&mut out, &[2, 3]),
             1,
         );
         assert_eq!(out, [1.0, 2.0, 3.0, 2.0, 4.0, 6.0]);

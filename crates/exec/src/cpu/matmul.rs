@@ -21,6 +21,7 @@ pub trait Gemm: Sized {
     /// Every index `i·rs + j·cs` of each operand (`a` m×k, `b` k×n, `c` m×n) must lie inside the
     /// memory the pointer was derived from, `c` must not overlap `a` or `b`, and `a`, `b`, `c` must
     /// be valid for reads (and `c` for writes) for the duration of the call.
+    // The raw kernel's own signature (matrixmultiply's `sgemm`), forwarded verbatim.
     #[allow(clippy::too_many_arguments)]
     unsafe fn gemm_raw(
         m: usize,
@@ -182,31 +183,67 @@ impl<'a, T> MatView<'a, T> {
     }
 }
 
+/// The sizes of a product: `a` is `m × k`, `b` is `k × n`, `c` is `m × n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mnk {
+    /// Rows of `a` and `c`.
+    pub m: usize,
+    /// Columns of `a`, rows of `b`.
+    pub k: usize,
+    /// Columns of `b` and `c`.
+    pub n: usize,
+}
+
+impl Mnk {
+    /// The sizes of an `m × k` by `k × n` product.
+    pub const fn new(m: usize, k: usize, n: usize) -> Self {
+        Mnk { m, k, n }
+    }
+}
+
+/// One operand of a batch of products ([`gemm_batched`]): row-major matrices of `cols` columns
+/// in `data`, the `i`-th starting at `offsets[i]`, each read transposed when `transposed`.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchView<'a, T> {
+    /// The memory.
+    pub data: &'a [T],
+    /// Each product's entry (0, 0) of this operand.
+    pub offsets: &'a [usize],
+    /// Columns of each stored matrix (before any transpose).
+    pub cols: usize,
+    /// Whether each matrix is read transposed.
+    pub transposed: bool,
+}
+
+impl<'a, T> BatchView<'a, T> {
+    /// The `i`-th product's operand.
+    fn get(&self, i: usize) -> MatView<'a, T> {
+        MatView::row_major(self.data, self.offsets[i], self.cols, self.transposed)
+    }
+}
+
 /// The largest B (in elements) that a single-threaded product copies out of transposed order.
 const TRANSPOSED_B_MAX: usize = 1 << 18;
 
 /// Work (m·k·n multiply-adds) below which a product runs on one thread.
 const PAR_MIN_FLOPS: usize = 1 << 21;
 
-/// `c[c_off..][m×n, row-major] (+)= a · b`. Panics if a view does not fit its slice (an internal
+/// `c[..m×n, row-major] (+)= a · b`. Panics if a view does not fit its slice (an internal
 /// invariant: the graph checks shapes before calling).
-#[allow(clippy::too_many_arguments)]
 pub fn gemm<T: crate::Float + Gemm>(
-    m: usize,
-    k: usize,
-    n: usize,
+    dims: Mnk,
     a: MatView<'_, T>,
     b: MatView<'_, T>,
     c: &mut [T],
-    c_off: usize,
     accumulate: bool,
     threads: usize,
 ) {
+    let Mnk { m, k, n } = dims;
     assert!(
         a.fits(m, k) && b.fits(k, n),
         "invariant: gemm operand out of bounds"
     );
-    let c = &mut c[c_off..c_off + m * n];
+    let c = &mut c[..m * n];
     if m == 0 || n == 0 {
         return;
     }
@@ -313,7 +350,7 @@ pub fn gemm<T: crate::Float + Gemm>(
     if n > m {
         // Wide and short (a linear layer's forward, most weight gradients): split the columns,
         // so each thread packs only its part of B, the larger operand, instead of all of it.
-        gemm_column_split(m, k, n, a, b, c, beta, t);
+        gemm_column_split(dims, a, b, c, beta, t);
         return;
     }
     // Row blocks rounded to the kernel's 8-row panels, so no thread gets a ragged panel.
@@ -454,17 +491,15 @@ unsafe impl<T: Send> Send for SharedOut<T> {}
 unsafe impl<T: Send> Sync for SharedOut<T> {}
 
 /// `c = a·b (+ c)` with the `n` columns split into `t` blocks, one per thread.
-#[allow(clippy::too_many_arguments)]
 fn gemm_column_split<T: crate::Float + Gemm>(
-    m: usize,
-    k: usize,
-    n: usize,
+    dims: Mnk,
     a: MatView<'_, T>,
     b: MatView<'_, T>,
     c: &mut [T],
     beta: T,
     t: usize,
 ) {
+    let Mnk { m, k, n } = dims;
     debug_assert_eq!(c.len(), m * n);
     // Blocks of whole 16-column panels.
     let per = n.div_ceil(t).div_ceil(16) * 16;
@@ -499,27 +534,19 @@ fn gemm_column_split<T: crate::Float + Gemm>(
     super::thread_pool::fork(n.div_ceil(per), &|j| run(j * per));
 }
 
-/// Many products of one shape: `c[b] = op(a at a_offs[b]) · op(b at b_offs[b])`, with the outputs
-/// stored one after another in `c`. Batches are split across threads (each running the
-/// single-threaded kernel), which beats threading inside each small product.
-#[allow(clippy::too_many_arguments)]
+/// Many products of one shape: `c[i] = a.get(i) · b.get(i)`, with the outputs stored one after
+/// another in `c`. Batches are split across threads (each running the single-threaded kernel),
+/// which beats threading inside each small product.
 pub fn gemm_batched<T: crate::Float + Gemm>(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: &[T],
-    a_offs: &[usize],
-    a_cols: usize,
-    ta: bool,
-    b: &[T],
-    b_offs: &[usize],
-    b_cols: usize,
-    tb: bool,
+    dims: Mnk,
+    a: BatchView<'_, T>,
+    b: BatchView<'_, T>,
     c: &mut [T],
     threads: usize,
 ) {
-    let batches = a_offs.len();
-    debug_assert_eq!(batches, b_offs.len());
+    let Mnk { m, k, n } = dims;
+    let batches = a.offsets.len();
+    debug_assert_eq!(batches, b.offsets.len());
     let mn = m * n;
     if mn == 0 {
         return;
@@ -537,17 +564,7 @@ pub fn gemm_batched<T: crate::Float + Gemm>(
     let run = |first: usize, out: &mut [T]| {
         for (j, cb) in out.chunks_mut(mn).enumerate() {
             let bi = first + j;
-            gemm(
-                m,
-                k,
-                n,
-                MatView::row_major(a, a_offs[bi], a_cols, ta),
-                MatView::row_major(b, b_offs[bi], b_cols, tb),
-                cb,
-                0,
-                false,
-                1,
-            );
+            gemm(dims, a.get(bi), b.get(bi), cb, false, 1);
         }
     };
     if t <= 1 {
@@ -618,13 +635,10 @@ mod tests {
             };
             let mut c = vec![1.0f64; m * n];
             gemm(
-                m,
-                k,
-                n,
+                Mnk::new(m, k, n),
                 MatView::row_major(&a, 0, k, false),
                 b,
                 &mut c,
-                0,
                 true,
                 1,
             );
@@ -637,13 +651,10 @@ mod tests {
             let b = MatView::row_major(&bt32, 4, ld, true);
             let mut c = vec![f32::NAN; m * n];
             gemm(
-                m,
-                k,
-                n,
+                Mnk::new(m, k, n),
                 MatView::row_major(&a32, 0, k, false),
                 b,
                 &mut c,
-                0,
                 false,
                 1,
             );
@@ -657,15 +668,12 @@ mod tests {
         // Sized for Miri: checks the pointer arithmetic of the unsafe GEMM call.
         let a: Vec<f32> = (0..20).map(|i| i as f32 * 0.5).collect(); // a 3x4 matrix at offset 2
         let b: Vec<f32> = (0..15).map(|i| (i % 4) as f32 - 1.0).collect(); // 4x3 at offset 3
-        let mut c = vec![9.0f32; 1 + 9];
+        let mut c = [9.0f32; 1 + 9];
         gemm(
-            3,
-            4,
-            3,
+            Mnk::new(3, 4, 3),
             MatView::row_major(&a, 2, 4, false),
             MatView::row_major(&b, 3, 3, false),
-            &mut c,
-            1,
+            &mut c[1..],
             false,
             1,
         );
@@ -680,33 +688,22 @@ mod tests {
         let x = [1.0, 2.0, 3.0, 4.0];
         // xᵀ·x for x 2x2, read transposed.
         gemm(
-            2,
-            2,
-            2,
+            Mnk::new(2, 2, 2),
             MatView::row_major(&x, 0, 2, true),
             MatView::row_major(&x, 0, 2, false),
             &mut d,
-            0,
             false,
             1,
         );
         assert_eq!(d, vec![10.0, 14.0, 14.0, 20.0]);
         let mut e = vec![0.0f64; 8];
-        gemm_batched(
-            2,
-            2,
-            2,
-            &x,
-            &[0, 0],
-            2,
-            false,
-            &x,
-            &[0, 0],
-            2,
-            true,
-            &mut e,
-            2,
-        );
+        let view = |transposed| BatchView {
+            data: &x[..],
+            offsets: &[0, 0],
+            cols: 2,
+            transposed,
+        };
+        gemm_batched(Mnk::new(2, 2, 2), view(false), view(true), &mut e, 2);
         assert_eq!(e, vec![5.0, 11.0, 11.0, 25.0, 5.0, 11.0, 11.0, 25.0]);
     }
 
@@ -736,7 +733,7 @@ mod tests {
         for threads in [1, 2, 3] {
             let mut c = vec![1.0f32; m * n];
             let av = MatView::row_major(&a, 0, k, false);
-            gemm(m, k, n, av, bv, &mut c, 0, false, threads);
+            gemm(Mnk::new(m, k, n), av, bv, &mut c, false, threads);
             assert_eq!(c, want, "{threads} threads");
         }
     }
@@ -773,13 +770,10 @@ mod tests {
             };
             let mut c = vec![0.5; m * n + 2];
             gemm(
-                m,
-                k,
-                n,
+                Mnk::new(m, k, n),
                 MatView::row_major(&a, 3, k, false),
                 bv,
-                &mut c,
-                2,
+                &mut c[2..],
                 true,
                 1,
             );
@@ -791,13 +785,10 @@ mod tests {
                 );
             }
             gemm(
-                m,
-                k,
-                n,
+                Mnk::new(m, k, n),
                 MatView::row_major(&a, 3, k, false),
                 bv,
-                &mut c,
-                2,
+                &mut c[2..],
                 false,
                 2,
             );
@@ -818,13 +809,10 @@ mod tests {
         for threads in [1, 2, 3] {
             let mut c = vec![0.0; m * n];
             gemm(
-                m,
-                k,
-                n,
+                Mnk::new(m, k, n),
                 MatView::row_major(&a, 0, k, false),
                 MatView::row_major(&b, 0, n, false),
                 &mut c,
-                0,
                 false,
                 threads,
             );
@@ -834,13 +822,10 @@ mod tests {
         let at = transposed(&a, m, k);
         let mut c = vec![1.0; m * n];
         gemm(
-            m,
-            k,
-            n,
+            Mnk::new(m, k, n),
             MatView::row_major(&at, 0, m, true),
             MatView::row_major(&b, 0, n, false),
             &mut c,
-            0,
             true,
             2,
         );
@@ -861,13 +846,10 @@ mod tests {
             for threads in [2, 3] {
                 let mut c = vec![0.5; m * n];
                 gemm(
-                    m,
-                    k,
-                    n,
+                    Mnk::new(m, k, n),
                     MatView::row_major(&a, 0, k, false),
                     MatView::row_major(&bt, 0, k, true),
                     &mut c,
-                    0,
                     true,
                     threads,
                 );

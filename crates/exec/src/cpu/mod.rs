@@ -9,6 +9,7 @@ pub mod fastmath;
 pub mod lockstep;
 pub mod matmul;
 pub mod norm;
+pub mod operand;
 pub mod par;
 pub mod reduce;
 pub mod rnn;
@@ -23,7 +24,8 @@ pub use conv::{
     put_into, take, take_par, ConvDims, Window,
 };
 pub use elementwise::{binary, select, unary, unary_grad, unary_grad_in_place};
-pub use matmul::{gemm, gemm_batched, Gemm, MatView};
+pub use matmul::{gemm, gemm_batched, BatchView, Gemm, MatView, Mnk};
+pub use operand::{Operand, Strided};
 pub use reduce::{
     cumsum, nll_mean, nll_mean_grad, reduce, softmax, softmax_grad, sum_row, ReduceOp,
 };

@@ -85,19 +85,28 @@ pub fn norm_apply<T: Float>(
     });
 }
 
+/// How a row is normalised: its `n` elements, and whether by their root mean square (RMS norm)
+/// rather than their mean and deviation (layer norm).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NormSpec {
+    /// Elements per row.
+    pub n: usize,
+    /// RMS normalisation (no mean subtracted).
+    pub rms: bool,
+}
+
 /// The input's gradient: with `x̂ = (x − mean)·rstd` and `g = gy·w`,
 /// `dx = rstd·(g − mean(g) − x̂·mean(g·x̂))` (RMS: without the `mean(g)` term).
-#[allow(clippy::too_many_arguments)]
 pub fn norm_grad_input<T: Float>(
+    spec: NormSpec,
     x: &[T],
     gy: &[T],
     stats: &[T],
-    n: usize,
     w: Option<&[T]>,
-    rms: bool,
     dx: &mut [T],
     threads: usize,
 ) {
+    let NormSpec { n, rms } = spec;
     par_rows_mut(dx, n, threads, PAR_MIN_ELEMS, |r, dr| {
         let row = &x[r * n..(r + 1) * n];
         let gr = &gy[r * n..(r + 1) * n];

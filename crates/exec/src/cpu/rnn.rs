@@ -16,7 +16,7 @@ use std::sync::Mutex;
 
 use super::chain_gemm::chain_gemm;
 use super::lockstep::{lockstep, LineAligned, Shared};
-use super::matmul::{gemm, Gemm, MatView};
+use super::matmul::{gemm, Gemm, MatView, Mnk};
 use crate::Float;
 
 /// Values kept per processed position and hidden unit by [`lstm_seq_forward`]:
@@ -52,65 +52,96 @@ fn lstm_c<T: Float>(a: &[T], cp: T, h: usize, j: usize) -> T {
     a[h + j] * cp + a[j] * a[2 * h + j]
 }
 
-/// One LSTM step's gradients for a row: from the activations `a`, `tanh(c)` and `c_prev`, and
-/// the gradients `dh`, `dc` arriving at the step's `h` and `c`, writes the pre-activation
-/// gradients into `dz` (4h) and returns nothing; `dc_prev` is `dcp` (h) when given.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn lstm_row_backward<T: Float>(
-    a: &[T],
-    tc: &[T],
-    cp: &[T],
-    dh: &[T],
-    dc: &[T],
-    dz: &mut [T],
-    mut dcp: Option<&mut [T]>,
-    h: usize,
-) {
-    for j in 0..h {
-        let (i, f, g, o) = (a[j], a[h + j], a[2 * h + j], a[3 * h + j]);
-        let t = tc[j];
-        let dcj = dc[j] + dh[j] * o * (T::ONE - t * t);
-        dz[j] = dcj * g * i * (T::ONE - i);
-        dz[h + j] = dcj * cp[j] * f * (T::ONE - f);
-        dz[2 * h + j] = dcj * i * (T::ONE - g * g);
-        dz[3 * h + j] = dh[j] * t * o * (T::ONE - o);
-        if let Some(d) = dcp.as_deref_mut() {
-            d[j] = dcj * f;
+/// What one row's LSTM step kept for backward, for some `w` of its hidden units: each field `w`
+/// wide.
+#[derive(Clone, Copy)]
+struct RowRecord<'a, T> {
+    /// The gates' activations `σ(i), σ(f), tanh(g), σ(o)`.
+    gates: [&'a [T]; 4],
+    /// `tanh(c)`.
+    tc: &'a [T],
+    /// `c_prev`.
+    cp: &'a [T],
+}
+
+impl<'a, T> RowRecord<'a, T> {
+    /// Units `u0..u0 + w` of a record laid out in blocks of `h` (`[i f g o tanh(c) c_prev …]`,
+    /// a sequence pass's [`LSTM_SAVED`] values).
+    #[inline(always)]
+    fn units(sv: &'a [T], h: usize, u0: usize, w: usize) -> Self {
+        let col = |blk: usize| &sv[blk * h + u0..blk * h + u0 + w];
+        RowRecord {
+            gates: [col(0), col(1), col(2), col(3)],
+            tc: col(4),
+            cp: col(5),
         }
     }
 }
 
-/// [`lstm_row_backward`] for the units `u0..u0 + dh.len()` of one row, reading the activations
-/// in place from the row's saved record `sv` (`[i f g o tanh(c) c_prev …]`, blocks of `h`):
-/// `dc` in, `dc_prev` out; the four gates' pre-activation gradients into `out[g]` and again
-/// into `out[4 + g]`. The same operations in the same order as [`lstm_row_backward`].
+/// `s` as its first `N` runs of `w`.
 #[inline(always)]
-fn lstm_units_backward<T: Float>(
-    sv: &[T],
-    h: usize,
-    u0: usize,
+fn runs_mut<T, const N: usize>(s: &mut [T], w: usize) -> [&mut [T]; N] {
+    let mut rest = s;
+    std::array::from_fn(|_| {
+        let (run, tail) = std::mem::take(&mut rest).split_at_mut(w);
+        rest = tail;
+        run
+    })
+}
+
+/// One LSTM step's gradients for `dh.len()` units of a row: from what the step kept and the
+/// gradients `dh` and `dc` arriving at the step's `h` and `c`, writes the four gates'
+/// pre-activation gradients into `out[g]` (and again into `out[4 + g]` when `N` is 8), and
+/// turns `dc` into the gradient at `c_prev`. The cell and both divisions of the sequence pass
+/// run these operations, in this order, so their gradients have the same bits.
+#[inline(always)]
+fn lstm_gate_grads<T: Float, const N: usize>(
+    rec: RowRecord<'_, T>,
     dh: &[T],
     dc: &mut [T],
-    out: [&mut [T]; 8],
+    mut out: [&mut [T]; N],
 ) {
-    let wd = dh.len();
-    let col = |blk: usize| &sv[blk * h + u0..blk * h + u0 + wd];
-    let (ai, af, ag, ao, tc, cp) = (col(0), col(1), col(2), col(3), col(4), col(5));
-    let [zi, zf, zg, zo, yi, yf, yg, yo] = out;
-    for j in 0..wd {
+    let [ai, af, ag, ao] = rec.gates;
+    let (tc, cp) = (rec.tc, rec.cp);
+    for j in 0..dh.len() {
         let (i, f, g, o) = (ai[j], af[j], ag[j], ao[j]);
         let t = tc[j];
         let dcj = dc[j] + dh[j] * o * (T::ONE - t * t);
-        let (di, df, dg, d_o) = (
+        let d = [
             dcj * g * i * (T::ONE - i),
             dcj * cp[j] * f * (T::ONE - f),
             dcj * i * (T::ONE - g * g),
             dh[j] * t * o * (T::ONE - o),
-        );
-        (zi[j], zf[j], zg[j], zo[j]) = (di, df, dg, d_o);
-        (yi[j], yf[j], yg[j], yo[j]) = (di, df, dg, d_o);
+        ];
+        for (x, run) in out.iter_mut().enumerate() {
+            run[j] = d[x % 4];
+        }
         dc[j] = dcj * f;
+    }
+}
+
+/// One row's LSTM step for `w` hidden units, after its pre-activations `z` (`[i f g o]`, 4w):
+/// activates the gates in place, turns the cell state `c` into the new one (through `cnew`,
+/// scratch), writes `tanh(c)` into `tc` and the new hidden state into `h`; `tmp` is scratch of
+/// `z`'s length. Both divisions of the sequence pass run these operations, in this order, so
+/// their states have the same bits; each keeps its record around it.
+#[inline(always)]
+fn lstm_step_row<T: Float>(
+    z: &mut [T],
+    tmp: &mut [T],
+    (c, cnew): (&mut [T], &mut [T]),
+    tc: &mut [T],
+    h: &mut [T],
+) {
+    let w = c.len();
+    lstm_gates(z, tmp, w);
+    for (j, cj) in cnew.iter_mut().enumerate() {
+        *cj = lstm_c(z, c[j], w, j);
+    }
+    T::tanh_into(cnew, tc);
+    c.copy_from_slice(cnew);
+    for j in 0..w {
+        h[j] = z[3 * w + j] * tc[j];
     }
 }
 
@@ -176,19 +207,21 @@ pub fn lstm_cell_output<T: Float>(saved: &[T], cp: &[T], h: usize, out: &mut [T]
 pub fn lstm_cell_grad_gates<T: Float>(gy: &[T], saved: &[T], cp: &[T], h: usize, dz: &mut [T]) {
     let rows = cp.len() / h.max(1);
     let (dh, dc) = gy.split_at(rows * h);
+    // The gradient at `c_prev`, computed on the way and dropped (`lstm_cell_grad_c` is its op).
+    let mut dcr = vec![T::ZERO; h];
     for r in 0..rows {
         let s = &saved[r * 5 * h..(r + 1) * 5 * h];
         let row = r * h..(r + 1) * h;
-        lstm_row_backward(
-            &s[..4 * h],
-            &s[4 * h..],
-            &cp[row.clone()],
-            &dh[row.clone()],
-            &dc[row],
-            &mut dz[r * 4 * h..(r + 1) * 4 * h],
-            None,
-            h,
-        );
+        // The cell keeps `[i f g o tanh(c)]`, and `c_prev` is its input.
+        let col = |blk: usize| &s[blk * h..(blk + 1) * h];
+        let rec = RowRecord {
+            gates: [col(0), col(1), col(2), col(3)],
+            tc: col(4),
+            cp: &cp[row.clone()],
+        };
+        dcr.copy_from_slice(&dc[row.clone()]);
+        let out: [&mut [T]; 4] = runs_mut(&mut dz[r * 4 * h..(r + 1) * 4 * h], h);
+        lstm_gate_grads(rec, &dh[row], &mut dcr, out);
     }
 }
 
@@ -351,6 +384,36 @@ impl LstmDims {
     }
 }
 
+/// The fixed inputs of an LSTM sequence pass: its sizes, each row's length (sorted longest
+/// first, none past `dims.t`), and the recurrent weight `w` `[4h, h]`.
+#[derive(Debug, Clone, Copy)]
+pub struct LstmSeq<'a, T> {
+    /// The sizes.
+    pub dims: LstmDims,
+    /// Each row's length.
+    pub lengths: &'a [usize],
+    /// The recurrent weight.
+    pub w: &'a [T],
+}
+
+/// A hidden state and a cell state, each `[b, h]`: a pass's initial states.
+#[derive(Debug, Clone, Copy)]
+pub struct LstmStates<'a, T> {
+    /// The hidden state.
+    pub h: &'a [T],
+    /// The cell state.
+    pub c: &'a [T],
+}
+
+/// A hidden state and a cell state (or their gradients), each `[b, h]`, written by a pass.
+#[derive(Debug)]
+pub struct LstmStatesMut<'a, T> {
+    /// The hidden state.
+    pub h: &'a mut [T],
+    /// The cell state.
+    pub c: &'a mut [T],
+}
+
 /// Hidden units a thread takes at the least: below this a step's share is too small to repay
 /// the threads' meeting.
 const MIN_SLOT_UNITS: usize = 32;
@@ -504,9 +567,9 @@ fn per_block<'a, T: Float>(
     super::thread_pool::for_each_owned(blocks, |_, blk| f(blk));
 }
 
-/// The LSTM over a sequence. `gi` `[t, b, 4h]`: the input projections with both biases; `w`
-/// `[4h, h]`: the recurrent weight; `h0`, `c0` `[b, h]`. Writes `saved` `[t, b, 7h]` (zeros at
-/// positions past a row's length) and the final states `hn`, `cn` `[b, h]`.
+/// The LSTM over a sequence. `gi` `[t, b, 4h]`: the input projections with both biases;
+/// `init`: the initial states. Writes `saved` `[t, b, 7h]` (zeros at positions past a row's
+/// length) and the final states into `last`.
 ///
 /// Each pre-activation is one fused chain over the hidden units ([`chain_gemm`]), so the bits
 /// do not depend on how the work is divided between threads. A batch with rows enough for
@@ -514,65 +577,40 @@ fn per_block<'a, T: Float>(
 /// by hidden units, blocks of at least 32 that each thread keeps forward and backward, the
 /// threads advancing through the steps together ([`lockstep`]), each
 /// multiplying the whole previous hidden state by its own units' rows of `w`.
-#[allow(clippy::too_many_arguments)]
 pub fn lstm_seq_forward<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gi: &[T],
-    w: &[T],
-    h0: &[T],
-    c0: &[T],
+    init: LstmStates<'_, T>,
     saved: &mut [T],
-    hn: &mut [T],
-    cn: &mut [T],
+    last: LstmStatesMut<'_, T>,
     threads: usize,
 ) {
-    forward(
-        d,
-        lengths,
-        gi,
-        w,
-        h0,
-        c0,
-        Sink::Record(saved),
-        hn,
-        cn,
-        threads,
-    );
+    forward(seq, gi, init, Sink::Record(saved), last, threads);
 }
 
 /// [`lstm_seq_forward`] keeping no record, for a pass that will not be differentiated: writes
 /// the output `y` `[t, b, h]` (zeros past each row's length) and the final states, the same
 /// bits as [`lstm_seq_forward`] then [`lstm_seq_output`], in a seventh of the memory.
-#[allow(clippy::too_many_arguments)]
 pub fn lstm_seq_infer<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gi: &[T],
-    w: &[T],
-    h0: &[T],
-    c0: &[T],
+    init: LstmStates<'_, T>,
     y: &mut [T],
-    hn: &mut [T],
-    cn: &mut [T],
+    last: LstmStatesMut<'_, T>,
     threads: usize,
 ) {
-    forward(d, lengths, gi, w, h0, c0, Sink::Output(y), hn, cn, threads);
+    forward(seq, gi, init, Sink::Output(y), last, threads);
 }
 
-#[allow(clippy::too_many_arguments)]
 fn forward<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gi: &[T],
-    w: &[T],
-    h0: &[T],
-    c0: &[T],
+    init: LstmStates<'_, T>,
     sink: Sink<'_, T>,
-    hn: &mut [T],
-    cn: &mut [T],
+    last: LstmStatesMut<'_, T>,
     threads: usize,
 ) {
+    let (d, lengths) = (&seq.dims, seq.lengths);
     if d.b * d.h == 0 {
         // No row or no unit: the sink, `hn` and `cn` are empty, and the steps are not walked
         // (a sequence of 2^40 empty steps took hours).
@@ -585,27 +623,25 @@ fn forward<T: Float + Gemm>(
     } else {
         Sink::Output(buf)
     };
-    hn.copy_from_slice(h0);
-    cn.copy_from_slice(c0);
+    last.h.copy_from_slice(init.h);
+    last.c.copy_from_slice(init.c);
     match row_blocks(d.b, threads) {
-        Some(bounds) => forward_by_rows(d, lengths, gi, w, sink, hn, cn, &bounds),
-        None => forward_by_units(d, lengths, gi, w, h0, c0, sink, hn, cn, threads),
+        Some(bounds) => forward_by_rows(seq, gi, sink, last, &bounds),
+        None => forward_by_units(seq, gi, init, sink, last, threads),
     }
 }
 
-/// [`lstm_seq_forward`] over row blocks, one per thread; `hn`, `cn` hold the initial states
-/// and become the final ones.
-#[allow(clippy::too_many_arguments)]
+/// [`lstm_seq_forward`] over row blocks, one per thread; `states` holds the initial states
+/// and becomes the final ones.
 fn forward_by_rows<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gi: &[T],
-    w: &[T],
     sink: Sink<'_, T>,
-    hn: &mut [T],
-    cn: &mut [T],
+    states: LstmStatesMut<'_, T>,
     bounds: &[usize],
 ) {
+    let (d, lengths, w) = (&seq.dims, seq.lengths, seq.w);
+    let LstmStatesMut { h: hn, c: cn } = states;
     let (b, h) = (d.b, d.h);
     let (buf, k, record) = sink.parts(h);
     // wᵀ, `[h, 4h]`, read by every thread at every step.
@@ -623,7 +659,12 @@ fn forward_by_rows<T: Float + Gemm>(
             if nb == 0 {
                 break;
             }
-            chain_gemm(nb, h, 4 * h, blk.h, h, &wt, 4 * h, &mut z, 4 * h);
+            chain_gemm(
+                Mnk::new(nb, h, 4 * h),
+                (blk.h, h),
+                (&wt, 4 * h),
+                (&mut z, 4 * h),
+            );
             // The rows' gate arithmetic at the widest vector width (the same operations at any).
             super::wide::wide(
                 nb * 4 * h,
@@ -637,29 +678,25 @@ fn forward_by_rows<T: Float + Gemm>(
                         for (zv, &gv) in zr.iter_mut().zip(g) {
                             *zv += gv;
                         }
-                        lstm_gates(zr, &mut tmp, h);
                         let sv = &mut blk.runs[p][r * k..(r + 1) * k];
                         let (hr, cr) = (
                             &mut blk.h[r * h..(r + 1) * h],
                             &mut blk.c[r * h..(r + 1) * h],
                         );
-                        for (j, cj) in c.iter_mut().enumerate() {
-                            *cj = lstm_c(zr, cr[j], h, j);
-                        }
                         if record {
-                            sv[..4 * h].copy_from_slice(zr);
+                            // `c_prev` and `h_prev`, before the step replaces them.
                             sv[5 * h..6 * h].copy_from_slice(cr);
                             sv[6 * h..].copy_from_slice(hr);
-                            T::tanh_into(&c, &mut sv[4 * h..5 * h]);
+                        }
+                        let tc = if record {
+                            &mut sv[4 * h..5 * h]
                         } else {
-                            T::tanh_into(&c, &mut tcl);
-                        }
-                        let tc = if record { &sv[4 * h..5 * h] } else { &tcl[..] };
-                        cr.copy_from_slice(&c);
-                        for j in 0..h {
-                            hr[j] = zr[3 * h + j] * tc[j];
-                        }
-                        if !record {
+                            &mut tcl[..]
+                        };
+                        lstm_step_row(zr, &mut tmp, (cr, &mut c), tc, hr);
+                        if record {
+                            sv[..4 * h].copy_from_slice(zr);
+                        } else {
                             // The output row, as `lstm_seq_output` reads it from the record.
                             sv.copy_from_slice(hr);
                         }
@@ -671,19 +708,17 @@ fn forward_by_rows<T: Float + Gemm>(
 }
 
 /// [`lstm_seq_forward`] divided by hidden units.
-#[allow(clippy::too_many_arguments)]
 fn forward_by_units<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gi: &[T],
-    w: &[T],
-    h0: &[T],
-    c0: &[T],
+    init: LstmStates<'_, T>,
     sink: Sink<'_, T>,
-    hn: &mut [T],
-    cn: &mut [T],
+    last: LstmStatesMut<'_, T>,
     threads: usize,
 ) {
+    let (d, lengths, w) = (&seq.dims, seq.lengths, seq.w);
+    let LstmStates { h: h0, c: c0 } = init;
+    let LstmStatesMut { h: hn, c: cn } = last;
     let (b, h) = (d.b, d.h);
     let (buf, k, record) = sink.parts(h);
     let bounds = unit_slots(h, threads);
@@ -751,15 +786,10 @@ fn forward_by_units<T: Float + Gemm>(
         let hprev = &*hprev;
         for g in 0..4 {
             chain_gemm(
-                nb,
-                h,
-                wd,
-                hprev,
-                h,
-                &wt[g * h * wd..],
-                wd,
-                &mut z[g * wd..],
-                4 * wd,
+                Mnk::new(nb, h, wd),
+                (hprev, h),
+                (&wt[g * h * wd..], wd),
+                (&mut z[g * wd..], 4 * wd),
             );
         }
         // The rows' gate arithmetic at the widest vector width (the same operations at any).
@@ -777,20 +807,12 @@ fn forward_by_units<T: Float + Gemm>(
                             *zv += x;
                         }
                     }
-                    lstm_gates(zr, tmp, wd);
                     let cr = &mut c[r * wd..(r + 1) * wd];
-                    for (j, cj) in cnew.iter_mut().enumerate() {
-                        *cj = lstm_c(zr, cr[j], wd, j);
-                    }
                     let at = (p * b + r) * k;
                     let tc: &mut [T] = if record {
                         // SAFETY: in step s only this slot writes its units' columns of the record of row r
                         // at position p (each row visits each position once), and no unit reads them.
                         let (tc, cp, hp) = unsafe {
-                            for g in 0..4 {
-                                sv.part_mut(at + g * h + u0, wd)
-                                    .copy_from_slice(&zr[g * wd..(g + 1) * wd]);
-                            }
                             (
                                 sv.part_mut(at + 4 * h + u0, wd),
                                 sv.part_mut(at + 5 * h + u0, wd),
@@ -803,13 +825,18 @@ fn forward_by_units<T: Float + Gemm>(
                     } else {
                         &mut tcl[..]
                     };
-                    T::tanh_into(cnew, tc);
-                    cr.copy_from_slice(cnew);
                     // SAFETY: this slot's units of row r in this step's half of `hbuf`: written here
                     // alone, read by the next step (after `lockstep`'s meeting).
                     let hr = unsafe { hs.part_mut((s % 2) * b * h + r * h + u0, wd) };
-                    for j in 0..wd {
-                        hr[j] = zr[3 * wd + j] * tc[j];
+                    lstm_step_row(zr, tmp, (cr, cnew), tc, hr);
+                    if record {
+                        for g in 0..4 {
+                            // SAFETY: this slot's units of gate g in row r's record at position
+                            // p: written here alone (each row visits each position once), read
+                            // by no unit.
+                            unsafe { sv.part_mut(at + g * h + u0, wd) }
+                                .copy_from_slice(&zr[g * wd..(g + 1) * wd]);
+                        }
                     }
                     if !record {
                         // SAFETY: this slot's units of the output row r at position p: written
@@ -873,23 +900,21 @@ struct BwdSlot<T> {
 }
 
 /// Backward through time: from `gy` `[t + 2, b, h]` (the outputs', `hn`'s and `cn`'s
-/// gradients), writes the input projections' gradient `dgi` `[t, b, 4h]` and the initial
-/// states' `dh0`, `dc0` `[b, h]`.
+/// gradients) and the forward's `saved`, writes the input projections' gradient `dgi` `[t, b,
+/// 4h]` and the initial states' gradients into `d0`.
 ///
 /// The work is divided as forward; each gradient of the previous hidden state is one fused
 /// chain over all 4h gates, whatever the division.
-#[allow(clippy::too_many_arguments)]
 pub fn lstm_seq_backward<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gy: &[T],
     saved: &[T],
-    w: &[T],
     dgi: &mut [T],
-    dh0: &mut [T],
-    dc0: &mut [T],
+    d0: LstmStatesMut<'_, T>,
     threads: usize,
 ) {
+    let (d, lengths) = (&seq.dims, seq.lengths);
+    let LstmStatesMut { h: dh0, c: dc0 } = d0;
     let (b, h, t) = (d.b, d.h, d.t);
     if b * h == 0 {
         // Every gradient here is empty: no walk over the steps.
@@ -898,26 +923,25 @@ pub fn lstm_seq_backward<T: Float + Gemm>(
     zero_past_lengths(dgi, d, lengths, 4 * h);
     dh0.copy_from_slice(&gy[t * b * h..(t + 1) * b * h]);
     dc0.copy_from_slice(&gy[(t + 1) * b * h..]);
+    let d0 = LstmStatesMut { h: dh0, c: dc0 };
     match row_blocks(b, threads) {
-        Some(bounds) => backward_by_rows(d, lengths, gy, saved, w, dgi, dh0, dc0, &bounds),
-        None => backward_by_units(d, lengths, gy, saved, w, dgi, dh0, dc0, threads),
+        Some(bounds) => backward_by_rows(seq, gy, saved, dgi, d0, &bounds),
+        None => backward_by_units(seq, gy, saved, dgi, d0, threads),
     }
 }
 
 /// [`lstm_seq_backward`] over row blocks, one per thread; `dh0`, `dc0` hold the final states'
 /// gradients and become the initial ones'.
-#[allow(clippy::too_many_arguments)]
 fn backward_by_rows<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gy: &[T],
     saved: &[T],
-    w: &[T],
     dgi: &mut [T],
-    dh0: &mut [T],
-    dc0: &mut [T],
+    d0: LstmStatesMut<'_, T>,
     bounds: &[usize],
 ) {
+    let (d, lengths, w) = (&seq.dims, seq.lengths, seq.w);
+    let LstmStatesMut { h: dh0, c: dc0 } = d0;
     let (b, h) = (d.b, d.h);
     let k = LSTM_SAVED * h;
     let runs = by_blocks(dgi, b, 4 * h, bounds);
@@ -925,7 +949,6 @@ fn backward_by_rows<T: Float + Gemm>(
         let rows = blk.h.len() / h.max(1);
         let mut dz = vec![T::ZERO; rows * 4 * h];
         let mut dhr = vec![T::ZERO; h];
-        let mut dcr = vec![T::ZERO; h];
         for s in (0..d.t).rev() {
             let nb = d.active(lengths, s).saturating_sub(blk.r0).min(rows);
             if nb == 0 {
@@ -943,24 +966,21 @@ fn backward_by_rows<T: Float + Gemm>(
                         for j in 0..h {
                             dhr[j] = blk.h[r * h + j] + gy[at + j];
                         }
-                        dcr.copy_from_slice(&blk.c[r * h..(r + 1) * h]);
                         let sv = &saved[(p * b + row) * k..(p * b + row + 1) * k];
-                        let dzr = &mut dz[r * 4 * h..(r + 1) * 4 * h];
-                        lstm_row_backward(
-                            &sv[..4 * h],
-                            &sv[4 * h..5 * h],
-                            &sv[5 * h..6 * h],
+                        // The gate gradients into the rows' product operand and into `dgi`.
+                        let [zi, zf, zg, zo] = runs_mut(&mut dz[r * 4 * h..(r + 1) * 4 * h], h);
+                        let [yi, yf, yg, yo] =
+                            runs_mut(&mut blk.runs[p][r * 4 * h..(r + 1) * 4 * h], h);
+                        lstm_gate_grads(
+                            RowRecord::units(sv, h, 0, h),
                             &dhr,
-                            &dcr,
-                            dzr,
-                            Some(&mut blk.c[r * h..(r + 1) * h]),
-                            h,
+                            &mut blk.c[r * h..(r + 1) * h],
+                            [zi, zf, zg, zo, yi, yf, yg, yo],
                         );
-                        blk.runs[p][r * 4 * h..(r + 1) * 4 * h].copy_from_slice(dzr);
                     }
                 },
             );
-            chain_gemm(nb, 4 * h, h, &dz, 4 * h, w, h, blk.h, h);
+            chain_gemm(Mnk::new(nb, 4 * h, h), (&dz, 4 * h), (w, h), (blk.h, h));
         }
     });
 }
@@ -969,18 +989,16 @@ fn backward_by_rows<T: Float + Gemm>(
 /// its units into their gates' pre-activation gradients; after the threads meet, it takes its
 /// units' part of the previous hidden state's gradient from all of them, `dz·w[:, units]` (its
 /// block of `w`'s columns, read in place and kept in its core's cache over the steps).
-#[allow(clippy::too_many_arguments)]
 fn backward_by_units<T: Float + Gemm>(
-    d: &LstmDims,
-    lengths: &[usize],
+    seq: &LstmSeq<'_, T>,
     gy: &[T],
     saved: &[T],
-    w: &[T],
     dgi: &mut [T],
-    dh0: &mut [T],
-    dc0: &mut [T],
+    d0: LstmStatesMut<'_, T>,
     threads: usize,
 ) {
+    let (d, lengths, w) = (&seq.dims, seq.lengths, seq.w);
+    let LstmStatesMut { h: dh0, c: dc0 } = d0;
     let (b, h, t) = (d.b, d.h, d.t);
     let k = LSTM_SAVED * h;
     let bounds = unit_slots(h, threads);
@@ -1018,7 +1036,12 @@ fn backward_by_units<T: Float + Gemm>(
                 // Copied first, as the hidden state forward.
                 let dzl = &mut dzloc[..nb * 4 * h];
                 dzl.copy_from_slice(dzp);
-                chain_gemm(nb, 4 * h, wd, dzl, 4 * h, &w[u0..], h, dh, wd);
+                chain_gemm(
+                    Mnk::new(nb, 4 * h, wd),
+                    (dzl, 4 * h),
+                    (&w[u0..], h),
+                    (dh, wd),
+                );
             }
         }
         if u < t {
@@ -1050,7 +1073,12 @@ fn backward_by_units<T: Float + Gemm>(
                             // are disjoint.
                             unsafe { dzs_or_dgs(x < 4).part_mut(at + g * h + u0, wd) }
                         });
-                        lstm_units_backward(sv, h, u0, dhr, &mut dc[r * wd..(r + 1) * wd], out);
+                        lstm_gate_grads(
+                            RowRecord::units(sv, h, u0, wd),
+                            dhr,
+                            &mut dc[r * wd..(r + 1) * wd],
+                            out,
+                        );
                     }
                 },
             );
@@ -1086,7 +1114,7 @@ pub fn lstm_seq_grad_weight<T: Float + Gemm>(
         rs: LSTM_SAVED * h,
         cs: 1,
     };
-    gemm(4 * h, rows, h, a, hp, dw, 0, false, threads);
+    gemm(Mnk::new(4 * h, rows, h), a, hp, dw, false, threads);
 }
 
 #[cfg(test)]
@@ -1107,14 +1135,24 @@ mod tests {
         let gy = data((t + 2) * b * h, 5, 1.0);
         let mut saved = vec![f32::NAN; t * b * LSTM_SAVED * h];
         let (mut hn, mut cn) = (vec![0.0; b * h], vec![0.0; b * h]);
-        lstm_seq_forward(
-            d, lengths, &gi, &w, &h0, &c0, &mut saved, &mut hn, &mut cn, threads,
-        );
+        let seq = LstmSeq {
+            dims: *d,
+            lengths,
+            w: &w,
+        };
+        let init = LstmStates { h: &h0, c: &c0 };
+        let last = LstmStatesMut {
+            h: &mut hn,
+            c: &mut cn,
+        };
+        lstm_seq_forward(&seq, &gi, init, &mut saved, last, threads);
         let mut dgi = vec![f32::NAN; t * b * 4 * h];
         let (mut dh0, mut dc0) = (vec![0.0; b * h], vec![0.0; b * h]);
-        lstm_seq_backward(
-            d, lengths, &gy, &saved, &w, &mut dgi, &mut dh0, &mut dc0, threads,
-        );
+        let d0 = LstmStatesMut {
+            h: &mut dh0,
+            c: &mut dc0,
+        };
+        lstm_seq_backward(&seq, &gy, &saved, &mut dgi, d0, threads);
         vec![saved, hn, cn, dgi, dh0, dc0]
     }
 
@@ -1178,16 +1216,26 @@ mod tests {
             for threads in [1, 2] {
                 let mut saved = vec![f32::NAN; t * b * LSTM_SAVED * h];
                 let (mut hn, mut cn) = (vec![0.0; b * h], vec![0.0; b * h]);
-                lstm_seq_forward(
-                    &d, lengths, &gi, &w, &h0, &c0, &mut saved, &mut hn, &mut cn, threads,
-                );
+                let seq = LstmSeq {
+                    dims: d,
+                    lengths,
+                    w: &w,
+                };
+                let init = LstmStates { h: &h0, c: &c0 };
+                let last = LstmStatesMut {
+                    h: &mut hn,
+                    c: &mut cn,
+                };
+                lstm_seq_forward(&seq, &gi, init, &mut saved, last, threads);
                 let mut want = vec![f32::NAN; (t + 2) * b * h];
                 lstm_seq_output(&d, lengths, &saved, &hn, &cn, &mut want);
                 let mut y = vec![f32::NAN; t * b * h];
                 let (mut hn2, mut cn2) = (vec![f32::NAN; b * h], vec![f32::NAN; b * h]);
-                lstm_seq_infer(
-                    &d, lengths, &gi, &w, &h0, &c0, &mut y, &mut hn2, &mut cn2, threads,
-                );
+                let last = LstmStatesMut {
+                    h: &mut hn2,
+                    c: &mut cn2,
+                };
+                lstm_seq_infer(&seq, &gi, init, &mut y, last, threads);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 y.extend_from_slice(&hn2);
                 y.extend_from_slice(&cn2);

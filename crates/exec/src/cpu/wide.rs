@@ -138,7 +138,7 @@ pub(crate) fn level_lock() -> std::sync::MutexGuard<'static, ()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::{binary, reduce, softmax, softmax_grad, unary, unary_grad, ReduceOp};
+    use crate::cpu::{binary, reduce, softmax, softmax_grad, unary, unary_grad, Operand, ReduceOp};
     use crate::{BinaryOp, UnaryOp};
 
     /// The kernels that go through `wide`, run at every level this CPU has: each level gives the
@@ -175,7 +175,14 @@ mod tests {
                 BinaryOp::Maximum,
             ] {
                 let mut o = vec![0.0; n];
-                binary(op, &x, &[4, 37], &y, &[4, 37], &mut o, &[4, 37], 1);
+                let sh = [4, 37];
+                binary(
+                    op,
+                    Operand::new(&x, &sh),
+                    Operand::new(&y, &sh),
+                    Operand::new(&mut o, &sh),
+                    1,
+                );
                 outs.push(o);
             }
             for reduced in [[true, false], [false, true], [true, true]] {

@@ -8,6 +8,7 @@ use arenagrad_alloc::block_cache::DevicePtr;
 use super::params::{blocks_for, count, invalid, to_i64, AttnParams, K};
 use super::{launch, CudaBackend, CudaError, MAX_DIMS};
 use crate::cpu::attention::AttnDims;
+use crate::cpu::norm::NormSpec;
 use crate::DType;
 
 /// An additive attention mask on the device, broadcast to `[…lead, lq, lk]`: head `h`'s entry
@@ -40,18 +41,17 @@ fn ptr_or_null(p: Option<DevicePtr>) -> u64 {
 impl CudaBackend {
     /// Each row's `[mean, rstd]` into `stats` (`2·rows`) for the `rows × n` contiguous `x`, as
     /// [`crate::cpu::norm::norm_stats`]: f64 sums, the biased variance (the mean square when
-    /// `rms`, with mean 0).
-    #[allow(clippy::too_many_arguments)]
+    /// `spec.rms`, with mean 0).
     pub fn norm_stats(
         &self,
         dt: DType,
         x: DevicePtr,
         rows: usize,
-        n: usize,
+        spec: NormSpec,
         eps: f64,
-        rms: bool,
         stats: DevicePtr,
     ) -> Result<(), CudaError> {
+        let NormSpec { n, rms } = spec;
         count("norm_stats", &[rows, n])?;
         if rows == 0 {
             return Ok(());
@@ -61,18 +61,15 @@ impl CudaBackend {
             x.0, rows as u64, n as u64, eps, flag(rms), stats.0)
     }
 
-    /// `y = (x − mean)·rstd·w + b` row by row from [`CudaBackend::norm_stats`]'s `stats`, `w`
-    /// and `b` (length `n`) optional, as [`crate::cpu::norm::norm_apply`].
-    #[allow(clippy::too_many_arguments)]
+    /// `y = (x − mean)·rstd·w + b` row by row (`x` `rows × n`) from [`CudaBackend::norm_stats`]'s
+    /// `stats`, `(w, b)` (length `n`) each optional, as [`crate::cpu::norm::norm_apply`].
     pub fn norm_apply(
         &self,
         dt: DType,
         x: DevicePtr,
-        rows: usize,
-        n: usize,
+        [rows, n]: [usize; 2],
         stats: DevicePtr,
-        w: Option<DevicePtr>,
-        b: Option<DevicePtr>,
+        (w, b): (Option<DevicePtr>, Option<DevicePtr>),
         y: DevicePtr,
     ) -> Result<(), CudaError> {
         let total = count("norm_apply", &[rows, n])?;
@@ -85,21 +82,19 @@ impl CudaBackend {
             flag(w.is_some()), flag(b.is_some()), y.0)
     }
 
-    /// The input's gradient `dx` (`rows × n`) of a normalisation from the output's `gy`, as
-    /// [`crate::cpu::norm::norm_grad_input`].
-    #[allow(clippy::too_many_arguments)]
+    /// The input's gradient `dx` (`rows × spec.n`) of a normalisation from the output's `gy`,
+    /// as [`crate::cpu::norm::norm_grad_input`]; `(x, stats)` are the forward's input and
+    /// statistics.
     pub fn norm_grad_input(
         &self,
         dt: DType,
-        x: DevicePtr,
+        (x, stats): (DevicePtr, DevicePtr),
         gy: DevicePtr,
-        stats: DevicePtr,
-        rows: usize,
-        n: usize,
+        (rows, spec): (usize, NormSpec),
         w: Option<DevicePtr>,
-        rms: bool,
         dx: DevicePtr,
     ) -> Result<(), CudaError> {
+        let NormSpec { n, rms } = spec;
         count("norm_grad_input", &[rows, n])?;
         if rows == 0 {
             return Ok(());
@@ -112,18 +107,15 @@ impl CudaBackend {
 
     /// The weight's and the bias's gradients (`n` each, either optional): `Σ_rows gy·x̂` and
     /// `Σ_rows gy`, as [`crate::cpu::norm::norm_grad_weight`] and
-    /// [`crate::cpu::norm::norm_grad_bias`].
-    #[allow(clippy::too_many_arguments)]
+    /// [`crate::cpu::norm::norm_grad_bias`]; `(x, stats)` are the forward's input (`rows × n`)
+    /// and statistics.
     pub fn norm_grad_params(
         &self,
         dt: DType,
-        x: DevicePtr,
+        (x, stats): (DevicePtr, DevicePtr),
         gy: DevicePtr,
-        stats: DevicePtr,
-        rows: usize,
-        n: usize,
-        dw: Option<DevicePtr>,
-        db: Option<DevicePtr>,
+        [rows, n]: [usize; 2],
+        (dw, db): (Option<DevicePtr>, Option<DevicePtr>),
     ) -> Result<(), CudaError> {
         count("norm_grad_params", &[rows, n])?;
         if n == 0 || (dw.is_none() && db.is_none()) {
@@ -136,20 +128,16 @@ impl CudaBackend {
     }
 
     /// Scaled dot-product attention over `dims.bh` heads, as
-    /// [`crate::cpu::attention::attention_forward`]: `q` `[bh, lq, d]`, `k` `[bh, lk, d]`, `v`
-    /// `[bh, lk, dv]` contiguous; writes `o` `[bh, lq, dv]` and each query row's log-sum-exp
-    /// `lse` `[bh, lq]` (−∞, with an output of 0, for a row that sees no key).
-    #[allow(clippy::too_many_arguments)]
+    /// [`crate::cpu::attention::attention_forward`]: `(q, k, v)`, `q` `[bh, lq, d]`, `k` `[bh,
+    /// lk, d]`, `v` `[bh, lk, dv]` contiguous; writes `o` `[bh, lq, dv]` and each query row's
+    /// log-sum-exp `lse` `[bh, lq]` (−∞, with an output of 0, for a row that sees no key).
     pub fn attention_forward(
         &self,
         dt: DType,
         dims: &AttnDims,
-        q: DevicePtr,
-        k: DevicePtr,
-        v: DevicePtr,
+        (q, k, v): (DevicePtr, DevicePtr, DevicePtr),
         mask: Option<&DeviceMask<'_>>,
-        o: DevicePtr,
-        lse: DevicePtr,
+        (o, lse): (DevicePtr, DevicePtr),
     ) -> Result<(), CudaError> {
         const OP: &str = "attention_forward";
         let p = attn_params(OP, dims, mask)?;
@@ -162,22 +150,18 @@ impl CudaBackend {
             q.0, k.0, v.0, mask.map_or(0, |m| m.data.0), p, o.0, lse.0)
     }
 
-    /// The gradients `dq`, `dk`, `dv` of [`CudaBackend::attention_forward`] from its `o`, `lse`
-    /// and the output's gradient `go`, as [`crate::cpu::attention::attention_backward`]
-    /// (overwritten; 0 for heads with no queries or no keys). A scratch buffer of `bh·lq`
-    /// elements comes from the backend's cache for the launches' duration.
-    #[allow(clippy::too_many_arguments)]
+    /// The gradients `(dq, dk, dv)` of [`CudaBackend::attention_forward`] from its inputs, its
+    /// outputs `(o, lse)` and the output's gradient `go`, as
+    /// [`crate::cpu::attention::attention_backward`] (overwritten; 0 for heads with no queries or
+    /// no keys). A scratch buffer of `bh·lq` elements comes from the backend's cache for the
+    /// launches' duration.
     pub fn attention_backward(
         &self,
         dt: DType,
         dims: &AttnDims,
-        q: DevicePtr,
-        k: DevicePtr,
-        v: DevicePtr,
+        (q, k, v): (DevicePtr, DevicePtr, DevicePtr),
         mask: Option<&DeviceMask<'_>>,
-        o: DevicePtr,
-        lse: DevicePtr,
-        go: DevicePtr,
+        (o, lse, go): (DevicePtr, DevicePtr, DevicePtr),
         (dq, dk, dv): (DevicePtr, DevicePtr, DevicePtr),
     ) -> Result<(), CudaError> {
         const OP: &str = "attention_backward";

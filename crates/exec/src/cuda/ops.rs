@@ -10,7 +10,7 @@ use super::params::{
     self, around_axis, blocks_for, blocks_per_item, check_broadcast, count, invalid, strided, K,
 };
 use super::{launch, CudaBackend, CudaError};
-use crate::cpu::{ReduceOp, Window};
+use crate::cpu::{Operand, ReduceOp, Strided, Window};
 use crate::layout::{broadcast_strides, contiguous_strides};
 use crate::{BinaryOp, DType, UnaryOp};
 
@@ -52,15 +52,13 @@ impl CudaBackend {
         launch!(self, K::Unary, dt, "unary", blocks_for(n); x.0, out.0, n, code, p)
     }
 
-    /// `out[i] = gy[i]·op'(x[i])` for `i < n`, with `y = op(x)` the forward output, as
-    /// [`crate::cpu::unary_grad`].
-    #[allow(clippy::too_many_arguments)]
+    /// `out[i] = gy[i]·op'(x[i])` for `i < n`, with `(x, y)` the forward's input and output
+    /// (`y = op(x)`), as [`crate::cpu::unary_grad`].
     pub fn unary_grad(
         &self,
         dt: DType,
         op: UnaryOp,
-        x: DevicePtr,
-        y: DevicePtr,
+        (x, y): (DevicePtr, DevicePtr),
         gy: DevicePtr,
         out: DevicePtr,
         n: usize,
@@ -75,22 +73,20 @@ impl CudaBackend {
             x.0, y.0, gy.0, out.0, n, code, p)
     }
 
-    /// `out = op(a, b)` with numpy broadcasting, as [`crate::cpu::binary`]: `a_shape` and
-    /// `b_shape` must broadcast to `out_shape` (right-aligned; a dimension of extent 1 is
-    /// repeated). `out` is contiguous.
-    #[allow(clippy::too_many_arguments)]
+    /// `out = op(a, b)` with numpy broadcasting, as [`crate::cpu::binary`]: `a`'s and `b`'s
+    /// shapes must broadcast to `out`'s (right-aligned; a dimension of extent 1 is repeated).
+    /// `out` is contiguous.
     pub fn binary(
         &self,
         dt: DType,
         op: BinaryOp,
-        a: DevicePtr,
-        a_shape: &[usize],
-        b: DevicePtr,
-        b_shape: &[usize],
-        out: DevicePtr,
-        out_shape: &[usize],
+        a: Operand<'_, DevicePtr>,
+        b: Operand<'_, DevicePtr>,
+        out: Operand<'_, DevicePtr>,
     ) -> Result<(), CudaError> {
         const OP: &str = "binary";
+        let (a, a_shape, b, b_shape) = (a.data, a.shape, b.data, b.shape);
+        let (out, out_shape) = (out.data, out.shape);
         check_broadcast(OP, a_shape, out_shape)?;
         check_broadcast(OP, b_shape, out_shape)?;
         let n = count(OP, out_shape)?;
@@ -106,21 +102,19 @@ impl CudaBackend {
             a.0, b.0, out.0, n, p, op.code())
     }
 
-    /// `out = cond != 0 ? a : b`, the three broadcast to `out_shape`, as [`crate::cpu::select`].
-    #[allow(clippy::too_many_arguments)]
+    /// `out = cond != 0 ? a : b`, the three broadcast to `out`'s shape, as
+    /// [`crate::cpu::select`].
     pub fn select(
         &self,
         dt: DType,
-        cond: DevicePtr,
-        c_shape: &[usize],
-        a: DevicePtr,
-        a_shape: &[usize],
-        b: DevicePtr,
-        b_shape: &[usize],
-        out: DevicePtr,
-        out_shape: &[usize],
+        cond: Operand<'_, DevicePtr>,
+        a: Operand<'_, DevicePtr>,
+        b: Operand<'_, DevicePtr>,
+        out: Operand<'_, DevicePtr>,
     ) -> Result<(), CudaError> {
         const OP: &str = "select";
+        let (cond, c_shape, a, a_shape) = (cond.data, cond.shape, a.data, a.shape);
+        let (b, b_shape, out, out_shape) = (b.data, b.shape, out.data, out.shape);
         for s in [c_shape, a_shape, b_shape] {
             check_broadcast(OP, s, out_shape)?;
         }
@@ -138,22 +132,19 @@ impl CudaBackend {
             cond.0, a.0, b.0, out.0, n, p)
     }
 
-    /// `dst[dst_off + Σ i_d·dst_strides[d]] = src[src_off + Σ i_d·src_strides[d]]` for every
-    /// index `i` of `shape`; offsets and strides in elements, strides may be 0. Destinations
-    /// reached by several indices get one of the values, unspecified which.
-    #[allow(clippy::too_many_arguments)]
+    /// `dst[dst.offset + Σ i_d·dst.strides[d]] = src[src.offset + Σ i_d·src.strides[d]]` for
+    /// every index `i` of `shape`; offsets and strides in elements, strides may be 0.
+    /// Destinations reached by several indices get one of the values, unspecified which.
     pub fn copy_strided(
         &self,
         dt: DType,
         shape: &[usize],
-        src: DevicePtr,
-        src_off: usize,
-        src_strides: &[usize],
-        dst: DevicePtr,
-        dst_off: usize,
-        dst_strides: &[usize],
+        src: Strided<'_, DevicePtr>,
+        dst: Strided<'_, DevicePtr>,
     ) -> Result<(), CudaError> {
         const OP: &str = "copy_strided";
+        let (src_off, src_strides, src) = (src.offset, src.strides, src.data);
+        let (dst_off, dst_strides, dst) = (dst.offset, dst.strides, dst.data);
         let n = count(OP, shape)?;
         let p = strided(OP, shape, [src_strides, dst_strides])?;
         if n == 0 {
@@ -212,18 +203,17 @@ impl CudaBackend {
         result
     }
 
-    /// Softmax (or log-softmax when `log`) of the contiguous `x` of `shape` along `axis`,
+    /// Softmax (or log-softmax when `log`) of the contiguous `x` along `axis`,
     /// subtracting each row's maximum first, as [`crate::cpu::softmax`].
-    #[allow(clippy::too_many_arguments)]
     pub fn softmax(
         &self,
         dt: DType,
-        x: DevicePtr,
-        shape: &[usize],
+        x: Operand<'_, DevicePtr>,
         axis: usize,
         log: bool,
         out: DevicePtr,
     ) -> Result<(), CudaError> {
+        let (x, shape) = (x.data, x.shape);
         let (outer, len, inner) = around_axis("softmax", shape, axis)?;
         let rows = outer * inner;
         if rows == 0 || len == 0 {
@@ -241,16 +231,14 @@ impl CudaBackend {
     }
 
     /// Inverted dropout of the `n` elements of `x` into `out`, as [`crate::cpu::dropout::dropout`]
-    /// (the same decisions from the same seed).
-    #[allow(clippy::too_many_arguments)]
+    /// (the same decisions from the same `seed`): each dropped with probability `p`, the kept
+    /// multiplied by `scale`.
     pub fn dropout(
         &self,
         dt: DType,
         x: DevicePtr,
         n: usize,
-        seed: u64,
-        p: f64,
-        scale: f64,
+        (seed, p, scale): (u64, f64, f64),
         out: DevicePtr,
     ) -> Result<(), CudaError> {
         if n == 0 {
@@ -285,18 +273,17 @@ impl CudaBackend {
 
     /// The fused softmax derivative along `axis` from the forward output `y` and the upstream
     /// gradient `gy`, as [`crate::cpu::softmax_grad`]: softmax `y·(gy - Σ gy·y)`, log-softmax
-    /// `gy - e^y·Σ gy`.
-    #[allow(clippy::too_many_arguments)]
+    /// `gy - e^y·Σ gy`. `y` and `gy` both have `y`'s shape.
     pub fn softmax_grad(
         &self,
         dt: DType,
-        y: DevicePtr,
+        y: Operand<'_, DevicePtr>,
         gy: DevicePtr,
-        shape: &[usize],
         axis: usize,
         log: bool,
         out: DevicePtr,
     ) -> Result<(), CudaError> {
+        let (y, shape) = (y.data, y.shape);
         let (outer, len, inner) = around_axis("softmax_grad", shape, axis)?;
         let rows = outer * inner;
         if rows == 0 || len == 0 {
@@ -316,14 +303,11 @@ impl CudaBackend {
     /// `x` viewed as `[outer, axis_len, inner]`; `out [outer, n_idx, inner]` takes the entries
     /// `idx` (`n_idx` `u32`s on the device) along the middle axis, as
     /// [`crate::cpu::index_select`]. An index `>= axis_len` gives NaN.
-    #[allow(clippy::too_many_arguments)]
     pub fn index_select(
         &self,
         dt: DType,
         x: DevicePtr,
-        outer: usize,
-        axis_len: usize,
-        inner: usize,
+        [outer, axis_len, inner]: [usize; 3],
         idx: DevicePtr,
         n_idx: usize,
         out: DevicePtr,
@@ -341,14 +325,11 @@ impl CudaBackend {
     /// The adjoint of [`CudaBackend::index_select`]: `g [outer, n_idx, inner]` is added into
     /// `out [outer, axis_len, inner]` at `idx` along the middle axis (atomically, so repeated
     /// indices accumulate). The caller zeroes `out`. Indices `>= axis_len` add nothing.
-    #[allow(clippy::too_many_arguments)]
     pub fn index_add(
         &self,
         dt: DType,
         g: DevicePtr,
-        outer: usize,
-        n_idx: usize,
-        inner: usize,
+        [outer, n_idx, inner]: [usize; 3],
         idx: DevicePtr,
         axis_len: usize,
         out: DevicePtr,
@@ -364,19 +345,17 @@ impl CudaBackend {
     }
 
     /// PyTorch's gather, as [`crate::cpu::gather`]: `out[p] = x[p with coordinate axis
-    /// replaced by idx[p]]`. `idx` (`u32`) and `out` have shape `ishape`, which equals `xshape`
+    /// replaced by idx[p]]`. `idx` (`u32`) and `out` have `idx`'s shape, which equals `x`'s
     /// except at `axis`. An index out of range gives NaN.
-    #[allow(clippy::too_many_arguments)]
     pub fn gather(
         &self,
         dt: DType,
-        x: DevicePtr,
-        xshape: &[usize],
+        x: Operand<'_, DevicePtr>,
         axis: usize,
-        idx: DevicePtr,
-        ishape: &[usize],
+        idx: Operand<'_, DevicePtr>,
         out: DevicePtr,
     ) -> Result<(), CudaError> {
+        let (x, xshape, idx, ishape) = (x.data, x.shape, idx.data, idx.shape);
         let (outer, ext, inner, iext) = gather_geometry("gather", xshape, axis, ishape)?;
         let n = outer * iext * inner;
         if n == 0 {
@@ -387,20 +366,18 @@ impl CudaBackend {
             x.0, outer, ext, inner, idx.0, iext, out.0)
     }
 
-    /// The adjoint of [`CudaBackend::gather`], as [`crate::cpu::scatter_add`]: `g` (shape
-    /// `ishape`) is added into `out` (shape `full`, zeroed by the caller) at the places gather
+    /// The adjoint of [`CudaBackend::gather`], as [`crate::cpu::scatter_add`]: `g` (of the
+    /// indices' shape, as `idx`) is added into `out` (zeroed by the caller) at the places gather
     /// reads, atomically. Indices out of range add nothing.
-    #[allow(clippy::too_many_arguments)]
     pub fn scatter_add(
         &self,
         dt: DType,
-        g: DevicePtr,
-        ishape: &[usize],
+        g: Operand<'_, DevicePtr>,
         axis: usize,
         idx: DevicePtr,
-        full: &[usize],
-        out: DevicePtr,
+        out: Operand<'_, DevicePtr>,
     ) -> Result<(), CudaError> {
+        let (g, ishape, out, full) = (g.data, g.shape, out.data, out.shape);
         let (outer, ext, inner, iext) = gather_geometry("scatter_add", full, axis, ishape)?;
         let n = outer * iext * inner;
         if n == 0 {

@@ -11,7 +11,7 @@ use arenagrad_alloc::block_cache::{BlockHandle, DevicePtr};
 
 use super::params::{self, GemmPlan};
 use super::*;
-use crate::cpu::{self, ReduceOp, Window};
+use crate::cpu::{self, Operand, ReduceOp, Strided, Window};
 use crate::layout::{broadcast_shapes, contiguous_strides};
 use crate::testing;
 use crate::{BinaryOp, DType, Float, UnaryOp};
@@ -454,6 +454,7 @@ fn colmajor_gemm(
 }
 
 /// Row-major reference: C_b = alpha·op(A_b)·op(B_b) + beta·C_b.
+// Every operand of `gemm_plan`'s product spelled out, as an independent reference.
 #[allow(clippy::too_many_arguments)]
 fn rowmajor_gemm(
     batch: usize,
@@ -589,7 +590,7 @@ fn check_unary_grad<T: Float>(be: &CudaBackend) {
         let gy: Vec<T> = rng.vec(n, -2.0, 2.0);
         let (dx, dy, dg) = (up(be, &x), up(be, &y), up(be, &gy));
         let dout = alloc(be, n * T::DTYPE.size());
-        be.unary_grad(T::DTYPE, op, dx.ptr(), dy.ptr(), dg.ptr(), dout.ptr(), n)
+        be.unary_grad(T::DTYPE, op, (dx.ptr(), dy.ptr()), dg.ptr(), dout.ptr(), n)
             .unwrap();
         let mut want = vec![T::ZERO; n];
         cpu::unary_grad(op, &x, &y, &gy, &mut want, 1);
@@ -628,10 +629,22 @@ fn check_binary<T: Float>(be: &CudaBackend) {
                 _ => (rng.vec(na, -3.0, 3.0), rng.vec(nb, -3.0, 3.0)),
             };
             let mut want = vec![T::ZERO; no];
-            cpu::binary(op, &a, ash, &b, bsh, &mut want, &osh, 1);
+            cpu::binary(
+                op,
+                Operand::new(&a, ash),
+                Operand::new(&b, bsh),
+                Operand::new(&mut want, &osh),
+                1,
+            );
             let (da, db) = (up(be, &a), up(be, &b));
             let dout = alloc(be, no * T::DTYPE.size());
-            let r = be.binary(T::DTYPE, op, da.ptr(), ash, db.ptr(), bsh, dout.ptr(), &osh);
+            let r = be.binary(
+                T::DTYPE,
+                op,
+                Operand::new(da.ptr(), ash),
+                Operand::new(db.ptr(), bsh),
+                Operand::new(dout.ptr(), &osh),
+            );
             if osh.len() > MAX_DIMS && ash.len() == 9 {
                 // Nine alternating broadcast dimensions do not merge.
                 assert!(matches!(r, Err(CudaError::TooManyDims { .. })));
@@ -647,17 +660,20 @@ fn check_binary<T: Float>(be: &CudaBackend) {
     let b = [T::ONE, T::from_f64(f64::NAN), T::ZERO];
     for op in [BinaryOp::Maximum, BinaryOp::Minimum, BinaryOp::GtMask] {
         let mut want = [T::ZERO; 3];
-        cpu::binary(op, &a, &[3], &b, &[3], &mut want, &[3], 1);
+        cpu::binary(
+            op,
+            Operand::new(&a, &[3]),
+            Operand::new(&b, &[3]),
+            Operand::new(&mut want, &[3]),
+            1,
+        );
         let (da, db, dout) = (up(be, &a), up(be, &b), alloc(be, 3 * T::DTYPE.size()));
         be.binary(
             T::DTYPE,
             op,
-            da.ptr(),
-            &[3],
-            db.ptr(),
-            &[3],
-            dout.ptr(),
-            &[3],
+            Operand::new(da.ptr(), &[3]),
+            Operand::new(db.ptr(), &[3]),
+            Operand::new(dout.ptr(), &[3]),
         )
         .unwrap();
         assert_close(
@@ -671,12 +687,9 @@ fn check_binary<T: Float>(be: &CudaBackend) {
     let r = be.binary(
         T::DTYPE,
         BinaryOp::Add,
-        da.ptr(),
-        &[3],
-        db.ptr(),
-        &[2],
-        da.ptr(),
-        &[3],
+        Operand::new(da.ptr(), &[3]),
+        Operand::new(db.ptr(), &[2]),
+        Operand::new(da.ptr(), &[3]),
     );
     assert!(matches!(r, Err(CudaError::InvalidArgument { .. })));
 }
@@ -698,19 +711,20 @@ fn check_select<T: Float>(be: &CudaBackend) {
         let b: Vec<T> = rng.vec(numel(bsh), -1.0, 1.0);
         let no = numel(&osh);
         let mut want = vec![T::ZERO; no];
-        cpu::select(&cond, csh, &a, ash, &b, bsh, &mut want, &osh);
+        cpu::select(
+            Operand::new(&cond, csh),
+            Operand::new(&a, ash),
+            Operand::new(&b, bsh),
+            Operand::new(&mut want, &osh),
+        );
         let (dc, da, db) = (up(be, &cond), up(be, &a), up(be, &b));
         let dout = alloc(be, no * T::DTYPE.size());
         be.select(
             T::DTYPE,
-            dc.ptr(),
-            csh,
-            da.ptr(),
-            ash,
-            db.ptr(),
-            bsh,
-            dout.ptr(),
-            &osh,
+            Operand::new(dc.ptr(), csh),
+            Operand::new(da.ptr(), ash),
+            Operand::new(db.ptr(), bsh),
+            Operand::new(dout.ptr(), &osh),
         )
         .unwrap();
         assert_close("select", &down::<T>(be, &dout, no), &want, None);
@@ -730,12 +744,8 @@ fn check_copy_strided<T: Float>(be: &CudaBackend) {
     be.copy_strided(
         T::DTYPE,
         &shape,
-        dx.ptr(),
-        7,
-        &src_strides,
-        dout.ptr(),
-        2,
-        &dst_strides,
+        Strided::new(dx.ptr(), 7, &src_strides),
+        Strided::new(dout.ptr(), 2, &dst_strides),
     )
     .unwrap();
     let got: Vec<T> = down(be, &dout, 62);
@@ -752,12 +762,8 @@ fn check_copy_strided<T: Float>(be: &CudaBackend) {
     be.copy_strided(
         T::DTYPE,
         &[3, 4],
-        dx.ptr(),
-        0,
-        &[0, 1],
-        drow.ptr(),
-        0,
-        &[4, 1],
+        Strided::new(dx.ptr(), 0, &[0, 1]),
+        Strided::new(drow.ptr(), 0, &[4, 1]),
     )
     .unwrap();
     let got: Vec<T> = down(be, &drow, 12);
@@ -843,8 +849,14 @@ fn check_softmax<T: Float>(be: &CudaBackend) {
         for log in [false, true] {
             let mut want = vec![T::ZERO; n];
             cpu::softmax(&x, shape, axis, log, &mut want);
-            be.softmax(T::DTYPE, dx.ptr(), shape, axis, log, dout.ptr())
-                .unwrap();
+            be.softmax(
+                T::DTYPE,
+                Operand::new(dx.ptr(), shape),
+                axis,
+                log,
+                dout.ptr(),
+            )
+            .unwrap();
             let what = format!("softmax log={log} {shape:?} axis {axis}");
             // log-softmax is x - log Σ e^x: the rounding of a large x bounds the error.
             let scale = if log { abs(&x) } else { vec![T::ZERO; n] };
@@ -856,8 +868,15 @@ fn check_softmax<T: Float>(be: &CudaBackend) {
             let mut want = vec![T::ZERO; n];
             cpu::softmax_grad(&y, &g, shape, axis, log, &mut want);
             let (dy, dg) = (up(be, &y), up(be, &g));
-            be.softmax_grad(T::DTYPE, dy.ptr(), dg.ptr(), shape, axis, log, dout.ptr())
-                .unwrap();
+            be.softmax_grad(
+                T::DTYPE,
+                Operand::new(dy.ptr(), shape),
+                dg.ptr(),
+                axis,
+                log,
+                dout.ptr(),
+            )
+            .unwrap();
             let what = format!("softmax_grad log={log} {shape:?} axis {axis}");
             // The sums along the axis bound the error.
             let scale = vec![T::from_f64(len as f64); n];
@@ -865,7 +884,13 @@ fn check_softmax<T: Float>(be: &CudaBackend) {
         }
     }
     let dx = zeros::<T>(be, 4);
-    let r = be.softmax(T::DTYPE, dx.ptr(), &[2, 2], 2, false, dx.ptr());
+    let r = be.softmax(
+        T::DTYPE,
+        Operand::new(dx.ptr(), &[2, 2]),
+        2,
+        false,
+        dx.ptr(),
+    );
     assert!(matches!(r, Err(CudaError::InvalidArgument { .. })));
 }
 
@@ -884,9 +909,7 @@ fn check_indexing<T: Float>(be: &CudaBackend) {
     be.index_select(
         T::DTYPE,
         dx.ptr(),
-        outer,
-        ext,
-        inner,
+        [outer, ext, inner],
         didx.ptr(),
         idx.len(),
         dsel.ptr(),
@@ -901,9 +924,7 @@ fn check_indexing<T: Float>(be: &CudaBackend) {
     be.index_add(
         T::DTYPE,
         dg.ptr(),
-        outer,
-        idx.len(),
-        inner,
+        [outer, idx.len(), inner],
         didx.ptr(),
         ext,
         dacc.ptr(),
@@ -931,11 +952,9 @@ fn check_indexing<T: Float>(be: &CudaBackend) {
         let dout = alloc(be, ni * T::DTYPE.size());
         be.gather(
             T::DTYPE,
-            dx.ptr(),
-            &xshape,
+            Operand::new(dx.ptr(), &xshape),
             axis,
-            didx.ptr(),
-            &ishape,
+            Operand::new(didx.ptr(), &ishape),
             dout.ptr(),
         )
         .unwrap();
@@ -952,12 +971,10 @@ fn check_indexing<T: Float>(be: &CudaBackend) {
         let dacc = zeros::<T>(be, x.len());
         be.scatter_add(
             T::DTYPE,
-            dg.ptr(),
-            &ishape,
+            Operand::new(dg.ptr(), &ishape),
             axis,
             didx.ptr(),
-            &xshape,
-            dacc.ptr(),
+            Operand::new(dacc.ptr(), &xshape),
         )
         .unwrap();
         let scale = vec![T::from_f64(ni as f64); x.len()];
@@ -966,11 +983,9 @@ fn check_indexing<T: Float>(be: &CudaBackend) {
     }
     let r = be.gather(
         T::DTYPE,
-        dx.ptr(),
-        &xshape,
+        Operand::new(dx.ptr(), &xshape),
         1,
-        dx.ptr(),
-        &[3, 2, 3],
+        Operand::new(dx.ptr(), &[3, 2, 3]),
         dx.ptr(),
     );
     assert!(matches!(r, Err(CudaError::InvalidArgument { .. })));

@@ -12,7 +12,9 @@
 //! of tensor ops.
 
 use arenagrad_alloc::BufId;
-use arenagrad_exec::cpu::attention::{self as k, AttnDims, AttnMask};
+use arenagrad_exec::cpu::attention::{
+    self as k, AttnDims, AttnGrads, AttnInputs, AttnMask, AttnSaved,
+};
 use arenagrad_exec::cpu::matmul::Gemm;
 use arenagrad_exec::cpu::thread_pool::for_each_owned;
 use arenagrad_exec::layout::broadcast_strides;
@@ -169,7 +171,7 @@ impl<'g> Tensor<'g> {
                     [qb, kb, vb, mb, o, lse],
                     |be, [qp, kp, vp, mp, op, lp]| {
                         let m = st.as_ref().map(|st| device_mask(mp, st, &full));
-                        be.attention_forward(dtype, &dims, qp, kp, vp, m.as_ref(), op, lp)
+                        be.attention_forward(dtype, &dims, (qp, kp, vp), m.as_ref(), (op, lp))
                     }
                 );
                 if record {
@@ -254,7 +256,13 @@ fn host_forward(
             rs: offsets.1,
             cs: offsets.2,
         });
-        forward_threads(dims, q, kk, vv, mv.as_ref(), os, &mut lse, threads);
+        let inputs = AttnInputs {
+            q,
+            k: kk,
+            v: vv,
+            mask: mv.as_ref(),
+        };
+        forward_threads(dims, &inputs, os, &mut lse, threads);
         if !record {
             return Ok((o, None));
         }
@@ -313,20 +321,16 @@ fn mask_view(ms: &[usize], full: &[usize], dims: &AttnDims) -> (Vec<usize>, usiz
 }
 
 /// Splits the heads into one run of [`k::attention_forward`] per thread.
-#[allow(clippy::too_many_arguments)]
 fn forward_threads<T: Float + Gemm>(
     dims: &AttnDims,
-    q: &[T],
-    kk: &[T],
-    vv: &[T],
-    mask: Option<&AttnMask<'_, T>>,
+    inputs: &AttnInputs<'_, T>,
     o: &mut [T],
     lse: &mut [T],
     threads: usize,
 ) {
     let (per, t) = split_heads(dims, threads);
     if t <= 1 {
-        k::attention_forward(dims, q, kk, vv, mask, 0, o, lse);
+        k::attention_forward(dims, inputs, 0, o, lse);
         return;
     }
     let parts: Vec<(usize, &mut [T], &mut [T])> = o
@@ -336,7 +340,7 @@ fn forward_threads<T: Float + Gemm>(
         .map(|(j, (o, l))| (j * per, o, l))
         .collect();
     for_each_owned(parts, |_, (h0, o, l)| {
-        k::attention_forward(dims, q, kk, vv, mask, *h0, o, l)
+        k::attention_forward(dims, inputs, *h0, o, l)
     });
 }
 
@@ -541,13 +545,9 @@ fn device_backward<'g>(
             be.attention_backward(
                 dtype,
                 &dims,
-                qp,
-                kp,
-                vp,
+                (qp, kp, vp),
                 m.as_ref(),
-                op,
-                lp,
-                gp,
+                (op, lp, gp),
                 (dqp, dkp, dvp),
             )
         }
@@ -617,20 +617,19 @@ fn fused_backward<'g>(
         let run = |h0: usize, dq: &mut [T], dk: &mut [T], dv: &mut [T]| {
             let heads = dq.len() / (dims.lq * dims.d).max(1);
             let heads = if dims.d == 0 { per } else { heads };
-            k::attention_backward(
-                &dims,
-                ins[0],
-                ins[1],
-                ins[2],
-                mv.as_ref(),
-                ins[3],
-                ins[4],
-                ins[5],
-                (h0, heads.min(dims.bh - h0)),
-                dq,
-                dk,
-                dv,
-            )
+            let inputs = AttnInputs {
+                q: ins[0],
+                k: ins[1],
+                v: ins[2],
+                mask: mv.as_ref(),
+            };
+            let saved = AttnSaved {
+                o: ins[3],
+                lse: ins[4],
+                go: ins[5],
+            };
+            let grads = AttnGrads { dq, dk, dv };
+            k::attention_backward(&dims, &inputs, &saved, (h0, heads.min(dims.bh - h0)), grads)
         };
         if t <= 1 {
             run(0, dq, dk, dvv);

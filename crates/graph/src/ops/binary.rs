@@ -1,5 +1,6 @@
 //! Elementwise functions of two tensors with numpy broadcasting, and `where`.
 
+use arenagrad_exec::cpu::Operand;
 use arenagrad_exec::layout::broadcast_shapes;
 use arenagrad_exec::{cpu, BinaryOp, UnaryOp};
 use smallvec::smallvec;
@@ -47,13 +48,24 @@ impl<'g> Tensor<'g> {
         let out = match dev {
             Device::Cpu => with_float!(dtype, T, {
                 let (out, o, [a, b]) = i.alloc_split::<T, 2>(name, len, [ab, bb])?;
-                cpu::binary(op, a, &ash, b, &bsh, o, &osh, threads);
+                cpu::binary(
+                    op,
+                    Operand::new(a, &ash),
+                    Operand::new(b, &bsh),
+                    Operand::new(o, &osh),
+                    threads,
+                );
                 out
             }),
             Device::Cuda(_) => {
                 let out = i.alloc_on(name, dev, dtype, len)?;
-                on_cuda!(i, name, dev, [ab, bb, out], |be, [a, b, o]| be
-                    .binary(dtype, op, a, &ash, b, &bsh, o, &osh));
+                on_cuda!(i, name, dev, [ab, bb, out], |be, [a, b, o]| be.binary(
+                    dtype,
+                    op,
+                    Operand::new(a, &ash),
+                    Operand::new(b, &bsh),
+                    Operand::new(o, &osh)
+                ));
                 out
             }
         };
@@ -301,11 +313,22 @@ impl Graph {
         match dev {
             Device::Cpu => with_float!(dtype, T, {
                 let (o, [c, x, y]) = i.split_mut::<T, 3>(name, out, [cb, ab, bb])?;
-                cpu::select(c, &csh, x, &ash, y, &bsh, o, &osh);
+                cpu::select(
+                    Operand::new(c, &csh),
+                    Operand::new(x, &ash),
+                    Operand::new(y, &bsh),
+                    Operand::new(o, &osh),
+                );
             }),
             Device::Cuda(_) => {
                 on_cuda!(i, name, dev, [cb, ab, bb, out], |be, [c, x, y, o]| be
-                    .select(dtype, c, &csh, x, &ash, y, &bsh, o, &osh))
+                    .select(
+                        dtype,
+                        Operand::new(c, &csh),
+                        Operand::new(x, &ash),
+                        Operand::new(y, &bsh),
+                        Operand::new(o, &osh)
+                    ))
             }
         }
         let id = i.push(Shape::from_vec(osh), dtype, out, Op::Where, &ids);

@@ -457,8 +457,13 @@ impl<'g> Tensor<'g> {
                 cpu::dropout::dropout(x, seed, p, T::from_f64(scale), o, threads);
             }),
             Device::Cuda(_) => {
-                on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
-                    .dropout(dtype, x, len, seed, p, scale, o))
+                on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be.dropout(
+                    dtype,
+                    x,
+                    len,
+                    (seed, p, scale),
+                    o
+                ))
             }
         }
         let id = i.push(shape, dtype, out, Op::Dropout { p, seed }, &[self.id]);
@@ -551,27 +556,29 @@ impl KernelArgs<'_> {
     }
 }
 
-/// Unfold and fold on a CUDA device (what `data_op` runs for them there).
+/// Unfold and fold on a CUDA device (what `data_op` runs for them there): `op` is the unfold
+/// or fold, the input and the output each a shape with its buffer.
 #[cfg(feature = "cuda")]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn fold_on_cuda(
     i: &mut crate::graph::Inner,
     name: &'static str,
     dev: Device,
     dtype: DType,
     op: &Op,
-    w: &Window,
-    xs: &[usize],
-    os: &[usize],
-    xb: BufId,
-    out: BufId,
+    (xs, xb): (&[usize], BufId),
+    (os, out): (&[usize], BufId),
 ) -> Result<()> {
-    if matches!(op, Op::Unfold(_)) {
-        on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
-            .im2col(dtype, x, xs[0], w, o));
-    } else {
-        on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
-            .col2im(dtype, x, os[0], w, o));
+    match op {
+        Op::Unfold(w) => on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
+            .im2col(dtype, x, xs[0], w, o)),
+        Op::Fold(w) => on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
+            .col2im(dtype, x, os[0], w, o)),
+        _ => {
+            return Err(GraphError::BadArgument {
+                op: name,
+                what: "not an unfold or a fold",
+            })
+        }
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! The op records whether each operand is read transposed, so backward's products
 //! (`g·bᵀ`, `aᵀ·g`) are GEMM calls with swapped strides — no transpose is materialised.
 
-use arenagrad_exec::cpu::{self, MatView};
+use arenagrad_exec::cpu::{self, BatchView, MatView, Mnk};
 use arenagrad_exec::layout::{broadcast_shapes, broadcast_strides, contiguous_strides, walk};
 use smallvec::smallvec;
 
@@ -116,13 +116,10 @@ impl<'g> Tensor<'g> {
                 });
             }
             cpu::gemm(
-                m,
-                k,
-                n,
+                Mnk::new(m, k, n),
                 MatView::row_major(xs, 0, ash[1], ta),
                 MatView::row_major(ys, 0, bsh[1], tb),
                 o,
-                0,
                 true,
                 threads,
             );
@@ -254,22 +251,29 @@ impl<'g> Tensor<'g> {
             let (o, [x, y]) = i.split_mut::<T, 2>(name, out, [ab, bb])?;
             if batch.iter().product::<usize>() == 1 {
                 cpu::gemm(
-                    m,
-                    ka,
-                    n,
+                    Mnk::new(m, ka, n),
                     MatView::row_major(x, 0, a_cols, ta),
                     MatView::row_major(y, 0, b_cols, tb),
                     o,
-                    0,
                     false,
                     threads,
                 );
             } else {
                 // Each batch index: offsets of its matrices in a and b (stride 0 where broadcast).
                 let (a_offs, b_offs) = batch_offsets(&batch, abatch, bbatch, a_mat, b_mat, m * n);
-                cpu::gemm_batched(
-                    m, ka, n, x, &a_offs, a_cols, ta, y, &b_offs, b_cols, tb, o, threads,
-                );
+                let a = BatchView {
+                    data: x,
+                    offsets: &a_offs,
+                    cols: a_cols,
+                    transposed: ta,
+                };
+                let b = BatchView {
+                    data: y,
+                    offsets: &b_offs,
+                    cols: b_cols,
+                    transposed: tb,
+                };
+                cpu::gemm_batched(Mnk::new(m, ka, n), a, b, o, threads);
             }
         });
         let id = i.push(osh, dtype, out, Op::Matmul { ta, tb }, &[self.id, other.id]);
@@ -344,13 +348,10 @@ impl<'g> Tensor<'g> {
             let groups = threads.min(batch).max(1);
             let one = |t: usize, acc: &mut [T], threads: usize| {
                 cpu::gemm(
-                    m,
-                    k,
-                    n,
+                    Mnk::new(m, k, n),
                     MatView::row_major(x, t * a_mat, a_cols, ta),
                     MatView::row_major(y, t * b_mat, b_cols, tb),
                     acc,
-                    0,
                     true,
                     threads,
                 )
@@ -462,13 +463,10 @@ fn product_into_param<'g>(
         let (xd, yd) = (i.read::<T>(name, x.id)?, i.read::<T>(name, y.id)?);
         p.accumulate_with::<T>(m * n, |acc, fresh| {
             cpu::gemm(
-                m,
-                k,
-                n,
+                Mnk::new(m, k, n),
                 MatView::row_major(&xd, 0, xs[1], tx),
                 MatView::row_major(&yd, 0, ys[1], ty),
                 acc,
-                0,
                 !fresh,
                 threads,
             )

@@ -152,8 +152,8 @@ impl<'g> Tensor<'g> {
                     [xb, stats, out, wd, bd],
                     |be, [x, st, y, w, b]| {
                         let (w, b) = (wb.map(|_| w), bb.map(|_| b));
-                        be.norm_stats(dtype, x, rows, n, eps, rms, st)
-                            .and_then(|()| be.norm_apply(dtype, x, rows, n, st, w, b, y))
+                        be.norm_stats(dtype, x, rows, k::NormSpec { n, rms }, eps, st)
+                            .and_then(|()| be.norm_apply(dtype, x, [rows, n], st, (w, b), y))
                     }
                 );
                 if record {
@@ -266,7 +266,8 @@ pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Device::Cpu => with_float!(dtype, T, {
             let (d, [xs, gs, st, ws]) =
                 i.split_mut::<T, 4>(op, dx, [xb, gb, stats, wb.unwrap_or(xb)])?;
-            k::norm_grad_input(xs, gs, st, n, wb.map(|_| ws), nd.rms, d, threads);
+            let spec = k::NormSpec { n, rms: nd.rms };
+            k::norm_grad_input(spec, xs, gs, st, wb.map(|_| ws), d, threads);
             if let Some(dw) = dw {
                 let (d, [xs, gs, st]) = i.split_mut::<T, 3>(op, dw, [xb, gb, stats])?;
                 k::norm_grad_weight(xs, gs, st, n, d);
@@ -287,8 +288,15 @@ pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
                 |be, [xp, gp, sp, dxp, wp, dwp, dbp]| {
                     let rows = numel.checked_div(n).unwrap_or(0);
                     let (w, dw, db) = (wb.map(|_| wp), dw.map(|_| dwp), db.map(|_| dbp));
-                    be.norm_grad_input(dtype, xp, gp, sp, rows, n, w, nd.rms, dxp)
-                        .and_then(|()| be.norm_grad_params(dtype, xp, gp, sp, rows, n, dw, db))
+                    be.norm_grad_input(
+                        dtype,
+                        (xp, sp),
+                        gp,
+                        (rows, k::NormSpec { n, rms: nd.rms }),
+                        w,
+                        dxp,
+                    )
+                    .and_then(|()| be.norm_grad_params(dtype, (xp, sp), gp, [rows, n], (dw, db)))
                 }
             )
         }

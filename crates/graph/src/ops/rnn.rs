@@ -288,9 +288,17 @@ impl<'g> Tensor<'g> {
                     let mut cn = vec![<T as arenagrad_exec::Float>::ZERO; b * hd];
                     let (ys, [gi, w, h0s, c0s]) =
                         i.split_mut::<T, 4>(op, y, [gib, wb, h0b, c0b])?;
-                    k::lstm_seq_infer(
-                        &dims, &lengths, gi, w, h0s, c0s, ys, &mut hn, &mut cn, threads,
-                    );
+                    let seq = k::LstmSeq {
+                        dims,
+                        lengths: &lengths,
+                        w,
+                    };
+                    let init = k::LstmStates { h: h0s, c: c0s };
+                    let last = k::LstmStatesMut {
+                        h: &mut hn,
+                        c: &mut cn,
+                    };
+                    k::lstm_seq_infer(&seq, gi, init, ys, last, threads);
                     i.split_mut::<T, 0>(op, hnb, [])?.0.copy_from_slice(&hn);
                     i.split_mut::<T, 0>(op, cnb, [])?.0.copy_from_slice(&cn);
                 });
@@ -319,9 +327,17 @@ impl<'g> Tensor<'g> {
                 let mut hn = vec![<T as arenagrad_exec::Float>::ZERO; b * hd];
                 let mut cn = vec![<T as arenagrad_exec::Float>::ZERO; b * hd];
                 let (s, [gi, w, h0s, c0s]) = i.split_mut::<T, 4>(op, saved, [gib, wb, h0b, c0b])?;
-                k::lstm_seq_forward(
-                    &dims, &lengths, gi, w, h0s, c0s, s, &mut hn, &mut cn, threads,
-                );
+                let seq = k::LstmSeq {
+                    dims,
+                    lengths: &lengths,
+                    w,
+                };
+                let init = k::LstmStates { h: h0s, c: c0s };
+                let last = k::LstmStatesMut {
+                    h: &mut hn,
+                    c: &mut cn,
+                };
+                k::lstm_seq_forward(&seq, gi, init, s, last, threads);
                 let (y, [s]) = i.split_mut::<T, 1>(op, out, [saved])?;
                 k::lstm_seq_output(&dims, &lengths, s, &hn, &cn, y);
             });
@@ -705,7 +721,16 @@ pub(crate) fn lstm_seq_backward<'g>(nd: &LstmSeqNode, c: &Ctx<'g>) -> Result<Gra
         let mut dhs = vec![<T as arenagrad_exec::Float>::ZERO; d.b * d.h];
         let mut dcs = vec![<T as arenagrad_exec::Float>::ZERO; d.b * d.h];
         let (dg, [gy, s, ws]) = i.split_mut::<T, 3>(op, dgi, [gb, saved, wb])?;
-        k::lstm_seq_backward(&d, &nd.lengths, gy, s, ws, dg, &mut dhs, &mut dcs, threads);
+        let seq = k::LstmSeq {
+            dims: d,
+            lengths: &nd.lengths,
+            w: ws,
+        };
+        let d0 = k::LstmStatesMut {
+            h: &mut dhs,
+            c: &mut dcs,
+        };
+        k::lstm_seq_backward(&seq, gy, s, dg, d0, threads);
         let (dws, [dg, s]) = i.split_mut::<T, 2>(op, dw, [dgi, saved])?;
         k::lstm_seq_grad_weight(&d, dg, s, dws, threads);
         let (o, []) = i.split_mut::<T, 0>(op, dh0, [])?;

@@ -51,7 +51,9 @@ impl<'g> Tensor<'g> {
                 let (o, [x]) = i.split_mut::<T, 1>(name, out, [xb])?;
                 kernel(T::args(x, o, &shape));
             }),
-            Device::Cuda(_) => device_move(i, name, dev, dtype, &op, &shape, &out_shape, xb, out)?,
+            Device::Cuda(_) => {
+                device_move(i, name, dev, dtype, &op, (&shape, xb), (&out_shape, out))?
+            }
         }
         let id = i.push(out_shape, dtype, out, op, &[self.id]);
         drop(guard);
@@ -296,7 +298,12 @@ impl<'g> Tensor<'g> {
                     let dst_st = arenagrad_exec::layout::contiguous_strides(&ds);
                     let src_st = arenagrad_exec::layout::contiguous_strides(&ss);
                     let off = start * dst_st[ax];
-                    be.copy_strided(dtype, &ss, x, 0, &src_st, o, off, &dst_st)
+                    be.copy_strided(
+                        dtype,
+                        &ss,
+                        cpu::Strided::new(x, 0, &src_st),
+                        cpu::Strided::new(o, off, &dst_st),
+                    )
                 });
             }
         }
@@ -474,10 +481,8 @@ impl Graph {
                     dev,
                     dtype,
                     &Op::SliceBackward { axis: ax, start },
-                    &shape,
-                    &out_shape,
-                    buf,
-                    out,
+                    (&shape, buf),
+                    (&out_shape, out),
                 )?,
             }
             start += shape[ax];
@@ -528,36 +533,31 @@ fn same_but_axis(op: &'static str, shape: &[usize], other: &[usize], axis: usize
 }
 
 /// A data-moving op on a device, read from its recorded [`Op`]: permute, broadcast, narrow and
-/// place are strided copies; the index ops upload their indices as `u32`.
+/// place are strided copies; the index ops upload their indices as `u32`. The input and the
+/// output are each a shape with its buffer.
 #[cfg(not(feature = "cuda"))]
-#[allow(clippy::too_many_arguments)]
 fn device_move(
     _i: &mut Inner,
     _name: &'static str,
     dev: Device,
     _dtype: DType,
     _op: &Op,
-    _xs: &[usize],
-    _os: &[usize],
-    _xb: BufId,
-    _out: BufId,
+    _x: (&[usize], BufId),
+    _out: (&[usize], BufId),
 ) -> Result<()> {
     Err(crate::device::no_cuda_dev(dev))
 }
 
 /// See the other `device_move`.
 #[cfg(feature = "cuda")]
-#[allow(clippy::too_many_arguments)]
 fn device_move(
     i: &mut Inner,
     name: &'static str,
     dev: Device,
     dtype: DType,
     op: &Op,
-    xs: &[usize],
-    os: &[usize],
-    xb: BufId,
-    out: BufId,
+    (xs, xb): (&[usize], BufId),
+    (os, out): (&[usize], BufId),
 ) -> Result<()> {
     let xst = contiguous_strides(xs);
     let ost = contiguous_strides(os);
@@ -567,30 +567,46 @@ fn device_move(
     match op {
         Op::Permute(perm) => {
             let src: Vec<usize> = perm.iter().map(|&p| xst[p]).collect();
-            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
-                .copy_strided(dtype, os, x, 0, &src, o, 0, &ost));
+            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be.copy_strided(
+                dtype,
+                os,
+                cpu::Strided::new(x, 0, &src),
+                cpu::Strided::new(o, 0, &ost)
+            ));
         }
         Op::BroadcastTo => {
             let src = broadcast_strides(xs, os);
-            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
-                .copy_strided(dtype, os, x, 0, &src, o, 0, &ost));
+            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be.copy_strided(
+                dtype,
+                os,
+                cpu::Strided::new(x, 0, &src),
+                cpu::Strided::new(o, 0, &ost)
+            ));
         }
         Op::Slice { axis, start } => {
             let off = start * xst[*axis];
-            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
-                .copy_strided(dtype, os, x, off, &xst, o, 0, &ost));
+            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be.copy_strided(
+                dtype,
+                os,
+                cpu::Strided::new(x, off, &xst),
+                cpu::Strided::new(o, 0, &ost)
+            ));
         }
         Op::SliceBackward { axis, start } => {
             let off = start * ost[*axis];
-            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
-                .copy_strided(dtype, xs, x, 0, &xst, o, off, &ost));
+            on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be.copy_strided(
+                dtype,
+                xs,
+                cpu::Strided::new(x, 0, &xst),
+                cpu::Strided::new(o, off, &ost)
+            ));
         }
         Op::IndexSelect { axis, idx } => {
             let (outer, inner) = split(*axis, xs);
             let ib = i.upload_indices(name, dev, idx)?;
             let len = xs[*axis];
             on_cuda!(i, name, dev, [xb, ib, out], |be, [x, p, o]| be
-                .index_select(dtype, x, outer, len, inner, p, idx.len(), o));
+                .index_select(dtype, x, [outer, len, inner], p, idx.len(), o));
             i.release_buf(dev, ib)?;
         }
         Op::IndexAdd { axis, idx } => {
@@ -600,9 +616,7 @@ fn device_move(
             on_cuda!(i, name, dev, [xb, ib, out], |be, [x, p, o]| be.index_add(
                 dtype,
                 x,
-                outer,
-                idx.len(),
-                inner,
+                [outer, idx.len(), inner],
                 p,
                 len,
                 o
@@ -611,18 +625,28 @@ fn device_move(
         }
         Op::Gather { axis, idx } => {
             let ib = i.upload_indices(name, dev, idx)?;
-            on_cuda!(i, name, dev, [xb, ib, out], |be, [x, p, o]| be
-                .gather(dtype, x, xs, *axis, p, os, o));
+            on_cuda!(i, name, dev, [xb, ib, out], |be, [x, p, o]| be.gather(
+                dtype,
+                cpu::Operand::new(x, xs),
+                *axis,
+                cpu::Operand::new(p, os),
+                o
+            ));
             i.release_buf(dev, ib)?;
         }
         Op::ScatterAdd { axis, idx } => {
             let ib = i.upload_indices(name, dev, idx)?;
-            on_cuda!(i, name, dev, [xb, ib, out], |be, [x, p, o]| be
-                .scatter_add(dtype, x, xs, *axis, p, os, o));
+            on_cuda!(i, name, dev, [xb, ib, out], |be, [x, p, o]| be.scatter_add(
+                dtype,
+                cpu::Operand::new(x, xs),
+                *axis,
+                p,
+                cpu::Operand::new(o, os)
+            ));
             i.release_buf(dev, ib)?;
         }
-        Op::Unfold(w) | Op::Fold(w) => {
-            super::conv::fold_on_cuda(i, name, dev, dtype, op, w, xs, os, xb, out)?
+        Op::Unfold(_) | Op::Fold(_) => {
+            super::conv::fold_on_cuda(i, name, dev, dtype, op, (xs, xb), (os, out))?
         }
         _ => {
             return Err(GraphError::BadArgument {

@@ -31,8 +31,13 @@ impl<'g> Tensor<'g> {
                 cpu::softmax(x, &shape, ax, log, o);
             }),
             Device::Cuda(_) => {
-                on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
-                    .softmax(dtype, x, &shape, ax, log, o))
+                on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be.softmax(
+                    dtype,
+                    cpu::Operand::new(x, &shape),
+                    ax,
+                    log,
+                    o
+                ))
             }
         }
         let id = i.push(shape, dtype, out, Op::Softmax { axis: ax, log }, &[self.id]);
@@ -73,7 +78,14 @@ impl<'g> Tensor<'g> {
             }),
             Device::Cuda(_) => {
                 on_cuda!(i, name, dev, [yb, gb, out], |be, [ys, gs, o]| be
-                    .softmax_grad(dtype, ys, gs, &shape, axis, log, o))
+                    .softmax_grad(
+                        dtype,
+                        cpu::Operand::new(ys, &shape),
+                        gs,
+                        axis,
+                        log,
+                        o
+                    ))
             }
         }
         let id = i.push_on(dev, shape, dtype, out, Op::Leaf, &[]);

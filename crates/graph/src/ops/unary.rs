@@ -84,7 +84,7 @@ impl<'g> Tensor<'g> {
             }),
             Device::Cuda(_) => {
                 on_cuda!(i, name, dev, [xb, yb, gb, out], |be, [xs, ys, gs, o]| be
-                    .unary_grad(dtype, op, xs, ys, gs, o, len))
+                    .unary_grad(dtype, op, (xs, ys), gs, o, len))
             }
         }
         let id = i.push_on(dev, shape, dtype, out, Op::Leaf, &[]);

@@ -557,7 +557,7 @@ impl Stack {
                     (Kind::Lstm, Some(cs)) => match inference_pieces(g, x, t, b, hd) {
                         Some(per) => {
                             let (y, h, c) =
-                                lstm_by_pieces(g, w, rows, hs, cs, [t, b, hd], per, opts)?;
+                                lstm_by_pieces(g, w, rows, (hs, cs), [t, b, hd], per, opts)?;
                             (y, h, Some(c))
                         }
                         None => {
@@ -569,7 +569,7 @@ impl Stack {
                     },
                     (kind, _) => {
                         let gi = w.input_proj(g, rows, !matches!(kind, Kind::Gru))?;
-                        let (y, h) = steps(g, w, kind, gi, hs, t, b, &opts)?;
+                        let (y, h) = steps(g, w, kind, gi, hs, [t, b], &opts)?;
                         (y, h, None)
                     }
                 };
@@ -633,14 +633,12 @@ fn inference_pieces(g: &Graph, x: Tensor<'_>, t: usize, b: usize, hd: usize) -> 
 /// its final states carried to the next piece (from the last piece to the first when the
 /// direction runs reversed). A row's length is cut to each piece (lengths sorted longest first
 /// stay so): inside a piece it runs to its own end, and a piece it does not reach passes its
-/// state on unchanged, so the result is the whole sequence's.
-#[allow(clippy::too_many_arguments)]
+/// state on unchanged, so the result is the whole sequence's. `(h0, c0)` are the initial states.
 fn lstm_by_pieces<'g>(
     g: &'g Graph,
     w: &Weights,
     rows: Tensor<'g>,
-    h0: Tensor<'g>,
-    c0: Tensor<'g>,
+    (h0, c0): (Tensor<'g>, Tensor<'g>),
     [t, b, hd]: [usize; 3],
     per: usize,
     opts: LstmSequenceOptions<'_>,
@@ -682,16 +680,15 @@ fn inverse(order: &[usize]) -> Vec<usize> {
 }
 
 /// A GRU or Elman direction as a loop of fused steps over `gi` `[t·b, G·h]`
-/// ([`Graph::recurrence`]): the outputs `[t, b, h]` (zero past each length) and the final state.
-#[allow(clippy::too_many_arguments)]
+/// ([`Graph::recurrence`]) of `t` positions of `b` rows: the outputs `[t, b, h]` (zero past each
+/// length) and the final state.
 fn steps<'g>(
     g: &'g Graph,
     w: &Weights,
     kind: Kind,
     gi: Tensor<'g>,
     h0: Tensor<'g>,
-    t: usize,
-    b: usize,
+    [t, b]: [usize; 2],
     opts: &LstmSequenceOptions<'_>,
 ) -> Result<(Tensor<'g>, Tensor<'g>)> {
     let full = vec![t; b];
