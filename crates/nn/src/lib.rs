@@ -103,7 +103,7 @@ pub use layers::sequential::Sequential;
 pub use models::gpt::{Gpt, GptConfig, Sampling};
 pub use module::{Module, Slot, Visitor};
 
-/// The names a training program needs. Its [`Result`](crate::Result) is nn's, whose error
+/// The names a training program needs. Its [`Result`] is nn's, whose error
 /// defaults to [`NnError`] (a second parameter names another: `Result<(), Box<dyn Error>>`).
 pub mod prelude {
     #[cfg(feature = "checkpoint")]

@@ -58,6 +58,8 @@
 //! assert_eq!(Program::parse(&p.to_string()).unwrap(), p); // printing round-trips
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod ast;
 mod dot;
 mod error;
