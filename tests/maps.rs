@@ -196,6 +196,56 @@ fn every_crate_but_alloc_and_exec_forbids_unsafe_code() {
     }
 }
 
+/// The workspace crates a source file's code names (doc comments and comments left out), short.
+/// A path through a re-export counts as the crate re-exported: `arenagrad_graph::exec::…` is a
+/// use of exec.
+fn crates_named(src: &str) -> BTreeSet<String> {
+    let mut named = BTreeSet::new();
+    for line in src.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        if code.contains("arenagrad_graph::exec") {
+            named.insert("exec".to_string());
+        }
+        for (at, _) in code.match_indices("arenagrad_") {
+            let rest = &code[at + "arenagrad_".len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .collect();
+            if CRATES.contains(&name.as_str()) {
+                named.insert(name);
+            }
+        }
+    }
+    named
+}
+
+/// Layers stay layers: a crate's code names only itself and what its manifest says it depends
+/// on, and never reaches a lower crate through a re-export (nn speaks only to graph, not to
+/// exec's kernels behind it).
+#[test]
+fn every_crate_speaks_only_to_its_declared_dependencies() {
+    for krate in CRATES {
+        let manifest = fs::read_to_string(root().join("crates").join(krate).join("Cargo.toml"))
+            .unwrap_or_else(|e| panic!("crates/{krate}/Cargo.toml: {e}"));
+        let mut allowed = manifest_deps(&manifest);
+        allowed.insert(krate.to_string());
+        let src = root().join("crates").join(krate).join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        for file in files {
+            let text = fs::read_to_string(&file).expect("a source file");
+            let stray: Vec<_> = crates_named(&text).difference(&allowed).cloned().collect();
+            assert!(
+                stray.is_empty(),
+                "{} reaches {stray:?}, which crate `{krate}` does not depend on: go through its \
+                 dependencies' own API",
+                file.display()
+            );
+        }
+    }
+}
+
 /// The checker catches what it is for: a file with an `unsafe` block that the paragraph leaves
 /// out, and a paragraph naming a file of another crate's.
 #[test]
@@ -217,4 +267,11 @@ fn the_checks_see_unsafe_code_and_read_the_paragraph() {
          [dev-dependencies]\narenagrad-nn = { workspace = true }\n",
     );
     assert_eq!(deps, ["graph".to_string()].into_iter().collect());
+    let reached = crates_named(
+        "use arenagrad_graph::Graph;\n\
+         arenagrad_graph::exec::cpu::par::par_chunks_mut(p, 2, 1, f); // arenagrad_dist\n\
+         /// arenagrad_program::Program",
+    );
+    let want: BTreeSet<String> = ["exec", "graph"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(reached, want);
 }

@@ -507,6 +507,33 @@ pub fn default_threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// Runs an optimiser's update, `f(start, chunk)`, over a parameter's values outside any graph:
+/// a large parameter is split into contiguous chunks across [`default_threads`] (read once: it
+/// looks at the CPU quota, too slow to ask at every step), a small one (under 2¹⁷ values) runs on
+/// the calling thread. `start` is the chunk's offset in `values`, for the matching slice of the
+/// gradient. The split never changes the arithmetic, so the result does not depend on the
+/// thread count.
+///
+/// # Examples
+///
+/// ```
+/// let mut w = vec![1.0f32; 300_000];
+/// let g = vec![0.5f32; 300_000];
+/// arenagrad_graph::update_in_chunks(&mut w, |at, w| {
+///     let g = &g[at..at + w.len()];
+///     for (w, g) in w.iter_mut().zip(g) {
+///         *w -= 0.1 * g;
+///     }
+/// });
+/// assert!(w.iter().all(|&v| v == 1.0 - 0.1 * 0.5));
+/// ```
+pub fn update_in_chunks<T: Send>(values: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let threads = *THREADS.get_or_init(default_threads);
+    use arenagrad_exec::cpu::par;
+    par::par_chunks_mut(values, threads, par::PAR_MIN_ELEMS, f);
+}
+
 impl Graph {
     /// An empty graph with the default thread count ([`default_threads`]) and RNG seed 0.
     ///

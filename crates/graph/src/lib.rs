@@ -75,7 +75,10 @@ pub use device::{
 };
 pub use error::{GraphError, Result, ShapeVec};
 pub use flops::{FlopStats, OpFlops};
-pub use graph::{default_threads, Device, GradModeGuard, Graph, GraphStats, IterationId, NodeId};
+pub use graph::{
+    default_threads, update_in_chunks, Device, GradModeGuard, Graph, GraphStats, IterationId,
+    NodeId,
+};
 pub use host::{HostData, HostDataMut, HostElem, HostTensor};
 pub use ops::attention::AttentionOptions;
 pub use ops::checkpoint::CheckpointFn;

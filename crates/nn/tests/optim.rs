@@ -70,6 +70,23 @@ fn sgd_plain_and_weight_decay() {
     );
 }
 
+/// A parameter large enough to be split across threads takes the same step in every element,
+/// at every chunk's seam: the gradient of `Σ p²` is `2p`, so `p ← p − lr·(2p + wd·p)`.
+#[test]
+fn a_large_parameter_split_across_threads_takes_every_elements_own_step() {
+    let n = 300_001;
+    let init: Vec<f64> = (0..n).map(|i| (i % 1000) as f64 / 1000.0 - 0.5).collect();
+    let p = Parameter::new("p", HostTensor::new(init.clone(), &[n]).unwrap());
+    let mut opt = Sgd::new([p.clone()], SgdConfig::new(0.1).weight_decay(0.01)).unwrap();
+    opt.zero_grad();
+    backward_square(&p);
+    opt.step().unwrap();
+    let got = p.value().to_f64_vec();
+    for (i, (&v, &x)) in got.iter().zip(&init).enumerate() {
+        assert_eq!(v, x - 0.1 * (2.0 * x + 0.01 * x), "element {i}");
+    }
+}
+
 #[test]
 fn sgd_groups_take_their_own_rate_and_decay_and_follow_a_schedule() {
     let (a, b) = (scalar(1.0), scalar(1.0));

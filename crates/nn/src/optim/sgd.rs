@@ -165,13 +165,6 @@ impl Sgd {
 /// `f32`, far below anything that moves a weight).
 const FLUSH_BELOW: f64 = 1e-30;
 
-/// The threads a large parameter's update is split over: the graphs' default, read once (it
-/// looks at the machine's CPU quota, too slow to ask at every step).
-fn update_threads() -> usize {
-    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *THREADS.get_or_init(arenagrad_graph::default_threads)
-}
-
 fn sgd_kernel<T: Elem>(
     p: &mut [T],
     g: &[T],
@@ -187,8 +180,7 @@ fn sgd_kernel<T: Elem>(
     if c.momentum == 0.0 {
         // A large parameter is split across the threads (a streaming update bound by memory:
         // one core cannot draw what two do), each element the same arithmetic.
-        let min = arenagrad_graph::exec::cpu::par::PAR_MIN_ELEMS;
-        arenagrad_graph::exec::cpu::par::par_chunks_mut(p, update_threads(), min, |at, p| {
+        arenagrad_graph::update_in_chunks(p, |at, p| {
             let g = &g[at..at + p.len()];
             arenagrad_graph::wide(
                 p.len(),
