@@ -78,7 +78,8 @@ pod!(0 f32, 1 f64, 2 u8, 3 u32, 4 i32, 5 u64, 6 i64, 7 usize);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArenaMark {
     depth: usize,
-    resets: u64,
+    /// Which mark of the arena's life this is (see [`MarkState::serial`]).
+    serial: u64,
 }
 
 /// What a mark remembers: the counts and the region's two ends when it was made.
@@ -90,6 +91,9 @@ struct MarkState {
     region_hi: usize,
     /// [`Arena::fresh_bytes`] then.
     fresh_bytes: usize,
+    /// Numbers every mark of the arena's life apart: a mark forgotten by a rollback (or a reset)
+    /// must not name the newer mark that later takes its depth.
+    serial: u64,
 }
 
 /// What [`Arena::split_mixed`] hands out: the output, the input and the auxiliary buffer.
@@ -252,6 +256,8 @@ pub struct Arena {
     dead: usize,
     /// The open marks of nested scopes, outermost first.
     marks: Vec<MarkState>,
+    /// Marks made so far (the next mark's serial).
+    marks_made: u64,
 }
 
 // SAFETY: every pointer in `slots`, `free`, `small_free` and `region` points into chunks owned by
@@ -298,6 +304,7 @@ impl Arena {
             owners: Vec::new(),
             dead: 0,
             marks: Vec::new(),
+            marks_made: 0,
         }
     }
 
@@ -336,16 +343,19 @@ impl Arena {
     /// Where the arena stands now, to [`Arena::rollback`] to: a nested scope's start. Marks
     /// nest: rolling back to one also forgets every mark made after it.
     pub fn mark(&mut self) -> ArenaMark {
+        let serial = self.marks_made;
+        self.marks_made += 1;
         self.marks.push(MarkState {
             slots: self.slots.len(),
             owners: self.owners.len(),
             region_lo: self.region_lo,
             region_hi: self.region_hi,
             fresh_bytes: self.fresh_bytes,
+            serial,
         });
         ArenaMark {
             depth: self.marks.len() - 1,
-            resets: self.stats.resets,
+            serial,
         }
     }
 
@@ -354,8 +364,9 @@ impl Arena {
     /// (and buffers of before the mark that were recycled and handed out again) to the free
     /// lists, and every handle made since goes stale (the epoch moves on, so the slots they
     /// named are given out again only under a newer one). Buffers of before the mark are
-    /// untouched. A mark of an earlier iteration (before a [`Arena::reset`]), or one forgotten
-    /// by a rollback to an earlier mark, is ignored.
+    /// untouched. A mark of an earlier iteration (before a [`Arena::reset`]), one forgotten by a
+    /// rollback to an earlier mark, or one already rolled back to, is ignored — even where a
+    /// newer mark now stands at its depth.
     ///
     /// ```
     /// use arenagrad_alloc::Arena;
@@ -370,7 +381,13 @@ impl Arena {
     /// assert_eq!(arena.stats().bytes_in_use, before);
     /// ```
     pub fn rollback(&mut self, mark: ArenaMark) {
-        if mark.resets != self.stats.resets || mark.depth >= self.marks.len() {
+        // Open still: the mark at its depth is this one, not a newer one made after it was
+        // forgotten (its serial tells them apart; a reset forgets every mark).
+        if self
+            .marks
+            .get(mark.depth)
+            .is_none_or(|m| m.serial != mark.serial)
+        {
             return;
         }
         let depth = mark.depth;
