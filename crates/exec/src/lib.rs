@@ -2,8 +2,17 @@
 //!
 //! This crate knows nothing of graphs or gradients: it turns slices and shapes into slices. The
 //! graph crate checks every shape, allocates the output from the iteration's arena and calls one
-//! function here. Kernels are grouped by what they do (`cpu::elementwise`, `cpu::reduce`,
-//! `cpu::matmul`, `cpu::shape`); an op's kernel carries the op's name.
+//! function here.
+//!
+//! The front door is [`ops`]: the tables of elementwise ops ([`UnaryOp`], [`BinaryOp`]) and
+//! reductions ([`ReduceOp`]). A row holds the op's name, its CPU forward, its derivative, its
+//! valid domain and the CUDA C of both, side by side; the CPU loops, the CUDA kernel source, the
+//! graph's backward rules, the text format and the tests all read the rows, so a new
+//! elementwise op or reduction is one row (and a forgotten rule does not compile). The other
+//! kernels are grouped by what they do (`cpu::matmul`, `cpu::conv`, `cpu::attention`,
+//! `cpu::rnn`, `cpu::shape`, …); an op's kernel carries the op's name, and takes its operands as
+//! values of [`cpu::operand`]'s types (data with its shape and strides) rather than loose
+//! pointers and sizes.
 //!
 //! * Elementwise and reduction loops are written so that the compiler vectorises them, and hot
 //!   ones run through [`cpu::wide()`] in an AVX-512 or AVX2 build when the CPU has one; `tanh` and
