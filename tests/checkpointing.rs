@@ -94,7 +94,7 @@ fn checkpointing_differentiates_twice_and_runs_backward_twice() {
     assert!(r.passed, "second order through a checkpoint: {r}");
 
     let g = Graph::new();
-    let x = g.var(&[0.4, -1.1], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[0.4, -1.1], &[2], DType::F64).unwrap();
     let y = g.checkpoint(block, &[x, x]).unwrap().sum().unwrap();
     let keep = BackwardOptions {
         retain_graph: true,
@@ -113,7 +113,7 @@ fn checkpointing_differentiates_twice_and_runs_backward_twice() {
 fn an_identity_block_and_a_hook_inside_a_block_count_once() {
     // A block handing back its input: with a residual, x's gradient is 1 (residual) + 1 (block).
     let g = Graph::new();
-    let x = g.var(&[0.5, -2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[0.5, -2.0], &[2], DType::F64).unwrap();
     let id: CheckpointFn = Arc::new(|_g, xs| Ok(xs[0]));
     let y = x.add(g.checkpoint(id, &[x]).unwrap()).unwrap();
     y.sum().unwrap().backward().unwrap();
@@ -125,7 +125,7 @@ fn an_identity_block_and_a_hook_inside_a_block_count_once() {
     // A hook the block registers on its input: the first run's goes with that run's scope, the
     // second run's applies once.
     let g = Graph::new();
-    let x = g.var(&[0.5, -2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[0.5, -2.0], &[2], DType::F64).unwrap();
     let block: CheckpointFn = Arc::new(|_g, xs| {
         xs[0].register_hook(|gx| Ok(Some(gx.scale(10.0)?)))?;
         xs[0].tanh()?.scale(3.0)

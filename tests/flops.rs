@@ -8,7 +8,7 @@ use arenagrad::{DType, Graph};
 #[test]
 fn matmul_counts_two_mnk_and_once_more_per_gradient() {
     let mut g = Graph::new();
-    let a = g.var(&[0.5; 2 * 3 * 4], &[2, 3, 4], DType::F32).unwrap();
+    let a = g.leaf(&[0.5; 2 * 3 * 4], &[2, 3, 4], DType::F32).unwrap();
     let b = g.from_f64(&[0.5; 4 * 5], &[4, 5], DType::F32).unwrap(); // no gradient asked
     a.matmul(b).unwrap().sum().unwrap().backward().unwrap();
     let mm = g.stats().flops.of("matmul").unwrap();
@@ -38,7 +38,7 @@ fn conv2d_counts_its_gemm_and_bias() {
     )
     .unwrap();
     let x = g
-        .var(&[0.1; 2 * 3 * 5 * 5], &[2, 3, 5, 5], DType::F32)
+        .leaf(&[0.1; 2 * 3 * 5 * 5], &[2, 3, 5, 5], DType::F32)
         .unwrap();
     let y = conv.forward(&g, x).unwrap();
     assert_eq!(y.shape().as_slice(), &[2, 4, 5, 5]);

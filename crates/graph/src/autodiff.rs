@@ -42,7 +42,7 @@ impl<'g> Tensor<'g> {
     /// ```
     /// use arenagrad_graph::{DType, Graph, GraphError};
     /// let g = Graph::new();
-    /// let x = g.var(&[3.0], &[1], DType::F64)?;
+    /// let x = g.leaf(&[3.0], &[1], DType::F64)?;
     /// let y = x.mul(x)?.sum()?; // x²
     /// y.backward()?; // torch: y.backward()
     /// assert_eq!(x.grad()?.map(|d| d.item()).transpose()?, Some(6.0)); // 2x
@@ -61,7 +61,7 @@ impl<'g> Tensor<'g> {
     /// ```
     /// use arenagrad_graph::{BackwardOptions, DType, Graph};
     /// let g = Graph::new();
-    /// let x = g.var(&[3.0], &[1], DType::F64)?;
+    /// let x = g.leaf(&[3.0], &[1], DType::F64)?;
     /// let y = x.mul(x)?.sum()?; // x²
     /// // torch: y.backward(retain_graph=True); y.backward()
     /// y.backward_with(BackwardOptions { retain_graph: true, ..Default::default() })?;
@@ -84,7 +84,7 @@ impl<'g> Tensor<'g> {
 /// ```
 /// use arenagrad_graph::{grad, BackwardOptions, DType, Graph};
 /// let g = Graph::new();
-/// let x = g.var(&[2.0], &[1], DType::F64)?;
+/// let x = g.leaf(&[2.0], &[1], DType::F64)?;
 /// let y = x.mul(x)?.mul(x)?.sum()?; // x³
 /// let record = BackwardOptions { create_graph: true, ..Default::default() };
 /// let dy = grad(y, &[x], record)?[0].unwrap(); // 3x²

@@ -145,7 +145,7 @@ fn outputs(g: &mut Graph, f: &impl CheckFn, inputs: &[HostTensor]) -> Result<Vec
         // evaluate the same way here as in the analytic pass.
         let xs = inputs
             .iter()
-            .map(|h| g.var(&h.to_f64_vec(), h.shape(), DType::F64))
+            .map(|h| g.leaf(&h.to_f64_vec(), h.shape(), DType::F64))
             .collect::<Result<Vec<_>>>()?;
         f(g, &xs)?.to_vec_f64()
     })();
@@ -202,7 +202,7 @@ where
         let r = (|| {
             let xs = inputs
                 .iter()
-                .map(|h| g.var(&h.to_f64_vec(), h.shape(), DType::F64))
+                .map(|h| g.leaf(&h.to_f64_vec(), h.shape(), DType::F64))
                 .collect::<Result<Vec<_>>>()?;
             let y = f(&g, &xs)?;
             let ws = weights(y.numel(), opts.seed);

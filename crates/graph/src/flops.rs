@@ -30,8 +30,8 @@ pub struct OpFlops {
 /// ```
 /// use arenagrad_graph::{DType, Graph};
 /// let g = Graph::new();
-/// let a = g.var(&[1.0; 6], &[2, 3], DType::F32)?;
-/// let b = g.var(&[1.0; 12], &[3, 4], DType::F32)?;
+/// let a = g.leaf(&[1.0; 6], &[2, 3], DType::F32)?;
+/// let b = g.leaf(&[1.0; 12], &[3, 4], DType::F32)?;
 /// a.matmul(b)?.sum()?.backward()?;
 /// let f = g.stats().flops;
 /// let mm = f.of("matmul").unwrap();

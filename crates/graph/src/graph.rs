@@ -694,7 +694,7 @@ impl Graph {
     /// ```
     /// use arenagrad_graph::{DType, Graph};
     /// let g = Graph::new();
-    /// let w = g.var(&[1.0, 2.0], &[2], DType::F64)?;
+    /// let w = g.leaf(&[1.0, 2.0], &[2], DType::F64)?;
     /// {
     ///     let _guard = g.no_grad();
     ///     assert!(!w.scale(2.0)?.requires_grad());

@@ -17,7 +17,7 @@
 //! ```
 //! use arenagrad_graph::{DType, Graph};
 //! let g = Graph::new();
-//! let x = g.var(&[0.5, -1.0, 2.0], &[3], DType::F64).unwrap();
+//! let x = g.leaf(&[0.5, -1.0, 2.0], &[3], DType::F64).unwrap();
 //! let y = (x * x).sum().unwrap(); // Σ x²
 //! y.backward().unwrap();
 //! assert_eq!(x.grad().unwrap().unwrap().to_vec::<f64>().unwrap(), vec![1.0, -2.0, 4.0]);

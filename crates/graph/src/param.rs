@@ -292,7 +292,7 @@ impl Graph {
     ///     let grad = p.grad().map(|t| t.as_slice::<f64>().unwrap()[0]);
     ///     log.lock().unwrap().push((p.name(), grad));
     /// });
-    /// let x = g.var(&[5.0], &[1], DType::F64)?;
+    /// let x = g.leaf(&[5.0], &[1], DType::F64)?;
     /// let y = x.mul(g.param(&w1)?)?.mul(g.param(&w2)?)?; // x·w1·w2
     /// y.sum()?.backward()?;
     /// // w2 came last in the forward, so its gradient is final first.

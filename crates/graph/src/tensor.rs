@@ -19,14 +19,14 @@ use arenagrad_exec::Float;
 ///
 /// # Examples
 ///
-/// Tensors are made by the graph ([`Graph::var`], [`Graph::from_slice`], [`Graph::randn`], …)
+/// Tensors are made by the graph ([`Graph::leaf`], [`Graph::from_slice`], [`Graph::randn`], …)
 /// and by the ops on them; backward fills the gradients of the leaves that require grad:
 ///
 /// ```
 /// use arenagrad_graph::{DType, Graph};
 /// let g = Graph::new();
 /// // torch: x = torch.tensor([[1., 2.], [3., 4.]], dtype=torch.float64, requires_grad=True)
-/// let x = g.var(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64)?;
+/// let x = g.leaf(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64)?;
 /// let y = x.matmul(x)?.add(x)?; // x @ x + x
 /// assert_eq!(y.shape().as_slice(), &[2, 2]);
 /// assert_eq!(y.to_vec::<f64>()?, vec![8.0, 12.0, 18.0, 26.0]);
@@ -297,8 +297,11 @@ impl Graph {
         t
     }
 
-    /// A leaf that requires grad, from `f64` values stored as `dtype`.
-    pub fn var(&self, data: &[f64], shape: &[usize], dtype: DType) -> Result<Tensor<'_>> {
+    /// A leaf that requires grad, from `f64` values stored as `dtype` (PyTorch's
+    /// `torch.tensor(data, requires_grad=True)`).
+    #[doc(alias = "var")]
+    #[doc(alias = "requires_grad")]
+    pub fn leaf(&self, data: &[f64], shape: &[usize], dtype: DType) -> Result<Tensor<'_>> {
         self.from_f64(data, shape, dtype)?.set_requires_grad(true)
     }
 }
@@ -484,7 +487,7 @@ impl<'g> Tensor<'g> {
     /// ```
     /// use arenagrad_graph::{DType, Graph};
     /// let g = Graph::new();
-    /// let x = g.var(&[1.0, 2.0], &[2], DType::F64)?;
+    /// let x = g.leaf(&[1.0, 2.0], &[2], DType::F64)?;
     /// let y = x.mul(x)?; // dy/dx = 2x
     /// y.register_hook(|gy| Ok(Some(gy.scale(10.0)?)))?; // the gradient arriving at y, ×10
     /// y.sum()?.backward()?;
@@ -517,7 +520,7 @@ impl<'g> Tensor<'g> {
     /// ```
     /// use arenagrad_graph::{DType, Graph};
     /// let g = Graph::new();
-    /// let x = g.var(&[1.0, 2.0], &[2], DType::F64)?;
+    /// let x = g.leaf(&[1.0, 2.0], &[2], DType::F64)?;
     /// let h = x.scale(3.0)?; // an intermediate: its gradient is dropped unless kept
     /// h.retain_grad()?; // torch: h.retain_grad()
     /// h.square()?.sum()?.backward()?;
@@ -550,7 +553,7 @@ impl<'g> Tensor<'g> {
     /// ```
     /// use arenagrad_graph::{DType, Graph};
     /// let g = Graph::new();
-    /// let x = g.var(&[3.0], &[1], DType::F64)?;
+    /// let x = g.leaf(&[3.0], &[1], DType::F64)?;
     /// // x · stop_gradient(x): torch's x * x.detach()
     /// let y = x.mul(x.detach()?)?.sum()?;
     /// y.backward()?;

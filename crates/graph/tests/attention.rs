@@ -53,17 +53,17 @@ fn naive<'g>(
 fn matches_pytorch_with_and_without_causal() {
     let g = Graph::new();
     let q = g
-        .var(&[0.3, -1.2, 0.8, 2.1, -0.4, 1.7], &[1, 3, 2], DType::F64)
+        .leaf(&[0.3, -1.2, 0.8, 2.1, -0.4, 1.7], &[1, 3, 2], DType::F64)
         .unwrap();
     let k = g
-        .var(
+        .leaf(
             &[0.5, 0.1, -0.9, 0.4, 1.1, -0.3, 0.2, 0.2],
             &[1, 4, 2],
             DType::F64,
         )
         .unwrap();
     #[rustfmt::skip]
-    let v = g.var(&[1., 0., 2., 0., 1., -1., 0.5, 0.5, 0.5, -1., 2., 0.], &[1, 4, 3], DType::F64)
+    let v = g.leaf(&[1., 0., 2., 0., 1., -1., 0.5, 0.5, 0.5, -1., 2., 0.], &[1, 4, 3], DType::F64)
         .unwrap();
     let c = g
         .from_f64(
@@ -126,9 +126,9 @@ fn agree(
     let mut shape_v = shape_k.to_vec();
     *shape_v.last_mut().unwrap() = dv;
     let n = |s: &[usize]| s.iter().product::<usize>();
-    let q = g.var(&vals(n(shape_q), 1), shape_q, DType::F64).unwrap();
-    let k = g.var(&vals(n(shape_k), 2), shape_k, DType::F64).unwrap();
-    let v = g.var(&vals(n(&shape_v), 3), &shape_v, DType::F64).unwrap();
+    let q = g.leaf(&vals(n(shape_q), 1), shape_q, DType::F64).unwrap();
+    let k = g.leaf(&vals(n(shape_k), 2), shape_k, DType::F64).unwrap();
+    let v = g.leaf(&vals(n(&shape_v), 3), &shape_v, DType::F64).unwrap();
     let m = mask.map(|ms| {
         // Some keys hidden, the rest shifted: an additive mask with −∞ entries.
         let mv: Vec<f64> = vals(n(ms), 4)
@@ -210,9 +210,9 @@ fn rows_with_every_key_hidden_are_zero_as_pytorchs_and_no_keys_give_zeros() {
     // PyTorch 2.15's scaled_dot_product_attention gives 0 for a query whose every key is
     // masked (its safe softmax), and zeros when there are no keys.
     let g = Graph::new();
-    let q = g.var(&vals(8, 1), &[2, 4], DType::F64).unwrap();
-    let k = g.var(&vals(12, 2), &[3, 4], DType::F64).unwrap();
-    let v = g.var(&vals(6, 3), &[3, 2], DType::F64).unwrap();
+    let q = g.leaf(&vals(8, 1), &[2, 4], DType::F64).unwrap();
+    let k = g.leaf(&vals(12, 2), &[3, 4], DType::F64).unwrap();
+    let v = g.leaf(&vals(6, 3), &[3, 2], DType::F64).unwrap();
     let inf = f64::NEG_INFINITY;
     let m = g
         .from_f64(&[inf, inf, inf, 0.0, inf, 0.0], &[2, 3], DType::F64)
@@ -274,9 +274,9 @@ fn rows_with_every_key_hidden_are_zero_as_pytorchs_and_no_keys_give_zeros() {
 fn an_empty_batch_gives_an_empty_output_and_gradient() {
     // Found by the build_run fuzzer: no heads at all divided by zero splitting them.
     let g = Graph::new();
-    let q = g.var(&[], &[0, 3, 4], DType::F64).unwrap();
-    let k = g.var(&[], &[0, 5, 4], DType::F64).unwrap();
-    let v = g.var(&[], &[0, 5, 2], DType::F64).unwrap();
+    let q = g.leaf(&[], &[0, 3, 4], DType::F64).unwrap();
+    let k = g.leaf(&[], &[0, 5, 4], DType::F64).unwrap();
+    let v = g.leaf(&[], &[0, 5, 2], DType::F64).unwrap();
     let o = q
         .scaled_dot_product_attention(k, v, AttentionOptions::default())
         .unwrap();
@@ -317,13 +317,13 @@ fn dropout_is_replayed_exactly_by_backward() {
     let g = Graph::new();
     g.seed(7);
     let q = g
-        .var(&vals(2 * 70 * 8, 1), &[2, 70, 8], DType::F64)
+        .leaf(&vals(2 * 70 * 8, 1), &[2, 70, 8], DType::F64)
         .unwrap();
     let k = g
-        .var(&vals(2 * 90 * 8, 2), &[2, 90, 8], DType::F64)
+        .leaf(&vals(2 * 90 * 8, 2), &[2, 90, 8], DType::F64)
         .unwrap();
     let v = g
-        .var(&vals(2 * 90 * 3, 3), &[2, 90, 3], DType::F64)
+        .leaf(&vals(2 * 90 * 3, 3), &[2, 90, 3], DType::F64)
         .unwrap();
     let opts = AttentionOptions {
         dropout_p: 0.3,
@@ -380,9 +380,9 @@ fn a_long_sequence_needs_a_fraction_of_the_compositions_memory() {
     let (l, d) = (4096, 16);
     let peak = |fused: bool| {
         let g = Graph::with_threads(2);
-        let q = g.var(&vals(l * d, 1), &[1, l, d], DType::F32).unwrap();
-        let k = g.var(&vals(l * d, 2), &[1, l, d], DType::F32).unwrap();
-        let v = g.var(&vals(l * d, 3), &[1, l, d], DType::F32).unwrap();
+        let q = g.leaf(&vals(l * d, 1), &[1, l, d], DType::F32).unwrap();
+        let k = g.leaf(&vals(l * d, 2), &[1, l, d], DType::F32).unwrap();
+        let v = g.leaf(&vals(l * d, 3), &[1, l, d], DType::F32).unwrap();
         g.reset_peak_stats();
         let opts = AttentionOptions {
             causal: true,
@@ -414,9 +414,9 @@ fn a_long_sequence_needs_a_fraction_of_the_compositions_memory() {
 #[test]
 fn bad_arguments_are_errors_naming_the_op() {
     let g = Graph::new();
-    let q = g.var(&vals(24, 1), &[2, 3, 4], DType::F64).unwrap();
-    let k = g.var(&vals(40, 2), &[2, 5, 4], DType::F64).unwrap();
-    let v = g.var(&vals(30, 3), &[2, 5, 3], DType::F64).unwrap();
+    let q = g.leaf(&vals(24, 1), &[2, 3, 4], DType::F64).unwrap();
+    let k = g.leaf(&vals(40, 2), &[2, 5, 4], DType::F64).unwrap();
+    let v = g.leaf(&vals(30, 3), &[2, 5, 3], DType::F64).unwrap();
     let o = AttentionOptions::default();
     let op = "scaled_dot_product_attention";
     let bad_k = g.zeros(&[2, 5, 3], DType::F64).unwrap();

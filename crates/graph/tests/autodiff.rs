@@ -16,7 +16,7 @@ fn v(t: Tensor<'_>) -> Vec<f64> {
 #[test]
 fn second_backward_is_a_typed_error_naming_retain_graph() {
     let g = Graph::new();
-    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0], &[2], DType::F64).unwrap();
     let y = x.mul(x).unwrap().sum().unwrap();
     y.backward().unwrap();
     let err = y.backward().unwrap_err();
@@ -27,7 +27,7 @@ fn second_backward_is_a_typed_error_naming_retain_graph() {
 #[test]
 fn retain_graph_allows_a_second_pass_and_grads_accumulate() {
     let g = Graph::new();
-    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0], &[2], DType::F64).unwrap();
     let y = x.mul(x).unwrap().sum().unwrap();
     y.backward_with(BackwardOptions {
         retain_graph: true,
@@ -44,7 +44,7 @@ fn retain_graph_allows_a_second_pass_and_grads_accumulate() {
 #[test]
 fn detach_and_no_grad_stop_gradients() {
     let g = Graph::new();
-    let x = g.var(&[3.0], &[1], DType::F64).unwrap();
+    let x = g.leaf(&[3.0], &[1], DType::F64).unwrap();
     let y = x.mul(x.detach().unwrap()).unwrap().sum().unwrap(); // d/dx (x·c) = c
     y.backward().unwrap();
     assert_eq!(v(x.grad().unwrap().unwrap()), vec![3.0]);
@@ -218,7 +218,7 @@ fn bad_shapes_are_errors_not_panics() {
         g.concat(&[], 0),
         Err(GraphError::BadArgument { .. })
     ));
-    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0], &[2], DType::F64).unwrap();
     assert!(matches!(
         x.mul(x).unwrap().backward(),
         Err(GraphError::NotScalar { .. })
@@ -228,7 +228,7 @@ fn bad_shapes_are_errors_not_panics() {
 #[test]
 fn non_scalar_backward_with_explicit_grad() {
     let g = Graph::new();
-    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0], &[2], DType::F64).unwrap();
     let y = x.mul(x).unwrap();
     let w = g.from_f64(&[10.0, 100.0], &[2], DType::F64).unwrap();
     y.backward_with(BackwardOptions {
@@ -242,7 +242,7 @@ fn non_scalar_backward_with_explicit_grad() {
 #[test]
 fn retain_grad_keeps_an_intermediate_gradient() {
     let g = Graph::new();
-    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0], &[2], DType::F64).unwrap();
     let h = x.scale(3.0).unwrap();
     h.retain_grad().unwrap();
     h.mul(h).unwrap().sum().unwrap().backward().unwrap();
@@ -253,7 +253,7 @@ fn retain_grad_keeps_an_intermediate_gradient() {
 #[test]
 fn create_graph_makes_grads_differentiable() {
     let g = Graph::new();
-    let x = g.var(&[0.3, -0.7], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[0.3, -0.7], &[2], DType::F64).unwrap();
     let y = x.tanh().unwrap().sum().unwrap();
     y.backward_with(BackwardOptions {
         create_graph: true,
@@ -275,8 +275,8 @@ fn create_graph_makes_grads_differentiable() {
 #[test]
 fn gradients_of_unused_inputs_are_none() {
     let g = Graph::new();
-    let x = g.var(&[1.0], &[1], DType::F64).unwrap();
-    let u = g.var(&[1.0], &[1], DType::F64).unwrap();
+    let x = g.leaf(&[1.0], &[1], DType::F64).unwrap();
+    let u = g.leaf(&[1.0], &[1], DType::F64).unwrap();
     let r = grad(x.exp().unwrap().sum().unwrap(), &[x, u], Default::default()).unwrap();
     assert!(r[0].is_some() && r[1].is_none());
 }
@@ -380,7 +380,7 @@ fn backward_frees_gradient_temporaries() {
     // Peak arena bytes during backward stay well under forward + a full copy of every gradient.
     let mut g = Graph::new();
     let n = if cfg!(miri) { 64 } else { 4096 };
-    let x = g.var(&vec![0.1; n], &[n], DType::F64).unwrap();
+    let x = g.leaf(&vec![0.1; n], &[n], DType::F64).unwrap();
     let mut h = x;
     for _ in 0..50 {
         h = h.tanh().unwrap();
@@ -420,7 +420,7 @@ impl CustomOp for WrongDtype {
 fn gradients_of_another_dtype_are_typed_errors() {
     let g = Graph::new();
     // An explicit seed must have the root's dtype.
-    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0], &[2], DType::F64).unwrap();
     let y = x.exp().unwrap();
     let seed = g.ones(&[2], DType::F32).unwrap();
     let e = y
@@ -434,7 +434,7 @@ fn gradients_of_another_dtype_are_typed_errors() {
         "{e}"
     );
     // So must a custom op's gradient for its input.
-    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0], &[2], DType::F64).unwrap();
     let h = x.exp().unwrap();
     let y = custom_square(&g, h, Arc::new(WrongDtype)).unwrap();
     let e = y.sum().unwrap().backward().unwrap_err();
@@ -461,7 +461,7 @@ fn in_place_gradients_never_overwrite_shared_ones() {
     let g = Graph::new();
 
     // A seed passed by the caller is left as it was.
-    let x = g.var(&xs, &[3], DType::F64).unwrap();
+    let x = g.leaf(&xs, &[3], DType::F64).unwrap();
     let seed = g.from_f64(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
     x.tanh()
         .unwrap()
@@ -481,7 +481,7 @@ fn in_place_gradients_never_overwrite_shared_ones() {
     assert!(close(&v(x.grad().unwrap().unwrap()), &want));
 
     // One gradient reaching two branches (add passes it through to both).
-    let x = g.var(&xs, &[3], DType::F64).unwrap();
+    let x = g.leaf(&xs, &[3], DType::F64).unwrap();
     let a = x.scale(2.0).unwrap();
     let l = a.tanh().unwrap().add(a.sin().unwrap()).unwrap();
     l.sum().unwrap().backward().unwrap();
@@ -493,7 +493,7 @@ fn in_place_gradients_never_overwrite_shared_ones() {
 
     // A retained intermediate gradient keeps its value while backward goes on below it, and a
     // reshape's gradient (a view of the incoming one) is not written through.
-    let x = g.var(&xs, &[3], DType::F64).unwrap();
+    let x = g.leaf(&xs, &[3], DType::F64).unwrap();
     let h = x.exp().unwrap();
     h.retain_grad().unwrap();
     let r = h.reshape(&[3, 1]).unwrap().sigmoid().unwrap();
@@ -508,7 +508,7 @@ fn in_place_gradients_never_overwrite_shared_ones() {
     assert!(close(&v(x.grad().unwrap().unwrap()), &gx));
 
     // `grad` hands back a captured gradient that later steps must not change.
-    let x = g.var(&xs, &[3], DType::F64).unwrap();
+    let x = g.leaf(&xs, &[3], DType::F64).unwrap();
     let m = x.scale(3.0).unwrap();
     let out = m.tanh().unwrap().sum().unwrap();
     let got = grad(out, &[m, x], BackwardOptions::default()).unwrap();
@@ -589,7 +589,7 @@ fn a_checkpoint_whose_second_run_panics_leaves_the_generator_where_it_was() {
     });
     let g = Graph::new();
     g.seed(7);
-    let x = g.var(&[0.5; 16], &[16], DType::F64).unwrap();
+    let x = g.leaf(&[0.5; 16], &[16], DType::F64).unwrap();
     let y = g.checkpoint(block, &[x]).unwrap();
     let loss = y.sum().unwrap();
     let first = g.rand(&[8], DType::F64).unwrap().to_vec_f64().unwrap();
@@ -600,7 +600,7 @@ fn a_checkpoint_whose_second_run_panics_leaves_the_generator_where_it_was() {
     // Where an unbroken generator would be: the same seed, the same draws, then `next`.
     let h = Graph::new();
     h.seed(7);
-    let hx = h.var(&[0.5; 16], &[16], DType::F64).unwrap();
+    let hx = h.leaf(&[0.5; 16], &[16], DType::F64).unwrap();
     let _ = hx.dropout(0.5, true).unwrap().tanh().unwrap();
     assert_eq!(
         h.rand(&[8], DType::F64).unwrap().to_vec_f64().unwrap(),
@@ -619,7 +619,7 @@ fn a_checkpoint_whose_second_run_panics_leaves_the_generator_where_it_was() {
 fn errors_name_the_op_the_user_called() {
     // Ops built of others reported the inner op's name (`max`, `where`, `concat`).
     let g = Graph::new();
-    let x = g.var(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64).unwrap();
     let e = g.zeros(&[2, 0], DType::F64).unwrap();
     let m32 = g.from_f64(&[1.0, 0.0], &[2], DType::F32).unwrap();
     let x32 = g

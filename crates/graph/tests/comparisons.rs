@@ -25,8 +25,8 @@ fn comparisons_follow_ieee_with_nan_comparing_false() {
         ("ge", |a, b| a.ge(b), [1., 0., 0., 0., 1., 1.]),
     ];
     for dtype in [DType::F32, DType::F64] {
-        let x = g.var(&a, &[6], dtype).unwrap();
-        let y = g.var(&b, &[6], dtype).unwrap();
+        let x = g.leaf(&a, &[6], dtype).unwrap();
+        let y = g.leaf(&b, &[6], dtype).unwrap();
         for (name, f, want) in &cases {
             let m = f(x, y).unwrap();
             assert_eq!(m.to_vec_f64().unwrap(), want, "{name} {dtype:?}");
@@ -55,7 +55,7 @@ fn comparisons_broadcast_and_refuse_mismatched_shapes() {
 #[test]
 fn a_mask_stops_the_gradient_and_the_other_factor_carries_it() {
     let g = Graph::new();
-    let x = g.var(&[1.0, -2.0, 3.0], &[3], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, -2.0, 3.0], &[3], DType::F64).unwrap();
     let zero = g.scalar(0.0, DType::F64).unwrap();
     // relu by hand: x · (x > 0); d/dx = (x > 0), nothing through the mask.
     x.mul(x.gt(zero).unwrap())
@@ -74,7 +74,7 @@ fn a_mask_stops_the_gradient_and_the_other_factor_carries_it() {
 fn masked_fill_values_and_gradient() {
     let g = Graph::new();
     let x = g
-        .var(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], DType::F64)
+        .leaf(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], DType::F64)
         .unwrap();
     // A [3] mask broadcast over the rows.
     let mask = g.from_f64(&[0.0, 1.0, 0.0], &[3], DType::F64).unwrap();
@@ -102,7 +102,7 @@ fn masked_fill_values_and_gradient() {
 #[test]
 fn masked_fill_with_minus_infinity_under_softmax_is_a_causal_mask() {
     let g = Graph::new();
-    let s = g.var(&[0.5, 1.0, -1.0, 2.0], &[2, 2], DType::F64).unwrap();
+    let s = g.leaf(&[0.5, 1.0, -1.0, 2.0], &[2, 2], DType::F64).unwrap();
     // Row 0 may not see column 1.
     let future = g
         .from_f64(&[0.0, 1.0, 0.0, 0.0], &[2, 2], DType::F64)
@@ -135,7 +135,7 @@ fn masked_fill_with_minus_infinity_under_softmax_is_a_causal_mask() {
 #[test]
 fn masked_fill_refuses_a_mask_that_would_grow_the_tensor() {
     let g = Graph::new();
-    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0], &[2], DType::F64).unwrap();
     let wide = g.from_f64(&[0.0; 6], &[3, 2], DType::F64).unwrap();
     match x.masked_fill(wide, 0.0) {
         Err(GraphError::ShapeMismatch { op, lhs, rhs }) => {
@@ -155,7 +155,7 @@ fn tril_and_triu_zero_exactly_and_mask_the_gradient() {
         5.0, 6.0, n,   8.0,
         9.0, 10., 11., f64::INFINITY,
     ];
-    let x = g.var(&m, &[3, 4], DType::F64).unwrap();
+    let x = g.leaf(&m, &[3, 4], DType::F64).unwrap();
     // torch.tril / torch.triu of the same matrix.
     #[rustfmt::skip]
     let cases: [(&str, isize, [f64; 12]); 4] = [
@@ -240,7 +240,7 @@ fn one_hot_rows_and_an_out_of_range_label() {
 fn clamp_follows_pytorch_at_the_bounds_and_at_nan() {
     let g = Graph::new();
     let x = g
-        .var(&[-2.0, -1.0, 0.0, 1.0, 2.0, NAN], &[6], DType::F64)
+        .leaf(&[-2.0, -1.0, 0.0, 1.0, 2.0, NAN], &[6], DType::F64)
         .unwrap();
     // torch.clamp(x, -1, 1) and its gradient: the bounds pass it, NaN does not.
     let y = x.clamp(Some(-1.0), Some(1.0)).unwrap();
@@ -258,7 +258,7 @@ fn clamp_follows_pytorch_at_the_bounds_and_at_nan() {
     assert_eq!(&hi[..5], &[-2.0, -1.0, 0.0, 0.0, 0.0]);
     // min > max: everything is max, and no gradient passes.
     let g2 = Graph::new();
-    let z = g2.var(&[-3.0, 0.0, 3.0], &[3], DType::F32).unwrap();
+    let z = g2.leaf(&[-3.0, 0.0, 3.0], &[3], DType::F32).unwrap();
     let w = z.clamp(Some(2.0), Some(1.0)).unwrap();
     assert_eq!(w.to_vec_f64().unwrap(), [1.0, 1.0, 1.0]);
     w.sum().unwrap().backward().unwrap();
@@ -287,7 +287,7 @@ fn clamp_follows_pytorch_at_the_bounds_and_at_nan() {
 fn logsumexp_is_stable_and_its_gradient_is_the_softmax() {
     let g = Graph::new();
     let x = g
-        .var(&[1000.0, 1000.0, -1.0, 2.0], &[2, 2], DType::F64)
+        .leaf(&[1000.0, 1000.0, -1.0, 2.0], &[2, 2], DType::F64)
         .unwrap();
     let y = x.logsumexp(&[1], false).unwrap();
     assert_eq!(y.shape().as_slice(), &[2]);
@@ -336,8 +336,8 @@ fn logsumexp_is_stable_and_its_gradient_is_the_softmax() {
 #[test]
 fn stack_split_chunk_and_unbind_follow_pytorch() {
     let g = Graph::new();
-    let a = g.var(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
-    let b = g.var(&[4.0, 5.0, 6.0], &[3], DType::F64).unwrap();
+    let a = g.leaf(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
+    let b = g.leaf(&[4.0, 5.0, 6.0], &[3], DType::F64).unwrap();
     let s0 = g.stack(&[a, b], 0).unwrap();
     assert_eq!(s0.shape().as_slice(), &[2, 3]);
     assert_eq!(s0.to_vec_f64().unwrap(), [1., 2., 3., 4., 5., 6.]);
@@ -400,7 +400,7 @@ fn stack_split_chunk_and_unbind_follow_pytorch() {
     assert_eq!(rows[1].shape().as_slice(), &[5]);
     assert_eq!(rows[1].to_vec_f64().unwrap(), [5., 6., 7., 8., 9.]);
     // Gradients of split pieces land in their places.
-    let y = g.var(&[1.0, 2.0, 3.0, 4.0], &[4], DType::F64).unwrap();
+    let y = g.leaf(&[1.0, 2.0, 3.0, 4.0], &[4], DType::F64).unwrap();
     let p = y.split(&[3, 1], 0).unwrap();
     p[0].scale(2.0)
         .unwrap()

@@ -249,7 +249,7 @@ fn dropout_backward_replays_the_forwards_mask_to_second_order(dev) {
     let g = Graph::on(dev).unwrap();
     g.seed(11);
     let v: Vec<f64> = (0..5000).map(|k| (k as f64 * 0.37).sin()).collect();
-    let x = g.var(&v, &[50, 100], DType::F64).unwrap();
+    let x = g.leaf(&v, &[50, 100], DType::F64).unwrap();
     let y = x.dropout(0.4, true).unwrap();
     let w = g.from_f64(&v, &[50, 100], DType::F64).unwrap();
     let l = y.mul(y).unwrap().mul(w).unwrap().sum().unwrap();

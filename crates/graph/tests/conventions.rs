@@ -31,7 +31,7 @@ type Row = [f64; 10];
 fn unary_both(f: Un, xs: &[f64]) -> [(Vec<f64>, Vec<f64>); 2] {
     let run = |create: bool| {
         let g = Graph::new();
-        let x = g.var(xs, &[xs.len()], DType::F64).unwrap();
+        let x = g.leaf(xs, &[xs.len()], DType::F64).unwrap();
         let y = f(x).unwrap();
         let vals = y.to_vec::<f64>().unwrap();
         let l = y.sum().unwrap();
@@ -137,8 +137,8 @@ fn silu_softplus_erf_match_pytorch() {
 fn binary_both(f: Bin, a: &[f64], b: &[f64]) -> [(Vec<f64>, Vec<f64>, Vec<f64>); 2] {
     let run = |create: bool| {
         let g = Graph::new();
-        let x = g.var(a, &[a.len()], DType::F64).unwrap();
-        let y = g.var(b, &[b.len()], DType::F64).unwrap();
+        let x = g.leaf(a, &[a.len()], DType::F64).unwrap();
+        let y = g.leaf(b, &[b.len()], DType::F64).unwrap();
         let out = f(x, y).unwrap();
         let vals = out.to_vec::<f64>().unwrap();
         let l = out.sum().unwrap();
@@ -219,7 +219,7 @@ fn max_splits_its_gradient_among_ties_and_nans() {
     // Along an axis, row by row.
     let g = Graph::new();
     let x = g
-        .var(&[NAN, NAN, 1.0, 1.0, 3.0, NAN], &[3, 2], DType::F64)
+        .leaf(&[NAN, NAN, 1.0, 1.0, 3.0, NAN], &[3, 2], DType::F64)
         .unwrap();
     let y = x.max_axes(&[1], false).unwrap();
     assert_all_same("max_axes", &y.to_vec::<f64>().unwrap(), &[NAN, 1.0, NAN]);
@@ -234,7 +234,7 @@ fn log_softmax_keeps_its_precision_for_large_logits() {
     for v in [1e3f32, 1e4, 1e6, 1e7, 3e7] {
         let g = Graph::new();
         let x = g
-            .var(&[f64::from(v), f64::from(v)], &[1, 2], DType::F32)
+            .leaf(&[f64::from(v), f64::from(v)], &[1, 2], DType::F32)
             .unwrap();
         let y = x.log_softmax(-1).unwrap();
         let got = y.to_vec::<f32>().unwrap();
@@ -262,7 +262,7 @@ fn retain_grad_needs_a_tensor_that_requires_grad() {
             ..
         })
     ));
-    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0], &[2], DType::F64).unwrap();
     let h = x.mul(x).unwrap();
     h.retain_grad().unwrap();
     h.sum().unwrap().backward().unwrap();
@@ -296,7 +296,7 @@ fn repeated_reduction_axes_are_refused() {
 fn shaped_both(f: Un, xs: &[f64], shape: &[usize]) -> [(Vec<usize>, Vec<f64>, Vec<f64>); 2] {
     let run = |create: bool| {
         let g = Graph::new();
-        let x = g.var(xs, shape, DType::F64).unwrap();
+        let x = g.leaf(xs, shape, DType::F64).unwrap();
         let y = f(x).unwrap();
         let l = y.sum().unwrap();
         let gr = if create {
@@ -372,7 +372,7 @@ fn cumsum_of_a_0d_tensor_is_its_value() {
 fn clamp_with_neither_bound_is_an_error() {
     // torch.clamp(x): "At least one of 'min' or 'max' must not be None".
     let g = Graph::new();
-    let x = g.var(&[1.0, -2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, -2.0], &[2], DType::F64).unwrap();
     assert!(matches!(
         x.clamp(None, None),
         Err(GraphError::BadArgument { op: "clamp", .. })
@@ -390,11 +390,11 @@ fn recurrences_over_no_steps_and_rows_of_no_length() {
     let h = 2;
     for t in [0usize, 2] {
         let gi = g
-            .var(&vec![0.3; t * 2 * 4 * h], &[t, 2, 4 * h], DType::F64)
+            .leaf(&vec![0.3; t * 2 * 4 * h], &[t, 2, 4 * h], DType::F64)
             .unwrap();
-        let w = g.var(&[0.1; 4 * 2 * 2], &[4 * h, h], DType::F64).unwrap();
-        let h0 = g.var(&[1.0, 2.0, 3.0, 4.0], &[2, h], DType::F64).unwrap();
-        let c0 = g.var(&[5.0, 6.0, 7.0, 8.0], &[2, h], DType::F64).unwrap();
+        let w = g.leaf(&[0.1; 4 * 2 * 2], &[4 * h, h], DType::F64).unwrap();
+        let h0 = g.leaf(&[1.0, 2.0, 3.0, 4.0], &[2, h], DType::F64).unwrap();
+        let c0 = g.leaf(&[5.0, 6.0, 7.0, 8.0], &[2, h], DType::F64).unwrap();
         let lengths = [t, 0];
         let opts = arenagrad_graph::LstmSequenceOptions {
             lengths: Some(&lengths),
@@ -421,7 +421,7 @@ fn recurrences_over_no_steps_and_rows_of_no_length() {
     }
     // The composed recurrence: no steps, final state the initial one.
     let x = g.from_f64(&[], &[0, 3], DType::F64).unwrap();
-    let s0 = g.var(&[1.0, 2.0], &[2, 1], DType::F64).unwrap();
+    let s0 = g.leaf(&[1.0, 2.0], &[2, 1], DType::F64).unwrap();
     let (out, last) = g
         .recurrence(x, vec![s0], 0, &[0, 0], false, |x, s| {
             Ok::<_, GraphError>(vec![s[0].add(x.sum_axes(&[1], true)?)?])
@@ -437,10 +437,10 @@ fn attention_with_heads_of_no_width_averages_the_values() {
     // scale is 1 at width 0 (the scores of empty dot products are 0): every key weighs the
     // same, and each query gets the values' mean, with finite gradients.
     let g = Graph::new();
-    let q = g.var(&[], &[1, 2, 0], DType::F64).unwrap();
-    let k = g.var(&[], &[1, 3, 0], DType::F64).unwrap();
+    let q = g.leaf(&[], &[1, 2, 0], DType::F64).unwrap();
+    let k = g.leaf(&[], &[1, 3, 0], DType::F64).unwrap();
     let v = g
-        .var(&[1.0, 10.0, 2.0, 20.0, 6.0, 60.0], &[1, 3, 2], DType::F64)
+        .leaf(&[1.0, 10.0, 2.0, 20.0, 6.0, 60.0], &[1, 3, 2], DType::F64)
         .unwrap();
     let o = q
         .scaled_dot_product_attention(k, v, Default::default())

@@ -200,7 +200,7 @@ parity_tests! {
     log_softmax: &[&[3, 5]], false, |g, x| x[0].log_softmax(0);
     select: &[&[3, 4], &[4]], false, |g, x| {
         let c = x[0].shift(-0.5)?.detach()?;
-        g.select(c.relu()?, x[0], x[1])
+        g.where_cond(c.relu()?, x[0], x[1])
     };
     conv2d: &[&[2, 3, 6, 5], &[4, 3, 3, 3]], false, |g, x| x[0].conv2d(x[1], (1, 2), (1, 0), (1, 1), 1);
     conv2d_groups_dilation: &[&[1, 4, 7, 7], &[4, 2, 2, 2]], false, |g, x| x[0].conv2d(x[1], (1, 1), (0, 1), (2, 1), 2);
@@ -220,7 +220,7 @@ fn second_derivative_on_device() {
     };
     let grad2 = |dev: Device| {
         let g = Graph::on(dev).unwrap();
-        let x = g.var(&[0.3, -0.7, 1.1], &[3], DType::F64).unwrap();
+        let x = g.leaf(&[0.3, -0.7, 1.1], &[3], DType::F64).unwrap();
         let y = x.tanh().unwrap().mul(x).unwrap().sum().unwrap();
         let opts = arenagrad_graph::BackwardOptions {
             create_graph: true,
@@ -351,7 +351,7 @@ fn a_gradient_on_another_device_is_a_typed_error() {
         }
     }
     let g = Graph::on(dev).unwrap();
-    let x = g.var(&[0.5, 1.5], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[0.5, 1.5], &[2], DType::F64).unwrap();
     let h = x.exp().unwrap();
     let v = {
         let _ng = g.no_grad();

@@ -131,10 +131,10 @@ fn calls() -> Vec<(&'static str, Call)> {
         ("concat", |g, _, f, _| g.concat(&[f, f], 0).map(drop)),
         ("stack", |g, x, f, _| g.stack(&[x, f], 0).map(drop)),
         ("stack", |g, _, f, _| g.stack(&[f, f], 0).map(drop)),
-        ("select", |g, x, f, _| g.select(f, x, x).map(drop)),
-        ("select", |g, x, f, _| g.select(x, f, x).map(drop)),
-        ("select", |g, x, f, _| g.select(x, x, f).map(drop)),
-        ("select", |g, _, f, _| g.select(f, f, f).map(drop)),
+        ("where_cond", |g, x, f, _| g.where_cond(f, x, x).map(drop)),
+        ("where_cond", |g, x, f, _| g.where_cond(x, f, x).map(drop)),
+        ("where_cond", |g, x, f, _| g.where_cond(x, x, f).map(drop)),
+        ("where_cond", |g, _, f, _| g.where_cond(f, f, f).map(drop)),
         ("custom", |g, x, f, _| {
             g.custom(Arc::new(Foreign), &[f], x).map(drop)
         }),
@@ -197,12 +197,12 @@ fn every_method_refuses_a_tensor_of_another_graph() {
         let g = Graph::new();
         let other = Graph::new();
         let x = g
-            .var(&[1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2], DType::F64)
+            .leaf(&[1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2], DType::F64)
             .unwrap();
         let f = other
-            .var(&[5.0, 6.0, 7.0, 8.0], &[1, 1, 2, 2], DType::F64)
+            .leaf(&[5.0, 6.0, 7.0, 8.0], &[1, 1, 2, 2], DType::F64)
             .unwrap();
-        let fb = other.var(&[9.0], &[1], DType::F64).unwrap();
+        let fb = other.leaf(&[9.0], &[1], DType::F64).unwrap();
         let before = (fingerprint(&g, x, false), fingerprint(&other, f, true));
         match call(&g, x, f, fb) {
             Err(GraphError::GraphMismatch { .. }) => {}
@@ -219,7 +219,7 @@ fn every_method_refuses_a_tensor_of_another_graph() {
 #[test]
 fn a_custom_rule_returning_a_tensor_of_another_graph_is_refused() {
     let g = Graph::new();
-    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0], &[2], DType::F64).unwrap();
     let value = {
         let _ng = g.no_grad();
         x.scale(2.0).unwrap()

@@ -9,7 +9,7 @@ use arenagrad_graph::{DType, Graph, GraphError, HostTensor, Parameter};
 #[test]
 fn a_hook_sees_the_summed_gradient_and_replaces_it() {
     let g = Graph::new();
-    let x = g.var(&[1.0, -2.0, 3.0], &[3], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, -2.0, 3.0], &[3], DType::F64).unwrap();
     let y = x.tanh().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
@@ -73,7 +73,7 @@ fn hooks_refuse_what_cannot_be_a_gradient() {
             ..
         })
     ));
-    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0], &[2], DType::F64).unwrap();
     let y = x.exp().unwrap();
     y.register_hook(|gy| Ok(Some(gy.sum()?))).unwrap(); // a scalar for a [2] gradient
     let e = y.sum().unwrap().backward().unwrap_err();
@@ -117,7 +117,7 @@ fn a_param_hook_hears_each_parameter_once_with_its_final_gradient_last_layer_fir
     let b = param("b", &[0.1], &[1]);
     let mut g = Graph::new();
     let seen = listen(&g);
-    let x = g.var(&[1.0, 2.0, -1.0, 0.5], &[2, 2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0, -1.0, 0.5], &[2, 2], DType::F64).unwrap();
     let h = x.matmul(g.param(&w1).unwrap()).unwrap().tanh().unwrap();
     let h = h.add(x.matmul(g.param(&w1).unwrap()).unwrap()).unwrap();
     let y = h.matmul(g.param(&w2).unwrap()).unwrap();
@@ -132,7 +132,7 @@ fn a_param_hook_hears_each_parameter_once_with_its_final_gradient_last_layer_fir
     }
     // Every backward tells them again; the reset forgets the hook.
     g.reset();
-    let x = g.var(&[1.0, 2.0], &[1, 2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0], &[1, 2], DType::F64).unwrap();
     x.matmul(g.param(&w1).unwrap())
         .unwrap()
         .sum()
@@ -151,7 +151,7 @@ fn a_param_hook_hears_parameters_no_gradient_reached_and_not_grad() {
     let u = g.param(&unused).unwrap();
     let w = g.param(&used).unwrap();
     let _ = u.scale(2.0).unwrap(); // recorded, but not on the way to the loss
-    let x = g.var(&[4.0], &[1], DType::F64).unwrap();
+    let x = g.leaf(&[4.0], &[1], DType::F64).unwrap();
     let l = x.mul(w).unwrap().sum().unwrap();
     // grad() hands gradients back and adds into no parameter: no hook call.
     let l2 = x.mul(w).unwrap().sum().unwrap();
@@ -212,7 +212,7 @@ fn a_param_hook_hears_parameters_used_only_inside_checkpointed_blocks() {
         Arc::new(move |g, x| x[0].mul(g.param(&ps)?)?.sin());
     let g = Graph::new();
     let seen = listen(&g);
-    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0], &[2], DType::F64).unwrap();
     let h = g.checkpoint(block1, &[x]).unwrap();
     let y = g.checkpoint(block2, &[h]).unwrap();
     let l = y.mul(g.param(&c).unwrap()).unwrap().sum().unwrap();
@@ -234,7 +234,7 @@ fn a_param_hook_hears_parameters_used_only_inside_checkpointed_blocks() {
             p.zero_grad();
         }
         let g = Graph::new();
-        let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+        let x = g.leaf(&[1.0, 2.0], &[2], DType::F64).unwrap();
         let h = x
             .mul(g.param(&a).unwrap())
             .unwrap()
@@ -266,7 +266,7 @@ fn a_leaf_set_to_require_grad_during_backward_joins_the_next_pass_not_this_one()
     // panicked indexing them; also when the flag was set inside a scope in the hook.
     for in_scope in [false, true] {
         let g = Graph::new();
-        let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+        let x = g.leaf(&[1.0, 2.0], &[2], DType::F64).unwrap();
         let c = g.from_f64(&[3.0, 4.0], &[2], DType::F64).unwrap();
         let y = x.mul(c).unwrap();
         let cid = c.id();
@@ -299,7 +299,7 @@ fn a_param_hook_hears_parameters_of_nested_checkpoints_once_per_backward() {
         Arc::new(move |g, x| g.checkpoint(inner.clone(), &[x[0].sin()?])?.exp());
     let g = Graph::new();
     let seen = listen(&g);
-    let x = g.var(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0], &[2], DType::F64).unwrap();
     let l = g.checkpoint(outer, &[x]).unwrap().sum().unwrap();
     let opts = arenagrad_graph::BackwardOptions {
         retain_graph: true,

@@ -31,9 +31,9 @@ fn grad_of(t: Tensor<'_>) -> Vec<f64> {
 #[test]
 fn layer_norm_matches_pytorch_values_and_gradients() {
     let g = Graph::new();
-    let x = g.var(&X, &[2, 2, 3], DType::F64).unwrap();
-    let w = g.var(&W, &[3], DType::F64).unwrap();
-    let b = g.var(&B, &[3], DType::F64).unwrap();
+    let x = g.leaf(&X, &[2, 2, 3], DType::F64).unwrap();
+    let w = g.leaf(&W, &[3], DType::F64).unwrap();
+    let b = g.leaf(&B, &[3], DType::F64).unwrap();
     let c = g.from_f64(&C, &[2, 2, 3], DType::F64).unwrap();
     let y = x.layer_norm(1, Some(w), Some(b), 1e-5).unwrap();
     #[rustfmt::skip]
@@ -60,7 +60,7 @@ fn layer_norm_matches_pytorch_values_and_gradients() {
 #[test]
 fn layer_norm_over_two_axes_without_affine_matches_pytorch() {
     let g = Graph::new();
-    let x = g.var(&X, &[2, 2, 3], DType::F64).unwrap();
+    let x = g.leaf(&X, &[2, 2, 3], DType::F64).unwrap();
     let c = g.from_f64(&C, &[2, 2, 3], DType::F64).unwrap();
     let y = x.layer_norm(2, None, None, 1e-5).unwrap();
     #[rustfmt::skip]
@@ -81,8 +81,8 @@ fn layer_norm_over_two_axes_without_affine_matches_pytorch() {
 #[test]
 fn rms_norm_matches_pytorch_values_and_gradients() {
     let g = Graph::new();
-    let x = g.var(&X, &[2, 2, 3], DType::F64).unwrap();
-    let w = g.var(&W, &[3], DType::F64).unwrap();
+    let x = g.leaf(&X, &[2, 2, 3], DType::F64).unwrap();
+    let w = g.leaf(&W, &[3], DType::F64).unwrap();
     let c = g.from_f64(&C, &[2, 2, 3], DType::F64).unwrap();
     let y = x.rms_norm(1, Some(w), 1e-6).unwrap();
     #[rustfmt::skip]
@@ -110,8 +110,8 @@ fn f32_agrees_with_f64_to_single_precision() {
     let g = Graph::new();
     for rms in [false, true] {
         let run = |dtype| {
-            let x = g.var(&X, &[4, 3], dtype).unwrap();
-            let w = g.var(&W, &[3], dtype).unwrap();
+            let x = g.leaf(&X, &[4, 3], dtype).unwrap();
+            let w = g.leaf(&W, &[3], dtype).unwrap();
             let y = if rms {
                 x.rms_norm(1, Some(w), 1e-5).unwrap()
             } else {
@@ -159,7 +159,7 @@ fn gradients_pass_finite_differences_and_second_order() {
 #[test]
 fn bad_arguments_are_errors_naming_the_op() {
     let g = Graph::new();
-    let x = g.var(&X, &[4, 3], DType::F64).unwrap();
+    let x = g.leaf(&X, &[4, 3], DType::F64).unwrap();
     let w4 = g.from_f64(&[1.0; 4], &[4], DType::F64).unwrap();
     let w32 = g.from_f64(&W, &[3], DType::F32).unwrap();
     assert!(matches!(
@@ -190,9 +190,9 @@ fn bad_arguments_are_errors_naming_the_op() {
 #[test]
 fn an_empty_normalised_axis_gives_empty_gradients() {
     let g = Graph::new();
-    let x = g.var(&[], &[3, 0], DType::F64).unwrap();
-    let w = g.var(&[], &[0], DType::F64).unwrap();
-    let b = g.var(&[], &[0], DType::F64).unwrap();
+    let x = g.leaf(&[], &[3, 0], DType::F64).unwrap();
+    let w = g.leaf(&[], &[0], DType::F64).unwrap();
+    let b = g.leaf(&[], &[0], DType::F64).unwrap();
     for rms in [false, true] {
         let y = if rms {
             x.rms_norm(1, Some(w), 1e-5).unwrap()

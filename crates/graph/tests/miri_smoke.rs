@@ -9,12 +9,12 @@ fn every_family_forward_and_backward_on_tiny_tensors() {
     let mut g = Graph::with_threads(1);
     for dtype in [DType::F32, DType::F64] {
         let x = g
-            .var(&[0.5, -1.0, 2.0, 0.25, -0.75, 1.5], &[2, 3], dtype)
+            .leaf(&[0.5, -1.0, 2.0, 0.25, -0.75, 1.5], &[2, 3], dtype)
             .unwrap();
         let w = g
-            .var(&[0.1, 0.2, -0.3, 0.4, 0.5, -0.6], &[3, 2], dtype)
+            .leaf(&[0.1, 0.2, -0.3, 0.4, 0.5, -0.6], &[3, 2], dtype)
             .unwrap();
-        let b = g.var(&[0.05, -0.05], &[2], dtype).unwrap();
+        let b = g.leaf(&[0.05, -0.05], &[2], dtype).unwrap();
         let h = x.matmul(w).unwrap().add(b).unwrap().tanh().unwrap(); // [2, 2]
         let v = h.reshape(&[4]).unwrap().reshape(&[1, 4]).unwrap(); // views share the buffer
         let s = v.softmax(1).unwrap().log().unwrap();
@@ -41,7 +41,7 @@ fn every_family_forward_and_backward_on_tiny_tensors() {
             .unwrap();
         let img = x.reshape(&[1, 1, 2, 3]).unwrap();
         let k = g
-            .var(&[1.0, -1.0, 0.5, 0.25], &[1, 1, 2, 2], dtype)
+            .leaf(&[1.0, -1.0, 0.5, 0.25], &[1, 1, 2, 2], dtype)
             .unwrap();
         let conv = img.conv2d(k, (1, 1), (1, 1), (1, 1), 1).unwrap();
         let pooled = conv
@@ -91,7 +91,7 @@ fn backward_recycles_and_reuses_gradient_buffers() {
     for _ in 0..3 {
         // Elementwise steps write their gradient over the incoming one: backward allocates only
         // the seed and the sum's broadcast gradient, however long the chain.
-        let x = g.var(&[0.1; 8], &[8], DType::F32).unwrap();
+        let x = g.leaf(&[0.1; 8], &[8], DType::F32).unwrap();
         let mut h = x;
         for _ in 0..20 {
             h = h.tanh().unwrap().scale(1.5).unwrap();
@@ -107,7 +107,7 @@ fn backward_recycles_and_reuses_gradient_buffers() {
         assert_eq!(x.grad().unwrap().unwrap().to_vec::<f32>().unwrap().len(), 8);
 
         // Products need a new gradient per step; the dead ones are recycled.
-        let y = g.var(&[0.2; 8], &[8], DType::F32).unwrap();
+        let y = g.leaf(&[0.2; 8], &[8], DType::F32).unwrap();
         let mut h = y;
         for _ in 0..20 {
             h = h.mul(y).unwrap().tanh().unwrap();

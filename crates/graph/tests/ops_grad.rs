@@ -438,7 +438,7 @@ fn where_values_and_grads(dev) {
     let c = g.from_f64(&[1.0, 0.0, 1.0], &[3], DType::F64).unwrap();
     let a = g.from_f64(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
     let b = g.from_f64(&[-1.0], &[1], DType::F64).unwrap();
-    close(&values(&g, g.select(c, a, b).unwrap()), &[1.0, -1.0, 3.0]);
+    close(&values(&g, g.where_cond(c, a, b).unwrap()), &[1.0, -1.0, 3.0]);
     check(
         dev,
         "where",
@@ -446,7 +446,7 @@ fn where_values_and_grads(dev) {
             let _ng = g.no_grad();
             let mask = x[0].relu()?; // nonzero where x0 > 0; no gradient to the condition
             drop(_ng);
-            g.select(mask, x[1], x[2])
+            g.where_cond(mask, x[1], x[2])
         }),
         &[ht(&[2, 3], 1), ht(&[2, 3], 2), ht(&[3], 3)],
     );
@@ -513,7 +513,7 @@ device_test! {
 fn hand_derived_second_derivative_of_cube(dev) {
     // d²/dx² x³ = 6x.
     let g = Graph::on(dev).unwrap();
-    let x = g.var(&[0.5, -2.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[0.5, -2.0], &[2], DType::F64).unwrap();
     let y = x.mul(x).unwrap().mul(x).unwrap().sum().unwrap();
     let gx = arenagrad_graph::grad(
         y,

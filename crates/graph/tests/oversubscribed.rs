@@ -25,7 +25,7 @@ fn step(threads: usize) -> Vec<Vec<u32>> {
     let var = |shape: &[usize], seed: u64, scale: f64| {
         let n = shape.iter().product();
         let v: Vec<f64> = values(n, seed, false).iter().map(|x| x * scale).collect();
-        g.var(&v, shape, DType::F32).unwrap()
+        g.leaf(&v, shape, DType::F32).unwrap()
     };
     // The recurrence: an input projection, then the fused LSTM over the sequence.
     let xs = var(&[t, b, i], 1, 1.0);

@@ -34,7 +34,7 @@ fn max_and_min_along_an_axis_give_pytorchs_values_and_indices() {
         -1.0, -4.0, -4.0, 2.0,
     ];
     for dtype in [DType::F32, DType::F64] {
-        let x = g.var(&v, &[3, 4], dtype).unwrap();
+        let x = g.leaf(&v, &[3, 4], dtype).unwrap();
         let (m, i) = x.max_dim(1, false).unwrap();
         assert_eq!(m.shape().as_slice(), &[3]);
         same(&m.to_vec_f64().unwrap(), &[3.0, NAN, 2.0]);
@@ -58,7 +58,7 @@ fn max_and_min_along_an_axis_give_pytorchs_values_and_indices() {
 fn max_dim_sends_the_gradient_to_its_index_and_min_splits_ties() {
     let g = Graph::new();
     let y = g
-        .var(
+        .leaf(
             &[1.0, 3.0, 3.0, -2.0, 0.0, -4.0, -4.0, 2.0],
             &[2, 4],
             DType::F64,
@@ -119,12 +119,12 @@ fn norms_match_pytorch_with_zero_rows_and_ties() {
         ]),
     ];
     for (p, norm, grad) in cases {
-        let z = g.var(&v, &[3, 3], DType::F64).unwrap();
+        let z = g.leaf(&v, &[3, 3], DType::F64).unwrap();
         let n = z.norm(p, &[1], false).unwrap();
         same(&n.to_vec_f64().unwrap(), &norm);
         same(&grad_of(n.mul(w).unwrap().sum().unwrap(), z), &grad);
     }
-    let z = g.var(&v, &[3, 3], DType::F64).unwrap();
+    let z = g.leaf(&v, &[3, 3], DType::F64).unwrap();
     let n = z.norm(2.0, &[], false).unwrap();
     assert_eq!(n.shape().len(), 0);
     same(&[n.item().unwrap()], &[5.830_951_894_845_301]);
@@ -147,7 +147,7 @@ fn norms_below_one_give_a_zero_gradient_at_a_zero_entry() {
     for dtype in [DType::F64, DType::F32] {
         for create in [false, true] {
             let g = Graph::new();
-            let x = g.var(&v, &[2, 3], dtype).unwrap();
+            let x = g.leaf(&v, &[2, 3], dtype).unwrap();
             let n = x.norm(0.5, &[1], false).unwrap();
             same(&n.to_vec_f64().unwrap(), &[9.0, 0.0]);
             let gx = if create {
@@ -167,7 +167,7 @@ fn norms_below_one_give_a_zero_gradient_at_a_zero_entry() {
     }
     // The second derivative exists off zero and stays finite at a zero entry.
     let g = Graph::new();
-    let x = g.var(&v[..3], &[3], DType::F64).unwrap();
+    let x = g.leaf(&v[..3], &[3], DType::F64).unwrap();
     let opts = arenagrad_graph::BackwardOptions {
         create_graph: true,
         ..Default::default()
@@ -204,7 +204,7 @@ fn cumsum_matches_pytorch_and_its_gradient_runs_from_the_end() {
     let g = Graph::new();
     for dtype in [DType::F32, DType::F64] {
         let c = g
-            .var(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], dtype)
+            .leaf(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], dtype)
             .unwrap();
         same(
             &c.cumsum(1).unwrap().to_vec_f64().unwrap(),
@@ -239,7 +239,7 @@ fn cumsum_matches_pytorch_and_its_gradient_runs_from_the_end() {
 fn strided_slices_take_every_step_th_entry() {
     let g = Graph::new();
     let a = g
-        .var(
+        .leaf(
             &(0..10).map(f64::from).collect::<Vec<_>>(),
             &[10],
             DType::F64,

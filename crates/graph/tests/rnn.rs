@@ -60,8 +60,8 @@ fn lstm_cell_matches_its_formula_in_values_and_gradients() {
         .from_f64(&values(2 * b * h, 3, false), &[2 * b, h], DType::F64)
         .unwrap();
     let run = |fused: bool| {
-        let z = g.var(&zv, &[b, 4 * h], DType::F64).unwrap();
-        let c = g.var(&cv, &[b, h], DType::F64).unwrap();
+        let z = g.leaf(&zv, &[b, 4 * h], DType::F64).unwrap();
+        let c = g.leaf(&cv, &[b, h], DType::F64).unwrap();
         let (h2, c2) = if fused {
             z.lstm_cell(c).unwrap()
         } else {
@@ -90,9 +90,9 @@ fn gru_cell_matches_its_formula_in_values_and_gradients() {
         .from_f64(&values(b * h, 7, false), &[b, h], DType::F64)
         .unwrap();
     let run = |fused: bool| {
-        let gi = g.var(&iv, &[b, 3 * h], DType::F64).unwrap();
-        let gh = g.var(&ghv, &[b, 3 * h], DType::F64).unwrap();
-        let hp = g.var(&hv, &[b, h], DType::F64).unwrap();
+        let gi = g.leaf(&iv, &[b, 3 * h], DType::F64).unwrap();
+        let gh = g.leaf(&ghv, &[b, 3 * h], DType::F64).unwrap();
+        let hp = g.leaf(&hv, &[b, h], DType::F64).unwrap();
         let y = if fused {
             gi.gru_cell(gh, hp).unwrap()
         } else {
@@ -188,9 +188,9 @@ fn lstm_sequence_threads_case(long: &[usize], h: usize) {
             .from_f64(&values((t + 2) * b * h, 30, false), &[t + 2, b, h], dtype)
             .unwrap();
         let x = [
-            g.var(&values(t * b * 4 * h, 31, false), &[t, b, 4 * h], dtype)
+            g.leaf(&values(t * b * 4 * h, 31, false), &[t, b, 4 * h], dtype)
                 .unwrap(),
-            g.var(
+            g.leaf(
                 &values(4 * h * h, 32, false)
                     .iter()
                     .map(|v| 0.2 * v)
@@ -199,8 +199,8 @@ fn lstm_sequence_threads_case(long: &[usize], h: usize) {
                 dtype,
             )
             .unwrap(),
-            g.var(&values(b * h, 33, false), &[b, h], dtype).unwrap(),
-            g.var(&values(b * h, 34, false), &[b, h], dtype).unwrap(),
+            g.leaf(&values(b * h, 33, false), &[b, h], dtype).unwrap(),
+            g.leaf(&values(b * h, 34, false), &[b, h], dtype).unwrap(),
         ];
         let opts = LstmSequenceOptions {
             lengths: Some(long),
@@ -264,10 +264,10 @@ fn each_row_alone(b: usize, h: usize, cases: &[Option<&[usize]>], threads: usize
     {
         {
             let g = Graph::with_threads(threads);
-            let gi = g.var(&giv, &[t, b, 4 * h], DType::F64).unwrap();
-            let w = g.var(&wv, &[4 * h, h], DType::F64).unwrap();
-            let h0 = g.var(&h0v, &[b, h], DType::F64).unwrap();
-            let c0 = g.var(&c0v, &[b, h], DType::F64).unwrap();
+            let gi = g.leaf(&giv, &[t, b, 4 * h], DType::F64).unwrap();
+            let w = g.leaf(&wv, &[4 * h, h], DType::F64).unwrap();
+            let h0 = g.leaf(&h0v, &[b, h], DType::F64).unwrap();
+            let c0 = g.leaf(&c0v, &[b, h], DType::F64).unwrap();
             let opts = LstmSequenceOptions {
                 lengths,
                 reverse,
@@ -356,10 +356,10 @@ fn lstm_sequence_in_f32_agrees_with_f64() {
     let run = |dtype| {
         let g = Graph::new();
         let gi = g
-            .var(&values(t * b * 4 * h, 21, false), &[t, b, 4 * h], dtype)
+            .leaf(&values(t * b * 4 * h, 21, false), &[t, b, 4 * h], dtype)
             .unwrap();
         let w = g
-            .var(&values(4 * h * h, 22, false), &[4 * h, h], dtype)
+            .leaf(&values(4 * h * h, 22, false), &[4 * h, h], dtype)
             .unwrap();
         let h0 = g.zeros(&[b, h], dtype).unwrap();
         let c0 = g.zeros(&[b, h], dtype).unwrap();
@@ -376,8 +376,8 @@ fn lstm_sequence_in_f32_agrees_with_f64() {
 #[test]
 fn bad_arguments_are_errors_naming_the_op() {
     let g = Graph::new();
-    let gi = g.var(&[0.0; 3 * 2 * 8], &[3, 2, 8], DType::F64).unwrap();
-    let w = g.var(&[0.0; 8 * 2], &[8, 2], DType::F64).unwrap();
+    let gi = g.leaf(&[0.0; 3 * 2 * 8], &[3, 2, 8], DType::F64).unwrap();
+    let w = g.leaf(&[0.0; 8 * 2], &[8, 2], DType::F64).unwrap();
     let h0 = g.zeros(&[2, 2], DType::F64).unwrap();
     let bad_w = g.zeros(&[8, 3], DType::F64).unwrap();
     assert!(matches!(

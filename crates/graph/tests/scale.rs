@@ -6,7 +6,7 @@ use arenagrad_graph::{DType, Graph};
 #[cfg_attr(miri, ignore)]
 fn million_op_chain_runs_forward_and_backward() {
     let g = Graph::with_threads(1);
-    let x = g.var(&[0.5], &[1], DType::F32).unwrap();
+    let x = g.leaf(&[0.5], &[1], DType::F32).unwrap();
     let mut h = x;
     for k in 0..1_000_000 {
         h = match k % 3 {

@@ -7,7 +7,7 @@ use arenagrad_graph::{DType, Graph, GraphError, HostTensor, Parameter, Tensor};
 #[test]
 fn a_scope_keeps_its_result_and_frees_the_rest() {
     let g = Graph::new();
-    let a = g.var(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
+    let a = g.leaf(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
     let mut inner: Option<Tensor<'_>> = None;
     let nodes_before = g.stats().nodes;
     let r = g
@@ -32,7 +32,7 @@ fn a_scope_keeps_its_result_and_frees_the_rest() {
 #[test]
 fn the_enclosing_graph_still_differentiates() {
     let g = Graph::new();
-    let x = g.var(&[0.5, -1.0], &[2], DType::F64).unwrap();
+    let x = g.leaf(&[0.5, -1.0], &[2], DType::F64).unwrap();
     let y = x.mul(x).unwrap().sum().unwrap();
     // A scope between the forward and the backward, reading x and y.
     let (v, n) = g
@@ -134,7 +134,7 @@ fn long_loop(warm: bool) -> Vec<(usize, usize, usize)> {
 #[test]
 fn slice_write_refuses_what_would_change_a_gradient() {
     let g = Graph::new();
-    let x = g.var(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
+    let x = g.leaf(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
     let c = g.from_f64(&[0.0; 3], &[3], DType::F64).unwrap();
     let one = g.from_f64(&[5.0], &[1], DType::F64).unwrap();
     assert!(matches!(

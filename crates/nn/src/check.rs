@@ -112,7 +112,7 @@ pub fn gradcheck_module<M: Module + ?Sized>(
     g.seed(opts.seed);
     let (w, gx) = {
         let r = (|| -> Result<(Vec<f64>, Vec<f64>)> {
-            let xt = g.var(&x.to_f64_vec(), x.shape(), DType::F64)?;
+            let xt = g.leaf(&x.to_f64_vec(), x.shape(), DType::F64)?;
             let y = module.forward(&g, xt)?;
             let mut rng = Rng::seed(opts.seed);
             let w: Vec<f64> = (0..y.numel()).map(|_| rng.normal()).collect();

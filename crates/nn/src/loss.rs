@@ -125,7 +125,7 @@ fn class_rows<'g>(
 /// use arenagrad_nn::{loss, DType, Graph};
 /// let g = Graph::new();
 /// // Two samples, four classes, all scores equal: each class has probability 1/4.
-/// let logits = g.var(&[0.0; 8], &[2, 4], DType::F64)?;
+/// let logits = g.leaf(&[0.0; 8], &[2, 4], DType::F64)?;
 /// // torch: F.cross_entropy(logits, torch.tensor([0, 3]))
 /// let l = loss::cross_entropy(logits, &[0, 3])?;
 /// assert!((l.item()? - 4f64.ln()).abs() < 1e-12);

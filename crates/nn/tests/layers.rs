@@ -715,7 +715,7 @@ fn gradcheck_module_catches_a_wrong_gradient() {
 fn leaky_relu_at_zero_and_nan() {
     let g = Graph::new();
     let x = g
-        .var(&[0.0, -0.0, f64::NAN, 2.0, -2.0], &[5], DType::F64)
+        .leaf(&[0.0, -0.0, f64::NAN, 2.0, -2.0], &[5], DType::F64)
         .unwrap();
     let y = LeakyReLU::new(0.01).forward(&g, x).unwrap();
     let yv = f64s(y);
@@ -735,7 +735,7 @@ fn batch_norm_refuses_another_graphs_tensor_and_keeps_its_statistics() {
     let g1 = Graph::new();
     let g2 = Graph::new();
     let x = g1
-        .var(&[1.0, 2.0, 3.0, 5.0, 8.0, 13.0], &[3, 2], DType::F32)
+        .leaf(&[1.0, 2.0, 3.0, 5.0, 8.0, 13.0], &[3, 2], DType::F32)
         .unwrap();
     let r = bn.forward(&g2, x);
     assert!(

@@ -30,7 +30,7 @@ fn ht(v: &[f64], shape: &[usize]) -> HostTensor {
 #[test]
 fn mse_values_reductions_and_gradient() {
     let g = Graph::new();
-    let p = g.var(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
+    let p = g.leaf(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
     let t = g.from_f64(&[1.0, 0.0, 5.0], &[3], DType::F64).unwrap();
     let l = loss::mse_loss(p, t).unwrap();
     assert!((l.item().unwrap() - 8.0 / 3.0).abs() < 1e-15);
@@ -63,7 +63,7 @@ fn mse_values_reductions_and_gradient() {
 fn cross_entropy_values_and_gradient() {
     let g = Graph::new();
     let x = g
-        .var(&[2.0, 0.0, 0.0, 0.0, 3.0, 0.0], &[2, 3], DType::F64)
+        .leaf(&[2.0, 0.0, 0.0, 0.0, 3.0, 0.0], &[2, 3], DType::F64)
         .unwrap();
     let l = loss::cross_entropy(x, &[0, 1]).unwrap();
     let l0 = (1.0 + 2.0 * (-2f64).exp()).ln();
@@ -205,7 +205,7 @@ fn nll_values() {
 fn bce_with_logits_is_stable_and_exact_at_zero() {
     let g = Graph::new();
     let x = g
-        .var(&[0.0, 100.0, -100.0, 2.0, 800.0, -800.0], &[6], DType::F64)
+        .leaf(&[0.0, 100.0, -100.0, 2.0, 800.0, -800.0], &[6], DType::F64)
         .unwrap();
     let y = g
         .from_f64(&[1.0, 1.0, 0.0, 0.0, 0.0, 1.0], &[6], DType::F64)
@@ -388,7 +388,7 @@ fn cross_entropy_is_precise_for_large_logits() {
     for v in [1e4, 1e6, 1e7, 3e7] {
         for create in [false, true] {
             let g = Graph::new();
-            let x = g.var(&[v; 4], &[2, 2], DType::F32).unwrap();
+            let x = g.leaf(&[v; 4], &[2, 2], DType::F32).unwrap();
             let l = loss::cross_entropy(x, &[0, 1]).unwrap();
             let lv = l.item().unwrap() as f32;
             assert!(

@@ -73,7 +73,7 @@ fn a_block_matches_pytorchs_encoder_layer() {
     fill(&b);
     let g = Graph::new();
     let xv: Vec<f64> = (0..80).map(|k| (0.3 * k as f64).cos() * 1.2).collect();
-    let x = g.var(&xv, &[2, 5, 8], DType::F64).unwrap();
+    let x = g.leaf(&xv, &[2, 5, 8], DType::F64).unwrap();
     let y = b.forward(&g, x).unwrap();
     let yv = y.to_vec_f64().unwrap();
     #[rustfmt::skip]
@@ -171,10 +171,10 @@ fn a_tied_weight_collects_both_gradients() {
     // The same two uses with separate copies, their gradients summed.
     let g2 = Graph::new();
     let w1 = g2
-        .var(&shared.value().to_f64_vec(), &[5, 3], DType::F32)
+        .leaf(&shared.value().to_f64_vec(), &[5, 3], DType::F32)
         .unwrap();
     let w2 = g2
-        .var(&shared.value().to_f64_vec(), &[5, 3], DType::F32)
+        .leaf(&shared.value().to_f64_vec(), &[5, 3], DType::F32)
         .unwrap();
     let e = w1.index_select(0, &[1, 4]).unwrap();
     let l = e.matmul(w2.t().unwrap()).unwrap();

@@ -185,7 +185,7 @@ impl<'g> Tensor<'g> {
         })?;
         let mask = mask.to_device(self.device())?;
         let zero = self.g.full_on(&[], 0.0, self.dtype(), self.device())?;
-        self.g.select(mask, self, zero)
+        self.g.where_cond(mask, self, zero)
     }
 
     /// `value` where `mask` is non-zero, self elsewhere (PyTorch's `masked_fill`; the mask
@@ -265,8 +265,10 @@ impl<'g> Tensor<'g> {
 
 impl Graph {
     /// `cond != 0 ? a : b`, elementwise with broadcasting of all three. No gradient flows to
-    /// `cond`.
-    pub fn select<'g>(
+    /// `cond`. PyTorch's `torch.where` (`where` is a Rust keyword).
+    #[doc(alias = "where")]
+    #[doc(alias = "select")]
+    pub fn where_cond<'g>(
         &'g self,
         cond: Tensor<'g>,
         a: Tensor<'g>,
@@ -275,7 +277,7 @@ impl Graph {
         self.select_as("where", cond, a, b)
     }
 
-    /// [`Graph::select`], its errors naming `name` (the op the user called: `masked_fill` and
+    /// [`Graph::where_cond`], its errors naming `name` (the op the user called: `masked_fill` and
     /// `clamp` select through here).
     pub(crate) fn select_as<'g>(
         &'g self,
@@ -365,7 +367,7 @@ pub(crate) fn backward<'g>(op: BinaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
                 let bm1 = b.shift(-1.0)?;
                 let d = b.mul(a.pow(bm1)?)?;
                 let b_zero = b.binary(BinaryOp::EqMask, zero)?.detach()?;
-                Some(gy.mul(c.g.select(b_zero, zero, d)?)?)
+                Some(gy.mul(c.g.where_cond(b_zero, zero, d)?)?)
             } else {
                 None
             };
@@ -375,7 +377,7 @@ pub(crate) fn backward<'g>(op: BinaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
                 let b_nonneg = b.neg()?.unary(UnaryOp::Step)?.neg()?.shift(1.0)?;
                 let a_zero = a.binary(BinaryOp::EqMask, zero)?;
                 let masked = a_zero.mul(b_nonneg)?.detach()?;
-                Some(gy.mul(c.g.select(masked, zero, d)?)?)
+                Some(gy.mul(c.g.where_cond(masked, zero, d)?)?)
             } else {
                 None
             };
@@ -429,12 +431,12 @@ pub(crate) fn select_backward<'g>(c: &Ctx<'g>) -> Result<Grads<'g>> {
     let (cond, a, b, gy) = (c.input(0), c.input(1), c.input(2), c.gy);
     let zero = c.g.full_on(&[], 0.0, gy.dtype(), gy.device())?;
     let ga = if a.requires_grad() {
-        Some(c.g.select(cond, gy, zero)?.sum_to(&a.shape())?)
+        Some(c.g.where_cond(cond, gy, zero)?.sum_to(&a.shape())?)
     } else {
         None
     };
     let gb = if b.requires_grad() {
-        Some(c.g.select(cond, zero, gy)?.sum_to(&b.shape())?)
+        Some(c.g.where_cond(cond, zero, gy)?.sum_to(&b.shape())?)
     } else {
         None
     };

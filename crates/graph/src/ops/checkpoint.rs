@@ -45,7 +45,7 @@ impl Graph {
     /// use arenagrad_graph::{CheckpointFn, DType, Graph};
     /// let block: CheckpointFn = Arc::new(|_g, x| x[0].tanh()?.mul(x[0])?.sin());
     /// let g = Graph::new();
-    /// let x = g.var(&[0.5, -1.0], &[2], DType::F64)?;
+    /// let x = g.leaf(&[0.5, -1.0], &[2], DType::F64)?;
     /// g.checkpoint(block.clone(), &[x])?.sum()?.backward()?;
     /// let with = x.grad()?.unwrap().to_vec::<f64>()?;
     /// x.zero_grad()?;

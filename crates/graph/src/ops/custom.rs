@@ -51,7 +51,7 @@ use crate::{Graph, Tensor};
 /// }
 ///
 /// let g = Graph::new();
-/// let x = g.var(&[2.0, -1.0], &[2], DType::F64)?;
+/// let x = g.leaf(&[2.0, -1.0], &[2], DType::F64)?;
 /// cube(&g, x, false)?.sum()?.backward()?;
 /// assert_eq!(x.grad()?.unwrap().to_vec::<f64>()?, vec![12.0, 3.0]);
 ///

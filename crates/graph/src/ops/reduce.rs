@@ -82,7 +82,7 @@ impl<'g> Tensor<'g> {
     /// ```
     /// use arenagrad_graph::{DType, Graph};
     /// let g = Graph::new();
-    /// let x = g.var(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64)?;
+    /// let x = g.leaf(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64)?;
     /// let s = x.sum()?; // torch: x.sum()
     /// assert_eq!(s.rank(), 0);
     /// assert_eq!(s.item()?, 10.0);

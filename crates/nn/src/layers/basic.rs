@@ -79,7 +79,7 @@ impl Module for LeakyReLU {
         // slope. `sign(x) == 1` marks exactly x > 0 (sign is 0 at NaN).
         let one = g.full_on(&[], 1.0, x.dtype(), x.device())?;
         let positive = x.unary(UnaryOp::Sign)?.binary(BinaryOp::EqMask, one)?;
-        Ok(g.select(positive, x, x.scale(self.slope)?)?)
+        Ok(g.where_cond(positive, x, x.scale(self.slope)?)?)
     }
 }
 
