@@ -339,7 +339,7 @@ proptest! {
 
     #[test]
     fn the_arena_does_what_its_model_says(
-        steps in prop::collection::vec(step(), 1..if cfg!(miri) { 40 } else { 160 }),
+        steps in prop::collection::vec(step(), 1..if cfg!(miri) { 24 } else { 160 }),
     ) {
         run(&steps)?;
     }
