@@ -149,44 +149,24 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
     for (at, s) in steps.iter().enumerate() {
         match *s {
             Step::Alloc { len, how } => {
-                let id = match how {
-                    0 => {
-                        let id = arena.alloc_zeroed::<f32>(len).unwrap();
-                        m.stamp += 1.0;
-                        m.bufs.push(Buf {
-                            id,
-                            values: vec![0.0; len],
-                            holders: 1,
-                            shared: false,
-                            bytes: bytes_of(len),
-                        });
-                        id
-                    }
+                let (id, values) = match how {
+                    0 => (arena.alloc_zeroed::<f32>(len).unwrap(), vec![0.0; len]),
                     1 => {
                         let v = m.fresh(len);
-                        let id = arena.alloc_from_slice(&v).unwrap();
-                        m.bufs.push(Buf {
-                            id,
-                            values: v,
-                            holders: 1,
-                            shared: false,
-                            bytes: bytes_of(len),
-                        });
-                        id
+                        (arena.alloc_from_slice(&v).unwrap(), v)
                     }
                     _ => {
                         let v = m.fresh(len);
-                        let id = arena.alloc_with(len, |i| v[i]).unwrap();
-                        m.bufs.push(Buf {
-                            id,
-                            values: v,
-                            holders: 1,
-                            shared: false,
-                            bytes: bytes_of(len),
-                        });
-                        id
+                        (arena.alloc_with(len, |i| v[i]).unwrap(), v)
                     }
                 };
+                m.bufs.push(Buf {
+                    id,
+                    values,
+                    holders: 1,
+                    shared: false,
+                    bytes: bytes_of(len),
+                });
                 prop_assert_eq!(arena.len_of(id).unwrap(), len);
             }
             Step::Shared { len } => {
