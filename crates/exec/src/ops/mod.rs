@@ -595,6 +595,7 @@ mod tests {
     /// spell a real one's decimal or a hash multiplier's hex digits; the generated head defines
     /// each once.
     #[test]
+    #[cfg_attr(miri, ignore)] // text scans: no unsafe code, and far too slow interpreted
     fn no_cuda_source_spells_a_shared_constant() {
         let columns = UNARY_CUDA
             .iter()
@@ -635,6 +636,7 @@ mod tests {
     /// Each reduction's CPU identity is what its combine step leaves unchanged, and the CUDA
     /// head has an identity and a step for every row, at the row's code.
     #[test]
+    #[cfg_attr(miri, ignore)] // text scans: no unsafe code, and far too slow interpreted
     fn reductions_follow_their_rows() {
         let head = cuda_defines();
         for (k, &op) in ReduceOp::KINDS.iter().enumerate() {
