@@ -1,17 +1,9 @@
 //! The program as data: statements, their ops, and where they came from in the text.
 
 use super::error::ProgramError;
+use super::table::Param;
 
 pub use arenagrad_exec::{BinaryOp, UnaryOp};
-
-/// Sum-like reductions over a list of axes (none: every axis).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReduceKind {
-    /// `sum a [AXIS...]`
-    Sum,
-    /// `mean a [AXIS...]`
-    Mean,
-}
 
 /// What a statement computes. Operands are indices of earlier statements.
 #[derive(Debug, Clone)]
@@ -44,80 +36,6 @@ pub enum Expr {
         /// The operand.
         x: usize,
     },
-    /// `detach a`: the same values, with no gradient flowing back.
-    Detach {
-        /// The operand.
-        x: usize,
-    },
-    /// `sum`/`mean` over axes (empty: all), without keepdim.
-    Reduce {
-        /// Which reduction.
-        op: ReduceKind,
-        /// The operand.
-        x: usize,
-        /// The axes as written (negative counts from the end).
-        axes: Vec<i64>,
-    },
-    /// `max a AXIS`, without keepdim.
-    Max {
-        /// The operand.
-        x: usize,
-        /// The axis as written.
-        axis: i64,
-    },
-    /// `softmax a AXIS` or `log_softmax a AXIS`.
-    Softmax {
-        /// The operand.
-        x: usize,
-        /// The axis as written.
-        axis: i64,
-        /// `log_softmax` when true.
-        log: bool,
-    },
-    /// `matmul a b` with numpy's rules.
-    Matmul {
-        /// Left operand.
-        lhs: usize,
-        /// Right operand.
-        rhs: usize,
-    },
-    /// `transpose a D0 D1`
-    Transpose {
-        /// The operand.
-        x: usize,
-        /// First axis.
-        d0: i64,
-        /// Second axis.
-        d1: i64,
-    },
-    /// `permute a P...`: output axis k is input axis `perm[k]`.
-    Permute {
-        /// The operand.
-        x: usize,
-        /// The permutation as written.
-        perm: Vec<i64>,
-    },
-    /// `reshape a D...`, one extent may be -1.
-    Reshape {
-        /// The operand.
-        x: usize,
-        /// The target shape as written.
-        shape: Vec<i64>,
-    },
-    /// `broadcast a D...`
-    Broadcast {
-        /// The operand.
-        x: usize,
-        /// The target shape.
-        shape: Vec<usize>,
-    },
-    /// `concat AXIS a b ...`
-    Concat {
-        /// The axis as written.
-        axis: i64,
-        /// The operands, in order.
-        xs: Vec<usize>,
-    },
     /// An op the application registered ([`crate::register_op`]): `NAME a b ...`.
     User {
         /// Its name.
@@ -125,55 +43,26 @@ pub enum Expr {
         /// The operands, in order.
         args: Vec<usize>,
     },
-    /// A row of the format's op table ([`crate::table`]): `NAME a [b ...] P...`.
+    /// A row of the format's op table ([`crate::table`]): `NAME a [b ...] P...` (`sum`,
+    /// `matmul`, `reshape`, `concat`, ...).
     Op {
         /// The row.
         op: &'static crate::table::OpRow,
         /// The operands, in order.
         args: Vec<usize>,
-        /// The parameters, as numbers (whole ones where the row says so).
-        params: Vec<f64>,
-    },
-    /// `slice a AXIS START END`
-    Slice {
-        /// The operand.
-        x: usize,
-        /// The axis as written.
-        axis: i64,
-        /// First index kept.
-        start: usize,
-        /// One past the last index kept.
-        end: usize,
+        /// The parameters, as written.
+        params: Vec<Param>,
     },
 }
 
-/// The format's own ops, besides the leaves and the elementwise ops of the op tables.
-pub const FORMAT_OPS: &[&str] = &[
-    "detach",
-    "sum",
-    "mean",
-    "max",
-    "softmax",
-    "log_softmax",
-    "matmul",
-    "transpose",
-    "permute",
-    "reshape",
-    "broadcast",
-    "concat",
-    "slice",
-];
-
 /// Every op name of format version 1: the leaves (`input`, `const`), the public rows of the
-/// binary and unary op tables, [`FORMAT_OPS`], then the rows of the format's op table
-/// ([`crate::table::OPS`]).
+/// binary and unary op tables, then the rows of the format's op table ([`crate::table::OPS`]).
 pub fn op_names() -> &'static [&'static str] {
     static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
     NAMES.get_or_init(|| {
         let mut v = vec!["input", "const"];
         v.extend(binary_ops().map(BinaryOp::name));
         v.extend(unary_ops().map(UnaryOp::name));
-        v.extend(FORMAT_OPS);
         v.extend(crate::table::OPS.iter().map(|r| r.name));
         v
     })
@@ -200,17 +89,26 @@ pub fn unary_op(name: &str) -> Option<UnaryOp> {
     unary_ops().find(|u| u.name() == name)
 }
 
-impl ReduceKind {
-    /// The name in the format.
-    pub fn name(self) -> &'static str {
-        match self {
-            ReduceKind::Sum => "sum",
-            ReduceKind::Mean => "mean",
+impl Expr {
+    /// An `input` (`requires_grad`) or `const` leaf of this shape, its values drawn when run.
+    pub fn leaf(requires_grad: bool, shape: Vec<usize>) -> Expr {
+        Expr::Leaf {
+            requires_grad,
+            shape,
+            values: None,
         }
     }
-}
 
-impl Expr {
+    /// A statement of the format's op table: the row called `name` with these operands and
+    /// parameters (whether they fit the row is checked by [`Program::push`]).
+    pub fn op(name: &str, args: Vec<usize>, params: Vec<Param>) -> Option<Expr> {
+        Some(Expr::Op {
+            op: crate::table::op_row(name)?,
+            args,
+            params,
+        })
+    }
+
     /// The op's name as the format spells it (`input`, `const`, `add`, ...).
     pub fn op_name(&self) -> &'static str {
         match self {
@@ -224,18 +122,6 @@ impl Expr {
             } => "const",
             Expr::Binary { op, .. } => op.name(),
             Expr::Unary { op, .. } => op.name(),
-            Expr::Detach { .. } => "detach",
-            Expr::Reduce { op, .. } => op.name(),
-            Expr::Max { .. } => "max",
-            Expr::Softmax { log: false, .. } => "softmax",
-            Expr::Softmax { log: true, .. } => "log_softmax",
-            Expr::Matmul { .. } => "matmul",
-            Expr::Transpose { .. } => "transpose",
-            Expr::Permute { .. } => "permute",
-            Expr::Reshape { .. } => "reshape",
-            Expr::Broadcast { .. } => "broadcast",
-            Expr::Concat { .. } => "concat",
-            Expr::Slice { .. } => "slice",
             Expr::User { op, .. } => op,
             Expr::Op { op, .. } => op.name,
         }
@@ -245,20 +131,19 @@ impl Expr {
     pub fn operands(&self) -> Vec<usize> {
         match self {
             Expr::Leaf { .. } => Vec::new(),
-            Expr::Binary { lhs, rhs, .. } | Expr::Matmul { lhs, rhs } => vec![*lhs, *rhs],
-            Expr::Unary { x, .. }
-            | Expr::Detach { x }
-            | Expr::Reduce { x, .. }
-            | Expr::Max { x, .. }
-            | Expr::Softmax { x, .. }
-            | Expr::Transpose { x, .. }
-            | Expr::Permute { x, .. }
-            | Expr::Reshape { x, .. }
-            | Expr::Broadcast { x, .. }
-            | Expr::Slice { x, .. } => vec![*x],
-            Expr::Concat { xs, .. } | Expr::User { args: xs, .. } | Expr::Op { args: xs, .. } => {
-                xs.clone()
-            }
+            Expr::Binary { lhs, rhs, .. } => vec![*lhs, *rhs],
+            Expr::Unary { x, .. } => vec![*x],
+            Expr::User { args, .. } | Expr::Op { args, .. } => args.clone(),
+        }
+    }
+
+    /// The operands, to rewrite.
+    pub(crate) fn operands_mut(&mut self) -> Vec<&mut usize> {
+        match self {
+            Expr::Leaf { .. } => Vec::new(),
+            Expr::Binary { lhs, rhs, .. } => vec![lhs, rhs],
+            Expr::Unary { x, .. } => vec![x],
+            Expr::User { args, .. } | Expr::Op { args, .. } => args.iter_mut().collect(),
         }
     }
 
@@ -330,51 +215,6 @@ impl PartialEq for Expr {
                 };
                 o1.name() == o2.name() && same_param && x1 == x2
             }
-            (Detach { x: x1 }, Detach { x: x2 }) => x1 == x2,
-            (
-                Reduce {
-                    op: o1,
-                    x: x1,
-                    axes: a1,
-                },
-                Reduce {
-                    op: o2,
-                    x: x2,
-                    axes: a2,
-                },
-            ) => o1 == o2 && x1 == x2 && a1 == a2,
-            (Max { x: x1, axis: a1 }, Max { x: x2, axis: a2 }) => x1 == x2 && a1 == a2,
-            (
-                Softmax {
-                    x: x1,
-                    axis: a1,
-                    log: l1,
-                },
-                Softmax {
-                    x: x2,
-                    axis: a2,
-                    log: l2,
-                },
-            ) => x1 == x2 && a1 == a2 && l1 == l2,
-            (Matmul { lhs: l1, rhs: r1 }, Matmul { lhs: l2, rhs: r2 }) => l1 == l2 && r1 == r2,
-            (
-                Transpose {
-                    x: x1,
-                    d0: a1,
-                    d1: b1,
-                },
-                Transpose {
-                    x: x2,
-                    d0: a2,
-                    d1: b2,
-                },
-            ) => x1 == x2 && a1 == a2 && b1 == b2,
-            (Permute { x: x1, perm: p1 }, Permute { x: x2, perm: p2 }) => x1 == x2 && p1 == p2,
-            (Reshape { x: x1, shape: s1 }, Reshape { x: x2, shape: s2 }) => x1 == x2 && s1 == s2,
-            (Broadcast { x: x1, shape: s1 }, Broadcast { x: x2, shape: s2 }) => {
-                x1 == x2 && s1 == s2
-            }
-            (Concat { axis: a1, xs: x1 }, Concat { axis: a2, xs: x2 }) => a1 == a2 && x1 == x2,
             (User { op: o1, args: a1 }, User { op: o2, args: a2 }) => o1 == o2 && a1 == a2,
             (
                 Op {
@@ -391,22 +231,8 @@ impl PartialEq for Expr {
                 o1.name == o2.name
                     && a1 == a2
                     && p1.len() == p2.len()
-                    && p1.iter().zip(p2).all(|(x, y)| f64_same(*x, *y))
+                    && p1.iter().zip(p2).all(|(x, y)| x.same(*y))
             }
-            (
-                Slice {
-                    x: x1,
-                    axis: a1,
-                    start: s1,
-                    end: e1,
-                },
-                Slice {
-                    x: x2,
-                    axis: a2,
-                    start: s2,
-                    end: e2,
-                },
-            ) => x1 == x2 && a1 == a2 && s1 == s2 && e1 == e2,
             _ => false,
         }
     }
@@ -533,10 +359,8 @@ impl Program {
                 self.stmts.len()
             )));
         }
-        if let Expr::Concat { xs, .. } = &expr {
-            if xs.is_empty() {
-                return Err(err("concat needs at least one operand".into()));
-            }
+        if let Expr::Op { op, args, params } = &expr {
+            op.accepts(args.len(), params).map_err(err)?;
         }
         if let Expr::Leaf { shape, values, .. } = &expr {
             let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
@@ -560,39 +384,5 @@ impl Program {
         // Positions of pushed statements come from the printed form.
         self.spans.clear();
         Ok(self.stmts.len() - 1)
-    }
-
-    /// Line and column of token `tok` of statement `i` (0: name, 1: `=`, 2: op, 3...:
-    /// arguments). Falls back to the op's column, then to column 1.
-    pub(crate) fn pos(&self, i: usize, tok: usize) -> (usize, usize) {
-        if let Some(s) = self.spans.get(i) {
-            let col = s
-                .cols
-                .get(tok)
-                .or_else(|| s.cols.get(2))
-                .copied()
-                .unwrap_or(1);
-            return (s.line, col);
-        }
-        // No source: the printed form has statement i on line i+1, tokens one space apart.
-        let toks = super::printer::tokens(self, i);
-        let mut cols = Vec::with_capacity(toks.len());
-        let mut col = 1;
-        for t in &toks {
-            cols.push(col);
-            col += t.chars().count() + 1;
-        }
-        let col = cols.get(tok).or_else(|| cols.get(2)).copied().unwrap_or(1);
-        (i + 1, col)
-    }
-
-    /// The position of argument `k` of statement `i`, for errors.
-    pub(crate) fn arg_pos(&self, i: usize, k: usize) -> (usize, usize) {
-        self.pos(i, 3 + k)
-    }
-
-    /// The position of the op of statement `i`, for errors.
-    pub(crate) fn op_pos(&self, i: usize) -> (usize, usize) {
-        self.pos(i, 2)
     }
 }

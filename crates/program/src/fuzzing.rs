@@ -18,12 +18,13 @@
 use arenagrad_graph::check::GradcheckOptions;
 use arenagrad_graph::{DType, Graph};
 
-use super::ast::{binary_op, unary_op, Expr, Program, ReduceKind};
+use super::ast::{binary_op, unary_op, Expr, Program, UnaryOp};
 use super::error::ProgramError;
 use super::generate::{self, all_ops, ByteReader, GenConfig};
 use super::gradcheck::CheckOptions;
 use super::infer::Limits;
 use super::runner::{Overrides, RunOptions, RunResult};
+use super::table::{Param, ParamKind, ParamSpec};
 
 /// What a check made of an input that broke no property.
 #[derive(Debug, Clone, PartialEq)]
@@ -249,16 +250,28 @@ pub fn raw_program(data: &[u8]) -> Program {
                 rhs: operand(&mut r),
             }
         } else if let Some(row) = crate::table::op_row(op) {
-            let args = (0..row.arity).map(|_| operand(&mut r)).collect();
-            let params = row
-                .params
-                .iter()
-                .map(|(_, kind)| match kind {
-                    crate::table::ParamKind::Float => float_attr(&mut r),
-                    crate::table::ParamKind::Int => int_attr(&mut r) as f64,
-                    crate::table::ParamKind::Count => dim_attr(&mut r) as f64,
-                })
-                .collect();
+            let param = |r: &mut ByteReader<'_>, spec: ParamSpec| match spec.kind {
+                ParamKind::Float => Param::Float(float_attr(r)),
+                ParamKind::Int => Param::Int(int_attr(r)),
+                ParamKind::Count => Param::Count(dim_attr(r)),
+            };
+            let mut params: Vec<Param> = Vec::new();
+            if row.params_first() {
+                params.extend(row.params.iter().map(|&s| param(&mut r, s)));
+            }
+            // Variadic operands: a count byte first.
+            let n_args = match row.arity {
+                crate::table::Arity::Exactly(k) => k,
+                crate::table::Arity::AtLeast(k) => k + usize::from(r.u8()) % 3,
+            };
+            let args = (0..n_args).map(|_| operand(&mut r)).collect();
+            if !row.params_first() {
+                params.extend(row.params.iter().map(|&s| param(&mut r, s)));
+                if let Some(spec) = row.rest {
+                    let extra = usize::from(r.u8()) % 5;
+                    params.extend((0..extra).map(|_| param(&mut r, spec)));
+                }
+            }
             Expr::Op {
                 op: row,
                 args,
@@ -272,77 +285,10 @@ pub fn raw_program(data: &[u8]) -> Program {
             };
             Expr::Unary { op, x }
         } else {
-            match op {
-                "detach" => Expr::Detach { x: operand(&mut r) },
-                "sum" | "mean" => {
-                    let x = operand(&mut r);
-                    let count = usize::from(r.u8()) % 4;
-                    Expr::Reduce {
-                        op: if op == "sum" {
-                            ReduceKind::Sum
-                        } else {
-                            ReduceKind::Mean
-                        },
-                        x,
-                        axes: (0..count).map(|_| int_attr(&mut r)).collect(),
-                    }
-                }
-                "max" => Expr::Max {
-                    x: operand(&mut r),
-                    axis: int_attr(&mut r),
-                },
-                "softmax" | "log_softmax" => Expr::Softmax {
-                    x: operand(&mut r),
-                    axis: int_attr(&mut r),
-                    log: op == "log_softmax",
-                },
-                "matmul" => Expr::Matmul {
-                    lhs: operand(&mut r),
-                    rhs: operand(&mut r),
-                },
-                "transpose" => Expr::Transpose {
-                    x: operand(&mut r),
-                    d0: int_attr(&mut r),
-                    d1: int_attr(&mut r),
-                },
-                "permute" => {
-                    let x = operand(&mut r);
-                    let count = usize::from(r.u8()) % 5;
-                    Expr::Permute {
-                        x,
-                        perm: (0..count).map(|_| int_attr(&mut r)).collect(),
-                    }
-                }
-                "reshape" => {
-                    let x = operand(&mut r);
-                    let count = usize::from(r.u8()) % 5;
-                    Expr::Reshape {
-                        x,
-                        shape: (0..count).map(|_| int_attr(&mut r)).collect(),
-                    }
-                }
-                "broadcast" => {
-                    let x = operand(&mut r);
-                    let count = usize::from(r.u8()) % 5;
-                    Expr::Broadcast {
-                        x,
-                        shape: (0..count).map(|_| dim_attr(&mut r)).collect(),
-                    }
-                }
-                "concat" => {
-                    let axis = int_attr(&mut r);
-                    let count = 1 + usize::from(r.u8()) % 3;
-                    Expr::Concat {
-                        axis,
-                        xs: (0..count).map(|_| operand(&mut r)).collect(),
-                    }
-                }
-                _ => Expr::Slice {
-                    x: operand(&mut r),
-                    axis: int_attr(&mut r),
-                    start: dim_attr(&mut r),
-                    end: dim_attr(&mut r),
-                },
+            // Registered ops are not drawn here (their arity is the application's).
+            Expr::Unary {
+                op: UnaryOp::Neg,
+                x: operand(&mut r),
             }
         };
         let _ = p.push(&format!("t{k}"), e);

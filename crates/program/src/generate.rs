@@ -9,30 +9,19 @@
 //! (what shrinking does) still gives a valid program, and the output's unused statements are
 //! dropped, so a shrunk failing program is small.
 
-use super::ast::{
-    binary_op, binary_ops, op_names, unary_op, unary_ops, Expr, Program, ReduceKind, UnaryOp,
-    FORMAT_OPS,
-};
-use super::infer::norm_axis;
+use super::ast::{binary_op, binary_ops, op_names, unary_op, unary_ops, Expr, Program, UnaryOp};
+use super::table::{self, Draw, OpRow, Param};
 use arenagrad_exec::{Domain, Positive};
 
-/// The format's own ops whose derivatives do not exist everywhere (`max` at ties) or are cut
-/// (`detach`); the rest join the smooth rows of the op tables in [`smooth_ops`].
-const NON_SMOOTH_FORMAT_OPS: &[&str] = &["detach", "max"];
-
 /// Ops whose derivatives exist everywhere on the values generated (no kinks, no `detach`): what
-/// a gradient check can use. The smooth public rows of the op tables, then the format's own.
+/// a gradient check can use. The smooth public rows of the op tables, then the smooth rows of the
+/// format's op table that random programs draw.
 pub fn smooth_ops() -> Vec<&'static str> {
     let mut v: Vec<&'static str> = binary_ops()
         .filter(|b| b.is_smooth())
         .map(|b| b.name())
         .collect();
     v.extend(unary_ops().filter(|u| u.is_smooth()).map(|u| u.name()));
-    v.extend(
-        FORMAT_OPS
-            .iter()
-            .filter(|o| !NON_SMOOTH_FORMAT_OPS.contains(o)),
-    );
     v.extend(
         crate::table::OPS
             .iter()
@@ -152,44 +141,12 @@ fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     arenagrad_exec::layout::broadcast_shapes(a, b)
 }
 
-/// The shape of `matmul a b` under numpy's rules, if defined.
-pub(crate) fn matmul_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
-    if a.is_empty() || b.is_empty() {
-        return None;
-    }
-    let a2: Vec<usize> = if a.len() == 1 {
-        vec![1, a[0]]
-    } else {
-        a.to_vec()
-    };
-    let b2: Vec<usize> = if b.len() == 1 {
-        vec![b[0], 1]
-    } else {
-        b.to_vec()
-    };
-    let (ra, rb) = (a2.len(), b2.len());
-    if a2[ra - 1] != b2[rb - 2] {
-        return None;
-    }
-    let mut out = broadcast(&a2[..ra - 2], &b2[..rb - 2])?;
-    if a.len() > 1 {
-        out.push(a2[ra - 2]);
-    }
-    if b.len() > 1 {
-        out.push(b2[rb - 1]);
-    }
-    Some(out)
-}
-
-struct Val {
-    shape: Vec<usize>,
-    pos: bool,
-}
-
 struct Gen<'c> {
     cfg: &'c GenConfig,
     exprs: Vec<Expr>,
-    vals: Vec<Val>,
+    /// Each value's shape, and whether its values are all positive.
+    shapes: Vec<Vec<usize>>,
+    pos: Vec<bool>,
 }
 
 const SCALES: [f64; 8] = [0.5, -0.5, 2.0, -2.0, 1.5, -1.25, 3.0, 0.25];
@@ -204,8 +161,9 @@ impl Gen<'_> {
 
     fn push(&mut self, e: Expr, shape: Vec<usize>, pos: bool) -> usize {
         self.exprs.push(e);
-        self.vals.push(Val { shape, pos });
-        self.vals.len() - 1
+        self.shapes.push(shape);
+        self.pos.push(pos);
+        self.shapes.len() - 1
     }
 
     fn leaf(&mut self, c: &LeafChoice) -> usize {
@@ -238,7 +196,7 @@ impl Gen<'_> {
 
     /// `neg a`: what a choice becomes when its op cannot apply.
     fn fallback(&mut self, a: usize) -> usize {
-        let shape = self.vals[a].shape.clone();
+        let shape = self.shapes[a].clone();
         self.push(
             Expr::Unary {
                 op: UnaryOp::Neg,
@@ -252,20 +210,18 @@ impl Gen<'_> {
     /// A registered op on `a` and, for each further operand, the earlier value the choice's
     /// selectors pick among those the op's shape rule accepts (or one of `a`'s shape).
     fn user_op(&mut self, u: &crate::UserOp, a: usize, c: &OpChoice) -> usize {
-        let n = self.vals.len();
+        let n = self.shapes.len();
         let mut args = vec![a];
         for k in 1..u.arity() {
             let sel = c.attrs[(k - 1) % 4].wrapping_add(c.b);
             let cands: Vec<usize> = (0..n)
                 .filter(|&j| {
-                    let mut shapes: Vec<&[usize]> = args
-                        .iter()
-                        .map(|&i| self.vals[i].shape.as_slice())
-                        .collect();
-                    shapes.push(&self.vals[j].shape);
+                    let mut shapes: Vec<&[usize]> =
+                        args.iter().map(|&i| self.shapes[i].as_slice()).collect();
+                    shapes.push(&self.shapes[j]);
                     // A partial list: accept what a full list of this shape would.
                     while shapes.len() < u.arity() {
-                        shapes.push(&self.vals[j].shape);
+                        shapes.push(&self.shapes[j]);
                     }
                     u.out_shape(&shapes).is_some()
                 })
@@ -275,10 +231,7 @@ impl Gen<'_> {
                 None => return self.fallback(a),
             }
         }
-        let shapes: Vec<&[usize]> = args
-            .iter()
-            .map(|&i| self.vals[i].shape.as_slice())
-            .collect();
+        let shapes: Vec<&[usize]> = args.iter().map(|&i| self.shapes[i].as_slice()).collect();
         match u.out_shape(&shapes) {
             Some(shape) if self.fits(&shape) => {
                 self.push(Expr::User { op: u.name(), args }, shape, false)
@@ -296,18 +249,16 @@ impl Gen<'_> {
     }
 
     fn op(&mut self, c: &OpChoice) -> usize {
-        let n = self.vals.len();
+        let n = self.shapes.len();
         let mut a = usize::from(c.a) % n;
         let name = if self.cfg.ops.is_empty() {
             "neg"
         } else {
             self.cfg.ops[usize::from(c.op) % self.cfg.ops.len()]
         };
-        let positives: Vec<usize> = (0..n).filter(|&i| self.vals[i].pos).collect();
-        let [t0, t1, t2, t3] = c.attrs;
-        let sa = self.vals[a].shape.clone();
-        let pa = self.vals[a].pos;
-        let r = sa.len();
+        let positives: Vec<usize> = (0..n).filter(|&i| self.pos[i]).collect();
+        let t0 = c.attrs[0];
+        let pa = self.pos[a];
         if let Some(k) = binary_op(name) {
             let (da, db) = k.domain();
             if da == Domain::Positive && !pa {
@@ -316,18 +267,18 @@ impl Gen<'_> {
                     None => return self.fallback(a),
                 }
             }
-            let sa = self.vals[a].shape.clone();
+            let sa = self.shapes[a].clone();
             let cands: Vec<usize> = (0..n)
                 .filter(|&j| {
-                    (db != Domain::Positive || self.vals[j].pos)
-                        && broadcast(&sa, &self.vals[j].shape).is_some_and(|s| self.fits(&s))
+                    (db != Domain::Positive || self.pos[j])
+                        && broadcast(&sa, &self.shapes[j]).is_some_and(|s| self.fits(&s))
                 })
                 .collect();
             let Some(b) = Self::pick(&cands, c.b) else {
                 return self.fallback(a);
             };
-            let shape = broadcast(&sa, &self.vals[b].shape).unwrap_or_default();
-            let (pa, pb) = (self.vals[a].pos, self.vals[b].pos);
+            let shape = broadcast(&sa, &self.shapes[b]).unwrap_or_default();
+            let (pa, pb) = (self.pos[a], self.pos[b]);
             let pos = match k.positive() {
                 Positive::Never => false,
                 Positive::Always => true,
@@ -344,10 +295,6 @@ impl Gen<'_> {
                 pos,
             );
         }
-        if name == "detach" {
-            let shape = self.vals[a].shape.clone();
-            return self.push(Expr::Detach { x: a }, shape, pa);
-        }
         if let Some(k) = unary_op(name) {
             let k = match k {
                 UnaryOp::Scale(_) => k.with_param(SCALES[usize::from(t0) % SCALES.len()]),
@@ -361,262 +308,97 @@ impl Gen<'_> {
                     None => return self.fallback(a),
                 }
             }
-            let pa = self.vals[a].pos;
+            let pa = self.pos[a];
             let pos = match k.positive() {
                 Positive::Never => false,
                 Positive::Always => true,
                 Positive::IfInput | Positive::IfEither => pa,
             };
-            let shape = self.vals[a].shape.clone();
+            let shape = self.shapes[a].clone();
             return self.push(Expr::Unary { op: k, x: a }, shape, pos);
         }
         if let Some(u) = crate::user_op(name) {
             return self.user_op(&u, a, c);
         }
-        if let Some(row) = crate::table::op_row(name) {
-            // Every operand is `a` (self-attention, a stack of one value twice, a mask of itself).
-            let Some(params) = row.gen.and_then(|gen| gen(&sa, c.attrs)) else {
-                return self.fallback(a);
-            };
-            let shapes = vec![sa.as_slice(); row.arity];
-            return match (row.shape)(&shapes, &params) {
-                Ok(shape) if row.arity > 0 && self.fits(&shape) => self.push(
-                    Expr::Op {
-                        op: row,
-                        args: vec![a; row.arity],
-                        params,
-                    },
-                    shape,
-                    false,
-                ),
-                _ => self.fallback(a),
-            };
+        match crate::table::op_row(name) {
+            Some(row) => self.row(row, a, c),
+            None => self.fallback(a),
         }
-        let axis_of = |t: u8, neg: bool| -> i64 {
-            let d = usize::from(t) % r.max(1);
-            let d = i64::try_from(d).unwrap_or(0);
-            if neg {
-                d - i64::try_from(r).unwrap_or(0)
-            } else {
-                d
+    }
+
+    /// A row of the op table, drawn as the row says; `neg a` where it cannot apply or its
+    /// result would not fit.
+    fn row(&mut self, row: &'static OpRow, a: usize, c: &OpChoice) -> usize {
+        let fits = |s: &[usize]| self.fits(s);
+        let mut draw = Draw::new(
+            &self.shapes,
+            &self.pos,
+            (a, c.b, c.attrs),
+            self.cfg.max_dim,
+            &fits,
+        );
+        let drawn = match row.gen {
+            Some(table::Gen::Params(gen)) => {
+                gen(&self.shapes[a], c.attrs).map(|params| (vec![a; row.arity.min()], params))
+            }
+            Some(table::Gen::Operands(gen)) => gen(&mut draw),
+            None => None,
+        };
+        let fresh = draw.fresh().map(<[usize]>::to_vec);
+        let Some((args, params)) = drawn else {
+            return self.fallback(a);
+        };
+        let params: Vec<Param> = params
+            .iter()
+            .enumerate()
+            .map(|(k, &v)| {
+                let kind = row
+                    .param_spec(k)
+                    .map_or(crate::table::ParamKind::Float, |s| s.kind);
+                Param::of_kind(kind, v)
+            })
+            .collect();
+        let shape_of = |i: usize| -> &[usize] {
+            match (self.shapes.get(i), &fresh) {
+                (Some(s), _) => s,
+                (None, Some(f)) => f,
+                (None, None) => &[],
             }
         };
-        match name {
-            "sum" | "mean" => {
-                let mut axes = Vec::new();
-                let mut shape = Vec::new();
-                for (d, &e) in sa.iter().enumerate() {
-                    if d < 8 && (t0 >> d) & 1 == 1 {
-                        let ax = i64::try_from(d).unwrap_or(0);
-                        let neg = (t1 >> d) & 1 == 1;
-                        axes.push(if neg {
-                            ax - i64::try_from(r).unwrap_or(0)
-                        } else {
-                            ax
-                        });
-                    } else {
-                        shape.push(e);
-                    }
-                }
-                if axes.is_empty() {
-                    shape.clear();
-                }
-                let op = if name == "sum" {
-                    ReduceKind::Sum
-                } else {
-                    ReduceKind::Mean
-                };
-                self.push(Expr::Reduce { op, x: a, axes }, shape, pa)
-            }
-            "max" | "softmax" | "log_softmax" => {
-                if r == 0 {
-                    return self.fallback(a);
-                }
-                let axis = axis_of(t0, t1 & 1 == 1);
-                let d = norm_axis(axis, r).unwrap_or(0);
-                if name == "max" {
-                    let mut shape = sa.clone();
-                    shape.remove(d);
-                    self.push(Expr::Max { x: a, axis }, shape, pa)
-                } else {
-                    let log = name == "log_softmax";
-                    self.push(Expr::Softmax { x: a, axis, log }, sa, !log)
-                }
-            }
-            "matmul" => {
-                if r == 0 {
-                    return self.fallback(a);
-                }
-                let cands: Vec<usize> = (0..n)
-                    .filter(|&j| {
-                        matmul_shape(&sa, &self.vals[j].shape).is_some_and(|s| self.fits(&s))
-                    })
-                    .collect();
-                let b = match Self::pick(&cands, c.b) {
-                    Some(b) => b,
-                    None => {
-                        // A fresh input of shape [k, m] to multiply with.
-                        let k = sa[r - 1];
-                        let m = 1 + usize::from(t0) % self.cfg.max_dim.max(1);
-                        let shape = vec![k, m];
-                        match matmul_shape(&sa, &shape) {
-                            Some(s) if self.fits(&s) && self.fits(&shape) => {}
-                            _ => return self.fallback(a),
-                        }
-                        let seed = u64::from_le_bytes([t0, t1, t2, t3, c.a, c.b, c.op, 1]);
-                        let e = Expr::Leaf {
-                            requires_grad: true,
-                            shape: shape.clone(),
-                            values: Some(values(seed, k * m, pa)),
-                        };
-                        self.push(e, shape, pa)
-                    }
-                };
-                let shape = matmul_shape(&sa, &self.vals[b].shape).unwrap_or_default();
-                let pos = pa && self.vals[b].pos;
-                self.push(Expr::Matmul { lhs: a, rhs: b }, shape, pos)
-            }
-            "transpose" => {
-                if r < 2 {
-                    return self.fallback(a);
-                }
-                let d0 = axis_of(t0, t2 & 1 == 1);
-                let d1 = axis_of(t1, t2 & 2 == 2);
-                let mut shape = sa.clone();
-                shape.swap(norm_axis(d0, r).unwrap_or(0), norm_axis(d1, r).unwrap_or(0));
-                self.push(Expr::Transpose { x: a, d0, d1 }, shape, pa)
-            }
-            "permute" => {
-                if r < 2 {
-                    return self.fallback(a);
-                }
-                let mut perm: Vec<usize> = (0..r).collect();
-                for k in (1..r).rev() {
-                    let j = usize::from(c.attrs[k % 4]) % (k + 1);
-                    perm.swap(k, j);
-                }
-                let shape = perm.iter().map(|&p| sa[p]).collect();
-                let perm = perm
-                    .iter()
-                    .map(|&p| i64::try_from(p).unwrap_or(0))
-                    .collect();
-                self.push(Expr::Permute { x: a, perm }, shape, pa)
-            }
-            "reshape" => {
-                let total = numel(&sa).unwrap_or(1);
-                let ti = |v: usize| i64::try_from(v).unwrap_or(0);
-                let (spec, shape): (Vec<i64>, Vec<usize>) = match t0 % 4 {
-                    0 => (vec![-1], vec![total]),
-                    1 => (vec![ti(total)], vec![total]),
-                    2 => {
-                        let divs: Vec<usize> =
-                            (1..=total).filter(|&d| total.is_multiple_of(d)).collect();
-                        let d = divs
-                            .get(usize::from(t1) % divs.len().max(1))
-                            .copied()
-                            .unwrap_or(1);
-                        (vec![ti(d), -1], vec![d, total / d.max(1)])
-                    }
-                    _ => {
-                        let mut spec = vec![1];
-                        spec.extend(sa.iter().map(|&d| ti(d)));
-                        let mut shape = vec![1];
-                        shape.extend(sa.iter().copied());
-                        (spec, shape)
-                    }
-                };
-                if !self.fits(&shape) {
-                    return self.fallback(a);
-                }
-                self.push(Expr::Reshape { x: a, shape: spec }, shape, pa)
-            }
-            "broadcast" => {
-                let max_dim = self.cfg.max_dim.max(1);
-                let mut shape: Vec<usize> = sa
-                    .iter()
-                    .enumerate()
-                    .map(|(d, &e)| {
-                        if e == 1 && (t1 >> (d % 8)) & 1 == 1 {
-                            1 + usize::from(t2.wrapping_add(d as u8)) % max_dim
-                        } else {
-                            e
-                        }
-                    })
-                    .collect();
-                if t0 & 1 == 1 {
-                    shape.insert(0, 1 + usize::from(t3) % max_dim);
-                }
-                if !self.fits(&shape) {
-                    return self.fallback(a);
-                }
-                self.push(
-                    Expr::Broadcast {
-                        x: a,
-                        shape: shape.clone(),
-                    },
-                    shape,
-                    pa,
-                )
-            }
-            "concat" => {
-                if r == 0 {
-                    return self.fallback(a);
-                }
-                let axis = axis_of(t0, t1 & 1 == 1);
-                let d = norm_axis(axis, r).unwrap_or(0);
-                let cands: Vec<usize> = (0..n)
-                    .filter(|&j| {
-                        let s = &self.vals[j].shape;
-                        s.len() == r
-                            && s.iter()
-                                .zip(&sa)
-                                .enumerate()
-                                .all(|(k, (x, y))| k == d || x == y)
-                    })
-                    .collect();
-                let mut xs = vec![a];
-                let count = 1 + usize::from(t2 % 2);
-                for k in 0..count {
-                    let sel = if k == 0 { c.b } else { t3 };
-                    if let Some(j) = Self::pick(&cands, sel) {
-                        xs.push(j);
-                    }
-                }
-                let mut shape = sa.clone();
-                shape[d] = xs.iter().map(|&j| self.vals[j].shape[d]).sum();
-                if !self.fits(&shape) {
-                    return self.fallback(a);
-                }
-                let pos = xs.iter().all(|&j| self.vals[j].pos);
-                self.push(Expr::Concat { axis, xs }, shape, pos)
-            }
-            "slice" => {
-                if r == 0 {
-                    return self.fallback(a);
-                }
-                let axis = axis_of(t0, t3 & 1 == 1);
-                let d = norm_axis(axis, r).unwrap_or(0);
-                let ext = sa[d];
-                if ext == 0 {
-                    return self.fallback(a);
-                }
-                let start = usize::from(t1) % ext;
-                let end = start + 1 + usize::from(t2) % (ext - start);
-                let mut shape = sa.clone();
-                shape[d] = end - start;
-                self.push(
-                    Expr::Slice {
-                        x: a,
-                        axis,
-                        start,
-                        end,
-                    },
-                    shape,
-                    pa,
-                )
-            }
-            _ => self.fallback(a),
+        let shapes: Vec<&[usize]> = args.iter().map(|&i| shape_of(i)).collect();
+        let ok = !args.is_empty() && row.accepts(args.len(), &params).is_ok();
+        let shape = match ok.then(|| (row.shape)(&shapes, &params)) {
+            Some(Ok(shape)) if self.fits(&shape) => shape,
+            _ => return self.fallback(a),
+        };
+        let pa = self.pos[a];
+        if let Some(f) = fresh {
+            // A fresh input to take part (a matrix to multiply by): values from the choice.
+            let [t0, t1, t2, t3] = c.attrs;
+            let seed = u64::from_le_bytes([t0, t1, t2, t3, c.a, c.b, c.op, 1]);
+            let n = numel(&f).unwrap_or(0);
+            let e = Expr::Leaf {
+                requires_grad: true,
+                shape: f.clone(),
+                values: Some(values(seed, n, pa)),
+            };
+            self.push(e, f, pa);
         }
+        let pos = match row.positive {
+            Positive::Never => false,
+            Positive::Always => true,
+            Positive::IfInput => args.iter().all(|&i| self.pos[i]),
+            Positive::IfEither => args.iter().any(|&i| self.pos[i]),
+        };
+        self.push(
+            Expr::Op {
+                op: row,
+                args,
+                params,
+            },
+            shape,
+            pos,
+        )
     }
 }
 
@@ -628,7 +410,8 @@ pub fn well_typed(leaves: &[LeafChoice], ops: &[OpChoice], cfg: &GenConfig) -> P
     let mut g = Gen {
         cfg,
         exprs: Vec::new(),
-        vals: Vec::new(),
+        shapes: Vec::new(),
+        pos: Vec::new(),
     };
     if leaves.is_empty() {
         g.leaf(&LeafChoice {
@@ -696,26 +479,8 @@ fn assemble(exprs: Vec<Expr>) -> Program {
 
 /// Rewrites operand indices through `map`.
 pub(crate) fn remap(e: &mut Expr, map: &[usize]) {
-    let f = |i: &mut usize| *i = map.get(*i).copied().unwrap_or(usize::MAX);
-    match e {
-        Expr::Leaf { .. } => {}
-        Expr::Binary { lhs, rhs, .. } | Expr::Matmul { lhs, rhs } => {
-            f(lhs);
-            f(rhs);
-        }
-        Expr::Unary { x, .. }
-        | Expr::Detach { x }
-        | Expr::Reduce { x, .. }
-        | Expr::Max { x, .. }
-        | Expr::Softmax { x, .. }
-        | Expr::Transpose { x, .. }
-        | Expr::Permute { x, .. }
-        | Expr::Reshape { x, .. }
-        | Expr::Broadcast { x, .. }
-        | Expr::Slice { x, .. } => f(x),
-        Expr::Concat { xs, .. } | Expr::User { args: xs, .. } | Expr::Op { args: xs, .. } => {
-            xs.iter_mut().for_each(f)
-        }
+    for i in e.operands_mut() {
+        *i = map.get(*i).copied().unwrap_or(usize::MAX);
     }
 }
 

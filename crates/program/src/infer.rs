@@ -109,17 +109,6 @@ pub(crate) fn check_run(
     Ok(())
 }
 
-/// Resolves a possibly negative axis against a rank.
-pub(crate) fn norm_axis(axis: i64, rank: usize) -> Option<usize> {
-    let r = i64::try_from(rank).ok()?;
-    let a = if axis < 0 { axis.checked_add(r)? } else { axis };
-    if (0..r).contains(&a) {
-        usize::try_from(a).ok()
-    } else {
-        None
-    }
-}
-
 fn numel(shape: &[usize]) -> Option<usize> {
     shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
 }
@@ -153,19 +142,6 @@ impl At<'_> {
             message,
         }
     }
-}
-
-fn axis_err(at: &At<'_>, arg: usize, axis: i64, shape: &[usize]) -> ProgramError {
-    let r = shape.len();
-    let expect = if r == 0 {
-        "a tensor of rank 0 has no axes".to_string()
-    } else {
-        format!("expected an axis in -{r}..{r}")
-    };
-    at.shape(
-        Some(arg),
-        format!("axis {axis} is out of range for shape {shape:?}: {expect}"),
-    )
 }
 
 /// Checks every statement; returns each one's shape and grad requirement.
@@ -233,251 +209,22 @@ pub(crate) fn check(p: &Program, limits: &Limits) -> Result<Vec<StmtInfo>, Progr
                     })?
                 }
             }
-            Expr::Unary { .. } | Expr::Detach { .. } => sh(0).to_vec(),
-            Expr::Reduce { axes, .. } => {
-                let s = sh(0);
-                let mut mask = vec![axes.is_empty(); s.len()];
-                for (k, &a) in axes.iter().enumerate() {
-                    let d = norm_axis(a, s.len()).ok_or_else(|| axis_err(&at, 1 + k, a, s))?;
-                    if std::mem::replace(&mut mask[d], true) {
-                        return Err(at.shape(
-                            Some(1 + k),
-                            format!("axis {a} is repeated (expected each axis once)"),
-                        ));
-                    }
-                }
-                s.iter()
-                    .zip(&mask)
-                    .filter(|(_, &m)| !m)
-                    .map(|(&d, _)| d)
-                    .collect()
-            }
-            Expr::Max { axis, .. } => {
-                let s = sh(0);
-                let d = norm_axis(*axis, s.len()).ok_or_else(|| axis_err(&at, 1, *axis, s))?;
-                if s[d] == 0 {
-                    return Err(at.shape(
-                        Some(1),
-                        format!(
-                            "max over axis {axis} of shape {s:?} has no value (expected a \
-                             non-empty axis)"
-                        ),
-                    ));
-                }
-                let mut out = s.to_vec();
-                out.remove(d);
-                out
-            }
-            Expr::Softmax { axis, .. } => {
-                let s = sh(0);
-                norm_axis(*axis, s.len()).ok_or_else(|| axis_err(&at, 1, *axis, s))?;
-                s.to_vec()
-            }
-            Expr::Matmul { .. } => {
-                let (a, b) = (sh(0), sh(1));
-                let bad = |why: &str| {
-                    at.shape(
-                        Some(1),
-                        format!("matmul: cannot multiply {a:?} by {b:?}: {why}"),
-                    )
-                };
-                if a.is_empty() || b.is_empty() {
-                    return Err(bad("expected operands of rank 1 or more"));
-                }
-                let a2: Vec<usize> = if a.len() == 1 {
-                    vec![1, a[0]]
-                } else {
-                    a.to_vec()
-                };
-                let b2: Vec<usize> = if b.len() == 1 {
-                    vec![b[0], 1]
-                } else {
-                    b.to_vec()
-                };
-                let (ra, rb) = (a2.len(), b2.len());
-                let (m, ka) = (a2[ra - 2], a2[ra - 1]);
-                let (kb, n) = (b2[rb - 2], b2[rb - 1]);
-                if ka != kb {
-                    return Err(bad(&format!(
-                        "expected the left operand's last extent ({ka}) to equal the right \
-                         operand's {} extent ({kb})",
-                        if b.len() == 1 {
-                            "only"
-                        } else {
-                            "second-to-last"
-                        }
-                    )));
-                }
-                let batch = broadcast_shapes(&a2[..ra - 2], &b2[..rb - 2])
-                    .ok_or_else(|| bad("expected batch dimensions that broadcast"))?;
-                let macs = numel(&batch)
-                    .and_then(|x| x.checked_mul(m))
-                    .and_then(|x| x.checked_mul(n))
-                    .and_then(|x| x.checked_mul(ka))
-                    .and_then(|x| u64::try_from(x).ok())
-                    .unwrap_or(u64::MAX);
-                extra_work = macs;
-                let mut out = batch;
-                if a.len() > 1 {
-                    out.push(m);
-                }
-                if b.len() > 1 {
-                    out.push(n);
-                }
-                out
-            }
-            Expr::Transpose { d0, d1, .. } => {
-                let s = sh(0);
-                let a = norm_axis(*d0, s.len()).ok_or_else(|| axis_err(&at, 1, *d0, s))?;
-                let b = norm_axis(*d1, s.len()).ok_or_else(|| axis_err(&at, 2, *d1, s))?;
-                let mut out = s.to_vec();
-                out.swap(a, b);
-                out
-            }
-            Expr::Permute { perm, .. } => {
-                let s = sh(0);
-                if perm.len() != s.len() {
-                    return Err(at.shape(
-                        None,
-                        format!(
-                            "permute: {} axes given for shape {s:?} (expected a permutation of \
-                             all {} axes)",
-                            perm.len(),
-                            s.len()
-                        ),
-                    ));
-                }
-                let mut seen = vec![false; s.len()];
-                let mut out = Vec::with_capacity(s.len());
-                for (k, &a) in perm.iter().enumerate() {
-                    let d = norm_axis(a, s.len()).ok_or_else(|| axis_err(&at, 1 + k, a, s))?;
-                    if std::mem::replace(&mut seen[d], true) {
-                        return Err(at.shape(
-                            Some(1 + k),
-                            format!("permute: axis {a} is repeated (expected each axis once)"),
-                        ));
-                    }
-                    out.push(s[d]);
-                }
-                out
-            }
-            Expr::Reshape { shape, .. } => {
-                let s = sh(0);
-                let n = numel(s).unwrap_or(usize::MAX);
-                let mut infer: Option<usize> = None;
-                let mut known: usize = 1;
-                let mut out = Vec::with_capacity(shape.len());
-                for (k, &d) in shape.iter().enumerate() {
-                    if d == -1 && infer.is_none() {
-                        infer = Some(k);
-                        out.push(0);
-                    } else if let Ok(du) = usize::try_from(d) {
-                        known = known.checked_mul(du).ok_or_else(|| {
-                            at.large(Some(1 + k), "the shape's element count overflows".into())
-                        })?;
-                        out.push(du);
-                    } else {
-                        return Err(at.shape(
-                            Some(1 + k),
-                            format!(
-                                "reshape: expected a non-negative extent{}, found {d}",
-                                if infer.is_none() {
-                                    " or -1"
-                                } else {
-                                    " (-1 is already used)"
-                                }
-                            ),
-                        ));
-                    }
-                }
-                if let Some(k) = infer {
-                    if known == 0 || !n.is_multiple_of(known) {
-                        return Err(at.shape(
-                            Some(1 + k),
-                            format!("reshape: cannot infer -1 when reshaping {s:?} into {shape:?}"),
-                        ));
-                    }
-                    out[k] = n / known;
-                } else if known != n {
-                    return Err(at.shape(
-                        None,
-                        format!(
-                            "reshape: cannot reshape {s:?} ({n} elements) into {shape:?} \
-                             ({known} elements)"
-                        ),
-                    ));
-                }
-                out
-            }
-            Expr::Broadcast { shape, .. } => {
-                let s = sh(0);
-                if s != shape.as_slice()
-                    && broadcast_shapes(s, shape).as_deref() != Some(shape.as_slice())
-                {
-                    return Err(at.shape(
-                        None,
-                        format!(
-                            "broadcast: {s:?} does not broadcast to {shape:?} (expected each \
-                             trailing extent to match or be 1)"
-                        ),
-                    ));
-                }
-                shape.clone()
-            }
-            Expr::Concat { axis, .. } => {
-                if ops.is_empty() {
-                    return Err(at.shape(None, "concat: expected at least one operand".into()));
-                }
-                let s0 = sh(0);
-                let d = norm_axis(*axis, s0.len()).ok_or_else(|| axis_err(&at, 0, *axis, s0))?;
-                let mut total_ax: usize = 0;
-                for k in 0..ops.len() {
-                    let s = sh(k);
-                    let ok = s.len() == s0.len()
-                        && s.iter()
-                            .zip(s0)
-                            .enumerate()
-                            .all(|(j, (x, y))| j == d || x == y);
-                    if !ok {
-                        return Err(at.shape(
-                            Some(1 + k),
-                            format!(
-                                "concat: shape {s:?} does not match {s0:?} (expected equal \
-                                 extents except along axis {axis})"
-                            ),
-                        ));
-                    }
-                    total_ax = total_ax.checked_add(s[d]).ok_or_else(|| {
-                        at.large(Some(1 + k), "the concatenated extent overflows".into())
-                    })?;
-                }
-                let mut out = s0.to_vec();
-                out[d] = total_ax;
-                out
-            }
-            Expr::Slice {
-                axis, start, end, ..
-            } => {
-                let s = sh(0);
-                let d = norm_axis(*axis, s.len()).ok_or_else(|| axis_err(&at, 1, *axis, s))?;
-                if start > end || *end > s[d] {
-                    return Err(at.shape(
-                        Some(if start > end { 2 } else { 3 }),
-                        format!(
-                            "slice: range {start}..{end} is outside axis {axis} of shape {s:?} \
-                             (expected START <= END <= {})",
-                            s[d]
-                        ),
-                    ));
-                }
-                let mut out = s.to_vec();
-                out[d] = end - start;
-                out
-            }
+            Expr::Unary { .. } => sh(0).to_vec(),
             Expr::Op { op, args, params } => {
+                // A statement built in code is checked against its row by `Program::push`.
+                op.accepts(args.len(), params)
+                    .map_err(|m| at.shape(None, m))?;
                 let shapes: Vec<&[usize]> = (0..args.len()).map(sh).collect();
-                (op.shape)(&shapes, params)
-                    .map_err(|m| at.shape(Some(0), format!("{}: {m}", op.name)))?
+                let out = (op.shape)(&shapes, params).map_err(|r| {
+                    let message = format!("{}: {}", op.name, r.message);
+                    if r.too_large {
+                        at.large(r.at, message)
+                    } else {
+                        at.shape(r.at, message)
+                    }
+                })?;
+                extra_work = op.work.map_or(0, |w| w(&shapes));
+                out
             }
             Expr::User { op, args } => {
                 let Some(u) = crate::user_op(op) else {
@@ -567,7 +314,7 @@ pub(crate) fn check(p: &Program, limits: &Limits) -> Result<Vec<StmtInfo>, Progr
         }
         let requires_grad = match expr {
             Expr::Leaf { requires_grad, .. } => *requires_grad,
-            Expr::Detach { .. } => false,
+            Expr::Op { op, .. } if op.detaches => false,
             _ => ops.iter().any(|&o| infos[o].requires_grad),
         };
         infos.push(StmtInfo {

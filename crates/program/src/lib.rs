@@ -6,7 +6,8 @@
 //!
 //! The elementwise ops are the public rows of `arenagrad_exec`'s op tables ([`unary_ops`],
 //! [`binary_ops`]): an op added there is in the format, the generator and the fuzz targets with
-//! nothing to add here. The format's own ops are [`FORMAT_OPS`].
+//! nothing to add here. Every other op is a row of the format's op table ([`table`], which says
+//! how to add one).
 //!
 //! # The format (version 1)
 //!
@@ -41,8 +42,8 @@
 //! | `stack a b AXIS`, `slice_step a AXIS START END STEP`, `chunk a N AXIS K`, `split a SIZE AXIS K`, `unbind a AXIS K` | joining, strided slicing, the K-th piece |
 //! | `one_hot a CLASSES`, `arange a START END STEP` | constants: a's values as indices; a range in a's dtype |
 //!
-//! The last six rows are the format's op table ([`table`]): one row per op, read by every part
-//! of the crate.
+//! From `detach` on, each op is a row of the format's op table ([`table`]), read by every part of
+//! the crate.
 //!
 //! Negative axes count from the end. Errors name the line and column (1-based, in characters)
 //! and say what was expected; parsing never panics, and a shape whose element count overflows or
@@ -77,7 +78,7 @@ mod user;
 
 pub use ast::{
     binary_op, binary_ops, is_valid_name, op_names, unary_op, unary_ops, BinaryOp, Expr, Program,
-    ReduceKind, Stmt, UnaryOp, FORMAT_OPS,
+    Stmt, UnaryOp,
 };
 pub use error::ProgramError;
 pub use gradcheck::{CheckOptions, InputCheck, ProgramCheckReport};

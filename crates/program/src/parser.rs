@@ -6,10 +6,10 @@
 use std::collections::HashMap;
 
 use super::ast::{
-    binary_op, is_valid_name, op_names, unary_op, Expr, Program, ReduceKind, Stmt, StmtSpan,
-    UnaryOp,
+    binary_op, is_valid_name, op_names, unary_op, Expr, Program, Stmt, StmtSpan, UnaryOp,
 };
 use super::error::ProgramError;
+use super::table::{op_row, OpRow, Param, ParamKind, ParamSpec};
 
 /// One token: its text and its 1-based column in characters.
 #[derive(Clone, Copy)]
@@ -60,21 +60,15 @@ fn show(t: &str) -> String {
 }
 
 /// How each op is written, for error messages.
-fn usage(op: &str) -> &'static str {
+fn usage(op: &str) -> String {
+    if let Some(row) = op_row(op) {
+        return row.usage();
+    }
     match op {
-        "input" | "const" => "NAME = input|const [D0 D1 ...] [: V0 V1 ...]",
-        "add" | "sub" | "mul" | "div" | "pow" | "maximum" | "minimum" | "matmul" | "eq" | "ne"
-        | "lt" | "le" | "gt" | "ge" => "OP A B",
-        "scale" | "shift" | "powf" => "OP A FLOAT",
-        "sum" | "mean" => "OP A [AXIS ...]",
-        "max" | "softmax" | "log_softmax" => "OP A AXIS",
-        "transpose" => "transpose A D0 D1",
-        "permute" => "permute A P0 P1 ...",
-        "reshape" => "reshape A D0 D1 ... (one -1 allowed)",
-        "broadcast" => "broadcast A D0 D1 ...",
-        "concat" => "concat AXIS A B ...",
-        "slice" => "slice A AXIS START END",
-        _ => "OP A",
+        "input" | "const" => "NAME = input|const [D0 D1 ...] [: V0 V1 ...]".into(),
+        _ if binary_op(op).is_some() => format!("{op} A B"),
+        _ if unary_op(op).is_some_and(|u| u.param().is_some()) => format!("{op} A FLOAT"),
+        _ => format!("{op} A"),
     }
 }
 
@@ -156,13 +150,14 @@ impl<'a> Line<'a, '_> {
             .ok_or_else(|| self.err(t.col, format!("expected {what}, found {}", show(t.text))))
     }
 
-    /// Integers up to the end of the line.
-    fn ints(&mut self, what: &str) -> Result<Vec<i64>, ProgramError> {
-        let mut v = Vec::new();
-        while !self.at_end() {
-            v.push(self.int(what)?);
-        }
-        Ok(v)
+    /// A parameter of `spec`'s kind.
+    fn param(&mut self, spec: ParamSpec) -> Result<Param, ProgramError> {
+        let what = format!("{} ({})", spec.what, spec.kind.described());
+        Ok(match spec.kind {
+            ParamKind::Int => Param::Int(self.int(&what)?),
+            ParamKind::Count => Param::Count(self.uint(&what)?),
+            ParamKind::Float => Param::Float(self.float(&what)?),
+        })
     }
 
     fn finish(&self) -> Result<(), ProgramError> {
@@ -380,25 +375,8 @@ fn args(l: &mut Line<'_, '_>, op: &str, op_col: usize) -> Result<Expr, ProgramEr
         };
         return Ok(Expr::Unary { op, x });
     }
-    if let Some(row) = crate::table::op_row(op) {
-        let args = (0..row.arity)
-            .map(|_| l.name("an operand (a name)"))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut params = Vec::with_capacity(row.params.len());
-        for (what, kind) in row.params {
-            params.push(match kind {
-                crate::table::ParamKind::Float => l.float(&format!("{what} (a number)"))?,
-                crate::table::ParamKind::Int => l.int(&format!("{what} (an integer)"))? as f64,
-                crate::table::ParamKind::Count => {
-                    l.uint(&format!("{what} (a non-negative integer)"))? as f64
-                }
-            });
-        }
-        return Ok(Expr::Op {
-            op: row,
-            args,
-            params,
-        });
+    if let Some(row) = op_row(op) {
+        return row_args(l, row);
     }
     // A registered op (never a name of the format's: `register_op` refuses those).
     if let Some(u) = crate::user_op(op) {
@@ -407,87 +385,43 @@ fn args(l: &mut Line<'_, '_>, op: &str, op_col: usize) -> Result<Expr, ProgramEr
             .collect::<Result<Vec<_>, _>>()?;
         return Ok(Expr::User { op: u.name(), args });
     }
-    Ok(match op {
-        "detach" => Expr::Detach {
-            x: l.name("the operand (a name)")?,
-        },
-        "input" | "const" => leaf(l, op == "input")?,
-        "sum" | "mean" => {
-            let x = l.name("the operand (a name)")?;
-            let axes = l.ints("an axis (an integer)")?;
-            let op = if op == "sum" {
-                ReduceKind::Sum
-            } else {
-                ReduceKind::Mean
-            };
-            Expr::Reduce { op, x, axes }
+    if op == "input" || op == "const" {
+        return leaf(l, op == "input");
+    }
+    Err(l.err(op_col, format!("expected an op, found {}", show(op))))
+}
+
+/// A statement of the op table: the operands and the parameters in the order the row writes
+/// them, a variadic tail up to the end of the line.
+fn row_args(l: &mut Line<'_, '_>, row: &'static OpRow) -> Result<Expr, ProgramError> {
+    let mut params = Vec::with_capacity(row.params.len());
+    let mut args = Vec::with_capacity(row.arity.min());
+    if row.params_first() {
+        for &spec in row.params {
+            params.push(l.param(spec)?);
         }
-        "max" => {
-            let x = l.name("the operand (a name)")?;
-            let axis = l.int("the axis (an integer)")?;
-            Expr::Max { x, axis }
+    }
+    for k in 0..row.arity.min() {
+        args.push(l.name(&format!("{} (a name)", row.operand_what(k)))?);
+    }
+    if row.params_first() {
+        while !l.at_end() {
+            args.push(l.name("an operand (a name)")?);
         }
-        "softmax" | "log_softmax" => {
-            let x = l.name("the operand (a name)")?;
-            let axis = l.int("the axis (an integer)")?;
-            Expr::Softmax {
-                x,
-                axis,
-                log: op == "log_softmax",
-            }
+    } else {
+        for &spec in row.params {
+            params.push(l.param(spec)?);
         }
-        "matmul" => {
-            let lhs = l.name("the first operand (a name)")?;
-            let rhs = l.name("the second operand (a name)")?;
-            Expr::Matmul { lhs, rhs }
-        }
-        "transpose" => {
-            let x = l.name("the operand (a name)")?;
-            let d0 = l.int("the first axis (an integer)")?;
-            let d1 = l.int("the second axis (an integer)")?;
-            Expr::Transpose { x, d0, d1 }
-        }
-        "permute" => {
-            let x = l.name("the operand (a name)")?;
-            let perm = l.ints("an axis (an integer)")?;
-            Expr::Permute { x, perm }
-        }
-        "reshape" => {
-            let x = l.name("the operand (a name)")?;
-            let shape = l.ints("an extent (an integer, or -1 once)")?;
-            Expr::Reshape { x, shape }
-        }
-        "broadcast" => {
-            let x = l.name("the operand (a name)")?;
-            let mut shape = Vec::new();
+        if let Some(spec) = row.rest {
             while !l.at_end() {
-                shape.push(l.uint("an extent (a non-negative integer)")?);
-            }
-            Expr::Broadcast { x, shape }
-        }
-        "concat" => {
-            let axis = l.int("the axis (an integer) before the operands")?;
-            let mut xs = vec![l.name("an operand (a name)")?];
-            while !l.at_end() {
-                xs.push(l.name("an operand (a name)")?);
-            }
-            Expr::Concat { axis, xs }
-        }
-        "slice" => {
-            let x = l.name("the operand (a name)")?;
-            let axis = l.int("the axis (an integer)")?;
-            let start = l.uint("the start (a non-negative integer)")?;
-            let end = l.uint("the end (a non-negative integer)")?;
-            Expr::Slice {
-                x,
-                axis,
-                start,
-                end,
+                params.push(l.param(spec)?);
             }
         }
-        _ => {
-            return Err(l.err(op_col, format!("expected an op, found {}", show(op))));
-        }
+    }
+    Ok(Expr::Op {
+        op: row,
+        args,
+        params,
     })
 }
 

@@ -30,7 +30,7 @@ pub(crate) fn tokens(p: &Program, i: usize) -> Vec<String> {
                 t.extend(v.iter().map(|&x| float(x)));
             }
         }
-        Expr::Binary { lhs, rhs, .. } | Expr::Matmul { lhs, rhs } => {
+        Expr::Binary { lhs, rhs, .. } => {
             t.push(name(*lhs));
             t.push(name(*rhs));
         }
@@ -40,53 +40,16 @@ pub(crate) fn tokens(p: &Program, i: usize) -> Vec<String> {
                 t.push(float(p));
             }
         }
-        Expr::Detach { x } => t.push(name(*x)),
-        Expr::Reduce { x, axes, .. } => {
-            t.push(name(*x));
-            t.extend(axes.iter().map(|a| a.to_string()));
-        }
-        Expr::Max { x, axis } | Expr::Softmax { x, axis, .. } => {
-            t.push(name(*x));
-            t.push(axis.to_string());
-        }
-        Expr::Transpose { x, d0, d1 } => {
-            t.push(name(*x));
-            t.push(d0.to_string());
-            t.push(d1.to_string());
-        }
-        Expr::Permute { x, perm: v } | Expr::Reshape { x, shape: v } => {
-            t.push(name(*x));
-            t.extend(v.iter().map(|a| a.to_string()));
-        }
-        Expr::Broadcast { x, shape } => {
-            t.push(name(*x));
-            t.extend(shape.iter().map(|a| a.to_string()));
-        }
         Expr::User { args, .. } => t.extend(args.iter().map(|&k| name(k))),
         Expr::Op { op, args, params } => {
-            t.extend(args.iter().map(|&k| name(k)));
-            for (&v, (_, kind)) in params.iter().zip(op.params) {
-                t.push(match kind {
-                    crate::table::ParamKind::Float => float(v),
-                    crate::table::ParamKind::Int => format!("{}", v as i64),
-                    crate::table::ParamKind::Count => format!("{}", v as u64),
-                });
+            let params = params.iter().map(|v| v.to_string());
+            if op.params_first() {
+                t.extend(params);
+                t.extend(args.iter().map(|&k| name(k)));
+            } else {
+                t.extend(args.iter().map(|&k| name(k)));
+                t.extend(params);
             }
-        }
-        Expr::Concat { axis, xs } => {
-            t.push(axis.to_string());
-            t.extend(xs.iter().map(|&k| name(k)));
-        }
-        Expr::Slice {
-            x,
-            axis,
-            start,
-            end,
-        } => {
-            t.push(name(*x));
-            t.push(axis.to_string());
-            t.push(start.to_string());
-            t.push(end.to_string());
         }
     }
     t
@@ -104,5 +67,41 @@ impl std::fmt::Display for Program {
             writeln!(f, "{}", statement(self, i))?;
         }
         Ok(())
+    }
+}
+
+impl Program {
+    /// Line and column of token `tok` of statement `i` (0: name, 1: `=`, 2: op, 3...:
+    /// arguments). Falls back to the op's column, then to column 1.
+    pub(crate) fn pos(&self, i: usize, tok: usize) -> (usize, usize) {
+        if let Some(s) = self.spans.get(i) {
+            let col = s
+                .cols
+                .get(tok)
+                .or_else(|| s.cols.get(2))
+                .copied()
+                .unwrap_or(1);
+            return (s.line, col);
+        }
+        // No source: the printed form has statement i on line i+1, tokens one space apart.
+        let toks = tokens(self, i);
+        let mut cols = Vec::with_capacity(toks.len());
+        let mut col = 1;
+        for t in &toks {
+            cols.push(col);
+            col += t.chars().count() + 1;
+        }
+        let col = cols.get(tok).or_else(|| cols.get(2)).copied().unwrap_or(1);
+        (i + 1, col)
+    }
+
+    /// The position of argument `k` of statement `i`, for errors.
+    pub(crate) fn arg_pos(&self, i: usize, k: usize) -> (usize, usize) {
+        self.pos(i, 3 + k)
+    }
+
+    /// The position of the op of statement `i`, for errors.
+    pub(crate) fn op_pos(&self, i: usize) -> (usize, usize) {
+        self.pos(i, 2)
     }
 }

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use arenagrad_graph::{CustomOp, DType, Graph, GraphError, HostData, HostTensor, Tensor};
 
-use super::ast::{Expr, Program, ReduceKind};
+use super::ast::{Expr, Program};
 use super::error::ProgramError;
 use super::infer::{check, check_run, Limits, StmtInfo};
+use super::table::{all_ones, reshape_to};
 
 /// A replacement implementation of an op, for [`Overrides`]: given the statement and its
 /// operands' tensors (in the order [`Expr::operands`] lists them), it returns the statement's
@@ -85,124 +86,27 @@ impl Overrides {
     }
 }
 
-/// Whether every extent is 1 (and there is at least one).
-fn all_ones(shape: &[usize]) -> bool {
-    !shape.is_empty() && shape.iter().all(|&d| d == 1)
-}
-
-fn reshape_to<'g>(t: Tensor<'g>, shape: &[usize]) -> Result<Tensor<'g>, GraphError> {
-    let s = shape
-        .iter()
-        .map(|&d| {
-            isize::try_from(d).map_err(|_| GraphError::BadArgument {
-                op: "program",
-                what: "extent out of range",
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    t.reshape(&s)
-}
-
 /// The engine's reduction kernel asserts (in builds with debug assertions) that the innermost
 /// run it walks is contiguous, which fails when it reduces some but not all axes of a tensor
-/// whose extents are all 1 — directly (`sum`, `max`) or inside a backward rule that sums a
-/// broadcast gradient (binary ops, `broadcast`, batched `matmul`). Every such case is a
-/// one-element tensor, where the reduction or broadcast is a reshape: these rewrites use
-/// reshapes, which have the same values and derivatives.
+/// whose extents are all 1 — inside a binary op's backward rule that sums a broadcast gradient,
+/// for instance (the rows that reduce or broadcast handle their own cases). Such a binary op's
+/// output is one element: its operands are reshaped to its shape first, which has the same
+/// values and derivatives.
 fn avoid_degenerate_reduce<'g>(
     expr: &Expr,
     args: &[Tensor<'g>],
 ) -> Result<Option<Tensor<'g>>, GraphError> {
-    let shape = |k: usize| -> Result<Vec<usize>, GraphError> {
-        match args.get(k) {
-            Some(t) => Ok(t.try_shape()?.to_vec()),
-            None => Err(GraphError::BadArgument {
-                op: "program",
-                what: "missing operand",
-            }),
-        }
-    };
-    match expr {
-        Expr::Reduce { axes, .. } => {
-            let s = shape(0)?;
-            if all_ones(&s) {
-                let mut mask = vec![axes.is_empty(); s.len()];
-                for &a in axes {
-                    match super::infer::norm_axis(a, s.len()) {
-                        Some(d) if !mask[d] => mask[d] = true,
-                        // Let the engine report a bad or repeated axis.
-                        _ => return Ok(None),
-                    }
-                }
-                let out: Vec<usize> = (0..s.len()).filter(|&d| !mask[d]).map(|_| 1).collect();
-                return reshape_to(args[0], &out).map(Some);
-            }
-        }
-        Expr::Max { axis, .. } => {
-            let s = shape(0)?;
-            if all_ones(&s) && super::infer::norm_axis(*axis, s.len()).is_some() {
-                return reshape_to(args[0], &vec![1; s.len() - 1]).map(Some);
-            }
-        }
-        Expr::Broadcast { shape: to, .. } => {
-            let from = shape(0)?;
-            let valid = arenagrad_exec::layout::broadcast_shapes(&from, to).as_deref()
-                == Some(to.as_slice());
-            if all_ones(to) && valid && from.as_slice() != to.as_slice() {
-                return reshape_to(args[0], to).map(Some);
-            }
-        }
-        Expr::Binary { .. } => {
-            let (a, b) = (shape(0)?, shape(1)?);
-            if a != b {
-                if let Some(out) = arenagrad_exec::layout::broadcast_shapes(&a, &b) {
-                    if all_ones(&out) {
-                        let x = reshape_to(args[0], &out)?;
-                        let y = reshape_to(args[1], &out)?;
-                        return apply_default(x.graph(), expr, &[x, y]).map(Some);
-                    }
+    if let (Expr::Binary { .. }, [x, y]) = (expr, args) {
+        let (a, b) = (x.try_shape()?.to_vec(), y.try_shape()?.to_vec());
+        if a != b {
+            if let Some(out) = arenagrad_exec::layout::broadcast_shapes(&a, &b) {
+                if all_ones(&out) {
+                    let x = reshape_to(*x, &out)?;
+                    let y = reshape_to(*y, &out)?;
+                    return apply_default(x.graph(), expr, &[x, y]).map(Some);
                 }
             }
         }
-        Expr::Matmul { .. } => {
-            let (a, b) = (shape(0)?, shape(1)?);
-            if a.is_empty() || b.is_empty() {
-                return Ok(None);
-            }
-            // Promote 1-D operands as numpy does, then compare batch shapes.
-            let a2: Vec<usize> = if a.len() == 1 {
-                vec![1, a[0]]
-            } else {
-                a.clone()
-            };
-            let b2: Vec<usize> = if b.len() == 1 {
-                vec![b[0], 1]
-            } else {
-                b.clone()
-            };
-            let (ba, bb) = (&a2[..a2.len() - 2], &b2[..b2.len() - 2]);
-            let Some(batch) = arenagrad_exec::layout::broadcast_shapes(ba, bb) else {
-                return Ok(None);
-            };
-            if all_ones(&batch) && (ba != batch.as_slice() || bb != batch.as_slice()) {
-                let full = |m: &[usize]| -> Vec<usize> {
-                    let mut v = batch.clone();
-                    v.extend_from_slice(&m[m.len() - 2..]);
-                    v
-                };
-                let x = reshape_to(args[0], &full(&a2))?;
-                let y = reshape_to(args[1], &full(&b2))?;
-                let mut out = batch.clone();
-                if a.len() > 1 {
-                    out.push(a2[a2.len() - 2]);
-                }
-                if b.len() > 1 {
-                    out.push(b2[b2.len() - 1]);
-                }
-                return reshape_to(x.matmul(y)?, &out).map(Some);
-            }
-        }
-        _ => {}
     }
     Ok(None)
 }
@@ -221,12 +125,6 @@ pub fn apply_default<'g>(
             what: "missing operand",
         })
     };
-    let ax = |a: i64| {
-        isize::try_from(a).map_err(|_| GraphError::BadArgument {
-            op: "program",
-            what: "axis out of range",
-        })
-    };
     if let Some(t) = avoid_degenerate_reduce(expr, args)? {
         return Ok(t);
     }
@@ -237,49 +135,15 @@ pub fn apply_default<'g>(
         }),
         Expr::Binary { op, .. } => arg(0)?.binary(*op, arg(1)?),
         Expr::Unary { op, .. } => arg(0)?.unary(*op),
-        Expr::Detach { .. } => arg(0)?.detach(),
-        Expr::Reduce { op, axes, .. } => {
-            let a = arg(0)?;
-            let axes = axes.iter().map(|&x| ax(x)).collect::<Result<Vec<_>, _>>()?;
-            match op {
-                ReduceKind::Sum => a.sum_axes(&axes, false),
-                ReduceKind::Mean => a.mean_axes(&axes, false),
+        Expr::Op { op, params, .. } => {
+            if op.accepts(args.len(), params).is_err() {
+                return Err(GraphError::BadArgument {
+                    op: "program",
+                    what: "operands or parameters that do not fit the op's row",
+                });
             }
+            (op.run)(g, args, params)
         }
-        Expr::Max { axis, .. } => arg(0)?.max_axes(&[ax(*axis)?], false),
-        Expr::Softmax { axis, log, .. } => {
-            if *log {
-                arg(0)?.log_softmax(ax(*axis)?)
-            } else {
-                arg(0)?.softmax(ax(*axis)?)
-            }
-        }
-        Expr::Matmul { .. } => arg(0)?.matmul(arg(1)?),
-        Expr::Transpose { d0, d1, .. } => arg(0)?.transpose(ax(*d0)?, ax(*d1)?),
-        Expr::Permute { perm, .. } => {
-            let a = arg(0)?;
-            let rank = a.try_shape()?.len();
-            let p = perm
-                .iter()
-                .map(|&d| {
-                    super::infer::norm_axis(d, rank).ok_or(GraphError::BadArgument {
-                        op: "permute",
-                        what: "axis out of range",
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            a.permute(&p)
-        }
-        Expr::Reshape { shape, .. } => {
-            let s = shape
-                .iter()
-                .map(|&d| ax(d))
-                .collect::<Result<Vec<_>, _>>()?;
-            arg(0)?.reshape(&s)
-        }
-        Expr::Broadcast { shape, .. } => arg(0)?.broadcast_to(shape),
-        Expr::Concat { axis, .. } => g.concat(args, ax(*axis)?),
-        Expr::Op { op, params, .. } => (op.run)(g, args, params),
         Expr::User { op, .. } => match crate::user_op(op) {
             Some(u) => u.apply(g, args),
             None => Err(GraphError::BadArgument {
@@ -287,9 +151,6 @@ pub fn apply_default<'g>(
                 what: "an op that is not registered",
             }),
         },
-        Expr::Slice {
-            axis, start, end, ..
-        } => arg(0)?.slice(ax(*axis)?, *start, *end),
     }
 }
 

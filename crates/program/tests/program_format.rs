@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use arenagrad_graph::{Graph, GraphError, Tensor};
 use arenagrad_program::{
-    op_names, BinaryOp, CheckOptions, Expr, Limits, OpImpl, Overrides, Program, ProgramError,
-    RunOptions, UnaryOp,
+    op_names, table::Param, BinaryOp, CheckOptions, Expr, Limits, OpImpl, Overrides, Program,
+    ProgramError, RunOptions, UnaryOp,
 };
 
 /// One statement of every op (and both leaf kinds, with and without values).
@@ -493,11 +493,7 @@ fn programs_built_in_code() {
     // Errors in a program built in code point into its printed form.
     p.push(
         "z",
-        Expr::Softmax {
-            x: y,
-            axis: 3,
-            log: false,
-        },
+        Expr::op("softmax", vec![y], vec![Param::Int(3)]).unwrap(),
     )
     .unwrap();
     let e = p.check(&Limits::default()).unwrap_err();

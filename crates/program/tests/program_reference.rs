@@ -811,7 +811,7 @@ fn leaf_cases() -> Vec<Case> {
     ]
 }
 
-/// The rows of the format's op table (`table.rs`), each against values PyTorch 2.15 printed for
+/// The rows of the format's op table added after the first thirteen (`table/`), each against values PyTorch 2.15 printed for
 /// the same program (float64; `scripts/torch_char_gpt.py`'s torch, run by hand): the op, then a
 /// product with constant weights so that the gradients are not all ones.
 fn table_cases() -> Vec<Case> {

@@ -1,0 +1,296 @@
+//! Rows that compute new values from several elements or from constants: `matmul`, `clamp`,
+//! `masked_fill`, `layer_norm`, `rms_norm`, `attention`, `one_hot`, `arange`.
+
+use arenagrad_exec::layout::broadcast_shapes;
+use arenagrad_exec::Positive;
+use arenagrad_graph::{AttentionOptions, GraphError};
+
+use super::{all_ones, count, float, reshape_to, same, Arity, Gen, OpRow, Param, Refusal};
+
+/// numpy's matmul operands: a 1-D left operand is a row `[1, k]`, a 1-D right one a column
+/// `[k, 1]`.
+fn promoted(a: &[usize], b: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let a2 = if a.len() == 1 {
+        vec![1, a[0]]
+    } else {
+        a.to_vec()
+    };
+    let b2 = if b.len() == 1 {
+        vec![b[0], 1]
+    } else {
+        b.to_vec()
+    };
+    (a2, b2)
+}
+
+/// The shape of `matmul a b` under numpy's rules, and its batch shape, or why not.
+fn matmul_shapes(a: &[usize], b: &[usize]) -> Result<(Vec<usize>, Vec<usize>), String> {
+    if a.is_empty() || b.is_empty() {
+        return Err("expected operands of rank 1 or more".into());
+    }
+    let (a2, b2) = promoted(a, b);
+    let (ra, rb) = (a2.len(), b2.len());
+    let (ka, kb) = (a2[ra - 1], b2[rb - 2]);
+    if ka != kb {
+        return Err(format!(
+            "expected the left operand's last extent ({ka}) to equal the right operand's {} \
+             extent ({kb})",
+            if b.len() == 1 {
+                "only"
+            } else {
+                "second-to-last"
+            }
+        ));
+    }
+    let batch = broadcast_shapes(&a2[..ra - 2], &b2[..rb - 2])
+        .ok_or("expected batch dimensions that broadcast")?;
+    let mut out = batch.clone();
+    if a.len() > 1 {
+        out.push(a2[ra - 2]);
+    }
+    if b.len() > 1 {
+        out.push(b2[rb - 1]);
+    }
+    Ok((out, batch))
+}
+
+/// The shape of `matmul a b` under numpy's rules, if defined.
+fn matmul_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    matmul_shapes(a, b).ok().map(|(out, _)| out)
+}
+
+/// `matmul a b`: numpy's matmul (1-D, 2-D, batched with broadcasting).
+pub(super) const MATMUL: OpRow = OpRow::new(
+    "matmul",
+    |s, _| {
+        let (a, b) = (s[0], s[1]);
+        matmul_shapes(a, b)
+            .map(|(out, _)| out)
+            .map_err(|why| Refusal::at(1, format!("cannot multiply {a:?} by {b:?}: {why}")))
+    },
+    |_, x, _| {
+        let (a, b) = (x[0].try_shape()?.to_vec(), x[1].try_shape()?.to_vec());
+        // Batch dimensions that broadcast from all ones: reshaped to the full batch first, so
+        // the backward rule sums no broadcast gradient over all-ones extents (see `sum`'s row).
+        if let Ok((out, batch)) = matmul_shapes(&a, &b) {
+            let (a2, b2) = promoted(&a, &b);
+            let (ba, bb) = (&a2[..a2.len() - 2], &b2[..b2.len() - 2]);
+            if all_ones(&batch) && (ba != batch.as_slice() || bb != batch.as_slice()) {
+                let full = |m: &[usize]| -> Vec<usize> {
+                    let mut v = batch.clone();
+                    v.extend_from_slice(&m[m.len() - 2..]);
+                    v
+                };
+                let l = reshape_to(x[0], &full(&a2))?;
+                let r = reshape_to(x[1], &full(&b2))?;
+                return reshape_to(l.matmul(r)?, &out);
+            }
+        }
+        x[0].matmul(x[1])
+    },
+)
+.arity(Arity::Exactly(2))
+.work(|s| {
+    let Ok((_, batch)) = matmul_shapes(s[0], s[1]) else {
+        return 0;
+    };
+    let (a2, b2) = promoted(s[0], s[1]);
+    let (m, k, n) = (a2[a2.len() - 2], a2[a2.len() - 1], b2[b2.len() - 1]);
+    batch
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .and_then(|x| x.checked_mul(m))
+        .and_then(|x| x.checked_mul(n))
+        .and_then(|x| x.checked_mul(k))
+        .and_then(|x| u64::try_from(x).ok())
+        .unwrap_or(u64::MAX)
+})
+.positive(Positive::IfInput)
+.gen(Gen::Operands(|d| {
+    let sa = d.shape(d.a).to_vec();
+    let r = sa.len();
+    if r == 0 {
+        return None;
+    }
+    let b = match d.pick(|s| matmul_shape(&sa, s).is_some_and(|o| d.fits(&o)), d.b) {
+        Some(b) => b,
+        None => {
+            // A fresh input of shape [k, m] to multiply with.
+            let shape = vec![sa[r - 1], 1 + usize::from(d.attrs[0]) % d.max_dim.max(1)];
+            match matmul_shape(&sa, &shape) {
+                Some(s) if d.fits(&s) && d.fits(&shape) => d.fresh_input(shape),
+                _ => return None,
+            }
+        }
+    };
+    Some((vec![d.a, b], Vec::new()))
+}));
+
+/// `clamp a LO HI`: bounded below and above.
+pub(super) const CLAMP: OpRow = OpRow::new("clamp", same, |_, x, p| {
+    x[0].clamp(Some(p[0].as_f64()), Some(p[1].as_f64()))
+})
+.params(&[
+    float("the lower bound", "LO"),
+    float("the upper bound", "HI"),
+])
+.kinked()
+.gen(Gen::Params(|_, t| {
+    let lo = -1.5 + f64::from(t[0] % 8) * 0.25;
+    Some(vec![lo, lo + 0.25 + f64::from(t[1] % 8) * 0.25])
+}));
+
+/// `masked_fill a MASK VALUE`: VALUE where MASK ≠ 0 (MASK broadcasts to a's shape).
+pub(super) const MASKED_FILL: OpRow = OpRow::new(
+    "masked_fill",
+    |s, _| match broadcast_shapes(s[0], s[1]) {
+        Some(b) if b == s[0] => Ok(s[0].to_vec()),
+        _ => Err(format!("the mask {:?} does not broadcast to {:?}", s[1], s[0]).into()),
+    },
+    |_, x, p| x[0].masked_fill(x[1].detach()?, p[0].as_f64()),
+)
+.arity(Arity::Exactly(2))
+.params(&[float("the fill value", "VALUE")])
+.kinked()
+.gen(Gen::Params(|_, t| Some(vec![f64::from(t[0] % 5) - 2.0])));
+
+/// Normalised over NDIM trailing axes with a non-negative eps (`layer_norm`, `rms_norm`).
+fn trailing(s: &[&[usize]], p: &[Param]) -> Result<Vec<usize>, Refusal> {
+    let nd = p[0].as_usize();
+    if nd == 0 || nd > s[0].len() {
+        return Err(format!(
+            "normalizes {nd} trailing axes of shape {:?} (expected 1 to the rank)",
+            s[0]
+        )
+        .into());
+    }
+    let eps = p[1].as_f64();
+    if eps.is_nan() || eps < 0.0 {
+        return Err(format!("eps {eps} must be ≥ 0").into());
+    }
+    Ok(s[0].to_vec())
+}
+
+const NORM_PARAMS: [super::ParamSpec; 2] = [
+    count("the number of trailing axes", "NDIM"),
+    float("eps", "EPS"),
+];
+
+/// `layer_norm a NDIM EPS`: over the last NDIM axes, no affine.
+pub(super) const LAYER_NORM: OpRow = OpRow::new("layer_norm", trailing, |_, x, p| {
+    x[0].layer_norm(p[0].as_usize(), None, None, p[1].as_f64())
+})
+.params(&NORM_PARAMS)
+.gen(Gen::Params(|s, t| {
+    // Normalised over at least two elements, so the row is not a constant.
+    let nd = 1 + usize::from(t[0]) % s.len().max(1);
+    let n: usize = s[s.len().checked_sub(nd)?..].iter().product();
+    (!s.is_empty() && n >= 2).then(|| vec![nd as f64, 1e-5])
+}));
+
+/// `rms_norm a NDIM EPS`: over the last NDIM axes, no affine.
+pub(super) const RMS_NORM: OpRow = OpRow::new("rms_norm", trailing, |_, x, p| {
+    x[0].rms_norm(p[0].as_usize(), None, p[1].as_f64())
+})
+.params(&NORM_PARAMS)
+.gen(Gen::Params(|s, t| {
+    let nd = 1 + usize::from(t[0]) % s.len().max(1);
+    (!s.is_empty()).then(|| vec![nd as f64, 1e-5])
+}));
+
+/// `attention q k v CAUSAL`: scaled dot-product attention (CAUSAL 0 or 1).
+pub(super) const ATTENTION: OpRow = OpRow::new(
+    "attention",
+    |s, p| {
+        let (q, k, v) = (s[0], s[1], s[2]);
+        let r = q.len();
+        if r < 2 || k.len() != r || v.len() != r {
+            return Err(format!("expected q, k, v of one rank ≥ 2, found {s:?}").into());
+        }
+        if q[..r - 2] != k[..r - 2] || q[r - 1] != k[r - 1] || v[..r - 1] != k[..r - 1] {
+            return Err(format!("q {q:?}, k {k:?}, v {v:?} do not fit together").into());
+        }
+        if p[0].as_usize() > 1 {
+            return Err(format!("causal must be 0 or 1, found {}", p[0]).into());
+        }
+        let mut o = q.to_vec();
+        o[r - 1] = v[r - 1];
+        Ok(o)
+    },
+    |_, x, p| {
+        let opts = AttentionOptions {
+            causal: p[0].as_usize() == 1,
+            ..Default::default()
+        };
+        x[0].scaled_dot_product_attention(x[1], x[2], opts)
+    },
+)
+.arity(Arity::Exactly(3))
+.params(&[count("causal (0 or 1)", "CAUSAL")])
+.gen(Gen::Params(|s, t| {
+    (s.len() >= 2).then(|| vec![f64::from(t[0] & 1)])
+}));
+
+/// `one_hot a CLASSES`: a's values as class indices (no gradient).
+pub(super) const ONE_HOT: OpRow = OpRow::new(
+    "one_hot",
+    |s, p| {
+        let mut o = s[0].to_vec();
+        o.push(p[0].as_usize());
+        Ok(o)
+    },
+    |g, x, p| {
+        let classes = p[0].as_usize();
+        let idx = x[0]
+            .to_vec_f64()?
+            .iter()
+            .map(|&f| {
+                if f >= 0.0 && f.fract() == 0.0 && f < classes as f64 {
+                    Ok(f as usize)
+                } else {
+                    Err(GraphError::BadArgument {
+                        op: "one_hot",
+                        what: "an index that is not a whole number below the class count",
+                    })
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let h = g.one_hot(&idx, classes, x[0].dtype())?;
+        let mut shape: Vec<isize> = x[0].shape().iter().map(|&d| d as isize).collect();
+        shape.push(isize::try_from(classes).unwrap_or(isize::MAX));
+        h.reshape(&shape)
+    },
+)
+.params(&[count("the number of classes", "CLASSES")])
+.kinked();
+
+/// `arange a START END STEP`: the values START, START + STEP, ... below END, in `a`'s dtype and
+/// on its device (`a`'s values are not read; no gradient flows).
+pub(super) const ARANGE: OpRow = OpRow::new(
+    "arange",
+    |_, p| {
+        let (a, b, st) = (p[0].as_f64(), p[1].as_f64(), p[2].as_f64());
+        if !(a.is_finite() && b.is_finite() && st.is_finite()) || st == 0.0 {
+            return Err(format!("{a} {b} {st}: expected finite bounds and a step ≠ 0").into());
+        }
+        // The engine's count, and its refusal of a step pointing away from the end.
+        let n = ((b - a) / st).ceil();
+        if n < 0.0 {
+            return Err(format!("{a} {b} {st}: the step points away from the end").into());
+        }
+        if n > 1e9 {
+            return Err(format!("{a} {b} {st} has too many elements").into());
+        }
+        Ok(vec![n as usize])
+    },
+    |g, x, p| {
+        g.arange(p[0].as_f64(), p[1].as_f64(), p[2].as_f64(), x[0].dtype())?
+            .to_device(x[0].device())
+    },
+)
+.params(&[
+    float("the start", "START"),
+    float("the end", "END"),
+    float("the step", "STEP"),
+])
+.kinked();
