@@ -114,12 +114,82 @@ fn a_wrong_rule_in_a_shape_op_is_caught_too() {
     }
 }
 
+/// tanh whose backward rule has the right value, gy·(1 − y²), but computes it from a detached
+/// output: first derivatives are right, and the derivative of the rule itself is not (it loses
+/// the path through y). Only a second-order check can see it.
+struct FlatTanh;
+
+impl CustomOp for FlatTanh {
+    fn name(&self) -> &'static str {
+        "tanh"
+    }
+    fn backward<'g>(
+        &self,
+        _g: &'g Graph,
+        _inputs: &[Tensor<'g>],
+        output: Tensor<'g>,
+        gy: Tensor<'g>,
+    ) -> Result<Vec<Option<Tensor<'g>>>, GraphError> {
+        let y = output.detach()?;
+        Ok(vec![Some(gy.mul(y.mul(y)?.neg()?.shift(1.0)?)?)])
+    }
+}
+
+fn second_order(overrides: Overrides) -> CheckOptions {
+    CheckOptions {
+        second_order: true,
+        ..check_opts(overrides)
+    }
+}
+
+/// Random programs check second derivatives too: a rule whose value is right and whose own
+/// derivative is wrong passes every first-order check and fails the second-order one, on a
+/// program the shrinker takes down to a few statements.
+#[test]
+fn a_rule_wrong_only_in_its_derivative_is_caught_at_second_order() {
+    let planted = Overrides::new().backward_rule("tanh", Arc::new(FlatTanh));
+    let strategy = strategy::program(GenConfig::smooth(), 8);
+    let first = runner(64).run(&strategy, |p| {
+        let r = p
+            .gradcheck(&check_opts(planted.clone()))
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(r.passed, "{r}");
+        Ok(())
+    });
+    assert!(first.is_ok(), "first derivatives should pass: {first:?}");
+    let result = runner(256).run(&strategy, |p| {
+        let r = p
+            .gradcheck(&second_order(planted.clone()))
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(r.passed, "{r}");
+        Ok(())
+    });
+    let minimal = match result {
+        Err(TestError::Fail(_, p)) => p,
+        other => panic!("the planted rule went unnoticed: {other:?}"),
+    };
+    assert!(minimal.len() <= 4, "shrunk only to:\n{minimal}");
+    let caught = minimal.gradcheck(&second_order(planted)).unwrap();
+    assert!(caught.first_order.iter().all(|c| c.passed), "{caught}");
+    assert!(!caught.passed, "{caught}");
+    let honest = minimal.gradcheck(&second_order(Overrides::new())).unwrap();
+    assert!(honest.passed, "{minimal}\n{honest}");
+}
+
 proptest! {
     #![proptest_config(Config { cases: 48, failure_persistence: None, ..Config::default() })]
 
     #[test]
     fn smooth_programs_pass_gradcheck(p in strategy::smooth_program(6)) {
         let report = p.gradcheck(&check_opts(Overrides::new())).unwrap();
+        prop_assert!(report.passed, "{}\n{}", p, report);
+    }
+
+    /// Second derivatives of random smooth programs (every smooth row, each op's rule
+    /// differentiated again) against finite differences of their first derivatives.
+    #[test]
+    fn smooth_programs_pass_gradgradcheck(p in strategy::smooth_program(5)) {
+        let report = p.gradcheck(&second_order(Overrides::new())).unwrap();
         prop_assert!(report.passed, "{}\n{}", p, report);
     }
 
