@@ -3,7 +3,11 @@
 //! checked twice: through the fused backward kernels, and through the `create_graph` rules
 //! written in tensor ops, which must agree. `docs/testing.md` lists these rules in one table.
 
-use arenagrad_graph::{grad, BackwardOptions, DType, Graph, GraphError, Result, Tensor};
+use std::collections::BTreeSet;
+
+use arenagrad_graph::{
+    grad, BackwardOptions, BinaryOp, DType, Graph, GraphError, Result, Tensor, UnaryOp,
+};
 
 const NAN: f64 = f64::NAN;
 const INF: f64 = f64::INFINITY;
@@ -74,8 +78,13 @@ fn check_unary(name: &str, f: Un, xs: &[f64], want_y: &[f64], want_g: &[f64]) {
 /// The inputs of the unary table: NaN, 0, 1, −1, +inf, −inf.
 const X: [f64; 6] = [NAN, 0.0, 1.0, -1.0, INF, -INF];
 
-#[test]
-fn unary_ops_at_the_edges_match_pytorch() {
+/// One op of the unary tables: its name (a row's name, with its constant in parentheses where
+/// it has one), the op, then PyTorch's values and gradients at the table's inputs.
+type UnaryCase<const N: usize> = (&'static str, Un, [f64; N], [f64; N]);
+
+/// PyTorch's values and gradients at [`X`].
+#[allow(clippy::approx_constant)] // the values as PyTorch printed them
+fn unary_table() -> Vec<UnaryCase<6>> {
     let e = std::f64::consts::E;
     let t1 = 0.761_594_155_955_764_9; // tanh 1
     let dt1 = 0.419_974_341_614_026_1; // 1 − tanh² 1
@@ -83,7 +92,7 @@ fn unary_ops_at_the_edges_match_pytorch() {
     let ds1 = 0.196_611_933_241_481_85; // σ(1)(1 − σ(1))
     let (sin1, cos1) = (1f64.sin(), 1f64.cos());
     #[rustfmt::skip]
-    let table: Vec<(&str, Un, [f64; 6], [f64; 6])> = vec![
+    return vec![
         ("relu", |x| x.relu(), [NAN, 0.0, 1.0, 0.0, INF, 0.0], [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]),
         ("abs", |x| x.abs(), [NAN, 0.0, 1.0, 1.0, INF, INF], [0.0, 0.0, 1.0, -1.0, 1.0, -1.0]),
         ("neg", |x| x.neg(), [NAN, 0.0, -1.0, 1.0, -INF, INF], [-1.0; 6]),
@@ -98,21 +107,34 @@ fn unary_ops_at_the_edges_match_pytorch() {
         ("powf(3)", |x| x.powf(3.0), [NAN, 0.0, 1.0, -1.0, INF, -INF], [NAN, 0.0, 3.0, 3.0, INF, INF]),
         ("powf(0.5)", |x| x.powf(0.5), [NAN, 0.0, 1.0, NAN, INF, NAN], [NAN, INF, 0.5, NAN, 0.0, NAN]),
         ("powf(-1)", |x| x.powf(-1.0), [NAN, INF, 1.0, -1.0, 0.0, 0.0], [NAN, -INF, -1.0, -1.0, 0.0, 0.0]),
+        ("cos", |x| x.cos(), [NAN, 1.0, cos1, cos1, NAN, NAN], [NAN, 0.0, -sin1, sin1, NAN, NAN]),
+        ("gelu", |x| x.gelu(),
+            [NAN, 0.0, 0.841344746068543, -0.15865525393145702, INF, NAN],
+            [NAN, 0.5, 1.0833154705876864, -0.08331547058768635, NAN, NAN]),
+        ("gelu_tanh", |x| x.gelu_tanh(),
+            [NAN, 0.0, 0.8411919906082768, -0.15880800939172324, INF, NAN],
+            [NAN, 0.5, 1.0829640838457826, -0.08296408384578252, NAN, NAN]),
+        ("scale(-1.7)", |x| x.scale(-1.7), [NAN, 0.0, -1.7, 1.7, -INF, INF], [-1.7; 6]),
+        ("shift(0.3)", |x| x.shift(0.3), [NAN, 0.3, 1.3, -0.7, INF, -INF], [1.0; 6]),
     ];
-    for (name, f, want_y, want_g) in table {
+}
+
+#[test]
+fn unary_ops_at_the_edges_match_pytorch() {
+    for (name, f, want_y, want_g) in unary_table() {
         check_unary(name, f, &X, &want_y, &want_g);
     }
 }
 
-/// silu, softplus and erf against PyTorch 2.15's values and gradients (float64, exported with
-/// `torch.nn.functional.silu`/`softplus` and `torch.erf`), at the edges and around softplus's
-/// threshold of 20, by both backward paths.
-#[test]
+/// The inputs of the second unary table: [`X`], then around softplus's threshold of 20.
+const XS: [f64; 9] = [NAN, 0.0, 1.0, -1.0, INF, -INF, 20.0, 20.5, -30.0];
+
+/// silu, softplus and erf: PyTorch 2.15's values and gradients at [`XS`] (float64, exported with
+/// `torch.nn.functional.silu`/`softplus` and `torch.erf`).
 #[allow(clippy::approx_constant)] // the values as PyTorch printed them
-fn silu_softplus_erf_match_pytorch() {
-    const XS: [f64; 9] = [NAN, 0.0, 1.0, -1.0, INF, -INF, 20.0, 20.5, -30.0];
+fn unary_table_wide() -> Vec<UnaryCase<9>> {
     #[rustfmt::skip]
-    let table: Vec<(&str, Un, [f64; 9], [f64; 9])> = vec![
+    return vec![
         ("silu", |x| x.silu(),
             [NAN, 0.0, 0.7310585786300049, -0.2689414213699951, INF, NAN, 19.999999958776925,
              20.499999974371867, -2.8072868906517896e-12],
@@ -128,7 +150,12 @@ fn silu_softplus_erf_match_pytorch() {
             [NAN, 1.1283791670955126, 0.4151074974205947, 0.4151074974205947, 0.0, 0.0,
              2.1610374743867984e-174, 3.4689579821931465e-183, 0.0]),
     ];
-    for (name, f, want_y, want_g) in table {
+}
+
+/// silu, softplus and erf at the edges and around softplus's threshold, by both backward paths.
+#[test]
+fn silu_softplus_erf_match_pytorch() {
+    for (name, f, want_y, want_g) in unary_table_wide() {
         check_unary(name, f, &XS, &want_y, &want_g);
     }
 }
@@ -162,13 +189,15 @@ fn binary_both(f: Bin, a: &[f64], b: &[f64]) -> [(Vec<f64>, Vec<f64>, Vec<f64>);
     [run(false), run(true)]
 }
 
-#[test]
-fn binary_ops_at_the_edges_match_pytorch() {
-    let a = [NAN, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, -1.0, INF];
-    let b = [1.0, NAN, 1.0, 0.0, 2.0, -1.0, NAN, 0.0, 0.5, 0.0];
+/// The operand pairs of the binary tables.
+const A: Row = [NAN, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, -1.0, INF];
+const B: Row = [1.0, NAN, 1.0, 0.0, 2.0, -1.0, NAN, 0.0, 0.5, 0.0];
+
+/// PyTorch's values and gradients (d/da, d/db) at the pairs [`A`], [`B`].
+fn binary_table() -> Vec<(&'static str, Bin, Row, Row, Row)> {
     let ln2 = std::f64::consts::LN_2;
     #[rustfmt::skip]
-    let table: Vec<(&str, Bin, Row, Row, Row)> = vec![
+    return vec![
         ("maximum", |x, y| x.maximum(y),
             [NAN, NAN, 1.0, 0.0, 2.0, 0.0, NAN, 2.0, 0.5, INF],
             [1.0, 1.0, 0.5, 0.5, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0],
@@ -189,13 +218,91 @@ fn binary_ops_at_the_edges_match_pytorch() {
             [NAN, NAN, 1.0, 0.0, 0.0, 0.0, NAN, 0.0, -0.5, NAN],
             [1.0, NAN, 1.0, 0.0, 2.0, -1.0, NAN, 0.0, 0.5, 0.0],
             [NAN, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, -1.0, INF]),
+        ("add", |x, y| x.add(y),
+            [NAN, NAN, 2.0, 0.0, 2.0, -1.0, NAN, 2.0, -0.5, INF], [1.0; 10], [1.0; 10]),
+        ("sub", |x, y| x.sub(y),
+            [NAN, NAN, 0.0, 0.0, -2.0, 1.0, NAN, 2.0, -1.5, INF], [1.0; 10], [-1.0; 10]),
     ];
-    for (name, f, want_y, want_ga, want_gb) in table {
-        for (path, (y, ga, gb)) in ["fused", "create_graph"].iter().zip(binary_both(f, &a, &b)) {
+}
+
+/// The comparisons: PyTorch's answers at the pairs [`A`], [`B`] (as 0/1; NaN compares false but
+/// for `ne`); no gradient flows (PyTorch's output does not require grad).
+fn comparison_table() -> Vec<(&'static str, Bin, Row)> {
+    #[rustfmt::skip]
+    return vec![
+        ("eq", |x, y| x.eq(y), [0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]),
+        ("ne", |x, y| x.ne(y), [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]),
+        ("lt", |x, y| x.lt(y), [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0]),
+        ("le", |x, y| x.le(y), [0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0]),
+        ("gt", |x, y| x.gt(y), [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0]),
+        ("ge", |x, y| x.ge(y), [0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0]),
+    ];
+}
+
+#[test]
+fn binary_ops_at_the_edges_match_pytorch() {
+    for (name, f, want_y, want_ga, want_gb) in binary_table() {
+        for (path, (y, ga, gb)) in ["fused", "create_graph"].iter().zip(binary_both(f, &A, &B)) {
             assert_all_same(&format!("{name} value"), &y, &want_y);
             assert_all_same(&format!("{name} d/da ({path})"), &ga, &want_ga);
             assert_all_same(&format!("{name} d/db ({path})"), &gb, &want_gb);
         }
+    }
+}
+
+#[test]
+fn comparisons_at_the_edges_match_pytorch_and_carry_no_gradient() {
+    let g = Graph::new();
+    let a = g.leaf(&A, &[A.len()], DType::F64).unwrap();
+    let b = g.leaf(&B, &[B.len()], DType::F64).unwrap();
+    for (name, f, want) in comparison_table() {
+        let y = f(a, b).unwrap();
+        assert_all_same(name, &y.to_vec::<f64>().unwrap(), &want);
+        assert!(
+            !y.requires_grad(),
+            "{name}: a comparison carries no gradient"
+        );
+    }
+}
+
+/// Every public row of the engine's unary and binary tables has PyTorch's answers at the edges
+/// in one of the tables above: a new row fails here, naming itself, until it has them.
+#[test]
+fn every_public_row_has_its_edge_values() {
+    let row = |name: &str| name.split('(').next().unwrap_or(name).to_string();
+    let unary: BTreeSet<String> = unary_table()
+        .iter()
+        .map(|c| row(c.0))
+        .chain(unary_table_wide().iter().map(|c| row(c.0)))
+        .collect();
+    let binary: BTreeSet<String> = binary_table()
+        .iter()
+        .map(|c| row(c.0))
+        .chain(comparison_table().iter().map(|c| row(c.0)))
+        .collect();
+    let missing: Vec<&str> = UnaryOp::KINDS
+        .iter()
+        .filter(|op| op.is_public())
+        .map(|op| op.name())
+        .filter(|n| !unary.contains(*n))
+        .chain(
+            BinaryOp::KINDS
+                .iter()
+                .filter(|op| op.is_public())
+                .map(|op| op.name())
+                .filter(|n| !binary.contains(*n)),
+        )
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "no PyTorch edge values (NaN, ±0, ±1, ±inf) for {missing:?}: add each op's row to the \
+         tables of this file"
+    );
+    // And the tables name no op the engine lacks.
+    for name in unary.iter().chain(&binary) {
+        let known = UnaryOp::KINDS.iter().any(|op| op.name() == name)
+            || BinaryOp::KINDS.iter().any(|op| op.name() == name);
+        assert!(known, "the tables name `{name}`, which is no row");
     }
 }
 
