@@ -2,8 +2,9 @@
 //! f64 within 1e-10. Skipped (with the reason shown) where no GPU is usable, unless
 //! `ARENAGRAD_TEST_CUDA=1`.
 
+use arenagrad_graph::exec::Domain;
 use arenagrad_graph::testing::{cuda_test_device, skip};
-use arenagrad_graph::{AttentionOptions, DType, Device, Graph, Result, Tensor};
+use arenagrad_graph::{AttentionOptions, BinaryOp, DType, Device, Graph, Result, Tensor, UnaryOp};
 
 mod common;
 
@@ -12,13 +13,16 @@ type Build = for<'g> fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>;
 use common::values as data;
 
 /// Values of `f` and the gradients of Σ w·f with respect to each input, on `dev`.
-fn run(
+fn run<F>(
     dev: Device,
     dtype: DType,
-    f: Build,
+    f: &F,
     shapes: &[&[usize]],
     positive: bool,
-) -> (Vec<f64>, Vec<Vec<f64>>) {
+) -> (Vec<f64>, Vec<Vec<f64>>)
+where
+    F: for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
+{
     let g = Graph::on(dev).unwrap();
     let xs: Vec<Tensor<'_>> = shapes
         .iter()
@@ -58,13 +62,16 @@ fn close(what: &str, a: &[f64], b: &[f64], rtol: f64) {
     }
 }
 
-fn parity(name: &str, f: Build, shapes: &[&[usize]], positive: bool) {
+fn parity<F>(name: &str, f: F, shapes: &[&[usize]], positive: bool)
+where
+    F: for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
+{
     let Some(dev) = cuda_test_device() else {
         return;
     };
     for (dtype, rtol) in [(DType::F32, 1e-4), (DType::F64, 1e-10)] {
-        let (yc, gc) = run(Device::Cpu, dtype, f, shapes, positive);
-        let (yd, gd) = run(dev, dtype, f, shapes, positive);
+        let (yc, gc) = run(Device::Cpu, dtype, &f, shapes, positive);
+        let (yd, gd) = run(dev, dtype, &f, shapes, positive);
         close(&format!("{name} {dtype} value"), &yd, &yc, rtol);
         for (k, (a, b)) in gd.iter().zip(&gc).enumerate() {
             close(&format!("{name} {dtype} grad {k}"), a, b, rtol);
@@ -81,10 +88,33 @@ macro_rules! parity_tests {
                     let _ = $g;
                     $body
                 }
-                parity(stringify!($name), f, $shapes, $pos);
+                parity(stringify!($name), f as Build, $shapes, $pos);
             }
         )+
     };
+}
+
+/// Every public row of the unary table (at each sample constant) and of the binary table, on
+/// the device against the CPU: a new row is compared the moment it exists. Operands inside the
+/// row's domain; a binary op's result times its left operand, so that a gradient flows through
+/// comparisons too.
+#[test]
+fn every_public_elementwise_row() {
+    for &op in UnaryOp::SAMPLES.iter().filter(|op| op.is_public()) {
+        let name = format!("{} {:?}", op.name(), op.param());
+        let positive = op.domain() == Domain::Positive;
+        parity(&name, move |_, x| x[0].unary(op), &[&[3, 5]], positive);
+    }
+    for &op in BinaryOp::KINDS.iter().filter(|op| op.is_public()) {
+        let (da, db) = op.domain();
+        let positive = da == Domain::Positive || db == Domain::Positive;
+        parity(
+            op.name(),
+            move |_, x| x[0].binary(op, x[1])?.mul(x[0]),
+            &[&[2, 3, 4], &[3, 1]],
+            positive,
+        );
+    }
 }
 
 parity_tests! {

@@ -24,6 +24,14 @@ fn pos(shape: &[usize], seed: u64) -> HostTensor {
     h
 }
 
+/// Values of this shape inside `domain`.
+fn in_domain(domain: Domain, shape: &[usize], seed: u64) -> HostTensor {
+    match domain {
+        Domain::All => ht(shape, seed),
+        Domain::Positive => pos(shape, seed),
+    }
+}
+
 fn check<F>(dev: Device, name: &str, f: F, inputs: &[HostTensor])
 where
     F: for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
@@ -85,50 +93,15 @@ fn binary_grads_with_broadcasting(dev) {
         ("outer", &[3, 1], &[1, 4]),
         ("scalar", &[], &[2, 2]),
     ];
+    // Every public row of the binary table (comparisons included: no gradient, and none
+    // numerically away from ties), each operand inside the row's domain.
     for (label, sa, sb) in cases {
-        let ins = [ht(sa, 1), ht(sb, 2)];
-        check(
-            dev,
-            &format!("add {label}"),
-            check_fn(|_, x| x[0].add(x[1])),
-            &ins,
-        );
-        check(
-            dev,
-            &format!("sub {label}"),
-            check_fn(|_, x| x[0].sub(x[1])),
-            &ins,
-        );
-        check(
-            dev,
-            &format!("mul {label}"),
-            check_fn(|_, x| x[0].mul(x[1])),
-            &ins,
-        );
-        check(
-            dev,
-            &format!("div {label}"),
-            check_fn(|_, x| x[0].div(x[1])),
-            &ins,
-        );
-        check(
-            dev,
-            &format!("maximum {label}"),
-            check_fn(|_, x| x[0].maximum(x[1])),
-            &ins,
-        );
-        check(
-            dev,
-            &format!("minimum {label}"),
-            check_fn(|_, x| x[0].minimum(x[1])),
-            &ins,
-        );
-        check(
-            dev,
-            &format!("pow {label}"),
-            check_fn(|_, x| x[0].pow(x[1])),
-            &[pos(sa, 3), ht(sb, 4)],
-        );
+        for &op in BinaryOp::KINDS.iter().filter(|op| op.is_public()) {
+            let (da, db) = op.domain();
+            let ins = [in_domain(da, sa, 1), in_domain(db, sb, 2)];
+            let name = format!("{} {label}", op.name());
+            check(dev, &name, check_fn(move |_, x| x[0].binary(op, x[1])), &ins);
+        }
     }
 }
 }
@@ -176,26 +149,18 @@ fn unary_values(dev) {
 
 device_test! {
 fn unary_grads(dev) {
+    // Every public row of the unary table at each of its sample constants, inside its domain
+    // (a new row is checked the moment it exists); then the cases the rows' samples miss.
     let s = [2usize, 3];
+    for &op in UnaryOp::SAMPLES.iter().filter(|op| op.is_public()) {
+        let x = [in_domain(op.domain(), &s, 5)];
+        let name = format!("{} {:?}", op.name(), op.param());
+        check(dev, &name, check_fn(move |_, x| x[0].unary(op)), &x);
+    }
     let x = [ht(&s, 5)];
     let p = [pos(&s, 6)];
-    check(dev, "neg", check_fn(|_, x| x[0].neg()), &x);
-    check(dev, "exp", check_fn(|_, x| x[0].exp()), &x);
-    check(dev, "log", check_fn(|_, x| x[0].log()), &p);
-    check(dev, "sqrt", check_fn(|_, x| x[0].sqrt()), &p);
-    check(dev, "abs", check_fn(|_, x| x[0].abs()), &x);
-    check(dev, "sin", check_fn(|_, x| x[0].sin()), &x);
-    check(dev, "cos", check_fn(|_, x| x[0].cos()), &x);
-    check(dev, "tanh", check_fn(|_, x| x[0].tanh()), &x);
-    check(dev, "sigmoid", check_fn(|_, x| x[0].sigmoid()), &x);
-    check(dev, "relu", check_fn(|_, x| x[0].relu()), &x);
-    check(dev, "gelu", check_fn(|_, x| x[0].gelu()), &x);
-    check(dev, "gelu_tanh", check_fn(|_, x| x[0].gelu_tanh()), &x);
-    check(dev, "silu", check_fn(|_, x| x[0].silu()), &x);
-    check(dev, "softplus", check_fn(|_, x| x[0].softplus()), &x);
     // Across the threshold at 20 (x itself above it).
     check(dev, "softplus tail", check_fn(|_, x| x[0].scale(12.0)?.softplus()), &x);
-    check(dev, "erf", check_fn(|_, x| x[0].erf()), &x);
     check(dev, "scale", check_fn(|_, x| x[0].scale(-2.5)), &x);
     check(dev, "shift", check_fn(|_, x| x[0].shift(0.7)), &x);
     check(dev, "powf", check_fn(|_, x| x[0].powf(3.0)), &x);
@@ -488,20 +453,13 @@ fn second_derivatives(dev) {
     // Every public row of the unary and binary tables (a new row is checked the moment it
     // exists), operands inside the row's domain; then the composites the rows do not cover.
     for &op in UnaryOp::SAMPLES.iter().filter(|op| op.is_public()) {
-        let x = match op.domain() {
-            Domain::All => ht(&[2, 3], 5),
-            Domain::Positive => pos(&[2, 3], 5),
-        };
+        let x = in_domain(op.domain(), &[2, 3], 5);
         let r = gradgradcheck(check_fn(move |_, x| x[0].unary(op)), &[x], o).unwrap();
         assert!(r.passed, "{}: {r}", op.name());
     }
     for &op in BinaryOp::KINDS.iter().filter(|op| op.is_public()) {
-        let side = |d: Domain, seed| match d {
-            Domain::All => ht(&[2, 3], seed),
-            Domain::Positive => pos(&[2, 3], seed),
-        };
         let (da, db) = op.domain();
-        let ins = [side(da, 6), side(db, 7)];
+        let ins = [in_domain(da, &[2, 3], 6), in_domain(db, &[2, 3], 7)];
         let r = gradgradcheck(check_fn(move |_, x| x[0].binary(op, x[1])), &ins, o).unwrap();
         assert!(r.passed, "{}: {r}", op.name());
     }
@@ -549,30 +507,37 @@ fn hand_derived_second_derivative_of_cube(dev) {
 
 device_test! {
 fn f32_matches_f64(dev) {
+    // Every public row of the unary and binary tables (at each sample constant, inside its
+    // domain), then softmax: the f32 result within 1e-6 relative of the f64 one.
     let g = Graph::on(dev).unwrap();
-    let v: Vec<f64> = (0..40).map(|i| (i as f64 * 0.37).sin() * 3.0).collect();
-    for (name, f) in [
-        (
-            "tanh",
-            (|t: Tensor<'_>| t.tanh()) as fn(Tensor<'_>) -> Result<Tensor<'_>>,
-        ),
-        ("exp", |t| t.exp()),
-        ("sigmoid", |t| t.sigmoid()),
-        ("gelu", |t| t.gelu()),
-        ("gelu_tanh", |t| t.gelu_tanh()),
-        ("silu", |t| t.silu()),
-        ("softplus", |t| t.softplus()),
-        ("erf", |t| t.erf()),
-        ("softmax", |t| t.reshape(&[4, 10])?.softmax(1)),
-    ] {
-        let a = f(g.from_f64(&v, &[40], DType::F32).unwrap())
-            .unwrap()
-            .to_vec_f64()
-            .unwrap();
-        let b = f(g.from_f64(&v, &[40], DType::F64).unwrap())
-            .unwrap()
-            .to_vec_f64()
-            .unwrap();
+    let both = |v: &[f64], f: &dyn Fn(Tensor<'_>) -> Result<Tensor<'_>>| {
+        let run = |dtype| f(g.from_f64(v, &[v.len()], dtype).unwrap()).unwrap().to_vec_f64().unwrap();
+        (run(DType::F32), run(DType::F64))
+    };
+    let wave = |seed: f64, domain: Domain| -> Vec<f64> {
+        (0..40)
+            .map(|i| (i as f64 * 0.37 + seed).sin() * 3.0)
+            .map(|x| if domain == Domain::Positive { x.abs() + 0.3 } else { x })
+            .collect()
+    };
+    let mut cases: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
+    for &op in UnaryOp::SAMPLES.iter().filter(|op| op.is_public()) {
+        let (a, b) = both(&wave(0.0, op.domain()), &|t| t.unary(op));
+        cases.push((format!("{} {:?}", op.name(), op.param()), a, b));
+    }
+    for &op in BinaryOp::KINDS.iter().filter(|op| op.is_public()) {
+        let (da, db) = op.domain();
+        let rhs = wave(1.3, db);
+        let (a, b) = both(&wave(0.0, da), &|t| {
+            let r = t.graph().from_f64(&rhs, &[rhs.len()], t.dtype())?.to_device(t.device())?;
+            t.binary(op, r)
+        });
+        cases.push((op.name().to_string(), a, b));
+    }
+    let (a, b) = both(&wave(0.0, Domain::All), &|t| t.reshape(&[4, 10])?.softmax(1));
+    cases.push(("softmax".to_string(), a, b));
+    for (name, a, b) in cases {
+        assert_eq!(a.len(), b.len(), "{name}");
         for (x, y) in a.iter().zip(&b) {
             assert!(
                 (x - y).abs() <= 1e-6 * (1.0 + y.abs()),
