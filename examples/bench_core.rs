@@ -6,15 +6,17 @@
 //! backward, fused and as the composed formula; and the character GPT of the `char_gpt`
 //! example: a training step, its peak memory, and generation at batch 1; W5/W6 an LSTM (input
 //! 128, hidden 256, sequence 64, batch 1 and 32) trained by SGD, as one fused layer and as a loop
-//! of cells; gradient checkpointing on an 8-block residual MLP.
+//! of cells; gradient checkpointing on an 8-block residual MLP; the bf16 matrix product beside the
+//! f32 one.
 //!
-//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,w5,w6,ckpt] [--busy-thread]`
+//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,w5,w6,ckpt,bf16] [--busy-thread]`
 //! Threads: `ARENAGRAD_NUM_THREADS` (default: the CPUs this process may use). `--busy-thread`
 //! keeps one more thread of the process busy all along, as an application's own work would
 //! (`scripts/contention.py` measures the slowdown it causes).
 
 use std::time::Instant;
 
+use arenagrad::exec::cpu::bf16::{bf16, gemm_bf16, to_bf16, Bf16Kernel};
 use arenagrad::exec::cpu::{gemm, MatView, Mnk};
 use arenagrad::nn::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use arenagrad::nn::{
@@ -93,6 +95,44 @@ fn gemm_raw(n: usize, threads: usize, reps: usize) -> f64 {
     }
     std::hint::black_box(&c);
     2.0 * (n as f64).powi(3) / median(t) / 1e9
+}
+
+/// GFLOP/s of the bf16 product `n³` (f32 accumulation), row-split over `threads`, median of
+/// `reps`; with the kernel it ran on.
+fn gemm_bf16_raw(n: usize, threads: usize, reps: usize) -> (f64, Bf16Kernel) {
+    let a: Vec<bf16> = (0..n * n).map(|i| to_bf16((i % 7) as f32 * 0.1)).collect();
+    let b = a.clone();
+    let mut c = vec![0.0f32; n * n];
+    let kernel = Bf16Kernel::best();
+    let mut t = Vec::new();
+    for _ in 0..reps + 1 {
+        let t0 = Instant::now();
+        gemm_bf16(
+            Mnk::new(n, n, n),
+            MatView::row_major(&a, 0, n, false),
+            MatView::row_major(&b, 0, n, false),
+            &mut c,
+            false,
+            threads,
+        );
+        t.push(t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&c);
+    (
+        2.0 * (n as f64).powi(3) / median(t[1..].to_vec()) / 1e9,
+        kernel,
+    )
+}
+
+/// The bf16 product beside the f32 one, 1024³, in the same run.
+fn bf16_rows(threads: usize, quick: bool) {
+    let reps = if quick { 3 } else { 10 };
+    let f1 = gemm_raw(1024, 1, reps);
+    let (b1, kernel) = gemm_bf16_raw(1024, 1, reps);
+    let ft = gemm_raw(1024, threads, reps);
+    let (bt, _) = gemm_bf16_raw(1024, threads, reps);
+    println!("| bf16 GEMM 1024³ (f32 accumulation), 1 thread, {kernel:?} | {b1:.0} GFLOP/s ({:.2}× f32's {f1:.0}) | |", b1 / f1);
+    println!("| bf16 GEMM 1024³ (f32 accumulation), row-split over {threads} threads | {bt:.0} GFLOP/s ({:.2}× f32's {ft:.0}) | ≥ 1.8× f32 |", bt / ft);
 }
 
 /// The randn-matmul loop; returns (ms/iter, ms of randn alone, ms of 3 bare GEMMs + randn).
@@ -248,7 +288,7 @@ struct Args {
     /// Only these workloads, comma-separated: w1 (randn-matmul loop and GEMM), w2, w3, w4, cnn,
     /// attn, gpt, lstm (W5 and W6, fused and as cells, and a long stream), w5 and w6 (the fused
     /// layer alone), ckpt
-    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "w5", "w6", "ckpt"])]
+    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "w5", "w6", "ckpt", "bf16"])]
     only: Vec<String>,
     /// Keep one more thread busy (a loop of arithmetic) while the workloads run, as an
     /// application's own thread would
@@ -300,6 +340,9 @@ fn main() {
     }
     if run("w1") {
         w1(&mut g, threads, quick);
+    }
+    if run("bf16") {
+        bf16_rows(threads, quick);
     }
     if run("w3") {
         w3();

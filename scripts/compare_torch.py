@@ -5,7 +5,7 @@ Runs `bench_core` (built first with `cargo build --release --example bench_core`
 workloads in PyTorch in this process, and prints one table with both figures and their ratio.
 The machine's speed drifts between runs; the ratio measured in one run is the figure to compare.
 
-    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm] [--candle] [--rounds N]
+    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,bf16] [--candle] [--rounds N]
 
 `--rounds N` alternates the two sides N times (arenagrad's run, then PyTorch's, and again) and
 prints the medians, and the median of each round's ratio: on a machine whose speed drifts over
@@ -19,6 +19,8 @@ Workloads (the same definitions as `examples/bench_core.rs`):
 
 * W1: x = randn(1024, 1024) requiring grad; (x @ x).sum().backward(); median ms per iteration.
   Also a 1024³ f32 GEMM's GFLOP/s.
+* bf16: a 1024³ matrix product of bf16 operands accumulated in f32 (`torch.mm` on bf16 tensors,
+  oneDNN's kernel), GFLOP/s.
 * W2: a chain of ops x*1.0001, x+0.0001, tanh (in turn) on a tensor of ones of 16 (and 1)
   elements that requires grad, summed and backpropagated; ns per op, forward plus backward.
 * W3 / W4: an MLP (784-512-512-10, batch 128 / 64-64-64-10, batch 32) with ReLU, cross-entropy
@@ -68,6 +70,23 @@ def torch_w1(torch, quick):
         (x @ x).sum().backward()
         t.append(time.perf_counter() - t0)
     return {"gemm": gflops, "w1": median(t[2:]) * 1e3}
+
+
+def torch_bf16(torch, quick):
+    """bf16 `mm` at 1024³ (f32 accumulation inside oneDNN), and the f32 `mm` in the same run."""
+    n = 1024
+    reps = 3 if quick else 10
+    out = {}
+    for key, dtype in (("gemm_f32", torch.float32), ("gemm_bf16", torch.bfloat16)):
+        a = (torch.arange(n * n) % 7 * 0.1).reshape(n, n).to(dtype)
+        b = a.clone()
+        t = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            t.append(time.perf_counter() - t0)
+        out[key] = 2 * n**3 / median(t[1:]) / 1e9
+    return out
 
 
 def torch_w2(torch, n, quick):
@@ -199,6 +218,7 @@ def torch_lstm(torch, batch, cells, quick):
 ROWS = [
     ("w1", "| randn-matmul loop 1024²", "ms/iter"),
     ("gemm", "| f32 GEMM 1024³ through the graph", "GFLOP/s"),
+    ("gemm_bf16", "| bf16 GEMM 1024³ (f32 accumulation), row-split", "GFLOP/s"),
     ("w2_16", "| W2 tiny-op chain, 16 elements", "ns/op"),
     ("w2_1", "| W2 tiny-op chain, 1 element", "ns/op"),
     ("w3", "| W3 MLP 784-512-512-10", "ms"),
@@ -222,6 +242,7 @@ CROSS = [
 LABELS = {
     "w1": "W1 randn-matmul loop 1024², ms/iter",
     "gemm": "f32 GEMM 1024³, GFLOP/s (higher is better)",
+    "gemm_bf16": "bf16 GEMM 1024³, f32 accumulation, GFLOP/s (higher is better)",
     "w2_16": "W2 tiny-op chain, 16 elements, ns/op",
     "w2_1": "W2 tiny-op chain, 1 element, ns/op",
     "w3": "W3 MLP 784-512-512-10 b128 SGD step, ms",
@@ -290,6 +311,8 @@ def main():
         theirs = {}
         if "w1" in only:
             theirs.update(torch_w1(torch, args.quick))
+        if "bf16" in only:
+            theirs["gemm_bf16"] = torch_bf16(torch, args.quick)["gemm_bf16"]
         if "w2" in only:
             theirs["w2_16"] = torch_w2(torch, 16, args.quick)
             theirs["w2_1"] = torch_w2(torch, 1, args.quick)
@@ -327,7 +350,7 @@ def main():
     candle = run_candle(threads, args.quick) if args.candle else {}
 
     def ratio(key, a, other):
-        return a / other if key in ("gemm", "gpt_gen") else other / a
+        return a / other if key in ("gemm", "gemm_bf16", "gpt_gen") else other / a
 
     head = f"| workload | arenagrad | PyTorch {torch.__version__} | PyTorch ÷ arenagrad |"
     rule = "|---|---|---|---|"

@@ -167,7 +167,8 @@ impl<'a, T> MatView<'a, T> {
         }
     }
 
-    fn fits(&self, rows: usize, cols: usize) -> bool {
+    /// Whether every entry of a `rows × cols` view lies inside `data`.
+    pub(crate) fn fits(&self, rows: usize, cols: usize) -> bool {
         if rows == 0 || cols == 0 {
             return true;
         }

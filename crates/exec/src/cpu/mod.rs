@@ -1,6 +1,7 @@
 //! CPU kernels. Each takes plain slices and shapes; the graph has already checked that they agree.
 
 pub mod attention;
+pub mod bf16;
 pub mod chain_gemm;
 pub mod conv;
 pub mod dropout;

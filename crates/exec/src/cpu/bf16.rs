@@ -1,0 +1,781 @@
+//! bf16: conversions, and the product of bf16 matrices into f32 ([`gemm_bf16`]).
+//!
+//! # One answer on every CPU
+//!
+//! The product is defined by the instruction that computes it fastest, AVX-512 BF16's
+//! `vdpbf16ps`, and every other path computes the same bits. For each output element the
+//! accumulator starts at 0 (or at the element's value, when accumulating) and takes the
+//! products along `k` two at a time, `k` padded with a zero to even length: for the pair
+//! `(2p, 2p + 1)`,
+//!
+//! ```text
+//! acc = round(acc + a[2p + 1]·b[2p + 1])
+//! acc = round(acc + a[2p]·b[2p])
+//! ```
+//!
+//! each a fused multiply-add in f32 rounded to nearest even, reading denormal inputs (the bf16
+//! operands and the accumulator) as zeros of their sign and flushing a denormal result to a zero
+//! of its sign — the instruction's definition (Intel SDM, `VDPBF16PS`: "FP32 FMA with DAZ in, FTZ
+//! out and RNE rounding; MXCSR neither consulted nor updated"), confirmed against the hardware
+//! by this module's tests. The order does not depend on blocking or threads (threads split the
+//! rows of the output; the accumulator of an element is carried in the output between blocks of
+//! `k`), so the result is the same at every SIMD level, every thread count and every size of
+//! block. Only a NaN's payload may differ between levels (NaN stays NaN).
+//!
+//! # The kernels
+//!
+//! Operands are packed the instruction's way: `a` in panels of [`MR`] rows, `b` in panels of
+//! [`NR`] columns, each entry a 32-bit pair of bf16 neighbours along `k`. The AVX-512 BF16 kernel
+//! holds an `MR × NR` tile of f32 accumulators in 24 registers and takes one `vdpbf16ps` per
+//! register per pair of `k`; the portable kernel computes the definition above with fused
+//! multiply-adds (AVX-512 or AVX2 where present, else `f32::mul_add`).
+
+pub use half::bf16;
+
+use super::matmul::{MatView, Mnk};
+
+/// Rows of a packed panel of `a`, and of the kernel's tile.
+pub const MR: usize = 6;
+/// Columns of a packed panel of `b`, and of the kernel's tile.
+pub const NR: usize = 64;
+/// Pairs of `k` packed at a time (384 values of `k`: of 128, 192, 256 and 512 pairs, the best
+/// on the reference machine at 1024³).
+const KC2: usize = 192;
+/// Rows of `a` packed at a time.
+const MC: usize = MR * 48;
+
+/// Work (m·k·n multiply-adds) below which a product runs on one thread.
+const PAR_MIN_WORK: usize = 1 << 21;
+
+/// `x` rounded to bf16, to nearest even (NaN stays a quiet NaN), as PyTorch's conversion and
+/// `vcvtneps2bf16`.
+pub fn to_bf16(x: f32) -> bf16 {
+    bf16::from_f32(x)
+}
+
+/// `x`'s value (exact).
+pub fn from_bf16(x: bf16) -> f32 {
+    f32::from_bits(u32::from(x.to_bits()) << 16)
+}
+
+/// `src` rounded into `dst` (as [`to_bf16`]).
+pub fn f32_to_bf16(src: &[f32], dst: &mut [bf16]) {
+    super::wide::wide(src.len(), move || {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = round_bits(s);
+        }
+    })
+}
+
+/// `src` widened into `dst` (exact).
+pub fn bf16_to_f32(src: &[bf16], dst: &mut [f32]) {
+    super::wide::wide(src.len(), move || {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+        }
+    })
+}
+
+/// Round to nearest even on the bits, branch-free (so that the loop vectorises); NaN becomes
+/// a quiet NaN with its sign and top payload bits.
+#[inline(always)]
+fn round_bits(x: f32) -> bf16 {
+    let u = x.to_bits();
+    let rounded = u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16;
+    let nan = (u & 0x7fff_ffff) > 0x7f80_0000;
+    bf16::from_bits(if nan {
+        (u >> 16) as u16 | 0x40
+    } else {
+        rounded as u16
+    })
+}
+
+/// A denormal read as a zero of its sign (the instruction's DAZ), on the bits.
+#[inline(always)]
+fn flush_bits(u: u32) -> u32 {
+    let denormal = ((u & 0x7f80_0000) == 0) as u32;
+    u & !(denormal.wrapping_neg() & 0x7fff_ffff)
+}
+
+#[inline(always)]
+fn flush(x: f32) -> f32 {
+    f32::from_bits(flush_bits(x.to_bits()))
+}
+
+/// The bf16 at the high half of a packed pair (the odd element), as f32, denormal flushed.
+#[inline(always)]
+fn odd(pair: u32) -> f32 {
+    f32::from_bits(flush_bits(pair & 0xffff_0000))
+}
+
+/// The bf16 at the low half of a packed pair (the even element), as f32, denormal flushed.
+#[inline(always)]
+fn even(pair: u32) -> f32 {
+    f32::from_bits(flush_bits(pair << 16))
+}
+
+/// One pair of the definition for one element: the odd product, then the even one.
+#[inline(always)]
+pub fn dot_pair(acc: f32, a: u32, b: u32) -> f32 {
+    let t = flush(odd(a).mul_add(odd(b), flush(acc)));
+    flush(even(a).mul_add(even(b), t))
+}
+
+/// Two bf16 as the packed pair the kernels read (`lo` at `k = 2p`, `hi` at `2p + 1`).
+#[inline(always)]
+pub fn pair(lo: bf16, hi: bf16) -> u32 {
+    u32::from(lo.to_bits()) | (u32::from(hi.to_bits()) << 16)
+}
+
+/// Which kernel a product runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bf16Kernel {
+    /// `vdpbf16ps` (AVX-512 BF16).
+    Avx512Bf16,
+    /// The definition in AVX-512 fused multiply-adds.
+    Avx512,
+    /// The definition in AVX2 fused multiply-adds.
+    Avx2,
+    /// The definition in `f32::mul_add`, compiled for the target's baseline.
+    Portable,
+}
+
+impl Bf16Kernel {
+    /// The fastest kernel this CPU has, within the SIMD level in force
+    /// ([`super::wide::simd`]).
+    pub fn best() -> Bf16Kernel {
+        use super::wide::{simd, Simd};
+        let candidates: &[Bf16Kernel] = match simd() {
+            Simd::Avx512 => &[Bf16Kernel::Avx512Bf16, Bf16Kernel::Avx512],
+            Simd::Avx2 => &[Bf16Kernel::Avx2],
+            Simd::Baseline => &[],
+        };
+        candidates
+            .iter()
+            .copied()
+            .find(|k| k.available())
+            .unwrap_or(Bf16Kernel::Portable)
+    }
+
+    /// Whether this CPU can run the kernel.
+    pub fn available(self) -> bool {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            match self {
+                Bf16Kernel::Avx512Bf16 => has!("avx512f") && has!("avx512bf16"),
+                Bf16Kernel::Avx512 => has!("avx512f") && has!("fma"),
+                Bf16Kernel::Avx2 => has!("avx2") && has!("fma"),
+                Bf16Kernel::Portable => true,
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+        {
+            self == Bf16Kernel::Portable
+        }
+    }
+}
+
+/// `c[..m×n, row-major] (+)= a · b` for bf16 `a` (m×k) and `b` (k×n), accumulated in f32 as the
+/// module documentation defines, on up to `threads` threads, with [`Bf16Kernel::best`].
+/// Panics if a view does not fit its slice (an internal invariant: callers check shapes).
+pub fn gemm_bf16(
+    dims: Mnk,
+    a: MatView<'_, bf16>,
+    b: MatView<'_, bf16>,
+    c: &mut [f32],
+    accumulate: bool,
+    threads: usize,
+) {
+    gemm_bf16_on(Bf16Kernel::best(), dims, a, b, c, accumulate, threads)
+}
+
+/// [`gemm_bf16`] on a given kernel (the portable one where the CPU lacks it).
+pub fn gemm_bf16_on(
+    kernel: Bf16Kernel,
+    dims: Mnk,
+    a: MatView<'_, bf16>,
+    b: MatView<'_, bf16>,
+    c: &mut [f32],
+    accumulate: bool,
+    threads: usize,
+) {
+    let Mnk { m, k, n } = dims;
+    assert!(
+        a.fits(m, k) && b.fits(k, n),
+        "invariant: gemm_bf16 operand out of bounds"
+    );
+    let kernel = if kernel.available() {
+        kernel
+    } else {
+        Bf16Kernel::Portable
+    };
+    let c = &mut c[..m * n];
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            c.fill(0.0);
+        }
+        return;
+    }
+    let work = m.saturating_mul(k).saturating_mul(n);
+    let t = if work >= PAR_MIN_WORK {
+        threads.clamp(1, m.div_ceil(MR))
+    } else {
+        1
+    };
+    // Whole panels of rows to each thread, so that no thread packs a panel another also packs.
+    let rows_per = m.div_ceil(t).div_ceil(MR) * MR;
+    let block = |part: usize, c: &mut [f32]| {
+        let r0 = part * rows_per;
+        let a = MatView {
+            offset: a.offset + r0 * a.rs,
+            ..a
+        };
+        single_thread(kernel, Mnk::new(c.len() / n, k, n), a, b, c, accumulate);
+    };
+    if t <= 1 {
+        block(0, c);
+    } else {
+        let parts: Vec<&mut [f32]> = c.chunks_mut(rows_per * n).collect();
+        super::thread_pool::for_each_part(parts, block);
+    }
+}
+
+thread_local! {
+    /// Each thread's packing buffers (`a`'s block, `b`'s block), kept and reused.
+    static PACKS: std::cell::RefCell<(Vec<u32>, Vec<u32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// The product on this thread: `c` (m×n, row-major) holds the starting accumulators when
+/// `accumulate`, else they are zeros.
+fn single_thread(
+    kernel: Bf16Kernel,
+    dims: Mnk,
+    a: MatView<'_, bf16>,
+    b: MatView<'_, bf16>,
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    let Mnk { m, k, n } = dims;
+    let k2 = k.div_ceil(2);
+    PACKS.with(|packs| {
+        let mut fresh = (Vec::new(), Vec::new());
+        let mut held = packs.try_borrow_mut();
+        let (pa, pb) = match held.as_deref_mut() {
+            Ok(p) => (&mut p.0, &mut p.1),
+            // In use further up this thread's stack: fresh buffers.
+            Err(_) => (&mut fresh.0, &mut fresh.1),
+        };
+        let mut p0 = 0;
+        while p0 < k2 {
+            let kc2 = KC2.min(k2 - p0);
+            let bn = n.div_ceil(NR) * NR;
+            pb.resize(kc2 * bn, 0);
+            pack_b(b, k, p0, kc2, n, pb);
+            let mut i0 = 0;
+            while i0 < m {
+                let mc = MC.min(m - i0);
+                let am = mc.div_ceil(MR) * MR;
+                pa.resize(kc2 * am, 0);
+                pack_a(a, k, i0, mc, p0, kc2, pa);
+                for (jp, bpanel) in pb.chunks_exact(kc2 * NR).enumerate() {
+                    let j0 = jp * NR;
+                    let cols = NR.min(n - j0);
+                    for (ip, apanel) in pa.chunks_exact(kc2 * MR).enumerate() {
+                        let r = i0 + ip * MR;
+                        let rows = MR.min(m - r);
+                        let tile = Tile {
+                            c: &mut c[r * n + j0..],
+                            ldc: n,
+                            rows,
+                            cols,
+                        };
+                        run_tile(kernel, kc2, apanel, bpanel, tile, accumulate || p0 > 0);
+                    }
+                }
+                i0 += mc;
+            }
+            p0 += kc2;
+        }
+    });
+}
+
+/// Packs pairs `p0..p0 + kc2` of rows `i0..i0 + mc` of `a` (m×k) into panels of [`MR`] rows:
+/// entry `(panel, p, r)` at `(panel·kc2 + p)·MR + r`; rows past `mc` and `k` past its end are 0.
+fn pack_a(
+    a: MatView<'_, bf16>,
+    k: usize,
+    i0: usize,
+    mc: usize,
+    p0: usize,
+    kc2: usize,
+    dst: &mut [u32],
+) {
+    let zero = bf16::from_bits(0);
+    let at = |i: usize, kk: usize| {
+        if kk < k {
+            a.data[a.offset + i * a.rs + kk * a.cs]
+        } else {
+            zero
+        }
+    };
+    for (panel, out) in dst.chunks_exact_mut(kc2 * MR).enumerate() {
+        let first = panel * MR;
+        let rows = MR.min(mc.saturating_sub(first));
+        if a.cs == 1 && rows == MR && 2 * (p0 + kc2) <= k {
+            // Whole rows of contiguous pairs: read the MR rows side by side, write each pair
+            // of `k` once.
+            let row: [&[bf16]; MR] = std::array::from_fn(|r| {
+                let base = a.offset + (i0 + first + r) * a.rs + 2 * p0;
+                &a.data[base..base + 2 * kc2]
+            });
+            for (p, o) in out.chunks_exact_mut(MR).enumerate() {
+                for (slot, src) in o.iter_mut().zip(&row) {
+                    *slot = pair(src[2 * p], src[2 * p + 1]);
+                }
+            }
+            continue;
+        }
+        for p in 0..kc2 {
+            let kk = 2 * (p0 + p);
+            for r in 0..MR {
+                out[p * MR + r] = if r < rows {
+                    let i = i0 + first + r;
+                    pair(at(i, kk), at(i, kk + 1))
+                } else {
+                    0
+                };
+            }
+        }
+    }
+}
+
+/// Packs pairs `p0..p0 + kc2` of `b` (k×n) into panels of [`NR`] columns: entry
+/// `(panel, p, c)` at `(panel·kc2 + p)·NR + c`; columns past `n` and `k` past its end are 0.
+fn pack_b(b: MatView<'_, bf16>, k: usize, p0: usize, kc2: usize, n: usize, dst: &mut [u32]) {
+    let zero = bf16::from_bits(0);
+    let at = |kk: usize, j: usize| {
+        if kk < k {
+            b.data[b.offset + kk * b.rs + j * b.cs]
+        } else {
+            zero
+        }
+    };
+    for (panel, out) in dst.chunks_exact_mut(kc2 * NR).enumerate() {
+        let j0 = panel * NR;
+        let cols = NR.min(n - j0);
+        for p in 0..kc2 {
+            let kk = 2 * (p0 + p);
+            let o = &mut out[p * NR..(p + 1) * NR];
+            if b.cs == 1 && cols == NR && kk + 1 < k {
+                // Two contiguous rows, interleaved.
+                let lo = &b.data[b.offset + kk * b.rs + j0..][..NR];
+                let hi = &b.data[b.offset + (kk + 1) * b.rs + j0..][..NR];
+                for c in 0..NR {
+                    o[c] = pair(lo[c], hi[c]);
+                }
+            } else {
+                for (c, slot) in o.iter_mut().enumerate() {
+                    *slot = if c < cols {
+                        pair(at(kk, j0 + c), at(kk + 1, j0 + c))
+                    } else {
+                        0
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Where a tile of the output lies: `rows × cols` (at most `MR × NR`) from `c[0]`, row stride
+/// `ldc`.
+struct Tile<'c> {
+    c: &'c mut [f32],
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+}
+
+/// One tile: the accumulators from the output (or zeros, unless `load`), `kc2` pairs of
+/// products, back to the output.
+fn run_tile(kernel: Bf16Kernel, kc2: usize, ap: &[u32], bp: &[u32], tile: Tile<'_>, load: bool) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if kernel == Bf16Kernel::Avx512Bf16 && tile.rows == MR && tile.cols == NR {
+        // SAFETY: `gemm_bf16_on` runs this kernel only where `available` found AVX-512 F and
+        // BF16; the tile is whole (checked by the kernel against the slice's length).
+        unsafe { x86::tile_bf16(kc2, ap, bp, tile.c, tile.ldc, load) };
+        return;
+    }
+    let mut acc = [[0f32; NR]; MR];
+    if load {
+        for (r, row) in acc.iter_mut().enumerate().take(tile.rows) {
+            row[..tile.cols].copy_from_slice(&tile.c[r * tile.ldc..][..tile.cols]);
+        }
+    }
+    match kernel {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        // SAFETY: as above; a partial tile goes through a whole one on the stack.
+        Bf16Kernel::Avx512Bf16 => unsafe {
+            x86::tile_bf16(kc2, ap, bp, acc.as_flattened_mut(), NR, true)
+        },
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        // SAFETY: only where `available` found AVX-512 F and FMA.
+        Bf16Kernel::Avx512 => unsafe { x86::tile_avx512(kc2, ap, bp, &mut acc) },
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        // SAFETY: only where `available` found AVX2 and FMA.
+        Bf16Kernel::Avx2 => unsafe { x86::tile_avx2(kc2, ap, bp, &mut acc) },
+        _ => tile_portable(kc2, ap, bp, &mut acc),
+    }
+    for (r, row) in acc.iter().enumerate().take(tile.rows) {
+        tile.c[r * tile.ldc..][..tile.cols].copy_from_slice(&row[..tile.cols]);
+    }
+}
+
+/// The definition, one tile: for each pair of `k`, every accumulator takes its odd and then its
+/// even product.
+#[inline(always)]
+fn tile_portable(kc2: usize, ap: &[u32], bp: &[u32], acc: &mut [[f32; NR]; MR]) {
+    for row in acc.iter_mut() {
+        for v in row.iter_mut() {
+            *v = flush(*v);
+        }
+    }
+    for (a, b) in ap.chunks_exact(MR).zip(bp.chunks_exact(NR)).take(kc2) {
+        let mut bo = [0f32; NR];
+        let mut be = [0f32; NR];
+        for c in 0..NR {
+            bo[c] = odd(b[c]);
+            be[c] = even(b[c]);
+        }
+        for (row, &ar) in acc.iter_mut().zip(a) {
+            let (ao, ae) = (odd(ar), even(ar));
+            for c in 0..NR {
+                let t = flush(ao.mul_add(bo[c], row[c]));
+                row[c] = flush(ae.mul_add(be[c], t));
+            }
+        }
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{tile_portable, MR, NR};
+
+    /// The portable tile compiled with AVX-512 (its `mul_add`s become `vfmadd`).
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) fn tile_avx512(kc2: usize, ap: &[u32], bp: &[u32], acc: &mut [[f32; NR]; MR]) {
+        tile_portable(kc2, ap, bp, acc)
+    }
+
+    /// The portable tile compiled with AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn tile_avx2(kc2: usize, ap: &[u32], bp: &[u32], acc: &mut [[f32; NR]; MR]) {
+        tile_portable(kc2, ap, bp, acc)
+    }
+
+    /// `MR × NR` accumulators in 24 registers, one `vdpbf16ps` each per pair of `k`: `b`'s
+    /// `NR / 16` registers of 16 columns loaded once, `a`'s pair broadcast once per row (six
+    /// rows of four registers: half the broadcasts per product of twelve rows of two, measured
+    /// 5–10% faster). The tile is rows
+    /// `0..MR` of `c` (row stride `ldc`), columns `0..NR`; the accumulators start from it when
+    /// `load`, else from zeros.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) fn tile_bf16(
+        kc2: usize,
+        ap: &[u32],
+        bp: &[u32],
+        c: &mut [f32],
+        ldc: usize,
+        load: bool,
+    ) {
+        assert!(ap.len() >= kc2 * MR && bp.len() >= kc2 * NR);
+        assert!(ldc >= NR && c.len() >= (MR - 1) * ldc + NR);
+        const NV: usize = NR / 16;
+        let out = c.as_mut_ptr();
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        if load {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    // SAFETY: row r's NR floats lie at r·ldc.. within `c` (the assertion above).
+                    *x = unsafe { _mm512_loadu_ps(out.add(r * ldc + 16 * v)) };
+                }
+            }
+        }
+        let (mut a, mut b) = (ap.as_ptr(), bp.as_ptr());
+        for _ in 0..kc2 {
+            // SAFETY: the first assertion: pair p's NR entries of `b` start at p·NR and its MR
+            // entries of `a` at p·MR, p < kc2, all within the panels; loads are unaligned.
+            unsafe {
+                let bv: [__m512bh; NV] = std::array::from_fn(|v| {
+                    std::mem::transmute(_mm512_loadu_si512(b.add(16 * v).cast()))
+                });
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let ar: __m512bh =
+                        std::mem::transmute(_mm512_set1_epi32(a.add(r).read() as i32));
+                    for (x, &bw) in row.iter_mut().zip(&bv) {
+                        *x = _mm512_dpbf16_ps(*x, ar, bw);
+                    }
+                }
+                a = a.add(MR);
+                b = b.add(NR);
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (v, &x) in row.iter().enumerate() {
+                // SAFETY: as for the loads.
+                unsafe { _mm512_storeu_ps(out.add(r * ldc + 16 * v), x) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bits(seed: u64, n: usize) -> Vec<bf16> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                to_bf16(((s >> 33) as f64 / (1u64 << 31) as f64 * 4.0 - 2.0) as f32)
+            })
+            .collect()
+    }
+
+    /// The definition, element by element, straight from the operands.
+    fn reference(dims: Mnk, a: &[bf16], b: &[bf16], c0: Option<&[f32]>) -> Vec<f32> {
+        let Mnk { m, k, n } = dims;
+        let zero = bf16::from_bits(0);
+        let mut out = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut acc = c0.map_or(0.0, |c| c[i * n + j]);
+                for p in 0..k.div_ceil(2) {
+                    let get = |x: &[bf16], idx: Option<usize>| idx.map_or(zero, |q| x[q]);
+                    let (k0, k1) = (2 * p, 2 * p + 1);
+                    let a2 = pair(a[i * k + k0], get(a, (k1 < k).then(|| i * k + k1)));
+                    let b2 = pair(b[k0 * n + j], get(b, (k1 < k).then(|| k1 * n + j)));
+                    acc = dot_pair(acc, a2, b2);
+                }
+                out[i * n + j] = acc;
+            }
+        }
+        out
+    }
+
+    fn same_bits(x: &[f32], y: &[f32]) -> bool {
+        x.len() == y.len()
+            && x.iter()
+                .zip(y)
+                .all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()))
+    }
+
+    const KERNELS: [Bf16Kernel; 4] = [
+        Bf16Kernel::Avx512Bf16,
+        Bf16Kernel::Avx512,
+        Bf16Kernel::Avx2,
+        Bf16Kernel::Portable,
+    ];
+
+    /// Every kernel, at several shapes (edges of tiles and blocks, odd `k`), one and two
+    /// threads, with and without accumulation, gives the definition's bits. (Miri interprets
+    /// two small shapes through the portable kernel.)
+    #[test]
+    fn every_kernel_gives_the_definitions_bits() {
+        // Whole and partial tiles, odd `k`, several blocks of `k` (401, 515 > 2·192), and last
+        // a product large enough to split across threads.
+        let shapes: &[(usize, usize, usize)] = if cfg!(miri) {
+            &[(5, 7, 3), (7, 5, 65)]
+        } else {
+            &[
+                (1, 1, 1),
+                (5, 7, 3),
+                (13, 33, 40),
+                (25, 515, 65),
+                (6, 2, 64),
+                (7, 401, 129),
+                (130, 129, 131),
+            ]
+        };
+        for &(m, k, n) in shapes {
+            let dims = Mnk::new(m, k, n);
+            let a = bits(1 + m as u64, m * k);
+            let b = bits(7 + n as u64, k * n);
+            let c0: Vec<f32> = bits(11, m * n).iter().map(|&x| from_bf16(x)).collect();
+            for accumulate in [false, true] {
+                let want = reference(dims, &a, &b, accumulate.then_some(&c0[..]));
+                for kernel in KERNELS.into_iter().filter(|k| k.available()) {
+                    for threads in [1, 2] {
+                        let mut c = c0.clone();
+                        let av = MatView::row_major(&a, 0, k, false);
+                        let bv = MatView::row_major(&b, 0, n, false);
+                        gemm_bf16_on(kernel, dims, av, bv, &mut c, accumulate, threads);
+                        assert!(
+                            same_bits(&c, &want),
+                            "{kernel:?} {m}×{k}×{n} threads {threads} accumulate {accumulate}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Transposed operands (swapped strides) give the bits of the same product laid out plainly.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn transposed_operands_give_the_same_bits() {
+        let (m, k, n) = (14, 37, 35);
+        let a = bits(3, m * k);
+        let b = bits(4, k * n);
+        let at: Vec<bf16> = (0..k * m).map(|q| a[(q % m) * k + q / m]).collect();
+        let bt: Vec<bf16> = (0..n * k).map(|q| b[(q % k) * n + q / k]).collect();
+        let want = reference(Mnk::new(m, k, n), &a, &b, None);
+        let mut c = vec![0f32; m * n];
+        let av = MatView::row_major(&at, 0, m, true);
+        let bv = MatView::row_major(&bt, 0, k, true);
+        gemm_bf16(Mnk::new(m, k, n), av, bv, &mut c, false, 2);
+        assert!(same_bits(&c, &want));
+    }
+
+    /// The definition's edges on the hardware instruction itself, where the CPU has it: the
+    /// order of the two products, rounding to nearest even after each, denormal accumulators,
+    /// products and operands, infinities and NaN — against `dot_pair`, and over many random
+    /// pairs of every class of value.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn dot_pair_is_the_instruction() {
+        if !Bf16Kernel::Avx512Bf16.available() {
+            eprintln!(
+                "skipped: no AVX-512 BF16 here (the other kernels still meet the definition)"
+            );
+            return;
+        }
+        let b = |x: f32| to_bf16(x);
+        let p = |lo: f32, hi: f32| pair(b(lo), b(hi));
+        let tiny = f32::from_bits(1);
+        #[rustfmt::skip]
+        let mut cases: Vec<(f32, u32, u32)> = vec![
+            (1.0, p(2f32.powi(-24), 2f32.powi(-24)), p(1.0, 1.0)),
+            (1.0, p(-1.0, 2f32.powi(-25)), p(1.0, 1.0)),
+            (tiny, p(0.0, 0.0), p(0.0, 0.0)),
+            (-tiny, p(0.0, 0.0), p(0.0, 0.0)),
+            (0.0, p(2f32.powi(-70), 0.0), p(2f32.powi(-70), 0.0)),
+            (-0.0, p(-2f32.powi(-70), 0.0), p(2f32.powi(-70), 0.0)),
+            (1.0, pair(bf16::from_bits(1), b(0.0)), p(2f32.powi(100), 0.0)),
+            (f32::INFINITY, p(1.0, 1.0), p(-1.0, 1.0)),
+            (0.0, p(f32::INFINITY, 0.0), p(0.0, 1.0)),
+            (0.0, p(f32::NAN, 1.0), p(1.0, 1.0)),
+            (-0.0, p(0.0, -0.0), p(1.0, 1.0)),
+            (f32::MAX, p(2f32.powi(100), 1.0), p(2f32.powi(100), 1.0)),
+        ];
+        let mut s = 5u64;
+        let mut next = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            s >> 16
+        };
+        // Random bits hit every class (denormals, infinities, NaN) often enough.
+        for _ in 0..20_000 {
+            let acc = f32::from_bits(next() as u32);
+            cases.push((acc, next() as u32, next() as u32));
+        }
+        for chunk in cases.chunks(16) {
+            let mut acc = [0f32; 16];
+            let (mut a, mut bb) = ([0u32; 16], [0u32; 16]);
+            for (q, &(c, x, y)) in chunk.iter().enumerate() {
+                acc[q] = c;
+                a[q] = x;
+                bb[q] = y;
+            }
+            // SAFETY: the CPU has AVX-512 F and BF16 (checked above).
+            let got = unsafe { hardware(acc, a, bb) };
+            for (q, &(c, x, y)) in chunk.iter().enumerate() {
+                let want = dot_pair(c, x, y);
+                assert!(
+                    got[q].to_bits() == want.to_bits() || (got[q].is_nan() && want.is_nan()),
+                    "acc {c:e} ({:08x}), a {x:08x}, b {y:08x}: instruction {:e} ({:08x}), \
+                     definition {want:e} ({:08x})",
+                    c.to_bits(),
+                    got[q],
+                    got[q].to_bits(),
+                    want.to_bits()
+                );
+            }
+        }
+    }
+
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    fn hardware(acc: [f32; 16], a: [u32; 16], b: [u32; 16]) -> [f32; 16] {
+        use std::arch::x86_64::*;
+        let mut out = [0f32; 16];
+        // SAFETY: 16-element arrays; unaligned loads and store.
+        unsafe {
+            let c = _mm512_loadu_ps(acc.as_ptr());
+            let va: __m512bh = std::mem::transmute(_mm512_loadu_si512(a.as_ptr().cast()));
+            let vb: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.as_ptr().cast()));
+            _mm512_storeu_ps(out.as_mut_ptr(), _mm512_dpbf16_ps(c, va, vb));
+        }
+        out
+    }
+
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    unsafe fn hardware(_: [f32; 16], _: [u32; 16], _: [u32; 16]) -> [f32; 16] {
+        unreachable!("checked by `available`")
+    }
+
+    /// The checks above can fail: the definition with its two products swapped differs from
+    /// the instruction's order on the second edge case.
+    #[test]
+    fn the_order_of_the_two_products_matters() {
+        let b = |x: f32| to_bf16(x);
+        let (a, bb) = (pair(b(-1.0), b(2f32.powi(-25))), pair(b(1.0), b(1.0)));
+        let swapped = {
+            let t = flush(even(a).mul_add(even(bb), 1.0));
+            flush(odd(a).mul_add(odd(bb), t))
+        };
+        assert_eq!(dot_pair(1.0, a, bb), 0.0);
+        assert_ne!(swapped, 0.0);
+    }
+
+    /// Conversions: round to nearest even, ties to even, NaN stays NaN, widening is exact.
+    #[test]
+    fn conversions_round_to_nearest_even() {
+        let src = [
+            1.0f32,
+            1.0 + 2f32.powi(-8),
+            1.0 + 3.0 * 2f32.powi(-8),
+            f32::NAN,
+            -0.0,
+            f32::INFINITY,
+            3.0e38,
+            f32::from_bits(0x3f80_8001),
+        ];
+        let mut dst = vec![bf16::from_bits(0); src.len()];
+        f32_to_bf16(&src, &mut dst);
+        for (&s, &d) in src.iter().zip(&dst) {
+            let want = bf16::from_f32(s);
+            assert!(
+                d.to_bits() == want.to_bits() || (d.is_nan() && want.is_nan()),
+                "{s}"
+            );
+        }
+        assert_eq!(from_bf16(dst[1]), 1.0); // a tie rounds to even
+        assert_eq!(from_bf16(dst[2]), 1.0 + 2f32.powi(-6)); // a tie rounds to even, upward
+        assert_eq!(from_bf16(dst[7]), 1.0 + 2f32.powi(-7)); // above the tie rounds up
+        let mut back = vec![0f32; dst.len()];
+        bf16_to_f32(&dst, &mut back);
+        assert_eq!(back[0], 1.0);
+        assert!(back[3].is_nan());
+    }
+}
