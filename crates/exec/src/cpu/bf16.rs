@@ -282,12 +282,12 @@ fn single_thread(
                 let am = mc.div_ceil(MR) * MR;
                 pa.resize(kc2 * am, 0);
                 pack_a(a, k, i0, mc, p0, kc2, pa);
-                for (jp, bpanel) in pb.chunks_exact(kc2 * NR).enumerate() {
-                    let j0 = jp * NR;
-                    let cols = NR.min(n - j0);
-                    for (ip, apanel) in pa.chunks_exact(kc2 * MR).enumerate() {
-                        let r = i0 + ip * MR;
-                        let rows = MR.min(m - r);
+                for (ip, apanel) in pa.chunks_exact(kc2 * MR).enumerate() {
+                    let r = i0 + ip * MR;
+                    let rows = MR.min(m - r);
+                    for (jp, bpanel) in pb.chunks_exact(kc2 * NR).enumerate() {
+                        let j0 = jp * NR;
+                        let cols = NR.min(n - j0);
                         let tile = Tile {
                             c: &mut c[r * n + j0..],
                             ldc: n,
@@ -497,6 +497,8 @@ mod x86 {
         assert!(ap.len() >= kc2 * MR && bp.len() >= kc2 * NR);
         assert!(ldc >= NR && c.len() >= (MR - 1) * ldc + NR);
         const NV: usize = NR / 16;
+        // How far ahead (in entries of `b`) its lines are asked for: sixteen pairs of `k`.
+        const PREFETCH: usize = 16 * NR;
         let out = c.as_mut_ptr();
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];
         if load {
@@ -512,6 +514,9 @@ mod x86 {
             // SAFETY: the first assertion: pair p's NR entries of `b` start at p·NR and its MR
             // entries of `a` at p·MR, p < kc2, all within the panels; loads are unaligned.
             unsafe {
+                for v in 0..NV {
+                    _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH + 16 * v).cast());
+                }
                 let bv: [__m512bh; NV] = std::array::from_fn(|v| {
                     std::mem::transmute(_mm512_loadu_si512(b.add(16 * v).cast()))
                 });
