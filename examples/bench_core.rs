@@ -80,21 +80,24 @@ fn gemm_raw(n: usize, threads: usize, reps: usize) -> f64 {
     let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32 * 0.1).collect();
     let b = a.clone();
     let mut c = vec![0.0f32; n * n];
-    let mut t = Vec::new();
-    for _ in 0..reps {
-        let t0 = Instant::now();
-        gemm(
-            Mnk::new(n, n, n),
+    gemm_gflops(n, reps, || {
+        let (a, b) = (
             MatView::row_major(&a, 0, n, false),
             MatView::row_major(&b, 0, n, false),
-            &mut c,
-            false,
-            threads,
         );
+        gemm(Mnk::new(n, n, n), a, b, &mut c, false, threads);
+    })
+}
+
+/// GFLOP/s of an `n³` product run by `product`: the median of `reps` runs after a first.
+fn gemm_gflops(n: usize, reps: usize, mut product: impl FnMut()) -> f64 {
+    let mut t = Vec::new();
+    for _ in 0..reps + 1 {
+        let t0 = Instant::now();
+        product();
         t.push(t0.elapsed().as_secs_f64());
     }
-    std::hint::black_box(&c);
-    2.0 * (n as f64).powi(3) / median(t) / 1e9
+    2.0 * (n as f64).powi(3) / median(t[1..].to_vec()) / 1e9
 }
 
 /// GFLOP/s of the bf16 product `n³` (f32 accumulation), row-split over `threads`, median of
@@ -103,25 +106,15 @@ fn gemm_bf16_raw(n: usize, threads: usize, reps: usize) -> (f64, Bf16Kernel) {
     let a: Vec<bf16> = (0..n * n).map(|i| to_bf16((i % 7) as f32 * 0.1)).collect();
     let b = a.clone();
     let mut c = vec![0.0f32; n * n];
-    let kernel = Bf16Kernel::best();
-    let mut t = Vec::new();
-    for _ in 0..reps + 1 {
-        let t0 = Instant::now();
-        gemm_bf16(
-            Mnk::new(n, n, n),
+    let gflops = gemm_gflops(n, reps, || {
+        let (a, b) = (
             MatView::row_major(&a, 0, n, false),
             MatView::row_major(&b, 0, n, false),
-            &mut c,
-            false,
-            threads,
         );
-        t.push(t0.elapsed().as_secs_f64());
-    }
+        gemm_bf16(Mnk::new(n, n, n), a, b, &mut c, false, threads);
+    });
     std::hint::black_box(&c);
-    (
-        2.0 * (n as f64).powi(3) / median(t[1..].to_vec()) / 1e9,
-        kernel,
-    )
+    (gflops, Bf16Kernel::best())
 }
 
 /// The bf16 product beside the f32 one, 1024³, in the same run.

@@ -304,6 +304,16 @@ fn single_thread(
     });
 }
 
+/// Entry `(i, j)` of `v` where `inside`, else zero (the padding of `k` to even length).
+#[inline(always)]
+fn padded(v: MatView<'_, bf16>, i: usize, j: usize, inside: bool) -> bf16 {
+    if inside {
+        v.data[v.offset + i * v.rs + j * v.cs]
+    } else {
+        bf16::from_bits(0)
+    }
+}
+
 /// Packs pairs `p0..p0 + kc2` of rows `i0..i0 + mc` of `a` (m×k) into panels of [`MR`] rows:
 /// entry `(panel, p, r)` at `(panel·kc2 + p)·MR + r`; rows past `mc` and `k` past its end are 0.
 fn pack_a(
@@ -315,14 +325,7 @@ fn pack_a(
     kc2: usize,
     dst: &mut [u32],
 ) {
-    let zero = bf16::from_bits(0);
-    let at = |i: usize, kk: usize| {
-        if kk < k {
-            a.data[a.offset + i * a.rs + kk * a.cs]
-        } else {
-            zero
-        }
-    };
+    let at = |i: usize, kk: usize| padded(a, i, kk, kk < k);
     for (panel, out) in dst.chunks_exact_mut(kc2 * MR).enumerate() {
         let first = panel * MR;
         let rows = MR.min(mc.saturating_sub(first));
@@ -357,14 +360,7 @@ fn pack_a(
 /// Packs pairs `p0..p0 + kc2` of `b` (k×n) into panels of [`NR`] columns: entry
 /// `(panel, p, c)` at `(panel·kc2 + p)·NR + c`; columns past `n` and `k` past its end are 0.
 fn pack_b(b: MatView<'_, bf16>, k: usize, p0: usize, kc2: usize, n: usize, dst: &mut [u32]) {
-    let zero = bf16::from_bits(0);
-    let at = |kk: usize, j: usize| {
-        if kk < k {
-            b.data[b.offset + kk * b.rs + j * b.cs]
-        } else {
-            zero
-        }
-    };
+    let at = |kk: usize, j: usize| padded(b, kk, j, kk < k);
     for (panel, out) in dst.chunks_exact_mut(kc2 * NR).enumerate() {
         let j0 = panel * NR;
         let cols = NR.min(n - j0);
