@@ -655,8 +655,8 @@ mod tests {
     #[cfg_attr(miri, ignore)]
     fn dot_pair_is_the_instruction() {
         if !Bf16Kernel::Avx512Bf16.available() {
-            eprintln!(
-                "skipped: no AVX-512 BF16 here (the other kernels still meet the definition)"
+            crate::testing::skip(
+                "no AVX-512 BF16 here (the other kernels still meet the definition)",
             );
             return;
         }
