@@ -358,17 +358,10 @@ impl Gen<'_> {
                 Param::of_kind(kind, v)
             })
             .collect();
-        let shape_of = |i: usize| -> &[usize] {
-            match (self.shapes.get(i), &fresh) {
-                (Some(s), _) => s,
-                (None, Some(f)) => f,
-                (None, None) => &[],
-            }
-        };
-        let shapes: Vec<&[usize]> = args.iter().map(|&i| shape_of(i)).collect();
+        let shapes: Vec<&[usize]> = args.iter().map(|&i| draw.shape(i)).collect();
         let ok = !args.is_empty() && row.accepts(args.len(), &params).is_ok();
         let shape = match ok.then(|| (row.shape)(&shapes, &params)) {
-            Some(Ok(shape)) if self.fits(&shape) => shape,
+            Some(Ok(shape)) if draw.fits(&shape) => shape,
             _ => return self.fallback(a),
         };
         let pa = self.pos[a];

@@ -32,7 +32,7 @@
 
 pub use half::bf16;
 
-use super::matmul::{MatView, Mnk};
+use super::matmul::{product_output, MatView, Mnk, PAR_MIN_FLOPS};
 
 /// Rows of a packed panel of `a`, and of the kernel's tile.
 pub const MR: usize = 6;
@@ -43,9 +43,6 @@ pub const NR: usize = 64;
 const KC2: usize = 192;
 /// Rows of `a` packed at a time.
 const MC: usize = MR * 48;
-
-/// Work (m·k·n multiply-adds) below which a product runs on one thread.
-const PAR_MIN_WORK: usize = 1 << 21;
 
 /// `x` rounded to bf16, to nearest even (NaN stays a quiet NaN), as PyTorch's conversion and
 /// `vcvtneps2bf16`.
@@ -200,28 +197,17 @@ pub fn gemm_bf16_on(
     accumulate: bool,
     threads: usize,
 ) {
+    let Some(c) = product_output(dims, &a, &b, c, accumulate, 0.0) else {
+        return;
+    };
     let Mnk { m, k, n } = dims;
-    assert!(
-        a.fits(m, k) && b.fits(k, n),
-        "invariant: gemm_bf16 operand out of bounds"
-    );
     let kernel = if kernel.available() {
         kernel
     } else {
         Bf16Kernel::Portable
     };
-    let c = &mut c[..m * n];
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            c.fill(0.0);
-        }
-        return;
-    }
     let work = m.saturating_mul(k).saturating_mul(n);
-    let t = if work >= PAR_MIN_WORK {
+    let t = if work >= PAR_MIN_FLOPS {
         threads.clamp(1, m.div_ceil(MR))
     } else {
         1

@@ -227,7 +227,37 @@ impl<'a, T> BatchView<'a, T> {
 const TRANSPOSED_B_MAX: usize = 1 << 18;
 
 /// Work (m·k·n multiply-adds) below which a product runs on one thread.
-const PAR_MIN_FLOPS: usize = 1 << 21;
+pub(crate) const PAR_MIN_FLOPS: usize = 1 << 21;
+
+/// A product's output with the trivial cases done: `None` when nothing is left to compute (no
+/// output elements, or `k = 0`: the output zeroed unless accumulating), else the first `m·n`
+/// elements of `c`. Panics if a view does not fit its slice (an internal invariant: callers
+/// check shapes).
+pub(crate) fn product_output<'c, A, B, T: Copy>(
+    dims: Mnk,
+    a: &MatView<'_, A>,
+    b: &MatView<'_, B>,
+    c: &'c mut [T],
+    accumulate: bool,
+    zero: T,
+) -> Option<&'c mut [T]> {
+    let Mnk { m, k, n } = dims;
+    assert!(
+        a.fits(m, k) && b.fits(k, n),
+        "invariant: matrix product operand out of bounds"
+    );
+    let c = &mut c[..m * n];
+    if m == 0 || n == 0 {
+        return None;
+    }
+    if k == 0 {
+        if !accumulate {
+            c.fill(zero);
+        }
+        return None;
+    }
+    Some(c)
+}
 
 /// `c[..m×n, row-major] (+)= a · b`. Panics if a view does not fit its slice (an internal
 /// invariant: the graph checks shapes before calling).
@@ -239,21 +269,10 @@ pub fn gemm<T: crate::Float + Gemm>(
     accumulate: bool,
     threads: usize,
 ) {
+    let Some(c) = product_output(dims, &a, &b, c, accumulate, T::ZERO) else {
+        return;
+    };
     let Mnk { m, k, n } = dims;
-    assert!(
-        a.fits(m, k) && b.fits(k, n),
-        "invariant: gemm operand out of bounds"
-    );
-    let c = &mut c[..m * n];
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            c.fill(T::ZERO);
-        }
-        return;
-    }
     if m <= SMALL_M && a.cs == 1 && b.rs == 1 {
         // A few rows against B stored transposed (a linear layer at batch 1, as in generation):
         // each output is a dot product of two contiguous runs. Transposing or packing B for
