@@ -6,6 +6,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use bumpalo::Bump;
+use half::{bf16, f16};
 
 use crate::AllocError;
 
@@ -72,7 +73,7 @@ macro_rules! pod {
         const POD_NAMES: &[&str] = &[$(stringify!($t)),*];
     };
 }
-pod!(0 f32, 1 f64, 2 u8, 3 u32, 4 i32, 5 u64, 6 i64, 7 usize);
+pod!(0 f32, 1 f64, 2 u8, 3 u32, 4 i32, 5 u64, 6 i64, 7 usize, 8 bf16, 9 f16);
 
 /// A point to roll an [`Arena`] back to ([`Arena::mark`], [`Arena::rollback`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

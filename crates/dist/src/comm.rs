@@ -6,7 +6,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arenagrad_graph::HostData;
+use arenagrad_graph::{HostData, Storage};
 
 use crate::error::{DistError, Result};
 
@@ -252,5 +252,30 @@ pub(crate) fn divide(buf: &mut HostData, world: usize) {
             let w = world as f64;
             v.iter_mut().for_each(|x| *x /= w);
         }
+        HostData::BF16(v) => divide_half(v, world),
+        HostData::F16(v) => divide_half(v, world),
     }
+}
+
+/// [`divide`] for a 16-bit buffer: in f32, rounded once.
+fn divide_half<T: Storage>(v: &mut [T], world: usize) {
+    let w = world as f32;
+    v.iter_mut()
+        .for_each(|x| *x = T::narrow(f64::from(x.widen() as f32 / w)));
+}
+
+/// Runs `f` on a 16-bit buffer's values widened to f32 (exactly) and rounds its result back
+/// into the buffer (once per element): how transports without 16-bit reductions reduce one.
+pub(crate) fn through_f32<T: Storage>(
+    v: &mut [T],
+    f: impl FnOnce(&mut Vec<f32>) -> std::result::Result<(), String>,
+) -> std::result::Result<(), String> {
+    let mut wide = vec![0f32; v.len()];
+    arenagrad_graph::exec::cpu::cast(v, &mut wide, 1);
+    f(&mut wide)?;
+    if wide.len() != v.len() {
+        return Err("a reduction changed the buffer's length".to_string());
+    }
+    arenagrad_graph::exec::cpu::cast(&wide, v, 1);
+    Ok(())
 }

@@ -497,6 +497,8 @@ fn slice(d: &HostData, at: usize, n: usize) -> HostData {
     match d {
         HostData::F32(v) => HostData::F32(v[at..at + n].to_vec()),
         HostData::F64(v) => HostData::F64(v[at..at + n].to_vec()),
+        HostData::BF16(v) => HostData::BF16(v[at..at + n].to_vec()),
+        HostData::F16(v) => HostData::F16(v[at..at + n].to_vec()),
     }
 }
 

@@ -10,7 +10,7 @@ use mpi::Threading;
 
 use arenagrad_graph::HostData;
 
-use crate::comm::{reduce_in_rank_order, Reduce};
+use crate::comm::{reduce_in_rank_order, through_f32, Reduce};
 use crate::error::{DistError, Result};
 use crate::group::{default_timeout, ProcessGroup, Transport};
 
@@ -99,6 +99,15 @@ impl Transport for MpiTransport {
         match buf {
             HostData::F32(v) => self.reduce(v, op),
             HostData::F64(v) => self.reduce(v, op),
+            // MPI has no 16-bit float type: reduced in f32, rounded once.
+            HostData::BF16(v) => through_f32(v, |w| {
+                self.reduce(w, op);
+                Ok(())
+            })?,
+            HostData::F16(v) => through_f32(v, |w| {
+                self.reduce(w, op);
+                Ok(())
+            })?,
         }
         Ok(())
     }
@@ -108,6 +117,15 @@ impl Transport for MpiTransport {
         match buf {
             HostData::F32(v) => root.broadcast_into(&mut v[..]),
             HostData::F64(v) => root.broadcast_into(&mut v[..]),
+            // Exact: a 16-bit value survives the round trip through f32.
+            HostData::BF16(v) => through_f32(v, |w| {
+                root.broadcast_into(&mut w[..]);
+                Ok(())
+            })?,
+            HostData::F16(v) => through_f32(v, |w| {
+                root.broadcast_into(&mut w[..]);
+                Ok(())
+            })?,
         }
         Ok(())
     }

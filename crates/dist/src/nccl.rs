@@ -13,7 +13,7 @@ use cudarc::nccl::{Comm, Id, NcclType, ReduceOp};
 
 use arenagrad_graph::HostData;
 
-use crate::comm::Reduce;
+use crate::comm::{through_f32, Reduce};
 use crate::error::{DistError, Result};
 use crate::group::{default_timeout, ProcessGroup, Transport};
 
@@ -192,6 +192,8 @@ impl Transport for NcclTransport {
         match buf {
             HostData::F32(v) => self.staged(v, |c, d| reduce_on(c, d, op)),
             HostData::F64(v) => self.staged(v, |c, d| reduce_on(c, d, op)),
+            HostData::BF16(v) => through_f32(v, |w| self.staged(w, |c, d| reduce_on(c, d, op))),
+            HostData::F16(v) => through_f32(v, |w| self.staged(w, |c, d| reduce_on(c, d, op))),
         }
     }
 
@@ -199,6 +201,10 @@ impl Transport for NcclTransport {
         match buf {
             HostData::F32(v) => self.staged(v, |c, d| broadcast_on(c, d, root)),
             HostData::F64(v) => self.staged(v, |c, d| broadcast_on(c, d, root)),
+            HostData::BF16(v) => {
+                through_f32(v, |w| self.staged(w, |c, d| broadcast_on(c, d, root)))
+            }
+            HostData::F16(v) => through_f32(v, |w| self.staged(w, |c, d| broadcast_on(c, d, root))),
         }
     }
 

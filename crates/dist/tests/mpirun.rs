@@ -312,3 +312,65 @@ fn mismatched_rank() {
     eprintln!("rank {rank}: {e}");
     assert!(matches!(e, DistError::Mismatch { .. }), "{e}");
 }
+
+/// bf16 and f16 buffers reduce and broadcast over MPI (which has no 16-bit float type): summed
+/// in f32 and rounded once, broadcast exactly.
+#[test]
+fn sixteen_bit_buffers_reduce_and_broadcast_over_mpi() {
+    if child_dir().is_some() {
+        return sixteen_bit_rank();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(job) = mpirun(
+        "sixteen_bit_buffers_reduce_and_broadcast_over_mpi",
+        dir.path(),
+        &[],
+        Duration::from_secs(60),
+    ) else {
+        return;
+    };
+    assert!(job.ok, "{}", job.output);
+    assert_eq!(
+        job.output.matches("16-bit collectives agree").count(),
+        2,
+        "{}",
+        job.output
+    );
+}
+
+fn sixteen_bit_rank() {
+    use arenagrad_graph::{DType, HostTensor};
+    let comm = ProcessGroup::mpi(MpiConfig {
+        deterministic: true,
+        timeout: Duration::from_secs(30),
+    })
+    .unwrap();
+    let rank = comm.rank() as f64;
+    // Rank r holds 256·(r + 1) + 1 and 0.5 + r: the sums 769 (not a bf16: 768 after one
+    // rounding) and 2.
+    let mine = [256.0 * (rank + 1.0) + 1.0, 0.5 + rank];
+    for dtype in [DType::BF16, DType::F16] {
+        let buf = HostTensor::from_f64(&mine, &[2], dtype)
+            .unwrap()
+            .into_data();
+        let sum = comm.all_reduce(buf, arenagrad_dist::Reduce::Sum).unwrap();
+        assert_eq!(sum.dtype(), dtype);
+        // Each rank's values as stored, summed in f32, rounded once.
+        let round = |v: f64| {
+            HostTensor::from_f64(&[v], &[1], dtype)
+                .unwrap()
+                .to_f64_vec()[0]
+        };
+        let stored = |r: f64, k: usize| round([256.0 * (r + 1.0) + 1.0, 0.5 + r][k]) as f32;
+        let want: Vec<f64> = (0..2)
+            .map(|k| round(f64::from(stored(0.0, k) + stored(1.0, k))))
+            .collect();
+        assert_eq!(sum.to_f64_vec(), want, "{dtype}");
+        let from_root = HostTensor::from_f64(&[3.140625 + rank, -rank], &[2], dtype)
+            .unwrap()
+            .into_data();
+        let got = comm.broadcast(from_root, 0).unwrap();
+        assert_eq!(got.to_f64_vec(), vec![3.140625, 0.0], "{dtype}");
+    }
+    eprintln!("rank {rank}: 16-bit collectives agree");
+}

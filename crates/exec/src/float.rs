@@ -12,14 +12,23 @@ pub enum DType {
     F32,
     /// 64-bit IEEE float: slower, but exact enough to trust a finite-difference gradient check.
     F64,
+    /// bfloat16: f32's exponent range with an 8-bit significand (storage only: ops compute in
+    /// f32 and round once when they store, as PyTorch's CPU kernels do).
+    BF16,
+    /// IEEE half precision (binary16; storage only, as [`DType::BF16`]).
+    F16,
 }
 
 impl DType {
+    /// Every dtype, widest first.
+    pub const ALL: [DType; 4] = [DType::F64, DType::F32, DType::BF16, DType::F16];
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
             DType::F32 => 4,
             DType::F64 => 8,
+            DType::BF16 | DType::F16 => 2,
         }
     }
     /// The machine epsilon, the gap between 1 and the next value (PyTorch's `finfo(dtype).eps`).
@@ -27,6 +36,8 @@ impl DType {
         match self {
             DType::F32 => f64::from(f32::EPSILON),
             DType::F64 => f64::EPSILON,
+            DType::BF16 => 0.0078125,
+            DType::F16 => 0.0009765625,
         }
     }
     /// The name used in errors and on the command line.
@@ -34,6 +45,40 @@ impl DType {
         match self {
             DType::F32 => "f32",
             DType::F64 => "f64",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+        }
+    }
+    /// The dtype named `name` ([`DType::name`], or PyTorch's `float32`, `float64`, `bfloat16`,
+    /// `float16`, `half`, `float`, `double`).
+    pub fn parse(name: &str) -> Option<DType> {
+        Some(match name {
+            "f32" | "float32" | "float" => DType::F32,
+            "f64" | "float64" | "double" => DType::F64,
+            "bf16" | "bfloat16" => DType::BF16,
+            "f16" | "float16" | "half" => DType::F16,
+            _ => return None,
+        })
+    }
+    /// Whether this is a 16-bit storage dtype (`bf16` or `f16`).
+    pub fn is_half(self) -> bool {
+        matches!(self, DType::BF16 | DType::F16)
+    }
+    /// The dtype its arithmetic runs in: `f32` for the 16-bit dtypes, itself otherwise.
+    pub fn compute(self) -> DType {
+        if self.is_half() {
+            DType::F32
+        } else {
+            self
+        }
+    }
+    /// The dtype two operands meet in (PyTorch's promotion among floating types): the wider;
+    /// `bf16` with `f16` meets in `f32`, as neither holds the other.
+    pub fn promote(self, other: DType) -> DType {
+        match (self, other) {
+            (a, b) if a == b => a,
+            (DType::F64, _) | (_, DType::F64) => DType::F64,
+            _ => DType::F32,
         }
     }
 }
@@ -47,6 +92,7 @@ impl Display for DType {
 /// A floating-point element type: `f32` or `f64`.
 pub trait Float:
     Pod
+    + crate::Storage
     + crate::cpu::fastmath::FastMath
     + crate::cpu::Gemm
     + PartialOrd
@@ -61,8 +107,6 @@ pub trait Float:
     + SubAssign
     + MulAssign
 {
-    /// The matching [`DType`].
-    const DTYPE: DType;
     /// 0.
     const ZERO: Self;
     /// 1.
@@ -104,9 +148,8 @@ pub trait Float:
 }
 
 macro_rules! float_impl {
-    ($t:ty, $d:expr, $erf:path) => {
+    ($t:ty, $erf:path) => {
         impl Float for $t {
-            const DTYPE: DType = $d;
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
             #[inline(always)]
@@ -184,5 +227,5 @@ macro_rules! float_impl {
         }
     };
 }
-float_impl!(f32, DType::F32, crate::cpu::fastmath::erf_f32);
-float_impl!(f64, DType::F64, libm::erf);
+float_impl!(f32, crate::cpu::fastmath::erf_f32);
+float_impl!(f64, libm::erf);

@@ -18,8 +18,8 @@ use crate::error::{GraphError, Result};
 use crate::graph::{Inner, NodeId, NO_POS};
 use crate::ops::{self, Ctx, Op};
 use crate::shape::copy_of;
-use crate::Parameter;
 use crate::{Graph, Tensor};
+use crate::{Parameter, Storage};
 
 /// Options of [`Tensor::backward_with`].
 #[derive(Debug, Clone, Copy, Default)]
@@ -601,13 +601,16 @@ fn unary_fast_path(i: &mut Inner, node_id: NodeId, gid: NodeId, retain: bool) ->
 /// `p.grad += g` (or `= g`) on the parameter's own storage.
 fn accumulate_into_param(g: &Graph, p: &Parameter, gid: NodeId) -> Result<()> {
     let i = g.inner.borrow();
-    with_float!(i.node("backward", gid)?.dtype, T, {
+    // A 16-bit gradient adds in f32 and rounds once per element, as PyTorch's `+=` on `.grad`.
+    with_storage!(i.node("backward", gid)?.dtype, T, {
         let src = i.read::<T>("backward", gid)?;
         p.accumulate_with::<T>(src.len(), |acc, fresh| {
             if fresh {
                 acc.copy_from_slice(&src);
             } else {
-                acc.iter_mut().zip(src.iter()).for_each(|(a, &b)| *a += b);
+                acc.iter_mut()
+                    .zip(src.iter())
+                    .for_each(|(a, &b)| *a = T::sum_of(*a, b));
             }
         });
     });

@@ -7,7 +7,7 @@
 //! rtol = 1e-3. [`gradgradcheck`] does the same for the gradient itself (built with
 //! `create_graph`), which checks second derivatives.
 
-use crate::Rng;
+use crate::{Rng, Storage};
 
 use crate::error::Result;
 use crate::{BackwardOptions, DType, Graph, HostTensor, Tensor};
@@ -276,17 +276,17 @@ where
 }
 
 fn get(h: &HostTensor, j: usize) -> f64 {
-    match h.data() {
-        crate::HostData::F64(v) => v[j],
-        crate::HostData::F32(v) => f64::from(v[j]),
-    }
+    with_storage!(h.dtype(), T, {
+        h.as_slice::<T>().map_or(f64::NAN, |v| v[j].widen())
+    })
 }
 
 fn set(h: &mut HostTensor, j: usize, x: f64) {
-    match h.data_mut() {
-        crate::HostDataMut::F64(v) => v[j] = x,
-        crate::HostDataMut::F32(v) => v[j] = x as f32,
-    }
+    with_storage!(h.dtype(), T, {
+        if let Some(v) = h.as_mut_slice::<T>() {
+            v[j] = T::narrow(x);
+        }
+    })
 }
 
 /// Checks second derivatives: gradchecks `x ↦ Σ v·∇ₓ(Σ w·f(x))` for fixed random `v`, with the

@@ -20,7 +20,7 @@ use crate::error::{GraphError, Result};
 use crate::graph::{Device, Inner, NodeId};
 use crate::ops::Op;
 use crate::shape::{copy_of, Shape};
-use crate::{Elem, Graph, Tensor};
+use crate::{Graph, HostElem, Tensor};
 
 #[cfg(feature = "cuda")]
 pub(crate) use cuda_side::CudaSide;
@@ -157,6 +157,7 @@ impl Inner {
     ) -> Result<BufId> {
         match dev {
             Device::Cpu => self.alloc(op, dtype, n),
+            Device::Cuda(_) if dtype.is_half() => Err(GraphError::UnsupportedDType { op, dtype }),
             Device::Cuda(o) => self.alloc_cuda(op, o, dtype.size(), n),
         }
     }
@@ -239,7 +240,7 @@ impl Inner {
     }
 
     /// The elements of a node as `T` (its dtype), copied from the device when it is not the host.
-    pub fn read<T: Elem>(&self, op: &'static str, id: NodeId) -> Result<Cow<'_, [T]>> {
+    pub fn read<T: HostElem>(&self, op: &'static str, id: NodeId) -> Result<Cow<'_, [T]>> {
         let n = self.node(op, id)?;
         if n.dtype != T::DTYPE {
             return Err(GraphError::WrongDType {
@@ -257,7 +258,7 @@ impl Inner {
             #[cfg(feature = "cuda")]
             Device::Cuda(o) => {
                 let len = n.shape.iter().product();
-                let mut v = crate::host::try_filled(op, len, T::ZERO, &n.shape)?;
+                let mut v = crate::host::try_filled(op, len, T::default(), &n.shape)?;
                 let side = self
                     .cuda
                     .iter()
@@ -279,7 +280,12 @@ impl Inner {
     }
 
     /// Copies host elements into a new buffer on `dev`.
-    pub fn upload<T: Elem>(&mut self, op: &'static str, dev: Device, data: &[T]) -> Result<BufId> {
+    pub fn upload<T: HostElem>(
+        &mut self,
+        op: &'static str,
+        dev: Device,
+        data: &[T],
+    ) -> Result<BufId> {
         match dev {
             Device::Cpu => self
                 .arena
@@ -302,6 +308,9 @@ impl Inner {
             let n = self.node(op, id)?;
             (n.dtype, n.buf)
         };
+        if dtype.is_half() {
+            return Err(GraphError::UnsupportedDType { op, dtype });
+        }
         let db = with_float!(dtype, T, {
             let host: Vec<T> = self
                 .arena
@@ -481,6 +490,9 @@ impl<'g> Tensor<'g> {
             let n = i.node(op, self.id)?;
             (copy_of(&n.shape), n.dtype)
         };
+        if dtype.is_half() {
+            return Err(GraphError::UnsupportedDType { op, dtype });
+        }
         let buf = with_float!(dtype, T, {
             let host: Vec<T> = i.read::<T>(op, self.id)?.into_owned();
             i.upload(op, dev, &host)?

@@ -42,6 +42,14 @@ pub enum GraphError {
         /// Right operand's dtype.
         rhs: DType,
     },
+    /// A dtype the op does not take (on this device, or at all).
+    #[error("{op}: {dtype} tensors are not supported here")]
+    UnsupportedDType {
+        /// The op.
+        op: &'static str,
+        /// The dtype refused.
+        dtype: DType,
+    },
     /// Operands on different devices.
     #[error("{op}: device mismatch, {lhs} vs {rhs}; move one with to_device")]
     DeviceMismatch {

@@ -207,6 +207,7 @@ pub(crate) fn of(op: &Op, s: &Shapes<'_>) -> (u64, u64) {
         | Op::MaxPool2d { .. }
         | Op::MaxPool2dBackward { .. }
         | Op::ToDevice { .. }
+        | Op::Cast { .. }
         | Op::Checkpoint(_)
         | Op::Custom(_) => (0, 0),
         Op::Unary(_) | Op::Dropout { .. } | Op::Cumsum { .. } => (out, per_needing(out)),

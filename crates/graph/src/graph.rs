@@ -409,19 +409,13 @@ impl Inner {
     /// A scratch buffer of `n` elements of `dtype`.
     #[inline]
     pub fn alloc(&mut self, op: &'static str, dtype: DType, n: usize) -> Result<BufId> {
-        let r = match dtype {
-            DType::F32 => self.arena.alloc_scratch::<f32>(n),
-            DType::F64 => self.arena.alloc_scratch::<f64>(n),
-        };
+        let r = with_storage!(dtype, T, { self.arena.alloc_scratch::<T>(n) });
         r.map_err(|source| GraphError::Alloc { op, source })
     }
 
     /// A zeroed buffer of `n` elements of `dtype`.
     pub fn alloc_zeroed(&mut self, op: &'static str, dtype: DType, n: usize) -> Result<BufId> {
-        let r = match dtype {
-            DType::F32 => self.arena.alloc_zeroed::<f32>(n),
-            DType::F64 => self.arena.alloc_zeroed::<f64>(n),
-        };
+        let r = with_storage!(dtype, T, { self.arena.alloc_zeroed::<T>(n) });
         r.map_err(|source| GraphError::Alloc { op, source })
     }
 }

@@ -1,6 +1,6 @@
 //! Owned host data: what outlives an iteration (parameters, values copied out, checkpoints).
 
-use arenagrad_exec::DType;
+use arenagrad_exec::{bf16, f16, DType, Storage};
 
 use crate::error::{GraphError, Result};
 
@@ -11,6 +11,23 @@ pub enum HostData {
     F32(Vec<f32>),
     /// `f64` elements.
     F64(Vec<f64>),
+    /// `bf16` elements.
+    BF16(Vec<bf16>),
+    /// `f16` elements.
+    F16(Vec<f16>),
+}
+
+/// Runs `$body` with `$v` bound to the vector or slice inside a [`HostData`] or
+/// [`HostDataMut`] of any dtype.
+macro_rules! each_dtype {
+    ($e:ident, $d:expr, $v:ident => $body:expr) => {
+        match $d {
+            $e::F32($v) => $body,
+            $e::F64($v) => $body,
+            $e::BF16($v) => $body,
+            $e::F16($v) => $body,
+        }
+    };
 }
 
 impl HostData {
@@ -19,14 +36,13 @@ impl HostData {
         match self {
             HostData::F32(_) => DType::F32,
             HostData::F64(_) => DType::F64,
+            HostData::BF16(_) => DType::BF16,
+            HostData::F16(_) => DType::F16,
         }
     }
     /// Number of elements.
     pub fn len(&self) -> usize {
-        match self {
-            HostData::F32(v) => v.len(),
-            HostData::F64(v) => v.len(),
-        }
+        each_dtype!(HostData, self, v => v.len())
     }
     /// Whether there are no elements.
     pub fn is_empty(&self) -> bool {
@@ -45,32 +61,53 @@ impl HostData {
         value: f64,
         shape: &[usize],
     ) -> Result<Self> {
-        Ok(match dtype {
-            DType::F32 => HostData::F32(try_filled(op, n, value as f32, shape)?),
-            DType::F64 => HostData::F64(try_filled(op, n, value, shape)?),
+        with_storage!(dtype, T, {
+            Ok(T::into_host(try_filled(op, n, T::narrow(value), shape)?))
         })
     }
-    /// Values converted from `f64`.
+    /// Values converted from `f64` (rounded as [`Storage::narrow`] rounds).
     pub fn from_f64(dtype: DType, v: &[f64]) -> Self {
-        match dtype {
-            DType::F32 => HostData::F32(v.iter().map(|&x| x as f32).collect()),
-            DType::F64 => HostData::F64(v.to_vec()),
-        }
+        with_storage!(dtype, T, {
+            T::into_host(v.iter().map(|&x| T::narrow(x)).collect())
+        })
     }
     /// All values widened to `f64`.
     pub fn to_f64_vec(&self) -> Vec<f64> {
-        match self {
-            HostData::F32(v) => v.iter().map(|&x| f64::from(x)).collect(),
-            HostData::F64(v) => v.clone(),
-        }
+        each_dtype!(HostData, self, v => v.iter().map(|&x| x.widen()).collect())
+    }
+    /// The elements converted to `dtype` (PyTorch's `.to(dtype)`: exact when widening, rounded
+    /// to nearest even when narrowing); a copy even when the dtype is the same.
+    /// [`GraphError::OutOfMemory`] naming `op` when the host cannot hold the copy.
+    pub fn to_dtype(&self, op: &'static str, dtype: DType) -> Result<HostData> {
+        let n = self.len();
+        with_storage!(dtype, D, {
+            let mut out = try_filled(op, n, D::default(), &[n])?;
+            each_dtype!(HostData, self, v => arenagrad_exec::cpu::cast(v, &mut out, 1));
+            Ok(D::into_host(out))
+        })
     }
     /// The elements as `T`, if that is their dtype.
-    pub fn as_slice<T: crate::Elem>(&self) -> Option<&[T]> {
+    pub fn as_slice<T: HostElem>(&self) -> Option<&[T]> {
         T::host_slice(self)
     }
     /// The elements as `T`, mutably, if that is their dtype.
-    pub fn as_mut_slice<T: crate::Elem>(&mut self) -> Option<&mut [T]> {
+    pub fn as_mut_slice<T: HostElem>(&mut self) -> Option<&mut [T]> {
         T::host_slice_mut(self)
+    }
+    /// The elements' bytes, each little-endian (what a safetensors file holds).
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        fn bytes<T: Storage>(v: &[T], out: &mut Vec<u8>, each: impl Fn(T, &mut Vec<u8>)) {
+            out.reserve(std::mem::size_of_val(v));
+            v.iter().for_each(|&x| each(x, out));
+        }
+        let mut out = Vec::new();
+        match self {
+            HostData::F32(v) => bytes(v, &mut out, |x, o| o.extend(x.to_le_bytes())),
+            HostData::F64(v) => bytes(v, &mut out, |x, o| o.extend(x.to_le_bytes())),
+            HostData::BF16(v) => bytes(v, &mut out, |x, o| o.extend(x.to_le_bytes())),
+            HostData::F16(v) => bytes(v, &mut out, |x, o| o.extend(x.to_le_bytes())),
+        }
+        out
     }
 }
 
@@ -108,6 +145,10 @@ pub enum HostDataMut<'a> {
     F32(&'a mut [f32]),
     /// `f64` elements.
     F64(&'a mut [f64]),
+    /// `bf16` elements.
+    BF16(&'a mut [bf16]),
+    /// `f16` elements.
+    F16(&'a mut [f16]),
 }
 
 impl<'a> HostDataMut<'a> {
@@ -116,6 +157,8 @@ impl<'a> HostDataMut<'a> {
         match d {
             HostData::F32(v) => HostDataMut::F32(v),
             HostData::F64(v) => HostDataMut::F64(v),
+            HostData::BF16(v) => HostDataMut::BF16(v),
+            HostData::F16(v) => HostDataMut::F16(v),
         }
     }
     /// The dtype.
@@ -123,27 +166,27 @@ impl<'a> HostDataMut<'a> {
         match self {
             HostDataMut::F32(_) => DType::F32,
             HostDataMut::F64(_) => DType::F64,
+            HostDataMut::BF16(_) => DType::BF16,
+            HostDataMut::F16(_) => DType::F16,
         }
     }
     /// Number of elements.
     pub fn len(&self) -> usize {
-        match self {
-            HostDataMut::F32(v) => v.len(),
-            HostDataMut::F64(v) => v.len(),
-        }
+        each_dtype!(HostDataMut, self, v => v.len())
     }
     /// Whether there are no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
     /// The elements as `T`, if that is their dtype.
-    pub fn as_mut_slice<T: crate::Elem>(&mut self) -> Option<&mut [T]> {
+    pub fn as_mut_slice<T: HostElem>(&mut self) -> Option<&mut [T]> {
         T::host_slice_mut_of(self)
     }
 }
 
-/// Typed access into [`HostData`], implemented for `f32` and `f64`.
-pub trait HostElem: Sized {
+/// Typed access into [`HostData`], implemented for every storage type (`f32`, `f64`, `bf16`,
+/// `f16`).
+pub trait HostElem: Storage {
     /// Borrow as this type.
     fn host_slice(d: &HostData) -> Option<&[Self]>;
     /// Borrow mutably as this type.
@@ -154,53 +197,34 @@ pub trait HostElem: Sized {
     fn into_host(v: Vec<Self>) -> HostData;
 }
 
-impl HostElem for f32 {
-    fn host_slice(d: &HostData) -> Option<&[f32]> {
-        match d {
-            HostData::F32(v) => Some(v),
-            HostData::F64(_) => None,
+macro_rules! host_elem {
+    ($($t:ty => $variant:ident),*) => {$(
+        impl HostElem for $t {
+            fn host_slice(d: &HostData) -> Option<&[$t]> {
+                match d {
+                    HostData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn host_slice_mut(d: &mut HostData) -> Option<&mut [$t]> {
+                match d {
+                    HostData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn host_slice_mut_of<'a>(d: &'a mut HostDataMut<'_>) -> Option<&'a mut [$t]> {
+                match d {
+                    HostDataMut::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn into_host(v: Vec<$t>) -> HostData {
+                HostData::$variant(v)
+            }
         }
-    }
-    fn host_slice_mut(d: &mut HostData) -> Option<&mut [f32]> {
-        match d {
-            HostData::F32(v) => Some(v),
-            HostData::F64(_) => None,
-        }
-    }
-    fn host_slice_mut_of<'a>(d: &'a mut HostDataMut<'_>) -> Option<&'a mut [f32]> {
-        match d {
-            HostDataMut::F32(v) => Some(v),
-            HostDataMut::F64(_) => None,
-        }
-    }
-    fn into_host(v: Vec<f32>) -> HostData {
-        HostData::F32(v)
-    }
+    )*};
 }
-
-impl HostElem for f64 {
-    fn host_slice(d: &HostData) -> Option<&[f64]> {
-        match d {
-            HostData::F64(v) => Some(v),
-            HostData::F32(_) => None,
-        }
-    }
-    fn host_slice_mut(d: &mut HostData) -> Option<&mut [f64]> {
-        match d {
-            HostData::F64(v) => Some(v),
-            HostData::F32(_) => None,
-        }
-    }
-    fn host_slice_mut_of<'a>(d: &'a mut HostDataMut<'_>) -> Option<&'a mut [f64]> {
-        match d {
-            HostDataMut::F64(v) => Some(v),
-            HostDataMut::F32(_) => None,
-        }
-    }
-    fn into_host(v: Vec<f64>) -> HostData {
-        HostData::F64(v)
-    }
-}
+host_elem!(f32 => F32, f64 => F64, bf16 => BF16, f16 => F16);
 
 /// A tensor's values owned on the host, outside any iteration.
 ///
@@ -229,10 +253,10 @@ pub struct HostTensor {
 
 impl HostTensor {
     /// A tensor from a vector and a shape; the lengths must agree.
-    pub fn new<T: crate::Elem>(data: Vec<T>, shape: &[usize]) -> Result<Self> {
+    pub fn new<T: HostElem>(data: Vec<T>, shape: &[usize]) -> Result<Self> {
         Self::checked("HostTensor::new", T::into_host(data), shape)
     }
-    /// A tensor from owned data of either dtype and a shape; the lengths must agree.
+    /// A tensor from owned data of any dtype and a shape; the lengths must agree.
     pub fn from_data(data: HostData, shape: &[usize]) -> Result<Self> {
         Self::checked("HostTensor::from_data", data, shape)
     }
@@ -287,11 +311,11 @@ impl HostTensor {
         HostDataMut::of(&mut self.data)
     }
     /// The elements as `T`, if that is their dtype.
-    pub fn as_slice<T: crate::Elem>(&self) -> Option<&[T]> {
+    pub fn as_slice<T: HostElem>(&self) -> Option<&[T]> {
         self.data.as_slice()
     }
     /// The elements as `T`, mutably, if that is their dtype.
-    pub fn as_mut_slice<T: crate::Elem>(&mut self) -> Option<&mut [T]> {
+    pub fn as_mut_slice<T: HostElem>(&mut self) -> Option<&mut [T]> {
         self.data.as_mut_slice()
     }
     /// The elements, giving up the shape.
@@ -313,5 +337,12 @@ impl HostTensor {
     /// Values widened to `f64`.
     pub fn to_f64_vec(&self) -> Vec<f64> {
         self.data.to_f64_vec()
+    }
+    /// A copy converted to `dtype` (see [`HostData::to_dtype`]).
+    pub fn to_dtype(&self, dtype: DType) -> Result<HostTensor> {
+        Ok(HostTensor {
+            shape: self.shape.clone(),
+            data: self.data.to_dtype("HostTensor::to_dtype", dtype)?,
+        })
     }
 }

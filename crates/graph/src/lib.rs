@@ -26,10 +26,40 @@
 // `a.add(b)?` returns a Result while `a + b` panics: both forms are deliberate (see `overload`).
 #![allow(clippy::should_implement_trait)]
 
-/// Runs a block with `$T` bound to the Rust type of a [`DType`].
+/// Runs a block with `$T` bound to the Rust type of an arithmetic [`DType`] (`f32`, `f64`). The
+/// 16-bit dtypes compute in `f32` by running an op on widened copies of their operands (see
+/// `ops::half`) and never reach a kernel's block: if one did, the enclosing function returns
+/// [`GraphError::UnsupportedDType`].
 #[macro_export]
 #[doc(hidden)]
 macro_rules! with_float {
+    ($dt:expr, $T:ident, $body:block) => {
+        match $dt {
+            dtype @ ($crate::DType::BF16 | $crate::DType::F16) => {
+                return Err($crate::GraphError::UnsupportedDType {
+                    op: "kernel",
+                    dtype,
+                }
+                .into())
+            }
+            $crate::DType::F32 => {
+                #[allow(dead_code)]
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                #[allow(dead_code)]
+                type $T = f64;
+                $body
+            }
+        }
+    };
+}
+
+/// Runs a block with `$T` bound to the Rust type that stores a [`DType`] (any of the four).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! with_storage {
     ($dt:expr, $T:ident, $body:block) => {
         match $dt {
             $crate::DType::F32 => {
@@ -40,6 +70,16 @@ macro_rules! with_float {
             $crate::DType::F64 => {
                 #[allow(dead_code)]
                 type $T = f64;
+                $body
+            }
+            $crate::DType::BF16 => {
+                #[allow(dead_code)]
+                type $T = $crate::exec::bf16;
+                $body
+            }
+            $crate::DType::F16 => {
+                #[allow(dead_code)]
+                type $T = $crate::exec::f16;
                 $body
             }
         }
@@ -68,7 +108,7 @@ pub use arenagrad_exec as exec;
 /// Runs a loop over parameters at the widest SIMD level the CPU has (optimisers' updates, which
 /// work on host data outside any graph): see [`arenagrad_exec::cpu::wide()`].
 pub use arenagrad_exec::cpu::wide;
-pub use arenagrad_exec::{BinaryOp, DType, Float, UnaryOp};
+pub use arenagrad_exec::{bf16, f16, BinaryOp, DType, Float, Storage, UnaryOp};
 pub use autodiff::{grad, BackwardOptions};
 pub use device::{
     check_device, cuda_device_count, empty_cache, memory_stats, reset_peak_stats, synchronize,

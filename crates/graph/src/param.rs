@@ -204,7 +204,7 @@ impl Parameter {
     /// `len` elements: `fresh` says it holds no gradient yet (old values that `f` must write
     /// over, as a GEMM without accumulation does). A gradient of another dtype or size is
     /// replaced. Backward adds every parameter gradient through it.
-    pub(crate) fn accumulate_with<T: crate::Elem>(
+    pub(crate) fn accumulate_with<T: crate::HostElem>(
         &self,
         len: usize,
         f: impl FnOnce(&mut [T], bool),
@@ -221,7 +221,7 @@ impl Parameter {
             Some(d) if d.as_slice::<T>().is_some_and(|s| s.len() == len) => d,
             // Backward has this many elements of gradient in its arena already; a failure to
             // reserve its host copy is as fatal as any other allocation failure of Vec.
-            _ => T::into_host(vec![T::ZERO; len]),
+            _ => T::into_host(vec![T::default(); len]),
         };
         if let Some(acc) = buf.as_mut_slice::<T>() {
             f(acc, true);
@@ -240,10 +240,9 @@ impl Graph {
         let guard = p.lock();
         let mut i = self.inner();
         let value = Arc::clone(&guard.value);
-        let buf = match guard.value.data() {
-            HostData::F32(_) => i.arena.alloc_shared(value, f32_elems),
-            HostData::F64(_) => i.arena.alloc_shared(value, f64_elems),
-        }
+        let buf = with_storage!(guard.value.dtype(), T, {
+            i.arena.alloc_shared(value, elems::<T>)
+        })
         .map_err(|source| GraphError::Alloc { op, source })?;
         let shape = copy_of(guard.value.shape());
         let dtype = guard.value.dtype();
@@ -356,11 +355,6 @@ pub(crate) fn tell_params(g: &Graph, pending: &mut Vec<(usize, Parameter)>, abov
 }
 
 /// The `f32` elements of a host tensor (none if it holds `f64`).
-fn f32_elems(t: &HostTensor) -> &[f32] {
-    t.as_slice::<f32>().unwrap_or(&[])
-}
-
-/// The `f64` elements of a host tensor (none if it holds `f32`).
-fn f64_elems(t: &HostTensor) -> &[f64] {
-    t.as_slice::<f64>().unwrap_or(&[])
+fn elems<T: crate::HostElem>(t: &HostTensor) -> &[T] {
+    t.as_slice::<T>().unwrap_or(&[])
 }

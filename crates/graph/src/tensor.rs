@@ -11,8 +11,7 @@ use crate::host::HostElem;
 use crate::host::{HostData, HostTensor};
 use crate::ops::Op;
 use crate::shape::{checked_numel, copy_of, Shape};
-use crate::Elem;
-use arenagrad_exec::Float;
+use arenagrad_exec::Storage;
 
 /// A handle to a tensor of the current iteration: `Copy`, two words, and unable to outlive the
 /// [`Graph`] borrow it came from — so it cannot outlive the iteration either.
@@ -98,6 +97,8 @@ impl Graph {
         let buf = match &data {
             HostData::F32(v) => i.arena.alloc_from_slice(v),
             HostData::F64(v) => i.arena.alloc_from_slice(v),
+            HostData::BF16(v) => i.arena.alloc_from_slice(v),
+            HostData::F16(v) => i.arena.alloc_from_slice(v),
         }
         .map_err(|source| GraphError::Alloc { op, source })?;
         let id = i.push(copy_of(shape), data.dtype(), buf, Op::Leaf, &[]);
@@ -107,13 +108,13 @@ impl Graph {
         Ok(self.handle(id))
     }
 
-    /// A constant tensor copied from a slice of `f32` or `f64`.
-    pub fn from_slice<T: Elem>(&self, data: &[T], shape: &[usize]) -> Result<Tensor<'_>> {
+    /// A constant tensor copied from a slice of `f32`, `f64`, `bf16` or `f16`.
+    pub fn from_slice<T: HostElem>(&self, data: &[T], shape: &[usize]) -> Result<Tensor<'_>> {
         self.slice_leaf("from_slice", data, shape)
     }
 
     /// [`Graph::from_slice`] under the name of the op that called it.
-    fn slice_leaf<T: Elem>(
+    fn slice_leaf<T: HostElem>(
         &self,
         op: &'static str,
         data: &[T],
@@ -145,10 +146,10 @@ impl Graph {
         match dtype {
             // Straight into the arena: no host copy on the way.
             DType::F64 => self.slice_leaf("from_f64", data, shape),
-            DType::F32 => {
-                let narrowed = owned("from_f64", shape, data, |v| v as f32)?;
-                self.leaf_from("from_f64", HostData::F32(narrowed), shape)
-            }
+            _ => with_storage!(dtype, T, {
+                let narrowed = owned("from_f64", shape, data, T::narrow)?;
+                self.leaf_from("from_f64", T::into_host(narrowed), shape)
+            }),
         }
     }
 
@@ -180,8 +181,9 @@ impl Graph {
             drop(i);
             return Ok(self.handle(id));
         }
-        let buf = with_float!(dtype, T, {
-            i.arena.alloc_with::<T>(n, |_| T::from_f64(value))
+        let buf = with_storage!(dtype, T, {
+            let v = T::narrow(value);
+            i.arena.alloc_with::<T>(n, |_| v)
         })
         .map_err(|source| GraphError::Alloc { op, source })?;
         let id = i.push(copy_of(shape), dtype, buf, Op::Leaf, &[]);
@@ -270,10 +272,9 @@ impl Graph {
         let n = checked_numel(op, shape)?;
         let mut guard = self.inner();
         let i = &mut *guard;
-        let buf = match dtype {
-            DType::F32 => i.arena.alloc_with::<f32>(n, |k| f(k) as f32),
-            DType::F64 => i.arena.alloc_with::<f64>(n, f),
-        }
+        let buf = with_storage!(dtype, T, {
+            i.arena.alloc_with::<T>(n, |k| T::narrow(f(k)))
+        })
         .map_err(|source| GraphError::Alloc { op, source })?;
         let id = i.push(copy_of(shape), dtype, buf, Op::Leaf, &[]);
         let dev = i.device;
@@ -351,6 +352,11 @@ impl<'g> Tensor<'g> {
         self.shape().iter().product()
     }
 
+    /// The element type, or a stale-handle error naming `op`.
+    pub(crate) fn dtype_of(&self, op: &'static str) -> Result<DType> {
+        self.with_node(op, |n| n.dtype)
+    }
+
     /// The element type.
     pub fn dtype(&self) -> DType {
         self.with_node("dtype", |n| n.dtype)
@@ -390,7 +396,7 @@ impl<'g> Tensor<'g> {
     }
 
     /// Copies the values out as `T`, which must be the tensor's dtype.
-    pub fn to_vec<T: Elem>(&self) -> Result<Vec<T>> {
+    pub fn to_vec<T: HostElem>(&self) -> Result<Vec<T>> {
         let op = "to_vec";
         let i = self.g.inner.borrow();
         let n = i.node(op, self.id)?;
@@ -402,8 +408,8 @@ impl<'g> Tensor<'g> {
         let op = "to_vec_f64";
         let i = self.g.inner.borrow();
         let n = i.node(op, self.id)?;
-        with_float!(n.dtype, T, {
-            owned(op, &n.shape, &i.read::<T>(op, self.id)?, T::to_f64)
+        with_storage!(n.dtype, T, {
+            owned(op, &n.shape, &i.read::<T>(op, self.id)?, T::widen)
         })
     }
 
@@ -412,7 +418,7 @@ impl<'g> Tensor<'g> {
         let op = "to_host";
         let i = self.g.inner.borrow();
         let n = i.node(op, self.id)?;
-        let data = with_float!(n.dtype, T, {
+        let data = with_storage!(n.dtype, T, {
             T::into_host(copied(op, &n.shape, i.read::<T>(op, self.id)?)?)
         });
         HostTensor::checked(op, data, &n.shape)
@@ -429,7 +435,7 @@ impl<'g> Tensor<'g> {
                 shape: n.shape.to_vec(),
             });
         }
-        with_float!(n.dtype, T, { Ok(i.read::<T>(op, self.id)?[0].to_f64()) })
+        with_storage!(n.dtype, T, { Ok(i.read::<T>(op, self.id)?[0].widen()) })
     }
 
     /// The accumulated gradient of a leaf (or of a node with [`Tensor::retain_grad`]), if any.

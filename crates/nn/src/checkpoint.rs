@@ -14,7 +14,9 @@
 //!   well.
 //!
 //! Tensors are stored under their hierarchical names (`0.weight`, `conv1.bias`,
-//! `3.running_mean`) in their own dtype (F32 or F64); loading converts between the two.
+//! `3.running_mean`) in their own dtype (F32, F64, BF16 or F16); loading converts each to the
+//! dtype of the parameter it fills (exact when widening, rounded to nearest even when
+//! narrowing, as PyTorch's `load_state_dict` copies).
 //!
 //! ```
 //! use arenagrad_nn::{checkpoint, Linear, Module, Rng};
@@ -36,7 +38,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use arenagrad_graph::{HostData, HostTensor};
+use arenagrad_graph::{bf16, f16, DType, HostData, HostTensor};
 use safetensors::tensor::{Dtype, SafeTensors, View};
 
 use crate::error::{NnError, Result, ShapeConflict, StateMismatch};
@@ -75,10 +77,13 @@ impl View for &Blob {
 }
 
 fn to_blob(t: &HostTensor) -> Blob {
-    let (dtype, bytes) = match t.data() {
-        HostData::F32(v) => (Dtype::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        HostData::F64(v) => (Dtype::F64, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+    let dtype = match t.dtype() {
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::BF16 => Dtype::BF16,
+        DType::F16 => Dtype::F16,
     };
+    let bytes = t.data().to_le_bytes();
     Blob {
         dtype,
         shape: t.shape().to_vec(),
@@ -193,19 +198,32 @@ pub fn tensors_from_bytes(bytes: &[u8], path: &Path) -> Result<Vec<(String, Host
         .into_iter()
         .map(|(name, v)| {
             let shape = v.shape().to_vec();
+            let bytes = v.data();
             let data = match v.dtype() {
                 Dtype::F32 => HostData::F32(
-                    v.data()
+                    bytes
                         .chunks_exact(4)
                         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                         .collect(),
                 ),
                 Dtype::F64 => HostData::F64(
-                    v.data()
+                    bytes
                         .chunks_exact(8)
                         .map(|c| {
                             f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
                         })
+                        .collect(),
+                ),
+                Dtype::BF16 => HostData::BF16(
+                    bytes
+                        .chunks_exact(2)
+                        .map(|c| bf16::from_le_bytes([c[0], c[1]]))
+                        .collect(),
+                ),
+                Dtype::F16 => HostData::F16(
+                    bytes
+                        .chunks_exact(2)
+                        .map(|c| f16::from_le_bytes([c[0], c[1]]))
                         .collect(),
                 ),
                 other => {
@@ -440,10 +458,11 @@ pub fn load_state_dict<M: Module + ?Sized>(
     for (name, p) in &plan {
         // Planned names are in the file (a name a module lists twice is read twice).
         let Some(t) = file.get(name) else { continue };
+        // Converted to the module's dtype (a bf16 checkpoint into an f32 model, say).
         let data = if t.data().dtype() == p.dtype() {
             t.data().clone()
         } else {
-            HostData::from_f64(p.dtype(), &t.data().to_f64_vec())
+            t.data().to_dtype("load", p.dtype())?
         };
         values.push((p, HostTensor::from_data(data, t.shape())?));
     }

@@ -13,7 +13,7 @@
 //! # Ok::<(), arenagrad_nn::NnError>(())
 //! ```
 
-use arenagrad_graph::{Graph, GraphError, HostDataMut, Parameter, Tensor};
+use arenagrad_graph::{Graph, GraphError, HostDataMut, Parameter, Storage, Tensor};
 
 use crate::error::{input_shape, NnError, Result};
 
@@ -200,7 +200,21 @@ fn update_running(p: &Parameter, batch: &[f64], momentum: f64, factor: f64) {
             .iter_mut()
             .zip(batch)
             .for_each(|(r, &b)| *r = (1.0 - momentum) * *r + momentum * (b * factor)),
+        HostDataMut::BF16(r) => r
+            .iter_mut()
+            .zip(batch)
+            .for_each(|(r, &b)| *r = Storage::narrow(blend(r.widen(), b * factor, momentum))),
+        HostDataMut::F16(r) => r
+            .iter_mut()
+            .zip(batch)
+            .for_each(|(r, &b)| *r = Storage::narrow(blend(r.widen(), b * factor, momentum))),
     });
+}
+
+/// A running statistic's update in f32 (how PyTorch updates a 16-bit buffer), widened back.
+fn blend(r: f64, batch: f64, momentum: f64) -> f64 {
+    let m = momentum as f32;
+    f64::from((1.0 - m) * r as f32 + m * batch as f32)
 }
 
 /// Layer normalisation over the last `normalized_ndim` axes, with an optional elementwise affine

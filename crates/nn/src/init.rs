@@ -11,7 +11,7 @@
 //! assert_eq!(w.shape(), &[256, 128]);
 //! ```
 
-use arenagrad_graph::{DType, HostDataMut, HostTensor};
+use arenagrad_graph::{DType, HostDataMut, HostTensor, Storage};
 
 use crate::error::{config, Result};
 use crate::Rng;
@@ -244,6 +244,8 @@ impl Init {
         match t.data_mut() {
             HostDataMut::F32(v) => v.iter_mut().for_each(|x| *x = draw(rng) as f32),
             HostDataMut::F64(v) => v.iter_mut().for_each(|x| *x = draw(rng)),
+            HostDataMut::BF16(v) => v.iter_mut().for_each(|x| *x = Storage::narrow(draw(rng))),
+            HostDataMut::F16(v) => v.iter_mut().for_each(|x| *x = Storage::narrow(draw(rng))),
         }
         Ok(t)
     }

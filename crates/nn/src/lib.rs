@@ -85,8 +85,8 @@ pub mod optim;
 
 pub use arenagrad_graph::Rng;
 pub use arenagrad_graph::{
-    AttentionOptions, DType, Graph, GraphError, HostData, HostDataMut, HostTensor, Parameter,
-    Tensor,
+    bf16, f16, AttentionOptions, DType, Graph, GraphError, HostData, HostDataMut, HostTensor,
+    Parameter, Tensor,
 };
 pub use error::{NnError, Result, ShapeConflict, StateMismatch};
 pub use hooks::{ForwardHook, ForwardPreHook, Hooked};

@@ -37,6 +37,8 @@ fn bits(m: &dyn Module) -> Vec<(String, Vec<u64>)> {
             let b = match p.value().data() {
                 HostData::F32(v) => v.iter().map(|x| u64::from(x.to_bits())).collect(),
                 HostData::F64(v) => v.iter().map(|x| x.to_bits()).collect(),
+                HostData::BF16(v) => v.iter().map(|x| u64::from(x.to_bits())).collect(),
+                HostData::F16(v) => v.iter().map(|x| u64::from(x.to_bits())).collect(),
             };
             (n, b)
         })

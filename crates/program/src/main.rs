@@ -41,6 +41,8 @@ enum Command {
 enum DTypeArg {
     F64,
     F32,
+    Bf16,
+    F16,
 }
 
 impl From<DTypeArg> for DType {
@@ -48,6 +50,8 @@ impl From<DTypeArg> for DType {
         match d {
             DTypeArg::F64 => DType::F64,
             DTypeArg::F32 => DType::F32,
+            DTypeArg::Bf16 => DType::BF16,
+            DTypeArg::F16 => DType::F16,
         }
     }
 }
@@ -203,6 +207,8 @@ fn write_tensor(out: &mut impl Write, t: &HostTensor) -> std::io::Result<()> {
     match t.data() {
         HostData::F32(v) => items(out, v)?,
         HostData::F64(v) => items(out, v)?,
+        HostData::BF16(v) => items(out, v)?,
+        HostData::F16(v) => items(out, v)?,
     }
     out.write_all(b"]")
 }

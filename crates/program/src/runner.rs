@@ -243,6 +243,14 @@ impl RunResult {
             match t.data() {
                 HostData::F32(v) => elements(w, v.len(), |w, k| serde_json::to_writer(w, &v[k]))?,
                 HostData::F64(v) => elements(w, v.len(), |w, k| serde_json::to_writer(w, &v[k]))?,
+                // A 16-bit value exactly, as the f64 it widens to (f32's shortest form would
+                // read back as another f64).
+                HostData::BF16(v) => {
+                    elements(w, v.len(), |w, k| serde_json::to_writer(w, &v[k].to_f64()))?
+                }
+                HostData::F16(v) => {
+                    elements(w, v.len(), |w, k| serde_json::to_writer(w, &v[k].to_f64()))?
+                }
             }
             w.write_all(b"]}")
         }
@@ -281,12 +289,9 @@ impl RunResult {
     }
 }
 
-/// `"f32"` or `"f64"`.
+/// `"f32"`, `"f64"`, `"bf16"` or `"f16"`.
 pub fn dtype_name(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "f32",
-        DType::F64 => "f64",
-    }
+    d.name()
 }
 
 impl Program {

@@ -85,7 +85,7 @@ fn help_lists_the_subcommands() {
         "--seed",
         "--device",
         "--json",
-        "[possible values: f64, f32]",
+        "[possible values: f64, f32, bf16, f16]",
     ] {
         assert!(run.contains(flag), "{run}");
     }
@@ -241,6 +241,24 @@ fn seeds_and_dtypes() {
     let x64 = j64["values"]["x"]["data"].as_array().unwrap();
     for (p, q) in x32.iter().zip(x64) {
         assert_eq!(p.as_f64().unwrap() as f32, q.as_f64().unwrap() as f32);
+    }
+    // In bf16: the same draws rounded to 8 significant bits, e^x computed in f32 and rounded,
+    // and the gradient (e^x again) stored in bf16.
+    let h = stdout(&arenagrad(
+        &["run", "--json", "--dtype", "bf16", "--seed", "5", "-"],
+        Some(prog),
+    ));
+    let j: serde_json::Value = serde_json::from_str(&h).unwrap();
+    assert_eq!(j["dtype"], "bf16");
+    let round = |v: f64| arenagrad_graph::bf16::from_f64(v as f32 as f64).to_f64();
+    let xs = j["values"]["x"]["data"].as_array().unwrap();
+    let ys = j["output"]["data"].as_array().unwrap();
+    let gs = j["grads"]["x"]["data"].as_array().unwrap();
+    for ((x, y), (x64, g)) in xs.iter().zip(ys).zip(x64.iter().zip(gs)) {
+        let x = x.as_f64().unwrap();
+        assert_eq!(x, round(x64.as_f64().unwrap()));
+        let want = round(f64::from((x as f32).exp()));
+        assert_eq!((y.as_f64().unwrap(), g.as_f64().unwrap()), (want, want));
     }
 }
 

@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod bf16;
+pub mod cast;
 pub mod chain_gemm;
 pub mod conv;
 pub mod dropout;
@@ -20,6 +21,7 @@ pub mod transpose;
 pub mod wait;
 pub mod wide;
 
+pub use cast::{cast, Storage};
 pub use conv::{
     col2im, col2im_batch, conv_gemm_forward, im2col, im2col_batch, max_pool_indices, put_add,
     put_into, take, take_par, ConvDims, Window,

@@ -74,7 +74,7 @@ use cudarc::driver::{
     DriverError,
 };
 
-use crate::{DType, Float};
+use crate::DType;
 #[cfg(test)]
 use compile::kernel_names;
 use compile::load_kernels;
@@ -123,6 +123,14 @@ pub enum CudaError {
     Compile {
         /// NVRTC's log, or why NVRTC could not run.
         log: String,
+    },
+    /// A dtype the CUDA kernels do not take yet (the 16-bit dtypes run on the host).
+    #[error("{op}: {dtype} tensors are not supported on CUDA devices yet")]
+    Unsupported {
+        /// The operation.
+        op: &'static str,
+        /// The dtype refused.
+        dtype: DType,
     },
     /// The block cache failed, e.g. the device is out of memory.
     #[error(transparent)]
@@ -332,7 +340,10 @@ impl fmt::Debug for CudaBackend {
 macro_rules! launch {
     ($be:expr, $k:expr, $dt:expr, $op:literal, $blocks:expr; $($arg:expr),+ $(,)?) => {{
         let be: &$crate::cuda::CudaBackend = $be;
-        let mut builder = be.stream.launch_builder(be.func($k, $dt));
+        match be.func($k, $dt, $op) {
+        Err(e) => Err(e),
+        Ok(func) => {
+        let mut builder = be.stream.launch_builder(func);
         $(
             let arg = $arg;
             ::cudarc::driver::PushKernelArg::arg(&mut builder, &arg);
@@ -350,6 +361,8 @@ macro_rules! launch {
         unsafe { builder.launch(cfg) }
             .map(drop)
             .map_err(|e| $crate::cuda::CudaError::driver($op, e))
+        }
+        }
     }};
 }
 pub(crate) use launch;
@@ -439,11 +452,13 @@ impl CudaBackend {
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))
     }
 
-    fn func(&self, k: K, dt: DType) -> &CudaFunction {
-        &self.funcs[k as usize][match dt {
+    fn func(&self, k: K, dt: DType, op: &'static str) -> Result<&CudaFunction, CudaError> {
+        let at = match dt {
             DType::F32 => 0,
             DType::F64 => 1,
-        }]
+            DType::BF16 | DType::F16 => return Err(CudaError::Unsupported { op, dtype: dt }),
+        };
+        Ok(&self.funcs[k as usize][at])
     }
 
     /// The device's ordinal.
@@ -508,7 +523,7 @@ impl CudaBackend {
     /// Ordinary (pageable) host memory is staged by the driver before this returns, though the
     /// transfer to the device may still be running; page-locked memory is waited for. Either
     /// way `src` may be changed or dropped as soon as this returns.
-    pub fn htod<T: Float>(&self, src: &[T], dst: DevicePtr) -> Result<(), CudaError> {
+    pub fn htod<T: crate::Storage>(&self, src: &[T], dst: DevicePtr) -> Result<(), CudaError> {
         self.upload(src, dst)
     }
 
@@ -535,7 +550,7 @@ impl CudaBackend {
 
     /// Copies `dst.len()` elements from the device at `src` into `dst`, after the work queued
     /// before; waits for the copy.
-    pub fn dtoh<T: Float>(&self, src: DevicePtr, dst: &mut [T]) -> Result<(), CudaError> {
+    pub fn dtoh<T: crate::Storage>(&self, src: DevicePtr, dst: &mut [T]) -> Result<(), CudaError> {
         self.download(src, dst)
     }
 
@@ -660,6 +675,12 @@ impl CudaBackend {
         let result = match dt {
             DType::F32 => strided_batched!(br::sgemm_strided_batched, f32),
             DType::F64 => strided_batched!(br::dgemm_strided_batched, f64),
+            DType::BF16 | DType::F16 => {
+                return Err(CudaError::Unsupported {
+                    op: "gemm_strided_batched",
+                    dtype: dt,
+                })
+            }
         };
         result.map_err(|e| CudaError::Blas {
             op: "gemm_strided_batched",

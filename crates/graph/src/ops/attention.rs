@@ -77,6 +77,9 @@ impl<'g> Tensor<'g> {
         v: Tensor<'g>,
         opts: AttentionOptions<'g>,
     ) -> Result<Tensor<'g>> {
+        if Tensor::any_half(&[Some(self), Some(k), Some(v), opts.mask])? {
+            return self.attention_lowered(k, v, opts);
+        }
         let (qs, ks, vs) = (self.try_shape()?, k.try_shape()?, v.try_shape()?);
         check_pair(OP, &self, &k)?;
         check_pair(OP, &self, &v)?;

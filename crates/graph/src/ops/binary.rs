@@ -5,7 +5,7 @@ use arenagrad_exec::layout::broadcast_shapes;
 use arenagrad_exec::{cpu, BinaryOp, UnaryOp};
 use smallvec::smallvec;
 
-use super::{check_pair, Ctx, Grads, Op};
+use super::{check_pair, pair_dtypes, Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::graph::RawResult;
@@ -21,7 +21,18 @@ impl<'g> Tensor<'g> {
 
     fn binary_raw(self, op: BinaryOp, other: Tensor<'g>) -> RawResult {
         let name = op.name();
-        check_pair(name, &self, &other)?;
+        let (da, db) = pair_dtypes(name, &self, &other)?;
+        if da.is_half() || db.is_half() {
+            // Computed in f32 (or the wider operand's dtype: `bf16 + f32` is `f32`).
+            return Tensor::lower_raw([self, other], |[a, b]| a.binary(op, b));
+        }
+        if da != db {
+            return Err(Box::new(GraphError::DTypeMismatch {
+                op: name,
+                lhs: da,
+                rhs: db,
+            }));
+        }
         let mut guard = self.g.inner();
         let i = &mut *guard;
         let (ash, dtype, dev, ab) = {
@@ -287,6 +298,11 @@ impl Graph {
         b: Tensor<'g>,
     ) -> Result<Tensor<'g>> {
         let ids = self.owns_all(name, &[cond, a, b])?;
+        let (dc, da) = pair_dtypes(name, &cond, &a)?;
+        let (_, db) = pair_dtypes(name, &a, &b)?;
+        if dc.is_half() || da.is_half() || db.is_half() {
+            return Tensor::lower([cond, a, b], |[c, x, y]| self.select_as(name, c, x, y));
+        }
         check_pair(name, &cond, &a)?;
         check_pair(name, &a, &b)?;
         let mut guard = self.inner();

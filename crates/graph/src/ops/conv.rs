@@ -209,6 +209,16 @@ impl<'g> Tensor<'g> {
         groups: usize,
     ) -> Result<Tensor<'g>> {
         let op = "conv2d";
+        if Tensor::any_half(&[Some(self), Some(weight), bias])? {
+            return match bias {
+                Some(b) => Tensor::lower([self, weight, b], |[x, w, b]| {
+                    x.conv2d_bias(w, Some(b), stride, padding, dilation, groups)
+                }),
+                None => Tensor::lower([self, weight], |[x, w]| {
+                    x.conv2d_bias(w, None, stride, padding, dilation, groups)
+                }),
+            };
+        }
         // Before anything is recorded: a refused call leaves both graphs as they were.
         check_pair(op, &self, &weight)?;
         if let Some(b) = bias {
@@ -280,6 +290,9 @@ impl<'g> Tensor<'g> {
         padding: (usize, usize),
     ) -> Result<Tensor<'g>> {
         let op = "max_pool2d";
+        if self.dtype_of(op)?.is_half() {
+            return Tensor::lower([self], |[x]| x.max_pool2d(kernel, stride, padding));
+        }
         if padding.0 > kernel.0 / 2 || padding.1 > kernel.1 / 2 {
             return Err(GraphError::BadArgument {
                 op,
@@ -447,6 +460,10 @@ impl<'g> Tensor<'g> {
             let n = i.node(name, self.id)?;
             (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
+        if dtype.is_half() {
+            drop(guard);
+            return Tensor::lower([self], |[x]| x.dropout_seeded(p, seed));
+        }
         let len: usize = shape.iter().product();
         let out = i.alloc_on(name, dev, dtype, len)?;
         let threads = i.threads;

@@ -76,6 +76,9 @@ impl<'g> Tensor<'g> {
     /// other case is [`Tensor::matmul_t`] then [`Tensor::add`].
     pub fn addmm_t(self, a: Tensor<'g>, b: Tensor<'g>, ta: bool, tb: bool) -> Result<Tensor<'g>> {
         let name = "addmm";
+        if Tensor::any_half(&[Some(self), Some(a), Some(b)])? {
+            return Tensor::lower([self, a, b], |[c, a, b]| c.addmm_t(a, b, ta, tb));
+        }
         check_pair(name, &a, &b)?;
         check_pair(name, &self, &a)?;
         let (csh, ash, bsh) = (self.try_shape()?, a.try_shape()?, b.try_shape()?);
@@ -147,6 +150,10 @@ impl<'g> Tensor<'g> {
             let n = i.node(name, self.id)?;
             (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
+        if dtype.is_half() {
+            drop(guard);
+            return Tensor::lower([self, other], |[a, b]| a.matmul_t(b, ta, tb));
+        }
         let (bsh, bb) = {
             let n = i.node(name, other.id)?;
             (copy_of(&n.shape), n.buf)

@@ -28,6 +28,7 @@ pub(crate) mod binary;
 pub(crate) mod checkpoint;
 pub(crate) mod conv;
 pub(crate) mod custom;
+pub(crate) mod half;
 pub(crate) mod matmul;
 pub(crate) mod norm;
 pub(crate) mod reduce;
@@ -161,6 +162,10 @@ pub(crate) enum Op {
     ToDevice {
         from: crate::Device,
     },
+    /// A conversion from another dtype.
+    Cast {
+        from: arenagrad_exec::DType,
+    },
 }
 
 impl Op {
@@ -189,7 +194,8 @@ impl Op {
             | Op::Where
             | Op::MaxPool2d { .. }
             | Op::MaxPool2dBackward { .. }
-            | Op::ToDevice { .. } => false,
+            | Op::ToDevice { .. }
+            | Op::Cast { .. } => false,
             Op::Param(_)
             | Op::Reduce { .. }
             | Op::Permute(_)
@@ -257,6 +263,7 @@ impl Op {
             Op::MaxPool2d { .. } => "max_pool2d",
             Op::MaxPool2dBackward { .. } => "max_pool2d_backward",
             Op::ToDevice { .. } => "to_device",
+            Op::Cast { .. } => "to_dtype",
         }
     }
 }
@@ -320,6 +327,7 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::MaxPool2d { idx } => conv::take_backward(*idx, c),
         Op::MaxPool2dBackward { idx } => conv::put_backward(*idx, c),
         Op::ToDevice { from } => Ok(smallvec::smallvec![Some(c.gy.to_device(*from)?)]),
+        Op::Cast { from } => half::cast_backward(*from, c),
         Op::Reshape => shape::reshape_backward(c),
         Op::Permute(p) => shape::permute_backward(p, c),
         Op::BroadcastTo => shape::broadcast_backward(c),
@@ -335,6 +343,23 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
 
 /// Checks that two tensors can meet in one op: same graph, device and dtype.
 pub(crate) fn check_pair(op: &'static str, a: &Tensor<'_>, b: &Tensor<'_>) -> Result<()> {
+    let (da, db) = pair_dtypes(op, a, b)?;
+    if da != db {
+        return Err(GraphError::DTypeMismatch {
+            op,
+            lhs: da,
+            rhs: db,
+        });
+    }
+    Ok(())
+}
+
+/// The two operands' dtypes, once they are known to be of one graph and on one device.
+pub(crate) fn pair_dtypes(
+    op: &'static str,
+    a: &Tensor<'_>,
+    b: &Tensor<'_>,
+) -> Result<(arenagrad_exec::DType, arenagrad_exec::DType)> {
     a.g.owns(op, b)?;
     let (da, db) = {
         let i = a.g.inner.borrow();
@@ -348,12 +373,5 @@ pub(crate) fn check_pair(op: &'static str, a: &Tensor<'_>, b: &Tensor<'_>) -> Re
         }
         (na.dtype, nb.dtype)
     };
-    if da != db {
-        return Err(GraphError::DTypeMismatch {
-            op,
-            lhs: da,
-            rhs: db,
-        });
-    }
-    Ok(())
+    Ok((da, db))
 }

@@ -70,6 +70,17 @@ impl<'g> Tensor<'g> {
         bias: Option<Tensor<'g>>,
         eps: f64,
     ) -> Result<Tensor<'g>> {
+        if Tensor::any_half(&[Some(self), weight, bias])? {
+            let norm = |x: Tensor<'g>, w, b| x.norm_impl(op, rms, ndim, w, b, eps);
+            return match (weight, bias) {
+                (Some(w), Some(b)) => {
+                    Tensor::lower([self, w, b], |[x, w, b]| norm(x, Some(w), Some(b)))
+                }
+                (Some(w), None) => Tensor::lower([self, w], |[x, w]| norm(x, Some(w), None)),
+                (None, Some(b)) => Tensor::lower([self, b], |[x, b]| norm(x, None, Some(b))),
+                (None, None) => Tensor::lower([self], |[x]| norm(x, None, None)),
+            };
+        }
         let shape = self.try_shape()?;
         if ndim == 0 || ndim > shape.len() {
             return Err(GraphError::BadArgument {

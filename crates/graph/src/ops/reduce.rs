@@ -22,6 +22,10 @@ impl<'g> Tensor<'g> {
             let n = i.node(name, self.id)?;
             (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
+        if dtype.is_half() {
+            drop(guard);
+            return Tensor::lower([self], |[x]| x.reduce(op, axes, keepdim));
+        }
         let mask = axes_mask(name, axes, &shape)?;
         if op == ReduceOp::Max && mask.iter().zip(&shape).any(|(&m, &d)| m && d == 0) {
             return Err(GraphError::BadArgument {
@@ -316,6 +320,10 @@ impl<'g> Tensor<'g> {
             let n = i.node(name, self.id)?;
             (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
+        if dtype.is_half() {
+            drop(guard);
+            return Tensor::lower([self], |[x]| x.scan(axis, reverse));
+        }
         let len = shape.iter().product();
         let out = i.alloc_on(name, dev, dtype, len)?;
         match dev {

@@ -18,6 +18,7 @@ use arenagrad_alloc::BufId;
 use arenagrad_exec::cpu::rnn::{self as k, LstmDims, LSTM_SAVED};
 use smallvec::smallvec;
 
+use super::half::promoted_of;
 use super::{check_pair, Ctx, Grads, Op};
 use crate::error::{GraphError, Result};
 use crate::host::try_filled;
@@ -78,6 +79,11 @@ impl<'g> Tensor<'g> {
     /// `[b, h]`. Returns the new `(h, c)`: `c' = σ(f)·c + σ(i)·tanh(g)`, `h' = σ(o)·tanh(c')`.
     pub fn lstm_cell(self, c: Tensor<'g>) -> Result<(Tensor<'g>, Tensor<'g>)> {
         let op = "lstm_cell";
+        if Tensor::any_half(&[Some(self), Some(c)])? {
+            let out = promoted_of(op, &[self, c])?;
+            let (h, c) = self.widened(out)?.lstm_cell(c.widened(out)?)?;
+            return Ok((h.to_dtype(out)?, c.to_dtype(out)?));
+        }
         check_pair(op, &self, &c)?;
         let (zs, cs) = (shape_of(op, &self, 2)?, shape_of(op, &c, 2)?);
         if zs[0] != cs[0] || zs[1] != 4 * cs[1] {
@@ -137,6 +143,9 @@ impl<'g> Tensor<'g> {
     /// z·h` with `r = σ(gi_r + gh_r)`, `z = σ(gi_z + gh_z)`, `n = tanh(gi_n + r·gh_n)`.
     pub fn gru_cell(self, gh: Tensor<'g>, h: Tensor<'g>) -> Result<Tensor<'g>> {
         let op = "gru_cell";
+        if Tensor::any_half(&[Some(self), Some(gh), Some(h)])? {
+            return Tensor::lower([self, gh, h], |[x, gh, h]| x.gru_cell(gh, h));
+        }
         check_pair(op, &self, &gh)?;
         check_pair(op, &self, &h)?;
         let (is, gs, hs) = (
@@ -207,6 +216,16 @@ impl<'g> Tensor<'g> {
         opts: LstmSequenceOptions<'_>,
     ) -> Result<(Tensor<'g>, Tensor<'g>, Tensor<'g>)> {
         let op = "lstm_sequence";
+        if Tensor::any_half(&[Some(self), Some(w_hh), Some(h0), Some(c0)])? {
+            let out = promoted_of(op, &[self, w_hh, h0, c0])?;
+            let (y, h, c) = self.widened(out)?.lstm_sequence(
+                w_hh.widened(out)?,
+                h0.widened(out)?,
+                c0.widened(out)?,
+                opts,
+            )?;
+            return Ok((y.to_dtype(out)?, h.to_dtype(out)?, c.to_dtype(out)?));
+        }
         for t in [&w_hh, &h0, &c0] {
             check_pair(op, &self, t)?;
         }

@@ -37,6 +37,10 @@ impl<'g> Tensor<'g> {
             let n = i.node(name, self.id)?;
             (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
+        if dtype.is_half() {
+            drop(guard);
+            return Tensor::lower([self], |[x]| x.data_op(name, out_shape, op, zeroed, kernel));
+        }
         let len = checked_numel(name, &out_shape)?;
         let out = if zeroed {
             i.alloc_zeroed_on(name, dev, dtype, len)?
@@ -244,6 +248,11 @@ impl<'g> Tensor<'g> {
     pub fn slice_write(self, axis: isize, start: usize, src: Tensor<'g>) -> Result<()> {
         let op = "slice_write";
         check_pair(op, &self, &src)?;
+        let dtype = self.dtype_of(op)?;
+        if dtype.is_half() {
+            // Written in place: there is no f32 copy to write through.
+            return Err(GraphError::UnsupportedDType { op, dtype });
+        }
         let (ds, ss) = (self.try_shape()?, src.try_shape()?);
         let ax = norm_axis(op, axis, &ds)?;
         same_but_axis(op, &ds, &ss, ax)?;
@@ -410,6 +419,27 @@ impl<'g> Tensor<'g> {
 }
 
 impl Graph {
+    /// [`Graph::concat`] of parts some of which are stored in a 16-bit dtype: joined in their
+    /// promoted dtype (as [`Tensor::to_dtype`] and PyTorch's `cat` promote).
+    fn concat_lowered<'g>(
+        &'g self,
+        op: &'static str,
+        parts: &[Tensor<'g>],
+        axis: isize,
+    ) -> Result<Tensor<'g>> {
+        let mut out: Option<arenagrad_exec::DType> = None;
+        for p in parts {
+            let d = p.dtype_of(op)?;
+            out = Some(out.map_or(d, |o| o.promote(d)));
+        }
+        let out = out.unwrap_or(arenagrad_exec::DType::F32);
+        let wide = parts
+            .iter()
+            .map(|p| p.to_dtype(out.compute()))
+            .collect::<Result<Vec<_>>>()?;
+        self.concat_as(op, &wide, axis)?.to_dtype(out)
+    }
+
     /// Joins tensors along `axis`; all other extents must agree.
     pub fn concat<'g>(&'g self, parts: &[Tensor<'g>], axis: isize) -> Result<Tensor<'g>> {
         self.concat_as("concat", parts, axis)
@@ -428,6 +458,12 @@ impl Graph {
             what: "needs at least one tensor",
         })?;
         let ids = self.owns_all(op, parts)?;
+        if parts
+            .iter()
+            .any(|p| p.dtype_of(op).is_ok_and(|d| d.is_half()))
+        {
+            return self.concat_lowered(op, parts, axis);
+        }
         let s0 = first.try_shape()?;
         let ax = norm_axis(op, axis, &s0)?;
         let mut total = 0usize;

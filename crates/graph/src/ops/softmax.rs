@@ -23,6 +23,10 @@ impl<'g> Tensor<'g> {
             let n = i.node(name, self.id)?;
             (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
+        if dtype.is_half() {
+            drop(guard);
+            return Tensor::lower([self], |[x]| x.softmax_impl(axis, log));
+        }
         let ax = norm_axis(name, axis, &shape)?;
         let out = i.alloc_on(name, dev, dtype, shape.iter().product())?;
         match dev {
@@ -102,6 +106,9 @@ impl<'g> Tensor<'g> {
     /// device the forward and backward run the softmax, gather and reduction kernels.
     pub fn cross_entropy_mean(self, targets: &[usize]) -> Result<Tensor<'g>> {
         const OP: &str = "cross_entropy";
+        if self.dtype_of(OP)?.is_half() {
+            return Tensor::lower([self], |[x]| x.cross_entropy_mean(targets));
+        }
         let shape = self.try_shape()?;
         let [m, c] = shape[..] else {
             return Err(GraphError::BadArgument {

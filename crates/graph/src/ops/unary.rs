@@ -27,6 +27,10 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let n = i.node(name, self.id)?;
         let ((shape, len), dtype, dev, xb) = (copy_and_numel(&n.shape), n.dtype, n.device(), n.buf);
+        if dtype.is_half() {
+            drop(guard);
+            return Tensor::lower_raw([self], |[x]| x.unary(op));
+        }
         let needs_grad = n.requires_grad;
         let threads = i.threads;
         let out = match dev {
@@ -224,6 +228,9 @@ pub(crate) fn backward_in_place_bufs(
         return Ok(false);
     }
     let (gb, dtype) = (gn.buf, gn.dtype);
+    if dtype.is_half() {
+        return Ok(false);
+    }
     let threads = i.threads;
     with_float!(dtype, T, {
         match i.arena.split_unique::<T, 2>(gb, [xb, yb]) {

@@ -2,6 +2,8 @@
 
 use arenagrad_graph::{Elem, HostData, HostDataMut, HostTensor, Parameter};
 
+use super::in_f32;
+
 use super::state::{buffer_tensor, f64_tensor, u64_tensor, StateReader};
 use super::{
     check_learning_rate, check_non_negative, dedup, flatten_groups, grad_dtype_error, GroupOptions,
@@ -198,7 +200,8 @@ fn step_all(
         if st.is_none() && p.update_grad(|g| g.is_some()) {
             // The moments are made fallibly, before the value is touched: a parameter whose
             // state the host cannot hold is an error and is left as it was.
-            let (dtype, n, shape) = (p.dtype(), p.numel(), p.shape());
+            // A 16-bit parameter's moments are kept in f32 (its update is computed there).
+            let (dtype, n, shape) = (p.dtype().compute(), p.numel(), p.shape());
             let zeros = || HostData::zeros(op, dtype, n, &shape);
             *st = Some(AdamState {
                 step: 0,
@@ -213,6 +216,12 @@ fn step_all(
             match (value, grad) {
                 (HostDataMut::F32(v), HostData::F32(g)) => adam_kernel(v, g, st, cfg, decoupled),
                 (HostDataMut::F64(v), HostData::F64(g)) => adam_kernel(v, g, st, cfg, decoupled),
+                (HostDataMut::BF16(v), HostData::BF16(g)) => {
+                    in_f32(v, g, |v, g| adam_kernel(v, g, st, cfg, decoupled))
+                }
+                (HostDataMut::F16(v), HostData::F16(g)) => {
+                    in_f32(v, g, |v, g| adam_kernel(v, g, st, cfg, decoupled))
+                }
                 (v, g) => return Err(grad_dtype_error(op, &v, g)),
             }
             Ok(())

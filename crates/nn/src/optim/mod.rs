@@ -3,8 +3,9 @@
 //!
 //! An optimiser holds [`Parameter`] handles (the same storage the model's layers use) and
 //! updates their values in place from their accumulated gradients. Its state — momentum buffers,
-//! Adam's moments — is plain host vectors of the parameter's dtype. The update rules are
-//! PyTorch's, step for step.
+//! Adam's moments — is plain host vectors of the parameter's dtype (f32 for a bf16 or f16
+//! parameter, whose update is computed in f32 and rounded once into the stored weights). The
+//! update rules are PyTorch's, step for step.
 //!
 //! `g.reset()` may come before or after `opt.step()`; both are correct. A step writes each value
 //! in place unless a graph that has not been reset still reads it (the graph then keeps the old
@@ -45,7 +46,7 @@ pub use sgd::{Sgd, SgdConfig};
 #[cfg(feature = "checkpoint")]
 pub(crate) use state::{tensor_u64, tensor_u64s, u64_tensor, u64s_tensor};
 
-use arenagrad_graph::{HostData, HostDataMut, HostTensor, Parameter};
+use arenagrad_graph::{HostData, HostDataMut, HostTensor, Parameter, Storage};
 
 use crate::error::{config, NnError, Result};
 
@@ -234,6 +235,25 @@ pub(crate) fn check_non_negative(component: &'static str, what: &str, v: f64) ->
     Ok(())
 }
 
+/// Runs an update on a 16-bit parameter's values and gradient widened to f32, and rounds the
+/// new values back once: the step is computed in f32 (its state, a momentum or Adam's moments,
+/// is kept in f32 too), and only the stored weights are 16-bit.
+pub(crate) fn in_f32<T: Storage, R>(
+    value: &mut [T],
+    grad: &[T],
+    f: impl FnOnce(&mut [f32], &[f32]) -> R,
+) -> R {
+    let widen = |v: &[T]| {
+        let mut w = vec![0f32; v.len()];
+        arenagrad_graph::exec::cpu::cast(v, &mut w, 1);
+        w
+    };
+    let (mut v, g) = (widen(value), widen(grad));
+    let r = f(&mut v, &g);
+    arenagrad_graph::exec::cpu::cast(&v, value, 1);
+    r
+}
+
 fn grad_dtype_error(op: &'static str, value: &HostDataMut<'_>, grad: &HostData) -> NnError {
     NnError::DType {
         op,
@@ -268,6 +288,8 @@ pub fn clip_grad_norm(params: &[Parameter], max_norm: f64) -> Result<f64> {
                 sq += v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>()
             }
             Some(HostDataMut::F64(v)) => sq += v.iter().map(|&x| x * x).sum::<f64>(),
+            Some(HostDataMut::BF16(v)) => sq += v.iter().map(|&x| x.widen().powi(2)).sum::<f64>(),
+            Some(HostDataMut::F16(v)) => sq += v.iter().map(|&x| x.widen().powi(2)).sum::<f64>(),
             None => {}
         });
     }
@@ -278,6 +300,8 @@ pub fn clip_grad_norm(params: &[Parameter], max_norm: f64) -> Result<f64> {
             p.update_grad(|g| match g {
                 Some(HostDataMut::F32(v)) => v.iter_mut().for_each(|x| *x *= coef as f32),
                 Some(HostDataMut::F64(v)) => v.iter_mut().for_each(|x| *x *= coef),
+                Some(HostDataMut::BF16(v)) => v.iter_mut().for_each(|x| *x = scaled(*x, coef)),
+                Some(HostDataMut::F16(v)) => v.iter_mut().for_each(|x| *x = scaled(*x, coef)),
                 None => {}
             });
         }
@@ -295,8 +319,23 @@ pub fn clip_grad_value(params: &[Parameter], clip: f64) -> Result<()> {
                 v.iter_mut().for_each(|x| *x = x.clamp(-c, c))
             }
             Some(HostDataMut::F64(v)) => v.iter_mut().for_each(|x| *x = x.clamp(-clip, clip)),
+            Some(HostDataMut::BF16(v)) => v.iter_mut().for_each(|x| *x = clamped(*x, clip)),
+            Some(HostDataMut::F16(v)) => v.iter_mut().for_each(|x| *x = clamped(*x, clip)),
             None => {}
         });
     }
     Ok(())
+}
+
+/// A 16-bit gradient element times `coef`, computed in f32 and rounded once (as PyTorch's
+/// `mul_` on a 16-bit tensor).
+fn scaled<T: Storage>(x: T, coef: f64) -> T {
+    T::narrow(f64::from(x.widen() as f32 * coef as f32))
+}
+
+/// A 16-bit gradient element clamped into `[−clip, clip]` (the bound rounded to the type, as
+/// PyTorch's `clamp_` on a 16-bit tensor compares in f32).
+fn clamped<T: Storage>(x: T, clip: f64) -> T {
+    let c = clip as f32;
+    T::narrow(f64::from((x.widen() as f32).clamp(-c, c)))
 }

@@ -2,6 +2,8 @@
 
 use arenagrad_graph::{Elem, HostData, HostDataMut, HostTensor, Parameter};
 
+use super::in_f32;
+
 use super::state::{buffer_tensor, f64_tensor, StateReader};
 use super::{
     check_learning_rate, check_non_negative, dedup, flatten_groups, grad_dtype_error, GroupOptions,
@@ -242,6 +244,12 @@ impl Optimizer for Sgd {
                 match (value, grad) {
                     (HostDataMut::F32(v), HostData::F32(g)) => sgd_kernel(v, g, buf, &cfg)?,
                     (HostDataMut::F64(v), HostData::F64(g)) => sgd_kernel(v, g, buf, &cfg)?,
+                    (HostDataMut::BF16(v), HostData::BF16(g)) => {
+                        in_f32(v, g, |v, g| sgd_kernel(v, g, buf, &cfg))?
+                    }
+                    (HostDataMut::F16(v), HostData::F16(g)) => {
+                        in_f32(v, g, |v, g| sgd_kernel(v, g, buf, &cfg))?
+                    }
                     (v, g) => return Err(grad_dtype_error("Sgd::step", &v, g)),
                 }
                 Ok(())

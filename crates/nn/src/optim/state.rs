@@ -89,12 +89,13 @@ impl<'a> StateReader<'a> {
         self.get(name).map(|t| tensor_u64(op, name, t)).transpose()
     }
 
-    /// Buffer `name` for parameter `p`, if present: of `p`'s shape and dtype.
+    /// Buffer `name` for parameter `p`, if present: of `p`'s shape, in the dtype `p`'s update is
+    /// computed in (its own; f32 for a 16-bit parameter).
     pub(crate) fn buffer(&mut self, name: &str, p: &Parameter) -> Result<Option<HostData>> {
         let Some(t) = self.get(name) else {
             return Ok(None);
         };
-        if t.shape() != p.shape().as_slice() || t.dtype() != p.dtype() {
+        if t.shape() != p.shape().as_slice() || t.dtype() != p.dtype().compute() {
             return Err(config(
                 self.op,
                 format!(
@@ -103,7 +104,7 @@ impl<'a> StateReader<'a> {
                     t.dtype(),
                     p.name(),
                     p.shape(),
-                    p.dtype()
+                    p.dtype().compute()
                 ),
             ));
         }

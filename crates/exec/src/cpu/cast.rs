@@ -1,0 +1,256 @@
+//! Storage types and conversions between them.
+//!
+//! A tensor stores `f32`, `f64`, `bf16` or `f16` ([`Storage`]); arithmetic runs in `f32` or `f64`
+//! ([`crate::Float`]). Conversions follow PyTorch's: widening is exact, narrowing rounds to
+//! nearest even, and `f64` narrows to the 16-bit types through `f32` (as `c10::BFloat16` and
+//! `c10::Half` are built from a `float`), so a value rounds twice there exactly as it does in
+//! PyTorch. NaN stays NaN (quiet, its sign kept); values past a type's range become infinities.
+
+use arenagrad_alloc::Pod;
+pub use half::{bf16, f16};
+
+use crate::DType;
+
+/// Elements rounded per block when a conversion goes through `f32`.
+const BLOCK: usize = 256;
+
+/// An element type a tensor can be stored in.
+pub trait Storage: Pod + PartialEq + std::fmt::Debug {
+    /// The matching [`DType`].
+    const DTYPE: DType;
+    /// The value, exactly, as `f64`.
+    fn widen(self) -> f64;
+    /// `v` rounded to this type (through `f32` for the 16-bit types, as PyTorch rounds).
+    fn narrow(v: f64) -> Self;
+    /// `src` as `f32` into `dst` (rounded when `Self` is `f64`).
+    fn load_f32(src: &[Self], dst: &mut [f32]);
+    /// `src` rounded into `dst`.
+    fn store_f32(src: &[f32], dst: &mut [Self]);
+    /// `a + b` correctly rounded to this type. The 16-bit types add in `f32` and round again,
+    /// which gives the same answer: f32's 24 significant bits are at least twice theirs plus
+    /// two (bf16 has 8, f16 11), where rounding twice cannot differ from rounding once.
+    fn sum_of(a: Self, b: Self) -> Self;
+}
+
+impl Storage for f32 {
+    const DTYPE: DType = DType::F32;
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        f64::from(self)
+    }
+    #[inline(always)]
+    fn narrow(v: f64) -> Self {
+        v as f32
+    }
+    fn load_f32(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn store_f32(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    #[inline(always)]
+    fn sum_of(a: f32, b: f32) -> f32 {
+        a + b
+    }
+}
+
+impl Storage for f64 {
+    const DTYPE: DType = DType::F64;
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn narrow(v: f64) -> Self {
+        v
+    }
+    fn load_f32(src: &[f64], dst: &mut [f32]) {
+        super::wide::wide(src.len(), move || {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = s as f32;
+            }
+        })
+    }
+    fn store_f32(src: &[f32], dst: &mut [f64]) {
+        super::wide::wide(src.len(), move || {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = f64::from(s);
+            }
+        })
+    }
+    #[inline(always)]
+    fn sum_of(a: f64, b: f64) -> f64 {
+        a + b
+    }
+}
+
+impl Storage for bf16 {
+    const DTYPE: DType = DType::BF16;
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        f64::from(super::bf16::from_bf16(self))
+    }
+    #[inline(always)]
+    fn narrow(v: f64) -> Self {
+        super::bf16::to_bf16(v as f32)
+    }
+    fn load_f32(src: &[bf16], dst: &mut [f32]) {
+        super::bf16::bf16_to_f32(src, dst)
+    }
+    fn store_f32(src: &[f32], dst: &mut [bf16]) {
+        super::bf16::f32_to_bf16(src, dst)
+    }
+    #[inline(always)]
+    fn sum_of(a: bf16, b: bf16) -> bf16 {
+        super::bf16::to_bf16(a.to_f32() + b.to_f32())
+    }
+}
+
+impl Storage for f16 {
+    const DTYPE: DType = DType::F16;
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        f64::from(self.to_f32())
+    }
+    #[inline(always)]
+    fn narrow(v: f64) -> Self {
+        f16::from_f32(v as f32)
+    }
+    fn load_f32(src: &[f16], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst)
+    }
+    fn store_f32(src: &[f32], dst: &mut [f16]) {
+        use half::slice::HalfFloatSliceExt;
+        dst.convert_from_f32_slice(src)
+    }
+    #[inline(always)]
+    fn sum_of(a: f16, b: f16) -> f16 {
+        f16::from_f32(a.to_f32() + b.to_f32())
+    }
+}
+
+/// `src` converted into `dst` (same length): exact when `D` is at least as wide, else rounded
+/// to nearest even (see the module documentation). The work is split over up to `threads`
+/// threads when it is large.
+///
+/// # Panics
+/// If the lengths differ (an internal invariant: callers allocate `dst` for `src`).
+pub fn cast<S: Storage, D: Storage>(src: &[S], dst: &mut [D], threads: usize) {
+    assert_eq!(
+        src.len(),
+        dst.len(),
+        "invariant: cast to a buffer of the same length"
+    );
+    super::par::par_chunks_mut(dst, threads, super::par::PAR_MIN_ELEMS, |start, d| {
+        cast_serial(&src[start..start + d.len()], d)
+    });
+}
+
+fn cast_serial<S: Storage, D: Storage>(src: &[S], dst: &mut [D]) {
+    if S::DTYPE == DType::F64 || D::DTYPE == DType::F64 {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = D::narrow(s.widen());
+        }
+        return;
+    }
+    let mut buf = [0f32; BLOCK];
+    for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
+        let b = &mut buf[..s.len()];
+        S::load_f32(s, b);
+        D::store_f32(b, d);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_bits_round_trip<T: Storage>(from_bits: impl Fn(u16) -> T, to_bits: impl Fn(T) -> u16) {
+        let src: Vec<T> = (0..=u16::MAX).map(&from_bits).collect();
+        let mut wide = vec![0f32; src.len()];
+        cast(&src, &mut wide, 1);
+        let mut back = vec![from_bits(0); src.len()];
+        cast(&wide, &mut back, 1);
+        for (a, b) in src.iter().zip(&back) {
+            let (a, b) = (to_bits(*a), to_bits(*b));
+            let nan = f64::is_nan(from_bits(a).widen());
+            assert!(
+                a == b || nan && f64::is_nan(from_bits(b).widen()),
+                "{a:#x} → {b:#x}"
+            );
+        }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore)] // 2¹⁷ conversions: minutes interpreted
+    fn every_16_bit_value_survives_a_round_trip_through_f32() {
+        all_bits_round_trip(bf16::from_bits, bf16::to_bits);
+        all_bits_round_trip(f16::from_bits, f16::to_bits);
+    }
+
+    #[test]
+    fn narrowing_rounds_to_nearest_even_and_keeps_nan_and_overflow() {
+        // Halfway between 1 and the next bf16 (1 + 2⁻⁷) rounds to the even neighbour, 1.
+        let cases: [(f32, f32); 6] = [
+            (1.0 + 2f32.powi(-8), 1.0),
+            (1.0 + 3.0 * 2f32.powi(-8), 1.0 + 2.0 * 2f32.powi(-7)),
+            (1.0 + 2f32.powi(-8) + 2f32.powi(-20), 1.0 + 2f32.powi(-7)),
+            (f32::MAX, f32::INFINITY),
+            (-0.0, -0.0),
+            (f32::NEG_INFINITY, f32::NEG_INFINITY),
+        ];
+        let src: Vec<f32> = cases.iter().map(|c| c.0).collect();
+        let mut out = vec![bf16::ZERO; src.len()];
+        cast(&src, &mut out, 1);
+        for ((x, want), got) in cases.iter().zip(&out) {
+            assert_eq!(got.to_f32().to_bits(), want.to_bits(), "bf16({x})");
+        }
+        let mut h = [f16::ZERO; 3];
+        cast(&[65520.0f32, 1.0 + 2f32.powi(-11), f32::NAN], &mut h, 1);
+        assert_eq!(h[0], f16::INFINITY);
+        assert_eq!(h[1], f16::ONE);
+        assert!(h[2].is_nan());
+        let mut b = [bf16::ZERO; 1];
+        cast(&[-f32::NAN], &mut b, 1);
+        assert!(b[0].is_nan() && b[0].is_sign_negative());
+    }
+
+    #[test]
+    fn f64_rounds_through_f32_as_pytorch_does() {
+        // 1 + 2⁻⁸ + 2⁻³⁰ rounds up to 1 + 2⁻⁷ in one step, but to f32 first it is 1 + 2⁻⁸ (the
+        // 2⁻³⁰ is below f32's last place there), a tie that rounds to even: 1. PyTorch gives 1.
+        let x = 1.0 + 2f64.powi(-8) + 2f64.powi(-30);
+        let mut out = [bf16::ZERO];
+        cast(&[x], &mut out, 1);
+        assert_eq!(out[0], bf16::ONE);
+        assert_eq!(bf16::narrow(x), bf16::ONE);
+        let mut h = [f16::ZERO];
+        cast(&[1.0 + 2f64.powi(-11) + 2f64.powi(-40)], &mut h, 1);
+        assert_eq!(h[0], f16::ONE);
+    }
+
+    #[test]
+    fn threads_and_blocks_do_not_change_the_bits() {
+        let n = if cfg!(miri) { 700 } else { 300_001 };
+        let src: Vec<f32> = (0..n)
+            .map(|k| ((k * 7919) % 10007) as f32 * 0.37 - 1800.0)
+            .collect();
+        let mut one = vec![bf16::ZERO; n];
+        let mut many = vec![bf16::ZERO; n];
+        cast(&src, &mut one, 1);
+        cast(&src, &mut many, 4);
+        assert_eq!(one, many);
+        for (s, o) in src.iter().zip(&one) {
+            assert_eq!(*o, bf16::from_f32(*s));
+        }
+        let mut h = vec![f16::ZERO; n];
+        cast(&src, &mut h, 3);
+        let mut hb = vec![bf16::ZERO; n];
+        cast(&h, &mut hb, 2);
+        for ((s, x), y) in src.iter().zip(&h).zip(&hb) {
+            assert_eq!(*x, f16::from_f32(*s));
+            assert_eq!(*y, bf16::from_f32(x.to_f32()));
+        }
+    }
+}

@@ -1,0 +1,428 @@
+//! bf16 and f16 tensors: conversions, how ops compute on them (in f32, rounded once when they
+//! store), promotion beside f32, gradients stored in the tensor's dtype, parameters, and
+//! values PyTorch 2.15 printed for the same programs in `torch.bfloat16` and `torch.float16`.
+
+use arenagrad_graph::{bf16, f16, DType, Graph, GraphError, HostTensor, Parameter, Tensor};
+
+const X: [f64; 12] = [
+    0.3, -1.2, 0.8, 2.1, -0.4, 1.7, -0.9, 0.5, 0.0, 1.0, 3.3, 1.0,
+];
+const W: [f64; 12] = [1., 2., 3., -1., 0.5, 2., 0.3, -0.7, 1.1, 2., -1., 0.5];
+
+/// What PyTorch printed for `x = X.to(dtype)` (a [3, 4] leaf), `y = tanh(x)`,
+/// `s = softmax(x, 1)`, `loss = (s · W).sum() + (y · y).sum()`, `loss.backward()`, and
+/// `x @ Wᵀ`, in this order.
+struct Reference {
+    dtype: DType,
+    x: [f64; 12],
+    tanh: [f64; 12],
+    softmax: [f64; 12],
+    loss: f64,
+    grad: [f64; 12],
+    mm: [f64; 9],
+}
+
+const BF16: Reference = Reference {
+    dtype: DType::BF16,
+    x: [
+        0.30078125,
+        -1.203125,
+        0.80078125,
+        2.09375,
+        -0.400390625,
+        1.703125,
+        -0.8984375,
+        0.5,
+        0.0,
+        1.0,
+        3.296875,
+        1.0,
+    ],
+    tanh: [
+        0.29296875,
+        -0.8359375,
+        0.6640625,
+        0.96875,
+        -0.380859375,
+        0.9375,
+        -0.71484375,
+        0.462890625,
+        0.0,
+        0.76171875,
+        0.99609375,
+        0.76171875,
+    ],
+    softmax: [
+        0.11279296875,
+        0.0250244140625,
+        0.185546875,
+        0.67578125,
+        0.08154296875,
+        0.66796875,
+        0.049560546875,
+        0.2001953125,
+        0.0299072265625,
+        0.0810546875,
+        0.80859375,
+        0.0810546875,
+    ],
+    loss: 6.78125,
+    grad: [
+        0.64453125,
+        -0.455078125,
+        1.2890625,
+        -0.5859375,
+        -0.71484375,
+        0.7265625,
+        -0.74609375,
+        0.3359375,
+        0.050048828125,
+        0.8515625,
+        -0.330078125,
+        0.7265625,
+    ],
+    mm: [
+        -1.796875,
+        -3.484375,
+        -1.828125,
+        -0.189453125,
+        2.59375,
+        4.125,
+        10.875,
+        2.296875,
+        -0.796875,
+    ],
+};
+
+const F16: Reference = Reference {
+    dtype: DType::F16,
+    x: [
+        0.300048828125,
+        -1.2001953125,
+        0.7998046875,
+        2.099609375,
+        -0.39990234375,
+        1.7001953125,
+        -0.89990234375,
+        0.5,
+        0.0,
+        1.0,
+        3.30078125,
+        1.0,
+    ],
+    tanh: [
+        0.291259765625,
+        -0.83349609375,
+        0.6640625,
+        0.97021484375,
+        -0.3798828125,
+        0.935546875,
+        -0.71630859375,
+        0.462158203125,
+        0.0,
+        0.76171875,
+        0.9970703125,
+        0.76171875,
+    ],
+    softmax: [
+        0.11212158203125,
+        0.0250091552734375,
+        0.184814453125,
+        0.67822265625,
+        0.08172607421875,
+        0.66748046875,
+        0.049591064453125,
+        0.2010498046875,
+        0.02978515625,
+        0.08099365234375,
+        0.80810546875,
+        0.08099365234375,
+    ],
+    loss: 6.77734375,
+    grad: [
+        0.64111328125,
+        -0.459716796875,
+        1.2900390625,
+        -0.59033203125,
+        -0.7109375,
+        0.73388671875,
+        -0.7451171875,
+        0.3349609375,
+        0.0498046875,
+        0.84814453125,
+        -0.33349609375,
+        0.7265625,
+    ],
+    mm: [
+        -1.80078125,
+        -3.48046875,
+        -1.8203125,
+        -0.19921875,
+        2.580078125,
+        4.109375,
+        10.90625,
+        2.291015625,
+        -0.80078125,
+    ],
+};
+
+/// One unit in the last place of `dtype` at `v` (PyTorch's f32 kernels and ours may round a
+/// transcendental's last f32 bit apart, which can move the 16-bit result by one step).
+fn ulp(dtype: DType, v: f64) -> f64 {
+    let e = v.abs().max(f64::MIN_POSITIVE).log2().floor();
+    dtype.epsilon() * 2f64.powf(e)
+}
+
+fn within_ulp(what: &str, dtype: DType, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= ulp(dtype, *w),
+            "{what} in {dtype}, element {k}: {g} against PyTorch's {w}\n{got:?}"
+        );
+    }
+}
+
+/// The reference program's gradient in f64.
+fn exact_grad(x: &[f64], w: &[f64]) -> Vec<f64> {
+    let g = Graph::new();
+    let x = g.leaf(x, &[3, 4], DType::F64).unwrap();
+    let w = g.from_f64(w, &[3, 4], DType::F64).unwrap();
+    let y = x.tanh().unwrap();
+    let s = x.softmax(1).unwrap().mul(w).unwrap().sum().unwrap();
+    s.add(y.mul(y).unwrap().sum().unwrap())
+        .unwrap()
+        .backward()
+        .unwrap();
+    x.grad().unwrap().unwrap().to_vec_f64().unwrap()
+}
+
+#[test]
+fn ops_in_16_bit_dtypes_match_pytorch() {
+    for r in [BF16, F16] {
+        let g = Graph::new();
+        let x = g.leaf(&X, &[3, 4], r.dtype).unwrap();
+        assert_eq!(x.dtype(), r.dtype);
+        assert_eq!(x.to_vec_f64().unwrap(), r.x, "rounding of the leaf");
+        let w = g.from_f64(&W, &[3, 4], r.dtype).unwrap();
+        let y = x.tanh().unwrap();
+        let s = x.softmax(1).unwrap();
+        assert_eq!((y.dtype(), s.dtype()), (r.dtype, r.dtype));
+        within_ulp("tanh", r.dtype, &y.to_vec_f64().unwrap(), &r.tanh);
+        within_ulp("softmax", r.dtype, &s.to_vec_f64().unwrap(), &r.softmax);
+        let loss = s
+            .mul(w)
+            .unwrap()
+            .sum()
+            .unwrap()
+            .add(y.mul(y).unwrap().sum().unwrap())
+            .unwrap();
+        assert_eq!(loss.dtype(), r.dtype);
+        within_ulp("loss", r.dtype, &[loss.item().unwrap()], &[r.loss]);
+        loss.backward().unwrap();
+        let gx = x.grad().unwrap().unwrap();
+        assert_eq!(
+            gx.dtype(),
+            r.dtype,
+            "a gradient is stored in its tensor's dtype"
+        );
+        // PyTorch's backward reads the 16-bit outputs it saved (tanh's y, softmax's s); ours
+        // reads the f32 values they were rounded from, so the gradient may differ from
+        // PyTorch's in the last bits — within PyTorch's tolerance of it, and no farther from
+        // the exact gradient (f64, of the same rounded inputs) than PyTorch's is.
+        let gx = gx.to_vec_f64().unwrap();
+        let (atol, rtol) = match r.dtype {
+            DType::BF16 => (1e-2, 1.6e-2),
+            _ => (1e-3, 1e-3),
+        };
+        for (a, b) in gx.iter().zip(&r.grad) {
+            assert!(
+                (a - b).abs() <= atol + rtol * b.abs(),
+                "grad: {gx:?}\nvs {:?}",
+                r.grad
+            );
+        }
+        let exact = exact_grad(&r.x, &w.to_vec_f64().unwrap());
+        let dist = |v: &[f64]| {
+            v.iter()
+                .zip(&exact)
+                .map(|(a, b)| (a - b).abs())
+                .sum::<f64>()
+        };
+        assert!(
+            dist(&gx) <= dist(&r.grad),
+            "{}: ours {} from exact, PyTorch's {}",
+            r.dtype,
+            dist(&gx),
+            dist(&r.grad)
+        );
+        let mm = x.detach().unwrap().matmul_t(w, false, true).unwrap();
+        within_ulp("mm", r.dtype, &mm.to_vec_f64().unwrap(), &r.mm);
+    }
+}
+
+#[test]
+fn conversions_round_to_nearest_even_and_gradients_cast_back() {
+    let g = Graph::new();
+    // 1 + 2⁻⁸ is halfway between two bf16 neighbours: to even, 1. 1 + 3·2⁻⁸ rounds up.
+    let x = g
+        .leaf(
+            &[1.0 + 2f64.powi(-8), 1.0 + 3.0 * 2f64.powi(-8), -0.0, 1e39],
+            &[4],
+            DType::F64,
+        )
+        .unwrap();
+    let h = x.to_dtype(DType::BF16).unwrap();
+    let v = h.to_vec::<bf16>().unwrap();
+    assert_eq!(v[0], bf16::ONE);
+    assert_eq!(v[1].to_f64(), 1.0 + 2f64.powi(-6));
+    assert!(v[2].is_sign_negative() && v[2].to_f64() == 0.0);
+    assert!(v[3].is_infinite(), "past f32's range: infinity, as PyTorch");
+    // PyTorch rounds f64 through f32: 1 + 2⁻⁸ + 2⁻³⁰ is 1 + 2⁻⁸ in f32, a tie, so 1.
+    let t = g
+        .from_f64(&[1.0 + 2f64.powi(-8) + 2f64.powi(-30)], &[1], DType::BF16)
+        .unwrap();
+    assert_eq!(t.to_vec::<bf16>().unwrap(), vec![bf16::ONE]);
+    // The gradient goes back through the cast in the input's dtype.
+    let loss = h.scale(3.0).unwrap().sum().unwrap();
+    assert_eq!(loss.dtype(), DType::BF16);
+    loss.backward().unwrap();
+    let gx = x.grad().unwrap().unwrap();
+    assert_eq!(gx.dtype(), DType::F64);
+    assert_eq!(gx.to_vec_f64().unwrap(), vec![3.0; 4]);
+    // The same dtype is no conversion: the handle itself.
+    assert_eq!(h.to_dtype(DType::BF16).unwrap().id(), h.id());
+}
+
+#[test]
+fn mixed_operands_meet_in_the_wider_dtype() {
+    let g = Graph::new();
+    let a = g.leaf(&[1.5, -2.0, 0.25], &[3], DType::BF16).unwrap();
+    let b = g.leaf(&[0.1, 0.2, 0.3], &[3], DType::F32).unwrap();
+    let c = g.leaf(&[1.0, 2.0, 3.0], &[3], DType::F16).unwrap();
+    let ab = a.mul(b).unwrap();
+    assert_eq!(
+        ab.dtype(),
+        DType::F32,
+        "bf16 · f32 is f32, as PyTorch promotes"
+    );
+    assert_eq!(
+        ab.to_vec::<f32>().unwrap(),
+        vec![1.5 * 0.1f32, -2.0 * 0.2f32, 0.25 * 0.3f32]
+    );
+    let ac = a.add(c).unwrap();
+    assert_eq!(ac.dtype(), DType::F32, "bf16 + f16 meet in f32");
+    ab.add(ac).unwrap().sum().unwrap().backward().unwrap();
+    let ga = a.grad().unwrap().unwrap();
+    assert_eq!(ga.dtype(), DType::BF16);
+    // d/da (a·b + a + c) = b + 1, rounded to bf16.
+    let want: Vec<f64> = [1.1f32, 1.2, 1.3]
+        .iter()
+        .map(|&v| bf16::from_f32(v).to_f64())
+        .collect();
+    assert_eq!(ga.to_vec_f64().unwrap(), want);
+    assert_eq!(c.grad().unwrap().unwrap().dtype(), DType::F16);
+    let sel = g
+        .where_cond(b.gt(g.full(&[3], 0.15, DType::F32).unwrap()).unwrap(), a, c)
+        .unwrap();
+    assert_eq!(sel.dtype(), DType::F32);
+    assert_eq!(sel.to_vec_f64().unwrap(), vec![1.0, -2.0, 0.25]);
+    let cat = g.concat(&[a, b], 0).unwrap();
+    assert_eq!((cat.dtype(), cat.shape().to_vec()), (DType::F32, vec![6]));
+}
+
+#[test]
+fn ops_that_take_one_dtype_refuse_mixed_ones_and_in_place_writes_refuse_16_bit() {
+    let g = Graph::new();
+    let a = g.zeros(&[2, 2], DType::BF16).unwrap();
+    let b = g.zeros(&[2, 2], DType::F32).unwrap();
+    // As PyTorch's `mm`: both operands of one dtype.
+    assert!(matches!(
+        a.matmul(b).unwrap_err(),
+        GraphError::DTypeMismatch {
+            op: "matmul",
+            lhs: DType::BF16,
+            rhs: DType::F32
+        }
+    ));
+    let dst = g.zeros(&[2, 4], DType::BF16).unwrap();
+    let err = dst.slice_write(1, 0, a).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GraphError::UnsupportedDType {
+                op: "slice_write",
+                dtype: DType::BF16
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(dst.to_vec_f64().unwrap(), vec![0.0; 8], "nothing written");
+}
+
+#[test]
+fn a_16_bit_parameter_trains_and_accumulates_in_its_dtype() {
+    let p = Parameter::new(
+        "w",
+        HostTensor::from_f64(&[0.5, -1.25, 2.0, 0.75], &[2, 2], DType::BF16).unwrap(),
+    );
+    let mut g = Graph::new();
+    for _ in 0..2 {
+        let w = g.param(&p).unwrap();
+        let x = g.from_f64(&[1.0, 3.0], &[1, 2], DType::BF16).unwrap();
+        x.matmul(w).unwrap().sum().unwrap().backward().unwrap();
+        g.reset();
+    }
+    let grad = p.grad().unwrap();
+    assert_eq!(grad.dtype(), DType::BF16);
+    // d/dw Σ x·w = xᵀ·1, twice: [2, 2, 6, 6].
+    assert_eq!(grad.to_f64_vec(), vec![2.0, 2.0, 6.0, 6.0]);
+    // Accumulation rounds once per element: 256 + 1 is not a bf16 (8 significant bits).
+    let q = Parameter::new(
+        "v",
+        HostTensor::from_f64(&[0.0], &[1], DType::BF16).unwrap(),
+    );
+    for k in [256.0, 1.0, 1.0] {
+        let v = g.param(&q).unwrap();
+        v.scale(k).unwrap().sum().unwrap().backward().unwrap();
+        g.reset();
+    }
+    assert_eq!(
+        q.grad().unwrap().to_f64_vec(),
+        vec![256.0],
+        "256 + 1 rounds to even, twice"
+    );
+}
+
+#[test]
+fn host_tensors_convert_between_every_pair_of_dtypes() {
+    let src = HostTensor::from_f64(&[0.1, -3.75, 65504.0, 1e-8], &[2, 2], DType::F64).unwrap();
+    for from in DType::ALL {
+        let a = src.to_dtype(from).unwrap();
+        for to in DType::ALL {
+            let b = a.to_dtype(to).unwrap();
+            assert_eq!((b.dtype(), b.shape()), (to, &[2usize, 2][..]));
+            // Each path agrees with converting the f64 values straight to `to` through `from`.
+            let want = HostTensor::from_f64(&a.to_f64_vec(), &[2, 2], to).unwrap();
+            assert_eq!(b, want, "{from} → {to}");
+        }
+    }
+    let h = src.to_dtype(DType::F16).unwrap();
+    assert_eq!(h.as_slice::<f16>().unwrap()[2], f16::MAX);
+    assert_eq!(
+        h.as_slice::<f16>().unwrap()[3],
+        f16::from_f32(1e-8),
+        "a subnormal of f16"
+    );
+}
+
+#[test]
+fn a_stale_or_foreign_operand_is_still_an_error_in_16_bit() {
+    let g = Graph::new();
+    let other = Graph::new();
+    let a = g.zeros(&[2], DType::BF16).unwrap();
+    let b = other.zeros(&[2], DType::BF16).unwrap();
+    assert!(a.add(b).is_err());
+    let t: Tensor<'_> = a.exp().unwrap();
+    assert_eq!(t.dtype(), DType::BF16);
+}
