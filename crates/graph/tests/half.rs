@@ -2,6 +2,7 @@
 //! store), promotion beside f32, gradients stored in the tensor's dtype, parameters, and
 //! values PyTorch 2.15 printed for the same programs in `torch.bfloat16` and `torch.float16`.
 
+use arenagrad_graph::exec::cpu::bf16 as bf16_exec;
 use arenagrad_graph::{bf16, f16, DType, Graph, GraphError, HostTensor, Parameter, Tensor};
 
 const X: [f64; 12] = [
@@ -425,4 +426,98 @@ fn a_stale_or_foreign_operand_is_still_an_error_in_16_bit() {
     assert!(a.add(b).is_err());
     let t: Tensor<'_> = a.exp().unwrap();
     assert_eq!(t.dtype(), DType::BF16);
+}
+
+/// bf16 products on the host multiply bf16 pairs and sum in f32 (`vdpbf16ps` where the CPU has
+/// it), rounding once: every layout (transposed operands, broadcast batches, `addmm`'s bias row
+/// and column) against the f32 product of the same values rounded, to one step of bf16; and
+/// the gradients, which take the same products, against f32's.
+#[test]
+fn bf16_products_round_the_f32_sum_once_in_every_layout() {
+    let g = Graph::new();
+    let vals = |n: usize, s: f64| -> Vec<f64> {
+        (0..n)
+            .map(|k| ((k as f64 * 0.61 + s).sin() * 2.0 * 64.0).round() / 64.0)
+            .collect()
+    };
+    let pair = |shape: &[usize], s: f64| {
+        let n = shape.iter().product();
+        let v = vals(n, s);
+        (
+            g.leaf(&v, shape, DType::BF16).unwrap(),
+            g.leaf(&v, shape, DType::F32).unwrap(),
+        )
+    };
+    let near = |what: &str, low: Tensor<'_>, full: Tensor<'_>| {
+        assert_eq!(low.dtype(), DType::BF16, "{what}");
+        assert_eq!(low.shape(), full.shape(), "{what}");
+        let want = full.to_dtype(DType::BF16).unwrap().to_vec_f64().unwrap();
+        for (a, b) in low.to_vec_f64().unwrap().iter().zip(&want) {
+            assert!(
+                (a - b).abs() <= ulp(DType::BF16, *b),
+                "{what}: {a} against {b}"
+            );
+        }
+    };
+    for (sa, sb, ta, tb) in [
+        (vec![5, 7], vec![7, 3], false, false),
+        (vec![7, 5], vec![7, 3], true, false),
+        (vec![5, 7], vec![3, 7], false, true),
+        (vec![2, 3, 7, 5], vec![3, 3, 7], true, true),
+        (vec![4, 5, 7], vec![7, 6], false, false),
+        (vec![2, 1, 5, 33], vec![3, 33, 9], false, false),
+    ] {
+        let (a, af) = pair(&sa, 0.3);
+        let (b, bf) = pair(&sb, 1.7);
+        let what = format!("{sa:?}·{sb:?} ta={ta} tb={tb}");
+        near(
+            &what,
+            a.matmul_t(b, ta, tb).unwrap(),
+            af.matmul_t(bf, ta, tb).unwrap(),
+        );
+        let (la, lb) = (
+            a.matmul_t(b, ta, tb).unwrap(),
+            af.matmul_t(bf, ta, tb).unwrap(),
+        );
+        la.sum().unwrap().backward().unwrap();
+        lb.sum().unwrap().backward().unwrap();
+        for (lo, hi) in [(a, af), (b, bf)] {
+            let (gl, gh) = (lo.grad().unwrap().unwrap(), hi.grad().unwrap().unwrap());
+            near(&format!("{what}, gradient"), gl, gh);
+            lo.zero_grad().unwrap();
+            hi.zero_grad().unwrap();
+        }
+    }
+    // Bit for bit the instruction's definition (pairs along k, the odd product first, each an
+    // f32 fused multiply-add), rounded once.
+    let (m, k, n) = (6, 37, 5);
+    let (a, _) = pair(&[m, k], 0.1);
+    let (b, _) = pair(&[k, n], 0.2);
+    let (av, bv) = (a.to_vec::<bf16>().unwrap(), b.to_vec::<bf16>().unwrap());
+    let at = |i: usize, p: usize| if p < k { av[i * k + p] } else { bf16::ZERO };
+    let bt = |p: usize, j: usize| if p < k { bv[p * n + j] } else { bf16::ZERO };
+    let mut want = Vec::new();
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0f32;
+            for p in (0..k).step_by(2) {
+                let x = bf16_exec::pair(at(i, p), at(i, p + 1));
+                let y = bf16_exec::pair(bt(p, j), bt(p + 1, j));
+                acc = bf16_exec::dot_pair(acc, x, y);
+            }
+            want.push(bf16::from_f32(acc));
+        }
+    }
+    assert_eq!(a.matmul(b).unwrap().to_vec::<bf16>().unwrap(), want);
+    for c_shape in [vec![3], vec![5, 1], vec![5, 3], vec![1, 3]] {
+        let (a, af) = pair(&[5, 9], 0.9);
+        let (b, bf) = pair(&[3, 9], 2.2);
+        let (c, cf) = pair(&c_shape, 4.1);
+        let what = format!("addmm with bias {c_shape:?}");
+        near(
+            &what,
+            c.addmm_t(a, b, false, true).unwrap(),
+            cf.addmm_t(af, bf, false, true).unwrap(),
+        );
+    }
 }

@@ -3,8 +3,10 @@
 //! The op records whether each operand is read transposed, so backward's products
 //! (`g·bᵀ`, `aᵀ·g`) are GEMM calls with swapped strides — no transpose is materialised.
 
+use arenagrad_alloc::BufId;
 use arenagrad_exec::cpu::{self, BatchView, MatView, Mnk};
 use arenagrad_exec::layout::{broadcast_shapes, broadcast_strides, contiguous_strides, walk};
+use arenagrad_exec::{bf16, DType};
 use smallvec::smallvec;
 
 use super::{check_pair, Ctx, Grads, Op};
@@ -77,7 +79,13 @@ impl<'g> Tensor<'g> {
     pub fn addmm_t(self, a: Tensor<'g>, b: Tensor<'g>, ta: bool, tb: bool) -> Result<Tensor<'g>> {
         let name = "addmm";
         if Tensor::any_half(&[Some(self), Some(a), Some(b)])? {
-            return Tensor::lower([self, a, b], |[c, a, b]| c.addmm_t(a, b, ta, tb));
+            let native = [self, a, b]
+                .iter()
+                .all(|t| t.dtype_of(name).is_ok_and(|d| d == DType::BF16))
+                && a.device() == Device::Cpu;
+            if !native {
+                return Tensor::lower([self, a, b], |[c, a, b]| c.addmm_t(a, b, ta, tb));
+            }
         }
         check_pair(name, &a, &b)?;
         check_pair(name, &self, &a)?;
@@ -99,6 +107,28 @@ impl<'g> Tensor<'g> {
         let len = checked_numel(name, &[m, n])?;
         let out = i.alloc(name, dtype, len)?;
         let threads = i.threads;
+        if dtype == DType::BF16 {
+            let views = [(ash[1], ta), (bsh[1], tb)];
+            let start = Some((cb, c_rows, c_cols));
+            product_bf16(
+                i,
+                name,
+                [ab, bb, out],
+                (&[0], &[0]),
+                Mnk::new(m, k, n),
+                views,
+                start,
+            )?;
+            let id = i.push(
+                copy_of(&[m, n]),
+                dtype,
+                out,
+                Op::Addmm { ta, tb },
+                &[self.id, a.id, b.id],
+            );
+            drop(guard);
+            return Ok(self.g.handle(id));
+        }
         with_float!(dtype, T, {
             let (o, [cs, xs, ys]) = i.split_mut::<T, 3>(name, out, [cb, ab, bb])?;
             if n > 0 && c_rows == 1 && o.len() < cpu::par::PAR_MIN_ELEMS {
@@ -150,7 +180,9 @@ impl<'g> Tensor<'g> {
             let n = i.node(name, self.id)?;
             (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
-        if dtype.is_half() {
+        // bf16 on the host multiplies its pairs natively (f32 accumulation); f16, and 16-bit
+        // tensors on a device, through f32.
+        if dtype.is_half() && !(dtype == DType::BF16 && dev == Device::Cpu) {
             drop(guard);
             return Tensor::lower([self, other], |[a, b]| a.matmul_t(b, ta, tb));
         }
@@ -253,6 +285,21 @@ impl<'g> Tensor<'g> {
                 drop(guard);
                 return Ok(self.g.handle(id));
             }
+        }
+        if dtype == DType::BF16 {
+            let (a_offs, b_offs) = batch_offsets(&batch, abatch, bbatch, a_mat, b_mat, m * n);
+            product_bf16(
+                i,
+                name,
+                [ab, bb, out],
+                (&a_offs, &b_offs),
+                Mnk::new(m, ka, n),
+                [(a_cols, ta), (b_cols, tb)],
+                None,
+            )?;
+            let id = i.push(osh, dtype, out, Op::Matmul { ta, tb }, &[self.id, other.id]);
+            drop(guard);
+            return Ok(self.g.handle(id));
         }
         with_float!(dtype, T, {
             let (o, [x, y]) = i.split_mut::<T, 2>(name, out, [ab, bb])?;
@@ -406,7 +453,8 @@ fn product_summed_to<'g>(
         && xs.len() > 2
         && xs.len() == ys.len()
         && xs[..xs.len() - 2] == ys[..ys.len() - 2]
-        && x.device() == Device::Cpu;
+        && x.device() == Device::Cpu
+        && !x.dtype_of("matmul")?.is_half();
     if fused {
         return x.matmul_t_batch_sum(y, tx, ty);
     }
@@ -462,7 +510,7 @@ fn product_into_param<'g>(
     let (xs, ys) = (&xn.shape, &yn.shape);
     let (m, k) = if tx { (xs[1], xs[0]) } else { (xs[0], xs[1]) };
     let n = if ty { ys[0] } else { ys[1] };
-    if t.shape[..] != [m, n] || t.dtype != xn.dtype || t.dtype != yn.dtype {
+    if t.shape[..] != [m, n] || t.dtype != xn.dtype || t.dtype != yn.dtype || t.dtype.is_half() {
         return Ok(false);
     }
     let threads = i.threads;
@@ -480,6 +528,65 @@ fn product_into_param<'g>(
         });
     });
     Ok(true)
+}
+
+/// The bf16 product `out = op(a)·op(b)` of each pair of matrices at `offsets` (in elements of
+/// `a` and `b`; `out`'s matrices follow one another): bf16 pairs multiplied and summed in f32
+/// ([`cpu::bf16::gemm_bf16`], `vdpbf16ps` where the CPU has it), rounded once into `out`.
+/// `views` holds each operand's row length and whether it is read transposed. With `start`
+/// (`c`, its rows, its columns: 1 or the output's), the one product is added to `c` broadcast
+/// over it, in f32, before the one rounding (`addmm`).
+fn product_bf16(
+    i: &mut crate::graph::Inner,
+    name: &'static str,
+    [ab, bb, out]: [BufId; 3],
+    (a_offs, b_offs): (&[usize], &[usize]),
+    dims: Mnk,
+    [(a_cols, ta), (b_cols, tb)]: [(usize, bool); 2],
+    start: Option<(BufId, usize, usize)>,
+) -> Result<()> {
+    let per = dims.m * dims.n;
+    let acc = i.alloc(name, DType::F32, per * a_offs.len())?;
+    let threads = i.threads;
+    if let Some((cb, c_rows, c_cols)) = start {
+        let (o, c, _) = i
+            .arena
+            .split_mixed::<f32, bf16, bf16>(acc, cb, cb)
+            .map_err(|source| GraphError::Alloc { op: name, source })?;
+        let n = dims.n;
+        for (r, row) in o.chunks_mut(n.max(1)).enumerate() {
+            let cr = if c_rows == 1 { 0 } else { r };
+            if c_cols == 1 {
+                row.fill(c[cr].to_f32());
+            } else {
+                cpu::cast(&c[cr * n..(cr + 1) * n], row, 1);
+            }
+        }
+    }
+    {
+        let (o, x, y) = i
+            .arena
+            .split_mixed::<f32, bf16, bf16>(acc, ab, bb)
+            .map_err(|source| GraphError::Alloc { op: name, source })?;
+        for (t, (&ao, &bo)) in a_offs.iter().zip(b_offs).enumerate() {
+            cpu::bf16::gemm_bf16(
+                dims,
+                MatView::row_major(x, ao, a_cols, ta),
+                MatView::row_major(y, bo, b_cols, tb),
+                &mut o[t * per..(t + 1) * per],
+                start.is_some(),
+                threads,
+            );
+        }
+    }
+    {
+        let (o, w, _) = i
+            .arena
+            .split_mixed::<bf16, f32, f32>(out, acc, acc)
+            .map_err(|source| GraphError::Alloc { op: name, source })?;
+        cpu::cast(w, o, threads);
+    }
+    i.release_buf(Device::Cpu, acc)
 }
 
 /// `(m, k, n, c_rows, c_cols)` for `c + op(a)·op(b)` with matrices `a` and `b` whose inner
