@@ -159,6 +159,10 @@ pub(crate) struct Inner {
     pub in_backward: bool,
     /// Where new leaves are made.
     pub device: Device,
+    /// The dtype of the autocast scope in force ([`Graph::autocast`]).
+    pub autocast: Option<DType>,
+    /// Casts of parameters made under autocast in this iteration, for reuse.
+    pub cast_cache: Vec<crate::autocast::CachedCast>,
     /// This graph's memory on each CUDA device it has used.
     #[cfg(feature = "cuda")]
     pub cuda: Vec<crate::device::CudaSide>,
@@ -570,6 +574,8 @@ impl Graph {
                 param_leaves: Vec::new(),
                 resets: 0,
                 in_backward: false,
+                autocast: None,
+                cast_cache: Vec::new(),
                 device: Device::Cpu,
                 #[cfg(feature = "cuda")]
                 cuda: Vec::new(),
@@ -641,6 +647,7 @@ impl Graph {
         inner.hooks.clear();
         inner.param_hooks.clear();
         inner.param_leaves.clear();
+        inner.cast_cache.clear();
         inner.resets += 1;
     }
 

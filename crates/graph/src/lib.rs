@@ -86,6 +86,7 @@ macro_rules! with_storage {
     };
 }
 
+mod autocast;
 mod autodiff;
 pub mod check;
 mod device;
@@ -109,6 +110,7 @@ pub use arenagrad_exec as exec;
 /// work on host data outside any graph): see [`arenagrad_exec::cpu::wide()`].
 pub use arenagrad_exec::cpu::wide;
 pub use arenagrad_exec::{bf16, f16, BinaryOp, DType, Float, Storage, UnaryOp};
+pub use autocast::{AutocastGuard, CastPolicy, AUTOCAST_OPS};
 pub use autodiff::{grad, BackwardOptions};
 pub use device::{
     check_device, cuda_device_count, empty_cache, memory_stats, reset_peak_stats, synchronize,

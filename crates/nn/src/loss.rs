@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use arenagrad_graph::{CustomOp, Graph, Tensor};
+use arenagrad_graph::{CustomOp, DType, Graph, Tensor};
 
 use crate::error::{config, input_shape, NnError, Result};
 
@@ -59,8 +59,20 @@ pub fn mse_loss_with<'g>(
     target: Tensor<'g>,
     reduction: Reduction,
 ) -> Result<Tensor<'g>> {
+    let (pred, target) = (f32_under_autocast(pred)?, f32_under_autocast(target)?);
     same_shape("mse_loss", &pred, &target)?;
     reduce(pred.sub(target)?.square()?, reduction)
+}
+
+/// A 16-bit operand of a loss widened to f32 inside an autocast scope: losses are on autocast's
+/// f32 list, as on PyTorch's (`mse_loss`, `cross_entropy_loss`, `nll_loss`,
+/// `binary_cross_entropy_with_logits`), so a loss and its gradient are not rounded to 16 bits.
+fn f32_under_autocast(t: Tensor<'_>) -> Result<Tensor<'_>> {
+    if t.graph().autocast_dtype().is_some() && t.dtype().is_half() {
+        Ok(t.to_dtype(DType::F32)?)
+    } else {
+        Ok(t)
+    }
 }
 
 /// Options of [`cross_entropy_with`].
@@ -155,6 +167,7 @@ pub fn cross_entropy_with<'g>(
             format!("label_smoothing must be in [0, 1], got {eps}"),
         ));
     }
+    let logits = f32_under_autocast(logits)?;
     let (rows, out_shape) = class_rows("cross_entropy", logits, targets)?;
     if eps == 0.0 && opts.reduction == Reduction::Mean {
         // One recorded op (log-softmax and the targets' mean fused): the composed form below
@@ -200,6 +213,7 @@ pub fn nll_loss_with<'g>(
     targets: &[usize],
     reduction: Reduction,
 ) -> Result<Tensor<'g>> {
+    let log_probs = f32_under_autocast(log_probs)?;
     let (rows, out_shape) = class_rows("nll_loss", log_probs, targets)?;
     finish(pick_neg(rows, targets)?, &out_shape, reduction)
 }
@@ -217,6 +231,7 @@ pub fn bce_with_logits_with<'g>(
     targets: Tensor<'g>,
     reduction: Reduction,
 ) -> Result<Tensor<'g>> {
+    let (logits, targets) = (f32_under_autocast(logits)?, f32_under_autocast(targets)?);
     same_shape("bce_with_logits", &logits, &targets)?;
     let g = logits.graph();
     let value = {

@@ -165,3 +165,55 @@ fn optimisers_step_16_bit_parameters_in_f32() {
         }
     }
 }
+
+/// Under autocast a model of f32 layers runs its linear layers in bf16 and its loss in f32;
+/// the parameters stay f32 and get f32 gradients, and an optimiser steps them as usual.
+#[test]
+fn an_f32_model_trains_under_bf16_autocast() {
+    use arenagrad_nn::loss::mse_loss;
+    use arenagrad_nn::Sequential;
+    let mut rng = Rng::seed(3);
+    let model = Sequential::new()
+        .add(Linear::new(6, 16, &mut rng).unwrap())
+        .add(arenagrad_nn::Tanh)
+        .add(Linear::new(16, 1, &mut rng).unwrap());
+    let mut opt = Sgd::new(model.parameters(), SgdConfig::new(0.1)).unwrap();
+    let mut g = Graph::new();
+    let mut losses = Vec::new();
+    for step in 0..60 {
+        let x = g.randn(&[32, 6], DType::F32).unwrap();
+        let target = x
+            .sum_axes(&[1], true)
+            .unwrap()
+            .scale(0.3)
+            .unwrap()
+            .tanh()
+            .unwrap();
+        let loss = {
+            let _mixed = g.autocast(DType::BF16).unwrap();
+            let y = model.forward(&g, x).unwrap();
+            assert_eq!(y.dtype(), DType::BF16, "step {step}");
+            mse_loss(y, target).unwrap()
+        };
+        assert_eq!(loss.dtype(), DType::F32);
+        losses.push(loss.item().unwrap());
+        loss.backward().unwrap();
+        g.reset();
+        for p in model.parameters() {
+            assert_eq!(p.grad().unwrap().dtype(), DType::F32);
+        }
+        opt.step().unwrap();
+        opt.zero_grad();
+    }
+    for p in model.parameters() {
+        assert_eq!(p.dtype(), DType::F32);
+    }
+    let (first, last) = (
+        losses[..5].iter().sum::<f64>(),
+        losses[55..].iter().sum::<f64>(),
+    );
+    assert!(
+        last < 0.5 * first,
+        "the loss fell from {first} to {last} (sums of 5 steps)"
+    );
+}

@@ -77,6 +77,11 @@ impl<'g> Tensor<'g> {
         v: Tensor<'g>,
         opts: AttentionOptions<'g>,
     ) -> Result<Tensor<'g>> {
+        if let Some([Some(q), Some(k), Some(v), mask]) =
+            Tensor::autocast_lower(self.g, [Some(self), Some(k), Some(v), opts.mask])?
+        {
+            return q.scaled_dot_product_attention(k, v, AttentionOptions { mask, ..opts });
+        }
         if Tensor::any_half(&[Some(self), Some(k), Some(v), opts.mask])? {
             return self.attention_lowered(k, v, opts);
         }

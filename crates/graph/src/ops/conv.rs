@@ -209,6 +209,11 @@ impl<'g> Tensor<'g> {
         groups: usize,
     ) -> Result<Tensor<'g>> {
         let op = "conv2d";
+        if let Some([Some(x), Some(w), b]) =
+            Tensor::autocast_lower(self.g, [Some(self), Some(weight), bias])?
+        {
+            return x.conv2d_bias(w, b, stride, padding, dilation, groups);
+        }
         if Tensor::any_half(&[Some(self), Some(weight), bias])? {
             return match bias {
                 Some(b) => Tensor::lower([self, weight, b], |[x, w, b]| {

@@ -91,7 +91,11 @@ impl<'g> Tensor<'g> {
         for x in wide.iter_mut() {
             *x = x.to_dtype(out.compute())?;
         }
-        f(wide)?.to_dtype(out)
+        let y = {
+            let _f32 = xs[0].g.suspend_autocast();
+            f(wide)?
+        };
+        y.to_dtype(out)
     }
 
     /// This tensor in `out`'s compute dtype (an operand of an op lowered by hand: one with
@@ -113,9 +117,12 @@ impl<'g> Tensor<'g> {
         let out = promoted_of("scaled_dot_product_attention", &operands)?;
         let mask = opts.mask.map(|m| m.widened(out)).transpose()?;
         let wide = crate::AttentionOptions { mask, ..opts };
-        self.widened(out)?
-            .scaled_dot_product_attention(k.widened(out)?, v.widened(out)?, wide)?
-            .to_dtype(out)
+        let (q, k, v) = (self.widened(out)?, k.widened(out)?, v.widened(out)?);
+        let y = {
+            let _f32 = self.g.suspend_autocast();
+            q.scaled_dot_product_attention(k, v, wide)?
+        };
+        y.to_dtype(out)
     }
 
     /// Whether any of `xs` (optional operands included) is stored in a 16-bit dtype.

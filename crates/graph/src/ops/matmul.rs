@@ -37,6 +37,10 @@ impl<'g> Tensor<'g> {
     /// ```
     pub fn matmul(self, other: Tensor<'g>) -> Result<Tensor<'g>> {
         let op = "matmul";
+        if let Some([Some(a), Some(b)]) = Tensor::autocast_lower(self.g, [Some(self), Some(other)])?
+        {
+            return a.matmul(b);
+        }
         check_pair(op, &self, &other)?;
         let (ash, bsh) = (self.try_shape()?, other.try_shape()?);
         if ash.is_empty() || bsh.is_empty() {
@@ -78,6 +82,11 @@ impl<'g> Tensor<'g> {
     /// other case is [`Tensor::matmul_t`] then [`Tensor::add`].
     pub fn addmm_t(self, a: Tensor<'g>, b: Tensor<'g>, ta: bool, tb: bool) -> Result<Tensor<'g>> {
         let name = "addmm";
+        if let Some([Some(c), Some(a), Some(b)]) =
+            Tensor::autocast_lower(self.g, [Some(self), Some(a), Some(b)])?
+        {
+            return c.addmm_t(a, b, ta, tb);
+        }
         if Tensor::any_half(&[Some(self), Some(a), Some(b)])? {
             let native = [self, a, b]
                 .iter()
@@ -173,6 +182,10 @@ impl<'g> Tensor<'g> {
     /// is a linear layer's `x·wᵀ`). Both operands have rank ≥ 2; batch axes broadcast.
     pub fn matmul_t(self, other: Tensor<'g>, ta: bool, tb: bool) -> Result<Tensor<'g>> {
         let name = "matmul";
+        if let Some([Some(a), Some(b)]) = Tensor::autocast_lower(self.g, [Some(self), Some(other)])?
+        {
+            return a.matmul_t(b, ta, tb);
+        }
         check_pair(name, &self, &other)?;
         let mut guard = self.g.inner();
         let i = &mut *guard;

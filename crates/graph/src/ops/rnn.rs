@@ -81,7 +81,11 @@ impl<'g> Tensor<'g> {
         let op = "lstm_cell";
         if Tensor::any_half(&[Some(self), Some(c)])? {
             let out = promoted_of(op, &[self, c])?;
-            let (h, c) = self.widened(out)?.lstm_cell(c.widened(out)?)?;
+            let (z, c) = (self.widened(out)?, c.widened(out)?);
+            let (h, c) = {
+                let _f32 = self.g.suspend_autocast();
+                z.lstm_cell(c)?
+            };
             return Ok((h.to_dtype(out)?, c.to_dtype(out)?));
         }
         check_pair(op, &self, &c)?;
@@ -218,12 +222,13 @@ impl<'g> Tensor<'g> {
         let op = "lstm_sequence";
         if Tensor::any_half(&[Some(self), Some(w_hh), Some(h0), Some(c0)])? {
             let out = promoted_of(op, &[self, w_hh, h0, c0])?;
-            let (y, h, c) = self.widened(out)?.lstm_sequence(
-                w_hh.widened(out)?,
-                h0.widened(out)?,
-                c0.widened(out)?,
-                opts,
-            )?;
+            let wide = [self, w_hh, h0, c0].map(|t| t.widened(out));
+            let [x, w, h, c] = wide;
+            let (x, w, h, c) = (x?, w?, h?, c?);
+            let (y, h, c) = {
+                let _f32 = self.g.suspend_autocast();
+                x.lstm_sequence(w, h, c, opts)?
+            };
             return Ok((y.to_dtype(out)?, h.to_dtype(out)?, c.to_dtype(out)?));
         }
         for t in [&w_hh, &h0, &c0] {

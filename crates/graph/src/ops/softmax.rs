@@ -106,6 +106,9 @@ impl<'g> Tensor<'g> {
     /// device the forward and backward run the softmax, gather and reduction kernels.
     pub fn cross_entropy_mean(self, targets: &[usize]) -> Result<Tensor<'g>> {
         const OP: &str = "cross_entropy";
+        if let Some([Some(x)]) = Tensor::autocast_f32(self.g, [Some(self)])? {
+            return x.cross_entropy_mean(targets);
+        }
         if self.dtype_of(OP)?.is_half() {
             return Tensor::lower([self], |[x]| x.cross_entropy_mean(targets));
         }
