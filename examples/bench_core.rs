@@ -9,7 +9,7 @@
 //! of cells; gradient checkpointing on an 8-block residual MLP; the bf16 matrix product beside the
 //! f32 one.
 //!
-//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,w5,w6,ckpt,bf16] [--busy-thread]`
+//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,w5,w6,ckpt,bf16,amp] [--busy-thread]`
 //! Threads: `ARENAGRAD_NUM_THREADS` (default: the CPUs this process may use). `--busy-thread`
 //! keeps one more thread of the process busy all along, as an application's own work would
 //! (`scripts/contention.py` measures the slowdown it causes).
@@ -280,8 +280,8 @@ struct Args {
     quick: bool,
     /// Only these workloads, comma-separated: w1 (randn-matmul loop and GEMM), w2, w3, w4, cnn,
     /// attn, gpt, lstm (W5 and W6, fused and as cells, and a long stream), w5 and w6 (the fused
-    /// layer alone), ckpt
-    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "w5", "w6", "ckpt", "bf16"])]
+    /// layer alone), ckpt, bf16 (the bf16 product), amp (the GPT step under bf16 autocast)
+    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "w5", "w6", "ckpt", "bf16", "amp"])]
     only: Vec<String>,
     /// Keep one more thread busy (a loop of arithmetic) while the workloads run, as an
     /// application's own thread would
@@ -350,7 +350,7 @@ fn main() {
         );
     }
     if run("gpt") {
-        let (ms, f, b, o, mem) = gpt_step(if quick { 8 } else { 20 });
+        let (ms, f, b, o, mem) = gpt_step(if quick { 8 } else { 20 }, None);
         println!(
             "| char GPT step (4×128, ctx 128, b32, AdamW, clip) | {ms:.1} ms (fwd {f:.1}, bwd {b:.1}, opt {o:.1}) | |"
         );
@@ -377,6 +377,19 @@ fn main() {
             "| char GPT generation, resident memory before → after | {:.1} → {:.1} MiB (one iteration, a scope per token) | flat |",
             before as f64 / 1048576.0,
             after as f64 / 1048576.0
+        );
+    }
+    if run("amp") {
+        let steps = if quick { 8 } else { 20 };
+        let (f32_ms, ..) = gpt_step(steps, None);
+        let (ms, f, b, o, mem) = gpt_step(steps, Some(DType::BF16));
+        println!(
+            "| char GPT step under bf16 autocast | {ms:.1} ms (fwd {f:.1}, bwd {b:.1}, opt {o:.1}) = {:.2}× the f32 step's {f32_ms:.1} ms | ≤ 0.65× |",
+            ms / f32_ms
+        );
+        println!(
+            "| char GPT step under bf16 autocast, peak arena | {:.1} MiB | |",
+            mem.0 as f64 / 1048576.0
         );
     }
     if run("lstm") {
@@ -602,7 +615,11 @@ fn gpt_model() -> arenagrad::nn::Gpt {
 /// Median (ms/step, fwd, bwd, opt) of training steps of the char GPT, and memory: the arena's
 /// peak, the bytes of parameters + gradients + Adam's two moments, and of the activations
 /// saved after the forward (the arena's bytes in use then).
-fn gpt_step(steps: usize) -> (f64, f64, f64, f64, (usize, usize, usize, usize)) {
+/// With `precision`, the forward runs under autocast to that dtype.
+fn gpt_step(
+    steps: usize,
+    precision: Option<DType>,
+) -> (f64, f64, f64, f64, (usize, usize, usize, usize)) {
     use arenagrad::nn::optim::{clip_grad_norm, AdamConfig, AdamW};
     let model = gpt_model();
     let mut opt = AdamW::with_groups(
@@ -621,7 +638,10 @@ fn gpt_step(steps: usize) -> (f64, f64, f64, f64, (usize, usize, usize, usize)) 
         g.reset_peak_stats();
         let t0 = Instant::now();
         opt.zero_grad();
-        let l = model.loss(&g, &x, &y, b, t).unwrap();
+        let l = {
+            let _mixed = precision.map(|d| g.autocast(d).unwrap());
+            model.loss(&g, &x, &y, b, t).unwrap()
+        };
         let t1 = Instant::now();
         saved = g.stats().arena.bytes_in_use;
         l.backward().unwrap();

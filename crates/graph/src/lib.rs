@@ -86,6 +86,34 @@ macro_rules! with_storage {
     };
 }
 
+/// Runs a block with `$T` bound to the Rust type of a 16-bit [`DType`] (`bf16`, `f16`); any
+/// other dtype makes the enclosing function return [`GraphError::UnsupportedDType`].
+#[macro_export]
+#[doc(hidden)]
+macro_rules! with_half {
+    ($dt:expr, $T:ident, $body:block) => {
+        match $dt {
+            $crate::DType::BF16 => {
+                #[allow(dead_code)]
+                type $T = $crate::exec::bf16;
+                $body
+            }
+            $crate::DType::F16 => {
+                #[allow(dead_code)]
+                type $T = $crate::exec::f16;
+                $body
+            }
+            dtype => {
+                return Err($crate::GraphError::UnsupportedDType {
+                    op: "kernel",
+                    dtype,
+                }
+                .into())
+            }
+        }
+    };
+}
+
 mod autocast;
 mod autodiff;
 pub mod check;

@@ -184,20 +184,6 @@ fn within_ulp(what: &str, dtype: DType, got: &[f64], want: &[f64]) {
     }
 }
 
-/// The reference program's gradient in f64.
-fn exact_grad(x: &[f64], w: &[f64]) -> Vec<f64> {
-    let g = Graph::new();
-    let x = g.leaf(x, &[3, 4], DType::F64).unwrap();
-    let w = g.from_f64(w, &[3, 4], DType::F64).unwrap();
-    let y = x.tanh().unwrap();
-    let s = x.softmax(1).unwrap().mul(w).unwrap().sum().unwrap();
-    s.add(y.mul(y).unwrap().sum().unwrap())
-        .unwrap()
-        .backward()
-        .unwrap();
-    x.grad().unwrap().unwrap().to_vec_f64().unwrap()
-}
-
 #[test]
 fn ops_in_16_bit_dtypes_match_pytorch() {
     for r in [BF16, F16] {
@@ -227,36 +213,9 @@ fn ops_in_16_bit_dtypes_match_pytorch() {
             r.dtype,
             "a gradient is stored in its tensor's dtype"
         );
-        // PyTorch's backward reads the 16-bit outputs it saved (tanh's y, softmax's s); ours
-        // reads the f32 values they were rounded from, so the gradient may differ from
-        // PyTorch's in the last bits — within PyTorch's tolerance of it, and no farther from
-        // the exact gradient (f64, of the same rounded inputs) than PyTorch's is.
-        let gx = gx.to_vec_f64().unwrap();
-        let (atol, rtol) = match r.dtype {
-            DType::BF16 => (1e-2, 1.6e-2),
-            _ => (1e-3, 1e-3),
-        };
-        for (a, b) in gx.iter().zip(&r.grad) {
-            assert!(
-                (a - b).abs() <= atol + rtol * b.abs(),
-                "grad: {gx:?}\nvs {:?}",
-                r.grad
-            );
-        }
-        let exact = exact_grad(&r.x, &w.to_vec_f64().unwrap());
-        let dist = |v: &[f64]| {
-            v.iter()
-                .zip(&exact)
-                .map(|(a, b)| (a - b).abs())
-                .sum::<f64>()
-        };
-        assert!(
-            dist(&gx) <= dist(&r.grad),
-            "{}: ours {} from exact, PyTorch's {}",
-            r.dtype,
-            dist(&gx),
-            dist(&r.grad)
-        );
+        // Elementwise ops save their 16-bit inputs and outputs as PyTorch's do, so the
+        // gradient agrees to the last bit or one step (an f32 sum's order).
+        within_ulp("grad", r.dtype, &gx.to_vec_f64().unwrap(), &r.grad);
         let mm = x.detach().unwrap().matmul_t(w, false, true).unwrap();
         within_ulp("mm", r.dtype, &mm.to_vec_f64().unwrap(), &r.mm);
     }

@@ -162,6 +162,55 @@ fn cast_serial<S: Storage, D: Storage>(src: &[S], dst: &mut [D]) {
     }
 }
 
+/// `out = op(x)` for 16-bit storage: each block of elements widened to f32, the f32 kernel
+/// run on it, the result rounded once — the same values as widening the whole tensor, running
+/// [`super::unary`] and rounding, without an f32 copy of the tensor.
+pub fn unary_half<H: Storage>(op: crate::UnaryOp, x: &[H], out: &mut [H], threads: usize) {
+    assert_eq!(
+        x.len(),
+        out.len(),
+        "invariant: an elementwise op's buffers agree"
+    );
+    super::par::par_chunks_mut(out, threads, super::par::PAR_MIN_ELEMS, |start, o| {
+        let (mut wx, mut wo) = ([0f32; BLOCK], [0f32; BLOCK]);
+        for (k, ob) in o.chunks_mut(BLOCK).enumerate() {
+            let at = start + k * BLOCK;
+            let n = ob.len();
+            H::load_f32(&x[at..at + n], &mut wx[..n]);
+            super::unary(op, &wx[..n], &mut wo[..n], 1);
+            H::store_f32(&wo[..n], ob);
+        }
+    });
+}
+
+/// The fused derivative `g = gy · op'(x)` for 16-bit storage, block by block in f32 as
+/// [`unary_half`] computes, rounded once; `x` and `y` are the op's input and output.
+pub fn unary_grad_half<H: Storage>(
+    op: crate::UnaryOp,
+    x: &[H],
+    y: &[H],
+    gy: &[H],
+    out: &mut [H],
+    threads: usize,
+) {
+    assert!(
+        x.len() == out.len() && y.len() == out.len() && gy.len() == out.len(),
+        "invariant: an elementwise op's buffers agree"
+    );
+    super::par::par_chunks_mut(out, threads, super::par::PAR_MIN_ELEMS, |start, o| {
+        let (mut wx, mut wy, mut wg) = ([0f32; BLOCK], [0f32; BLOCK], [0f32; BLOCK]);
+        for (k, ob) in o.chunks_mut(BLOCK).enumerate() {
+            let at = start + k * BLOCK;
+            let n = ob.len();
+            H::load_f32(&x[at..at + n], &mut wx[..n]);
+            H::load_f32(&y[at..at + n], &mut wy[..n]);
+            H::load_f32(&gy[at..at + n], &mut wg[..n]);
+            super::unary_grad_in_place(op, &wx[..n], &wy[..n], &mut wg[..n], 1);
+            H::store_f32(&wg[..n], ob);
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,6 +277,50 @@ mod tests {
         let mut h = [f16::ZERO];
         cast(&[1.0 + 2f64.powi(-11) + 2f64.powi(-40)], &mut h, 1);
         assert_eq!(h[0], f16::ONE);
+    }
+
+    #[test]
+    fn half_elementwise_kernels_equal_widening_the_whole_tensor() {
+        use crate::UnaryOp;
+        let n = if cfg!(miri) { 300 } else { 70_001 };
+        let src: Vec<f32> = (0..n)
+            .map(|k| ((k * 37) % 1001) as f32 * 0.013 - 6.0)
+            .collect();
+        let mut x = vec![bf16::ZERO; n];
+        cast(&src, &mut x, 1);
+        for op in [
+            UnaryOp::Tanh,
+            UnaryOp::Gelu,
+            UnaryOp::Exp,
+            UnaryOp::Scale(0.3),
+        ] {
+            let mut wide = vec![0f32; n];
+            cast(&x, &mut wide, 1);
+            let mut y32 = vec![0f32; n];
+            super::super::unary(op, &wide, &mut y32, 1);
+            let mut want = vec![bf16::ZERO; n];
+            cast(&y32, &mut want, 1);
+            for threads in [1, 3] {
+                let mut got = vec![bf16::ZERO; n];
+                unary_half(op, &x, &mut got, threads);
+                assert_eq!(got, want, "{op:?}, {threads} threads");
+            }
+            // The derivative, against the f32 one on the widened values, rounded.
+            let mut y = vec![bf16::ZERO; n];
+            cast(&y32, &mut y, 1);
+            let (mut yw, mut g32) = (vec![0f32; n], vec![0f32; n]);
+            cast(&y, &mut yw, 1);
+            let gy: Vec<bf16> = (0..n)
+                .map(|k| bf16::from_f32(1.0 + (k % 7) as f32 * 0.25))
+                .collect();
+            cast(&gy, &mut g32, 1);
+            super::super::unary_grad_in_place(op, &wide, &yw, &mut g32, 1);
+            let mut want_g = vec![bf16::ZERO; n];
+            cast(&g32, &mut want_g, 1);
+            let mut got_g = vec![bf16::ZERO; n];
+            unary_grad_half(op, &x, &y, &gy, &mut got_g, 2);
+            assert_eq!(got_g, want_g, "{op:?}'");
+        }
     }
 
     #[test]

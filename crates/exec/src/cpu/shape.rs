@@ -7,13 +7,13 @@ use crate::Float;
 ///
 /// When the permutation moves the input's contiguous axis away from the innermost position (a
 /// transpose), rows are copied in 32×32 tiles so that both the reads and the writes stay in cache.
-pub fn permute<T: Float>(x: &[T], shape: &[usize], perm: &[usize], out: &mut [T]) {
+pub fn permute<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[usize], out: &mut [T]) {
     permute_par(x, shape, perm, out, 1);
 }
 
 /// [`permute`] with the output's first axis split across up to `threads` threads once the
 /// tensor is large.
-pub fn permute_par<T: Float>(
+pub fn permute_par<T: Copy + Send + Sync>(
     x: &[T],
     shape: &[usize],
     perm: &[usize],
@@ -44,7 +44,13 @@ pub fn permute_par<T: Float>(
 }
 
 /// `out[i] = x[base + Σ i_d·src[d]]` over the index space `oshape` (row-major `out`).
-fn permute_block<T: Float>(x: &[T], base: usize, oshape: &[usize], src: &[usize], out: &mut [T]) {
+fn permute_block<T: Copy + Send + Sync>(
+    x: &[T],
+    base: usize,
+    oshape: &[usize],
+    src: &[usize],
+    out: &mut [T],
+) {
     let x = &x[base..];
     let os = contiguous_strides(oshape);
     let (csh, [cos, csrc]) = coalesce(oshape, [&os, src]);
@@ -97,7 +103,7 @@ pub fn repeat_rows<T: Copy>(row: &[T], out: &mut [T]) {
 }
 
 /// `out` (shape `to`) = `x` (shape `from`) broadcast.
-pub fn broadcast_to<T: Float>(x: &[T], from: &[usize], to: &[usize], out: &mut [T]) {
+pub fn broadcast_to<T: Copy + Send + Sync>(x: &[T], from: &[usize], to: &[usize], out: &mut [T]) {
     let src = broadcast_strides(from, to);
     let os = contiguous_strides(to);
     walk(to, [&os, &src], |[oo, ox], n, [_, ix]| match ix {
@@ -113,7 +119,7 @@ pub fn broadcast_to<T: Float>(x: &[T], from: &[usize], to: &[usize], out: &mut [
 
 /// Copies `x` (shape `shape`) into the region of `out` (shape `shape` with `out_extent` at `axis`)
 /// that starts at `start` along `axis`. The building block of concat and of narrow's backward.
-pub fn place_along<T: Float>(
+pub fn place_along<T: Copy + Send + Sync>(
     x: &[T],
     shape: &[usize],
     axis: usize,
@@ -130,7 +136,7 @@ pub fn place_along<T: Float>(
 }
 
 /// `out` = `x[.., start..start+len, ..]` along `axis` (x has `shape`).
-pub fn narrow<T: Float>(
+pub fn narrow<T: Copy + Send + Sync>(
     x: &[T],
     shape: &[usize],
     axis: usize,
@@ -147,7 +153,13 @@ pub fn narrow<T: Float>(
 }
 
 /// `out` = `x` with only the entries `idx` along `axis`, in that order.
-pub fn index_select<T: Float>(x: &[T], shape: &[usize], axis: usize, idx: &[usize], out: &mut [T]) {
+pub fn index_select<T: Copy + Send + Sync>(
+    x: &[T],
+    shape: &[usize],
+    axis: usize,
+    idx: &[usize],
+    out: &mut [T],
+) {
     let (outer, ext, inner) = super::reduce::around_axis(shape, axis);
     for o in 0..outer {
         for (j, &i) in idx.iter().enumerate() {
@@ -174,7 +186,7 @@ pub fn index_add<T: Float>(g: &[T], shape: &[usize], axis: usize, idx: &[usize],
 
 /// PyTorch's gather: `out[p] = x[p with coordinate axis replaced by idx[p]]`, where `idx` and `out`
 /// have shape `ishape` (equal to `shape` except possibly at `axis`).
-pub fn gather<T: Float>(
+pub fn gather<T: Copy + Send + Sync>(
     x: &[T],
     shape: &[usize],
     axis: usize,

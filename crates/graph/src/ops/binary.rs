@@ -2,7 +2,7 @@
 
 use arenagrad_exec::cpu::Operand;
 use arenagrad_exec::layout::broadcast_shapes;
-use arenagrad_exec::{cpu, BinaryOp, UnaryOp};
+use arenagrad_exec::{cpu, BinaryOp, DType, UnaryOp};
 use smallvec::smallvec;
 
 use super::{check_pair, pair_dtypes, Ctx, Grads, Op};
@@ -22,11 +22,10 @@ impl<'g> Tensor<'g> {
     fn binary_raw(self, op: BinaryOp, other: Tensor<'g>) -> RawResult {
         let name = op.name();
         let (da, db) = pair_dtypes(name, &self, &other)?;
-        if da.is_half() || db.is_half() {
-            // Computed in f32 (or the wider operand's dtype: `bf16 + f32` is `f32`).
-            return Tensor::lower_raw([self, other], |[a, b]| a.binary(op, b));
-        }
-        if da != db {
+        // A 16-bit operand: computed in f32, stored in the operands' promoted dtype
+        // (`bf16 · bf16` is bf16, `bf16 + f32` is f32).
+        let half = da.is_half() || db.is_half();
+        if !half && da != db {
             return Err(Box::new(GraphError::DTypeMismatch {
                 op: name,
                 lhs: da,
@@ -37,8 +36,12 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let (ash, dtype, dev, ab) = {
             let n = i.node(name, self.id)?;
-            (copy_of(&n.shape), n.dtype, n.device(), n.buf)
+            (copy_of(&n.shape), n.dtype.promote(db), n.device(), n.buf)
         };
+        if half && (dtype == DType::F64 || dev != Device::Cpu) {
+            drop(guard);
+            return Tensor::lower_raw([self, other], |[a, b]| a.binary(op, b));
+        }
         let (bsh, bb) = {
             let n = i.node(name, other.id)?;
             (copy_of(&n.shape), n.buf)
@@ -57,6 +60,19 @@ impl<'g> Tensor<'g> {
         let len = checked_numel(name, &osh)?;
         let threads = i.threads;
         let out = match dev {
+            Device::Cpu if half => {
+                let out = i.alloc(name, dtype, len)?;
+                i.in_f32(name, (out, dtype), [(ab, da), (bb, db)], |o, [a, b]| {
+                    cpu::binary(
+                        op,
+                        Operand::new(a, &ash),
+                        Operand::new(b, &bsh),
+                        Operand::new(o, &osh),
+                        threads,
+                    )
+                })?;
+                out
+            }
             Device::Cpu => with_float!(dtype, T, {
                 let (out, o, [a, b]) = i.alloc_split::<T, 2>(name, len, [ab, bb])?;
                 cpu::binary(
@@ -432,12 +448,13 @@ pub(crate) fn backward<'g>(op: BinaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
         | BinaryOp::Gt
         | BinaryOp::Ge => (None, None),
     };
+    // Each gradient in its operand's dtype (one side of `bf16 + f32` is bf16).
     let ga = match ga {
-        Some(t) if need_a => Some(t.sum_to(&a.shape())?),
+        Some(t) if need_a => Some(t.sum_to(&a.shape())?.to_dtype(a.dtype_of("backward")?)?),
         _ => None,
     };
     let gb = match gb {
-        Some(t) if need_b => Some(t.sum_to(&b.shape())?),
+        Some(t) if need_b => Some(t.sum_to(&b.shape())?.to_dtype(b.dtype_of("backward")?)?),
         _ => None,
     };
     Ok(smallvec![ga, gb])

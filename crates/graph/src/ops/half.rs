@@ -12,9 +12,10 @@ use arenagrad_exec::{cpu, DType};
 
 use super::{Ctx, Grads, Op};
 use crate::error::{GraphError, Result};
-use crate::graph::RawResult;
+use crate::graph::{Inner, RawResult};
 use crate::shape::copy_of;
 use crate::{Device, Tensor};
+use arenagrad_alloc::BufId;
 
 impl<'g> Tensor<'g> {
     /// The tensor converted to `dtype` (PyTorch's `.to(dtype)`): exact when widening, rounded to
@@ -144,6 +145,73 @@ impl<'g> Tensor<'g> {
             Ok(t) => Ok(t.id.to_bits()),
             Err(e) => Err(Box::new(e)),
         }
+    }
+}
+
+impl Inner {
+    /// Runs an f32 kernel for an op with 16-bit operands: `f(out, inputs)` on the inputs as
+    /// f32 (each 16-bit one widened into a scratch buffer) writing an f32 result, which is
+    /// rounded once into `out` (of its own dtype; written directly when that is f32). The
+    /// scratch buffers go back to the arena's free lists at once: the op's node keeps only its
+    /// 16-bit buffers.
+    pub(crate) fn in_f32<const N: usize>(
+        &mut self,
+        op: &'static str,
+        (out, out_dtype): (BufId, DType),
+        inputs: [(BufId, DType); N],
+        f: impl FnOnce(&mut [f32], [&[f32]; N]),
+    ) -> Result<()> {
+        let threads = self.threads;
+        let mut wide = [out; N];
+        let mut scratch = Vec::with_capacity(N + 1);
+        for (w, &(buf, dtype)) in wide.iter_mut().zip(&inputs) {
+            if dtype == DType::F32 {
+                *w = buf;
+                continue;
+            }
+            let n = self
+                .arena
+                .len_of(buf)
+                .map_err(|source| GraphError::Alloc { op, source })?;
+            let b = self.alloc(op, DType::F32, n)?;
+            with_storage!(dtype, S, {
+                let (o, x, _) = self
+                    .arena
+                    .split_mixed::<f32, S, S>(b, buf, buf)
+                    .map_err(|source| GraphError::Alloc { op, source })?;
+                cpu::cast(x, o, threads);
+            });
+            *w = b;
+            scratch.push(b);
+        }
+        let wo = if out_dtype == DType::F32 {
+            out
+        } else {
+            let n = self
+                .arena
+                .len_of(out)
+                .map_err(|source| GraphError::Alloc { op, source })?;
+            let b = self.alloc(op, DType::F32, n)?;
+            scratch.push(b);
+            b
+        };
+        {
+            let (o, ins) = self.split_mut::<f32, N>(op, wo, wide)?;
+            f(o, ins);
+        }
+        if wo != out {
+            with_storage!(out_dtype, D, {
+                let (o, w, _) = self
+                    .arena
+                    .split_mixed::<D, f32, f32>(out, wo, wo)
+                    .map_err(|source| GraphError::Alloc { op, source })?;
+                cpu::cast(w, o, threads);
+            });
+        }
+        for b in scratch {
+            self.release_buf(Device::Cpu, b)?;
+        }
+        Ok(())
     }
 }
 

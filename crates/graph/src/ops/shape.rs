@@ -10,7 +10,7 @@ use arenagrad_exec::cpu;
 use arenagrad_exec::layout::broadcast_shapes;
 #[cfg(feature = "cuda")]
 use arenagrad_exec::layout::{broadcast_strides, contiguous_strides};
-use arenagrad_exec::DType;
+use arenagrad_exec::{bf16, f16, DType, Storage};
 use smallvec::{smallvec, SmallVec};
 
 use super::{check_pair, Ctx, Grads, Op};
@@ -37,7 +37,7 @@ impl<'g> Tensor<'g> {
             let n = i.node(name, self.id)?;
             (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
-        if dtype.is_half() {
+        if dtype.is_half() && dev != Device::Cpu {
             drop(guard);
             return Tensor::lower([self], |[x]| x.data_op(name, out_shape, op, zeroed, kernel));
         }
@@ -51,7 +51,7 @@ impl<'g> Tensor<'g> {
             // An empty result is computed by doing nothing: a kernel's loops over the other
             // axes (2^40 rows of nothing, say) would take hours to write no element.
             _ if len == 0 => {}
-            Device::Cpu => with_float!(dtype, T, {
+            Device::Cpu => with_storage!(dtype, T, {
                 let (o, [x]) = i.split_mut::<T, 1>(name, out, [xb])?;
                 kernel(T::args(x, o, &shape));
             }),
@@ -458,10 +458,16 @@ impl Graph {
             what: "needs at least one tensor",
         })?;
         let ids = self.owns_all(op, parts)?;
-        if parts
-            .iter()
-            .any(|p| p.dtype_of(op).is_ok_and(|d| d.is_half()))
-        {
+        // Parts of one 16-bit dtype on the host join as stored; mixed with another dtype (or
+        // on a device) they meet in the promoted dtype.
+        let d0 = first.dtype_of(op)?;
+        let mut mixed_half = false;
+        for p in parts {
+            let d = p.dtype_of(op)?;
+            mixed_half |=
+                (d.is_half() || d0.is_half()) && (d != d0 || first.device() != Device::Cpu);
+        }
+        if mixed_half {
             return self.concat_lowered(op, parts, axis);
         }
         let s0 = first.try_shape()?;
@@ -507,7 +513,7 @@ impl Graph {
                 (copy_of(&n.shape), n.buf)
             };
             match dev {
-                Device::Cpu => with_float!(dtype, T, {
+                Device::Cpu => with_storage!(dtype, T, {
                     let (o, [x]) = i.split_mut::<T, 1>(op, out, [buf])?;
                     cpu::place_along(x, &shape, ax, o, total, start);
                 }),
@@ -698,53 +704,83 @@ fn device_move(
 pub(crate) enum KernelArgs<'a> {
     F32(&'a [f32], &'a mut [f32], &'a [usize]),
     F64(&'a [f64], &'a mut [f64], &'a [usize]),
+    BF16(&'a [bf16], &'a mut [bf16], &'a [usize]),
+    F16(&'a [f16], &'a mut [f16], &'a [usize]),
 }
 
 pub(crate) trait IntoArgs: Sized {
     fn args<'a>(x: &'a [Self], o: &'a mut [Self], shape: &'a [usize]) -> KernelArgs<'a>;
 }
-impl IntoArgs for f32 {
-    fn args<'a>(x: &'a [f32], o: &'a mut [f32], shape: &'a [usize]) -> KernelArgs<'a> {
-        KernelArgs::F32(x, o, shape)
-    }
+
+macro_rules! into_args {
+    ($($t:ty => $v:ident),*) => {$(
+        impl IntoArgs for $t {
+            fn args<'a>(x: &'a [$t], o: &'a mut [$t], shape: &'a [usize]) -> KernelArgs<'a> {
+                KernelArgs::$v(x, o, shape)
+            }
+        }
+    )*};
 }
-impl IntoArgs for f64 {
-    fn args<'a>(x: &'a [f64], o: &'a mut [f64], shape: &'a [usize]) -> KernelArgs<'a> {
-        KernelArgs::F64(x, o, shape)
-    }
+into_args!(f32 => F32, f64 => F64, bf16 => BF16, f16 => F16);
+
+/// Runs `$body` on the slices of a kernel that only moves elements: for every dtype as stored.
+macro_rules! moves {
+    ($self:expr, $x:ident, $o:ident, $s:ident => $body:expr) => {
+        match $self {
+            KernelArgs::F32($x, $o, $s) => $body,
+            KernelArgs::F64($x, $o, $s) => $body,
+            KernelArgs::BF16($x, $o, $s) => $body,
+            KernelArgs::F16($x, $o, $s) => $body,
+        }
+    };
 }
 
+/// Runs `$body` on the slices of a kernel that adds: `f32` and `f64` as stored, the 16-bit
+/// dtypes on f32 copies of the input and the output, whose sums are rounded once into it.
 macro_rules! both {
     ($self:expr, $x:ident, $o:ident, $s:ident => $body:expr) => {
         match $self {
             KernelArgs::F32($x, $o, $s) => $body,
             KernelArgs::F64($x, $o, $s) => $body,
+            KernelArgs::BF16(x, o, $s) => $crate::ops::shape::through_f32(x, o, |$x, $o| $body),
+            KernelArgs::F16(x, o, $s) => $crate::ops::shape::through_f32(x, o, |$x, $o| $body),
         }
     };
 }
 pub(crate) use both;
 
+/// `f` on f32 copies of a 16-bit input and output (the output's values kept: an adding kernel
+/// adds into it), the output rounded back once.
+pub(crate) fn through_f32<H: Storage>(x: &[H], o: &mut [H], f: impl FnOnce(&[f32], &mut [f32])) {
+    let mut wx = vec![0f32; x.len()];
+    let mut wo = vec![0f32; o.len()];
+    cpu::cast(x, &mut wx, 1);
+    cpu::cast(o, &mut wo, 1);
+    f(&wx, &mut wo);
+    cpu::cast(&wo, o, 1);
+}
+
 impl KernelArgs<'_> {
     fn permute(self, perm: &[usize], threads: usize) {
-        both!(self, x, o, s => cpu::permute_par(x, s, perm, o, threads))
+        moves!(self, x, o, s => cpu::permute_par(x, s, perm, o, threads))
     }
     fn broadcast(self, to: &[usize]) {
-        both!(self, x, o, s => cpu::broadcast_to(x, s, to, o))
+        moves!(self, x, o, s => cpu::broadcast_to(x, s, to, o))
     }
     fn narrow(self, axis: usize, start: usize, len: usize) {
-        both!(self, x, o, s => cpu::narrow(x, s, axis, start, len, o))
+        moves!(self, x, o, s => cpu::narrow(x, s, axis, start, len, o))
     }
     fn place(self, axis: usize, extent: usize, start: usize) {
-        both!(self, x, o, s => cpu::place_along(x, s, axis, o, extent, start))
+        moves!(self, x, o, s => cpu::place_along(x, s, axis, o, extent, start))
     }
     fn index_select(self, axis: usize, idx: &[usize]) {
-        both!(self, x, o, s => cpu::index_select(x, s, axis, idx, o))
+        moves!(self, x, o, s => cpu::index_select(x, s, axis, idx, o))
     }
     fn index_add(self, axis: usize, idx: &[usize], full: &[usize]) {
         both!(self, x, o, _s => cpu::index_add(x, full, axis, idx, o))
     }
     fn gather(self, axis: usize, idx: &[usize], ishape: &[usize]) {
-        both!(self, x, o, s => cpu::gather(x, s, axis, idx, ishape, o))
+        moves!(self, x, o, s => cpu::gather(x, s, axis, idx, ishape, o))
     }
     fn scatter_add(self, axis: usize, idx: &[usize], ishape: &[usize], full: &[usize]) {
         both!(self, x, o, _s => cpu::scatter_add(x, full, axis, idx, ishape, o))

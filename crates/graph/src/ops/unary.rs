@@ -27,13 +27,19 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let n = i.node(name, self.id)?;
         let ((shape, len), dtype, dev, xb) = (copy_and_numel(&n.shape), n.dtype, n.device(), n.buf);
-        if dtype.is_half() {
+        if dtype.is_half() && dev != Device::Cpu {
             drop(guard);
             return Tensor::lower_raw([self], |[x]| x.unary(op));
         }
         let needs_grad = n.requires_grad;
         let threads = i.threads;
         let out = match dev {
+            // Computed in f32 a block at a time, rounded once.
+            Device::Cpu if dtype.is_half() => with_half!(dtype, H, {
+                let (out, o, [x]) = i.alloc_split::<H, 1>(name, len, [xb])?;
+                cpu::cast::unary_half(op, x, o, threads);
+                out
+            }),
             Device::Cpu => with_float!(dtype, T, {
                 let (out, o, [x]) = i.alloc_split::<T, 1>(name, len, [xb])?;
                 cpu::unary(op, x, o, threads);
@@ -82,6 +88,10 @@ impl<'g> Tensor<'g> {
         let out = i.alloc_on(name, dev, dtype, len)?;
         let threads = i.threads;
         match dev {
+            Device::Cpu if dtype.is_half() => with_half!(dtype, H, {
+                let (o, [xs, ys, gs]) = i.split_mut::<H, 3>(name, out, [xb, yb, gb])?;
+                cpu::cast::unary_grad_half(op, xs, ys, gs, o, threads);
+            }),
             Device::Cpu => with_float!(dtype, T, {
                 let (o, [xs, ys, gs]) = i.split_mut::<T, 3>(name, out, [xb, yb, gb])?;
                 cpu::unary_grad(op, xs, ys, gs, o, threads);
