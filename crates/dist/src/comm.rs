@@ -271,11 +271,11 @@ pub(crate) fn through_f32<T: Storage>(
     f: impl FnOnce(&mut Vec<f32>) -> std::result::Result<(), String>,
 ) -> std::result::Result<(), String> {
     let mut wide = vec![0f32; v.len()];
-    arenagrad_graph::exec::cpu::cast(v, &mut wide, 1);
+    arenagrad_graph::convert(v, &mut wide, 1);
     f(&mut wide)?;
     if wide.len() != v.len() {
         return Err("a reduction changed the buffer's length".to_string());
     }
-    arenagrad_graph::exec::cpu::cast(&wide, v, 1);
+    arenagrad_graph::convert(&wide, v, 1);
     Ok(())
 }

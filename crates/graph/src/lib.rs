@@ -134,6 +134,11 @@ pub mod testing;
 
 /// The kernels the graph runs, for applications that call one directly.
 pub use arenagrad_exec as exec;
+/// Converts a slice of one storage type into another (`f32`, `f64`, `bf16`, `f16`), rounding to
+/// nearest even when narrowing, on up to `threads` threads: what an optimiser updating a 16-bit
+/// parameter in f32, or a transport reducing a 16-bit buffer, converts with. See
+/// [`arenagrad_exec::cpu::cast()`].
+pub use arenagrad_exec::cpu::cast as convert;
 /// Runs a loop over parameters at the widest SIMD level the CPU has (optimisers' updates, which
 /// work on host data outside any graph): see [`arenagrad_exec::cpu::wide()`].
 pub use arenagrad_exec::cpu::wide;

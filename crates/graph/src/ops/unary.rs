@@ -27,19 +27,13 @@ impl<'g> Tensor<'g> {
         let i = &mut *guard;
         let n = i.node(name, self.id)?;
         let ((shape, len), dtype, dev, xb) = (copy_and_numel(&n.shape), n.dtype, n.device(), n.buf);
-        if dtype.is_half() && dev != Device::Cpu {
+        if dtype.is_half() {
             drop(guard);
-            return Tensor::lower_raw([self], |[x]| x.unary(op));
+            return self.unary_half_raw(op);
         }
         let needs_grad = n.requires_grad;
         let threads = i.threads;
         let out = match dev {
-            // Computed in f32 a block at a time, rounded once.
-            Device::Cpu if dtype.is_half() => with_half!(dtype, H, {
-                let (out, o, [x]) = i.alloc_split::<H, 1>(name, len, [xb])?;
-                cpu::cast::unary_half(op, x, o, threads);
-                out
-            }),
             Device::Cpu => with_float!(dtype, T, {
                 let (out, o, [x]) = i.alloc_split::<T, 1>(name, len, [xb])?;
                 cpu::unary(op, x, o, threads);
@@ -52,6 +46,43 @@ impl<'g> Tensor<'g> {
                 out
             }
         };
+        if !i.in_backward {
+            i.flops.unary(op, 0, len as u64);
+        }
+        let id = i.push_with(
+            dev,
+            shape,
+            dtype,
+            out,
+            || Op::Unary(op),
+            &[self.id],
+            needs_grad,
+        );
+        drop(guard);
+        Ok(id.to_bits())
+    }
+
+    /// [`Tensor::unary`] of a 16-bit tensor, out of the f32 path's line: on the host computed
+    /// in f32 a block at a time and rounded once; on a device through f32 copies.
+    #[cold]
+    #[inline(never)]
+    fn unary_half_raw(self, op: UnaryOp) -> RawResult {
+        let name = op.name();
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let n = i.node(name, self.id)?;
+        let ((shape, len), dtype, dev, xb) = (copy_and_numel(&n.shape), n.dtype, n.device(), n.buf);
+        if dev != Device::Cpu {
+            drop(guard);
+            return Tensor::lower_raw([self], |[x]| x.unary(op));
+        }
+        let needs_grad = n.requires_grad;
+        let threads = i.threads;
+        let out = with_half!(dtype, H, {
+            let (out, o, [x]) = i.alloc_split::<H, 1>(name, len, [xb])?;
+            cpu::cast::unary_half(op, x, o, threads);
+            out
+        });
         if !i.in_backward {
             i.flops.unary(op, 0, len as u64);
         }

@@ -245,12 +245,12 @@ pub(crate) fn in_f32<T: Storage, R>(
 ) -> R {
     let widen = |v: &[T]| {
         let mut w = vec![0f32; v.len()];
-        arenagrad_graph::exec::cpu::cast(v, &mut w, 1);
+        arenagrad_graph::convert(v, &mut w, 1);
         w
     };
     let (mut v, g) = (widen(value), widen(grad));
     let r = f(&mut v, &g);
-    arenagrad_graph::exec::cpu::cast(&v, value, 1);
+    arenagrad_graph::convert(&v, value, 1);
     r
 }
 
