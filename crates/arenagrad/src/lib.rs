@@ -41,13 +41,13 @@ pub use arenagrad_graph as graph;
 pub use arenagrad_nn as nn;
 
 pub use arenagrad_graph::{
-    check_device, cuda_device_count, device_test, empty_cache, memory_stats, reset_peak_stats,
-    synchronize,
+    bf16, f16, grad, AttentionOptions, AutocastGuard, BackwardOptions, CastPolicy, CheckpointFn,
+    CustomOp, DType, Device, FlopStats, Graph, GraphError, HostData, HostDataMut, HostTensor,
+    LstmSequenceOptions, OpFlops, Parameter, Result, Tensor, TensorId, AUTOCAST_OPS,
 };
 pub use arenagrad_graph::{
-    grad, AttentionOptions, BackwardOptions, CheckpointFn, CustomOp, DType, Device, FlopStats,
-    Graph, GraphError, HostData, HostDataMut, HostTensor, LstmSequenceOptions, OpFlops, Parameter,
-    Result, Tensor, TensorId,
+    check_device, cuda_device_count, device_test, empty_cache, memory_stats, reset_peak_stats,
+    synchronize,
 };
 
 /// Gradient checking against finite differences (`gradcheck`, `gradgradcheck`).

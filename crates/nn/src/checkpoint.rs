@@ -294,6 +294,8 @@ pub struct Progress {
     /// Series of numbers by name (a loss per step, an accuracy per epoch), kept as `f64`
     /// tensors `progress/history/<name>`.
     pub history: BTreeMap<String, Vec<f64>>,
+    /// A loss scaler's state, when the run scales its loss (f16 training).
+    pub scaler: Option<crate::optim::GradScalerState>,
 }
 
 const MODEL: &str = "model/";
@@ -301,6 +303,8 @@ const OPTIMIZER: &str = "optimizer/";
 const STEP: &str = "progress/step";
 const RNG: &str = "progress/rng";
 const HISTORY: &str = "progress/history/";
+const SCALE: &str = "progress/scaler/scale";
+const GROWTH: &str = "progress/scaler/growth_tracker";
 
 /// Saves everything a run needs to resume exactly, in one safetensors file written atomically:
 /// the module's parameters and buffers (`model/…`), the optimiser's state (`optimizer/…`, see
@@ -330,6 +334,13 @@ pub fn save_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
         let t = HostTensor::new(series.clone(), &[series.len()])?;
         all.push((format!("{HISTORY}{name}"), t));
     }
+    if let Some(s) = &progress.scaler {
+        all.push((SCALE.to_string(), HostTensor::new(vec![s.scale], &[1])?));
+        all.push((
+            GROWTH.to_string(),
+            crate::optim::u64_tensor(s.growth_tracker),
+        ));
+    }
     save_tensors(all.iter().map(|(n, t)| (n.as_str(), t)), path)
 }
 
@@ -348,6 +359,7 @@ pub fn load_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
         reason,
     };
     let (mut model, mut opt, mut step, mut rng) = (Vec::new(), Vec::new(), None, None);
+    let (mut scale, mut growth) = (None, None);
     let mut history = BTreeMap::new();
     for (name, t) in load_tensors(path)? {
         if let Some(n) = name.strip_prefix(MODEL) {
@@ -362,6 +374,13 @@ pub fn load_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
                 )));
             }
             history.insert(n.to_string(), t.to_f64_vec());
+        } else if name == SCALE {
+            match t.as_slice::<f32>() {
+                Some(&[s]) if s.is_finite() && s > 0.0 => scale = Some(s),
+                _ => return Err(bad(format!("`{SCALE}` is not one positive f32"))),
+            }
+        } else if name == GROWTH {
+            growth = Some(crate::optim::tensor_u64("load_training", GROWTH, &t)?);
         } else if name == STEP {
             step = Some(crate::optim::tensor_u64("load_training", STEP, &t)?);
         } else if name == RNG {
@@ -377,6 +396,14 @@ pub fn load_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
         }
     }
     let step = step.ok_or_else(|| bad(format!("no `{STEP}`: not a training checkpoint")))?;
+    let scaler = match (scale, growth) {
+        (Some(scale), Some(growth_tracker)) => Some(crate::optim::GradScalerState {
+            scale,
+            growth_tracker,
+        }),
+        (None, None) => None,
+        _ => return Err(bad(format!("`{SCALE}` and `{GROWTH}` come together"))),
+    };
     // The optimiser checks its state before taking it; the module after. Should the module then
     // refuse, the optimiser gets its own state back.
     let before = optimizer.state_tensors()?;
@@ -385,7 +412,12 @@ pub fn load_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
         optimizer.load_state_tensors(&before)?;
         return Err(e);
     }
-    Ok(Progress { step, rng, history })
+    Ok(Progress {
+        step,
+        rng,
+        history,
+        scaler,
+    })
 }
 
 /// What a non-strict load skipped.

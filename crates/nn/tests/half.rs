@@ -217,3 +217,100 @@ fn an_f32_model_trains_under_bf16_autocast() {
         "the loss fell from {first} to {last} (sums of 5 steps)"
     );
 }
+
+/// The loss scaler: with a power-of-two scale and no overflow, training with it gives the
+/// weights of training without it bit for bit (scaling by 2ᵏ and back is exact); a gradient
+/// that overflows skips the step and halves the scale; good steps grow it after the interval.
+#[test]
+fn the_grad_scaler_scales_skips_and_grows_as_pytorch_does() {
+    use arenagrad_nn::optim::{GradScaler, GradScalerConfig, GradScalerState};
+    let make = || {
+        Parameter::new(
+            "w",
+            HostTensor::from_f64(&[0.5, -1.25, 2.0, 0.75], &[4], DType::F32).unwrap(),
+        )
+    };
+    let (plain, scaled) = (make(), make());
+    let mut opt_plain = Adam::new([plain.clone()], AdamConfig::new(0.01)).unwrap();
+    let mut opt_scaled = Adam::new([scaled.clone()], AdamConfig::new(0.01)).unwrap();
+    let cfg = GradScalerConfig {
+        growth_interval: 3,
+        ..GradScalerConfig::default()
+    };
+    let mut scaler = GradScaler::new(cfg).unwrap();
+    let mut g = Graph::new();
+    let x = [0.3, -2.0, 1.5, 0.25];
+    for step in 0..7 {
+        for (p, scale) in [(&plain, None), (&scaled, Some(&scaler))] {
+            let xs = g.from_f64(&x, &[4], DType::F32).unwrap();
+            let loss = g
+                .param(p)
+                .unwrap()
+                .mul(xs)
+                .unwrap()
+                .tanh()
+                .unwrap()
+                .sum()
+                .unwrap();
+            let loss = match scale {
+                Some(s) => s.scale_loss(loss).unwrap(),
+                None => loss,
+            };
+            loss.backward().unwrap();
+            g.reset();
+        }
+        opt_plain.step().unwrap();
+        assert!(scaler.step(&mut opt_scaled).unwrap(), "step {step}");
+        scaler.update();
+        opt_plain.zero_grad();
+        opt_scaled.zero_grad();
+        assert_eq!(scaled.value(), plain.value(), "step {step}");
+    }
+    // Seven good steps at an interval of three: grown twice.
+    assert_eq!(
+        scaler.state(),
+        GradScalerState {
+            scale: 65536.0 * 4.0,
+            growth_tracker: 1
+        }
+    );
+    // An infinite gradient: no step, the scale halves, the count starts again.
+    let before = scaled.value();
+    let xs = g
+        .from_f64(&[f64::INFINITY, 1.0, 1.0, 1.0], &[4], DType::F32)
+        .unwrap();
+    let loss = g.param(&scaled).unwrap().mul(xs).unwrap().sum().unwrap();
+    scaler.scale_loss(loss).unwrap().backward().unwrap();
+    g.reset();
+    scaler.unscale(&opt_scaled).unwrap();
+    assert!(scaler.unscale(&opt_scaled).is_err(), "twice before update");
+    assert!(!scaler.step(&mut opt_scaled).unwrap());
+    scaler.update();
+    assert_eq!(scaled.value(), before, "the step was skipped");
+    assert_eq!(
+        scaler.state(),
+        GradScalerState {
+            scale: 65536.0 * 2.0,
+            growth_tracker: 0
+        }
+    );
+    // Unscaling a 16-bit gradient: in f32, rounded once.
+    let h = Parameter::new("h", HostTensor::from_f64(&[1.0], &[1], DType::F16).unwrap());
+    let sgd = Sgd::new([h.clone()], SgdConfig::new(0.5)).unwrap();
+    let mut s16 = GradScaler::new(GradScalerConfig::default()).unwrap();
+    // The loss in f32 (as autocast computes losses); its gradient reaches h in f16.
+    let hp = g.param(&h).unwrap().to_dtype(DType::F32).unwrap();
+    let loss = hp.scale(1e-6).unwrap().sum().unwrap();
+    s16.scale_loss(loss).unwrap().backward().unwrap();
+    g.reset();
+    // 1e-6 is a subnormal in f16 (lost to a few bits); scaled by 2¹⁶ it is 0.0655, kept
+    // to 11 bits, and unscaled in f32 it is 1e-6 again to f16's subnormal step.
+    s16.unscale(&sgd).unwrap();
+    let got = h.grad().unwrap().to_f64_vec()[0];
+    assert!((got - 1e-6).abs() < 6e-8, "{got}");
+    assert!(GradScaler::new(GradScalerConfig {
+        backoff_factor: 1.5,
+        ..GradScalerConfig::default()
+    })
+    .is_err());
+}

@@ -108,6 +108,11 @@ fn training_resumes_bit_for_bit() {
                 ("none".to_string(), vec![]),
             ]
             .into(),
+            // A loss scaler's state rides along (an f16 run resumes at its scale).
+            scaler: Some(arenagrad_nn::optim::GradScalerState {
+                scale: 1024.0,
+                growth_tracker: 17,
+            }),
         };
         checkpoint::save_training(&path, &m, opt.as_ref(), &progress).unwrap();
 

@@ -7,7 +7,8 @@
 //!   [`Limits::small`]) gives typed errors only.
 //! * [`check_build`] (target `build_run`) — bytes read as a structured program ([`raw_program`]) that may be
 //!   ill-shaped, oversized or full of extreme numbers: it round-trips through the text format, and
-//!   running it gives a result of the predicted shapes or a typed error.
+//!   running it (in f64, f32, bf16 or f16, as its last byte says) gives a result of the predicted
+//!   shapes or a typed error.
 //! * [`check_grad`] — bytes read as a well-typed program over smooth ops
 //!   ([`generate::well_typed`] with [`GenConfig::smooth`]) run in `f64`: gradients are finite
 //!   and agree with central finite differences within PyTorch's gradcheck tolerances.
@@ -301,10 +302,12 @@ pub fn raw_program(data: &[u8]) -> Program {
 pub fn check_build(data: &[u8]) -> Result<Outcome, Violation> {
     let p = raw_program(data);
     round_trip(&p)?;
-    let dtype = if data.last().is_some_and(|b| b & 1 == 1) {
-        DType::F32
-    } else {
-        DType::F64
+    // The last byte's low bits pick the dtype: every storage dtype is fuzzed.
+    let dtype = match data.last().map_or(0, |b| b & 3) {
+        0 => DType::F64,
+        1 => DType::F32,
+        2 => DType::BF16,
+        _ => DType::F16,
     };
     run_small(&p, dtype)
 }

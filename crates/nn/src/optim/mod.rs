@@ -36,11 +36,13 @@
 //! ```
 
 mod adam;
+mod scaler;
 mod schedule;
 mod sgd;
 mod state;
 
 pub use adam::{Adam, AdamConfig, AdamState, AdamW};
+pub use scaler::{GradScaler, GradScalerConfig, GradScalerState};
 pub use schedule::{CosineAnnealingLr, LrSchedule, StepLr, WarmupCosineLr};
 pub use sgd::{Sgd, SgdConfig};
 #[cfg(feature = "checkpoint")]
