@@ -272,23 +272,9 @@ fn ranks_with_different_models_are_refused_on_every_rank() {
     if child_dir().is_some() {
         return mismatched_rank();
     }
-    let dir = tempfile::tempdir().unwrap();
-    let Some(job) = mpirun(
+    both_ranks_say(
         "ranks_with_different_models_are_refused_on_every_rank",
-        dir.path(),
-        &[],
-        Duration::from_secs(60),
-    ) else {
-        return;
-    };
-    assert!(job.ok, "{}", job.output);
-    assert_eq!(
-        job.output
-            .matches("DataParallel::new: the ranks disagree")
-            .count(),
-        2,
-        "{}",
-        job.output
+        "DataParallel::new: the ranks disagree",
     );
 }
 
@@ -320,21 +306,9 @@ fn sixteen_bit_buffers_reduce_and_broadcast_over_mpi() {
     if child_dir().is_some() {
         return sixteen_bit_rank();
     }
-    let dir = tempfile::tempdir().unwrap();
-    let Some(job) = mpirun(
+    both_ranks_say(
         "sixteen_bit_buffers_reduce_and_broadcast_over_mpi",
-        dir.path(),
-        &[],
-        Duration::from_secs(60),
-    ) else {
-        return;
-    };
-    assert!(job.ok, "{}", job.output);
-    assert_eq!(
-        job.output.matches("16-bit collectives agree").count(),
-        2,
-        "{}",
-        job.output
+        "16-bit collectives agree",
     );
 }
 
@@ -373,4 +347,15 @@ fn sixteen_bit_rank() {
         assert_eq!(got.to_f64_vec(), vec![3.140625, 0.0], "{dtype}");
     }
     eprintln!("rank {rank}: 16-bit collectives agree");
+}
+
+/// Runs test `test` on two ranks (skipped without `mpirun`): the job succeeds and each rank's
+/// output says `phrase`.
+fn both_ranks_say(test: &str, phrase: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(job) = mpirun(test, dir.path(), &[], Duration::from_secs(60)) else {
+        return;
+    };
+    assert!(job.ok, "{}", job.output);
+    assert_eq!(job.output.matches(phrase).count(), 2, "{}", job.output);
 }

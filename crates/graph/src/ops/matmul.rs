@@ -128,44 +128,36 @@ impl<'g> Tensor<'g> {
                 views,
                 start,
             )?;
-            let id = i.push(
-                copy_of(&[m, n]),
-                dtype,
-                out,
-                Op::Addmm { ta, tb },
-                &[self.id, a.id, b.id],
-            );
-            drop(guard);
-            return Ok(self.g.handle(id));
-        }
-        with_float!(dtype, T, {
-            let (o, [cs, xs, ys]) = i.split_mut::<T, 3>(name, out, [cb, ab, bb])?;
-            if n > 0 && c_rows == 1 && o.len() < cpu::par::PAR_MIN_ELEMS {
-                // One bias row for every output row (a linear layer's).
-                if c_cols == 1 {
-                    o.fill(cs[0]);
-                } else {
-                    cpu::shape::repeat_rows(&cs[..n], o);
-                }
-            } else if n > 0 {
-                cpu::par::par_rows_mut(o, n, threads, cpu::par::PAR_MIN_ELEMS, |r, row| {
-                    let cr = if c_rows == 1 { 0 } else { r };
+        } else {
+            with_float!(dtype, T, {
+                let (o, [cs, xs, ys]) = i.split_mut::<T, 3>(name, out, [cb, ab, bb])?;
+                if n > 0 && c_rows == 1 && o.len() < cpu::par::PAR_MIN_ELEMS {
+                    // One bias row for every output row (a linear layer's).
                     if c_cols == 1 {
-                        row.fill(cs[cr]);
+                        o.fill(cs[0]);
                     } else {
-                        row.copy_from_slice(&cs[cr * n..(cr + 1) * n]);
+                        cpu::shape::repeat_rows(&cs[..n], o);
                     }
-                });
-            }
-            cpu::gemm(
-                Mnk::new(m, k, n),
-                MatView::row_major(xs, 0, ash[1], ta),
-                MatView::row_major(ys, 0, bsh[1], tb),
-                o,
-                true,
-                threads,
-            );
-        });
+                } else if n > 0 {
+                    cpu::par::par_rows_mut(o, n, threads, cpu::par::PAR_MIN_ELEMS, |r, row| {
+                        let cr = if c_rows == 1 { 0 } else { r };
+                        if c_cols == 1 {
+                            row.fill(cs[cr]);
+                        } else {
+                            row.copy_from_slice(&cs[cr * n..(cr + 1) * n]);
+                        }
+                    });
+                }
+                cpu::gemm(
+                    Mnk::new(m, k, n),
+                    MatView::row_major(xs, 0, ash[1], ta),
+                    MatView::row_major(ys, 0, bsh[1], tb),
+                    o,
+                    true,
+                    threads,
+                );
+            });
+        }
         let id = i.push(
             copy_of(&[m, n]),
             dtype,
@@ -310,39 +302,38 @@ impl<'g> Tensor<'g> {
                 [(a_cols, ta), (b_cols, tb)],
                 None,
             )?;
-            let id = i.push(osh, dtype, out, Op::Matmul { ta, tb }, &[self.id, other.id]);
-            drop(guard);
-            return Ok(self.g.handle(id));
+        } else {
+            with_float!(dtype, T, {
+                let (o, [x, y]) = i.split_mut::<T, 2>(name, out, [ab, bb])?;
+                if batch.iter().product::<usize>() == 1 {
+                    cpu::gemm(
+                        Mnk::new(m, ka, n),
+                        MatView::row_major(x, 0, a_cols, ta),
+                        MatView::row_major(y, 0, b_cols, tb),
+                        o,
+                        false,
+                        threads,
+                    );
+                } else {
+                    // Each batch index: offsets of its matrices in a and b (stride 0 where broadcast).
+                    let (a_offs, b_offs) =
+                        batch_offsets(&batch, abatch, bbatch, a_mat, b_mat, m * n);
+                    let a = BatchView {
+                        data: x,
+                        offsets: &a_offs,
+                        cols: a_cols,
+                        transposed: ta,
+                    };
+                    let b = BatchView {
+                        data: y,
+                        offsets: &b_offs,
+                        cols: b_cols,
+                        transposed: tb,
+                    };
+                    cpu::gemm_batched(Mnk::new(m, ka, n), a, b, o, threads);
+                }
+            });
         }
-        with_float!(dtype, T, {
-            let (o, [x, y]) = i.split_mut::<T, 2>(name, out, [ab, bb])?;
-            if batch.iter().product::<usize>() == 1 {
-                cpu::gemm(
-                    Mnk::new(m, ka, n),
-                    MatView::row_major(x, 0, a_cols, ta),
-                    MatView::row_major(y, 0, b_cols, tb),
-                    o,
-                    false,
-                    threads,
-                );
-            } else {
-                // Each batch index: offsets of its matrices in a and b (stride 0 where broadcast).
-                let (a_offs, b_offs) = batch_offsets(&batch, abatch, bbatch, a_mat, b_mat, m * n);
-                let a = BatchView {
-                    data: x,
-                    offsets: &a_offs,
-                    cols: a_cols,
-                    transposed: ta,
-                };
-                let b = BatchView {
-                    data: y,
-                    offsets: &b_offs,
-                    cols: b_cols,
-                    transposed: tb,
-                };
-                cpu::gemm_batched(Mnk::new(m, ka, n), a, b, o, threads);
-            }
-        });
         let id = i.push(osh, dtype, out, Op::Matmul { ta, tb }, &[self.id, other.id]);
         drop(guard);
         Ok(self.g.handle(id))
