@@ -165,6 +165,8 @@ pub use scope::Keep;
 pub use shape::Shape;
 pub use tensor::{Tensor, TensorId};
 
-/// The element types tensors hold: `f32` and `f64`.
+/// The element types kernels compute in: `f32` and `f64`. Tensors also store `bf16` and `f16`
+/// ([`DType::BF16`], [`DType::F16`]), computed in `f32`; what reads or writes stored elements
+/// takes any [`HostElem`].
 pub trait Elem: Float + HostElem {}
 impl<T: Float + HostElem> Elem for T {}
