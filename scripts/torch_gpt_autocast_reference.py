@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the reference the character GPT is held to under bf16 autocast (`tests/gpt_autocast.rs`):
+"""Writes the reference the character GPT is held to under bf16 autocast (`tests/char_gpt_parity.rs`):
 the small model of `tests/data/char_gpt/init.safetensors` (context 16, 2 blocks of width 16, 2
 heads; `scripts/torch_char_gpt.py`'s `Gpt`) on a fixed batch of 4 × 16 tokens, its loss computed
 inside `torch.autocast("cpu", dtype=torch.bfloat16)` and `loss.backward()` after it:

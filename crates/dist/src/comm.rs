@@ -268,14 +268,10 @@ fn divide_half<T: Storage>(v: &mut [T], world: usize) {
 /// into the buffer (once per element): how transports without 16-bit reductions reduce one.
 pub(crate) fn through_f32<T: Storage>(
     v: &mut [T],
-    f: impl FnOnce(&mut Vec<f32>) -> std::result::Result<(), String>,
+    f: impl FnOnce(&mut [f32]) -> std::result::Result<(), String>,
 ) -> std::result::Result<(), String> {
-    let mut wide = vec![0f32; v.len()];
-    arenagrad_graph::convert(v, &mut wide, 1);
+    let mut wide = arenagrad_graph::widened(v);
     f(&mut wide)?;
-    if wide.len() != v.len() {
-        return Err("a reduction changed the buffer's length".to_string());
-    }
     arenagrad_graph::convert(&wide, v, 1);
     Ok(())
 }

@@ -170,20 +170,32 @@ impl<'g> Tensor<'g> {
         dtype: DType,
         eligible: impl Fn(DType) -> bool,
     ) -> Result<Option<[Option<Tensor<'g>>; N]>> {
-        let mut any = false;
-        for x in xs.iter().flatten() {
-            any |= eligible(x.dtype_of("autocast")?);
+        let mut cast = [false; N];
+        for (c, x) in cast.iter_mut().zip(&xs) {
+            if let Some(x) = x {
+                *c = eligible(x.dtype_of("autocast")?);
+            }
         }
-        if !any {
+        if !cast.contains(&true) {
             return Ok(None);
         }
         let mut out = xs;
-        for x in out.iter_mut().flatten() {
-            if eligible(x.dtype_of("autocast")?) {
+        for (x, c) in out.iter_mut().zip(cast) {
+            if let (Some(x), true) = (x, c) {
                 *x = x.cast_cached(dtype)?;
             }
         }
         Ok(Some(out))
+    }
+
+    /// This tensor as an operand of an op on autocast's f32 list: inside an autocast scope, a
+    /// 16-bit tensor widened to f32; otherwise the tensor itself. What the losses do to their
+    /// operands, for a loss or an op of your own to do the same.
+    pub fn autocast_f32_operand(self) -> Result<Tensor<'g>> {
+        match Self::autocast_f32(self.g, [Some(self)])? {
+            Some([Some(x)]) => Ok(x),
+            _ => Ok(self),
+        }
     }
 
     /// `self.to_dtype(dtype)`, made once per iteration for a parameter's leaf or another leaf

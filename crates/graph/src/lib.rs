@@ -139,6 +139,9 @@ pub use arenagrad_exec as exec;
 /// parameter in f32, or a transport reducing a 16-bit buffer, converts with. See
 /// [`arenagrad_exec::cpu::cast()`].
 pub use arenagrad_exec::cpu::cast as convert;
+/// A slice of any storage type widened to f32, and an update of one in f32 rounded back once:
+/// see [`arenagrad_exec::cpu::cast::update_in_f32`].
+pub use arenagrad_exec::cpu::cast::{update_in_f32, widened};
 /// Runs a loop over parameters at the widest SIMD level the CPU has (optimisers' updates, which
 /// work on host data outside any graph): see [`arenagrad_exec::cpu::wide()`].
 pub use arenagrad_exec::cpu::wide;

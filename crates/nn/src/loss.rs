@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use arenagrad_graph::{CustomOp, DType, Graph, Tensor};
+use arenagrad_graph::{CustomOp, Graph, Tensor};
 
 use crate::error::{config, input_shape, NnError, Result};
 
@@ -68,11 +68,7 @@ pub fn mse_loss_with<'g>(
 /// f32 list, as on PyTorch's (`mse_loss`, `cross_entropy_loss`, `nll_loss`,
 /// `binary_cross_entropy_with_logits`), so a loss and its gradient are not rounded to 16 bits.
 fn f32_under_autocast(t: Tensor<'_>) -> Result<Tensor<'_>> {
-    if t.graph().autocast_dtype().is_some() && t.dtype().is_half() {
-        Ok(t.to_dtype(DType::F32)?)
-    } else {
-        Ok(t)
-    }
+    Ok(t.autocast_f32_operand()?)
 }
 
 /// Options of [`cross_entropy_with`].

@@ -162,6 +162,22 @@ fn cast_serial<S: Storage, D: Storage>(src: &[S], dst: &mut [D]) {
     }
 }
 
+/// `v`'s values as f32, in a new vector (exact for every storage type but `f64`).
+pub fn widened<S: Storage>(v: &[S]) -> Vec<f32> {
+    let mut w = vec![0f32; v.len()];
+    cast(v, &mut w, 1);
+    w
+}
+
+/// Runs `f` on `v`'s values widened to f32 and rounds what it leaves there back into `v`, once
+/// per element: how code that has no 16-bit arithmetic updates 16-bit values in f32.
+pub fn update_in_f32<S: Storage, R>(v: &mut [S], f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let mut w = widened(v);
+    let r = f(&mut w);
+    cast(&w, v, 1);
+    r
+}
+
 /// `out = op(x)` for 16-bit storage: each block of elements widened to f32, the f32 kernel
 /// run on it, the result rounded once — the same values as widening the whole tensor, running
 /// [`super::unary`] and rounding, without an f32 copy of the tensor.

@@ -427,12 +427,7 @@ impl Graph {
         parts: &[Tensor<'g>],
         axis: isize,
     ) -> Result<Tensor<'g>> {
-        let mut out: Option<arenagrad_exec::DType> = None;
-        for p in parts {
-            let d = p.dtype_of(op)?;
-            out = Some(out.map_or(d, |o| o.promote(d)));
-        }
-        let out = out.unwrap_or(arenagrad_exec::DType::F32);
+        let out = super::half::promoted_of(op, parts)?;
         let wide = parts
             .iter()
             .map(|p| p.to_dtype(out.compute()))
@@ -752,12 +747,8 @@ pub(crate) use both;
 /// `f` on f32 copies of a 16-bit input and output (the output's values kept: an adding kernel
 /// adds into it), the output rounded back once.
 pub(crate) fn through_f32<H: Storage>(x: &[H], o: &mut [H], f: impl FnOnce(&[f32], &mut [f32])) {
-    let mut wx = vec![0f32; x.len()];
-    let mut wo = vec![0f32; o.len()];
-    cpu::cast(x, &mut wx, 1);
-    cpu::cast(o, &mut wo, 1);
-    f(&wx, &mut wo);
-    cpu::cast(&wo, o, 1);
+    let wx = cpu::cast::widened(x);
+    cpu::cast::update_in_f32(o, |wo| f(&wx, wo))
 }
 
 impl KernelArgs<'_> {

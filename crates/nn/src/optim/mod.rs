@@ -245,15 +245,8 @@ pub(crate) fn in_f32<T: Storage, R>(
     grad: &[T],
     f: impl FnOnce(&mut [f32], &[f32]) -> R,
 ) -> R {
-    let widen = |v: &[T]| {
-        let mut w = vec![0f32; v.len()];
-        arenagrad_graph::convert(v, &mut w, 1);
-        w
-    };
-    let (mut v, g) = (widen(value), widen(grad));
-    let r = f(&mut v, &g);
-    arenagrad_graph::convert(&v, value, 1);
-    r
+    let g = arenagrad_graph::widened(grad);
+    arenagrad_graph::update_in_f32(value, |v| f(v, &g))
 }
 
 fn grad_dtype_error(op: &'static str, value: &HostDataMut<'_>, grad: &HostData) -> NnError {
