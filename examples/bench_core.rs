@@ -381,15 +381,20 @@ fn main() {
     }
     if run("amp") {
         let steps = if quick { 8 } else { 20 };
-        let (f32_ms, ..) = gpt_step(steps, None);
+        let (f32_ms, _, _, _, f32_mem) = gpt_step(steps, None);
         let (ms, f, b, o, mem) = gpt_step(steps, Some(DType::BF16));
         println!(
             "| char GPT step under bf16 autocast | {ms:.1} ms (fwd {f:.1}, bwd {b:.1}, opt {o:.1}) = {:.2}× the f32 step's {f32_ms:.1} ms | ≤ 0.65× |",
             ms / f32_ms
         );
+        let mib = |b: usize| b as f64 / 1048576.0;
         println!(
-            "| char GPT step under bf16 autocast, peak arena | {:.1} MiB | |",
-            mem.0 as f64 / 1048576.0
+            "| char GPT step under bf16 autocast, peak arena (after the forward) | {:.1} MiB ({:.1}) = {:.2}× the f32 step's {:.1} MiB ({:.1}) | ≤ 0.6× |",
+            mib(mem.0),
+            mib(mem.2),
+            mem.0 as f64 / f32_mem.0 as f64,
+            mib(f32_mem.0),
+            mib(f32_mem.2)
         );
     }
     if run("lstm") {

@@ -422,6 +422,7 @@ fn attn_check<T: Float>(exe: &Path, a: &Attn<'_>) {
         k: &k,
         v: &v,
         mask: mv.as_ref(),
+        first: 0,
     };
     attention::attention_forward(&dims, &inputs, 0, &mut o, &mut lse);
     let mut dq = vec![T::ZERO; bh * a.lq * a.d];

@@ -480,3 +480,100 @@ fn bf16_products_round_the_f32_sum_once_in_every_layout() {
         );
     }
 }
+
+/// The ops that run 16-bit tensors through f32 scratch instead of recorded f32 copies
+/// (attention in groups of heads, dropout and sums block by block) give, forward and backward,
+/// bit for bit what the op gives on f32 copies rounded back: that is their contract.
+#[test]
+fn ops_widened_on_the_fly_equal_the_f32_op_on_widened_copies_bit_for_bit() {
+    use arenagrad_graph::AttentionOptions;
+    for dtype in [DType::BF16, DType::F16] {
+        let g = Graph::new();
+        let vals = |n: usize, s: f64| -> Vec<f64> {
+            (0..n).map(|k| (k as f64 * 0.37 + s).sin() * 1.5).collect()
+        };
+        // Leaves of `dtype`, and the same values as f32 leaves fed through casts.
+        let both = |shape: &[usize], s: f64| {
+            let n = shape.iter().product();
+            let low = g.leaf(&vals(n, s), shape, dtype).unwrap();
+            let low = low.set_requires_grad(true).unwrap();
+            let rounded = low.to_vec_f64().unwrap();
+            let wide = g.leaf(&rounded, shape, DType::F32).unwrap();
+            (low, wide.set_requires_grad(true).unwrap())
+        };
+        // Within `steps` 16-bit steps of the largest element (0: bit for bit).
+        let near = |what: &str, a: Tensor<'_>, b: Tensor<'_>, steps: f64| {
+            assert_eq!(a.dtype(), dtype, "{what}");
+            let (a, b) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
+            let top = b.iter().fold(0f64, |m, x| m.max(x.abs()));
+            let tol = steps * top * dtype.epsilon();
+            for (e, (x, y)) in a.iter().zip(&b).enumerate() {
+                let ok = if steps == 0.0 { x.to_bits() == y.to_bits() } else { (x - y).abs() <= tol };
+                assert!(ok, "{what} ({dtype:?}): element {e} is {x}, not {y}");
+            }
+        };
+        let same = |what: &str, a: Tensor<'_>, b: Tensor<'_>| near(what, a, b, 0.0);
+        // 12 heads of 70 queries and 90 keys: several groups of heads, and both threads.
+        let (q, qf) = both(&[3, 4, 70, 16], 0.1);
+        let (k, kf) = both(&[3, 4, 90, 16], 0.7);
+        let (v, vf) = both(&[3, 4, 90, 24], 1.3);
+        let (m, mf) = both(&[70, 90], 2.9);
+        let (m, mf) = (m.detach().unwrap(), mf.detach().unwrap());
+        for (causal, dropout_p, masked) in [(true, 0.0, false), (false, 0.25, true)] {
+            let opts = |mask| AttentionOptions {
+                mask,
+                causal,
+                dropout_p,
+                scale: None,
+            };
+            // The same seed for both: the graph's stream is reseeded before each.
+            g.seed(5);
+            let y = q
+                .scaled_dot_product_attention(k, v, opts(masked.then_some(m)))
+                .unwrap();
+            g.seed(5);
+            let yf = qf
+                .scaled_dot_product_attention(kf, vf, opts(masked.then_some(mf)))
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let what = format!("attention causal={causal} dropout={dropout_p} mask={masked}");
+            same(&what, y, yf);
+            let w = both(&[3, 4, 70, 24], 4.1).0.detach().unwrap();
+            y.mul(w).unwrap().sum().unwrap().backward().unwrap();
+            yf.mul(w).unwrap().sum().unwrap().backward().unwrap();
+            // Backward reads the output as the node keeps it, rounded to 16 bits (as PyTorch's
+            // 16-bit attention does), where the f32 op on copies has it unrounded: the
+            // gradients agree to a 16-bit step of the largest, not to the bit.
+            for (lo, hi, name) in [(q, qf, "dq"), (k, kf, "dk"), (v, vf, "dv")] {
+                let hi_grad = hi.grad().unwrap().unwrap().to_dtype(dtype).unwrap();
+                let what = format!("{what}: {name}");
+                near(&what, lo.grad().unwrap().unwrap(), hi_grad, 1.0);
+                lo.zero_grad().unwrap();
+                hi.zero_grad().unwrap();
+            }
+        }
+        // Dropout and sums over axes, forward and backward.
+        let (x, xf) = both(&[33, 77], 0.2);
+        g.seed(9);
+        let d = x.dropout(0.3, true).unwrap();
+        g.seed(9);
+        let df = xf.dropout(0.3, true).unwrap().to_dtype(dtype).unwrap();
+        same("dropout", d, df);
+        let s = d.sum_axes(&[0], false).unwrap();
+        let sf = df.to_dtype(DType::F32).unwrap().sum_axes(&[0], false).unwrap();
+        same("sum over axis 0", s, sf.to_dtype(dtype).unwrap());
+        let w = both(&[77], 3.3).0.detach().unwrap();
+        s.mul(w).unwrap().sum().unwrap().backward().unwrap();
+        sf.to_dtype(dtype)
+            .unwrap()
+            .mul(w)
+            .unwrap()
+            .sum()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let xg = xf.grad().unwrap().unwrap().to_dtype(dtype).unwrap();
+        same("dropout and sum: gradient", x.grad().unwrap().unwrap(), xg);
+    }
+}

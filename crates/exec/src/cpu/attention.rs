@@ -13,6 +13,7 @@
 //! `(seed, head, row, column)`, so backward regenerates exactly the forward's mask in any tile
 //! order without storing it.
 
+use super::cast::Storage;
 use super::matmul::{gemm, Gemm, MatView, Mnk};
 use crate::Float;
 
@@ -66,18 +67,21 @@ pub struct AttnInputs<'a, T> {
     pub k: &'a [T],
     /// Values.
     pub v: &'a [T],
-    /// The mask on the scores.
+    /// The mask on the scores (indexed by the global head: `offsets[h]`).
     pub mask: Option<&'a AttnMask<'a, T>>,
+    /// The head `q`, `k` and `v` (and backward's `o`, `lse` and `go`) start at: head `h`'s rows
+    /// are their part `h − first` (0 when they hold every head).
+    pub first: usize,
 }
 
 /// What backward reads of the forward, all heads: the output `o` `[bh, lq, dv]`, each query
 /// row's log-sum-exp `lse` `[bh, lq]`, and the output's gradient `go` `[bh, lq, dv]`.
 #[derive(Debug, Clone, Copy)]
-pub struct AttnSaved<'a, T> {
+pub struct AttnSaved<'a, T, L = T> {
     /// The forward's output.
     pub o: &'a [T],
-    /// The forward's log-sum-exp per query row.
-    pub lse: &'a [T],
+    /// The forward's log-sum-exp per query row (f32 beside 16-bit tensors).
+    pub lse: &'a [L],
     /// The output's gradient.
     pub go: &'a [T],
 }
@@ -114,10 +118,11 @@ fn scores<T: Float + Gemm>(
 ) {
     let AttnInputs { q, k, mask, .. } = *inputs;
     let (d, lq, lk) = (dims.d, dims.lq, dims.lk);
+    let hx = h - inputs.first;
     gemm(
         Mnk::new(bq, d, bk),
-        MatView::row_major(q, (h * lq + i0) * d, d, false),
-        MatView::row_major(k, (h * lk + j0) * d, d, true),
+        MatView::row_major(q, (hx * lq + i0) * d, d, false),
+        MatView::row_major(k, (hx * lk + j0) * d, d, true),
         s,
         false,
         1,
@@ -170,6 +175,7 @@ pub fn attention_forward<T: Float + Gemm>(
     let mut l = [0.0f64; TILE];
     for hl in 0..heads {
         let h = h0 + hl;
+        let hx = h - inputs.first;
         for (i0, bq) in tiles(lq) {
             let acc = &mut o[(hl * lq + i0) * dv..(hl * lq + i0 + bq) * dv];
             acc.fill(T::ZERO);
@@ -220,7 +226,7 @@ pub fn attention_forward<T: Float + Gemm>(
                 gemm(
                     Mnk::new(bq, bk, dv),
                     MatView::row_major(&*st, 0, bk, false),
-                    MatView::row_major(v, (h * lk + j0) * dv, dv, false),
+                    MatView::row_major(v, (hx * lk + j0) * dv, dv, false),
                     acc,
                     true,
                     1,
@@ -269,9 +275,10 @@ pub fn attention_backward<T: Float + Gemm>(
     let mut delta = vec![T::ZERO; lq];
     for hl in 0..heads {
         let h = h0 + hl;
+        let hx = h - inputs.first;
         // D_i = Σ dO_i·O_i.
         for (i, di) in delta.iter_mut().enumerate() {
-            let at = (h * lq + i) * dv;
+            let at = (hx * lq + i) * dv;
             let mut acc = 0.0f64;
             for c in 0..dv {
                 acc += (go[at + c] * o[at + c]).to_f64();
@@ -290,14 +297,14 @@ pub fn attention_backward<T: Float + Gemm>(
                 scores(dims, inputs, h, (i0, bq), (j0, bk), pt);
                 let pdt = &mut pd[..bq * bk];
                 for r in 0..bq {
-                    let l = lse[h * lq + i0 + r];
+                    let l = lse[hx * lq + i0 + r];
                     for (t, x) in pdt[r * bk..(r + 1) * bk].iter_mut().zip(&pt[r * bk..]) {
                         *t = *x - l;
                     }
                 }
                 T::exp_into(pdt, pt);
                 for r in 0..bq {
-                    if lse[h * lq + i0 + r] == T::neg_infinity() {
+                    if lse[hx * lq + i0 + r] == T::neg_infinity() {
                         // A row with every key hidden has weights 0 (not −∞ − −∞).
                         pt[r * bk..(r + 1) * bk].fill(T::ZERO);
                     }
@@ -320,7 +327,7 @@ pub fn attention_backward<T: Float + Gemm>(
                 gemm(
                     Mnk::new(bk, bq, dv),
                     MatView::row_major(&*pdt, 0, bk, true),
-                    MatView::row_major(go, (h * lq + i0) * dv, dv, false),
+                    MatView::row_major(go, (hx * lq + i0) * dv, dv, false),
                     &mut dv_h[j0 * dv..],
                     true,
                     1,
@@ -329,8 +336,8 @@ pub fn attention_backward<T: Float + Gemm>(
                 let dpt = &mut dp[..bq * bk];
                 gemm(
                     Mnk::new(bq, dv, bk),
-                    MatView::row_major(go, (h * lq + i0) * dv, dv, false),
-                    MatView::row_major(v, (h * lk + j0) * dv, dv, true),
+                    MatView::row_major(go, (hx * lq + i0) * dv, dv, false),
+                    MatView::row_major(v, (hx * lk + j0) * dv, dv, true),
                     dpt,
                     false,
                     1,
@@ -360,7 +367,7 @@ pub fn attention_backward<T: Float + Gemm>(
                 gemm(
                     Mnk::new(bq, bk, d),
                     MatView::row_major(&*dpt, 0, bk, false),
-                    MatView::row_major(k, (h * lk + j0) * d, d, false),
+                    MatView::row_major(k, (hx * lk + j0) * d, d, false),
                     &mut dq_h[i0 * d..],
                     true,
                     1,
@@ -368,12 +375,137 @@ pub fn attention_backward<T: Float + Gemm>(
                 gemm(
                     Mnk::new(bk, bq, d),
                     MatView::row_major(&*dpt, 0, bk, true),
-                    MatView::row_major(q, (h * lq + i0) * d, d, false),
+                    MatView::row_major(q, (hx * lq + i0) * d, d, false),
                     &mut dk_h[j0 * d..],
                     true,
                     1,
                 );
             }
         }
+    }
+}
+
+/// Elements of f32 scratch a 16-bit run widens a group of heads into (about 256 KiB: the
+/// group's operands stay in the cache between widening and use).
+const HALF_GROUP_ELEMS: usize = 1 << 16;
+
+/// Heads of `per_head` elements each per group of a 16-bit run (at least 1).
+fn half_group(per_head: usize) -> usize {
+    (HALF_GROUP_ELEMS / per_head.max(1)).max(1)
+}
+
+/// `x`'s heads `first..first + n` (each `per` elements) widened into `buf`, which is returned
+/// (resized).
+fn widen_heads<'b, H: Storage>(
+    x: &[H],
+    (first, n, per): (usize, usize, usize),
+    buf: &'b mut Vec<f32>,
+) -> &'b [f32] {
+    buf.resize(n * per, 0.0);
+    H::load_f32(&x[first * per..(first + n) * per], buf);
+    buf
+}
+
+/// A 16-bit mask widened whole (masks are broadcast: any head may read any element).
+fn widen_mask<'a, H: Storage>(
+    mask: Option<&AttnMask<'a, H>>,
+) -> Option<(Vec<f32>, AttnMask<'a, H>)> {
+    mask.map(|m| {
+        let mut w = vec![0f32; m.data.len()];
+        H::load_f32(m.data, &mut w);
+        (w, *m)
+    })
+}
+
+/// [`attention_forward`] for 16-bit storage: heads `h0..h0 + o.len()/(lq·dv)` in groups, each
+/// group's queries, keys and values widened to f32, run by the f32 kernel, and its output
+/// rounded once; `lse` stays f32. The values of the f32 kernel on the widened tensors, rounded.
+pub fn attention_forward_half<H: Storage>(
+    dims: &AttnDims,
+    inputs: &AttnInputs<'_, H>,
+    h0: usize,
+    o: &mut [H],
+    lse: &mut [f32],
+) {
+    let (lq, lk, d, dv) = (dims.lq, dims.lk, dims.d, dims.dv);
+    if lq == 0 {
+        return;
+    }
+    let heads = lse.len() / lq;
+    let wm = widen_mask(inputs.mask);
+    let mask = wm.as_ref().map(|(w, m)| AttnMask {
+        data: w.as_slice(),
+        offsets: m.offsets,
+        rs: m.rs,
+        cs: m.cs,
+    });
+    let group = half_group(lq * (d + dv) + lk * (d + dv));
+    let (mut qw, mut kw, mut vw, mut ow) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for g0 in (0..heads).step_by(group) {
+        let n = group.min(heads - g0);
+        let first = h0 + g0;
+        let wide = AttnInputs {
+            q: widen_heads(inputs.q, (first - inputs.first, n, lq * d), &mut qw),
+            k: widen_heads(inputs.k, (first - inputs.first, n, lk * d), &mut kw),
+            v: widen_heads(inputs.v, (first - inputs.first, n, lk * dv), &mut vw),
+            mask: mask.as_ref(),
+            first,
+        };
+        ow.resize(n * lq * dv, 0.0);
+        attention_forward(dims, &wide, first, &mut ow, &mut lse[g0 * lq..(g0 + n) * lq]);
+        H::store_f32(&ow, &mut o[g0 * lq * dv..(g0 + n) * lq * dv]);
+    }
+}
+
+/// [`attention_backward`] for 16-bit storage: heads in groups, each group's operands and saved
+/// tensors widened to f32 (the log-sum-exp is f32 already), run by the f32 kernel, and its
+/// gradients rounded once.
+pub fn attention_backward_half<H: Storage>(
+    dims: &AttnDims,
+    inputs: &AttnInputs<'_, H>,
+    saved: &AttnSaved<'_, H, f32>,
+    (h0, heads): (usize, usize),
+    grads: AttnGrads<'_, H>,
+) {
+    let (lq, lk, d, dv) = (dims.lq, dims.lk, dims.d, dims.dv);
+    let wm = widen_mask(inputs.mask);
+    let mask = wm.as_ref().map(|(w, m)| AttnMask {
+        data: w.as_slice(),
+        offsets: m.offsets,
+        rs: m.rs,
+        cs: m.cs,
+    });
+    let group = half_group(2 * (lq * (d + dv) + lk * (d + dv)));
+    let mut w: [Vec<f32>; 5] = Default::default();
+    let (mut dq, mut dk, mut dvv) = (Vec::new(), Vec::new(), Vec::new());
+    for g0 in (0..heads).step_by(group) {
+        let n = group.min(heads - g0);
+        let first = h0 + g0;
+        let at = first - inputs.first;
+        let [qw, kw, vw, ow, gw] = &mut w;
+        let wide = AttnInputs {
+            q: widen_heads(inputs.q, (at, n, lq * d), qw),
+            k: widen_heads(inputs.k, (at, n, lk * d), kw),
+            v: widen_heads(inputs.v, (at, n, lk * dv), vw),
+            mask: mask.as_ref(),
+            first,
+        };
+        let kept = AttnSaved {
+            o: widen_heads(saved.o, (at, n, lq * dv), ow),
+            lse: &saved.lse[at * lq..(at + n) * lq],
+            go: widen_heads(saved.go, (at, n, lq * dv), gw),
+        };
+        dq.resize(n * lq * d, 0.0);
+        dk.resize(n * lk * d, 0.0);
+        dvv.resize(n * lk * dv, 0.0);
+        let out = AttnGrads {
+            dq: &mut dq,
+            dk: &mut dk,
+            dv: &mut dvv,
+        };
+        attention_backward(dims, &wide, &kept, (first, n), out);
+        H::store_f32(&dq, &mut grads.dq[g0 * lq * d..(g0 + n) * lq * d]);
+        H::store_f32(&dk, &mut grads.dk[g0 * lk * d..(g0 + n) * lk * d]);
+        H::store_f32(&dvv, &mut grads.dv[g0 * lk * dv..(g0 + n) * lk * dv]);
     }
 }

@@ -12,7 +12,7 @@ pub use half::{bf16, f16};
 use crate::DType;
 
 /// Elements rounded per block when a conversion goes through `f32`.
-const BLOCK: usize = 256;
+pub(crate) const BLOCK: usize = 256;
 
 /// An element type a tensor can be stored in.
 pub trait Storage: Pod + PartialEq + std::fmt::Debug {

@@ -7,6 +7,7 @@
 //! fifth of the character GPT's step in forward and backward together; this one a few percent.)
 
 use super::par::{par_chunks_mut, PAR_MIN_ELEMS};
+use super::cast::{Storage, BLOCK};
 use crate::Float;
 
 /// The multiplier of the mixer's first round (the CUDA kernels' `DROPOUT_MIX_1`).
@@ -49,17 +50,39 @@ pub fn keeps(seed: u64, counter: u64, p: f64) -> bool {
 pub fn dropout<T: Float>(x: &[T], seed: u64, p: f64, scale: T, out: &mut [T], threads: usize) {
     let t = threshold(p);
     par_chunks_mut(out, threads, PAR_MIN_ELEMS, |start, o| {
-        let x = &x[start..start + o.len()];
-        super::wide::wide(
-            o.len(),
-            #[inline(always)]
-            move || {
-                for (k, (o, &v)) in o.iter_mut().zip(x).enumerate() {
-                    let keep = u64::from(hash32(seed, (start + k) as u64)) >= t;
-                    *o = if keep { v * scale } else { T::ZERO };
-                }
-            },
-        )
+        dropout_serial(&x[start..start + o.len()], (seed, start), t, scale, o)
+    });
+}
+
+/// [`dropout`] on elements `at..at + out.len()` of the whole (`x` is their part).
+#[inline(always)]
+fn dropout_serial<T: Float>(x: &[T], (seed, at): (u64, usize), t: u64, scale: T, out: &mut [T]) {
+    super::wide::wide(
+        out.len(),
+        #[inline(always)]
+        move || {
+            for (k, (o, &v)) in out.iter_mut().zip(x).enumerate() {
+                let keep = u64::from(hash32(seed, (at + k) as u64)) >= t;
+                *o = if keep { v * scale } else { T::ZERO };
+            }
+        },
+    )
+}
+
+/// [`dropout`] for 16-bit storage: each block widened to f32, scaled there and rounded once —
+/// the values of the f32 kernel on the widened tensor, rounded, without an f32 copy of it.
+pub fn dropout_half<H: Storage>(x: &[H], seed: u64, p: f64, out: &mut [H], threads: usize) {
+    let t = threshold(p);
+    let scale = (1.0 / (1.0 - p)) as f32;
+    par_chunks_mut(out, threads, PAR_MIN_ELEMS, |start, o| {
+        let (mut wx, mut wo) = ([0f32; BLOCK], [0f32; BLOCK]);
+        for (k, ob) in o.chunks_mut(BLOCK).enumerate() {
+            let at = start + k * BLOCK;
+            let n = ob.len();
+            H::load_f32(&x[at..at + n], &mut wx[..n]);
+            dropout_serial(&wx[..n], (seed, at), t, scale, &mut wo[..n]);
+            H::store_f32(&wo[..n], ob);
+        }
     });
 }
 

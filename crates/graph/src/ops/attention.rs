@@ -15,10 +15,10 @@ use arenagrad_alloc::BufId;
 use arenagrad_exec::cpu::attention::{
     self as k, AttnDims, AttnGrads, AttnInputs, AttnMask, AttnSaved,
 };
-use arenagrad_exec::cpu::matmul::Gemm;
 use arenagrad_exec::cpu::thread_pool::for_each_owned;
 use arenagrad_exec::layout::broadcast_strides;
-use arenagrad_exec::Float;
+use arenagrad_exec::cpu::cast::Storage;
+use arenagrad_exec::{bf16, f16, DType, Float};
 use smallvec::{smallvec, SmallVec};
 
 use super::{check_pair, Ctx, Grads, Op};
@@ -82,7 +82,7 @@ impl<'g> Tensor<'g> {
         {
             return q.scaled_dot_product_attention(k, v, AttentionOptions { mask, ..opts });
         }
-        if Tensor::any_half(&[Some(self), Some(k), Some(v), opts.mask])? {
+        if Tensor::any_half(&[Some(self), Some(k), Some(v), opts.mask])? && !same_half([Some(self), Some(k), Some(v), opts.mask])? {
             return self.attention_lowered(k, v, opts);
         }
         let (qs, ks, vs) = (self.try_shape()?, k.try_shape()?, v.try_shape()?);
@@ -207,6 +207,18 @@ impl<'g> Tensor<'g> {
     }
 }
 
+/// Whether the operands (queries, keys, values, an optional mask) share one 16-bit dtype: the
+/// case the host kernels run on scratch widenings, keeping the node's tensors 16-bit.
+fn same_half(xs: [Option<Tensor<'_>>; 4]) -> Result<bool> {
+    let q = xs[0].map(|t| t.dtype_of(OP)).transpose()?;
+    for x in xs.iter().flatten() {
+        if Some(x.dtype_of(OP)?) != q || x.device() != Device::Cpu {
+            return Ok(false);
+        }
+    }
+    Ok(q.is_some_and(|d| d.is_half()))
+}
+
 /// The shapes of `q`, `k`, `v`, and the weights' shape `[…, lq, lk]`.
 fn shapes_of(dims: &AttnDims, qkv: [Tensor<'_>; 3]) -> Result<([Shape; 3], Shape)> {
     let [q, k, v] = qkv.map(|t| t.try_shape());
@@ -225,59 +237,79 @@ fn bufs_of<const N: usize>(i: &Inner, ts: [Tensor<'_>; N]) -> Result<[BufId; N]>
     Ok(std::array::from_fn(|k| bufs[k]))
 }
 
+/// A host forward kernel for storage `T` whose rows' log-sum-exp is `L`.
+type ForwardKernel<T, L> = fn(&AttnDims, &AttnInputs<'_, T>, usize, &mut [T], &mut [L]);
+
 /// The host's forward: the output buffer, and the log-sum-exp's when `record` (it is scratch
-/// otherwise). The output is written in place; the log-sum-exp on the host, then copied into
-/// the arena when kept (a row's value beside the output's `dv`).
+/// otherwise). 16-bit operands run the f32 kernel on groups of heads widened on the fly
+/// ([`k::attention_forward_half`]), their log-sum-exp kept in f32.
 fn host_forward(
     i: &mut Inner,
     dims: &AttnDims,
     bufs: &[BufId],
     mask: Option<&(BufId, Shape)>,
     full: &[usize],
-    dtype: arenagrad_exec::DType,
+    dtype: DType,
     record: bool,
 ) -> Result<(BufId, Option<BufId>)> {
+    let args = (dims, bufs, mask, full, record);
+    match dtype {
+        DType::F64 => host_forward_in::<f64, f64>(i, args, k::attention_forward),
+        DType::BF16 => host_forward_in::<bf16, f32>(i, args, k::attention_forward_half),
+        DType::F16 => host_forward_in::<f16, f32>(i, args, k::attention_forward_half),
+        _ => host_forward_in::<f32, f32>(i, args, k::attention_forward),
+    }
+}
+
+/// [`host_forward`] in storage `T`, log-sum-exp `L`. The output is written in place; the
+/// log-sum-exp on the host, then copied into the arena when kept.
+fn host_forward_in<T: Storage + Send + Sync, L: Storage + Float>(
+    i: &mut Inner,
+    (dims, bufs, mask, full, record): (&AttnDims, &[BufId], Option<&(BufId, Shape)>, &[usize], bool),
+    kernel: ForwardKernel<T, L>,
+) -> Result<(BufId, Option<BufId>)> {
     let (o_len, lse_len) = (dims.bh * dims.lq * dims.dv, dims.bh * dims.lq);
-    let o = i.alloc(OP, dtype, o_len)?;
+    let o = i.alloc(OP, T::DTYPE, o_len)?;
     let threads = i.threads;
-    with_float!(dtype, T, {
-        let mut lse = try_vec::<T>(OP, &[dims.bh, dims.lq], lse_len)?;
-        lse.resize(lse_len, <T as Float>::ZERO);
-        if lse_len == 0 {
-            // No query row: nothing to compute (and no per-head list of mask offsets, which
-            // for 2^40 heads of no rows was the only large thing made).
-            let kept = if record {
-                Some(i.alloc(OP, dtype, 0)?)
-            } else {
-                None
-            };
-            return Ok((o, kept));
-        }
-        let mb = mask.map_or(bufs[0], |m| m.0);
-        let (os, [q, kk, vv, md]) = i.split_mut::<T, 4>(OP, o, [bufs[0], bufs[1], bufs[2], mb])?;
-        let offsets = mask
-            .map(|m| mask_view(&m.1, full, dims))
-            .unwrap_or_default();
-        let mv = mask.map(|_| AttnMask {
-            data: md,
-            offsets: &offsets.0,
-            rs: offsets.1,
-            cs: offsets.2,
-        });
-        let inputs = AttnInputs {
-            q,
-            k: kk,
-            v: vv,
-            mask: mv.as_ref(),
+    let mut lse = try_vec::<L>(OP, &[dims.bh, dims.lq], lse_len)?;
+    lse.resize(lse_len, L::ZERO);
+    if lse_len == 0 {
+        // No query row: nothing to compute (and no per-head list of mask offsets, which
+        // for 2^40 heads of no rows was the only large thing made).
+        let kept = if record {
+            Some(i.alloc(OP, L::DTYPE, 0)?)
+        } else {
+            None
         };
-        forward_threads(dims, &inputs, os, &mut lse, threads);
-        if !record {
-            return Ok((o, None));
-        }
-        let kept = i.alloc(OP, dtype, lse_len)?;
-        i.split_mut::<T, 0>(OP, kept, [])?.0.copy_from_slice(&lse);
-        Ok((o, Some(kept)))
-    })
+        return Ok((o, kept));
+    }
+    let mb = mask.map_or(bufs[0], |m| m.0);
+    let (os, [q, kk, vv, md]) = i.split_mut::<T, 4>(OP, o, [bufs[0], bufs[1], bufs[2], mb])?;
+    let offsets = mask
+        .map(|m| mask_view(&m.1, full, dims))
+        .unwrap_or_default();
+    let mv = mask.map(|_| AttnMask {
+        data: md,
+        offsets: &offsets.0,
+        rs: offsets.1,
+        cs: offsets.2,
+    });
+    let inputs = AttnInputs {
+        q,
+        k: kk,
+        v: vv,
+        mask: mv.as_ref(),
+        first: 0,
+    };
+    forward_threads(dims, os, &mut lse, threads, |h0, o, l| {
+        kernel(dims, &inputs, h0, o, l)
+    });
+    if !record {
+        return Ok((o, None));
+    }
+    let kept = i.alloc(OP, L::DTYPE, lse_len)?;
+    i.split_mut::<L, 0>(OP, kept, [])?.0.copy_from_slice(&lse);
+    Ok((o, Some(kept)))
 }
 
 /// Whether a CUDA device runs this problem with the fused kernels: unless a mask's leading axes
@@ -328,28 +360,27 @@ fn mask_view(ms: &[usize], full: &[usize], dims: &AttnDims) -> (Vec<usize>, usiz
     (offsets, st[r - 2], st[r - 1])
 }
 
-/// Splits the heads into one run of [`k::attention_forward`] per thread.
-fn forward_threads<T: Float + Gemm>(
+/// Splits the heads into one run of the forward `kernel` (`(first head, output part, lse
+/// part)`) per thread.
+fn forward_threads<T: Send, L: Send>(
     dims: &AttnDims,
-    inputs: &AttnInputs<'_, T>,
     o: &mut [T],
-    lse: &mut [T],
+    lse: &mut [L],
     threads: usize,
+    kernel: impl Fn(usize, &mut [T], &mut [L]) + Sync,
 ) {
     let (per, t) = split_heads(dims, threads);
     if t <= 1 {
-        k::attention_forward(dims, inputs, 0, o, lse);
+        kernel(0, o, lse);
         return;
     }
-    let parts: Vec<(usize, &mut [T], &mut [T])> = o
+    let parts: Vec<(usize, &mut [T], &mut [L])> = o
         .chunks_mut(per * dims.lq * dims.dv)
         .zip(lse.chunks_mut(per * dims.lq))
         .enumerate()
         .map(|(j, (o, l))| (j * per, o, l))
         .collect();
-    for_each_owned(parts, |_, (h0, o, l)| {
-        k::attention_forward(dims, inputs, *h0, o, l)
-    });
+    for_each_owned(parts, |_, (h0, o, l)| kernel(*h0, o, l));
 }
 
 /// Heads per thread and the number of threads: all heads on one thread unless there are
@@ -571,6 +602,10 @@ fn device_backward<'g>(
 /// A thread's first head and its parts of dq, dk and dv.
 type HeadGrads<'a, T> = (usize, &'a mut [T], &'a mut [T], &'a mut [T]);
 
+/// A host backward kernel for storage `T` whose rows' log-sum-exp is `L`.
+type BackwardKernel<T, L> =
+    fn(&AttnDims, &AttnInputs<'_, T>, &AttnSaved<'_, T, L>, (usize, usize), AttnGrads<'_, T>);
+
 fn fused_backward<'g>(
     nd: &AttnNode,
     c: &Ctx<'g>,
@@ -585,76 +620,118 @@ fn fused_backward<'g>(
     let mut guard = c.g.inner();
     let i = &mut *guard;
     let dtype = i.node(OP, q.id)?.dtype;
-    let [qb, kb, vb, ob, gb] = bufs_of(i, [q, kt, vt, c.out, c.gy])?;
+    let mut bufs = bufs_of(i, [q, kt, vt, c.out, c.gy])?;
+    // The gradient reaching a 16-bit output is of its dtype; one that is not (a caller's
+    // seed) is converted first.
+    let gy_dtype = i.node(OP, c.gy.id)?.dtype;
+    let converted = if gy_dtype != dtype {
+        let n = dims.bh * dims.lq * dims.dv;
+        let b = i.alloc(OP, dtype, n)?;
+        i.cast_into(OP, (bufs[4], gy_dtype), (b, dtype))?;
+        bufs[4] = b;
+        Some(b)
+    } else {
+        None
+    };
     let mask = match (mask, mask_shape) {
         (Some(m), Some(ms)) => Some((bufs_of(i, [m])?[0], ms)),
         _ => None,
     };
+    let args = (&dims, bufs, mask.as_ref(), &full[..], nd.kept_lse());
+    let all = match dtype {
+        DType::F64 => backward_in::<f64, f64>(i, args, k::attention_backward),
+        DType::BF16 => backward_in::<bf16, f32>(i, args, k::attention_backward_half),
+        DType::F16 => backward_in::<f16, f32>(i, args, k::attention_backward_half),
+        _ => backward_in::<f32, f32>(i, args, k::attention_backward),
+    }?;
+    if let Some(b) = converted {
+        i.release_buf(Device::Cpu, b)?;
+    }
     let (nq, nk, nv) = (
         dims.bh * dims.lq * dims.d,
         dims.bh * dims.lk * dims.d,
         dims.bh * dims.lk * dims.dv,
     );
-    let all = i.alloc(OP, dtype, nq + nk + nv)?;
-    let threads = i.threads;
-    let mb = mask.as_ref().map_or(qb, |m| m.0);
-    // Empty gradients are computed by doing nothing (no walk over heads of no rows, and no
-    // per-head list of mask offsets).
-    let empty = nq + nk + nv == 0;
-    with_float!(dtype, T, {
-        if empty {
-            return split_grads(i, c, [(qs, nq), (ks, nk), (vs, nv)], dtype, all);
-        }
-        let (out, ins) = i
-            .arena
-            .split_mut_many::<T>(all, &[qb, kb, vb, ob, nd.kept_lse(), gb, mb])
-            .map_err(|source| GraphError::Alloc { op: OP, source })?;
-        let offsets = mask
-            .as_ref()
-            .map(|m| mask_view(&m.1, &full, &dims))
-            .unwrap_or_default();
-        let mv = mask.as_ref().map(|_| AttnMask {
-            data: ins[6],
-            offsets: &offsets.0,
-            rs: offsets.1,
-            cs: offsets.2,
-        });
-        let (dq, rest) = out.split_at_mut(nq);
-        let (dk, dvv) = rest.split_at_mut(nk);
-        let (per, t) = split_heads(&dims, threads);
-        let run = |h0: usize, dq: &mut [T], dk: &mut [T], dv: &mut [T]| {
-            let heads = dq.len() / (dims.lq * dims.d).max(1);
-            let heads = if dims.d == 0 { per } else { heads };
-            let inputs = AttnInputs {
-                q: ins[0],
-                k: ins[1],
-                v: ins[2],
-                mask: mv.as_ref(),
-            };
-            let saved = AttnSaved {
-                o: ins[3],
-                lse: ins[4],
-                go: ins[5],
-            };
-            let grads = AttnGrads { dq, dk, dv };
-            k::attention_backward(&dims, &inputs, &saved, (h0, heads.min(dims.bh - h0)), grads)
-        };
-        if t <= 1 {
-            run(0, dq, dk, dvv);
-        } else {
-            let parts: Vec<HeadGrads<'_, T>> = dq
-                .chunks_mut(per * dims.lq * dims.d)
-                .zip(dk.chunks_mut(per * dims.lk * dims.d))
-                .zip(dvv.chunks_mut(per * dims.lk * dims.dv))
-                .enumerate()
-                .map(|(j, ((a, b), c))| (j * per, a, b, c))
-                .collect();
-            for_each_owned(parts, |_, (h0, a, b, c)| run(*h0, a, b, c));
-        }
-    });
     let grads = split_grads(i, c, [(qs, nq), (ks, nk), (vs, nv)], dtype, all)?;
     drop(guard);
     Ok(grads)
+}
+
+/// The gradients of `q`, `k` and `v` one after the other in a new buffer, by `kernel` in
+/// storage `T` (log-sum-exp `L`), threaded over heads.
+fn backward_in<T: Storage + Send + Sync, L: Storage + Float>(
+    i: &mut Inner,
+    (dims, [qb, kb, vb, ob, gb], mask, full, lse): (
+        &AttnDims,
+        [BufId; 5],
+        Option<&(BufId, Shape)>,
+        &[usize],
+        BufId,
+    ),
+    kernel: BackwardKernel<T, L>,
+) -> Result<BufId> {
+    let dims = *dims;
+    let (nq, nk, nv) = (
+        dims.bh * dims.lq * dims.d,
+        dims.bh * dims.lk * dims.d,
+        dims.bh * dims.lk * dims.dv,
+    );
+    let all = i.alloc(OP, T::DTYPE, nq + nk + nv)?;
+    // Empty gradients are computed by doing nothing (no walk over heads of no rows, and no
+    // per-head list of mask offsets).
+    if nq + nk + nv == 0 {
+        return Ok(all);
+    }
+    let threads = i.threads;
+    let mb = mask.map_or(qb, |m| m.0);
+    // The rows' log-sum-exp (of another type than the rest for 16-bit tensors), copied out.
+    let kept = i
+        .arena
+        .slice::<L>(lse)
+        .map_err(|source| GraphError::Alloc { op: OP, source })?;
+    let mut lse = try_vec::<L>(OP, &[dims.bh, dims.lq], kept.len())?;
+    lse.extend_from_slice(kept);
+    let lse = &lse[..];
+    let (out, [q, kk, vv, o, go, md]) = i.split_mut::<T, 6>(OP, all, [qb, kb, vb, ob, gb, mb])?;
+    let offsets = mask
+        .map(|m| mask_view(&m.1, full, &dims))
+        .unwrap_or_default();
+    let mv = mask.map(|_| AttnMask {
+        data: md,
+        offsets: &offsets.0,
+        rs: offsets.1,
+        cs: offsets.2,
+    });
+    let (dq, rest) = out.split_at_mut(nq);
+    let (dk, dvv) = rest.split_at_mut(nk);
+    let (per, t) = split_heads(&dims, threads);
+    let run = |h0: usize, dq: &mut [T], dk: &mut [T], dv: &mut [T]| {
+        let heads = dq.len() / (dims.lq * dims.d).max(1);
+        let heads = if dims.d == 0 { per } else { heads };
+        let inputs = AttnInputs {
+            q,
+            k: kk,
+            v: vv,
+            mask: mv.as_ref(),
+            first: 0,
+        };
+        let saved = AttnSaved { o, lse, go };
+        let grads = AttnGrads { dq, dk, dv };
+        kernel(&dims, &inputs, &saved, (h0, heads.min(dims.bh - h0)), grads)
+    };
+    if t <= 1 {
+        run(0, dq, dk, dvv);
+    } else {
+        let parts: Vec<HeadGrads<'_, T>> = dq
+            .chunks_mut(per * dims.lq * dims.d)
+            .zip(dk.chunks_mut(per * dims.lk * dims.d))
+            .zip(dvv.chunks_mut(per * dims.lk * dims.dv))
+            .enumerate()
+            .map(|(j, ((a, b), c))| (j * per, a, b, c))
+            .collect();
+        for_each_owned(parts, |_, (h0, a, b, c)| run(*h0, a, b, c));
+    }
+    Ok(all)
 }
 
 /// The gradients of `q`, `k` and `v` (each `(shape, len)`) as their own buffers, copied out of
@@ -663,14 +740,14 @@ fn split_grads<'g>(
     i: &mut Inner,
     c: &Ctx<'g>,
     parts: [(Shape, usize); 3],
-    dtype: arenagrad_exec::DType,
+    dtype: DType,
     all: BufId,
 ) -> Result<Grads<'g>> {
     let mut grads: Grads<'g> = SmallVec::new();
     let mut at = 0;
     for (shape, len) in parts {
         let b = i.alloc(OP, dtype, len)?;
-        with_float!(dtype, T, {
+        with_storage!(dtype, T, {
             let (dst, [src]) = i.split_mut::<T, 1>(OP, b, [all])?;
             dst.copy_from_slice(&src[at..at + len]);
         });

@@ -465,7 +465,7 @@ impl<'g> Tensor<'g> {
             let n = i.node(name, self.id)?;
             (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
-        if dtype.is_half() {
+        if dtype.is_half() && dev != Device::Cpu {
             drop(guard);
             return Tensor::lower([self], |[x]| x.dropout_seeded(p, seed));
         }
@@ -474,6 +474,10 @@ impl<'g> Tensor<'g> {
         let threads = i.threads;
         let scale = 1.0 / (1.0 - p);
         match dev {
+            Device::Cpu if dtype.is_half() => with_half!(dtype, H, {
+                let (o, [x]) = i.split_mut::<H, 1>(name, out, [xb])?;
+                cpu::dropout::dropout_half(x, seed, p, o, threads);
+            }),
             Device::Cpu => with_float!(dtype, T, {
                 let (o, [x]) = i.split_mut::<T, 1>(name, out, [xb])?;
                 cpu::dropout::dropout(x, seed, p, T::from_f64(scale), o, threads);

@@ -46,15 +46,7 @@ impl<'g> Tensor<'g> {
         let out = match dev {
             Device::Cpu => {
                 let out = i.alloc(op, dtype, len)?;
-                with_storage!(from, S, {
-                    with_storage!(dtype, D, {
-                        let (o, x, _) = i
-                            .arena
-                            .split_mixed::<D, S, S>(out, xb, xb)
-                            .map_err(|source| GraphError::Alloc { op, source })?;
-                        cpu::cast(x, o, threads);
-                    })
-                });
+                i.cast_into(op, (xb, from), (out, dtype))?;
                 out
             }
             Device::Cuda(_) => {
@@ -161,28 +153,14 @@ impl Inner {
         inputs: [(BufId, DType); N],
         f: impl FnOnce(&mut [f32], [&[f32]; N]),
     ) -> Result<()> {
-        let threads = self.threads;
         let mut wide = [out; N];
         let mut scratch = Vec::with_capacity(N + 1);
         for (w, &(buf, dtype)) in wide.iter_mut().zip(&inputs) {
-            if dtype == DType::F32 {
-                *w = buf;
-                continue;
-            }
-            let n = self
-                .arena
-                .len_of(buf)
-                .map_err(|source| GraphError::Alloc { op, source })?;
-            let b = self.alloc(op, DType::F32, n)?;
-            with_storage!(dtype, S, {
-                let (o, x, _) = self
-                    .arena
-                    .split_mixed::<f32, S, S>(b, buf, buf)
-                    .map_err(|source| GraphError::Alloc { op, source })?;
-                cpu::cast(x, o, threads);
-            });
+            let (b, fresh) = self.widen_scratch(op, buf, dtype)?;
             *w = b;
-            scratch.push(b);
+            if fresh {
+                scratch.push(b);
+            }
         }
         let wo = if out_dtype == DType::F32 {
             out
@@ -200,17 +178,51 @@ impl Inner {
             f(o, ins);
         }
         if wo != out {
-            with_storage!(out_dtype, D, {
-                let (o, w, _) = self
-                    .arena
-                    .split_mixed::<D, f32, f32>(out, wo, wo)
-                    .map_err(|source| GraphError::Alloc { op, source })?;
-                cpu::cast(w, o, threads);
-            });
+            self.cast_into(op, (wo, DType::F32), (out, out_dtype))?;
         }
         for b in scratch {
             self.release_buf(Device::Cpu, b)?;
         }
+        Ok(())
+    }
+
+    /// `buf` (of `dtype`) as an f32 buffer: itself when it is f32, else a new widened copy
+    /// (`true`: scratch the caller releases).
+    pub(crate) fn widen_scratch(
+        &mut self,
+        op: &'static str,
+        buf: BufId,
+        dtype: DType,
+    ) -> Result<(BufId, bool)> {
+        if dtype == DType::F32 {
+            return Ok((buf, false));
+        }
+        let n = self
+            .arena
+            .len_of(buf)
+            .map_err(|source| GraphError::Alloc { op, source })?;
+        let b = self.alloc(op, DType::F32, n)?;
+        self.cast_into(op, (buf, dtype), (b, DType::F32))?;
+        Ok((b, true))
+    }
+
+    /// Host buffer `src` converted into `dst` (same length; [`cpu::cast`]).
+    pub(crate) fn cast_into(
+        &mut self,
+        op: &'static str,
+        (src, from): (BufId, DType),
+        (dst, to): (BufId, DType),
+    ) -> Result<()> {
+        let threads = self.threads;
+        with_storage!(from, S, {
+            with_storage!(to, D, {
+                let (o, x, _) = self
+                    .arena
+                    .split_mixed::<D, S, S>(dst, src, src)
+                    .map_err(|source| GraphError::Alloc { op, source })?;
+                cpu::cast(x, o, threads);
+            })
+        });
         Ok(())
     }
 }

@@ -22,7 +22,9 @@ impl<'g> Tensor<'g> {
             let n = i.node(name, self.id)?;
             (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
-        if dtype.is_half() {
+        // A 16-bit sum runs the f32 kernel on a scratch widening (no recorded f32 copy); the
+        // maximum's backward compares and counts ties, which stays with the f32 rule.
+        if dtype.is_half() && (op == ReduceOp::Max || dev != Device::Cpu) {
             drop(guard);
             return Tensor::lower([self], |[x]| x.reduce(op, axes, keepdim));
         }
@@ -50,14 +52,28 @@ impl<'g> Tensor<'g> {
         };
         let len = kept.iter().product();
         let out = i.alloc_on(name, dev, dtype, len)?;
+        fn run<T: arenagrad_exec::Float>(
+            op: ReduceOp,
+            x: &[T],
+            shape: &[usize],
+            mask: &[bool],
+            o: &mut [T],
+        ) {
+            if mask.iter().all(|&m| m) && op == ReduceOp::Sum {
+                o[0] = cpu::sum_row(x);
+            } else {
+                cpu::reduce(op, x, shape, mask, o);
+            }
+        }
         match dev {
+            Device::Cpu if dtype.is_half() => {
+                i.in_f32(name, (out, dtype), [(xb, dtype)], |o, [x]| {
+                    run(op, x, &shape, &mask, o)
+                })?
+            }
             Device::Cpu => with_float!(dtype, T, {
                 let (o, [x]) = i.split_mut::<T, 1>(name, out, [xb])?;
-                if mask.iter().all(|&m| m) && op == ReduceOp::Sum {
-                    o[0] = cpu::sum_row(x);
-                } else {
-                    cpu::reduce(op, x, &shape, &mask, o);
-                }
+                run(op, x, &shape, &mask, o);
             }),
             Device::Cuda(_) => {
                 on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
