@@ -196,7 +196,7 @@ fn mlp_step(dims: &[usize], batch: usize) -> ((f64, f64, f64, f64), StepMemory) 
     train_step(
         &model,
         Box::new(opt),
-        &[batch, dims[0]],
+        (&[batch, dims[0]], None),
         classes,
         55,
         &mut rng,
@@ -204,8 +204,9 @@ fn mlp_step(dims: &[usize], batch: usize) -> ((f64, f64, f64, f64), StepMemory) 
 }
 
 /// The Fashion-MNIST example's CNN (conv3×3(1→32)-relu-maxpool2-conv3×3(32→64)-relu-maxpool2-
-/// linear(3136→128)-relu-linear(128→10)), one Adam step on a batch of 64 random images.
-fn cnn_step() -> ((f64, f64, f64, f64), StepMemory) {
+/// linear(3136→128)-relu-linear(128→10)), one Adam step on a batch of 64 random images; with
+/// `precision`, its forward under autocast to that dtype.
+fn cnn_step(precision: Option<DType>) -> ((f64, f64, f64, f64), StepMemory) {
     let mut rng = Rng::seed(0);
     let same = Conv2dConfig::default().padding(1);
     let model = Sequential::new()
@@ -220,15 +221,17 @@ fn cnn_step() -> ((f64, f64, f64, f64), StepMemory) {
         .add(ReLU)
         .add(Linear::new(128, 10, &mut rng).unwrap());
     let opt = Adam::new(model.parameters(), AdamConfig::new(1e-3)).unwrap();
-    train_step(&model, Box::new(opt), &[64, 1, 28, 28], 10, 35, &mut rng)
+    let shape = [64, 1, 28, 28];
+    train_step(&model, Box::new(opt), (&shape, precision), 10, 35, &mut rng)
 }
 
 /// Median (ms/step, fwd, bwd, opt) of `steps - 5` training steps (after 5 warm-up steps) of
-/// `model` on one random batch of `in_shape`, and the last step's memory.
+/// `model` on one random batch of `in_shape` (the forward under autocast to `precision` when
+/// given), and the last step's memory.
 fn train_step(
     model: &Sequential,
     mut opt: Box<dyn Optimizer>,
-    in_shape: &[usize],
+    (in_shape, precision): (&[usize], Option<DType>),
     classes: usize,
     steps: usize,
     rng: &mut Rng,
@@ -250,7 +253,10 @@ fn train_step(
         let t0 = Instant::now();
         opt.zero_grad();
         let xt = g.from_slice(&x, in_shape).unwrap();
-        let l = loss::cross_entropy(model.forward(&g, xt).unwrap(), &y).unwrap();
+        let l = {
+            let _mixed = precision.map(|d| g.autocast(d).unwrap());
+            loss::cross_entropy(model.forward(&g, xt).unwrap(), &y).unwrap()
+        };
         let t1 = Instant::now();
         mem.after_forward = g.stats().arena.bytes_in_use;
         l.backward().unwrap();
@@ -344,7 +350,7 @@ fn main() {
         w4();
     }
     if run("cnn") {
-        let ((ms, f, b, o), _) = cnn_step();
+        let ((ms, f, b, o), _) = cnn_step(None);
         println!(
             "| Fashion-MNIST CNN 32/64, b64 Adam step (random data) | {ms:.2} ms (fwd {f:.2}, bwd {b:.2}, opt {o:.2}) | |"
         );
@@ -386,6 +392,12 @@ fn main() {
         println!(
             "| char GPT step under bf16 autocast | {ms:.1} ms (fwd {f:.1}, bwd {b:.1}, opt {o:.1}) = {:.2}× the f32 step's {f32_ms:.1} ms | ≤ 0.65× |",
             ms / f32_ms
+        );
+        let ((cnn32, ..), _) = cnn_step(None);
+        let ((cnn, f, b, o), _) = cnn_step(Some(DType::BF16));
+        println!(
+            "| Fashion-MNIST CNN step under bf16 autocast | {cnn:.2} ms (fwd {f:.2}, bwd {b:.2}, opt {o:.2}) = {:.2}× the f32 step's {cnn32:.2} ms | ≤ 0.7× |",
+            cnn / cnn32
         );
         let mib = |b: usize| b as f64 / 1048576.0;
         println!(

@@ -246,8 +246,20 @@ fn run<'g>(
             }
             _ => false,
         };
+        // A slice whose input holds a gradient already adds into it (nothing to accumulate).
+        let added = match &op {
+            Op::Slice { axis, start } if plain => ops::shape::slice_backward_into_slot(
+                &mut g.inner(),
+                (*axis, *start),
+                ctx.inputs[0],
+                gid,
+            )?,
+            _ => false,
+        };
         let grads = if in_place {
             smallvec::smallvec![Some(ctx.gy)]
+        } else if added {
+            smallvec::smallvec![None]
         } else {
             ops::backward(&op, &ctx)?
         };

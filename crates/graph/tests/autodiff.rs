@@ -672,3 +672,53 @@ fn reshape_of_an_empty_tensor_refuses_extents_zeros_refuses() {
     );
     assert_eq!(e.shape().as_slice(), &[0, 3]);
 }
+
+/// Slices of one tensor (a fused projection's queries, keys and values) add their gradients
+/// into the one their input already holds: overlapping and disjoint slices give the summed
+/// gradient, in every dtype, and backward holds no zeroed full-size gradient per slice.
+#[test]
+fn slice_gradients_add_into_the_gradient_already_there() {
+    for dtype in [DType::F64, DType::F32, DType::BF16] {
+        let mut g = Graph::new();
+        let (rows, cols) = if cfg!(miri) { (6, 8) } else { (6, 4096) };
+        let vals: Vec<f64> = (0..rows * cols).map(|k| (k % 7) as f64 * 0.5).collect();
+        let x = g.leaf(&vals, &[rows, cols], dtype).unwrap();
+        let x = x.set_requires_grad(true).unwrap();
+        // Rows 0..2 weighted 1, rows 2..4 weighted 2, rows 1..5 weighted 3 (overlapping the
+        // first two), rows 4..6 never read but through the last slice.
+        let parts = [(0, 2, 1.0), (2, 4, 2.0), (1, 5, 3.0)];
+        let mut loss: Option<Tensor<'_>> = None;
+        for &(a, b, w) in &parts {
+            let s = x.slice(0, a, b).unwrap().scale(w).unwrap().sum().unwrap();
+            loss = Some(match loss {
+                None => s,
+                Some(l) => l.add(s).unwrap(),
+            });
+        }
+        let loss = loss.unwrap();
+        g.reset_peak_stats();
+        let before = g.stats().arena.bytes_in_use;
+        loss.backward().unwrap();
+        let grad = x.grad().unwrap().unwrap().to_vec_f64().unwrap();
+        for r in 0..rows {
+            let want: f64 = parts
+                .iter()
+                .filter(|&&(a, b, _)| (a..b).contains(&r))
+                .map(|&(_, _, w)| w)
+                .sum();
+            assert!(
+                grad[r * cols..(r + 1) * cols].iter().all(|&v| v == want),
+                "{dtype:?}: row {r} of the gradient is not {want}"
+            );
+        }
+        // One full-size gradient (the first slice's), the others added into it; never two
+        // full ones at once beside the per-slice pieces.
+        let full = rows * cols * dtype.size();
+        let grown = g.stats().arena.peak_bytes_in_use - before;
+        assert!(
+            grown < 2 * full,
+            "{dtype:?}: backward grew the arena by {grown} bytes for a {full}-byte gradient"
+        );
+        g.reset();
+    }
+}

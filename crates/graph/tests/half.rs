@@ -508,7 +508,11 @@ fn ops_widened_on_the_fly_equal_the_f32_op_on_widened_copies_bit_for_bit() {
             let top = b.iter().fold(0f64, |m, x| m.max(x.abs()));
             let tol = steps * top * dtype.epsilon();
             for (e, (x, y)) in a.iter().zip(&b).enumerate() {
-                let ok = if steps == 0.0 { x.to_bits() == y.to_bits() } else { (x - y).abs() <= tol };
+                let ok = if steps == 0.0 {
+                    x.to_bits() == y.to_bits()
+                } else {
+                    (x - y).abs() <= tol
+                };
                 assert!(ok, "{what} ({dtype:?}): element {e} is {x}, not {y}");
             }
         };
@@ -561,7 +565,11 @@ fn ops_widened_on_the_fly_equal_the_f32_op_on_widened_copies_bit_for_bit() {
         let df = xf.dropout(0.3, true).unwrap().to_dtype(dtype).unwrap();
         same("dropout", d, df);
         let s = d.sum_axes(&[0], false).unwrap();
-        let sf = df.to_dtype(DType::F32).unwrap().sum_axes(&[0], false).unwrap();
+        let sf = df
+            .to_dtype(DType::F32)
+            .unwrap()
+            .sum_axes(&[0], false)
+            .unwrap();
         same("sum over axis 0", s, sf.to_dtype(dtype).unwrap());
         let w = both(&[77], 3.3).0.detach().unwrap();
         s.mul(w).unwrap().sum().unwrap().backward().unwrap();
@@ -575,5 +583,56 @@ fn ops_widened_on_the_fly_equal_the_f32_op_on_widened_copies_bit_for_bit() {
             .unwrap();
         let xg = xf.grad().unwrap().unwrap().to_dtype(dtype).unwrap();
         same("dropout and sum: gradient", x.grad().unwrap().unwrap(), xg);
+    }
+}
+
+/// A bf16 convolution on the host is the batched bf16 product from the bias: each image's
+/// output within a rounding of the f32 convolution of the same values (a bias added per output
+/// row of every image, not only the first's), gradients included.
+#[test]
+fn bf16_convolutions_take_the_bf16_product_for_every_image() {
+    let g = Graph::new();
+    let vals = |n: usize, s: f64| -> Vec<f64> {
+        (0..n)
+            .map(|k| ((k as f64 * 0.53 + s).sin() * 64.0).round() / 64.0)
+            .collect()
+    };
+    let pair = |shape: &[usize], s: f64| {
+        let v = vals(shape.iter().product(), s);
+        let low = g.leaf(&v, shape, DType::BF16).unwrap();
+        let full = g.leaf(&v, shape, DType::F32).unwrap();
+        (
+            low.set_requires_grad(true).unwrap(),
+            full.set_requires_grad(true).unwrap(),
+        )
+    };
+    let (x, xf) = pair(&[3, 2, 6, 5], 0.2);
+    let (w, wf) = pair(&[4, 2, 3, 3], 1.1);
+    let (b, bf) = pair(&[4], 2.3);
+    let y = x
+        .conv2d_bias(w, Some(b), (1, 1), (1, 1), (1, 1), 1)
+        .unwrap();
+    let yf = xf
+        .conv2d_bias(wf, Some(bf), (1, 1), (1, 1), (1, 1), 1)
+        .unwrap();
+    assert_eq!(y.dtype(), DType::BF16);
+    let near = |what: &str, lo: Tensor<'_>, hi: Tensor<'_>| {
+        let want = hi.to_dtype(DType::BF16).unwrap().to_vec_f64().unwrap();
+        for (e, (a, b)) in lo.to_vec_f64().unwrap().iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= ulp(DType::BF16, *b),
+                "{what}: element {e} is {a}, not {b}"
+            );
+        }
+    };
+    near("conv2d", y, yf);
+    y.sum().unwrap().backward().unwrap();
+    yf.sum().unwrap().backward().unwrap();
+    for (lo, hi, what) in [(x, xf, "dx"), (w, wf, "dw"), (b, bf, "db")] {
+        near(
+            what,
+            lo.grad().unwrap().unwrap(),
+            hi.grad().unwrap().unwrap(),
+        );
     }
 }

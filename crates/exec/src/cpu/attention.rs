@@ -452,7 +452,13 @@ pub fn attention_forward_half<H: Storage>(
             first,
         };
         ow.resize(n * lq * dv, 0.0);
-        attention_forward(dims, &wide, first, &mut ow, &mut lse[g0 * lq..(g0 + n) * lq]);
+        attention_forward(
+            dims,
+            &wide,
+            first,
+            &mut ow,
+            &mut lse[g0 * lq..(g0 + n) * lq],
+        );
         H::store_f32(&ow, &mut o[g0 * lq * dv..(g0 + n) * lq * dv]);
     }
 }

@@ -197,6 +197,74 @@ pub fn gemm_bf16_on(
     accumulate: bool,
     threads: usize,
 ) {
+    if swaps(dims, &a, &b) {
+        // cᵀ = bᵀ·aᵀ, the same products in the same pairs and order (the bits of c), with the
+        // operand that packs slowly or wastes a panel's columns on the other side.
+        let Mnk { m, k, n } = dims;
+        let mut ct = vec![0f32; m * n];
+        if accumulate {
+            transpose_into(&c[..m * n], m, n, &mut ct);
+        }
+        fn flip(v: MatView<'_, bf16>) -> MatView<'_, bf16> {
+            MatView {
+                rs: v.cs,
+                cs: v.rs,
+                ..v
+            }
+        }
+        product_on(
+            kernel,
+            Mnk::new(n, k, m),
+            flip(b),
+            flip(a),
+            &mut ct,
+            accumulate,
+            threads,
+        );
+        transpose_into(&ct, n, m, &mut c[..m * n]);
+        return;
+    }
+    product_on(kernel, dims, a, b, c, accumulate, threads)
+}
+
+/// Whether [`gemm_bf16_on`] computes `c` as `(bᵀ·aᵀ)ᵀ`: when `b` has fewer columns than `a`
+/// rows and than a panel (most of each panel would be padding), or when `b` is read
+/// transposed (k contiguous, packed a column at a time) and has more columns than `a` rows
+/// while `a` is k-contiguous (its transpose packs as fast as `b` would).
+fn swaps(dims: Mnk, a: &MatView<'_, bf16>, b: &MatView<'_, bf16>) -> bool {
+    let Mnk { m, k, n } = dims;
+    if m == 0 || n == 0 || k == 0 {
+        return false;
+    }
+    let narrow = n < m && n < NR;
+    let transposed_b = b.rs == 1 && b.cs != 1 && a.cs == 1 && m < n;
+    narrow || transposed_b
+}
+
+/// `src` (rows × cols, row-major) transposed into `dst` (cols × rows).
+fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    const B: usize = 16;
+    for r0 in (0..rows).step_by(B) {
+        for c0 in (0..cols).step_by(B) {
+            for r in r0..(r0 + B).min(rows) {
+                for c in c0..(c0 + B).min(cols) {
+                    dst[c * rows + r] = src[r * cols + c];
+                }
+            }
+        }
+    }
+}
+
+/// [`gemm_bf16_on`] as given (no swap).
+fn product_on(
+    kernel: Bf16Kernel,
+    dims: Mnk,
+    a: MatView<'_, bf16>,
+    b: MatView<'_, bf16>,
+    c: &mut [f32],
+    accumulate: bool,
+    threads: usize,
+) {
     let Some(c) = product_output(dims, &a, &b, c, accumulate, 0.0) else {
         return;
     };
@@ -350,16 +418,45 @@ fn pack_b(b: MatView<'_, bf16>, k: usize, p0: usize, kc2: usize, n: usize, dst: 
     for (panel, out) in dst.chunks_exact_mut(kc2 * NR).enumerate() {
         let j0 = panel * NR;
         let cols = NR.min(n - j0);
+        if b.rs == 1 && b.cs != 1 {
+            // Read transposed (a column's k entries contiguous): blocks of 16 pairs (a cache
+            // line of each column) by the panel's columns, so that reads and writes both stay
+            // in the first-level cache.
+            let whole = (2 * (p0 + kc2)).min(k).saturating_sub(2 * p0) / 2;
+            const PB: usize = 16;
+            for pb in (0..whole).step_by(PB) {
+                let pe = (pb + PB).min(whole);
+                for c in 0..cols {
+                    let base = b.offset + (j0 + c) * b.cs + 2 * (p0 + pb);
+                    let col = &b.data[base..base + 2 * (pe - pb)];
+                    for (q, two) in col.chunks_exact(2).enumerate() {
+                        out[(pb + q) * NR + c] = pair(two[0], two[1]);
+                    }
+                }
+            }
+            for p in 0..kc2 {
+                let row = &mut out[p * NR..(p + 1) * NR];
+                if p >= whole {
+                    let kk = 2 * (p0 + p);
+                    for (c, slot) in row.iter_mut().enumerate().take(cols) {
+                        *slot = pair(at(kk, j0 + c), at(kk + 1, j0 + c));
+                    }
+                }
+                row[cols..].fill(0);
+            }
+            continue;
+        }
         for p in 0..kc2 {
             let kk = 2 * (p0 + p);
             let o = &mut out[p * NR..(p + 1) * NR];
-            if b.cs == 1 && cols == NR && kk + 1 < k {
-                // Two contiguous rows, interleaved.
-                let lo = &b.data[b.offset + kk * b.rs + j0..][..NR];
-                let hi = &b.data[b.offset + (kk + 1) * b.rs + j0..][..NR];
-                for c in 0..NR {
-                    o[c] = pair(lo[c], hi[c]);
+            if b.cs == 1 && kk + 1 < k {
+                // Two contiguous rows, interleaved (a last, partial panel padded with zeros).
+                let lo = &b.data[b.offset + kk * b.rs + j0..][..cols];
+                let hi = &b.data[b.offset + (kk + 1) * b.rs + j0..][..cols];
+                for ((slot, &l), &h) in o.iter_mut().zip(lo).zip(hi) {
+                    *slot = pair(l, h);
                 }
+                o[cols..].fill(0);
             } else {
                 for (c, slot) in o.iter_mut().enumerate() {
                     *slot = if c < cols {
@@ -620,17 +717,42 @@ mod tests {
     #[test]
     #[cfg_attr(miri, ignore)]
     fn transposed_operands_give_the_same_bits() {
-        let (m, k, n) = (14, 37, 35);
-        let a = bits(3, m * k);
-        let b = bits(4, k * n);
-        let at: Vec<bf16> = (0..k * m).map(|q| a[(q % m) * k + q / m]).collect();
-        let bt: Vec<bf16> = (0..n * k).map(|q| b[(q % k) * n + q / k]).collect();
-        let want = reference(Mnk::new(m, k, n), &a, &b, None);
-        let mut c = vec![0f32; m * n];
-        let av = MatView::row_major(&at, 0, m, true);
-        let bv = MatView::row_major(&bt, 0, k, true);
-        gemm_bf16(Mnk::new(m, k, n), av, bv, &mut c, false, 2);
-        assert!(same_bits(&c, &want));
+        // Odd k inside one block of pairs, and k over two blocks with a partial last panel.
+        for (m, k, n) in [(14, 37, 35), (9, 2 * KC2 + 53, 70)] {
+            let a = bits(3, m * k);
+            let b = bits(4, k * n);
+            let at: Vec<bf16> = (0..k * m).map(|q| a[(q % m) * k + q / m]).collect();
+            let bt: Vec<bf16> = (0..n * k).map(|q| b[(q % k) * n + q / k]).collect();
+            let want = reference(Mnk::new(m, k, n), &a, &b, None);
+            let mut c = vec![0f32; m * n];
+            let av = MatView::row_major(&at, 0, m, true);
+            let bv = MatView::row_major(&bt, 0, k, true);
+            gemm_bf16(Mnk::new(m, k, n), av, bv, &mut c, false, 2);
+            assert!(same_bits(&c, &want), "{m}×{k}×{n}");
+        }
+        // Products computed as (bᵀ·aᵀ)ᵀ: a narrow b, and a transposed b wider than a is tall;
+        // accumulating onto c too.
+        for (m, k, n, b_transposed) in [(40, 45, 9, false), (8, 2 * KC2 + 11, 70, true)] {
+            assert!(swaps(
+                Mnk::new(m, k, n),
+                &MatView::row_major(&[], 0, k, false),
+                &MatView::row_major(&[], 0, if b_transposed { k } else { n }, b_transposed),
+            ));
+            let a = bits(5, m * k);
+            let b = bits(6, k * n);
+            let bt: Vec<bf16> = (0..n * k).map(|q| b[(q % k) * n + q / k]).collect();
+            let start: Vec<f32> = (0..m * n).map(|q| q as f32 * 0.25 - 3.0).collect();
+            let want = reference(Mnk::new(m, k, n), &a, &b, Some(&start));
+            let mut c = start.clone();
+            let bv = if b_transposed {
+                MatView::row_major(&bt, 0, k, true)
+            } else {
+                MatView::row_major(&b, 0, n, false)
+            };
+            let av = MatView::row_major(&a, 0, k, false);
+            gemm_bf16(Mnk::new(m, k, n), av, bv, &mut c, true, 2);
+            assert!(same_bits(&c, &want), "{m}×{k}×{n}, swapped");
+        }
     }
 
     /// The definition's edges on the hardware instruction itself, where the CPU has it: the

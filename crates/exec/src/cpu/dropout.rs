@@ -6,8 +6,8 @@
 //! decisions from `(s, i)`, in any order and on any thread. (A 64-bit SplitMix finaliser cost a
 //! fifth of the character GPT's step in forward and backward together; this one a few percent.)
 
-use super::par::{par_chunks_mut, PAR_MIN_ELEMS};
 use super::cast::{Storage, BLOCK};
+use super::par::{par_chunks_mut, PAR_MIN_ELEMS};
 use crate::Float;
 
 /// The multiplier of the mixer's first round (the CUDA kernels' `DROPOUT_MIX_1`).

@@ -15,9 +15,9 @@ use arenagrad_alloc::BufId;
 use arenagrad_exec::cpu::attention::{
     self as k, AttnDims, AttnGrads, AttnInputs, AttnMask, AttnSaved,
 };
+use arenagrad_exec::cpu::cast::Storage;
 use arenagrad_exec::cpu::thread_pool::for_each_owned;
 use arenagrad_exec::layout::broadcast_strides;
-use arenagrad_exec::cpu::cast::Storage;
 use arenagrad_exec::{bf16, f16, DType, Float};
 use smallvec::{smallvec, SmallVec};
 
@@ -82,7 +82,9 @@ impl<'g> Tensor<'g> {
         {
             return q.scaled_dot_product_attention(k, v, AttentionOptions { mask, ..opts });
         }
-        if Tensor::any_half(&[Some(self), Some(k), Some(v), opts.mask])? && !same_half([Some(self), Some(k), Some(v), opts.mask])? {
+        if Tensor::any_half(&[Some(self), Some(k), Some(v), opts.mask])?
+            && !same_half([Some(self), Some(k), Some(v), opts.mask])?
+        {
             return self.attention_lowered(k, v, opts);
         }
         let (qs, ks, vs) = (self.try_shape()?, k.try_shape()?, v.try_shape()?);
@@ -265,7 +267,13 @@ fn host_forward(
 /// log-sum-exp on the host, then copied into the arena when kept.
 fn host_forward_in<T: Storage + Send + Sync, L: Storage + Float>(
     i: &mut Inner,
-    (dims, bufs, mask, full, record): (&AttnDims, &[BufId], Option<&(BufId, Shape)>, &[usize], bool),
+    (dims, bufs, mask, full, record): (
+        &AttnDims,
+        &[BufId],
+        Option<&(BufId, Shape)>,
+        &[usize],
+        bool,
+    ),
     kernel: ForwardKernel<T, L>,
 ) -> Result<(BufId, Option<BufId>)> {
     let (o_len, lse_len) = (dims.bh * dims.lq * dims.dv, dims.bh * dims.lq);

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use arenagrad_alloc::BufId;
-use arenagrad_exec::cpu::{self, Window};
+use arenagrad_exec::cpu::{self, Mnk, Window};
 use arenagrad_exec::Float;
 use smallvec::{smallvec, SmallVec};
 
@@ -150,18 +150,33 @@ impl<'g> Tensor<'g> {
         let out = i.alloc(op, dtype, len)?;
         let threads = i.threads;
         let d = cpu::ConvDims { o, k, l, n };
-        with_float!(dtype, T, {
-            match bb {
-                Some(bb) => {
-                    let (y, [wv, cv, bv]) = i.split_mut::<T, 3>(op, out, [wb, cb, bb])?;
-                    cpu::conv_gemm_forward(wv, cv, Some(bv), d, y, threads);
+        if dtype == DType::BF16 {
+            // Image t's product W [o, k] · cols[:, t·l..(t+1)·l] (row stride n·l) into its
+            // [o, l] block, each starting from the bias column.
+            let offs: Vec<usize> = (0..n).map(|t| t * l).collect();
+            super::matmul::product_bf16(
+                i,
+                op,
+                [wb, cb, out],
+                (&vec![0; n], &offs),
+                Mnk::new(o, k, l),
+                [(k, false), (n * l, false)],
+                bb.map(|b| (b, o, 1)),
+            )?;
+        } else {
+            with_float!(dtype, T, {
+                match bb {
+                    Some(bb) => {
+                        let (y, [wv, cv, bv]) = i.split_mut::<T, 3>(op, out, [wb, cb, bb])?;
+                        cpu::conv_gemm_forward(wv, cv, Some(bv), d, y, threads);
+                    }
+                    None => {
+                        let (y, [wv, cv]) = i.split_mut::<T, 2>(op, out, [wb, cb])?;
+                        cpu::conv_gemm_forward(wv, cv, None, d, y, threads);
+                    }
                 }
-                None => {
-                    let (y, [wv, cv]) = i.split_mut::<T, 2>(op, out, [wb, cb])?;
-                    cpu::conv_gemm_forward(wv, cv, None, d, y, threads);
-                }
-            }
-        });
+            });
+        }
         let inputs: SmallVec<[NodeId; 3]> = match bias {
             Some(b) => smallvec![w.id, self.id, b.id],
             None => smallvec![w.id, self.id],
@@ -214,7 +229,17 @@ impl<'g> Tensor<'g> {
         {
             return x.conv2d_bias(w, b, stride, padding, dilation, groups);
         }
-        if Tensor::any_half(&[Some(self), Some(weight), bias])? {
+        // bf16 on the host takes the batched product below (bf16 pairs, f32 sums from the
+        // bias, rounded once); other 16-bit cases run the f32 convolution on widened copies.
+        let bf16_host = groups == 1
+            && self.device() == Device::Cpu
+            && [Some(self), Some(weight), bias]
+                .iter()
+                .flatten()
+                .try_fold(true, |all, t| {
+                    Ok::<_, GraphError>(all && t.dtype_of(op)? == DType::BF16)
+                })?;
+        if !bf16_host && Tensor::any_half(&[Some(self), Some(weight), bias])? {
             return match bias {
                 Some(b) => Tensor::lower([self, weight, b], |[x, w, b]| {
                     x.conv2d_bias(w, Some(b), stride, padding, dilation, groups)

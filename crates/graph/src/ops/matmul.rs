@@ -540,7 +540,7 @@ fn product_into_param<'g>(
 /// `views` holds each operand's row length and whether it is read transposed. With `start`
 /// (`c`, its rows, its columns: 1 or the output's), the one product is added to `c` broadcast
 /// over it, in f32, before the one rounding (`addmm`).
-fn product_bf16(
+pub(crate) fn product_bf16(
     i: &mut crate::graph::Inner,
     name: &'static str,
     [ab, bb, out]: [BufId; 3],
@@ -558,8 +558,9 @@ fn product_bf16(
             .split_mixed::<f32, bf16, bf16>(acc, cb, cb)
             .map_err(|source| GraphError::Alloc { op: name, source })?;
         let n = dims.n;
+        // Every product of the batch starts from `c` (a product's row `r` is row `r mod m`).
         for (r, row) in o.chunks_mut(n.max(1)).enumerate() {
-            let cr = if c_rows == 1 { 0 } else { r };
+            let cr = if c_rows == 1 { 0 } else { r % c_rows };
             if c_cols == 1 {
                 row.fill(c[cr].to_f32());
             } else {
@@ -572,15 +573,26 @@ fn product_bf16(
             .arena
             .split_mixed::<f32, bf16, bf16>(acc, ab, bb)
             .map_err(|source| GraphError::Alloc { op: name, source })?;
-        for (t, (&ao, &bo)) in a_offs.iter().zip(b_offs).enumerate() {
+        let product = |t: usize, o: &mut [f32], threads: usize| {
             cpu::bf16::gemm_bf16(
                 dims,
-                MatView::row_major(x, ao, a_cols, ta),
-                MatView::row_major(y, bo, b_cols, tb),
-                &mut o[t * per..(t + 1) * per],
+                MatView::row_major(x, a_offs[t], a_cols, ta),
+                MatView::row_major(y, b_offs[t], b_cols, tb),
+                o,
                 start.is_some(),
                 threads,
-            );
+            )
+        };
+        let batch = a_offs.len();
+        let work = dims.m.saturating_mul(dims.k).saturating_mul(dims.n);
+        if batch >= 4 * threads || (batch > 1 && work < 1 << 20) {
+            // Many products (a convolution's images), or small ones: whole products to each
+            // thread, as the f32 products run, not each product split over threads in turn.
+            cpu::par::par_rows_mut(o, per, threads, 0, |t, o| product(t, o, 1));
+        } else {
+            for (t, o) in o.chunks_mut(per.max(1)).enumerate().take(batch) {
+                product(t, o, threads);
+            }
         }
     }
     {

@@ -804,6 +804,59 @@ pub(crate) fn slice_backward<'g>(axis: usize, start: usize, c: &Ctx<'g>) -> Resu
     one(c.gy.place(axis, start, c.input(0).shape()[axis])?)
 }
 
+/// Slice's backward added straight into the gradient its input already holds, when that
+/// gradient is a temporary only the walk holds (as the other slices of one tensor — a fused
+/// projection's queries, keys and values — find it): no zeroed full-size gradient per slice,
+/// and the same sums (the other elements add zeros). `gid` is the slice's incoming gradient;
+/// `false` when the input holds no such gradient yet.
+pub(crate) fn slice_backward_into_slot(
+    i: &mut Inner,
+    (axis, start): (usize, usize),
+    input: crate::graph::NodeId,
+    gid: crate::graph::NodeId,
+) -> Result<bool> {
+    let op = "slice_backward";
+    let n = i.node(op, input)?;
+    if !n.requires_grad || n.tape_pos == crate::graph::NO_POS {
+        return Ok(false);
+    }
+    let (full, dtype) = (copy_of(&n.shape), n.dtype);
+    let Some(&Some(old)) = i.grad_slots.get(n.tape_pos as usize) else {
+        return Ok(false);
+    };
+    let (on, gn) = (i.node(op, old)?, i.node(op, gid)?);
+    if !on.temp
+        || on.grad_refs != 1
+        || on.device() != Device::Cpu
+        || gn.device() != Device::Cpu
+        || on.dtype != dtype
+        || gn.dtype != dtype
+        || on.shape[..] != full[..]
+    {
+        return Ok(false);
+    }
+    let (ob, gb, len) = (on.buf, gn.buf, gn.shape.get(axis).copied().unwrap_or(0));
+    let outer: usize = full[..axis].iter().product();
+    let inner: usize = full[axis + 1..].iter().product();
+    let (row, part) = (full[axis] * inner, len * inner);
+    with_storage!(dtype, T, {
+        match i.arena.split_unique::<T, 1>(ob, [gb]) {
+            Ok((acc, [src])) => {
+                for o in 0..outer {
+                    let dst = &mut acc[o * row + start * inner..][..part];
+                    for (a, &b) in dst.iter_mut().zip(&src[o * part..(o + 1) * part]) {
+                        *a = T::sum_of(*a, b);
+                    }
+                }
+            }
+            // A view shares the gradient's buffer.
+            Err(arenagrad_alloc::AllocError::NotUnique { .. }) => return Ok(false),
+            Err(source) => return Err(GraphError::Alloc { op, source }),
+        }
+    });
+    Ok(true)
+}
+
 /// The backward of slice's adjoint: slicing again.
 pub(crate) fn slice_backward_backward<'g>(
     axis: usize,
