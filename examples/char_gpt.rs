@@ -7,7 +7,7 @@
 //!     [--context 128] [--layers 4] [--heads 4] [--dim 128] [--dropout 0.1] [--lr 3e-3]
 //!     [--warmup 100] [--weight-decay 0.1] [--clip 1.0] [--eval-every 250] [--seed 0]
 //!     [--init PATH] [--order random|fixed] [--log-every N] [--checkpoint PATH] [--resume]
-//!     [--until STEP]
+//!     [--until STEP] [--precision f32|bf16|f16]
 //!     [--prompt TEXT] [--generate 400] [--temperature 0.8] [--top-k 40] [--plot char_gpt.png]
 //! ```
 //!
@@ -21,6 +21,10 @@
 //! `--resume` continues from it and ends with the weights an uninterrupted run would have
 //! (`--until STEP` stops early, as an interruption would).
 //!
+//! `--precision bf16` runs the forward and the evaluations under bf16 autocast (matrix products
+//! and attention in bf16, the weights, their gradients and AdamW in f32); `--precision f16` the
+//! same in f16 with loss scaling.
+//!
 //! `--init` starts from weights in a safetensors file (the parameter names of `nn::Gpt`),
 //! `--order fixed` takes batches in the fixed order of `TextCorpus::fixed_batch`, and
 //! `--log-every` prints the loss of every N-th step: with `scripts/torch_char_gpt.py --init` the
@@ -32,18 +36,19 @@ use std::time::Instant;
 
 use arenagrad::nn::checkpoint::{self, Progress};
 use arenagrad::nn::data::{Split, TextCorpus};
-use arenagrad::nn::optim::{
-    clip_grad_norm, AdamConfig, AdamW, LrSchedule, Optimizer, WarmupCosineLr,
-};
+use arenagrad::nn::optim::{AdamConfig, AdamW, LrSchedule, Optimizer, WarmupCosineLr};
 use arenagrad::nn::{Gpt, GptConfig, Module, NnError, Rng, Sampling};
 use arenagrad::prelude::*;
 
 #[path = "common/font.rs"]
 mod font;
+#[path = "common/precision.rs"]
+mod precision;
 #[path = "common/setup.rs"]
 mod setup;
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use precision::Precision;
 use setup::{drop_probability, non_negative_real, positive, positive_real};
 
 /// Trains a character-level GPT on Debian's fortune cookies and generates text.
@@ -112,6 +117,9 @@ struct Args {
     /// --steps)
     #[arg(long, value_parser = positive)]
     until: Option<usize>,
+    /// The forward's precision: f32, or bf16/f16 autocast (f16 with loss scaling)
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    precision: Precision,
     /// Text the generation starts from
     #[arg(long, default_value = "The meaning of life is")]
     prompt: String,
@@ -138,15 +146,16 @@ enum Order {
 }
 
 /// The mean loss over validation windows at `starts` (batches of `batch`), in scopes: memory
-/// stays flat however many windows.
+/// stays flat however many windows. The forward in the run's `precision`.
 fn valid_loss(
     model: &Gpt,
     g: &Graph,
     corpus: &TextCorpus,
     starts: &[usize],
-    batch: usize,
-    context: usize,
+    (batch, context): (usize, usize),
+    precision: Precision,
 ) -> Result<f64, NnError> {
+    let _mixed = precision.autocast(g)?;
     let mut total = 0.0;
     for chunk in starts.chunks(batch) {
         let (x, y) = corpus.batch_at(Split::Valid, context, chunk)?;
@@ -275,11 +284,15 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         args.steps,
         args.lr / 10.0,
     )?;
+    let mut scaler = args.precision.scaler()?;
     let mut start = 0usize;
     let (mut train_curve, mut valid_curve) = (Vec::new(), Vec::new());
     if args.resume {
         let p = checkpoint::load_training(&args.checkpoint, &model, &mut opt)?;
         start = p.step as usize;
+        if let (Some(s), Some(state)) = (scaler.as_mut(), p.scaler) {
+            s.load_state(state)?;
+        }
         if let Some(r) = p.rng {
             rng = r;
         }
@@ -313,7 +326,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "arenagrad char-gpt: {} parameters ({} layers, {} heads, width {}, context {}), {} files, \
          {nt} training / {nv} validation documents ({} / {} bytes), batch {}, AdamW lr {} \
-         (warmup {}, cosine), {} threads",
+         (warmup {}, cosine), {}, {} threads",
         model.num_parameters(),
         cfg.layers,
         cfg.heads,
@@ -325,6 +338,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         args.batch,
         args.lr,
         args.warmup,
+        args.precision.describe(),
         g.threads()
     );
     // The periodic validation: 20 batches at fixed offsets, the same each time.
@@ -357,12 +371,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         };
         schedule.apply(&mut opt, step)?;
         opt.zero_grad();
-        let l = model.loss(&g, &x, &y, args.batch, args.context)?;
-        l.backward()?;
-        let lv = l.item()?;
+        let lv = {
+            let _mixed = args.precision.autocast(&g)?;
+            let l = model.loss(&g, &x, &y, args.batch, args.context)?;
+            precision::backward(l, scaler.as_ref())?
+        };
         g.reset();
-        clip_grad_norm(opt.parameters(), args.clip)?;
-        opt.step()?;
+        precision::step(&mut opt, scaler.as_mut(), Some(args.clip))?;
         if args.log_every.is_some_and(|e| step.is_multiple_of(e)) {
             bar.suspend(|| println!("step {step} loss {lv:.6}"));
         }
@@ -378,7 +393,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let tps = (done * tokens_per_step) as f64 / t0.elapsed().as_secs_f64();
         if (step + 1) % args.eval_every == 0 || step + 1 == end {
             model.eval();
-            let v = valid_loss(&model, &g, &corpus, &probe, args.batch, args.context)?;
+            let v = valid_loss(
+                &model,
+                &g,
+                &corpus,
+                &probe,
+                (args.batch, args.context),
+                args.precision,
+            )?;
             g.reset();
             valid_curve.push((step + 1, v));
             // A checkpoint at every evaluation: an interrupted run resumes from the last.
@@ -397,7 +419,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     ),
                 ]
                 .into(),
-                scaler: None,
+                scaler: scaler.as_ref().map(|s| s.state()),
             };
             checkpoint::save_training(&args.checkpoint, &model, &opt, &progress).map_err(|e| {
                 setup::write_failed("the checkpoint", "--checkpoint", &args.checkpoint, e)
@@ -434,7 +456,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     model.eval();
     let starts = corpus.sequential_starts(Split::Valid, args.context)?;
     let tv = Instant::now();
-    let full = valid_loss(&model, &g, &corpus, &starts, args.batch, args.context)?;
+    let full = valid_loss(
+        &model,
+        &g,
+        &corpus,
+        &starts,
+        (args.batch, args.context),
+        args.precision,
+    )?;
     g.reset();
     println!(
         "validation loss over the whole validation text ({} windows): {full:.4} ({:.2} bits per \

@@ -6,7 +6,8 @@
 //! cargo run --release --example fashion_mnist -- [--data DIR] [--model cnn|mlp]
 //!     [--epochs 2] [--batch 64] [--lr 2e-3] [--schedule cosine|constant] [--channels 32,64]
 //!     [--limit N] [--seed 0] [--checkpoint PATH] [--resume] [--until EPOCH] [--init PATH]
-//!     [--order shuffled|fixed] [--steps N] [--log-every N] [--plot fashion_mnist.png]
+//!     [--order shuffled|fixed] [--steps N] [--log-every N] [--precision f32|bf16|f16]
+//!     [--plot fashion_mnist.png]
 //! ```
 //!
 //! The checkpoint holds the model, Adam's state and the progress (steps and epochs done, the
@@ -19,6 +20,10 @@
 //! anneals over them) and `--log-every` prints the loss of every N-th step: with
 //! `scripts/torch_fashion_mnist.py --init` they run the same training as PyTorch from the same
 //! initial weights, step for step.
+//!
+//! `--precision bf16` runs the forward and the evaluation under bf16 autocast (convolutions and
+//! linear layers in bf16, the weights, their gradients and Adam in f32); `--precision f16` the
+//! same in f16 with loss scaling.
 //!
 //! The data are the IDX files of Debian's `dataset-fashion-mnist` package
 //! (`/usr/share/datasets/fashion-mnist/` by default). The CNN is
@@ -40,10 +45,13 @@ use arenagrad::prelude::*;
 mod fashion;
 #[path = "common/font.rs"]
 mod font;
+#[path = "common/precision.rs"]
+mod precision;
 #[path = "common/setup.rs"]
 mod setup;
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use precision::Precision;
 use setup::{positive, positive_real};
 
 /// Trains a CNN (or an MLP) on Fashion-MNIST on the CPU and reports test accuracy per epoch.
@@ -100,6 +108,9 @@ struct Args {
     /// Print the loss of every N-th step
     #[arg(long, value_parser = positive)]
     log_every: Option<usize>,
+    /// The forward's precision: f32, or bf16/f16 autocast (f16 with loss scaling)
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    precision: Precision,
     /// Where to write the training curves (PNG)
     #[arg(long, default_value = "fashion_mnist.png")]
     plot: PathBuf,
@@ -229,13 +240,19 @@ fn plot(
     Ok(())
 }
 
-fn evaluate(model: &Sequential, g: &mut Graph, test: &Dataset) -> Result<f64, NnError> {
+fn evaluate(
+    model: &Sequential,
+    g: &mut Graph,
+    test: &Dataset,
+    precision: Precision,
+) -> Result<f64, NnError> {
     let mut correct = 0;
     // Modest batches: the arena holds every intermediate of an iteration until its reset.
     for batch in test.batches(250)? {
         let (x, y) = batch?;
         let n = {
             let _ng = g.no_grad();
+            let _mixed = precision.autocast(g)?;
             let logits = model.forward(g, g.from_host(&x)?)?;
             metrics::correct(logits, &y)?
         };
@@ -283,12 +300,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or(usize::MAX)
         .min(args.epochs * per_epoch);
     let cosine = CosineAnnealingLr::new(args.lr, total.max(1), 0.0)?;
+    let mut scaler = args.precision.scaler()?;
     let mut step = 0usize;
     // For the picture: the running loss at each step, the test accuracy after each epoch.
     let (mut loss_curve, mut acc_curve) = (Vec::new(), Vec::<(usize, f64)>::new());
     if args.resume {
         let p = checkpoint::load_training(&args.checkpoint, &model, &mut opt)?;
         step = p.step as usize;
+        if let (Some(s), Some(state)) = (scaler.as_mut(), p.scaler) {
+            s.load_state(state)?;
+        }
         if let Some(r) = p.rng {
             rng = r;
         }
@@ -321,7 +342,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut g = Graph::new();
     g.seed(args.seed);
     println!(
-        "arenagrad fashion-mnist: model {} ({} parameters), {} train / {} test images, batch {}, Adam lr {}{}, {} threads",
+        "arenagrad fashion-mnist: model {} ({} parameters), {} train / {} test images, batch {}, Adam lr {}{}, {}, {} threads",
         args.model.name(),
         model.num_parameters(),
         train.len(),
@@ -333,6 +354,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             ""
         },
+        args.precision.describe(),
         g.threads()
     );
     for epoch in acc_curve.len() + 1..=args.until.unwrap_or(args.epochs) {
@@ -367,12 +389,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 cosine.apply(&mut opt, step)?;
             }
             opt.zero_grad();
-            let logits = model.forward(&g, g.from_host(&x)?)?;
-            let l = loss::cross_entropy(logits, &y)?;
-            l.backward()?;
-            let lv = l.item()?;
+            let lv = {
+                let _mixed = args.precision.autocast(&g)?;
+                let logits = model.forward(&g, g.from_host(&x)?)?;
+                precision::backward(loss::cross_entropy(logits, &y)?, scaler.as_ref())?
+            };
             g.reset();
-            opt.step()?;
+            precision::step(&mut opt, scaler.as_mut(), None)?;
             if args.log_every.is_some_and(|e| step.is_multiple_of(e)) {
                 bar.suspend(|| println!("step {step} loss {lv:.6}"));
             }
@@ -403,7 +426,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         bar.finish_and_clear();
         let secs = t0.elapsed().as_secs_f64();
         model.eval();
-        let acc = evaluate(&model, &mut g, &test)?;
+        let acc = evaluate(&model, &mut g, &test, args.precision)?;
         acc_curve.push((epoch, acc * 100.0));
         // A checkpoint after every epoch: an interrupted run resumes from the last.
         let progress = Progress {
@@ -417,7 +440,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 ),
             ]
             .into(),
-            scaler: None,
+            scaler: scaler.as_ref().map(|s| s.state()),
         };
         checkpoint::save_training(&args.checkpoint, &model, &opt, &progress).map_err(|e| {
             setup::write_failed("the checkpoint", "--checkpoint", &args.checkpoint, e)
@@ -443,7 +466,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut fresh_opt = Adam::new(fresh.parameters(), AdamConfig::new(args.lr))?;
     checkpoint::load_training(&args.checkpoint, &fresh, &mut fresh_opt)?;
     fresh.eval();
-    let acc = evaluate(&fresh, &mut g, &test)?;
+    let acc = evaluate(&fresh, &mut g, &test, args.precision)?;
     println!(
         "checkpoint {} reloaded into a fresh model: test accuracy {:.2}%",
         args.checkpoint.display(),

@@ -239,6 +239,15 @@ fn bufs_of<const N: usize>(i: &Inner, ts: [Tensor<'_>; N]) -> Result<[BufId; N]>
     Ok(std::array::from_fn(|k| bufs[k]))
 }
 
+/// The problem as the host kernels take it: its dimensions, the mask's buffer and shape, and
+/// the weights' shape `[…, lq, lk]` the mask broadcasts to.
+#[derive(Clone, Copy)]
+struct HostProblem<'a> {
+    dims: &'a AttnDims,
+    mask: Option<&'a (BufId, Shape)>,
+    full: &'a [usize],
+}
+
 /// A host forward kernel for storage `T` whose rows' log-sum-exp is `L`.
 type ForwardKernel<T, L> = fn(&AttnDims, &AttnInputs<'_, T>, usize, &mut [T], &mut [L]);
 
@@ -254,7 +263,7 @@ fn host_forward(
     dtype: DType,
     record: bool,
 ) -> Result<(BufId, Option<BufId>)> {
-    let args = (dims, bufs, mask, full, record);
+    let args = (HostProblem { dims, mask, full }, bufs, record);
     match dtype {
         DType::F64 => host_forward_in::<f64, f64>(i, args, k::attention_forward),
         DType::BF16 => host_forward_in::<bf16, f32>(i, args, k::attention_forward_half),
@@ -267,15 +276,10 @@ fn host_forward(
 /// log-sum-exp on the host, then copied into the arena when kept.
 fn host_forward_in<T: Storage + Send + Sync, L: Storage + Float>(
     i: &mut Inner,
-    (dims, bufs, mask, full, record): (
-        &AttnDims,
-        &[BufId],
-        Option<&(BufId, Shape)>,
-        &[usize],
-        bool,
-    ),
+    (p, bufs, record): (HostProblem<'_>, &[BufId], bool),
     kernel: ForwardKernel<T, L>,
 ) -> Result<(BufId, Option<BufId>)> {
+    let HostProblem { dims, mask, full } = p;
     let (o_len, lse_len) = (dims.bh * dims.lq * dims.dv, dims.bh * dims.lq);
     let o = i.alloc(OP, T::DTYPE, o_len)?;
     let threads = i.threads;
@@ -645,7 +649,12 @@ fn fused_backward<'g>(
         (Some(m), Some(ms)) => Some((bufs_of(i, [m])?[0], ms)),
         _ => None,
     };
-    let args = (&dims, bufs, mask.as_ref(), &full[..], nd.kept_lse());
+    let p = HostProblem {
+        dims: &dims,
+        mask: mask.as_ref(),
+        full: &full,
+    };
+    let args = (p, bufs, nd.kept_lse());
     let all = match dtype {
         DType::F64 => backward_in::<f64, f64>(i, args, k::attention_backward),
         DType::BF16 => backward_in::<bf16, f32>(i, args, k::attention_backward_half),
@@ -669,15 +678,10 @@ fn fused_backward<'g>(
 /// storage `T` (log-sum-exp `L`), threaded over heads.
 fn backward_in<T: Storage + Send + Sync, L: Storage + Float>(
     i: &mut Inner,
-    (dims, [qb, kb, vb, ob, gb], mask, full, lse): (
-        &AttnDims,
-        [BufId; 5],
-        Option<&(BufId, Shape)>,
-        &[usize],
-        BufId,
-    ),
+    (p, [qb, kb, vb, ob, gb], lse): (HostProblem<'_>, [BufId; 5], BufId),
     kernel: BackwardKernel<T, L>,
 ) -> Result<BufId> {
+    let HostProblem { dims, mask, full } = p;
     let dims = *dims;
     let (nq, nk, nv) = (
         dims.bh * dims.lq * dims.d,
