@@ -636,3 +636,61 @@ fn bf16_convolutions_take_the_bf16_product_for_every_image() {
         );
     }
 }
+
+/// A layer norm storing its output in 16 bits gives `layer_norm(…).to_dtype(…)`, forward and
+/// backward, bit for bit, without keeping the f32 output.
+#[test]
+fn a_layer_norm_stored_in_16_bits_is_the_f32_norm_rounded() {
+    for dtype in [DType::BF16, DType::F16] {
+        let g = Graph::new();
+        let vals = |n: usize, s: f64| -> Vec<f64> {
+            (0..n).map(|k| (k as f64 * 0.71 + s).sin() * 2.0).collect()
+        };
+        let leaf = |n: usize, shape: &[usize], s: f64| {
+            g.leaf(&vals(n, s), shape, DType::F32)
+                .unwrap()
+                .set_requires_grad(true)
+                .unwrap()
+        };
+        let (x, w, b) = (
+            leaf(64 * 256, &[64, 256], 0.1),
+            leaf(256, &[256], 0.9),
+            leaf(256, &[256], 1.7),
+        );
+        let (x2, w2, b2) = (
+            leaf(64 * 256, &[64, 256], 0.1),
+            leaf(256, &[256], 0.9),
+            leaf(256, &[256], 1.7),
+        );
+        let before = g.stats().arena.bytes_in_use;
+        let y = x.layer_norm_as(1, Some(w), Some(b), 1e-5, dtype).unwrap();
+        let grown = g.stats().arena.bytes_in_use - before;
+        let y2 = x2
+            .layer_norm(1, Some(w2), Some(b2), 1e-5)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        assert_eq!(y.dtype(), dtype);
+        let bits = |t: Tensor<'_>| {
+            t.to_vec_f64()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(y), bits(y2), "{dtype:?}: forward");
+        // The 16-bit output and the rows' statistics, no f32 output.
+        assert!(
+            grown < 64 * 256 * 4,
+            "{dtype:?}: the norm kept {grown} bytes, as much as an f32 output"
+        );
+        let up = g.leaf(&vals(64 * 256, 3.3), &[64, 256], dtype).unwrap();
+        y.mul(up).unwrap().sum().unwrap().backward().unwrap();
+        y2.mul(up).unwrap().sum().unwrap().backward().unwrap();
+        for (a, b, what) in [(x, x2, "dx"), (w, w2, "dw"), (b, b2, "db")] {
+            let (ga, gb) = (a.grad().unwrap().unwrap(), b.grad().unwrap().unwrap());
+            assert_eq!(ga.dtype(), DType::F32, "{what}");
+            assert_eq!(bits(ga), bits(gb), "{dtype:?}: {what}");
+        }
+    }
+}

@@ -13,7 +13,7 @@
 //! # Ok::<(), arenagrad_nn::NnError>(())
 //! ```
 
-use arenagrad_graph::{Graph, GraphError, HostDataMut, Parameter, Storage, Tensor};
+use arenagrad_graph::{DType, Graph, GraphError, HostDataMut, Parameter, Storage, Tensor};
 
 use crate::error::{input_shape, NnError, Result};
 
@@ -229,6 +229,19 @@ pub fn layer_norm<'g>(
 ) -> Result<Tensor<'g>> {
     trailing_axes("layer_norm", x, normalized_ndim)?;
     Ok(x.layer_norm(normalized_ndim, weight, bias, eps)?)
+}
+
+/// [`layer_norm`] with its output stored in `dtype` (rounded once): what a product under
+/// autocast would cast it to, without the full-precision copy ([`Tensor::layer_norm_as`]).
+pub fn layer_norm_as<'g>(
+    x: Tensor<'g>,
+    normalized_ndim: usize,
+    (weight, bias): (Option<Tensor<'g>>, Option<Tensor<'g>>),
+    eps: f64,
+    dtype: DType,
+) -> Result<Tensor<'g>> {
+    trailing_axes("layer_norm", x, normalized_ndim)?;
+    Ok(x.layer_norm_as(normalized_ndim, weight, bias, eps, dtype)?)
 }
 
 /// Refuses normalising `ndim` trailing axes of `x` when it has fewer (or `ndim` is 0).

@@ -1,12 +1,14 @@
 //! Changing a tensor's dtype, and how ops take the 16-bit dtypes.
 //!
 //! `bf16` and `f16` are storage dtypes: an op whose operands are stored in them computes in
-//! `f32` and rounds its result once when it stores it, as PyTorch's CPU kernels do. Ops without
-//! a 16-bit kernel of their own reach that rule the same way ([`Tensor::lower`]): their 16-bit
-//! operands are widened to `f32` (exactly), the `f32` op runs, and its output is rounded back —
-//! recorded as casts, so the gradient takes the same path backwards (a 16-bit tensor's gradient is stored in its dtype,
-//! rounded once from the `f32` rule's result, as in PyTorch). Operands of different dtypes meet
-//! in the wider ([`DType::promote`]): `bf16` with `f32` computes and stores `f32`.
+//! `f32` and rounds its result once when it stores it, as PyTorch's CPU kernels do. Ops with a
+//! 16-bit path of their own (elementwise ops, dropout, data movement, bf16 products and
+//! convolutions, attention, sums) widen block by block or into scratch ([`Inner::in_f32`]);
+//! the others reach the rule through [`Tensor::lower`]: their 16-bit operands are widened to
+//! `f32` (exactly), the `f32` op runs, and its output is rounded back — recorded as casts, so
+//! the gradient takes the same path backwards (a 16-bit tensor's gradient is stored in its
+//! dtype, rounded once from the `f32` rule's result, as in PyTorch). Operands of different
+//! dtypes meet in the wider ([`DType::promote`]): `bf16` with `f32` computes and stores `f32`.
 
 use arenagrad_exec::{cpu, DType};
 

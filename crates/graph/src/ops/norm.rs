@@ -19,7 +19,7 @@ use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
 use crate::host::try_vec;
 use crate::shape::{copy_of, Shape};
-use crate::{Device, Tensor};
+use crate::{DType, Device, Tensor};
 
 /// What the norm's node keeps: its kind, `eps`, the row length, which affine inputs follow `x`,
 /// and the per-row statistics `[mean, rstd]` (`None` when the op is not recorded: then they
@@ -49,6 +49,38 @@ impl<'g> Tensor<'g> {
         self.norm_impl("layer_norm", false, normalized_ndim, weight, bias, eps)
     }
 
+    /// [`Tensor::layer_norm`] with its output stored in `dtype`: computed as `layer_norm` and
+    /// rounded once, the values `layer_norm(…).to_dtype(dtype)` gives, without keeping the
+    /// full-precision output. What a norm feeding a product under [`crate::Graph::autocast`]
+    /// wants: the product would cast its operand to the 16-bit dtype anyway (PyTorch runs
+    /// `layer_norm` in f32 there and casts). The gradient flows back in the input's dtype.
+    pub fn layer_norm_as(
+        self,
+        normalized_ndim: usize,
+        weight: Option<Tensor<'g>>,
+        bias: Option<Tensor<'g>>,
+        eps: f64,
+        dtype: DType,
+    ) -> Result<Tensor<'g>> {
+        let x = self.dtype_of("layer_norm")?;
+        let params = [weight, bias];
+        let all_f32 = params.iter().flatten().try_fold(true, |all, t| {
+            Ok::<_, GraphError>(all && t.dtype_of("layer_norm")? == DType::F32)
+        })?;
+        if x == dtype || x != DType::F32 || !all_f32 || self.device() != Device::Cpu {
+            return self
+                .layer_norm(normalized_ndim, weight, bias, eps)?
+                .to_dtype(dtype);
+        }
+        self.norm_impl_as(
+            ("layer_norm", false),
+            normalized_ndim,
+            (weight, bias),
+            eps,
+            dtype,
+        )
+    }
+
     /// RMS normalisation over the last `normalized_ndim` axes, PyTorch's `rms_norm`:
     /// `x/√(mean(x²) + eps)·weight`, `weight` (optional) of the shape of those axes. PyTorch's
     /// `eps=None` is the dtype's machine epsilon, [`crate::DType::epsilon`].
@@ -69,6 +101,20 @@ impl<'g> Tensor<'g> {
         weight: Option<Tensor<'g>>,
         bias: Option<Tensor<'g>>,
         eps: f64,
+    ) -> Result<Tensor<'g>> {
+        let dtype = self.dtype_of(op)?;
+        self.norm_impl_as((op, rms), ndim, (weight, bias), eps, dtype)
+    }
+
+    /// The norm, its output stored in `out` (the input's dtype, or a 16-bit one for an f32
+    /// input on the host: [`Tensor::layer_norm_as`]).
+    fn norm_impl_as(
+        self,
+        (op, rms): (&'static str, bool),
+        ndim: usize,
+        (weight, bias): (Option<Tensor<'g>>, Option<Tensor<'g>>),
+        eps: f64,
+        out_dtype: DType,
     ) -> Result<Tensor<'g>> {
         if Tensor::any_half(&[Some(self), weight, bias])? {
             let norm = |x: Tensor<'g>, w, b| x.norm_impl(op, rms, ndim, w, b, eps);
@@ -175,6 +221,15 @@ impl<'g> Tensor<'g> {
                 }
             }
         };
+        let out = if out_dtype == dtype {
+            out
+        } else {
+            // Rounded once into the asked dtype; the full-precision output was scratch.
+            let narrow = i.alloc(op, out_dtype, numel)?;
+            i.cast_into(op, (out, dtype), (narrow, out_dtype))?;
+            i.release_buf(Device::Cpu, out)?;
+            narrow
+        };
         let node = NormNode {
             rms,
             eps,
@@ -183,7 +238,7 @@ impl<'g> Tensor<'g> {
             bias: bias.is_some(),
             stats,
         };
-        let id = i.push(copy_of(&shape), dtype, out, Op::Norm(node), &inputs);
+        let id = i.push(copy_of(&shape), out_dtype, out, Op::Norm(node), &inputs);
         drop(guard);
         Ok(self.g.handle(id))
     }
@@ -256,7 +311,17 @@ pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
         let xn = i.node(op, x.id)?;
         (xn.dtype, xn.buf)
     };
-    let gb = i.node(op, c.gy.id)?.buf;
+    // A norm that stored its output in a 16-bit dtype ([`Tensor::layer_norm_as`]) gets its
+    // gradient in that dtype: widened into scratch for the f32 kernels.
+    let (gb, widened) = {
+        let gn = i.node(op, c.gy.id)?;
+        let (gb, gd) = (gn.buf, gn.dtype);
+        if gd == dtype {
+            (gb, false)
+        } else {
+            i.widen_scratch(op, gb, gd)?
+        }
+    };
     let wb = w.map(|w| i.node(op, w.id).map(|wn| wn.buf)).transpose()?;
     let stats = nd
         .stats
@@ -311,6 +376,9 @@ pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
                 }
             )
         }
+    }
+    if widened {
+        i.release_buf(Device::Cpu, gb)?;
     }
     let mut out: Grads<'g> = SmallVec::new();
     let dx = i.push_on(dev, shape, dtype, dx, Op::Leaf, &[]);

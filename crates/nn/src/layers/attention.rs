@@ -386,18 +386,27 @@ impl TransformerBlock {
     ) -> Result<Tensor<'g>> {
         let a = self
             .self_attn
-            .forward_cached(g, self.norm1.forward(g, x)?, cache)?;
+            .forward_cached(g, self.norm1.forward_for_product(g, x)?, cache)?;
         let x = x.add(a)?;
-        let h = self.linear1.forward(g, self.norm2.forward(g, x)?)?.gelu()?;
+        let h = self
+            .linear1
+            .forward(g, self.norm2.forward_for_product(g, x)?)?
+            .gelu()?;
         Ok(x.add(self.linear2.forward(g, h)?)?)
     }
 }
 
 impl Module for TransformerBlock {
     fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
-        let a = self.self_attn.forward(g, self.norm1.forward(g, x)?)?;
+        // Each norm feeds a product: under autocast it stores what the product reads.
+        let a = self
+            .self_attn
+            .forward(g, self.norm1.forward_for_product(g, x)?)?;
         let x = x.add(self.dropout.forward(g, a)?)?;
-        let h = self.linear1.forward(g, self.norm2.forward(g, x)?)?.gelu()?;
+        let h = self
+            .linear1
+            .forward(g, self.norm2.forward_for_product(g, x)?)?
+            .gelu()?;
         let h = self.linear2.forward(g, self.dropout.forward(g, h)?)?;
         Ok(x.add(self.dropout.forward(g, h)?)?)
     }

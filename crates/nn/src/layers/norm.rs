@@ -304,8 +304,20 @@ impl LayerNorm {
     }
 }
 
-impl Module for LayerNorm {
-    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+impl LayerNorm {
+    /// The output as the matrix product after the norm will read it: under
+    /// [`Graph::autocast`] to a 16-bit dtype, a layer norm of an f32 input stores its output in
+    /// that dtype — the values the product's cast would make (PyTorch computes the norm in f32
+    /// and casts), without an f32 copy kept for the iteration. Otherwise [`Module::forward`].
+    pub fn forward_for_product<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        match g.autocast_dtype() {
+            Some(d) if !self.rms && x.dtype() == DType::F32 => self.apply(g, x, Some(d)),
+            _ => self.apply(g, x, None),
+        }
+    }
+
+    /// The norm, its output stored in `out` when given.
+    fn apply<'g>(&self, g: &'g Graph, x: Tensor<'g>, out: Option<DType>) -> Result<Tensor<'g>> {
         let s = x.try_shape()?;
         let k = self.normalized_shape.len();
         if s.len() < k || s[s.len() - k..] != self.normalized_shape[..] {
@@ -327,7 +339,16 @@ impl Module for LayerNorm {
             return F::rms_norm(x, k, w, self.eps);
         }
         let b = self.bias.as_ref().map(|p| g.param(p)).transpose()?;
-        F::layer_norm(x, k, w, b, self.eps)
+        match out {
+            Some(d) => F::layer_norm_as(x, k, (w, b), self.eps, d),
+            None => F::layer_norm(x, k, w, b, self.eps),
+        }
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.apply(g, x, None)
     }
 
     fn visit(&self, v: &mut Visitor<'_>) {

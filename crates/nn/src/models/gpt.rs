@@ -199,7 +199,7 @@ impl Gpt {
 
     /// The final norm and the tied projection to the vocabulary: `[b, l, d]` → `[b, l, vocab]`.
     fn head<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
-        let x = self.ln_f.forward(g, x)?;
+        let x = self.ln_f.forward_for_product(g, x)?;
         F::linear(x, g.param(self.tok_emb.weight())?, None)
     }
 
