@@ -5,7 +5,7 @@ Runs `bench_core` (built first with `cargo build --release --example bench_core`
 workloads in PyTorch in this process, and prints one table with both figures and their ratio.
 The machine's speed drifts between runs; the ratio measured in one run is the figure to compare.
 
-    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,bf16] [--candle] [--rounds N]
+    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,bf16,amp] [--candle] [--rounds N]
 
 `--rounds N` alternates the two sides N times (arenagrad's run, then PyTorch's, and again) and
 prints the medians, and the median of each round's ratio: on a machine whose speed drifts over
@@ -104,14 +104,16 @@ def torch_w2(torch, n, quick):
     return median(t) * 1e9 / length
 
 
-def torch_step(torch, net, opt, x, y, steps=50, warmup=5):
+def torch_step(torch, net, opt, x, y, steps=50, warmup=5, amp=False):
     import torch.nn.functional as F
 
     t = []
     for s in range(steps + warmup):
         t0 = time.perf_counter()
         opt.zero_grad()
-        F.cross_entropy(net(x), y).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss = F.cross_entropy(net(x), y)
+        loss.backward()
         opt.step()
         if s >= warmup:
             t.append(time.perf_counter() - t0)
@@ -131,7 +133,9 @@ def torch_mlp(torch, dims, batch):
     return torch_step(torch, net, opt, x, y)
 
 
-def torch_cnn(torch):
+def torch_cnn(torch, amp=False):
+    """The Fashion-MNIST CNN's Adam step, seconds; with amp, the forward under
+    torch.autocast("cpu", dtype=torch.bfloat16) as bench_core --only amp runs ours."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from torch_common import fashion_cnn
 
@@ -139,7 +143,7 @@ def torch_cnn(torch):
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     x = torch.randn(64, 1, 28, 28)
     y = torch.randint(0, 10, (64,))
-    return torch_step(torch, net, opt, x, y, steps=30)
+    return torch_step(torch, net, opt, x, y, steps=30, amp=amp)
 
 
 def torch_attention(torch, quick):
@@ -154,6 +158,30 @@ def torch_attention(torch, quick):
         o.sum().backward()
         times.append(time.perf_counter() - t0)
         q.grad = k.grad = v.grad = None
+    return median(times[3:])
+
+
+def torch_gpt_amp(torch, quick):
+    """The char GPT's training step (as torch_gpt) with the forward and loss under
+    torch.autocast("cpu", dtype=torch.bfloat16): median seconds."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import torch.nn.functional as F
+    from torch_char_gpt import Gpt, param_groups
+
+    model = Gpt(256, 128, 4, 4, 128, 0.1)
+    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=3e-3, weight_decay=0.1)
+    x = torch.randint(0, 256, (32, 128))
+    y = torch.randint(0, 256, (32, 128))
+    times = []
+    for _ in range(3 + (8 if quick else 20)):
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        times.append(time.perf_counter() - t0)
     return median(times[3:])
 
 
@@ -223,10 +251,12 @@ ROWS = [
     ("w2_1", "| W2 tiny-op chain, 1 element", "ns/op"),
     ("w3", "| W3 MLP 784-512-512-10", "ms"),
     ("w4", "| W4 MLP 64-64-64-10", "µs"),
-    ("cnn", "| Fashion-MNIST CNN", "ms"),
+    ("cnn", "| Fashion-MNIST CNN 32/64", "ms"),
     ("attn", "| causal attention [32, 4, 128, 32] fwd+bwd, fused", "ms"),
     ("gpt", "| char GPT step (", "ms"),
     ("gpt_gen", "| char GPT generation, batch 1", "tokens/s"),
+    ("gpt_amp", "| char GPT step under bf16 autocast |", "ms"),
+    ("cnn_amp", "| Fashion-MNIST CNN step under bf16 autocast |", "ms"),
     ("w5", "| W5 LSTM 128→256, seq 64, batch 1, SGD step, nn::LSTM (fused)", "ms"),
     ("w5_cells", "| W5 LSTM 128→256, seq 64, batch 1, SGD step, LSTMCell loop", "ms"),
     ("w6", "| W6 LSTM 128→256, seq 64, batch 32, SGD step, nn::LSTM (fused)", "ms"),
@@ -251,6 +281,8 @@ LABELS = {
     "attn": "causal attention [32, 4, 128, 32] fwd+bwd (PyTorch's SDPA), ms",
     "gpt": "char GPT training step (4×128, ctx 128, b32, AdamW, clip), ms",
     "gpt_gen": "char GPT generation, batch 1, key/value cache, tokens/s (higher is better)",
+    "gpt_amp": "char GPT training step under bf16 autocast (torch.autocast on the CPU), ms",
+    "cnn_amp": "Fashion-MNIST CNN Adam step under bf16 autocast, ms",
     "w5": "W5 LSTM 128→256 seq 64 b1 SGD step: nn::LSTM vs nn.LSTM, ms",
     "w5_vs_cells": "W5: nn::LSTM vs PyTorch's nn.LSTMCell loop, ms",
     "w5_cells": "W5: LSTMCell loop vs nn.LSTMCell loop, ms",
@@ -327,6 +359,9 @@ def main():
         if "gpt" in only:
             step, tps = torch_gpt(torch, args.quick)
             theirs["gpt"], theirs["gpt_gen"] = step * 1e3, tps
+        if "amp" in only:
+            theirs["gpt_amp"] = torch_gpt_amp(torch, args.quick) * 1e3
+            theirs["cnn_amp"] = torch_cnn(torch, amp=True) * 1e3
         if "lstm" in only:
             for w, batch in (("w5", 1), ("w6", 32)):
                 theirs[w] = torch_lstm(torch, batch, False, args.quick) * 1e3
