@@ -161,9 +161,10 @@ def torch_attention(torch, quick):
     return median(times[3:])
 
 
-def torch_gpt_amp(torch, quick):
-    """The char GPT's training step (as torch_gpt) with the forward and loss under
-    torch.autocast("cpu", dtype=torch.bfloat16): median seconds."""
+def gpt_step_seconds(torch, quick, amp):
+    """The char GPT of scripts/torch_char_gpt.py: median seconds of a training step (batch 32 of
+    random bytes, AdamW with decay groups, clipping); with amp, the forward and the loss under
+    torch.autocast("cpu", dtype=torch.bfloat16). Returns the model too."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import torch.nn.functional as F
     from torch_char_gpt import Gpt, param_groups
@@ -175,37 +176,20 @@ def torch_gpt_amp(torch, quick):
     times = []
     for _ in range(3 + (8 if quick else 20)):
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
             loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         times.append(time.perf_counter() - t0)
-    return median(times[3:])
+    return median(times[3:]), model
 
 
 def torch_gpt(torch, quick):
-    """The char GPT of scripts/torch_char_gpt.py: median seconds of a training step (batch 32 of
-    random bytes, AdamW with decay groups, clipping) and generation tokens/s at batch 1 with a
+    """The char GPT's training step (gpt_step_seconds) and generation tokens/s at batch 1 with a
     key/value cache, as bench_core --only gpt measures arenagrad's."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import torch.nn.functional as F
-    from torch_char_gpt import Gpt, param_groups
-
-    model = Gpt(256, 128, 4, 4, 128, 0.1)
-    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=3e-3, weight_decay=0.1)
-    x = torch.randint(0, 256, (32, 128))
-    y = torch.randint(0, 256, (32, 128))
-    times = []
-    for _ in range(3 + (8 if quick else 20)):
-        t0 = time.perf_counter()
-        loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        times.append(time.perf_counter() - t0)
+    step, model = gpt_step_seconds(torch, quick, amp=False)
     model.eval()
     gen = torch.Generator().manual_seed(0)
     prompt = list(b"The meaning of life is")
@@ -213,7 +197,7 @@ def torch_gpt(torch, quick):
     n = 300 if quick else 2000
     t0 = time.perf_counter()
     model.generate(prompt, n, 0.8, 40, gen)
-    return median(times[3:]), n / (time.perf_counter() - t0)
+    return step, n / (time.perf_counter() - t0)
 
 
 def torch_lstm(torch, batch, cells, quick):
@@ -360,7 +344,7 @@ def main():
             step, tps = torch_gpt(torch, args.quick)
             theirs["gpt"], theirs["gpt_gen"] = step * 1e3, tps
         if "amp" in only:
-            theirs["gpt_amp"] = torch_gpt_amp(torch, args.quick) * 1e3
+            theirs["gpt_amp"] = gpt_step_seconds(torch, args.quick, amp=True)[0] * 1e3
             theirs["cnn_amp"] = torch_cnn(torch, amp=True) * 1e3
         if "lstm" in only:
             for w, batch in (("w5", 1), ("w6", 32)):

@@ -417,6 +417,16 @@ fn widen_mask<'a, H: Storage>(
     })
 }
 
+/// The widened mask as the f32 kernels read it.
+fn widened_view<'w, H>(wm: &'w Option<(Vec<f32>, AttnMask<'w, H>)>) -> Option<AttnMask<'w, f32>> {
+    wm.as_ref().map(|(w, m)| AttnMask {
+        data: w.as_slice(),
+        offsets: m.offsets,
+        rs: m.rs,
+        cs: m.cs,
+    })
+}
+
 /// [`attention_forward`] for 16-bit storage: heads `h0..h0 + o.len()/(lq·dv)` in groups, each
 /// group's queries, keys and values widened to f32, run by the f32 kernel, and its output
 /// rounded once; `lse` stays f32. The values of the f32 kernel on the widened tensors, rounded.
@@ -433,12 +443,7 @@ pub fn attention_forward_half<H: Storage>(
     }
     let heads = lse.len() / lq;
     let wm = widen_mask(inputs.mask);
-    let mask = wm.as_ref().map(|(w, m)| AttnMask {
-        data: w.as_slice(),
-        offsets: m.offsets,
-        rs: m.rs,
-        cs: m.cs,
-    });
+    let mask = widened_view(&wm);
     let group = half_group(lq * (d + dv) + lk * (d + dv));
     let (mut qw, mut kw, mut vw, mut ow) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for g0 in (0..heads).step_by(group) {
@@ -475,12 +480,7 @@ pub fn attention_backward_half<H: Storage>(
 ) {
     let (lq, lk, d, dv) = (dims.lq, dims.lk, dims.d, dims.dv);
     let wm = widen_mask(inputs.mask);
-    let mask = wm.as_ref().map(|(w, m)| AttnMask {
-        data: w.as_slice(),
-        offsets: m.offsets,
-        rs: m.rs,
-        cs: m.cs,
-    });
+    let mask = widened_view(&wm);
     let group = half_group(2 * (lq * (d + dv) + lk * (d + dv)));
     let mut w: [Vec<f32>; 5] = Default::default();
     let (mut dq, mut dk, mut dvv) = (Vec::new(), Vec::new(), Vec::new());

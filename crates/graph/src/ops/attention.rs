@@ -248,6 +248,28 @@ struct HostProblem<'a> {
     full: &'a [usize],
 }
 
+/// A mask's per-head offsets and its row and column strides ([`mask_view`]).
+type MaskLayout = (Vec<usize>, usize, usize);
+
+impl HostProblem<'_> {
+    /// The mask's layout for the kernels (empty without a mask).
+    fn mask_layout(&self) -> MaskLayout {
+        self.mask
+            .map(|m| mask_view(&m.1, self.full, self.dims))
+            .unwrap_or_default()
+    }
+
+    /// The mask as the kernels read it: its elements `data` laid out by `layout`.
+    fn kernel_mask<'a, T>(&self, data: &'a [T], layout: &'a MaskLayout) -> Option<AttnMask<'a, T>> {
+        self.mask.map(|_| AttnMask {
+            data,
+            offsets: &layout.0,
+            rs: layout.1,
+            cs: layout.2,
+        })
+    }
+}
+
 /// A host forward kernel for storage `T` whose rows' log-sum-exp is `L`.
 type ForwardKernel<T, L> = fn(&AttnDims, &AttnInputs<'_, T>, usize, &mut [T], &mut [L]);
 
@@ -279,7 +301,7 @@ fn host_forward_in<T: Storage + Send + Sync, L: Storage + Float>(
     (p, bufs, record): (HostProblem<'_>, &[BufId], bool),
     kernel: ForwardKernel<T, L>,
 ) -> Result<(BufId, Option<BufId>)> {
-    let HostProblem { dims, mask, full } = p;
+    let HostProblem { dims, mask, .. } = p;
     let (o_len, lse_len) = (dims.bh * dims.lq * dims.dv, dims.bh * dims.lq);
     let o = i.alloc(OP, T::DTYPE, o_len)?;
     let threads = i.threads;
@@ -297,15 +319,8 @@ fn host_forward_in<T: Storage + Send + Sync, L: Storage + Float>(
     }
     let mb = mask.map_or(bufs[0], |m| m.0);
     let (os, [q, kk, vv, md]) = i.split_mut::<T, 4>(OP, o, [bufs[0], bufs[1], bufs[2], mb])?;
-    let offsets = mask
-        .map(|m| mask_view(&m.1, full, dims))
-        .unwrap_or_default();
-    let mv = mask.map(|_| AttnMask {
-        data: md,
-        offsets: &offsets.0,
-        rs: offsets.1,
-        cs: offsets.2,
-    });
+    let layout = p.mask_layout();
+    let mv = p.kernel_mask(md, &layout);
     let inputs = AttnInputs {
         q,
         k: kk,
@@ -681,7 +696,7 @@ fn backward_in<T: Storage + Send + Sync, L: Storage + Float>(
     (p, [qb, kb, vb, ob, gb], lse): (HostProblem<'_>, [BufId; 5], BufId),
     kernel: BackwardKernel<T, L>,
 ) -> Result<BufId> {
-    let HostProblem { dims, mask, full } = p;
+    let HostProblem { dims, mask, .. } = p;
     let dims = *dims;
     let (nq, nk, nv) = (
         dims.bh * dims.lq * dims.d,
@@ -705,15 +720,8 @@ fn backward_in<T: Storage + Send + Sync, L: Storage + Float>(
     lse.extend_from_slice(kept);
     let lse = &lse[..];
     let (out, [q, kk, vv, o, go, md]) = i.split_mut::<T, 6>(OP, all, [qb, kb, vb, ob, gb, mb])?;
-    let offsets = mask
-        .map(|m| mask_view(&m.1, full, &dims))
-        .unwrap_or_default();
-    let mv = mask.map(|_| AttnMask {
-        data: md,
-        offsets: &offsets.0,
-        rs: offsets.1,
-        cs: offsets.2,
-    });
+    let layout = p.mask_layout();
+    let mv = p.kernel_mask(md, &layout);
     let (dq, rest) = out.split_at_mut(nq);
     let (dk, dvv) = rest.split_at_mut(nk);
     let (per, t) = split_heads(&dims, threads);
