@@ -694,3 +694,77 @@ fn a_layer_norm_stored_in_16_bits_is_the_f32_norm_rounded() {
         }
     }
 }
+
+/// Two edges of the 16-bit paths: attention with no queries writes zero gradients for its keys
+/// and values (not whatever an earlier iteration left in the arena), and a 16-bit layer norm's
+/// rule under create_graph hands its f32 bias an f32 gradient.
+#[test]
+fn edges_of_the_16_bit_attention_and_norm() {
+    use arenagrad_graph::{grad, AttentionOptions, BackwardOptions};
+    let mut g = Graph::new();
+    // An earlier iteration leaves non-zero bytes in the arena.
+    let junk = g.full(&[1 << 16], 7.0, DType::F32).unwrap();
+    let _ = junk.exp().unwrap().sum().unwrap();
+    g.reset();
+    let leaf = |shape: &[usize]| {
+        let n = shape.iter().product();
+        g.leaf(&vec![0.5; n], shape, DType::BF16)
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap()
+    };
+    let (q, k, v) = (
+        leaf(&[1, 2, 0, 8]),
+        leaf(&[1, 2, 4, 8]),
+        leaf(&[1, 2, 4, 8]),
+    );
+    let y = q
+        .scaled_dot_product_attention(k, v, AttentionOptions::default())
+        .unwrap();
+    let loss = y.sum().unwrap().add(k.sum().unwrap()).unwrap();
+    loss.backward().unwrap();
+    let kg = k.grad().unwrap().unwrap().to_vec_f64().unwrap();
+    let vg = v.grad().unwrap().unwrap().to_vec_f64().unwrap();
+    assert!(kg.iter().all(|&x| x == 1.0), "k's gradient: {kg:?}");
+    assert!(vg.iter().all(|&x| x == 0.0), "v's gradient: {vg:?}");
+    g.reset();
+
+    let f32_leaf = |n: usize, shape: &[usize], s: f64| {
+        let vals: Vec<f64> = (0..n).map(|k| (k as f64 * 0.3 + s).cos()).collect();
+        g.leaf(&vals, shape, DType::F32)
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap()
+    };
+    let (x, w, b) = (
+        f32_leaf(24, &[3, 8], 0.1),
+        f32_leaf(8, &[8], 1.0),
+        f32_leaf(8, &[8], 2.0),
+    );
+    let y = x
+        .layer_norm_as(1, Some(w), Some(b), 1e-5, DType::BF16)
+        .unwrap();
+    let y2 = x
+        .layer_norm(1, Some(w), Some(b), 1e-5)
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    let opts = || BackwardOptions {
+        create_graph: true,
+        ..Default::default()
+    };
+    let up = g.leaf(&[0.25; 24], &[3, 8], DType::BF16).unwrap();
+    let got = grad(y.mul(up).unwrap().sum().unwrap(), &[x, w, b], opts()).unwrap();
+    let want = grad(y2.mul(up).unwrap().sum().unwrap(), &[x, w, b], opts()).unwrap();
+    for ((a, e), what) in got.iter().zip(&want).zip(["dx", "dw", "db"]) {
+        let (a, e) = (a.unwrap(), e.unwrap());
+        assert_eq!(a.dtype(), DType::F32, "{what}");
+        let (a, e) = (a.to_vec_f64().unwrap(), e.to_vec_f64().unwrap());
+        for (p, q) in a.iter().zip(&e) {
+            assert!(
+                (p - q).abs() <= 1e-6 * (1.0 + q.abs()),
+                "{what}: {p} against {q}"
+            );
+        }
+    }
+}

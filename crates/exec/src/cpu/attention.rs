@@ -479,6 +479,14 @@ pub fn attention_backward_half<H: Storage>(
     grads: AttnGrads<'_, H>,
 ) {
     let (lq, lk, d, dv) = (dims.lq, dims.lk, dims.d, dims.dv);
+    if lq == 0 || lk == 0 {
+        // No weights: every gradient is 0 (the run's parts, whatever its head count).
+        let zero = H::narrow(0.0);
+        grads.dq.fill(zero);
+        grads.dk.fill(zero);
+        grads.dv.fill(zero);
+        return;
+    }
     let wm = widen_mask(inputs.mask);
     let mask = widened_view(&wm);
     let group = half_group(2 * (lq * (d + dv) + lk * (d + dv)));

@@ -279,12 +279,19 @@ pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let x = c.input(0);
     let w = nd.weight.then(|| c.input(1));
     if c.create_graph {
+        // A norm that stored its output in 16 bits gets its gradient so: the rule runs in the
+        // input's dtype, and the gradients reach the f32 input and parameters in theirs.
+        let gy = if c.gy.dtype_of("layer_norm")? == x.dtype_of("layer_norm")? {
+            c.gy
+        } else {
+            c.gy.to_dtype(x.dtype_of("layer_norm")?)?
+        };
         let ndim = nd.ndim as usize;
         let (xhat, rstd) = normalized(x, nd.rms, ndim, nd.eps)?;
         let axes = trailing_axes(x.try_shape()?.len(), ndim);
         let g = match w {
-            Some(w) => c.gy.mul(w)?,
-            None => c.gy,
+            Some(w) => gy.mul(w)?,
+            None => gy,
         };
         let mut inner = g.sub(xhat.mul(g.mul(xhat)?.mean_axes(&axes, true)?)?)?;
         if !nd.rms {
@@ -292,10 +299,10 @@ pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
         }
         let mut out: Grads<'g> = smallvec![Some(rstd.mul(inner)?)];
         if nd.weight {
-            out.push(Some(over_rows(c.gy.mul(xhat)?, ndim)?));
+            out.push(Some(over_rows(gy.mul(xhat)?, ndim)?));
         }
         if nd.bias {
-            out.push(Some(over_rows(c.gy, ndim)?));
+            out.push(Some(over_rows(gy, ndim)?));
         }
         return Ok(out);
     }

@@ -836,6 +836,19 @@ pub(crate) fn slice_backward_into_slot(
         return Ok(false);
     }
     let (ob, gb, len) = (on.buf, gn.buf, gn.shape.get(axis).copied().unwrap_or(0));
+    // The slice's gradient has the slice's shape (a rule handing back another is left to the
+    // checked path, which reports it).
+    let fits = gn.shape.len() == full.len()
+        && start + len <= full[axis]
+        && gn
+            .shape
+            .iter()
+            .zip(&full)
+            .enumerate()
+            .all(|(a, (g, f))| a == axis || g == f);
+    if !fits {
+        return Ok(false);
+    }
     let outer: usize = full[..axis].iter().product();
     let inner: usize = full[axis + 1..].iter().product();
     let (row, part) = (full[axis] * inner, len * inner);
