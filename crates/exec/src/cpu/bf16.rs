@@ -203,7 +203,7 @@ pub fn gemm_bf16_on(
         let Mnk { m, k, n } = dims;
         let mut ct = vec![0f32; m * n];
         if accumulate {
-            transpose_into(&c[..m * n], m, n, &mut ct);
+            super::transpose::transpose_f32(&c[..m * n], m, n, n, &mut ct);
         }
         fn flip(v: MatView<'_, bf16>) -> MatView<'_, bf16> {
             MatView {
@@ -221,7 +221,7 @@ pub fn gemm_bf16_on(
             accumulate,
             threads,
         );
-        transpose_into(&ct, n, m, &mut c[..m * n]);
+        super::transpose::transpose_f32(&ct, n, m, m, &mut c[..m * n]);
         return;
     }
     product_on(kernel, dims, a, b, c, accumulate, threads)
@@ -239,20 +239,6 @@ fn swaps(dims: Mnk, a: &MatView<'_, bf16>, b: &MatView<'_, bf16>) -> bool {
     let narrow = n < m && n < NR;
     let transposed_b = b.rs == 1 && b.cs != 1 && a.cs == 1 && m < n;
     narrow || transposed_b
-}
-
-/// `src` (rows × cols, row-major) transposed into `dst` (cols × rows).
-fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
-    const B: usize = 16;
-    for r0 in (0..rows).step_by(B) {
-        for c0 in (0..cols).step_by(B) {
-            for r in r0..(r0 + B).min(rows) {
-                for c in c0..(c0 + B).min(cols) {
-                    dst[c * rows + r] = src[r * cols + c];
-                }
-            }
-        }
-    }
 }
 
 /// [`gemm_bf16_on`] as given (no swap).

@@ -647,19 +647,8 @@ fn fused_backward<'g>(
     let mut guard = c.g.inner();
     let i = &mut *guard;
     let dtype = i.node(OP, q.id)?.dtype;
-    let mut bufs = bufs_of(i, [q, kt, vt, c.out, c.gy])?;
-    // The gradient reaching a 16-bit output is of its dtype; one that is not (a caller's
-    // seed) is converted first.
-    let gy_dtype = i.node(OP, c.gy.id)?.dtype;
-    let converted = if gy_dtype != dtype {
-        let n = dims.bh * dims.lq * dims.dv;
-        let b = i.alloc(OP, dtype, n)?;
-        i.cast_into(OP, (bufs[4], gy_dtype), (b, dtype))?;
-        bufs[4] = b;
-        Some(b)
-    } else {
-        None
-    };
+    // The gradient is of the output's dtype (autodiff's seed and accumulation check it).
+    let bufs = bufs_of(i, [q, kt, vt, c.out, c.gy])?;
     let mask = match (mask, mask_shape) {
         (Some(m), Some(ms)) => Some((bufs_of(i, [m])?[0], ms)),
         _ => None,
@@ -676,9 +665,6 @@ fn fused_backward<'g>(
         DType::F16 => backward_in::<f16, f32>(i, args, k::attention_backward_half),
         _ => backward_in::<f32, f32>(i, args, k::attention_backward),
     }?;
-    if let Some(b) = converted {
-        i.release_buf(Device::Cpu, b)?;
-    }
     let (nq, nk, nv) = (
         dims.bh * dims.lq * dims.d,
         dims.bh * dims.lk * dims.d,
