@@ -108,6 +108,7 @@ pub fn keeps(dims: &AttnDims, h: usize, i: usize, j: usize) -> bool {
 
 /// Scores of one tile into `s` (`bq × bk`, row-major): `q·kᵀ·scale + mask`, −∞ where causal
 /// hides a key.
+#[inline(always)]
 fn scores<T: Float + Gemm>(
     dims: &AttnDims,
     inputs: &AttnInputs<'_, T>,
@@ -156,6 +157,19 @@ pub fn attention_forward<T: Float + Gemm>(
     o: &mut [T],
     lse: &mut [T],
 ) {
+    // Compiled for the widest vector unit: the tiles' elementwise loops (the same operations in
+    // the same order at every level).
+    super::wide::wide(o.len(), || forward_heads(dims, inputs, h0, o, lse))
+}
+
+#[inline(always)]
+fn forward_heads<T: Float + Gemm>(
+    dims: &AttnDims,
+    inputs: &AttnInputs<'_, T>,
+    h0: usize,
+    o: &mut [T],
+    lse: &mut [T],
+) {
     let v = inputs.v;
     let (lq, lk, dv) = (dims.lq, dims.lk, dims.dv);
     if lq == 0 {
@@ -169,8 +183,10 @@ pub fn attention_forward<T: Float + Gemm>(
     }
     let heads = lse.len() / lq;
     let keep_scale = T::from_f64(1.0 / (1.0 - dims.dropout));
+    let threshold = super::dropout::threshold(dims.dropout);
     let mut s = [T::ZERO; TILE * TILE];
     let mut tmp = [T::ZERO; TILE];
+    let mut kept = [T::ZERO; TILE];
     let mut m = [T::ZERO; TILE];
     let mut l = [0.0f64; TILE];
     for hl in 0..heads {
@@ -208,12 +224,11 @@ pub fn attention_forward<T: Float + Gemm>(
                     T::exp_into(&tmp[..bk], row);
                     let sum: f64 = row.iter().map(|p| p.to_f64()).sum();
                     if dims.dropout > 0.0 {
-                        for (c, x) in row.iter_mut().enumerate() {
-                            *x = if keeps(dims, h, i0 + r, j0 + c) {
-                                *x * keep_scale
-                            } else {
-                                T::ZERO
-                            };
+                        let kept = &mut kept[..bk];
+                        let at = ((h * lq + i0 + r) * lk + j0) as u64;
+                        super::dropout::keep_scales(dims.seed, at, threshold, keep_scale, kept);
+                        for (x, &k) in row.iter_mut().zip(kept.iter()) {
+                            *x = if k != T::ZERO { *x * k } else { T::ZERO };
                         }
                     }
                     l[r] = l[r] * alpha.to_f64() + sum;
@@ -257,6 +272,20 @@ pub fn attention_backward<T: Float + Gemm>(
     (h0, heads): (usize, usize),
     grads: AttnGrads<'_, T>,
 ) {
+    // As the forward: compiled for the widest vector unit.
+    super::wide::wide(grads.dq.len(), || {
+        backward_heads(dims, inputs, saved, (h0, heads), grads)
+    })
+}
+
+#[inline(always)]
+fn backward_heads<T: Float + Gemm>(
+    dims: &AttnDims,
+    inputs: &AttnInputs<'_, T>,
+    saved: &AttnSaved<'_, T>,
+    (h0, heads): (usize, usize),
+    grads: AttnGrads<'_, T>,
+) {
     let AttnInputs { q, k, v, .. } = *inputs;
     let AttnSaved { o, lse, go } = *saved;
     let AttnGrads { dq, dk, dv: dv_out } = grads;
@@ -268,7 +297,9 @@ pub fn attention_backward<T: Float + Gemm>(
         return;
     }
     let keep_scale = T::from_f64(1.0 / (1.0 - dims.dropout));
+    let threshold = super::dropout::threshold(dims.dropout);
     let scale = T::from_f64(dims.scale);
+    let mut kept = [T::ZERO; TILE * TILE];
     let mut p = [T::ZERO; TILE * TILE];
     let mut pd = [T::ZERO; TILE * TILE];
     let mut dp = [T::ZERO; TILE * TILE];
@@ -309,18 +340,17 @@ pub fn attention_backward<T: Float + Gemm>(
                         pt[r * bk..(r + 1) * bk].fill(T::ZERO);
                     }
                 }
+                let kept = &mut kept[..bq * bk];
                 if dims.dropout == 0.0 {
                     pdt.copy_from_slice(pt);
                 } else {
-                    for r in 0..bq {
-                        for c in 0..bk {
-                            let at = r * bk + c;
-                            pdt[at] = if keeps(dims, h, i0 + r, j0 + c) {
-                                pt[at] * keep_scale
-                            } else {
-                                T::ZERO
-                            };
-                        }
+                    // The forward's keep decisions for this tile, as multipliers, used twice.
+                    for (r, row) in kept.chunks_exact_mut(bk).enumerate() {
+                        let at = ((h * lq + i0 + r) * lk + j0) as u64;
+                        super::dropout::keep_scales(dims.seed, at, threshold, keep_scale, row);
+                    }
+                    for ((x, &p), &k) in pdt.iter_mut().zip(pt.iter()).zip(kept.iter()) {
+                        *x = if k != T::ZERO { p * k } else { T::ZERO };
                     }
                 }
                 // dV_j += P̃ᵀ·dO_i.
@@ -349,8 +379,8 @@ pub fn attention_backward<T: Float + Gemm>(
                         let at = r * bk + c;
                         let g = if dims.dropout == 0.0 {
                             dpt[at]
-                        } else if keeps(dims, h, i0 + r, j0 + c) {
-                            dpt[at] * keep_scale
+                        } else if kept[at] != T::ZERO {
+                            dpt[at] * kept[at]
                         } else {
                             T::ZERO
                         };

@@ -266,6 +266,48 @@ fn product_on(
     } else {
         1
     };
+    if t > 1 && n > m && n >= 2 * NR {
+        // Wider than tall (a weight's gradient, summed over tokens): whole panels of columns
+        // to each thread, so that each packs its part of `b` (the larger operand) and all of
+        // `a`, not all of `b` as a split by rows would make every thread do. Each thread
+        // writes its columns to a buffer of its own, copied into `c` after.
+        let t = threads.clamp(1, n.div_ceil(NR));
+        let cols_per = n.div_ceil(t).div_ceil(NR) * NR;
+        let mut parts: Vec<Vec<f32>> = (0..n.div_ceil(cols_per))
+            .map(|p| {
+                let (j0, nj) = (p * cols_per, cols_per.min(n - p * cols_per));
+                let mut part = vec![0f32; m * nj];
+                if accumulate {
+                    for (dst, src) in part.chunks_exact_mut(nj).zip(c.chunks_exact(n)) {
+                        dst.copy_from_slice(&src[j0..j0 + nj]);
+                    }
+                }
+                part
+            })
+            .collect();
+        super::thread_pool::for_each_owned(parts.iter_mut().collect(), |p, part| {
+            let j0 = p * cols_per;
+            let b = MatView {
+                offset: b.offset + j0 * b.cs,
+                ..b
+            };
+            single_thread(
+                kernel,
+                Mnk::new(m, k, part.len() / m),
+                a,
+                b,
+                part,
+                accumulate,
+            );
+        });
+        for (p, part) in parts.iter().enumerate() {
+            let (j0, nj) = (p * cols_per, part.len() / m);
+            for (dst, src) in c.chunks_exact_mut(n).zip(part.chunks_exact(nj)) {
+                dst[j0..j0 + nj].copy_from_slice(src);
+            }
+        }
+        return;
+    }
     // Whole panels of rows to each thread, so that no thread packs a panel another also packs.
     let rows_per = m.div_ceil(t).div_ceil(MR) * MR;
     let block = |part: usize, c: &mut [f32]| {
@@ -316,15 +358,32 @@ fn single_thread(
             let bn = n.div_ceil(NR) * NR;
             pb.resize(kc2 * bn, 0);
             pack_b(b, k, p0, kc2, n, pb);
+            // `vdpbf16ps` reads whole panels of a k-contiguous `a` where they lie (its pairs
+            // are adjacent already); the others, and panels with padding, are packed.
+            let in_place = kernel == Bf16Kernel::Avx512Bf16 && a.cs == 1 && 2 * (p0 + kc2) <= k;
             let mut i0 = 0;
             while i0 < m {
                 let mc = MC.min(m - i0);
                 let am = mc.div_ceil(MR) * MR;
                 pa.resize(kc2 * am, 0);
-                pack_a(a, k, i0, mc, p0, kc2, pa);
-                for (ip, apanel) in pa.chunks_exact(kc2 * MR).enumerate() {
+                if !in_place {
+                    pack_a(a, k, i0, mc, p0, kc2, pa);
+                } else if mc % MR != 0 {
+                    // Only the last, partial panel.
+                    let last = mc / MR * MR;
+                    pack_a(a, k, i0 + last, mc - last, p0, kc2, &mut pa[last * kc2..]);
+                }
+                for (ip, packed) in pa.chunks_exact(kc2 * MR).enumerate() {
                     let r = i0 + ip * MR;
                     let rows = MR.min(m - r);
+                    let apanel = if in_place && rows == MR {
+                        APanel::Rows {
+                            a: &a.data[a.offset + r * a.rs + 2 * p0..],
+                            rs: a.rs,
+                        }
+                    } else {
+                        APanel::Packed(packed)
+                    };
                     for (jp, bpanel) in pb.chunks_exact(kc2 * NR).enumerate() {
                         let j0 = jp * NR;
                         let cols = NR.min(n - j0);
@@ -379,6 +438,20 @@ fn pack_a(
             for (p, o) in out.chunks_exact_mut(MR).enumerate() {
                 for (slot, src) in o.iter_mut().zip(&row) {
                     *slot = pair(src[2 * p], src[2 * p + 1]);
+                }
+            }
+            continue;
+        }
+        if a.rs == 1 && rows == MR && 2 * (p0 + kc2) <= k {
+            // Read transposed (a row's MR entries contiguous, as a weight gradient's incoming
+            // gradient is): each pair from two rows of storage, side by side.
+            let base = a.offset + i0 + first;
+            for (p, o) in out.chunks_exact_mut(MR).enumerate() {
+                let kk = 2 * (p0 + p);
+                let lo = &a.data[base + kk * a.cs..][..MR];
+                let hi = &a.data[base + (kk + 1) * a.cs..][..MR];
+                for ((slot, &l), &h) in o.iter_mut().zip(lo).zip(hi) {
+                    *slot = pair(l, h);
                 }
             }
             continue;
@@ -456,6 +529,19 @@ fn pack_b(b: MatView<'_, bf16>, k: usize, p0: usize, kc2: usize, n: usize, dst: 
     }
 }
 
+/// Where a tile reads `a`'s pairs: a packed panel, or (`vdpbf16ps` only) straight from `MR`
+/// rows of a matrix whose `k` is contiguous, `rs` elements apart, starting at the tile's first
+/// pair.
+#[derive(Clone, Copy)]
+enum APanel<'a> {
+    Packed(&'a [u32]),
+    #[cfg_attr(any(not(target_arch = "x86_64"), miri), allow(dead_code))]
+    Rows {
+        a: &'a [bf16],
+        rs: usize,
+    },
+}
+
 /// Where a tile of the output lies: `rows × cols` (at most `MR × NR`) from `c[0]`, row stride
 /// `ldc`.
 struct Tile<'c> {
@@ -467,7 +553,14 @@ struct Tile<'c> {
 
 /// One tile: the accumulators from the output (or zeros, unless `load`), `kc2` pairs of
 /// products, back to the output.
-fn run_tile(kernel: Bf16Kernel, kc2: usize, ap: &[u32], bp: &[u32], tile: Tile<'_>, load: bool) {
+fn run_tile(
+    kernel: Bf16Kernel,
+    kc2: usize,
+    ap: APanel<'_>,
+    bp: &[u32],
+    tile: Tile<'_>,
+    load: bool,
+) {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     if kernel == Bf16Kernel::Avx512Bf16 && tile.rows == MR && tile.cols == NR {
         // SAFETY: `gemm_bf16_on` runs this kernel only where `available` found AVX-512 F and
@@ -481,6 +574,20 @@ fn run_tile(kernel: Bf16Kernel, kc2: usize, ap: &[u32], bp: &[u32], tile: Tile<'
             row[..tile.cols].copy_from_slice(&tile.c[r * tile.ldc..][..tile.cols]);
         }
     }
+    // The kernels other than `vdpbf16ps` read a packed panel: rows read in place are packed
+    // here (`single_thread` reads in place only for that kernel).
+    let mut local = [0u32; MR * KC2];
+    let packed = match ap {
+        APanel::Packed(ap) => ap,
+        APanel::Rows { a, rs } => {
+            for (p, o) in local[..kc2 * MR].chunks_exact_mut(MR).enumerate() {
+                for (r, slot) in o.iter_mut().enumerate() {
+                    *slot = pair(a[r * rs + 2 * p], a[r * rs + 2 * p + 1]);
+                }
+            }
+            &local[..kc2 * MR]
+        }
+    };
     match kernel {
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         // SAFETY: as above; a partial tile goes through a whole one on the stack.
@@ -489,11 +596,11 @@ fn run_tile(kernel: Bf16Kernel, kc2: usize, ap: &[u32], bp: &[u32], tile: Tile<'
         },
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         // SAFETY: only where `available` found AVX-512 F and FMA.
-        Bf16Kernel::Avx512 => unsafe { x86::tile_avx512(kc2, ap, bp, &mut acc) },
+        Bf16Kernel::Avx512 => unsafe { x86::tile_avx512(kc2, packed, bp, &mut acc) },
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         // SAFETY: only where `available` found AVX2 and FMA.
-        Bf16Kernel::Avx2 => unsafe { x86::tile_avx2(kc2, ap, bp, &mut acc) },
-        _ => tile_portable(kc2, ap, bp, &mut acc),
+        Bf16Kernel::Avx2 => unsafe { x86::tile_avx2(kc2, packed, bp, &mut acc) },
+        _ => tile_portable(kc2, packed, bp, &mut acc),
     }
     for (r, row) in acc.iter().enumerate().take(tile.rows) {
         tile.c[r * tile.ldc..][..tile.cols].copy_from_slice(&row[..tile.cols]);
@@ -530,7 +637,7 @@ fn tile_portable(kc2: usize, ap: &[u32], bp: &[u32], acc: &mut [[f32; NR]; MR]) 
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{tile_portable, MR, NR};
+    use super::{tile_portable, APanel, MR, NR};
 
     /// The portable tile compiled with AVX-512 (its `mul_add`s become `vfmadd`).
     #[target_feature(enable = "avx512f,fma")]
@@ -553,13 +660,24 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub(super) fn tile_bf16(
         kc2: usize,
-        ap: &[u32],
+        ap: APanel<'_>,
         bp: &[u32],
         c: &mut [f32],
         ldc: usize,
         load: bool,
     ) {
-        assert!(ap.len() >= kc2 * MR && bp.len() >= kc2 * NR);
+        // `a`'s pair p of row r is the (unaligned) u32 at byte r·row + p·step from `a0`.
+        let (a0, row, step) = match ap {
+            APanel::Packed(ap) => {
+                assert!(ap.len() >= kc2 * MR);
+                (ap.as_ptr().cast::<u8>(), 4, 4 * MR)
+            }
+            APanel::Rows { a, rs } => {
+                assert!(a.len() >= (MR - 1) * rs + 2 * kc2);
+                (a.as_ptr().cast::<u8>(), 2 * rs, 4)
+            }
+        };
+        assert!(bp.len() >= kc2 * NR);
         assert!(ldc >= NR && c.len() >= (MR - 1) * ldc + NR);
         const NV: usize = NR / 16;
         // How far ahead (in entries of `b`) its lines are asked for: sixteen pairs of `k`.
@@ -574,10 +692,12 @@ mod x86 {
                 }
             }
         }
-        let (mut a, mut b) = (ap.as_ptr(), bp.as_ptr());
+        let rows: [usize; MR] = std::array::from_fn(|r| r * row);
+        let (mut a, mut b) = (a0, bp.as_ptr());
         for _ in 0..kc2 {
-            // SAFETY: the first assertion: pair p's NR entries of `b` start at p·NR and its MR
-            // entries of `a` at p·MR, p < kc2, all within the panels; loads are unaligned.
+            // SAFETY: the assertions: pair p's NR entries of `b` start at p·NR, p < kc2, within
+            // the panel; `a`'s MR pairs of pair p (packed side by side, or one per row of a
+            // strided matrix) lie within its slice; every load is unaligned.
             unsafe {
                 for v in 0..NV {
                     _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH + 16 * v).cast());
@@ -585,14 +705,14 @@ mod x86 {
                 let bv: [__m512bh; NV] = std::array::from_fn(|v| {
                     std::mem::transmute(_mm512_loadu_si512(b.add(16 * v).cast()))
                 });
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let ar: __m512bh =
-                        std::mem::transmute(_mm512_set1_epi32(a.add(r).read() as i32));
-                    for (x, &bw) in row.iter_mut().zip(&bv) {
+                for (r, acc_row) in acc.iter_mut().enumerate() {
+                    let two = a.add(rows[r]).cast::<u32>().read_unaligned();
+                    let ar: __m512bh = std::mem::transmute(_mm512_set1_epi32(two as i32));
+                    for (x, &bw) in acc_row.iter_mut().zip(&bv) {
                         *x = _mm512_dpbf16_ps(*x, ar, bw);
                     }
                 }
-                a = a.add(MR);
+                a = a.add(step);
                 b = b.add(NR);
             }
         }
@@ -674,6 +794,10 @@ mod tests {
                 (6, 2, 64),
                 (7, 401, 129),
                 (130, 129, 131),
+                // Even `k` over two blocks (read in place by `vdpbf16ps`, with a partial last
+                // panel of rows), and wider than tall (split by columns over threads).
+                (20, 2 * KC2 + 20, 70),
+                (17, 400, 150),
             ]
         };
         for &(m, k, n) in shapes {
@@ -696,6 +820,32 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// An `a` that is a block inside a wider matrix (row stride past `k`, an offset) gives the
+    /// bits of the same block copied out: the in-place panels read each row where it lies.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn a_block_of_a_wider_matrix_gives_the_same_bits() {
+        let (m, k, n, ld, at) = (13, 2 * KC2 + 8, 66, 2 * KC2 + 30, 3 * (2 * KC2 + 30) + 5);
+        let wide = bits(21, at + m * ld);
+        let a: Vec<bf16> = (0..m * k)
+            .map(|q| wide[at + (q / k) * ld + q % k])
+            .collect();
+        let b = bits(22, k * n);
+        let want = reference(Mnk::new(m, k, n), &a, &b, None);
+        for kernel in KERNELS.into_iter().filter(|k| k.available()) {
+            let mut c = vec![0f32; m * n];
+            let av = MatView {
+                data: &wide[..],
+                offset: at,
+                rs: ld,
+                cs: 1,
+            };
+            let bv = MatView::row_major(&b, 0, n, false);
+            gemm_bf16_on(kernel, Mnk::new(m, k, n), av, bv, &mut c, false, 2);
+            assert!(same_bits(&c, &want), "{kernel:?}");
         }
     }
 

@@ -17,20 +17,60 @@ pub(crate) const MIX_2: u32 = 0x846c_a68b;
 /// The odd multiplier (⌊2³²/φ⌋) that spreads the counter's high word (`DROPOUT_HIGH_WORD`).
 pub(crate) const HIGH_WORD: u32 = 0x9E37_79B9;
 
+/// One round of the mixer.
+#[inline(always)]
+fn mix(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(MIX_1);
+    x ^= x >> 15;
+    x = x.wrapping_mul(MIX_2);
+    x ^ (x >> 16)
+}
+
+/// The hash's two 32-bit inputs for element `counter` under `seed`: the low word (which steps
+/// with the counter) and the high word (constant across 2³² consecutive counters).
+#[inline(always)]
+fn words(seed: u64, counter: u64) -> (u32, u32) {
+    let lo = (counter as u32).wrapping_add(seed as u32);
+    let hi = ((seed >> 32) as u32) ^ ((counter >> 32) as u32).wrapping_mul(HIGH_WORD);
+    (lo, hi)
+}
+
 /// The 32-bit hash of element `counter` under `seed`.
 #[inline(always)]
 pub fn hash32(seed: u64, counter: u64) -> u32 {
-    #[inline(always)]
-    fn mix(mut x: u32) -> u32 {
-        x ^= x >> 16;
-        x = x.wrapping_mul(MIX_1);
-        x ^= x >> 15;
-        x = x.wrapping_mul(MIX_2);
-        x ^ (x >> 16)
-    }
-    let lo = (counter as u32).wrapping_add(seed as u32);
-    let hi = ((seed >> 32) as u32) ^ ((counter >> 32) as u32).wrapping_mul(HIGH_WORD);
+    let (lo, hi) = words(seed, counter);
     mix(mix(lo) ^ hi)
+}
+
+/// `out[c] = scale` where element `start + c` of the dropout seeded `seed` is kept at threshold
+/// `t` ([`threshold`]), else 0: a row of keep decisions as multipliers, vectorised (the counter's
+/// high word is constant within each run of 2³² counters, so the lanes step only the low word).
+pub fn keep_scales<T: Float>(seed: u64, start: u64, t: u64, scale: T, out: &mut [T]) {
+    let Ok(t) = u32::try_from(t) else {
+        // p = 1: nothing is kept.
+        out.fill(T::ZERO);
+        return;
+    };
+    let mut done = 0;
+    while done < out.len() {
+        let at = start.wrapping_add(done as u64);
+        let room = (1u64 << 32) - (at & 0xffff_ffff);
+        let len = (out.len() - done).min(usize::try_from(room).unwrap_or(usize::MAX));
+        let (lo, hi) = words(seed, at);
+        let part = &mut out[done..done + len];
+        super::wide::wide(
+            len,
+            #[inline(always)]
+            move || {
+                for (c, o) in part.iter_mut().enumerate() {
+                    let h = mix(mix(lo.wrapping_add(c as u32)) ^ hi);
+                    *o = if h >= t { scale } else { T::ZERO };
+                }
+            },
+        );
+        done += len;
+    }
 }
 
 /// The hash value below which an element is dropped: `⌈p·2³²⌉` (saturating).
@@ -89,6 +129,26 @@ pub fn dropout_half<H: Storage>(x: &[H], seed: u64, p: f64, out: &mut [H], threa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The vectorised row of multipliers makes each decision `keeps` makes, across a change of
+    /// the counter's high word and at the edge probabilities.
+    #[test]
+    fn keep_scales_are_the_decisions_of_keeps() {
+        for (seed, start) in [(7u64, 0u64), (0x1234_5678_9abc_def0, (1 << 32) - 37)] {
+            for p in [0.0, 0.1, 0.5, 1.0] {
+                let mut out = vec![9.0f32; 100];
+                keep_scales(seed, start, threshold(p), 2.5, &mut out);
+                for (c, &o) in out.iter().enumerate() {
+                    let want = if keeps(seed, start + c as u64, p) {
+                        2.5
+                    } else {
+                        0.0
+                    };
+                    assert_eq!(o, want, "seed {seed} element {} p {p}", start + c as u64);
+                }
+            }
+        }
+    }
 
     #[test]
     fn drops_about_p_and_scales_the_rest() {
