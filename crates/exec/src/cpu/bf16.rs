@@ -266,11 +266,13 @@ fn product_on(
     } else {
         1
     };
-    if t > 1 && n > m && n >= 2 * NR {
-        // Wider than tall (a weight's gradient, summed over tokens): whole panels of columns
-        // to each thread, so that each packs its part of `b` (the larger operand) and all of
-        // `a`, not all of `b` as a split by rows would make every thread do. Each thread
-        // writes its columns to a buffer of its own, copied into `c` after.
+    if t > 1 && n > m && n >= 2 * NR && k >= 2 * m {
+        // Wider than tall with a long `k` (a weight's gradient, summed over tokens): whole
+        // panels of columns to each thread, so that each packs its part of `b` (the larger
+        // operand) and all of `a`, not all of `b` as a split by rows would make every thread
+        // do. Each thread writes its columns to a buffer of its own, copied into `c` after:
+        // cheap beside the packing saved where `k` is long against `m` (`k·n` pairs packed
+        // again per thread against `m·n` copied).
         let t = threads.clamp(1, n.div_ceil(NR));
         let cols_per = n.div_ceil(t).div_ceil(NR) * NR;
         let mut parts: Vec<Vec<f32>> = (0..n.div_ceil(cols_per))
@@ -473,6 +475,19 @@ fn pack_a(
 /// Packs pairs `p0..p0 + kc2` of `b` (k×n) into panels of [`NR`] columns: entry
 /// `(panel, p, c)` at `(panel·kc2 + p)·NR + c`; columns past `n` and `k` past its end are 0.
 fn pack_b(b: MatView<'_, bf16>, k: usize, p0: usize, kc2: usize, n: usize, dst: &mut [u32]) {
+    // Compiled for the widest vector unit: the interleaving and the blocked transposition
+    // below vectorise there.
+    super::wide::wide(dst.len(), || pack_b_loops(b, k, (p0, kc2), n, dst))
+}
+
+#[inline(always)]
+fn pack_b_loops(
+    b: MatView<'_, bf16>,
+    k: usize,
+    (p0, kc2): (usize, usize),
+    n: usize,
+    dst: &mut [u32],
+) {
     let at = |kk: usize, j: usize| padded(b, kk, j, kk < k);
     for (panel, out) in dst.chunks_exact_mut(kc2 * NR).enumerate() {
         let j0 = panel * NR;
@@ -482,15 +497,30 @@ fn pack_b(b: MatView<'_, bf16>, k: usize, p0: usize, kc2: usize, n: usize, dst: 
             // line of each column) by the panel's columns, so that reads and writes both stay
             // in the first-level cache.
             let whole = (2 * (p0 + kc2)).min(k).saturating_sub(2 * p0) / 2;
-            const PB: usize = 16;
-            for pb in (0..whole).step_by(PB) {
-                let pe = (pb + PB).min(whole);
-                for c in 0..cols {
-                    let base = b.offset + (j0 + c) * b.cs + 2 * (p0 + pb);
-                    let col = &b.data[base..base + 2 * (pe - pb)];
-                    for (q, two) in col.chunks_exact(2).enumerate() {
-                        out[(pb + q) * NR + c] = pair(two[0], two[1]);
+            // Blocks of 8 pairs by 8 columns transposed through registers (8 columns' pairs
+            // read, 8 rows of the panel written), then the ragged columns and pairs one by one.
+            const T8: usize = 8;
+            let (whole8, cols8) = (whole / T8 * T8, cols / T8 * T8);
+            for pb in (0..whole8).step_by(T8) {
+                for c0 in (0..cols8).step_by(T8) {
+                    let block: [[u32; T8]; T8] = std::array::from_fn(|c| {
+                        let base = b.offset + (j0 + c0 + c) * b.cs + 2 * (p0 + pb);
+                        let col = &b.data[base..base + 2 * T8];
+                        std::array::from_fn(|q| pair(col[2 * q], col[2 * q + 1]))
+                    });
+                    for q in 0..T8 {
+                        let row = &mut out[(pb + q) * NR + c0..][..T8];
+                        for (c, slot) in row.iter_mut().enumerate() {
+                            *slot = block[c][q];
+                        }
                     }
+                }
+            }
+            for c in 0..cols {
+                let first = if c < cols8 { whole8 } else { 0 };
+                let base = b.offset + (j0 + c) * b.cs + 2 * p0;
+                for p in first..whole {
+                    out[p * NR + c] = pair(b.data[base + 2 * p], b.data[base + 2 * p + 1]);
                 }
             }
             for p in 0..kc2 {

@@ -30,10 +30,24 @@ pub trait Storage: Pod + PartialEq + std::fmt::Debug {
     /// which gives the same answer: f32's 24 significant bits are at least twice theirs plus
     /// two (bf16 has 8, f16 11), where rounding twice cannot differ from rounding once.
     fn sum_of(a: Self, b: Self) -> Self;
+    /// `v` itself where `Self` is `f32` (conversions pass it straight through).
+    fn as_f32(_v: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    /// [`Storage::as_f32`], writable.
+    fn as_f32_mut(_v: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
 }
 
 impl Storage for f32 {
     const DTYPE: DType = DType::F32;
+    fn as_f32(v: &[f32]) -> Option<&[f32]> {
+        Some(v)
+    }
+    fn as_f32_mut(v: &mut [f32]) -> Option<&mut [f32]> {
+        Some(v)
+    }
     #[inline(always)]
     fn widen(self) -> f64 {
         f64::from(self)
@@ -153,6 +167,13 @@ fn cast_serial<S: Storage, D: Storage>(src: &[S], dst: &mut [D]) {
             *d = D::narrow(s.widen());
         }
         return;
+    }
+    // One side already f32: straight through, without the block buffer's copy.
+    if let Some(src) = S::as_f32(src) {
+        return D::store_f32(src, dst);
+    }
+    if let Some(dst) = D::as_f32_mut(dst) {
+        return S::load_f32(src, dst);
     }
     let mut buf = [0f32; BLOCK];
     for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {

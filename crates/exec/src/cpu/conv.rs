@@ -97,13 +97,13 @@ impl Window {
 
 /// `cols[row, col]` (`patch_len × ho·wo`, row-major) = the input value under kernel tap `row` at
 /// output position `col`, `pad` in the padding. One image.
-pub fn im2col<T: Float>(x: &[T], win: &Window, pad: T, cols: &mut [T]) {
+pub fn im2col<T: Copy>(x: &[T], win: &Window, pad: T, cols: &mut [T]) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
     im2col_ld(x, win, pad, cols, ho * wo, 0);
 }
 
 /// [`im2col`] into a wider matrix: row `r` of the patch matrix starts at `off + r·ld`.
-fn im2col_ld<T: Float>(x: &[T], win: &Window, pad: T, cols: &mut [T], ld: usize, off: usize) {
+fn im2col_ld<T: Copy>(x: &[T], win: &Window, pad: T, cols: &mut [T], ld: usize, off: usize) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
     // Fast path: stride 1 and dilation 1 (any padding) — each output row of a kernel tap is a
     // shifted copy of an input row, with `pad` where it hangs over the edge.
@@ -132,7 +132,7 @@ fn im2col_ld<T: Float>(x: &[T], win: &Window, pad: T, cols: &mut [T], ld: usize,
 /// The adjoint of [`im2col`]: `x[src] += cols[row, col]` for every tap that reads `src`.
 pub fn col2im<T: Float>(cols: &[T], win: &Window, x: &mut [T]) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
-    col2im_ld(cols, win, x, ho * wo, 0);
+    col2im_ld(cols, win, x, (ho * wo, 0), |v| v);
 }
 
 /// One output row of one kernel tap of a stride-1, dilation-1 window: row `row` of the patch
@@ -179,13 +179,13 @@ fn for_each_tap_run(win: &Window, ho: usize, wo: usize, mut f: impl FnMut(TapRun
 /// width falls through to the scalar tail, and `copy_from_slice` would call `memcpy`, whose call
 /// costs more than such a copy.
 #[inline(always)]
-fn zip_run<T: Copy>(dst: &mut [T], src: &[T], f: impl Fn(&mut T, T)) {
+fn zip_run<D, S: Copy>(dst: &mut [D], src: &[S], f: impl Fn(&mut D, S)) {
     let n = dst.len().min(src.len());
     let (dst, src) = (&mut dst[..n], &src[..n]);
     let mut d = dst.chunks_exact_mut(4);
     let mut s = src.chunks_exact(4);
     for (a, b) in (&mut d).zip(&mut s) {
-        if let (Ok(a), Ok(b)) = (<&mut [T; 4]>::try_from(a), <&[T; 4]>::try_from(b)) {
+        if let (Ok(a), Ok(b)) = (<&mut [D; 4]>::try_from(a), <&[S; 4]>::try_from(b)) {
             for k in 0..4 {
                 f(&mut a[k], b[k]);
             }
@@ -197,7 +197,13 @@ fn zip_run<T: Copy>(dst: &mut [T], src: &[T], f: impl Fn(&mut T, T)) {
 }
 
 /// [`col2im`] from a wider matrix: row `r` of the patch matrix starts at `off + r·ld`.
-fn col2im_ld<T: Float>(cols: &[T], win: &Window, x: &mut [T], ld: usize, off: usize) {
+fn col2im_ld<S: Copy, T: Float>(
+    cols: &[S],
+    win: &Window,
+    x: &mut [T],
+    (ld, off): (usize, usize),
+    widen: impl Fn(S) -> T,
+) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
     // Fast path, the mirror of im2col's: each output row of a kernel tap adds into a run of one
     // input row.
@@ -208,7 +214,7 @@ fn col2im_ld<T: Float>(cols: &[T], win: &Window, x: &mut [T], ld: usize, off: us
                 zip_run(
                     &mut x[src..src + (r.hi - r.lo)],
                     &cols[dst + r.lo..dst + r.hi],
-                    |o, v| *o += v,
+                    |o, v| *o += widen(v),
                 );
             }
         });
@@ -216,7 +222,7 @@ fn col2im_ld<T: Float>(cols: &[T], win: &Window, x: &mut [T], ld: usize, off: us
     }
     win.for_each(|row, col, src| {
         if let Some(s) = src {
-            x[s] += cols[off + row * ld + col];
+            x[s] += widen(cols[off + row * ld + col]);
         }
     });
 }
@@ -224,7 +230,7 @@ fn col2im_ld<T: Float>(cols: &[T], win: &Window, x: &mut [T], ld: usize, off: us
 /// im2col of a batch `[n, c, h, w]` into one matrix with the images side by side:
 /// `cols[row, b·L + col]` (`patch_len × n·L`, `L = ho·wo`), so that one GEMM convolves the whole
 /// batch. Work splits over channels (each owns `kh·kw` whole rows).
-pub fn im2col_batch<T: Float>(
+pub fn im2col_batch<T: Copy + Send + Sync>(
     x: &[T],
     n: usize,
     win: &Window,
@@ -257,6 +263,30 @@ pub fn im2col_batch<T: Float>(
 /// from start to end, image after image: a handful of sequential streams rather than a jump of a
 /// whole row (`n·L` elements) between every two runs.
 pub fn col2im_batch<T: Float>(cols: &[T], n: usize, win: &Window, x: &mut [T], threads: usize) {
+    col2im_batch_from(cols, n, win, x, threads, |v| v)
+}
+
+/// [`col2im_batch`] of 16-bit columns into an f32 `x`: each value widened as it is added, so
+/// that the sums run in f32 without an f32 copy of the (larger) columns.
+pub fn col2im_batch_widening<H: super::cast::Storage + Send + Sync>(
+    cols: &[H],
+    n: usize,
+    win: &Window,
+    x: &mut [f32],
+    threads: usize,
+) {
+    // Exact: a 16-bit value is an f32 value.
+    col2im_batch_from(cols, n, win, x, threads, |v| v.widen() as f32)
+}
+
+fn col2im_batch_from<S: Copy + Send + Sync, T: Float>(
+    cols: &[S],
+    n: usize,
+    win: &Window,
+    x: &mut [T],
+    threads: usize,
+    widen: impl Fn(S) -> T + Sync,
+) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
     let l = ho * wo;
     let ld = n * l;
@@ -286,7 +316,7 @@ pub fn col2im_batch<T: Float>(cols: &[T], n: usize, win: &Window, x: &mut [T], t
         for (dc, planes) in g.iter_mut().enumerate() {
             let c = j * per + dc;
             for (b, p) in planes.iter_mut().enumerate() {
-                col2im_ld(cols, &one, p, ld, c * rows * ld + b * l);
+                col2im_ld(cols, &one, p, (ld, c * rows * ld + b * l), &widen);
             }
         }
     };

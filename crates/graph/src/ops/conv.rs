@@ -15,7 +15,7 @@ use arenagrad_exec::cpu::{self, Mnk, Window};
 use arenagrad_exec::Float;
 use smallvec::{smallvec, SmallVec};
 
-use super::shape::{both, KernelArgs};
+use super::shape::{both, moves, KernelArgs};
 use super::{check_pair, Ctx, Grads, Op};
 use crate::device::on_cuda;
 use crate::error::{GraphError, Result};
@@ -584,17 +584,29 @@ impl KernelArgs<'_> {
     pub(crate) fn unfold(self, win: &cpu::Window, threads: usize) {
         let (ho, wo) = win.out_hw().expect("invariant: checked window");
         let (pi, po) = (win.c * win.h * win.w, win.patch_len() * ho * wo);
-        both!(self, x, o, _s => {
+        // Unfolding only moves elements (padding is zero in every dtype): 16-bit as stored.
+        moves!(self, x, o, _s => {
             cpu::par::par_rows_mut(o, po, threads, cpu::par::PAR_MIN_ELEMS, |b, ob| {
-                cpu::im2col(&x[b * pi..(b + 1) * pi], win, arenagrad_exec::Float::ZERO, ob);
+                cpu::im2col(&x[b * pi..(b + 1) * pi], win, Default::default(), ob);
             })
         })
     }
     pub(crate) fn unfold_batch(self, win: &cpu::Window, n: usize, threads: usize) {
-        both!(self, x, o, _s => cpu::im2col_batch(x, n, win, arenagrad_exec::Float::ZERO, o, threads))
+        moves!(self, x, o, _s => cpu::im2col_batch(x, n, win, Default::default(), o, threads))
     }
     pub(crate) fn fold_batch(self, win: &cpu::Window, n: usize, threads: usize) {
-        both!(self, x, o, _s => cpu::col2im_batch(x, n, win, o, threads))
+        // Folding adds: 16-bit columns are widened as they are added into an f32 copy of the
+        // (smaller) output, rounded once.
+        match self {
+            KernelArgs::F32(x, o, _) => cpu::col2im_batch(x, n, win, o, threads),
+            KernelArgs::F64(x, o, _) => cpu::col2im_batch(x, n, win, o, threads),
+            KernelArgs::BF16(x, o, _) => cpu::cast::update_in_f32(o, |wo| {
+                cpu::conv::col2im_batch_widening(x, n, win, wo, threads)
+            }),
+            KernelArgs::F16(x, o, _) => cpu::cast::update_in_f32(o, |wo| {
+                cpu::conv::col2im_batch_widening(x, n, win, wo, threads)
+            }),
+        }
     }
     pub(crate) fn fold(self, win: &cpu::Window, threads: usize) {
         let (ho, wo) = win.out_hw().expect("invariant: checked window");

@@ -742,7 +742,7 @@ macro_rules! both {
         }
     };
 }
-pub(crate) use both;
+pub(crate) use {both, moves};
 
 /// `f` on f32 copies of a 16-bit input and output (the output's values kept: an adding kernel
 /// adds into it), the output rounded back once.
