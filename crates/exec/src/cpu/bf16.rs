@@ -18,7 +18,7 @@
 //! of its sign — the instruction's definition (Intel SDM, `VDPBF16PS`: "FP32 FMA with DAZ in, FTZ
 //! out and RNE rounding; MXCSR neither consulted nor updated"), confirmed against the hardware
 //! by this module's tests. The order does not depend on blocking or threads (threads split the
-//! rows of the output; the accumulator of an element is carried in the output between blocks of
+//! rows or the columns of the output; the accumulator of an element is carried in the output between blocks of
 //! `k`), so the result is the same at every SIMD level, every thread count and every size of
 //! block. Only a NaN's payload may differ between levels (NaN stays NaN).
 //!
@@ -261,12 +261,8 @@ fn product_on(
         Bf16Kernel::Portable
     };
     let work = m.saturating_mul(k).saturating_mul(n);
-    let t = if work >= PAR_MIN_FLOPS {
-        threads.clamp(1, m.div_ceil(MR))
-    } else {
-        1
-    };
-    if t > 1 && n > m && n >= 2 * NR && k >= 2 * m {
+    let parallel = threads > 1 && work >= PAR_MIN_FLOPS;
+    if parallel && n > m && n >= 2 * NR && k >= 2 * m {
         // Wider than tall with a long `k` (a weight's gradient, summed over tokens): whole
         // panels of columns to each thread, so that each packs its part of `b` (the larger
         // operand) and all of `a`, not all of `b` as a split by rows would make every thread
@@ -310,6 +306,11 @@ fn product_on(
         }
         return;
     }
+    let t = if parallel {
+        threads.clamp(1, m.div_ceil(MR))
+    } else {
+        1
+    };
     // Whole panels of rows to each thread, so that no thread packs a panel another also packs.
     let rows_per = m.div_ceil(t).div_ceil(MR) * MR;
     let block = |part: usize, c: &mut [f32]| {
@@ -493,9 +494,7 @@ fn pack_b_loops(
         let j0 = panel * NR;
         let cols = NR.min(n - j0);
         if b.rs == 1 && b.cs != 1 {
-            // Read transposed (a column's k entries contiguous): blocks of 16 pairs (a cache
-            // line of each column) by the panel's columns, so that reads and writes both stay
-            // in the first-level cache.
+            // Read transposed (a column's k entries contiguous).
             let whole = (2 * (p0 + kc2)).min(k).saturating_sub(2 * p0) / 2;
             // Blocks of 8 pairs by 8 columns transposed through registers (8 columns' pairs
             // read, 8 rows of the panel written), then the ragged columns and pairs one by one.
@@ -604,33 +603,33 @@ fn run_tile(
             row[..tile.cols].copy_from_slice(&tile.c[r * tile.ldc..][..tile.cols]);
         }
     }
-    // The kernels other than `vdpbf16ps` read a packed panel: rows read in place are packed
-    // here (`single_thread` reads in place only for that kernel).
-    let mut local = [0u32; MR * KC2];
-    let packed = match ap {
-        APanel::Packed(ap) => ap,
-        APanel::Rows { a, rs } => {
+    let packed = |ap: &[u32], acc: &mut [[f32; NR]; MR]| match kernel {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        // SAFETY: only where `available` found AVX-512 F and FMA.
+        Bf16Kernel::Avx512 => unsafe { x86::tile_avx512(kc2, ap, bp, acc) },
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        // SAFETY: only where `available` found AVX2 and FMA.
+        Bf16Kernel::Avx2 => unsafe { x86::tile_avx2(kc2, ap, bp, acc) },
+        _ => tile_portable(kc2, ap, bp, acc),
+    };
+    match (kernel, ap) {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        // SAFETY: as above; a partial tile goes through a whole one on the stack.
+        (Bf16Kernel::Avx512Bf16, ap) => unsafe {
+            x86::tile_bf16(kc2, ap, bp, acc.as_flattened_mut(), NR, true)
+        },
+        (_, APanel::Packed(ap)) => packed(ap, &mut acc),
+        (_, APanel::Rows { a, rs }) => {
+            // The other kernels read packed panels (`single_thread` reads in place only for
+            // `vdpbf16ps`): rows read in place are packed here.
+            let mut local = [0u32; MR * KC2];
             for (p, o) in local[..kc2 * MR].chunks_exact_mut(MR).enumerate() {
                 for (r, slot) in o.iter_mut().enumerate() {
                     *slot = pair(a[r * rs + 2 * p], a[r * rs + 2 * p + 1]);
                 }
             }
-            &local[..kc2 * MR]
+            packed(&local[..kc2 * MR], &mut acc)
         }
-    };
-    match kernel {
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        // SAFETY: as above; a partial tile goes through a whole one on the stack.
-        Bf16Kernel::Avx512Bf16 => unsafe {
-            x86::tile_bf16(kc2, ap, bp, acc.as_flattened_mut(), NR, true)
-        },
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        // SAFETY: only where `available` found AVX-512 F and FMA.
-        Bf16Kernel::Avx512 => unsafe { x86::tile_avx512(kc2, packed, bp, &mut acc) },
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        // SAFETY: only where `available` found AVX2 and FMA.
-        Bf16Kernel::Avx2 => unsafe { x86::tile_avx2(kc2, packed, bp, &mut acc) },
-        _ => tile_portable(kc2, packed, bp, &mut acc),
     }
     for (r, row) in acc.iter().enumerate().take(tile.rows) {
         tile.c[r * tile.ldc..][..tile.cols].copy_from_slice(&row[..tile.cols]);
@@ -827,7 +826,7 @@ mod tests {
                 // Even `k` over two blocks (read in place by `vdpbf16ps`, with a partial last
                 // panel of rows), and wider than tall (split by columns over threads).
                 (20, 2 * KC2 + 20, 70),
-                (17, 400, 150),
+                (20, 2000, 200),
             ]
         };
         for &(m, k, n) in shapes {
