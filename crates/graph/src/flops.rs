@@ -251,14 +251,17 @@ pub(crate) fn of(op: &Op, s: &Shapes<'_>) -> (u64, u64) {
                 + if needs(2) { bias } else { 0 };
             (f + bias, back)
         }
-        Op::Attention(_) => {
-            // q [.., l, d], k [.., s, d], v [.., s, dv]
-            let (q, kk, v) = (s.inputs[0].0, s.inputs[1].0, s.inputs[2].0);
-            let r = q.len();
-            let (l, d) = (q[r - 2] as u64, q[r - 1] as u64);
-            let sl = kk[kk.len() - 2] as u64;
-            let dv = v[v.len() - 1] as u64;
-            let heads = numel(&q[..r - 2]);
+        Op::Attention(a) => {
+            // q [.., l, d], k [.., s, d], v [.., s, dv] (or their packed form): the node's
+            // problem.
+            let dims = &a.dims;
+            let (l, d, sl, dv) = (
+                dims.lq as u64,
+                dims.d as u64,
+                dims.lk as u64,
+                dims.dv as u64,
+            );
+            let heads = dims.bh as u64;
             let scores = heads * l * sl;
             let f = 2 * scores * d + 2 * scores * dv + 5 * scores;
             // Backward recomputes the scores and makes the four products of the gradients.

@@ -456,3 +456,163 @@ fn bad_arguments_are_errors_naming_the_op() {
         Err(GraphError::BadArgument { .. })
     ));
 }
+
+/// The packed form against the ops it stands for (reshape to `[b, l, 3, h, d]`, the parts as
+/// `[b, h, l, d]`, attention, the heads merged back): the same values and gradients in f64, f32
+/// and bf16, causal or not, with dropout (the same draw from the graph's stream), on one and two
+/// threads; and to second order through `create_graph`.
+#[test]
+fn packed_attention_is_the_ops_it_stands_for() {
+    let (b, l, h, d) = (2, 37, 3, 4);
+    let composed = |qkv: Tensor<'_>, opts| -> Result<Vec<f64>> {
+        let t = qkv
+            .reshape(&[b as isize, l as isize, 3, h as isize, d as isize])?
+            .permute(&[2, 0, 3, 1, 4])?;
+        let part = |k: usize| t.slice(0, k, k + 1)?.reshape(&[2, 3, 37, 4]);
+        let o = part(0)?.scaled_dot_product_attention(part(1)?, part(2)?, opts)?;
+        o.permute(&[0, 2, 1, 3])?
+            .reshape(&[2, 37, 12])?
+            .to_vec_f64()
+    };
+    for threads in [1, 2] {
+        for dtype in [DType::F64, DType::F32, DType::BF16] {
+            for (causal, dropout_p) in [(false, 0.0), (true, 0.0), (true, 0.25)] {
+                let what =
+                    format!("{dtype:?} causal {causal} dropout {dropout_p} threads {threads}");
+                let opts = AttentionOptions {
+                    causal,
+                    dropout_p,
+                    ..Default::default()
+                };
+                let g = Graph::with_threads(threads);
+                let x = g
+                    .leaf(&vals(b * l * 3 * h * d, 9), &[b, l, 3 * h * d], dtype)
+                    .unwrap();
+                let w = g
+                    .from_f64(&vals(b * l * h * d, 4), &[b, l, h * d], dtype)
+                    .unwrap();
+                let run = |packed: bool| {
+                    g.seed(11);
+                    let o = if packed {
+                        x.attention_packed(h, opts).unwrap()
+                    } else {
+                        let t = x
+                            .reshape(&[b as isize, l as isize, 3, h as isize, d as isize])
+                            .unwrap()
+                            .permute(&[2, 0, 3, 1, 4])
+                            .unwrap();
+                        let part = |k: usize| {
+                            t.slice(0, k, k + 1)
+                                .unwrap()
+                                .reshape(&[2, 3, 37, 4])
+                                .unwrap()
+                        };
+                        part(0)
+                            .scaled_dot_product_attention(part(1), part(2), opts)
+                            .unwrap()
+                            .permute(&[0, 2, 1, 3])
+                            .unwrap()
+                            .reshape(&[2, 37, 12])
+                            .unwrap()
+                    };
+                    let loss = o.mul(w).unwrap().sum().unwrap();
+                    let dx = grad(loss, &[x], BackwardOptions::default()).unwrap()[0].unwrap();
+                    (o.to_vec_f64().unwrap(), dx.to_vec_f64().unwrap())
+                };
+                let (o1, g1) = run(true);
+                let (o2, g2) = run(false);
+                assert_eq!(o1, o2, "{what}: output");
+                assert_eq!(g1, g2, "{what}: gradient");
+                g.seed(11);
+                assert_eq!(composed(x, opts).unwrap(), o2, "{what}: reference");
+            }
+        }
+    }
+    // Second order, through the rule in tensor ops.
+    let xs = [HostTensor::from_f64(&vals(2 * 3 * 12, 1), &[2, 3, 12], DType::F64).unwrap()];
+    for causal in [false, true] {
+        let f = check_fn(move |_, x| {
+            let opts = AttentionOptions {
+                causal,
+                ..Default::default()
+            };
+            x[0].attention_packed(2, opts)?.tanh()
+        });
+        let opts = GradcheckOptions::default();
+        let r = gradcheck(f, &xs, opts).unwrap();
+        assert!(r.passed, "packed, causal {causal}: {r}");
+        let r = gradgradcheck(f, &xs, opts).unwrap();
+        assert!(r.passed, "packed, causal {causal}, second order: {r}");
+    }
+}
+
+/// The packed form keeps no copy of the parts: after the forward the arena holds the output
+/// and the rows' log-sum-exp beyond the input, where the ops it stands for hold the permuted
+/// projection and its three slices too; and bad shapes are errors naming the op.
+#[test]
+fn packed_attention_keeps_no_parts_and_refuses_bad_shapes() {
+    let (b, l, h, d) = (2, 64, 4, 8);
+    let in_use = |packed: bool| {
+        let g = Graph::new();
+        let x = g
+            .leaf(&vals(b * l * 3 * h * d, 3), &[b, l, 3 * h * d], DType::F32)
+            .unwrap();
+        let before = g.stats().arena.bytes_in_use;
+        let o = if packed {
+            x.attention_packed(h, AttentionOptions::default()).unwrap()
+        } else {
+            let t = x
+                .reshape(&[2, 64, 3, 4, 8])
+                .unwrap()
+                .permute(&[2, 0, 3, 1, 4])
+                .unwrap();
+            let part = |k: usize| {
+                t.slice(0, k, k + 1)
+                    .unwrap()
+                    .reshape(&[2, 4, 64, 8])
+                    .unwrap()
+            };
+            part(0)
+                .scaled_dot_product_attention(part(1), part(2), AttentionOptions::default())
+                .unwrap()
+                .permute(&[0, 2, 1, 3])
+                .unwrap()
+                .reshape(&[2, 64, 32])
+                .unwrap()
+        };
+        std::hint::black_box(o);
+        g.stats().arena.bytes_in_use - before
+    };
+    let (packed, ops) = (in_use(true), in_use(false));
+    let out = b * l * h * d * 4;
+    assert!(
+        packed <= out + b * h * l * 4 + 4096,
+        "packed keeps {packed} bytes"
+    );
+    assert!(
+        ops >= packed + 6 * out,
+        "the ops keep {ops} bytes, packed {packed}"
+    );
+
+    let g = Graph::new();
+    for (shape, heads) in [
+        (&[2, 5, 24][..], 0),
+        (&[2, 5, 25][..], 2),
+        (&[10, 24][..], 2),
+    ] {
+        let x = g.zeros(shape, DType::F32).unwrap();
+        let e = x
+            .attention_packed(heads, AttentionOptions::default())
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                GraphError::ShapeMismatch {
+                    op: "attention_packed",
+                    ..
+                }
+            ),
+            "{shape:?} heads {heads}: {e}"
+        );
+    }
+}

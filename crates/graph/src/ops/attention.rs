@@ -12,6 +12,7 @@
 //! of tensor ops.
 
 use arenagrad_alloc::BufId;
+use arenagrad_exec::cpu;
 use arenagrad_exec::cpu::attention::{
     self as k, AttnDims, AttnGrads, AttnInputs, AttnMask, AttnSaved,
 };
@@ -53,6 +54,8 @@ pub(crate) struct AttnNode {
     pub dims: AttnDims,
     pub mask: bool,
     pub lse: Option<BufId>,
+    /// `Some(heads)` for [`Tensor::attention_packed`]: the one input is the packed projection.
+    pub packed: Option<usize>,
 }
 
 impl AttnNode {
@@ -108,18 +111,7 @@ impl<'g> Tensor<'g> {
         if vs[..r - 2] != ks[..r - 2] || vs[r - 2] != ks[r - 2] {
             return Err(mismatch(&ks, &vs));
         }
-        if !(0.0..=1.0).contains(&opts.dropout_p) {
-            return Err(GraphError::BadArgument {
-                op: OP,
-                what: "dropout_p must be in [0, 1]",
-            });
-        }
-        if opts.scale.is_some_and(|s| !s.is_finite()) {
-            return Err(GraphError::BadArgument {
-                op: OP,
-                what: "scale must be finite",
-            });
-        }
+        check_options(&opts)?;
         let (lq, lk, d, dv) = (qs[r - 2], ks[r - 2], qs[r - 1], vs[r - 1]);
         let mut full: Shape = qs[..r - 2].iter().copied().collect();
         full.extend([lq, lk]);
@@ -196,6 +188,7 @@ impl<'g> Tensor<'g> {
             dims,
             mask: opts.mask.is_some(),
             lse,
+            packed: None,
         };
         let id = i.push(
             out_shape,
@@ -207,6 +200,204 @@ impl<'g> Tensor<'g> {
         drop(guard);
         Ok(self.g.handle(id))
     }
+}
+
+/// Refuses a dropout probability outside [0, 1] and a scale that is not finite.
+fn check_options(opts: &AttentionOptions<'_>) -> Result<()> {
+    if !(0.0..=1.0).contains(&opts.dropout_p) {
+        return Err(GraphError::BadArgument {
+            op: OP,
+            what: "dropout_p must be in [0, 1]",
+        });
+    }
+    if opts.scale.is_some_and(|s| !s.is_finite()) {
+        return Err(GraphError::BadArgument {
+            op: OP,
+            what: "scale must be finite",
+        });
+    }
+    Ok(())
+}
+
+impl<'g> Tensor<'g> {
+    /// Self-attention over the heads of a packed projection, as `nn::MultiheadAttention` runs
+    /// it: `self` is `[b, l, 3·e]` as an input projection writes it (the queries, keys and
+    /// values, each `e = heads·d` wide, head after head), and the output `[b, l, e]` holds the
+    /// heads' outputs side by side. The values are those of reshaping `self` to
+    /// `[b, l, 3, heads, d]`, taking each part as `[b, heads, l, d]`,
+    /// [`Tensor::scaled_dot_product_attention`] with `opts`, and merging the heads back; but on
+    /// the host the node keeps no part: forward and backward read the queries, keys and values
+    /// out of `self` into scratch let go at once, and the gradient comes in `self`'s layout.
+    /// With a mask, or on a CUDA device, it runs those ops.
+    ///
+    /// ```
+    /// use arenagrad_graph::{AttentionOptions, DType, Graph};
+    /// let g = Graph::new();
+    /// let qkv = g.randn(&[2, 5, 3 * 8], DType::F32)?.set_requires_grad(true)?;
+    /// let opts = AttentionOptions { causal: true, ..Default::default() };
+    /// let o = qkv.attention_packed(2, opts)?;
+    /// assert_eq!(o.shape().as_slice(), &[2, 5, 8]);
+    /// o.sum()?.backward()?;
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
+    pub fn attention_packed(self, heads: usize, opts: AttentionOptions<'g>) -> Result<Tensor<'g>> {
+        if let Some([Some(x)]) = Tensor::autocast_lower(self.g, [Some(self)])? {
+            return x.attention_packed(heads, opts);
+        }
+        let s = self.try_shape()?;
+        let &[b, l, w] = &s[..] else {
+            return Err(packed_shape_error(&s));
+        };
+        if heads == 0 || w % (3 * heads) != 0 {
+            return Err(packed_shape_error(&s));
+        }
+        let d = w / (3 * heads);
+        if self.device() != Device::Cpu || opts.mask.is_some() {
+            return packed_composed(self, [b, l, heads, d], opts);
+        }
+        check_options(&opts)?;
+        let dims = AttnDims {
+            bh: b * heads,
+            lq: l,
+            lk: l,
+            d,
+            dv: d,
+            scale: opts.scale.unwrap_or(1.0 / (d.max(1) as f64).sqrt()),
+            causal: opts.causal,
+            dropout: opts.dropout_p,
+            seed: if opts.dropout_p > 0.0 {
+                self.g.inner().rng.next_u64()
+            } else {
+                0
+            },
+        };
+        let layout = [b, l, heads, d];
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (dtype, src) = {
+            let nd = i.node(OP, self.id)?;
+            (nd.dtype, nd.buf)
+        };
+        let parts = gather_parts(i, src, dtype, layout, 3)?;
+        let record = i.records(&[self.id]);
+        let full = [dims.bh, l, l];
+        let (heads_out, lse) = host_forward(i, &dims, &parts, None, &full, dtype, record)?;
+        let out = i.alloc(OP, dtype, b * l * heads * d)?;
+        merge_parts(i, heads_out, out, dtype, layout, 1)?;
+        for scratch in parts.into_iter().chain([heads_out]) {
+            i.release_buf(Device::Cpu, scratch)?;
+        }
+        let node = AttnNode {
+            dims,
+            mask: false,
+            lse,
+            packed: Some(heads),
+        };
+        let shape: Shape = smallvec![b, l, heads * d];
+        let id = i.push(
+            shape,
+            dtype,
+            out,
+            Op::Attention(std::sync::Arc::new(node)),
+            &[self.id],
+        );
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+}
+
+fn packed_shape_error(s: &[usize]) -> GraphError {
+    GraphError::ShapeMismatch {
+        op: "attention_packed",
+        lhs: s.to_vec(),
+        rhs: vec![0, 0, 3],
+    }
+}
+
+/// The queries, keys and values `[b, heads, l, d]` of a packed `[b, l, 3·heads·d]` in tensor
+/// ops.
+fn packed_split<'g>(qkv: Tensor<'g>, [b, l, h, d]: [usize; 4]) -> Result<[Tensor<'g>; 3]> {
+    let (b, l, h, d) = (b as isize, l as isize, h as isize, d as isize);
+    let t = qkv.reshape(&[b, l, 3, h, d])?.permute(&[2, 0, 3, 1, 4])?;
+    let part = |k: usize| t.slice(0, k, k + 1)?.reshape(&[b, h, l, d]);
+    Ok([part(0)?, part(1)?, part(2)?])
+}
+
+/// `[b, heads, l, d]` heads → `[b, l, heads·d]` in tensor ops.
+fn heads_merged<'g>(o: Tensor<'g>, [b, l, h, d]: [usize; 4]) -> Result<Tensor<'g>> {
+    o.permute(&[0, 2, 1, 3])?
+        .reshape(&[b as isize, l as isize, (h * d) as isize])
+}
+
+/// [`Tensor::attention_packed`] in tensor ops.
+fn packed_composed<'g>(
+    qkv: Tensor<'g>,
+    layout: [usize; 4],
+    opts: AttentionOptions<'g>,
+) -> Result<Tensor<'g>> {
+    let [q, k, v] = packed_split(qkv, layout)?;
+    heads_merged(q.scaled_dot_product_attention(k, v, opts)?, layout)
+}
+
+/// Part `part` of `parts` of a packed `[b, l, parts, h, d]` buffer as a new `[b, h, l, d]`
+/// buffer, for each part.
+fn gather_parts(
+    i: &mut Inner,
+    src: BufId,
+    dtype: DType,
+    [b, l, h, d]: [usize; 4],
+    parts: usize,
+) -> Result<SmallVec<[BufId; 3]>> {
+    let threads = i.threads;
+    let mut out = SmallVec::new();
+    for part in 0..parts {
+        let buf = i.alloc(OP, dtype, b * h * l * d)?;
+        with_storage!(dtype, T, {
+            let (dst, [s]) = i.split_mut::<T, 1>(OP, buf, [src])?;
+            let row = l * d;
+            cpu::par::par_rows_mut(dst, row, threads, cpu::par::PAR_MIN_ELEMS, |bh, blk| {
+                let (bi, hi) = (bh / h, bh % h);
+                for (li, r) in blk.chunks_exact_mut(d).enumerate() {
+                    let at = ((bi * l + li) * parts + part) * h * d + hi * d;
+                    r.copy_from_slice(&s[at..at + d]);
+                }
+            });
+        });
+        out.push(buf);
+    }
+    Ok(out)
+}
+
+/// The inverse of [`gather_parts`]: `src` holds `parts` `[b, h, l, d]` blocks one after the
+/// other; `dst` gets them packed as `[b, l, parts, h, d]`.
+fn merge_parts(
+    i: &mut Inner,
+    src: BufId,
+    dst: BufId,
+    dtype: DType,
+    [b, l, h, d]: [usize; 4],
+    parts: usize,
+) -> Result<()> {
+    let threads = i.threads;
+    let n = b * h * l * d;
+    with_storage!(dtype, T, {
+        let (out, [s]) = i.split_mut::<T, 1>(OP, dst, [src])?;
+        cpu::par::par_rows_mut(
+            out,
+            parts * h * d,
+            threads,
+            cpu::par::PAR_MIN_ELEMS,
+            |bl, row| {
+                let (bi, li) = (bl / l, bl % l);
+                for (ph, r) in row.chunks_exact_mut(d).enumerate() {
+                    let (p, hi) = (ph / h, ph % h);
+                    let at = p * n + ((bi * h + hi) * l + li) * d;
+                    r.copy_from_slice(&s[at..at + d]);
+                }
+            },
+        );
+    });
+    Ok(())
 }
 
 /// Whether the operands (queries, keys, values, an optional mask) share one 16-bit dtype: the
@@ -514,6 +705,9 @@ fn composed_forward<'g>(
 }
 
 pub(crate) fn backward<'g>(nd: &AttnNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    if let Some(heads) = nd.packed {
+        return packed_backward(nd, heads, c);
+    }
     let (q, kt, vt) = (c.input(0), c.input(1), c.input(2));
     let mask = nd.mask.then(|| c.input(3));
     let dims = nd.dims;
@@ -528,6 +722,59 @@ pub(crate) fn backward<'g>(nd: &AttnNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
         grads.push(None);
     }
     Ok(grads)
+}
+
+/// [`Tensor::attention_packed`]'s rule: the host kernels on the parts gathered again (and the
+/// output and its gradient as heads), the three gradients packed into one in the input's
+/// layout; in tensor ops under `create_graph`.
+fn packed_backward<'g>(nd: &AttnNode, heads: usize, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let qkv = c.input(0);
+    let s = qkv.try_shape()?;
+    let dims = nd.dims;
+    let layout = [s[0], s[1], heads, dims.d];
+    if c.create_graph {
+        let [q, k, v] = packed_split(qkv, layout)?;
+        let [b, l, h, d] = layout.map(|x| x as isize);
+        let go = c.gy.reshape(&[b, l, h, d])?.permute(&[0, 2, 1, 3])?;
+        let grads = composed_backward(q, k, v, None, &dims, go)?;
+        let merged = grads
+            .into_iter()
+            .map(|g| {
+                let g = g.expect("invariant: the composed rule gives all three gradients");
+                heads_merged(g, layout)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        return Ok(smallvec![Some(c.g.concat(&merged, -1)?)]);
+    }
+    let mut guard = c.g.inner();
+    let i = &mut *guard;
+    let dtype = i.node(OP, qkv.id)?.dtype;
+    let [src, ob, gb] = bufs_of(i, [qkv, c.out, c.gy])?;
+    let mut scratch = gather_parts(i, src, dtype, layout, 3)?;
+    scratch.extend(gather_parts(i, ob, dtype, layout, 1)?);
+    scratch.extend(gather_parts(i, gb, dtype, layout, 1)?);
+    let full = [dims.bh, dims.lq, dims.lk];
+    let p = HostProblem {
+        dims: &dims,
+        mask: None,
+        full: &full,
+    };
+    let bufs = [scratch[0], scratch[1], scratch[2], scratch[3], scratch[4]];
+    let args = (p, bufs, nd.kept_lse());
+    let all = match dtype {
+        DType::F64 => backward_in::<f64, f64>(i, args, k::attention_backward),
+        DType::BF16 => backward_in::<bf16, f32>(i, args, k::attention_backward_half),
+        DType::F16 => backward_in::<f16, f32>(i, args, k::attention_backward_half),
+        _ => backward_in::<f32, f32>(i, args, k::attention_backward),
+    }?;
+    let grad = i.alloc(OP, dtype, s.iter().product())?;
+    merge_parts(i, all, grad, dtype, layout, 3)?;
+    for b in scratch.into_iter().chain([all]) {
+        i.release_buf(Device::Cpu, b)?;
+    }
+    let id = i.push_on(Device::Cpu, s, dtype, grad, Op::Leaf, &[]);
+    drop(guard);
+    Ok(smallvec![Some(c.g.handle(id))])
 }
 
 /// The rule in tensor ops, differentiable again.

@@ -257,14 +257,27 @@ impl MultiheadAttention {
 
 impl Module for MultiheadAttention {
     fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
-        let [q, k, v] = self.qkv(g, x)?;
+        let s = x.try_shape()?;
+        let dim = self.out_proj.out_features();
+        if s.len() != 3 || s[2] != dim {
+            return Err(input_shape(
+                "MultiheadAttention",
+                &format!("[batch, len, {dim}]"),
+                &s,
+            ));
+        }
         let opts = AttentionOptions {
             causal: self.causal,
             dropout_p: if self.training { self.dropout } else { 0.0 },
             ..Default::default()
         };
-        let o = q.scaled_dot_product_attention(k, v, opts)?;
-        self.merge(g, o)
+        // One product for the three parts, and attention reading its heads straight out of
+        // the product's output: no copy of the parts is kept for backward.
+        let o = self
+            .in_proj
+            .forward(g, x)?
+            .attention_packed(self.heads, opts)?;
+        self.out_proj.forward(g, o)
     }
 
     fn visit(&self, v: &mut Visitor<'_>) {
