@@ -131,6 +131,14 @@ fn calls() -> Vec<(&'static str, Call)> {
             };
             x.scaled_dot_product_attention(x, x, opts).map(drop)
         }),
+        ("attention_packed", |g, _, f, _| {
+            let qkv = g.zeros(&[1, 2, 3], DType::F64)?;
+            let opts = AttentionOptions {
+                mask: Some(f),
+                ..Default::default()
+            };
+            qkv.attention_packed(1, opts).map(drop)
+        }),
         ("slice_write", |g, _, f, _| {
             let dst = g.zeros(&[1, 1, 2, 2], DType::F64)?;
             dst.slice_write(0, 0, f)
@@ -294,7 +302,11 @@ fn methods_taking_tensors() -> BTreeSet<String> {
                             let ty = p.split(':').nth(1).unwrap_or("");
                             // Options that carry a tensor count too.
                             ty.split(|c: char| !c.is_alphanumeric() && c != '_')
-                                .any(|w| w == "Tensor" || w == "BackwardOptions")
+                                .any(|w| {
+                                    w == "Tensor"
+                                        || w == "BackwardOptions"
+                                        || w == "AttentionOptions"
+                                })
                         });
                     if takes {
                         found.insert(name);
