@@ -230,6 +230,11 @@ impl<'g> Tensor<'g> {
     /// out of `self` into scratch let go at once, and the gradient comes in `self`'s layout.
     /// With a mask, or on a CUDA device, it runs those ops.
     ///
+    /// Errors: `heads` of 0 is a `BadArgument`; an input that is not `[b, l, w]` with `w` a
+    /// multiple of `3·heads` a `ShapeMismatch` naming its shape and `[3·heads]`; a mask from
+    /// another graph a `GraphMismatch` (nothing is recorded first); otherwise those of
+    /// [`Tensor::scaled_dot_product_attention`].
+    ///
     /// ```
     /// use arenagrad_graph::{AttentionOptions, DType, Graph};
     /// let g = Graph::new();
@@ -244,14 +249,30 @@ impl<'g> Tensor<'g> {
         if let Some([Some(x)]) = Tensor::autocast_lower(self.g, [Some(self)])? {
             return x.attention_packed(heads, opts);
         }
-        let s = self.try_shape()?;
-        let &[b, l, w] = &s[..] else {
-            return Err(packed_shape_error(&s));
-        };
-        if heads == 0 || w % (3 * heads) != 0 {
-            return Err(packed_shape_error(&s));
+        const PACKED: &str = "attention_packed";
+        if let Some(m) = opts.mask {
+            check_pair(PACKED, &self, &m)?;
         }
-        let d = w / (3 * heads);
+        if heads == 0 {
+            return Err(GraphError::BadArgument {
+                op: PACKED,
+                what: "heads must be at least 1",
+            });
+        }
+        let s = self.try_shape()?;
+        // The input must be [b, l, w] with w a multiple of 3·heads (the error's second shape).
+        let bad = || GraphError::ShapeMismatch {
+            op: PACKED,
+            lhs: s.to_vec(),
+            rhs: vec![heads.saturating_mul(3)],
+        };
+        let (&[b, l, w], Some(parts)) = (&s[..], heads.checked_mul(3)) else {
+            return Err(bad());
+        };
+        if w % parts != 0 {
+            return Err(bad());
+        }
+        let d = w / parts;
         if self.device() != Device::Cpu || opts.mask.is_some() {
             return packed_composed(self, [b, l, heads, d], opts);
         }
@@ -282,11 +303,13 @@ impl<'g> Tensor<'g> {
         let record = i.records(&[self.id]);
         let full = [dims.bh, l, l];
         let (heads_out, lse) = host_forward(i, &dims, &parts, None, &full, dtype, record)?;
+        // The parts go back before the output is made, which may reuse one's memory.
+        for part in parts {
+            i.release_buf(Device::Cpu, part)?;
+        }
         let out = i.alloc(OP, dtype, b * l * heads * d)?;
         merge_parts(i, heads_out, out, dtype, layout, 1)?;
-        for scratch in parts.into_iter().chain([heads_out]) {
-            i.release_buf(Device::Cpu, scratch)?;
-        }
+        i.release_buf(Device::Cpu, heads_out)?;
         let node = AttnNode {
             dims,
             mask: false,
@@ -303,14 +326,6 @@ impl<'g> Tensor<'g> {
         );
         drop(guard);
         Ok(self.g.handle(id))
-    }
-}
-
-fn packed_shape_error(s: &[usize]) -> GraphError {
-    GraphError::ShapeMismatch {
-        op: "attention_packed",
-        lhs: s.to_vec(),
-        rhs: vec![0, 0, 3],
     }
 }
 

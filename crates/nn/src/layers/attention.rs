@@ -14,7 +14,7 @@ use crate::Rng;
 
 /// Multi-head self-attention over `[batch, len, dim]`: one fused projection to queries, keys
 /// and values (`in_proj_weight` `[3·dim, dim]`, `in_proj_bias`), `heads` heads of
-/// `dim/heads` through [`Tensor::scaled_dot_product_attention`] (causal when asked), and the
+/// `dim/heads` through [`Tensor::attention_packed`] (causal when asked), and the
 /// output projection `out_proj`. Attention weights are dropped with probability `dropout` in
 /// training mode. Initialised as PyTorch's: Xavier-uniform `in_proj_weight`, zero biases.
 ///
@@ -149,7 +149,8 @@ impl MultiheadAttention {
         })
     }
 
-    /// `[b, l, d]` → queries, keys and values `[b, h, l, hd]`.
+    /// `[b, l, d]` → queries, keys and values `[b, h, l, hd]` (for the cache; the forward reads
+    /// them out of the fused projection with [`Tensor::attention_packed`]).
     fn qkv<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<[Tensor<'g>; 3]> {
         let s = x.try_shape()?;
         let dim = self.out_proj.out_features();
@@ -161,30 +162,6 @@ impl MultiheadAttention {
             return Err(expected());
         }
         let (h, hd) = (self.heads as isize, (dim / self.heads) as isize);
-        let wide = !x.dtype().is_half() && g.autocast_dtype().is_none();
-        if wide && b * l >= dim {
-            // Three products, each of its rows of `in_proj_weight`, each output permuted to
-            // [b, h, l, hd]: one copy per part, and backward writes each part's gradient once.
-            // (Through the fused [3, b, h, l, hd] permute and a slice per part, a step kept two
-            // copies of every part, and each slice's backward a zeroed gradient of all three —
-            // a third of the character GPT's backward peak above its activations.) Slicing the
-            // weight copies it, which only pays when there are more rows than weight rows.
-            // In 16 bits the input's gradient would be three products rounded and summed where
-            // the fused product rounds once (as PyTorch's): 16-bit runs keep the fused one.
-            let w = g.param(self.in_proj.weight())?;
-            let bias = self.in_proj.bias().map(|p| g.param(p)).transpose()?;
-            let (b, l) = (b as isize, l as isize);
-            let part = |k: usize| -> Result<Tensor<'g>> {
-                let wk = w.slice(0, k * dim, (k + 1) * dim)?;
-                let bk = bias
-                    .map(|b| b.slice(0, k * dim, (k + 1) * dim))
-                    .transpose()?;
-                Ok(crate::functional::linear(x, wk, bk)?
-                    .reshape(&[b, l, h, hd])?
-                    .permute(&[0, 2, 1, 3])?)
-            };
-            return Ok([part(0)?, part(1)?, part(2)?]);
-        }
         let (b, l) = (b as isize, l as isize);
         // [b, l, 3d] → [b, l, 3, h, hd] → [3, b, h, l, hd].
         let qkv = self
