@@ -776,12 +776,7 @@ fn packed_backward<'g>(nd: &AttnNode, heads: usize, c: &Ctx<'g>) -> Result<Grads
     };
     let bufs = [scratch[0], scratch[1], scratch[2], scratch[3], scratch[4]];
     let args = (p, bufs, nd.kept_lse());
-    let all = match dtype {
-        DType::F64 => backward_in::<f64, f64>(i, args, k::attention_backward),
-        DType::BF16 => backward_in::<bf16, f32>(i, args, k::attention_backward_half),
-        DType::F16 => backward_in::<f16, f32>(i, args, k::attention_backward_half),
-        _ => backward_in::<f32, f32>(i, args, k::attention_backward),
-    }?;
+    let all = host_backward(i, args, dtype)?;
     let grad = i.alloc(OP, dtype, s.iter().product())?;
     merge_parts(i, all, grad, dtype, layout, 3)?;
     for b in scratch.into_iter().chain([all]) {
@@ -921,12 +916,7 @@ fn fused_backward<'g>(
         full: &full,
     };
     let args = (p, bufs, nd.kept_lse());
-    let all = match dtype {
-        DType::F64 => backward_in::<f64, f64>(i, args, k::attention_backward),
-        DType::BF16 => backward_in::<bf16, f32>(i, args, k::attention_backward_half),
-        DType::F16 => backward_in::<f16, f32>(i, args, k::attention_backward_half),
-        _ => backward_in::<f32, f32>(i, args, k::attention_backward),
-    }?;
+    let all = host_backward(i, args, dtype)?;
     let (nq, nk, nv) = (
         dims.bh * dims.lq * dims.d,
         dims.bh * dims.lk * dims.d,
@@ -935,6 +925,21 @@ fn fused_backward<'g>(
     let grads = split_grads(i, c, [(qs, nq), (ks, nk), (vs, nv)], dtype, all)?;
     drop(guard);
     Ok(grads)
+}
+
+/// The host's backward in `dtype`: [`backward_in`] with the kernel for it (16-bit operands on
+/// groups of heads widened on the fly, their log-sum-exp f32).
+fn host_backward(
+    i: &mut Inner,
+    args: (HostProblem<'_>, [BufId; 5], BufId),
+    dtype: DType,
+) -> Result<BufId> {
+    match dtype {
+        DType::F64 => backward_in::<f64, f64>(i, args, k::attention_backward),
+        DType::BF16 => backward_in::<bf16, f32>(i, args, k::attention_backward_half),
+        DType::F16 => backward_in::<f16, f32>(i, args, k::attention_backward_half),
+        _ => backward_in::<f32, f32>(i, args, k::attention_backward),
+    }
 }
 
 /// The gradients of `q`, `k` and `v` one after the other in a new buffer, by `kernel` in
