@@ -4,7 +4,7 @@
 //! dropout), against finite differences in f64 and to second order; and the memory it promises:
 //! a 4096-token attention step peaking at a small fraction of the composition's.
 
-use arenagrad_graph::check::{check_fn, gradcheck, gradgradcheck, GradcheckOptions};
+use arenagrad_graph::check::{check_fn, gradcheck, gradgradcheck, CheckFn, GradcheckOptions};
 use arenagrad_graph::{
     grad, AttentionOptions, BackwardOptions, DType, Graph, GraphError, HostTensor, Result, Tensor,
 };
@@ -287,7 +287,6 @@ fn an_empty_batch_gives_an_empty_output_and_gradient() {
 
 #[test]
 fn gradients_pass_finite_differences_and_second_order() {
-    let opts = GradcheckOptions::default();
     let xs = [
         HostTensor::from_f64(&vals(2 * 3 * 4, 1), &[2, 3, 4], DType::F64).unwrap(),
         HostTensor::from_f64(&vals(2 * 5 * 4, 2), &[2, 5, 4], DType::F64).unwrap(),
@@ -305,10 +304,7 @@ fn gradients_pass_finite_differences_and_second_order() {
             )?;
             o.tanh()
         });
-        let r = gradcheck(f, &xs, opts).unwrap();
-        assert!(r.passed, "causal {causal}: {r}");
-        let r = gradgradcheck(f, &xs, opts).unwrap();
-        assert!(r.passed, "causal {causal}, second order: {r}");
+        passes_both_orders(f, &xs, &format!("causal {causal}"));
     }
 }
 
@@ -457,6 +453,29 @@ fn bad_arguments_are_errors_naming_the_op() {
     ));
 }
 
+/// What [`Tensor::attention_packed`] stands for, in the ops it replaces: `qkv` `[b, l, 3·h·d]`
+/// reshaped to `[b, l, 3, h, d]`, the parts as `[b, h, l, d]`, attention, the heads merged.
+fn by_the_ops<'g>(qkv: Tensor<'g>, h: usize, opts: AttentionOptions<'g>) -> Result<Tensor<'g>> {
+    let s = qkv.shape();
+    let (b, l, d) = (s[0] as isize, s[1] as isize, (s[2] / (3 * h)) as isize);
+    let h = h as isize;
+    let t = qkv.reshape(&[b, l, 3, h, d])?.permute(&[2, 0, 3, 1, 4])?;
+    let part = |k: usize| t.slice(0, k, k + 1)?.reshape(&[b, h, l, d]);
+    part(0)?
+        .scaled_dot_product_attention(part(1)?, part(2)?, opts)?
+        .permute(&[0, 2, 1, 3])?
+        .reshape(&[b, l, h * d])
+}
+
+/// `f` passes gradcheck and gradgradcheck at `xs`.
+fn passes_both_orders(f: impl CheckFn + Copy, xs: &[HostTensor], what: &str) {
+    let opts = GradcheckOptions::default();
+    let r = gradcheck(f, xs, opts).unwrap();
+    assert!(r.passed, "{what}: {r}");
+    let r = gradgradcheck(f, xs, opts).unwrap();
+    assert!(r.passed, "{what}, second order: {r}");
+}
+
 /// The packed form against the ops it stands for (reshape to `[b, l, 3, h, d]`, the parts as
 /// `[b, h, l, d]`, attention, the heads merged back): the same values and gradients in f64, f32
 /// and bf16, causal or not, with dropout (the same draw from the graph's stream), on one and two
@@ -464,16 +483,6 @@ fn bad_arguments_are_errors_naming_the_op() {
 #[test]
 fn packed_attention_is_the_ops_it_stands_for() {
     let (b, l, h, d) = (2, 37, 3, 4);
-    let composed = |qkv: Tensor<'_>, opts| -> Result<Vec<f64>> {
-        let t = qkv
-            .reshape(&[b as isize, l as isize, 3, h as isize, d as isize])?
-            .permute(&[2, 0, 3, 1, 4])?;
-        let part = |k: usize| t.slice(0, k, k + 1)?.reshape(&[2, 3, 37, 4]);
-        let o = part(0)?.scaled_dot_product_attention(part(1)?, part(2)?, opts)?;
-        o.permute(&[0, 2, 1, 3])?
-            .reshape(&[2, 37, 12])?
-            .to_vec_f64()
-    };
     for threads in [1, 2] {
         for dtype in [DType::F64, DType::F32, DType::BF16] {
             for (causal, dropout_p) in [(false, 0.0), (true, 0.0), (true, 0.25)] {
@@ -496,24 +505,7 @@ fn packed_attention_is_the_ops_it_stands_for() {
                     let o = if packed {
                         x.attention_packed(h, opts).unwrap()
                     } else {
-                        let t = x
-                            .reshape(&[b as isize, l as isize, 3, h as isize, d as isize])
-                            .unwrap()
-                            .permute(&[2, 0, 3, 1, 4])
-                            .unwrap();
-                        let part = |k: usize| {
-                            t.slice(0, k, k + 1)
-                                .unwrap()
-                                .reshape(&[2, 3, 37, 4])
-                                .unwrap()
-                        };
-                        part(0)
-                            .scaled_dot_product_attention(part(1), part(2), opts)
-                            .unwrap()
-                            .permute(&[0, 2, 1, 3])
-                            .unwrap()
-                            .reshape(&[2, 37, 12])
-                            .unwrap()
+                        by_the_ops(x, h, opts).unwrap()
                     };
                     let loss = o.mul(w).unwrap().sum().unwrap();
                     let dx = grad(loss, &[x], BackwardOptions::default()).unwrap()[0].unwrap();
@@ -524,7 +516,8 @@ fn packed_attention_is_the_ops_it_stands_for() {
                 assert_eq!(o1, o2, "{what}: output");
                 assert_eq!(g1, g2, "{what}: gradient");
                 g.seed(11);
-                assert_eq!(composed(x, opts).unwrap(), o2, "{what}: reference");
+                let again = by_the_ops(x, h, opts).unwrap().to_vec_f64().unwrap();
+                assert_eq!(again, o2, "{what}: the same draw again");
             }
         }
     }
@@ -538,11 +531,7 @@ fn packed_attention_is_the_ops_it_stands_for() {
             };
             x[0].attention_packed(2, opts)?.tanh()
         });
-        let opts = GradcheckOptions::default();
-        let r = gradcheck(f, &xs, opts).unwrap();
-        assert!(r.passed, "packed, causal {causal}: {r}");
-        let r = gradgradcheck(f, &xs, opts).unwrap();
-        assert!(r.passed, "packed, causal {causal}, second order: {r}");
+        passes_both_orders(f, &xs, &format!("packed, causal {causal}"));
     }
 }
 
@@ -561,24 +550,7 @@ fn packed_attention_keeps_no_parts_and_refuses_bad_shapes() {
         let o = if packed {
             x.attention_packed(h, AttentionOptions::default()).unwrap()
         } else {
-            let t = x
-                .reshape(&[2, 64, 3, 4, 8])
-                .unwrap()
-                .permute(&[2, 0, 3, 1, 4])
-                .unwrap();
-            let part = |k: usize| {
-                t.slice(0, k, k + 1)
-                    .unwrap()
-                    .reshape(&[2, 4, 64, 8])
-                    .unwrap()
-            };
-            part(0)
-                .scaled_dot_product_attention(part(1), part(2), AttentionOptions::default())
-                .unwrap()
-                .permute(&[0, 2, 1, 3])
-                .unwrap()
-                .reshape(&[2, 64, 32])
-                .unwrap()
+            by_the_ops(x, h, AttentionOptions::default()).unwrap()
         };
         std::hint::black_box(o);
         g.stats().arena.bytes_in_use - before

@@ -122,21 +122,7 @@ impl<'g> Tensor<'g> {
                 return Err(mismatch(&full, &ms));
             }
         }
-        let dims = AttnDims {
-            bh: qs[..r - 2].iter().product(),
-            lq,
-            lk,
-            d,
-            dv,
-            scale: opts.scale.unwrap_or(1.0 / (d.max(1) as f64).sqrt()),
-            causal: opts.causal,
-            dropout: opts.dropout_p,
-            seed: if opts.dropout_p > 0.0 {
-                self.g.inner().rng.next_u64()
-            } else {
-                0
-            },
-        };
+        let dims = self.problem(&opts, [qs[..r - 2].iter().product(), lq, lk, d, dv]);
         let dev = self.device();
         if dev != Device::Cpu && !fused_on_device(opts.mask.is_some(), r - 2) {
             return composed_forward(self, k, v, opts.mask, &dims, &full);
@@ -199,6 +185,28 @@ impl<'g> Tensor<'g> {
         );
         drop(guard);
         Ok(self.g.handle(id))
+    }
+}
+
+impl Tensor<'_> {
+    /// The problem of `[bh, lq, lk, d, dv]` under `opts` (already checked): the default scale `1/√d`,
+    /// and a seed drawn from the graph's stream when there is dropout (none drawn otherwise).
+    fn problem(&self, opts: &AttentionOptions<'_>, [bh, lq, lk, d, dv]: [usize; 5]) -> AttnDims {
+        AttnDims {
+            bh,
+            lq,
+            lk,
+            d,
+            dv,
+            scale: opts.scale.unwrap_or(1.0 / (d.max(1) as f64).sqrt()),
+            causal: opts.causal,
+            dropout: opts.dropout_p,
+            seed: if opts.dropout_p > 0.0 {
+                self.g.inner().rng.next_u64()
+            } else {
+                0
+            },
+        }
     }
 }
 
@@ -277,21 +285,7 @@ impl<'g> Tensor<'g> {
             return packed_composed(self, [b, l, heads, d], opts);
         }
         check_options(&opts)?;
-        let dims = AttnDims {
-            bh: b * heads,
-            lq: l,
-            lk: l,
-            d,
-            dv: d,
-            scale: opts.scale.unwrap_or(1.0 / (d.max(1) as f64).sqrt()),
-            causal: opts.causal,
-            dropout: opts.dropout_p,
-            seed: if opts.dropout_p > 0.0 {
-                self.g.inner().rng.next_u64()
-            } else {
-                0
-            },
-        };
+        let dims = self.problem(&opts, [b * heads, l, l, d, d]);
         let layout = [b, l, heads, d];
         let mut guard = self.g.inner();
         let i = &mut *guard;
