@@ -26,6 +26,17 @@ const EXP_TAME: std::ops::RangeInclusive<f32> = -87.3..=88.3;
 /// e^y for y in [`EXP_TAME`]; callers clamp.
 #[inline(always)]
 fn exp_f32(y: f32) -> f32 {
+    let (p, t) = exp_parts(y);
+    // 2^n, its exponent field built from t's bits: integer lanes only, no float-to-int
+    // conversion (whose saturating semantics keep a loop from vectorising).
+    let bits = t.to_bits().wrapping_sub(ROUND_MAGIC_BITS).wrapping_add(127) << 23;
+    p * f32::from_bits(bits)
+}
+
+/// `(e^r, t)` for `y = n·ln2 + r`, |r| ≤ ln2/2, where `t = ROUND_MAGIC + n` carries `n` in its
+/// low bits.
+#[inline(always)]
+fn exp_parts(y: f32) -> (f32, f32) {
     let t = y * LOG2E + ROUND_MAGIC;
     let n = t - ROUND_MAGIC;
     let r = (y - n * LN2_HI) - n * LN2_LO;
@@ -35,10 +46,30 @@ fn exp_f32(y: f32) -> f32 {
             + r * (0.5
                 + r * (0.166_666_67
                     + r * (0.041_666_668 + r * (0.008_333_452 + r * 0.001_388_893_6)))));
-    // 2^n, its exponent field built from t's bits: integer lanes only, no float-to-int
-    // conversion (whose saturating semantics keep a loop from vectorising).
-    let bits = t.to_bits().wrapping_sub(ROUND_MAGIC_BITS).wrapping_add(127) << 23;
-    p * f32::from_bits(bits)
+    (p, t)
+}
+
+/// At or below this, e^y rounds to 0 in f32 (e^−104 < 2^−150, half the least subnormal).
+const EXP_ZERO: f32 = -104.0;
+
+/// e^y over the whole f32 range, branch-free (a loop of it vectorises): [`exp_f32`]'s
+/// polynomial, scaled by 2^n as two normal factors 2^⌊n/2⌋·2^(n−⌊n/2⌋), so that a subnormal
+/// result is rounded once and a result past f32::MAX is +inf; 0 at and below [`EXP_ZERO`]
+/// (−inf included), NaN for NaN. Where [`exp_f32`] is defined the two agree bit for bit (both
+/// scalings are exact there).
+#[inline(always)]
+pub(crate) fn exp_full_f32(y: f32) -> f32 {
+    // Clamped, n stays within [−150, 128]; each half-exponent within [−75, 64].
+    let (p, t) = exp_parts(y.clamp(EXP_ZERO, 89.0));
+    let n = t.to_bits().wrapping_sub(ROUND_MAGIC_BITS) as i32;
+    let half = n >> 1;
+    let scale = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    let e = p * scale(half) * scale(n - half);
+    if y <= EXP_ZERO {
+        0.0
+    } else {
+        e
+    }
 }
 
 /// erf x in `f32`, branch-free (a loop of it vectorises): Juffa's two minimax fits, an odd
@@ -166,21 +197,10 @@ fn tanh_slice_f32(x: &[f32], out: &mut [f32]) {
 
 #[inline(always)]
 fn exp_slice_f32(x: &[f32], out: &mut [f32]) {
-    // One branch-free pass the compiler vectorises; the rare inputs outside the polynomial's
-    // range (a subnormal or zero result, one near or past f32::MAX, NaN) are redone one by
-    // one afterwards, in f64.
-    let (lo, hi) = (*EXP_TAME.start(), *EXP_TAME.end());
-    let mut tame = true;
+    // One branch-free pass the compiler vectorises, right over the whole range: the −∞ of a
+    // causal mask and the underflow of a far-off score cost nothing extra.
     for (o, &v) in out.iter_mut().zip(x) {
-        tame &= EXP_TAME.contains(&v);
-        *o = exp_f32(v.clamp(lo, hi));
-    }
-    if !tame {
-        for (o, &v) in out.iter_mut().zip(x) {
-            if !EXP_TAME.contains(&v) {
-                *o = (v as f64).exp() as f32;
-            }
-        }
+        *o = exp_full_f32(v);
     }
 }
 
@@ -386,11 +406,50 @@ mod tests {
             let want = (v as f64).exp() as f32;
             if v.is_nan() {
                 assert!(e.is_nan());
-            } else if want == 0.0 || want.is_infinite() || want < f32::MIN_POSITIVE {
+            } else if want == 0.0 || want.is_infinite() {
                 assert_eq!(e, want, "exp({v})");
+            } else if want < f32::MIN_POSITIVE {
+                // A subnormal: rounded once from the polynomial's value.
+                assert!(ulps(e, want) <= 1, "exp({v}) = {e:e}, want {want:e}");
             } else {
                 assert!(ulps(e, want) <= 4, "exp({v}) = {e}, want {want}");
             }
         }
+    }
+
+    /// The whole-range exponential: the tame range's bits where that is defined, within 4 ulp
+    /// of the correctly rounded value where the result is normal, 1 where it is subnormal,
+    /// exactly 0 and +inf where those are the answers.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn exp_over_the_whole_range() {
+        let steps = 400_000;
+        for i in 0..=steps {
+            let x = -110.0 + 200.0 * i as f32 / steps as f32;
+            let got = exp_full_f32(x);
+            let want = (x as f64).exp() as f32;
+            if EXP_TAME.contains(&x) {
+                assert_eq!(got.to_bits(), exp_f32(x).to_bits(), "exp({x})");
+            }
+            if want == 0.0 || want.is_infinite() {
+                assert_eq!(got, want, "exp({x})");
+            } else if want < f32::MIN_POSITIVE {
+                assert!(ulps(got, want) <= 1, "exp({x}) = {got:e}, want {want:e}");
+            } else {
+                assert!(ulps(got, want) <= 4, "exp({x}) = {got:e}, want {want:e}");
+            }
+        }
+        // The edges: the least subnormal's neighbourhood, the largest finite result, specials.
+        for x in [-103.97, -103.9, -103.28, -87.34, 88.72, 88.7228, 88.7229] {
+            let (got, want) = (exp_full_f32(x), (x as f64).exp() as f32);
+            assert!(ulps(got, want) <= 1, "exp({x}) = {got:e}, want {want:e}");
+        }
+        assert_eq!(exp_full_f32(EXP_ZERO), 0.0);
+        assert_eq!(exp_full_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_full_f32(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp_full_f32(89.0), f32::INFINITY);
+        assert!(exp_full_f32(f32::NAN).is_nan());
+        assert_eq!(exp_full_f32(0.0), 1.0);
+        assert_eq!(exp_full_f32(-0.0), 1.0);
     }
 }

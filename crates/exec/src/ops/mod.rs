@@ -133,7 +133,7 @@ fn gelu_erf<T: Float>(x: T) -> T {
 #[inline(always)]
 fn gelu_erf_grad<T: Float>(x: T) -> T {
     let cdf = T::from_f64(0.5) * (T::ONE + (x * T::from_f64(FRAC_1_SQRT_2)).erf());
-    cdf + x * T::from_f64(FRAC_1_SQRT_2PI) * (T::from_f64(-0.5) * x * x).exp()
+    cdf + x * T::from_f64(FRAC_1_SQRT_2PI) * (T::from_f64(-0.5) * x * x).exp_lanes()
 }
 
 #[inline(always)]
@@ -287,7 +287,7 @@ unary_table! {
     Erf => "erf" {
         public: true, smooth: true, domain: Domain::All, positive: Positive::Never,
         cpu: |x| x.erf(),
-        grad: |x, _, g| g * T::from_f64(TWO_OVER_SQRT_PI) * (-(x * x)).exp(),
+        grad: |x, _, g| g * T::from_f64(TWO_OVER_SQRT_PI) * (-(x * x)).exp_lanes(),
         cuda: "M<T>::erf_(x)",
         cuda_grad: "g * (T)TWO_OVER_SQRT_PI * M<T>::exp_(-(x * x))",
     }
