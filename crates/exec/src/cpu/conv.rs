@@ -1,5 +1,6 @@
 //! im2col and col2im: the patch layout that turns a 2-D convolution into one GEMM per image.
 
+use super::cast::Storage;
 use super::Gemm;
 use crate::Float;
 
@@ -279,6 +280,21 @@ pub fn col2im_batch_widening<H: super::cast::Storage + Send + Sync>(
     col2im_batch_from(cols, n, win, x, threads, |v| v.widen() as f32)
 }
 
+/// [`col2im_batch`] of 16-bit columns into a 16-bit `x` that holds zeros (fold's fresh output):
+/// the sums run in an f32 image widened from the columns as they are added
+/// ([`col2im_batch_widening`]), each rounded once into `x`.
+pub fn col2im_batch_half<H: super::cast::Storage + Send + Sync>(
+    cols: &[H],
+    n: usize,
+    win: &Window,
+    x: &mut [H],
+    threads: usize,
+) {
+    let mut sums = vec![0f32; x.len()];
+    col2im_batch_widening(cols, n, win, &mut sums, threads);
+    super::cast::cast(&sums, x, threads);
+}
+
 fn col2im_batch_from<S: Copy + Send + Sync, T: Float>(
     cols: &[S],
     n: usize,
@@ -455,22 +471,39 @@ fn pool2x2_row<T: Float>(top: &[T], bot: &[T], k0: u32, w: u32, out: &mut [u32])
     }
 }
 
+/// [`max_pool_indices`] over 16-bit images: each image widened (exactly) into a buffer of this
+/// thread's, so the same comparisons choose the same indices as on the values in f32.
+pub fn max_pool_indices_half<H: Storage>(x: &[H], win: &Window, base: usize, idx: &mut [u32]) {
+    thread_local! {
+        static WIDE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    WIDE.with(|w| {
+        let mut fresh = Vec::new();
+        let mut held = w.try_borrow_mut();
+        let w = held.as_deref_mut().unwrap_or(&mut fresh);
+        w.resize(x.len(), 0.0);
+        H::load_f32(x, w);
+        max_pool_indices(w, win, base, idx)
+    })
+}
+
 /// `out[i] = x[idx[i]]`.
-pub fn take<T: Float>(x: &[T], idx: &[u32], out: &mut [T]) {
+pub fn take<T: Copy>(x: &[T], idx: &[u32], out: &mut [T]) {
     for (o, &k) in out.iter_mut().zip(idx) {
         *o = x[k as usize];
     }
 }
 
-/// `out[idx[i]] += g[i]` (`out` cleared by the caller).
-pub fn put_add<T: Float>(g: &[T], idx: &[u32], out: &mut [T]) {
+/// `out[idx[i]] += g[i]` (`out` cleared by the caller), each sum rounded to `T` (for 16-bit
+/// types exact where no index repeats, as a pooling of disjoint windows gives).
+pub fn put_add<T: Storage>(g: &[T], idx: &[u32], out: &mut [T]) {
     for (&v, &k) in g.iter().zip(idx) {
-        out[k as usize] += v;
+        out[k as usize] = T::sum_of(out[k as usize], v);
     }
 }
 
 /// [`take`] split across threads when large.
-pub fn take_par<T: Float>(x: &[T], idx: &[u32], out: &mut [T], threads: usize) {
+pub fn take_par<T: Copy + Send + Sync>(x: &[T], idx: &[u32], out: &mut [T], threads: usize) {
     let idx = &idx[..out.len().min(idx.len())];
     super::par::par_chunks_mut(out, threads, super::par::PAR_MIN_ELEMS, |s, o| {
         take(x, &idx[s..s + o.len()], o)
@@ -481,7 +514,7 @@ pub fn take_par<T: Float>(x: &[T], idx: &[u32], out: &mut [T], threads: usize) {
 /// backward). When the indices of consecutive chunks of `g` fall in ordered, disjoint ranges of
 /// `out` — as pooling's do, window after window — each thread clears and fills its own range
 /// of `out`; otherwise one thread does all of it.
-pub fn put_into<T: Float>(g: &[T], idx: &[u32], out: &mut [T], threads: usize) {
+pub fn put_into<T: Storage>(g: &[T], idx: &[u32], out: &mut [T], threads: usize) {
     let n = g.len().min(idx.len());
     let t = if n >= super::par::PAR_MIN_ELEMS {
         threads.clamp(1, n)
@@ -514,16 +547,17 @@ pub fn put_into<T: Float>(g: &[T], idx: &[u32], out: &mut [T], threads: usize) {
                 start = end;
             }
             super::thread_pool::for_each_owned(parts, |j, (start, part)| {
-                part.fill(T::ZERO);
+                part.fill(T::narrow(0.0));
                 let (lo, hi) = (j * per, ((j + 1) * per).min(n));
                 for (&v, &k) in g[lo..hi].iter().zip(&idx[lo..hi]) {
-                    part[k as usize - *start] += v;
+                    let at = k as usize - *start;
+                    part[at] = T::sum_of(part[at], v);
                 }
             });
             return;
         }
     }
-    out.fill(T::ZERO);
+    out.fill(T::narrow(0.0));
     put_add(&g[..n], &idx[..n], out);
 }
 
@@ -549,6 +583,45 @@ impl ConvDims {
             "invariant: convolution operand out of bounds"
         );
     }
+}
+
+/// A convolution's output `y` `[n, o, l]` from its products laid out position-major, `rows`
+/// `[n·l, o]` (`colsᵀ·wᵀ`), with `bias` (`[o]`) added and each value rounded once to `H`.
+/// Images split over threads; each image's `[l, o]` block is read a band of positions at a
+/// time, so that its lines stay in the cache while the band's channels are written.
+pub fn conv_out_from_rows<H: Storage + Send>(
+    rows: &[f32],
+    bias: Option<&[f32]>,
+    d: ConvDims,
+    y: &mut [H],
+    threads: usize,
+) {
+    let ConvDims { o, l, n, .. } = d;
+    assert!(
+        rows.len() >= n * l * o && y.len() >= n * o * l && bias.is_none_or(|b| b.len() >= o),
+        "invariant: convolution output out of bounds"
+    );
+    const BAND: usize = 64;
+    super::par::par_rows_mut(
+        &mut y[..n * o * l],
+        o * l,
+        threads,
+        super::par::PAR_MIN_ELEMS,
+        |b, yb| {
+            let src = &rows[b * l * o..(b + 1) * l * o];
+            let mut tmp = [0f32; BAND];
+            for p0 in (0..l).step_by(BAND) {
+                let band = BAND.min(l - p0);
+                for c in 0..o {
+                    let add = bias.map_or(0.0, |bv| bv[c]);
+                    for (q, t) in tmp[..band].iter_mut().enumerate() {
+                        *t = src[(p0 + q) * o + c] + add;
+                    }
+                    H::store_f32(&tmp[..band], &mut yb[c * l + p0..c * l + p0 + band]);
+                }
+            }
+        },
+    );
 }
 
 /// `y[b] = w · cols_b (+ bias)` for each image `b`, written straight into the image-major

@@ -59,6 +59,55 @@ fn window(
     Ok(win)
 }
 
+/// A bf16 convolution's products as one over the batch, position-major: `[n·l, o]` =
+/// colsᵀ·Wᵀ in f32, then each image's block turned into its `[o, l]` output with the bias
+/// added and rounded once ([`cpu::conv_out_from_rows`]). Read transposed, the patch matrix packs
+/// a panel of positions from consecutive elements of each of its rows, and the product is tall
+/// (one panel of `b`, the weight): measured 1.5–2× faster than one product per image, whose
+/// `[k, l]` panels of `b` are packed pair by pair from rows `n·l` apart for only `o` multiplies
+/// each.
+fn conv_rows_bf16(
+    i: &mut crate::graph::Inner,
+    [wb, cb, out]: [BufId; 3],
+    bias: Option<BufId>,
+    d: cpu::ConvDims,
+) -> Result<()> {
+    use arenagrad_exec::bf16;
+    let op = "conv2d";
+    let cpu::ConvDims { o, k, l, n } = d;
+    let threads = i.threads;
+    let alloc_err = |source| GraphError::Alloc { op, source };
+    let bias: Option<Vec<f32>> = match bias {
+        Some(bb) => Some(cpu::cast::widened(
+            i.arena.slice::<bf16>(bb).map_err(alloc_err)?,
+        )),
+        None => None,
+    };
+    let rows = i.alloc(op, DType::F32, n * l * o)?;
+    {
+        let (r, w, c) = i
+            .arena
+            .split_mixed::<f32, bf16, bf16>(rows, wb, cb)
+            .map_err(alloc_err)?;
+        cpu::bf16::gemm_bf16(
+            Mnk::new(n * l, k, o),
+            cpu::MatView::row_major(c, 0, n * l, true),
+            cpu::MatView::row_major(w, 0, k, true),
+            r,
+            false,
+            threads,
+        );
+    }
+    {
+        let (y, r, _) = i
+            .arena
+            .split_mixed::<bf16, f32, f32>(out, rows, rows)
+            .map_err(alloc_err)?;
+        cpu::conv_out_from_rows(r, bias.as_deref(), d, y, threads);
+    }
+    i.release_buf(Device::Cpu, rows)
+}
+
 impl<'g> Tensor<'g> {
     /// im2col: `[N, C, H, W]` → `[N, C·kh·kw, Ho·Wo]`, zero padding outside the image.
     pub fn unfold2d(
@@ -150,7 +199,9 @@ impl<'g> Tensor<'g> {
         let out = i.alloc(op, dtype, len)?;
         let threads = i.threads;
         let d = cpu::ConvDims { o, k, l, n };
-        if dtype == DType::BF16 {
+        if dtype == DType::BF16 && o >= cpu::bf16::NR && k >= 16 {
+            conv_rows_bf16(i, [wb, cb, out], bb, d)?;
+        } else if dtype == DType::BF16 {
             // Image t's product W [o, k] · cols[:, t·l..(t+1)·l] (row stride n·l) into its
             // [o, l] block, each starting from the bias column.
             let offs: Vec<usize> = (0..n).map(|t| t * l).collect();
@@ -320,7 +371,12 @@ impl<'g> Tensor<'g> {
         padding: (usize, usize),
     ) -> Result<Tensor<'g>> {
         let op = "max_pool2d";
-        if self.dtype_of(op)?.is_half() {
+        let (dtype, dev) = self.with_node(op, |n| (n.dtype, n.device()))?;
+        // 16-bit pooling on the host picks and copies its elements as stored, and its gradient
+        // lands on distinct elements where the windows are disjoint (each sum exact): overlapping
+        // windows, and CUDA, pool in f32.
+        let disjoint = stride.0 >= kernel.0 && stride.1 >= kernel.1;
+        if dtype.is_half() && !(disjoint && dev == Device::Cpu) {
             return Tensor::lower([self], |[x]| x.max_pool2d(kernel, stride, padding));
         }
         if padding.0 > kernel.0 / 2 || padding.1 > kernel.1 / 2 {
@@ -364,14 +420,23 @@ impl<'g> Tensor<'g> {
         let out = i.alloc(op, dtype, total)?;
         let per_out = c * ho * wo;
         let threads = i.threads;
-        with_float!(dtype, T, {
-            let (ix, x, _) = i
-                .arena
-                .split_mixed::<u32, T, T>(idx, xb, xb)
-                .map_err(alloc_err)?;
-            cpu::par::par_rows_mut(ix, per_out, threads, cpu::par::PAR_MIN_ELEMS, |b, ib| {
-                cpu::max_pool_indices(&x[b * per_in..(b + 1) * per_in], &win, b * per_in, ib);
-            });
+        macro_rules! indices {
+            ($T:ident, $pick:path) => {{
+                let (ix, x, _) = i
+                    .arena
+                    .split_mixed::<u32, $T, $T>(idx, xb, xb)
+                    .map_err(alloc_err)?;
+                cpu::par::par_rows_mut(ix, per_out, threads, cpu::par::PAR_MIN_ELEMS, |b, ib| {
+                    $pick(&x[b * per_in..(b + 1) * per_in], &win, b * per_in, ib);
+                });
+            }};
+        }
+        if dtype.is_half() {
+            with_half!(dtype, H, { indices!(H, cpu::max_pool_indices_half) });
+        } else {
+            with_float!(dtype, T, { indices!(T, cpu::max_pool_indices) });
+        }
+        with_storage!(dtype, T, {
             let (o, x, ix) = i
                 .arena
                 .split_mixed::<T, T, u32>(out, xb, idx)
@@ -409,7 +474,7 @@ impl<'g> Tensor<'g> {
         };
         let threads = i.threads;
         match dev {
-            Device::Cpu => with_float!(dtype, T, {
+            Device::Cpu => with_storage!(dtype, T, {
                 let (o, x, ix) = i
                     .arena
                     .split_mixed::<T, T, u32>(out, xb, idx)
@@ -595,17 +660,13 @@ impl KernelArgs<'_> {
         moves!(self, x, o, _s => cpu::im2col_batch(x, n, win, Default::default(), o, threads))
     }
     pub(crate) fn fold_batch(self, win: &cpu::Window, n: usize, threads: usize) {
-        // Folding adds: 16-bit columns are widened as they are added into an f32 copy of the
-        // (smaller) output, rounded once.
+        // Folding adds into the zeroed output: 16-bit columns are widened as they are added
+        // into f32 sums of the (smaller) output, rounded once.
         match self {
             KernelArgs::F32(x, o, _) => cpu::col2im_batch(x, n, win, o, threads),
             KernelArgs::F64(x, o, _) => cpu::col2im_batch(x, n, win, o, threads),
-            KernelArgs::BF16(x, o, _) => cpu::cast::update_in_f32(o, |wo| {
-                cpu::conv::col2im_batch_widening(x, n, win, wo, threads)
-            }),
-            KernelArgs::F16(x, o, _) => cpu::cast::update_in_f32(o, |wo| {
-                cpu::conv::col2im_batch_widening(x, n, win, wo, threads)
-            }),
+            KernelArgs::BF16(x, o, _) => cpu::conv::col2im_batch_half(x, n, win, o, threads),
+            KernelArgs::F16(x, o, _) => cpu::conv::col2im_batch_half(x, n, win, o, threads),
         }
     }
     pub(crate) fn fold(self, win: &cpu::Window, threads: usize) {
