@@ -47,7 +47,8 @@ const MC: usize = MR * 48;
 /// `x` rounded to bf16, to nearest even (NaN stays a quiet NaN), as PyTorch's conversion and
 /// `vcvtneps2bf16`.
 pub fn to_bf16(x: f32) -> bf16 {
-    bf16::from_f32(x)
+    // The `half` crate's rule (nearest even; NaN quiet, sign and top payload kept), branch-free.
+    round_bits(x)
 }
 
 /// `x`'s value (exact).

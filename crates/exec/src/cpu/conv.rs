@@ -471,19 +471,26 @@ fn pool2x2_row<T: Float>(top: &[T], bot: &[T], k0: u32, w: u32, out: &mut [u32])
     }
 }
 
-/// [`max_pool_indices`] over 16-bit images: each image widened (exactly) into a buffer of this
-/// thread's, so the same comparisons choose the same indices as on the values in f32.
+/// [`max_pool_indices`] over 16-bit images: each channel's plane widened (exactly) into a
+/// buffer of this thread's that stays in the L1 cache, so the same comparisons choose the same
+/// indices as on the values in f32.
 pub fn max_pool_indices_half<H: Storage>(x: &[H], win: &Window, base: usize, idx: &mut [u32]) {
     thread_local! {
         static WIDE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
+    let (plane, per_out) = (win.h * win.w, ho * wo);
+    let one = Window { c: 1, ..*win };
     WIDE.with(|w| {
         let mut fresh = Vec::new();
         let mut held = w.try_borrow_mut();
         let w = held.as_deref_mut().unwrap_or(&mut fresh);
-        w.resize(x.len(), 0.0);
-        H::load_f32(x, w);
-        max_pool_indices(w, win, base, idx)
+        w.resize(plane, 0.0);
+        for c in 0..win.c {
+            H::load_f32(&x[c * plane..(c + 1) * plane], w);
+            let out = &mut idx[c * per_out..(c + 1) * per_out];
+            max_pool_indices(w, &one, base + c * plane, out);
+        }
     })
 }
 
