@@ -1053,4 +1053,30 @@ mod tests {
         assert_eq!(back[0], 1.0);
         assert!(back[3].is_nan());
     }
+
+    /// `to_bf16` is the `half` crate's conversion bit for bit (NaN payloads included), over
+    /// bit patterns spread across every exponent and the neighbourhoods of the rounding ties.
+    #[test]
+    fn one_value_rounds_as_the_half_crate_does() {
+        let step = if cfg!(miri) { 0x00f0_0001 } else { 0x0000_1001 };
+        let spread = (0..=u32::MAX).step_by(step);
+        let ties = (0..256u32).flat_map(|e| {
+            let base = e << 23 | 0x0001_8000;
+            [
+                base - 1,
+                base,
+                base + 1,
+                base | 0x8000_0000,
+                base ^ 0x0001_0000,
+            ]
+        });
+        for bits in spread.chain(ties) {
+            let x = f32::from_bits(bits);
+            assert_eq!(
+                to_bf16(x).to_bits(),
+                bf16::from_f32(x).to_bits(),
+                "{bits:#010x}"
+            );
+        }
+    }
 }
