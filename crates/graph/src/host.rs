@@ -345,4 +345,38 @@ impl HostTensor {
             data: self.data.to_dtype("HostTensor::to_dtype", dtype)?,
         })
     }
+    /// The transpose of a matrix (`[r, c]` → `[c, r]`, the same dtype);
+    /// [`GraphError::BadArgument`] for any other rank.
+    ///
+    /// ```
+    /// use arenagrad_graph::HostTensor;
+    /// let t = HostTensor::new(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+    /// let u = t.transposed()?;
+    /// assert_eq!(u.shape(), &[3, 2]);
+    /// assert_eq!(u.as_slice::<f32>().unwrap(), &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
+    pub fn transposed(&self) -> Result<HostTensor> {
+        let &[r, c] = self.shape.as_slice() else {
+            return Err(GraphError::BadArgument {
+                op: "HostTensor::transposed",
+                what: "only a matrix (a tensor of rank 2) has a transpose",
+            });
+        };
+        fn flip<T: Copy>(v: &[T], r: usize, c: usize) -> Vec<T> {
+            (0..c)
+                .flat_map(|j| (0..r).map(move |i| v[i * c + j]))
+                .collect()
+        }
+        let data = match &self.data {
+            HostData::F32(v) => HostData::F32(flip(v, r, c)),
+            HostData::F64(v) => HostData::F64(flip(v, r, c)),
+            HostData::BF16(v) => HostData::BF16(flip(v, r, c)),
+            HostData::F16(v) => HostData::F16(flip(v, r, c)),
+        };
+        Ok(HostTensor {
+            shape: vec![c, r],
+            data,
+        })
+    }
 }

@@ -281,6 +281,222 @@ pub fn load_tensors(path: impl AsRef<Path>) -> Result<Vec<(String, HostTensor)>>
     tensors_from_bytes(&bytes, path)
 }
 
+/// The index of a sharded checkpoint, as `transformers` writes it beside the shards.
+pub const SHARD_INDEX: &str = "model.safetensors.index.json";
+/// A whole checkpoint in one file, as `transformers` names it.
+pub const SINGLE_FILE: &str = "model.safetensors";
+
+/// Reads every tensor of a checkpoint however it is stored, sorted by name: a safetensors
+/// file; a sharded checkpoint's index (`model.safetensors.index.json`, whose `weight_map`
+/// names the shard, beside it, that holds each tensor); or a directory holding either (the
+/// index first), as `save_pretrained` writes them. Every tensor the index maps must be in its
+/// shard, and no name may come from two shards; a shard's tensors the index does not map are
+/// left out, as `transformers` leaves them.
+pub fn read_tensors(path: impl AsRef<Path>) -> Result<Vec<(String, HostTensor)>> {
+    let path = path.as_ref();
+    let file = if path.is_dir() {
+        let index = path.join(SHARD_INDEX);
+        if index.exists() {
+            index
+        } else {
+            path.join(SINGLE_FILE)
+        }
+    } else {
+        path.to_path_buf()
+    };
+    if file.extension().is_some_and(|e| e == "json") {
+        read_sharded(&file)
+    } else {
+        load_tensors(&file)
+    }
+}
+
+/// The tensors a shard index maps, read shard by shard.
+fn read_sharded(index: &Path) -> Result<Vec<(String, HostTensor)>> {
+    let bad = |reason: String| NnError::Metadata {
+        path: index.to_path_buf(),
+        reason,
+    };
+    let text = std::fs::read_to_string(index).map_err(io(index))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no \"weight_map\" object".into()))?;
+    // Shard → the names it must provide.
+    let mut shards: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, shard) in map {
+        let shard = shard
+            .as_str()
+            .ok_or_else(|| bad(format!("the shard of {name:?} is not a file name")))?;
+        // A shard lies beside the index: a name that climbs out of the directory is refused.
+        let plain = Path::new(shard)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(bad(format!(
+                "shard {shard:?} is not a file beside the index"
+            )));
+        }
+        shards
+            .entry(shard.to_string())
+            .or_default()
+            .push(name.clone());
+    }
+    let dir = index.parent().unwrap_or(Path::new("."));
+    let mut out: BTreeMap<String, HostTensor> = BTreeMap::new();
+    for (shard, names) in shards {
+        let shard_path = dir.join(&shard);
+        let mut held: HashMap<String, HostTensor> =
+            load_tensors(&shard_path)?.into_iter().collect();
+        for name in names {
+            let t = held.remove(&name).ok_or_else(|| NnError::Metadata {
+                path: shard_path.clone(),
+                reason: format!("the index maps {name:?} to this shard, which lacks it"),
+            })?;
+            out.insert(name, t);
+        }
+    }
+    Ok(out.into_iter().collect())
+}
+
+/// Renames checkpoint keys on their way into a module (or out of one): rules applied in the
+/// order they were added, each to the name the ones before it left. A name a [`KeyMap::drop`]
+/// pattern matches is left out.
+///
+/// ```
+/// use arenagrad_nn::checkpoint::KeyMap;
+/// let map = KeyMap::new()
+///     .drop("*.attn.masked_bias")
+///     .strip_prefix("transformer.")
+///     .rename("ln_", "norm");
+/// assert_eq!(map.apply("transformer.h.0.ln_1.weight").as_deref(), Some("h.0.norm1.weight"));
+/// assert_eq!(map.apply("h.3.attn.masked_bias"), None);
+/// assert_eq!(map.apply("lm_head.weight").as_deref(), Some("lm_head.weight"));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyMap {
+    rules: Vec<KeyRule>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum KeyRule {
+    StripPrefix(String),
+    AddPrefix(String),
+    Rename(String, String),
+    Drop(String),
+}
+
+impl KeyMap {
+    /// No rules: every name as it is.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Removes `prefix` from names that start with it.
+    pub fn strip_prefix(mut self, prefix: &str) -> Self {
+        self.rules.push(KeyRule::StripPrefix(prefix.into()));
+        self
+    }
+
+    /// Puts `prefix` in front of every name that does not start with it already.
+    pub fn add_prefix(mut self, prefix: &str) -> Self {
+        self.rules.push(KeyRule::AddPrefix(prefix.into()));
+        self
+    }
+
+    /// Replaces every occurrence of `from` in a name with `to`.
+    pub fn rename(mut self, from: &str, to: &str) -> Self {
+        self.rules.push(KeyRule::Rename(from.into(), to.into()));
+        self
+    }
+
+    /// Leaves out names matching `pattern`, where `*` stands for any run of characters (dots
+    /// included) and everything else for itself.
+    pub fn drop(mut self, pattern: &str) -> Self {
+        self.rules.push(KeyRule::Drop(pattern.into()));
+        self
+    }
+
+    /// The name `name` becomes, or `None` when a rule drops it.
+    pub fn apply(&self, name: &str) -> Option<String> {
+        let mut n = name.to_string();
+        for r in &self.rules {
+            match r {
+                KeyRule::StripPrefix(p) => {
+                    if let Some(rest) = n.strip_prefix(p.as_str()) {
+                        n = rest.to_string();
+                    }
+                }
+                KeyRule::AddPrefix(p) => {
+                    if !n.starts_with(p.as_str()) {
+                        n = format!("{p}{n}");
+                    }
+                }
+                KeyRule::Rename(from, to) => {
+                    if !from.is_empty() {
+                        n = n.replace(from.as_str(), to);
+                    }
+                }
+                KeyRule::Drop(p) => {
+                    if glob_matches(p, &n) {
+                        return None;
+                    }
+                }
+            }
+        }
+        Some(n)
+    }
+
+    /// `tensors` renamed (the dropped ones left out). Two names that become one are a
+    /// [`NnError::Metadata`] error naming both, labelled with `path`.
+    pub fn remap(
+        &self,
+        tensors: Vec<(String, HostTensor)>,
+        path: &Path,
+    ) -> Result<Vec<(String, HostTensor)>> {
+        let mut out: BTreeMap<String, (String, HostTensor)> = BTreeMap::new();
+        for (name, t) in tensors {
+            let Some(to) = self.apply(&name) else {
+                continue;
+            };
+            if let Some((first, _)) = out.get(&to) {
+                return Err(NnError::Metadata {
+                    path: path.to_path_buf(),
+                    reason: format!("{first:?} and {name:?} both become {to:?}"),
+                });
+            }
+            out.insert(to, (name, t));
+        }
+        Ok(out.into_iter().map(|(to, (_, t))| (to, t)).collect())
+    }
+}
+
+/// Whether `name` matches `pattern` (`*`: any run of characters), by the greedy two-pointer
+/// scan with one backtrack point (no recursion, linear in practice).
+fn glob_matches(pattern: &str, name: &str) -> bool {
+    let (p, n) = (pattern.as_bytes(), name.as_bytes());
+    let (mut i, mut j) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while j < n.len() {
+        if i < p.len() && p[i] == b'*' {
+            star = Some((i, j));
+            i += 1;
+        } else if i < p.len() && p[i] == n[j] {
+            i += 1;
+            j += 1;
+        } else if let Some((si, sj)) = star {
+            i = si + 1;
+            j = sj + 1;
+            star = Some((si, sj + 1));
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|&c| c == b'*')
+}
+
 /// Where a training run is, besides its model and optimiser: what [`save_training`] keeps so
 /// that a resumed run continues exactly — the step (or epoch) count a learning-rate schedule
 /// reads, and the generator that orders the data — and what it has recorded so far, so that a

@@ -23,15 +23,36 @@ pub fn linear<'g>(
     weight: Tensor<'g>,
     bias: Option<Tensor<'g>>,
 ) -> Result<Tensor<'g>> {
+    linear_laid_out(x, weight, bias, true)
+}
+
+/// `x · w + b` over the last axis with `weight` stored `[in, out]` (transformers' `Conv1D`,
+/// GPT-2's layout): `x` is `[…, in]`, `bias` `[out]`.
+pub fn linear_in_out<'g>(
+    x: Tensor<'g>,
+    weight: Tensor<'g>,
+    bias: Option<Tensor<'g>>,
+) -> Result<Tensor<'g>> {
+    linear_laid_out(x, weight, bias, false)
+}
+
+/// [`linear`] (`out_in`: weight `[out, in]`) or [`linear_in_out`].
+fn linear_laid_out<'g>(
+    x: Tensor<'g>,
+    weight: Tensor<'g>,
+    bias: Option<Tensor<'g>>,
+    out_in: bool,
+) -> Result<Tensor<'g>> {
     let (xs, ws) = (x.try_shape()?, weight.try_shape()?);
-    if ws.len() != 2 || xs.is_empty() || xs[xs.len() - 1] != ws[1] {
+    let (in_at, out_at) = if out_in { (1, 0) } else { (0, 1) };
+    if ws.len() != 2 || xs.is_empty() || xs[xs.len() - 1] != ws[in_at] {
         return Err(input_shape(
             "linear",
-            &format!("[…, {}]", ws.get(1).copied().unwrap_or(0)),
+            &format!("[…, {}]", ws.get(in_at).copied().unwrap_or(0)),
             &xs,
         ));
     }
-    let (in_f, out_f) = (ws[1], ws[0]);
+    let (in_f, out_f) = (ws[in_at], ws[out_at]);
     let x2 = if xs.len() == 2 {
         x
     } else {
@@ -41,8 +62,8 @@ pub fn linear<'g>(
     // (`gx = gy·W`, `gW = gyᵀ·x` are GEMMs with swapped strides too).
     // With a bias the GEMM adds its product onto the broadcast bias (`addmm`): no extra pass.
     let y = match bias {
-        Some(b) => b.addmm_t(x2, weight, false, true)?,
-        None => x2.matmul_t(weight, false, true)?,
+        Some(b) => b.addmm_t(x2, weight, false, out_in)?,
+        None => x2.matmul_t(weight, false, out_in)?,
     };
     Ok(if xs.len() == 2 {
         y

@@ -79,7 +79,7 @@ pub mod init;
 mod layers;
 pub mod loss;
 pub mod metrics;
-mod models;
+pub mod models;
 mod module;
 pub mod optim;
 
@@ -101,6 +101,8 @@ pub use layers::norm::{
 pub use layers::rnn::{GRUCell, LSTMCell, RNNCell, RnnConfig, RnnOutput, GRU, LSTM, RNN};
 pub use layers::sequential::Sequential;
 pub use models::gpt::{Gpt, GptConfig, Sampling};
+pub use models::gpt2::{Gpt2, Gpt2Activation, Gpt2Config};
+pub use models::{generate, CausalLm};
 pub use module::{Module, Slot, Visitor};
 
 /// The names a training program needs. Its [`Result`] is nn's, whose error
@@ -116,11 +118,12 @@ pub mod prelude {
         ParamGroup, Sgd, SgdConfig, StepLr, WarmupCosineLr,
     };
     pub use crate::{
-        AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Conv2dConfig, DType, Dropout, Embedding,
-        Flatten, GRUCell, Gpt, GptConfig, Graph, Hooked, HostTensor, LSTMCell, LayerNorm,
-        LeakyReLU, Linear, LinearConfig, MaxPool2d, Module, MultiheadAttention, NnError,
-        Nonlinearity, Parameter, RMSNorm, RNNCell, ReLU, Result, Rng, RnnConfig, Sequential,
-        Sigmoid, Tanh, Tensor, TransformerBlock, TransformerConfig, GELU, GRU, LSTM, RNN,
+        AvgPool2d, BatchNorm1d, BatchNorm2d, CausalLm, Conv2d, Conv2dConfig, DType, Dropout,
+        Embedding, Flatten, GRUCell, Gpt, Gpt2, Gpt2Config, GptConfig, Graph, Hooked, HostTensor,
+        LSTMCell, LayerNorm, LeakyReLU, Linear, LinearConfig, MaxPool2d, Module,
+        MultiheadAttention, NnError, Nonlinearity, Parameter, RMSNorm, RNNCell, ReLU, Result, Rng,
+        RnnConfig, Sequential, Sigmoid, Tanh, Tensor, TransformerBlock, TransformerConfig, GELU,
+        GRU, LSTM, RNN,
     };
     pub use arenagrad_graph::AttentionOptions;
 }

@@ -4,8 +4,8 @@
 
 use arenagrad_nn::check::gradcheck_module;
 use arenagrad_nn::{
-    DType, Embedding, Gpt, GptConfig, Graph, HostTensor, Linear, Module, MultiheadAttention,
-    Parameter, Rng, Sampling, TransformerBlock, TransformerConfig,
+    CausalLm, DType, Embedding, Gpt, GptConfig, Graph, HostTensor, Linear, Module,
+    MultiheadAttention, Parameter, Rng, Sampling, TransformerBlock, TransformerConfig,
 };
 
 /// Parameter `j` (in visiting order), element `k`: `sin((k + 1)·0.37 + j) / 2`, as the PyTorch

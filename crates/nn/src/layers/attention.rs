@@ -140,49 +140,8 @@ impl MultiheadAttention {
     /// outside the scopes of the steps that fill it).
     pub fn new_cache<'g>(&self, g: &'g Graph, batch: usize, max_len: usize) -> Result<KvCache<'g>> {
         let dim = self.out_proj.out_features();
-        let shape = [batch, self.heads, max_len, dim / self.heads];
         let dtype = self.in_proj.weight().dtype();
-        Ok(KvCache {
-            k: g.zeros(&shape, dtype)?,
-            v: g.zeros(&shape, dtype)?,
-            len: 0,
-        })
-    }
-
-    /// `[b, l, d]` → queries, keys and values `[b, h, l, hd]` (for the cache; the forward reads
-    /// them out of the fused projection with [`Tensor::attention_packed`]).
-    fn qkv<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<[Tensor<'g>; 3]> {
-        let s = x.try_shape()?;
-        let dim = self.out_proj.out_features();
-        let expected = || input_shape("MultiheadAttention", &format!("[batch, len, {dim}]"), &s);
-        let [b, l, d] = s[..] else {
-            return Err(expected());
-        };
-        if d != dim {
-            return Err(expected());
-        }
-        let (h, hd) = (self.heads as isize, (dim / self.heads) as isize);
-        let (b, l) = (b as isize, l as isize);
-        // [b, l, 3d] → [b, l, 3, h, hd] → [3, b, h, l, hd].
-        let qkv = self
-            .in_proj
-            .forward(g, x)?
-            .reshape(&[b, l, 3, h, hd])?
-            .permute(&[2, 0, 3, 1, 4])?;
-        let part = |k: usize| -> Result<Tensor<'g>> {
-            Ok(qkv.slice(0, k, k + 1)?.reshape(&[b, h, l, hd])?)
-        };
-        Ok([part(0)?, part(1)?, part(2)?])
-    }
-
-    /// `[b, h, l, hd]` heads → `[b, l, d]`, through the output projection.
-    fn merge<'g>(&self, g: &'g Graph, o: Tensor<'g>) -> Result<Tensor<'g>> {
-        let s = o.try_shape()?;
-        let dim = self.out_proj.out_features() as isize;
-        let o = o
-            .permute(&[0, 2, 1, 3])?
-            .reshape(&[s[0] as isize, s[2] as isize, dim])?;
-        self.out_proj.forward(g, o)
+        KvCache::new(g, [batch, self.heads, max_len, dim / self.heads], dtype)
     }
 
     /// Self-attention of `x` (`[batch, new, dim]`, the positions after those in `cache`) over
@@ -195,54 +154,105 @@ impl MultiheadAttention {
         x: Tensor<'g>,
         cache: &mut KvCache<'g>,
     ) -> Result<Tensor<'g>> {
-        let [q, k, v] = self.qkv(g, x)?;
-        let (b, new) = (q.shape()[0], q.shape()[2]);
-        let (past, total) = (cache.len, cache.len + new);
-        let cs = cache.k.try_shape()?;
+        let dim = self.out_proj.out_features();
+        check_width("MultiheadAttention", x, dim)?;
+        let qkv = self.in_proj.forward(g, x)?;
+        let o = cache.attend(g, qkv, self.heads, self.causal)?;
+        self.out_proj.forward(g, o)
+    }
+}
+
+/// `x` is `[batch, len, dim]`.
+fn check_width(op: &'static str, x: Tensor<'_>, dim: usize) -> Result<()> {
+    let s = x.try_shape()?;
+    if s.len() != 3 || s[2] != dim {
+        return Err(input_shape(op, &format!("[batch, len, {dim}]"), &s));
+    }
+    Ok(())
+}
+
+impl<'g> KvCache<'g> {
+    /// An empty cache of `[batch, heads, max_len, head_dim]` keys and values.
+    pub(crate) fn new(g: &'g Graph, shape: [usize; 4], dtype: DType) -> Result<Self> {
+        Ok(KvCache {
+            k: g.zeros(&shape, dtype)?,
+            v: g.zeros(&shape, dtype)?,
+            len: 0,
+        })
+    }
+
+    /// Attention of the packed projection `qkv` (`[batch, new, 3·dim]`: queries, keys and
+    /// values side by side, each `heads` heads of `dim/heads`) over the cached positions and
+    /// its own (causally among its own when `causal`), its keys and values appended: the heads
+    /// merged back, `[batch, new, dim]`, before any output projection.
+    pub(crate) fn attend(
+        &mut self,
+        g: &'g Graph,
+        qkv: Tensor<'g>,
+        heads: usize,
+        causal: bool,
+    ) -> Result<Tensor<'g>> {
+        let s = qkv.try_shape()?;
+        let [b, new, d3] = s[..] else {
+            return Err(input_shape("KvCache", "[batch, len, 3·dim]", &s));
+        };
+        let cs = self.k.try_shape()?;
+        let (dim, hd) = (d3 / 3, cs[3]);
+        if d3 % 3 != 0 || cs[1] != heads || dim != heads * hd {
+            return Err(input_shape(
+                "KvCache",
+                &format!("[batch, len, {}]", 3 * cs[1] * hd),
+                &s,
+            ));
+        }
+        let (past, total) = (self.len, self.len + new);
         if cs[0] != b || total > cs[2] {
             return Err(config(
-                "MultiheadAttention",
+                "KvCache",
                 format!(
                     "the cache holds {} sequences of {} positions; {b} sequences need {total}",
                     cs[0], cs[2]
                 ),
             ));
         }
-        cache.k.slice_write(2, past, k)?;
-        cache.v.slice_write(2, past, v)?;
-        cache.len = total;
-        let (ks, vs) = (cache.k.slice(2, 0, total)?, cache.v.slice(2, 0, total)?);
+        let (bi, li, hi, hdi) = (b as isize, new as isize, heads as isize, hd as isize);
+        // [b, l, 3d] → [b, l, 3, h, hd] → [3, b, h, l, hd].
+        let parts = qkv
+            .reshape(&[bi, li, 3, hi, hdi])?
+            .permute(&[2, 0, 3, 1, 4])?;
+        let part = |k: usize| -> Result<Tensor<'g>> {
+            Ok(parts.slice(0, k, k + 1)?.reshape(&[bi, hi, li, hdi])?)
+        };
+        let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+        self.k.slice_write(2, past, k)?;
+        self.v.slice_write(2, past, v)?;
+        self.len = total;
+        let (ks, vs) = (self.k.slice(2, 0, total)?, self.v.slice(2, 0, total)?);
         let mut opts = AttentionOptions::default();
-        if new > 1 && self.causal {
+        if new > 1 && causal {
             if past == 0 {
                 opts.causal = true;
             } else {
                 // Query i (position past + i) sees keys j ≤ past + i.
                 let rows = g
                     .arange(past as f64, total as f64, 1.0, q.dtype())?
-                    .reshape(&[new as isize, 1])?;
+                    .reshape(&[li, 1])?;
                 let cols = g.arange(0.0, total as f64, 1.0, q.dtype())?;
                 let hide = cols.gt(rows)?;
                 let zero = g.zeros(&[new, total], q.dtype())?;
                 opts.mask = Some(zero.masked_fill(hide, f64::NEG_INFINITY)?);
             }
         }
-        let o = q.scaled_dot_product_attention(ks, vs, opts)?;
-        self.merge(g, o)
+        // [b, h, l, hd] → [b, l, d].
+        Ok(q.scaled_dot_product_attention(ks, vs, opts)?
+            .permute(&[0, 2, 1, 3])?
+            .reshape(&[bi, li, dim as isize])?)
     }
 }
 
 impl Module for MultiheadAttention {
     fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
-        let s = x.try_shape()?;
-        let dim = self.out_proj.out_features();
-        if s.len() != 3 || s[2] != dim {
-            return Err(input_shape(
-                "MultiheadAttention",
-                &format!("[batch, len, {dim}]"),
-                &s,
-            ));
-        }
+        check_width("MultiheadAttention", x, self.out_proj.out_features())?;
         let opts = AttentionOptions {
             causal: self.causal,
             dropout_p: if self.training { self.dropout } else { 0.0 },

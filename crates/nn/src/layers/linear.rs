@@ -55,6 +55,8 @@ impl Default for LinearConfig {
 pub struct Linear {
     weight: Parameter,
     bias: Option<Parameter>,
+    /// The weight is `[in, out]` ([`Linear::in_out`]), not `[out, in]`.
+    in_out: bool,
 }
 
 impl Linear {
@@ -84,7 +86,47 @@ impl Linear {
             cfg.dtype,
             rng,
         )?;
-        Ok(Linear { weight, bias })
+        Ok(Linear {
+            weight,
+            bias,
+            in_out: false,
+        })
+    }
+
+    /// A layer whose weight is stored `[in, out]`, as transformers' `Conv1D` stores GPT-2's
+    /// (the same function, `y = x·W + b`, and the same names, `weight` and `bias`, so such
+    /// checkpoints load as they are). Initialised as [`Linear::with_config`] would, transposed.
+    ///
+    /// ```
+    /// use arenagrad_nn::{Graph, Linear, LinearConfig, Module, Rng};
+    /// let io = Linear::in_out(3, 2, LinearConfig::default(), &mut Rng::seed(4))?;
+    /// assert_eq!(io.weight().shape(), vec![3, 2]);
+    /// assert_eq!((io.in_features(), io.out_features()), (3, 2));
+    /// // The same function as the [out, in] layer with the transposed weight.
+    /// let w = io.weight().value().transposed()?;
+    /// let oi = Linear::from_parameters(
+    ///     arenagrad_nn::Parameter::new("weight", w),
+    ///     io.bias().cloned(),
+    /// )?;
+    /// let g = Graph::new();
+    /// let x = g.from_slice(&[0.5f32, -1.0, 2.0, 1.5, 0.0, -0.25], &[2, 3])?;
+    /// let (a, b) = (io.forward(&g, x)?, oi.forward(&g, x)?);
+    /// assert_eq!(a.to_vec::<f32>()?, b.to_vec::<f32>()?);
+    /// # Ok::<(), arenagrad_nn::NnError>(())
+    /// ```
+    pub fn in_out(
+        in_features: usize,
+        out_features: usize,
+        cfg: LinearConfig,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        let l = Self::with_config(in_features, out_features, cfg, rng)?;
+        let weight = Parameter::new("weight", l.weight.value().transposed()?);
+        Ok(Linear {
+            weight,
+            bias: l.bias,
+            in_out: true,
+        })
     }
 
     /// A layer over existing parameters (shared weights, or values built elsewhere): `weight`
@@ -110,10 +152,14 @@ impl Linear {
                 ));
             }
         }
-        Ok(Linear { weight, bias })
+        Ok(Linear {
+            weight,
+            bias,
+            in_out: false,
+        })
     }
 
-    /// The weight, `[out, in]`.
+    /// The weight, `[out, in]` (`[in, out]` for a layer made by [`Linear::in_out`]).
     pub fn weight(&self) -> &Parameter {
         &self.weight
     }
@@ -125,12 +171,17 @@ impl Linear {
 
     /// Input features.
     pub fn in_features(&self) -> usize {
-        self.weight.shape()[1]
+        self.weight.shape()[usize::from(!self.in_out)]
     }
 
     /// Output features.
     pub fn out_features(&self) -> usize {
-        self.weight.shape()[0]
+        self.weight.shape()[usize::from(self.in_out)]
+    }
+
+    /// Whether the weight is stored `[in, out]` ([`Linear::in_out`]).
+    pub fn is_in_out(&self) -> bool {
+        self.in_out
     }
 }
 
@@ -140,7 +191,12 @@ impl Module for Linear {
             Some(b) => Some(g.param(b)?),
             None => None,
         };
-        F::linear(x, g.param(&self.weight)?, b)
+        let w = g.param(&self.weight)?;
+        if self.in_out {
+            F::linear_in_out(x, w, b)
+        } else {
+            F::linear(x, w, b)
+        }
     }
 
     fn visit(&self, v: &mut Visitor<'_>) {

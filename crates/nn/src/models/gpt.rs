@@ -160,49 +160,6 @@ impl Gpt {
         ]
     }
 
-    fn check_tokens(&self, tokens: &[usize], batch: usize, len: usize, past: usize) -> Result<()> {
-        if batch == 0 || tokens.len() != batch * len {
-            return Err(input_shape(
-                "Gpt",
-                &format!("{} tokens as [{batch}, {len}]", batch * len),
-                &[tokens.len()],
-            ));
-        }
-        if past + len > self.cfg.context {
-            return Err(config(
-                "Gpt",
-                format!(
-                    "{} positions exceed the context of {}",
-                    past + len,
-                    self.cfg.context
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Embeddings of `tokens` (`[batch, len]`, row-major) at positions `past..past + len`.
-    fn embed<'g>(
-        &self,
-        g: &'g Graph,
-        tokens: &[usize],
-        batch: usize,
-        len: usize,
-        past: usize,
-    ) -> Result<Tensor<'g>> {
-        self.check_tokens(tokens, batch, len, past)?;
-        let tok = self.tok_emb.lookup(g, tokens, &[batch, len])?;
-        let positions: Vec<usize> = (past..past + len).collect();
-        let pos = self.pos_emb.lookup(g, &positions, &[len])?;
-        Ok(tok.add(pos)?)
-    }
-
-    /// The final norm and the tied projection to the vocabulary: `[b, l, d]` → `[b, l, vocab]`.
-    fn head<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
-        let x = self.ln_f.forward_for_product(g, x)?;
-        F::linear(x, g.param(self.tok_emb.weight())?, None)
-    }
-
     /// Logits `[batch, len, vocab]` for `tokens` (`[batch, len]`, row-major).
     pub fn forward_tokens<'g>(
         &self,
@@ -211,13 +168,7 @@ impl Gpt {
         batch: usize,
         len: usize,
     ) -> Result<Tensor<'g>> {
-        let mut x = self
-            .dropout
-            .forward(g, self.embed(g, tokens, batch, len, 0)?)?;
-        for b in &self.blocks {
-            x = b.forward(g, x)?;
-        }
-        self.head(g, x)
+        super::decode(self, g, tokens, (batch, len))
     }
 
     /// The mean cross-entropy of predicting `targets` from `tokens` (both `[batch, len]`).
@@ -229,81 +180,58 @@ impl Gpt {
         batch: usize,
         len: usize,
     ) -> Result<Tensor<'g>> {
-        let logits = self.forward_tokens(g, tokens, batch, len)?;
-        let flat = logits.reshape(&[(batch * len) as isize, self.cfg.vocab as isize])?;
-        crate::loss::cross_entropy(flat, targets)
+        super::next_token_loss(self.forward_tokens(g, tokens, batch, len)?, targets)
+    }
+}
+
+impl super::CausalLm for Gpt {
+    fn context(&self) -> usize {
+        self.cfg.context
     }
 
-    /// One empty key/value cache per block, for `batch` sequences of up to the context.
-    pub fn new_caches<'g>(&self, g: &'g Graph, batch: usize) -> Result<Vec<KvCache<'g>>> {
+    fn new_caches<'g>(&self, g: &'g Graph, batch: usize) -> Result<Vec<KvCache<'g>>> {
         self.blocks
             .iter()
             .map(|b| b.self_attn().new_cache(g, batch, self.cfg.context))
             .collect()
     }
 
-    /// Logits `[batch, new, vocab]` for `tokens` (`[batch, new]`) following what `caches`
-    /// hold, which they then hold too. Without dropout.
-    pub fn forward_cached<'g>(
+    fn forward_cached<'g>(
         &self,
         g: &'g Graph,
         tokens: &[usize],
         batch: usize,
         caches: &mut [KvCache<'g>],
     ) -> Result<Tensor<'g>> {
-        if caches.len() != self.blocks.len() {
-            return Err(config("Gpt", "one cache per block is needed"));
-        }
-        let past = caches[0].len();
-        let len = tokens.len() / batch.max(1);
-        let mut x = self.embed(g, tokens, batch, len, past)?;
-        for (b, c) in self.blocks.iter().zip(caches.iter_mut()) {
-            x = b.forward_cached(g, x, c)?;
-        }
-        self.head(g, x)
+        super::decode_cached(self, g, tokens, batch, caches)
     }
+}
 
-    /// `n` tokens after `prompt`, sampled one at a time with `sampling`, each step one cached
-    /// forward of one token in its own [`Graph::scope`] (memory stays flat however long the
-    /// text). Past the context the cache restarts from the last half-context of tokens.
-    pub fn generate(
+impl super::Decoder for Gpt {
+    type Block = TransformerBlock;
+    const NAME: &'static str = "Gpt";
+    fn embeddings(&self) -> (&Embedding, &Embedding) {
+        (&self.tok_emb, &self.pos_emb)
+    }
+    fn embedding_dropout(&self) -> &Dropout {
+        &self.dropout
+    }
+    fn blocks(&self) -> &[TransformerBlock] {
+        &self.blocks
+    }
+    fn final_norm(&self) -> &LayerNorm {
+        &self.ln_f
+    }
+}
+
+impl super::CachedBlock for TransformerBlock {
+    fn forward_cached<'g>(
         &self,
-        g: &Graph,
-        prompt: &[usize],
-        n: usize,
-        sampling: Sampling,
-        rng: &mut Rng,
-    ) -> Result<Vec<usize>> {
-        if prompt.is_empty() {
-            return Err(config("Gpt::generate", "the prompt must hold a token"));
-        }
-        sampling.check()?;
-        let ctx = self.cfg.context;
-        let mut text: Vec<usize> = prompt.to_vec();
-        let mut caches = self.new_caches(g, 1)?;
-        // The tokens not yet in the cache.
-        let mut pending: Vec<usize> = prompt[prompt.len().saturating_sub(ctx)..].to_vec();
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            if caches[0].len() + pending.len() > ctx {
-                for c in &mut caches {
-                    c.clear();
-                }
-                let keep = (ctx / 2).max(1);
-                pending = text[text.len().saturating_sub(keep)..].to_vec();
-            }
-            let row = g.try_scope(|g| -> Result<Vec<f64>> {
-                let logits = self.forward_cached(g, &pending, 1, &mut caches)?;
-                let last = logits.shape()[1] - 1;
-                let row = logits.slice(1, last, last + 1)?;
-                Ok(row.to_vec_f64()?)
-            })?;
-            let t = sampling.sample(&row, rng);
-            out.push(t);
-            text.push(t);
-            pending = vec![t];
-        }
-        Ok(out)
+        g: &'g Graph,
+        x: Tensor<'g>,
+        cache: &mut KvCache<'g>,
+    ) -> Result<Tensor<'g>> {
+        TransformerBlock::forward_cached(self, g, x, cache)
     }
 }
 
@@ -355,7 +283,7 @@ impl Default for Sampling {
 }
 
 impl Sampling {
-    fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         if !self.temperature.is_finite() || self.temperature < 0.0 || self.top_k == Some(0) {
             return Err(config(
                 "Sampling",

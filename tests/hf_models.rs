@@ -1,0 +1,290 @@
+//! Models from Hugging Face, checked against the reference implementation: the directories in
+//! `tests/data/hf` are what `transformers` 5.25 itself wrote (`save_pretrained`, sharded, of
+//! small randomly initialised configurations), beside what it computed from them, made by
+//!
+//! ```text
+//! python3 scripts/hf_reference_models.py tests/data/hf
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use arenagrad::nn::checkpoint::{self, KeyMap};
+use arenagrad::nn::{CausalLm, Gpt2, Module, NnError, Rng, Sampling};
+use arenagrad::{Graph, HostTensor};
+use safetensors::{Dtype, SafeTensors};
+
+fn data(model: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/hf")
+        .join(model)
+}
+
+/// The reference file's tensors: token ids (int64) as `usize`, logits as `f32`.
+struct Reference {
+    bytes: Vec<u8>,
+}
+
+impl Reference {
+    fn open(model: &str) -> Self {
+        let bytes = std::fs::read(data(model).join("reference.safetensors")).unwrap();
+        Reference { bytes }
+    }
+    fn view(&self, name: &str) -> (Vec<usize>, Dtype, Vec<u8>) {
+        let st = SafeTensors::deserialize(&self.bytes).unwrap();
+        let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        (t.shape().to_vec(), t.dtype(), t.data().to_vec())
+    }
+    fn ids(&self, name: &str) -> (Vec<usize>, Vec<usize>) {
+        let (shape, dtype, bytes) = self.view(name);
+        assert_eq!(dtype, Dtype::I64, "{name}");
+        let ids = bytes
+            .chunks_exact(8)
+            .map(|c| usize::try_from(i64::from_le_bytes(c.try_into().unwrap())).unwrap())
+            .collect();
+        (shape, ids)
+    }
+    fn floats(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
+        let (shape, dtype, bytes) = self.view(name);
+        assert_eq!(dtype, Dtype::F32, "{name}");
+        let v = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        (shape, v)
+    }
+}
+
+/// The largest absolute difference between two equally long lists.
+fn worst_gap(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
+/// GPT-2's logits equal `transformers`' within 1e-4 at every batch size and length the
+/// reference holds (one token up to 33, batches of 1 to 3).
+#[test]
+fn gpt2_logits_match_transformers() {
+    let model = Gpt2::from_pretrained(data("gpt2")).unwrap();
+    let r = Reference::open("gpt2");
+    let g = Graph::new();
+    for case in ["1x1", "1x7", "2x16", "3x33"] {
+        let (shape, ids) = r.ids(&format!("ids/{case}"));
+        let (lshape, want) = r.floats(&format!("logits/{case}"));
+        let logits = model.forward_tokens(&g, &ids, shape[0], shape[1]).unwrap();
+        assert_eq!(logits.shape().as_slice(), lshape.as_slice(), "{case}");
+        let worst = worst_gap(&logits.to_vec::<f32>().unwrap(), &want);
+        assert!(worst <= 1e-4, "{case}: logits differ by up to {worst}");
+    }
+}
+
+/// Greedy decoding of 64 tokens is `generate`'s, token for token, with the key/value cache and
+/// without it (each step a full forward over the text so far).
+#[test]
+fn gpt2_greedy_generation_matches_transformers() {
+    let model = Gpt2::from_pretrained(data("gpt2")).unwrap();
+    let r = Reference::open("gpt2");
+    let (_, prompt) = r.ids("prompt");
+    let greedy = Sampling {
+        temperature: 0.0,
+        top_k: None,
+    };
+    let g = Graph::new();
+    let cached = model
+        .generate(&g, &prompt, 64, greedy, &mut Rng::seed(0))
+        .unwrap();
+    assert_eq!(cached, r.ids("greedy/cache").1);
+    let mut text = prompt.clone();
+    for _ in 0..64 {
+        let next = g
+            .try_scope(|g| -> Result<usize, NnError> {
+                let logits = model.forward_tokens(g, &text, 1, text.len())?;
+                let last = logits.slice(1, text.len() - 1, text.len())?.to_vec_f64()?;
+                Ok(greedy.sample(&last, &mut Rng::seed(0)))
+            })
+            .unwrap();
+        text.push(next);
+    }
+    assert_eq!(&text[prompt.len()..], r.ids("greedy/nocache").1.as_slice());
+    // The cache's own path agrees with the full forward on a prefix and its continuation.
+    let mut caches = model.new_caches(&g, 2).unwrap();
+    let (shape, ids) = r.ids("ids/2x16");
+    let (head, tail): (Vec<usize>, Vec<usize>) = (0..2)
+        .map(|b| {
+            (
+                ids[b * 16..b * 16 + 9].to_vec(),
+                ids[b * 16 + 9..b * 16 + 16].to_vec(),
+            )
+        })
+        .fold((vec![], vec![]), |(mut h, mut t), (a, b)| {
+            h.extend(a);
+            t.extend(b);
+            (h, t)
+        });
+    model.forward_cached(&g, &head, 2, &mut caches).unwrap();
+    let late = model.forward_cached(&g, &tail, 2, &mut caches).unwrap();
+    let full = model.forward_tokens(&g, &ids, shape[0], shape[1]).unwrap();
+    let (late, full) = (
+        late.to_vec::<f32>().unwrap(),
+        full.slice(1, 9, 16).unwrap().to_vec::<f32>().unwrap(),
+    );
+    let worst = worst_gap(&late, &full);
+    assert!(worst <= 1e-4, "cached continuation differs by {worst}");
+}
+
+/// The state dict by `transformers`' names is the checkpoint itself, the tied `lm_head.weight`
+/// included (what `GPT2LMHeadModel.load_state_dict(strict=True)` needs), and it loads back.
+#[test]
+fn gpt2_state_dict_round_trips_by_transformers_names() {
+    let model = Gpt2::from_pretrained(data("gpt2")).unwrap();
+    let file = checkpoint::read_tensors(data("gpt2")).unwrap();
+    let mut ours = model.hf_state_dict();
+    ours.sort_by(|a, b| a.0.cmp(&b.0));
+    let wte = file
+        .iter()
+        .find(|(n, _)| n == "transformer.wte.weight")
+        .unwrap()
+        .1
+        .clone();
+    let mut want = file.clone();
+    want.push(("lm_head.weight".into(), wte));
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(ours.len(), want.len());
+    for ((a, ta), (b, tb)) in ours.iter().zip(&want) {
+        assert_eq!(a, b);
+        assert_eq!(ta, tb, "{a}");
+    }
+    // Saved and read back into a fresh model: the same logits.
+    let dir = std::env::temp_dir().join(format!("arenagrad-hf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.safetensors");
+    checkpoint::save_tensors(ours.iter().map(|(n, t)| (n.as_str(), t)), &path).unwrap();
+    let mut other = Gpt2::new(*model.config(), &mut Rng::seed(5)).unwrap();
+    other.set_training(false);
+    let g = Graph::new();
+    let a = model.forward_tokens(&g, &[1, 2, 3], 1, 3).unwrap();
+    let fresh = other.forward_tokens(&g, &[1, 2, 3], 1, 3).unwrap();
+    assert_ne!(a.to_vec::<f32>().unwrap(), fresh.to_vec::<f32>().unwrap());
+    other.load_hf(&path).unwrap();
+    let b = other.forward_tokens(&g, &[1, 2, 3], 1, 3).unwrap();
+    assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Refusals name what is wrong and change nothing: a mis-shaped tensor, a missing one, a shard
+/// the index names but that lacks the tensor, a corrupted shard.
+#[test]
+fn gpt2_refuses_bad_checkpoints_and_keeps_its_weights() {
+    let model = Gpt2::from_pretrained(data("gpt2")).unwrap();
+    let before = model.hf_state_dict();
+    let dir = std::env::temp_dir().join(format!("arenagrad-hf-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut tensors = checkpoint::read_tensors(data("gpt2")).unwrap();
+    let save = |t: &[(String, HostTensor)], name: &str| {
+        let p = dir.join(name);
+        checkpoint::save_tensors(t.iter().map(|(n, t)| (n.as_str(), t)), &p).unwrap();
+        p
+    };
+    // A wrong shape: a transposed projection.
+    let at = tensors
+        .iter()
+        .position(|(n, _)| n == "transformer.h.1.mlp.c_fc.weight")
+        .unwrap();
+    let good = tensors[at].1.clone();
+    tensors[at].1 = good.transposed().unwrap();
+    let err = model
+        .load_hf(save(&tensors, "shape.safetensors"))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("transformer.h.1.mlp.c_fc.weight"),
+        "{err}"
+    );
+    // A missing tensor.
+    tensors[at].1 = good;
+    let gone = tensors.remove(0).0;
+    let err = model
+        .load_hf(save(&tensors, "missing.safetensors"))
+        .unwrap_err();
+    assert!(err.to_string().contains(&gone), "{err}");
+    // A truncated shard.
+    let shard = data("gpt2").join("model-00002-of-00003.safetensors");
+    let bytes = std::fs::read(&shard).unwrap();
+    for f in std::fs::read_dir(data("gpt2")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(
+        dir.join("model-00002-of-00003.safetensors"),
+        &bytes[..bytes.len() / 2],
+    )
+    .unwrap();
+    let err = model.load_hf(&dir).unwrap_err();
+    assert!(err.to_string().contains("model-00002-of-00003"), "{err}");
+    // An index that maps a tensor to a shard without it.
+    std::fs::write(dir.join("model-00002-of-00003.safetensors"), &bytes).unwrap();
+    let index = std::fs::read_to_string(data("gpt2").join(checkpoint::SHARD_INDEX)).unwrap();
+    let moved = index.replacen(
+        "\"transformer.wte.weight\": \"model-00001-of-00003.safetensors\"",
+        "\"transformer.wte.weight\": \"model-00002-of-00003.safetensors\"",
+        1,
+    );
+    assert_ne!(moved, index, "the index names wte's shard");
+    std::fs::write(dir.join(checkpoint::SHARD_INDEX), moved).unwrap();
+    let err = model.load_hf(&dir).unwrap_err();
+    assert!(err.to_string().contains("transformer.wte.weight"), "{err}");
+    // A shard named outside the directory.
+    let escape = index.replacen("model-00001-of-00003", "../model-00001-of-00003", 1);
+    std::fs::write(dir.join(checkpoint::SHARD_INDEX), escape).unwrap();
+    assert!(model.load_hf(&dir).is_err());
+    assert_eq!(
+        model.hf_state_dict(),
+        before,
+        "a refused load changed the model"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Key maps: prefixes, renames, dropped names, and two names that would become one.
+#[test]
+fn key_maps_rename_drop_and_refuse_collisions() {
+    let map = KeyMap::new()
+        .drop("*.attn.bias")
+        .strip_prefix("model.")
+        .add_prefix("transformer.")
+        .rename(".c_attn.", ".qkv.");
+    assert_eq!(
+        map.apply("model.h.0.attn.c_attn.weight").as_deref(),
+        Some("transformer.h.0.attn.qkv.weight")
+    );
+    assert_eq!(map.apply("h.11.attn.bias"), None);
+    assert_eq!(
+        map.apply("transformer.h.0.attn.bias_k").as_deref(),
+        Some("transformer.h.0.attn.bias_k")
+    );
+    let t = HostTensor::zeros(&[1], arenagrad::DType::F32).unwrap();
+    let clash = vec![("model.a".to_string(), t.clone()), ("a".to_string(), t)];
+    let err = map.remap(clash, Path::new("x")).unwrap_err();
+    assert!(err.to_string().contains("both become"), "{err}");
+    // Patterns: stars anywhere, repeated, matching empty runs.
+    let m = |p: &str, n: &str| KeyMap::new().drop(p).apply(n).is_none();
+    assert!(m("*", ""));
+    assert!(m("a*b*c", "abc"));
+    assert!(m("a*b*c", "a.x.b.y.c"));
+    assert!(!m("a*b*c", "a.x.b.y.d"));
+    assert!(m("**x", "yyx"));
+    assert!(!m("x", "xx"));
+}
+
+/// A model loads in training mode when made, evaluation mode from a checkpoint: dropout is off
+/// after `from_pretrained`, so two forwards agree.
+#[test]
+fn gpt2_from_pretrained_runs_in_evaluation_mode() {
+    let model = Gpt2::from_pretrained(data("gpt2")).unwrap();
+    let g = Graph::new();
+    let a = model.forward_tokens(&g, &[4, 5, 6, 7], 1, 4).unwrap();
+    let b = model.forward_tokens(&g, &[4, 5, 6, 7], 1, 4).unwrap();
+    assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+    assert_eq!(model.num_parameters(), 141_056);
+}
