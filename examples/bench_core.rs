@@ -729,6 +729,7 @@ fn gpt_generate(n: usize) -> (f64, usize, usize) {
     let sampling = arenagrad::nn::Sampling {
         temperature: 0.8,
         top_k: Some(40),
+        top_p: None,
     };
     let mut rng = Rng::seed(0);
     let _ = model.generate(&g, &prompt, 10, sampling, &mut rng).unwrap();

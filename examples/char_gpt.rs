@@ -496,6 +496,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let sampling = Sampling {
             temperature: args.temperature,
             top_k: Some(args.top_k),
+            top_p: None,
         };
         let tg = Instant::now();
         let out = model.generate(&g, &prompt, args.generate, sampling, &mut rng)?;

@@ -433,6 +433,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let sampling = Sampling {
             temperature: args.temperature,
             top_k: None,
+            top_p: None,
         };
         let mut sample_rng = Rng::seed(args.seed ^ 0xC0FFEE);
         let tg = Instant::now();

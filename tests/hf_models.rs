@@ -90,6 +90,7 @@ fn gpt2_greedy_generation_matches_transformers() {
     let greedy = Sampling {
         temperature: 0.0,
         top_k: None,
+        top_p: None,
     };
     let g = Graph::new();
     let cached = model

@@ -672,7 +672,7 @@ pub fn load_state_dict<M: Module + ?Sized>(
     strict: bool,
     path: &Path,
 ) -> Result<LoadReport> {
-    let file: BTreeMap<String, HostTensor> = tensors.into_iter().collect();
+    let mut file: BTreeMap<String, HostTensor> = tensors.into_iter().collect();
     let state = module.named_state();
     let mut mismatch = StateMismatch::default();
     let mut plan = Vec::new();
@@ -701,18 +701,32 @@ pub fn load_state_dict<M: Module + ?Sized>(
             mismatch,
         });
     }
-    // Convert first, so that nothing is assigned unless everything can be.
+    // Convert first, so that nothing is assigned unless everything can be. A name planned once
+    // takes its tensor out of the file's map (no copy when the dtype matches); one a module
+    // lists twice is read twice.
+    let mut uses: HashMap<&str, usize> = HashMap::new();
+    for (name, _) in &plan {
+        *uses.entry(name.as_str()).or_default() += 1;
+    }
     let mut values = Vec::with_capacity(plan.len());
     for (name, p) in &plan {
-        // Planned names are in the file (a name a module lists twice is read twice).
-        let Some(t) = file.get(name) else { continue };
-        // Converted to the module's dtype (a bf16 checkpoint into an f32 model, say).
-        let data = if t.data().dtype() == p.dtype() {
-            t.data().clone()
+        let last = uses.get_mut(name.as_str()).map(|n| {
+            *n -= 1;
+            *n == 0
+        });
+        let t = if last == Some(true) {
+            file.remove(name)
         } else {
-            t.data().to_dtype("load", p.dtype())?
+            file.get(name).cloned()
         };
-        values.push((p, HostTensor::from_data(data, t.shape())?));
+        let Some(t) = t else { continue };
+        // Converted to the module's dtype (a bf16 checkpoint into an f32 model, say).
+        let t = if t.dtype() == p.dtype() {
+            t
+        } else {
+            t.to_dtype(p.dtype())?
+        };
+        values.push((p, t));
     }
     for (p, v) in values {
         p.set_value(v)?;

@@ -197,6 +197,16 @@ impl Init {
                 ))
             }
         };
+        // The constants need no draws: one fill.
+        let constant = match *self {
+            Init::Zeros => Some(0.0),
+            Init::Ones => Some(1.0),
+            Init::Constant(c) => Some(c),
+            _ => None,
+        };
+        if let Some(c) = constant {
+            return Ok(HostTensor::full(shape, c, dtype)?);
+        }
         // Each initialiser as one draw per element, in order; the tensor is reserved fallibly
         // (a shape the host cannot hold is `OutOfMemory`, not an abort) and filled in place.
         let mut draw: Draw = match *self {
@@ -275,11 +285,29 @@ pub(crate) fn weight_and_bias(
     arenagrad_graph::Parameter,
     Option<arenagrad_graph::Parameter>,
 )> {
+    weight_and_bias_stored(shape, shape, (weight_init, bias_init), bias, dtype, rng)
+}
+
+/// [`weight_and_bias`] for a weight of logical shape `shape` (`[out, in, …]`: its fans and the
+/// bias's length) stored as `stored` (the same elements in another layout, as a linear layer
+/// stored `[in, out]`; every initialiser draws its elements independently, so the layout does
+/// not change their distribution).
+pub(crate) fn weight_and_bias_stored(
+    shape: &[usize],
+    stored: &[usize],
+    (weight_init, bias_init): (Init, Init),
+    bias: bool,
+    dtype: DType,
+    rng: &mut Rng,
+) -> Result<(
+    arenagrad_graph::Parameter,
+    Option<arenagrad_graph::Parameter>,
+)> {
     use arenagrad_graph::Parameter;
     let f = fans(shape);
     let weight = Parameter::new(
         "weight",
-        weight_init.tensor_with_fans(shape, f, dtype, rng)?,
+        weight_init.tensor_with_fans(stored, f, dtype, rng)?,
     );
     let bias = if bias {
         let b = bias_init.tensor_with_fans(&shape[..1], f, dtype, rng)?;

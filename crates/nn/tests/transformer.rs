@@ -233,6 +233,7 @@ fn greedy_generation_is_the_argmax_of_the_full_model_and_memory_stays_flat() {
     let greedy = Sampling {
         temperature: 0.0,
         top_k: None,
+        top_p: None,
     };
     let _ = g.zeros(&[4096], DType::F64).unwrap();
     g.reset();
@@ -281,6 +282,7 @@ fn sampling_follows_temperature_and_top_k() {
     let hot = Sampling {
         temperature: 2.0,
         top_k: None,
+        top_p: None,
     };
     let ones = (0..n)
         .filter(|_| hot.sample(&logits, &mut rng) == 1)
@@ -290,6 +292,7 @@ fn sampling_follows_temperature_and_top_k() {
     let top1 = Sampling {
         temperature: 1.0,
         top_k: Some(1),
+        top_p: None,
     };
     assert!((0..100).all(|_| top1.sample(&[0.1, 0.3, 0.2], &mut rng) == 1));
     let model = tiny_gpt();
@@ -297,6 +300,7 @@ fn sampling_follows_temperature_and_top_k() {
     let bad = Sampling {
         temperature: -1.0,
         top_k: None,
+        top_p: None,
     };
     assert!(model.generate(&g, &[1], 3, bad, &mut rng).is_err());
     assert!(model.generate(&g, &[], 3, s, &mut rng).is_err());

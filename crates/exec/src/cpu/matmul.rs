@@ -311,10 +311,54 @@ pub fn gemm<T: crate::Float + Gemm>(
         });
         return;
     }
+    if m <= SMALL_M && a.cs == 1 && b.cs == 1 && b.rs >= n {
+        // A few rows against B stored row-major (a weight kept [in, out], as GPT-2's, at
+        // batch 1): B streamed once, its columns split across threads.
+        let t = if k * n >= PAR_DOT_MIN {
+            threads.clamp(1, n.div_ceil(16))
+        } else {
+            1
+        };
+        if t <= 1 {
+            rows_times_rows(m, k, n, a, b, c, accumulate);
+            return;
+        }
+        let per = n.div_ceil(t).div_ceil(16) * 16;
+        let out = SharedOut(c.as_mut_ptr());
+        super::thread_pool::fork(n.div_ceil(per), &|p| {
+            let (j0, out) = (p * per, &out);
+            let cols = per.min(n - j0);
+            let bj = MatView {
+                offset: b.offset + j0,
+                ..b
+            };
+            // Each row's block of columns, gathered to a buffer of this thread's and back:
+            // the kernel writes a dense m×cols output.
+            let mut part = vec![T::ZERO; m * cols];
+            for i in 0..m {
+                // SAFETY: `out.0` points at `c`, a unique `&mut [T]` of m×n elements (row stride
+                // n) that outlives `fork`; this block reads and writes only columns j0..j0+cols
+                // of each row, which no other block touches, and nothing else reads `c` until
+                // every block is done.
+                let src = unsafe { std::slice::from_raw_parts(out.0.add(i * n + j0), cols) };
+                part[i * cols..(i + 1) * cols].copy_from_slice(src);
+            }
+            rows_times_rows(m, k, cols, a, bj, &mut part, accumulate);
+            for i in 0..m {
+                // SAFETY: as above.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * n + j0), cols) };
+                dst.copy_from_slice(&part[i * cols..(i + 1) * cols]);
+            }
+        });
+        return;
+    }
     let beta = if accumulate { T::ONE } else { T::ZERO };
     let work = m.saturating_mul(k).saturating_mul(n);
+    // Wider than tall splits by columns (16-wide panels), otherwise by rows: a product of a
+    // single row (a layer's weight stored [in, out] at batch 1) still runs on every thread.
+    let parts = if n > m { n.div_ceil(16) } else { m };
     let t = if work >= PAR_MIN_FLOPS {
-        threads.clamp(1, m)
+        threads.clamp(1, parts)
     } else {
         1
     };
@@ -433,6 +477,67 @@ fn rows_dot_columns<T: crate::Float>(
         for (jj, o) in row.iter_mut().enumerate().skip(j) {
             let s = dot_lanes(ar, col(jj));
             *o = if accumulate { *o + s } else { s };
+        }
+    }
+}
+
+/// `c (+)= a·b` for a few rows of `a` (unit column stride) and `b` stored row-major (unit
+/// column stride; a weight kept `[in, out]`, at batch 1): `b` is read once, four of its rows at
+/// a time in four sequential streams, and each output row takes
+/// `c + ((a₀·b₀ + a₁·b₁) + (a₂·b₂ + a₃·b₃))` per block of four (then the leftover rows one by
+/// one): an elementwise order, the same at every vector width, whose output stays in the cache
+/// while `b` streams past. (The general kernel treats this as a column-major matrix-vector
+/// product, loading and storing the output once per row of `b`.)
+fn rows_times_rows<T: crate::Float>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: MatView<'_, T>,
+    b: MatView<'_, T>,
+    c: &mut [T],
+    accumulate: bool,
+) {
+    super::wide::wide(
+        k * n,
+        #[inline(always)]
+        move || rows_times_rows_loops(m, k, n, a, b, c, accumulate),
+    )
+}
+
+#[inline(always)]
+fn rows_times_rows_loops<T: crate::Float>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: MatView<'_, T>,
+    b: MatView<'_, T>,
+    c: &mut [T],
+    accumulate: bool,
+) {
+    if !accumulate {
+        c[..m * n].fill(T::ZERO);
+    }
+    let brow = |r: usize| &b.data[b.offset + r * b.rs..][..n];
+    let av = |i: usize, r: usize| a.data[a.offset + i * a.rs + r];
+    let mut r = 0;
+    while r + 4 <= k {
+        let (b0, b1, b2, b3) = (brow(r), brow(r + 1), brow(r + 2), brow(r + 3));
+        for i in 0..m {
+            let (a0, a1, a2, a3) = (av(i, r), av(i, r + 1), av(i, r + 2), av(i, r + 3));
+            let row = &mut c[i * n..(i + 1) * n];
+            for ((((o, &x0), &x1), &x2), &x3) in row.iter_mut().zip(b0).zip(b1).zip(b2).zip(b3) {
+                *o += (a0 * x0 + a1 * x1) + (a2 * x2 + a3 * x3);
+            }
+        }
+        r += 4;
+    }
+    for r in r..k {
+        let br = brow(r);
+        for i in 0..m {
+            let ai = av(i, r);
+            for (o, &x) in c[i * n..(i + 1) * n].iter_mut().zip(br) {
+                *o += ai * x;
+            }
         }
     }
 }
@@ -755,6 +860,76 @@ mod tests {
             let av = MatView::row_major(&a, 0, k, false);
             gemm(Mnk::new(m, k, n), av, bv, &mut c, false, threads);
             assert_eq!(c, want, "{threads} threads");
+        }
+    }
+
+    /// m ≤ SMALL_M with B row-major (a weight stored [in, out] at batch 1): the streaming
+    /// kernel, at offsets, with a padded B, k around its blocks of four, overwriting and
+    /// accumulating, on 1, 2 and 3 threads (the same bits: each output is one thread's, in one
+    /// order) and at every SIMD level; equal to the exact product of small integers.
+    #[test]
+    fn a_few_rows_against_a_row_major_b_stream_it() {
+        let big = if cfg!(miri) {
+            (1, 9, 40)
+        } else {
+            (2, 301, 600)
+        };
+        for (m, k, n) in [big, (1, 4, 5), (3, 7, 33), (4, 1, 17), (2, 5, 1)] {
+            let a: Vec<f32> = (0..m * k + 3)
+                .map(|i| ((i * 7) % 13) as f32 - 6.0)
+                .collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
+            let wide: Vec<f64> = a.iter().map(|&v| f64::from(v)).collect();
+            let bw: Vec<f64> = b.iter().map(|&v| f64::from(v)).collect();
+            let want = naive(m, k, n, &wide[3..], &bw);
+            // B with rows padded to n + 3.
+            let mut bp = vec![7.0f32; k * (n + 3)];
+            for p in 0..k {
+                bp[p * (n + 3)..p * (n + 3) + n].copy_from_slice(&b[p * n..(p + 1) * n]);
+            }
+            let bv = MatView {
+                data: &bp,
+                offset: 0,
+                rs: n + 3,
+                cs: 1,
+            };
+            let av = MatView::row_major(&a, 3, k, false);
+            let mut first: Option<Vec<f32>> = None;
+            for threads in [1, 2, 3] {
+                let mut c = vec![0.5f32; m * n];
+                gemm(Mnk::new(m, k, n), av, bv, &mut c, true, threads);
+                for (g, w) in c.iter().zip(&want) {
+                    assert_eq!(f64::from(*g), w + 0.5, "{m}x{k}x{n} on {threads} threads");
+                }
+                gemm(Mnk::new(m, k, n), av, bv, &mut c, false, threads);
+                for (g, w) in c.iter().zip(&want) {
+                    assert_eq!(f64::from(*g), *w, "{m}x{k}x{n} on {threads} threads");
+                }
+                first.get_or_insert(c);
+            }
+            // Fractions, where the order of the sums shows in the last bits: every thread count
+            // and SIMD level gives the first's.
+            let af: Vec<f32> = a.iter().map(|v| v * 0.37 + 0.011).collect();
+            let run = |threads: usize| {
+                let mut c = vec![0f32; m * n];
+                let av = MatView::row_major(&af, 3, k, false);
+                gemm(Mnk::new(m, k, n), av, bv, &mut c, false, threads);
+                c
+            };
+            let one = run(1);
+            assert_eq!(run(2), one, "{m}x{k}x{n}");
+            assert_eq!(run(3), one, "{m}x{k}x{n}");
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            for level in [
+                super::super::wide::Simd::Baseline,
+                super::super::wide::Simd::Avx2,
+            ] {
+                let before = super::super::wide::simd();
+                super::super::wide::set_simd(level);
+                let got = run(2);
+                super::super::wide::set_simd(before);
+                assert_eq!(got, one, "{m}x{k}x{n} at {level:?}");
+            }
         }
     }
 

@@ -95,7 +95,8 @@ impl Linear {
 
     /// A layer whose weight is stored `[in, out]`, as transformers' `Conv1D` stores GPT-2's
     /// (the same function, `y = x·W + b`, and the same names, `weight` and `bias`, so such
-    /// checkpoints load as they are). Initialised as [`Linear::with_config`] would, transposed.
+    /// checkpoints load as they are). Initialised from the same distributions as
+    /// [`Linear::with_config`] (the `[out, in]` layer's fans), drawn in the stored order.
     ///
     /// ```
     /// use arenagrad_nn::{Graph, Linear, LinearConfig, Module, Rng};
@@ -110,8 +111,9 @@ impl Linear {
     /// )?;
     /// let g = Graph::new();
     /// let x = g.from_slice(&[0.5f32, -1.0, 2.0, 1.5, 0.0, -0.25], &[2, 3])?;
-    /// let (a, b) = (io.forward(&g, x)?, oi.forward(&g, x)?);
-    /// assert_eq!(a.to_vec::<f32>()?, b.to_vec::<f32>()?);
+    /// let (a, b) = (io.forward(&g, x)?.to_vec::<f32>()?, oi.forward(&g, x)?.to_vec::<f32>()?);
+    /// // (Summed in another order: equal to rounding.)
+    /// assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-6 * (1.0 + q.abs())));
     /// # Ok::<(), arenagrad_nn::NnError>(())
     /// ```
     pub fn in_out(
@@ -120,11 +122,23 @@ impl Linear {
         cfg: LinearConfig,
         rng: &mut Rng,
     ) -> Result<Self> {
-        let l = Self::with_config(in_features, out_features, cfg, rng)?;
-        let weight = Parameter::new("weight", l.weight.value().transposed()?);
+        if in_features == 0 || out_features == 0 {
+            return Err(config(
+                "Linear",
+                format!("features must be positive, got {in_features} → {out_features}"),
+            ));
+        }
+        let (weight, bias) = crate::init::weight_and_bias_stored(
+            &[out_features, in_features],
+            &[in_features, out_features],
+            (cfg.weight_init, cfg.bias_init),
+            cfg.bias,
+            cfg.dtype,
+            rng,
+        )?;
         Ok(Linear {
             weight,
-            bias: l.bias,
+            bias,
             in_out: true,
         })
     }

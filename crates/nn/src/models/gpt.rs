@@ -264,13 +264,18 @@ impl Module for Gpt {
 }
 
 /// How to pick the next token from logits: softmax at `temperature`, restricted to the `top_k`
-/// most likely (all when `None`); a temperature of 0 takes the most likely (greedy).
+/// most likely (all when `None`) and then to the smallest set of the most likely whose
+/// probability reaches `top_p` (nucleus sampling; all when `None`), as `transformers`' logits
+/// warpers apply them; a temperature of 0 takes the most likely (greedy).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sampling {
     /// Divides the logits (default 1; 0 is greedy).
     pub temperature: f64,
     /// Keeps only the `k` largest logits (default none).
     pub top_k: Option<usize>,
+    /// Keeps only the most likely tokens whose probabilities sum to at least `p` (in `(0, 1]`;
+    /// default none).
+    pub top_p: Option<f64>,
 }
 
 impl Default for Sampling {
@@ -278,18 +283,30 @@ impl Default for Sampling {
         Sampling {
             temperature: 1.0,
             top_k: None,
+            top_p: None,
         }
     }
 }
 
 impl Sampling {
+    /// Always the most likely token.
+    pub fn greedy() -> Self {
+        Sampling {
+            temperature: 0.0,
+            ..Sampling::default()
+        }
+    }
+
     pub(crate) fn check(&self) -> Result<()> {
-        if !self.temperature.is_finite() || self.temperature < 0.0 || self.top_k == Some(0) {
+        let p_ok = self.top_p.is_none_or(|p| p > 0.0 && p <= 1.0);
+        if !self.temperature.is_finite() || self.temperature < 0.0 || self.top_k == Some(0) || !p_ok
+        {
             return Err(config(
                 "Sampling",
                 format!(
-                    "temperature must be finite and ≥ 0, top_k ≥ 1; got {} and {:?}",
-                    self.temperature, self.top_k
+                    "temperature must be finite and ≥ 0, top_k ≥ 1, top_p in (0, 1]; got {}, \
+                     {:?} and {:?}",
+                    self.temperature, self.top_k, self.top_p
                 ),
             ));
         }
@@ -302,12 +319,16 @@ impl Sampling {
     /// use arenagrad_nn::{Rng, Sampling};
     /// let mut rng = Rng::seed(0);
     /// let logits = [0.0, 5.0, 1.0, 4.9];
-    /// let greedy = Sampling { temperature: 0.0, top_k: None };
-    /// assert_eq!(greedy.sample(&logits, &mut rng), 1);
-    /// let top2 = Sampling { temperature: 1.0, top_k: Some(2) };
+    /// assert_eq!(Sampling::greedy().sample(&logits, &mut rng), 1);
+    /// let top2 = Sampling { top_k: Some(2), ..Sampling::default() };
     /// for _ in 0..100 {
     ///     let t = top2.sample(&logits, &mut rng);
     ///     assert!(t == 1 || t == 3);
+    /// }
+    /// // 5.0 alone has probability 0.51 of the four: a nucleus of 0.5 holds it only.
+    /// let nucleus = Sampling { top_p: Some(0.5), ..Sampling::default() };
+    /// for _ in 0..100 {
+    ///     assert_eq!(nucleus.sample(&logits, &mut rng), 1);
     /// }
     /// ```
     pub fn sample(&self, logits: &[f64], rng: &mut Rng) -> usize {
@@ -324,10 +345,28 @@ impl Sampling {
             .iter()
             .map(|&i| logits[i])
             .fold(f64::NEG_INFINITY, f64::max);
-        let w: Vec<f64> = order
+        let mut w: Vec<f64> = order
             .iter()
             .map(|&i| ((logits[i] - m) / self.temperature).exp())
             .collect();
+        if let Some(p) = self.top_p.filter(|&p| p < 1.0) {
+            // The most likely first (ties by index, a stable order), kept until their share
+            // reaches p; at least one.
+            let mut ranked: Vec<(usize, f64)> =
+                order.iter().copied().zip(w.iter().copied()).collect();
+            ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            let total: f64 = ranked.iter().map(|r| r.1).sum();
+            let mut acc = 0.0;
+            let keep = ranked
+                .iter()
+                .position(|r| {
+                    acc += r.1;
+                    acc >= p * total
+                })
+                .map_or(ranked.len(), |at| at + 1);
+            ranked.truncate(keep);
+            (order, w) = ranked.into_iter().unzip();
+        }
         let total: f64 = w.iter().sum();
         if !(total.is_finite() && total > 0.0) {
             return (0..logits.len()).fold(0, best);

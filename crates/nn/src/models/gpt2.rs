@@ -373,9 +373,24 @@ impl Gpt2 {
     /// `N(0, initializer_range)`, the residual projections' (`c_proj`) divided by
     /// `√(2·n_layer)`, biases 0, norms 1 and 0.
     pub fn new(cfg: Gpt2Config, rng: &mut Rng) -> Result<Self> {
+        Self::build(cfg, Some(rng))
+    }
+
+    /// A model of shape `cfg`: initialised as [`Gpt2::new`] from `rng`, or (without one) with
+    /// zeros for weights a checkpoint is about to fill (no random draws to pay for).
+    fn build(cfg: Gpt2Config, rng: Option<&mut Rng>) -> Result<Self> {
         cfg.check()?;
+        let random = rng.is_some();
+        let mut zero_rng = Rng::seed(0);
+        let rng = rng.unwrap_or(&mut zero_rng);
         let std = cfg.initializer_range;
-        let normal = |std: f64| Init::Normal { mean: 0.0, std };
+        let normal = |std: f64| {
+            if random {
+                Init::Normal { mean: 0.0, std }
+            } else {
+                Init::Zeros
+            }
+        };
         let emb = EmbeddingConfig {
             dtype: cfg.dtype,
             init: normal(std),
@@ -434,7 +449,7 @@ impl Gpt2 {
         let dir = dir.as_ref();
         let cfg_path = dir.join("config.json");
         let text = std::fs::read_to_string(&cfg_path).map_err(crate::files::io(&cfg_path))?;
-        let mut model = Gpt2::new(Gpt2Config::from_json(&text)?, &mut Rng::seed(0))?;
+        let mut model = Gpt2::build(Gpt2Config::from_json(&text)?, None)?;
         model.load_hf(dir)?;
         model.set_training(false);
         Ok(model)
