@@ -12,11 +12,16 @@ For GPT-2 (`gpt2/`): `GPT2LMHeadModel` (2 layers, width 64, 4 heads, vocabulary 
 `reference.safetensors` holding, for each case `{b}x{l}` (batch × length: 1x1, 1x7, 2x16,
 3x33), the token ids `ids/{b}x{l}` (int64) and the logits `logits/{b}x{l}` (float32) in eval mode;
 `prompt` (int64, [1, 5]) and the 64 tokens greedy decoding appends to it, with the key/value
-cache (`greedy/cache`) and without (`greedy/nocache`), from `generate`. It also prints the
+cache (`greedy/cache`) and without (`greedy/nocache`), from `generate`; a byte-level BPE
+tokenizer of 512 tokens trained on Debian's fortune files (`tokenizer.json`, as
+`save_pretrained` writes it), a text prompt's ids (`text/ids`) and the 24 tokens greedy
+decoding appends (`text/greedy`), and in `reference_text.txt` the prompt and the decoded
+output, one per line. It also prints the
 smallest gap between the best and second-best logit along the greedy path (a near-tie there
 would make any other implementation's choice a coin toss).
 
-Needs torch, transformers and safetensors (PyPI). Deterministic: seeded, CPU, float32.
+Needs torch, transformers and safetensors (PyPI) and the fortunes (Debian: fortunes).
+Deterministic: seeded, CPU, float32.
 """
 import os
 import sys
@@ -72,7 +77,44 @@ def gpt2(out):
         logits = model(torch.cat([prompt, ref["greedy/cache"]], dim=1)).logits[0, 4:-1]
     top2 = logits.topk(2, dim=-1).values
     print(f"gpt2: smallest greedy margin {float((top2[:, 0] - top2[:, 1]).min()):.4g}")
+    # A text prompt through the tokenizer, and the greedy continuation decoded.
+    tok = byte_level_tokenizer(out, cfg.vocab_size)
+    text = "The quick brown fox, said the Oracle, never reads fortunes."
+    ids = torch.tensor([tok.encode(text)])
+    with torch.no_grad():
+        seq = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=24,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    ref["text/ids"] = ids
+    ref["text/greedy"] = seq[:, ids.shape[1]:].contiguous()
+    with open(os.path.join(out, "reference_text.txt"), "w") as f:
+        f.write(text + "\n" + tok.decode(seq[0]) + "\n")
     save_file(ref, os.path.join(out, "reference.safetensors"))
+
+
+FORTUNES = "/usr/share/games/fortunes"
+
+
+def byte_level_tokenizer(out, vocab_size):
+    """A byte-level BPE tokenizer (GPT-2's kind) of `vocab_size` tokens trained on Debian's
+    fortune files, saved by transformers beside the model (`tokenizer.json`); returns it."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    files = sorted(
+        os.path.join(FORTUNES, f)
+        for f in os.listdir(FORTUNES)
+        if os.path.isfile(os.path.join(FORTUNES, f)) and not f.endswith(".dat")
+    )
+    bpe = ByteLevelBPETokenizer()
+    bpe.train(files, vocab_size=vocab_size, min_frequency=2, show_progress=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer)
+    tok.save_pretrained(out)
+    return tok
 
 
 def main(root):

@@ -289,3 +289,32 @@ fn gpt2_from_pretrained_runs_in_evaluation_mode() {
     assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
     assert_eq!(model.num_parameters(), 141_056);
 }
+
+/// A text prompt through the model's own `tokenizer.json` (a byte-level BPE trained on the
+/// fortunes, saved by `transformers`), read by the `tokenizers` crate: the same ids as
+/// `transformers`' tokenizer, the same greedy continuation, the same decoded text.
+#[test]
+fn gpt2_text_round_trips_through_its_tokenizer() {
+    let dir = data("gpt2");
+    let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let lines = std::fs::read_to_string(dir.join("reference_text.txt")).unwrap();
+    let mut lines = lines.lines();
+    let (prompt, decoded) = (lines.next().unwrap(), lines.next().unwrap());
+    let r = Reference::open("gpt2");
+    let ids: Vec<usize> = tok
+        .encode(prompt, false)
+        .unwrap()
+        .get_ids()
+        .iter()
+        .map(|&i| i as usize)
+        .collect();
+    assert_eq!(ids, r.ids("text/ids").1);
+    let model = Gpt2::from_pretrained(&dir).unwrap();
+    let g = Graph::new();
+    let out = model
+        .generate(&g, &ids, 24, Sampling::greedy(), &mut Rng::seed(0))
+        .unwrap();
+    assert_eq!(out, r.ids("text/greedy").1);
+    let all: Vec<u32> = ids.iter().chain(&out).map(|&i| i as u32).collect();
+    assert_eq!(tok.decode(&all, false).unwrap(), decoded);
+}
