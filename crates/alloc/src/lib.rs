@@ -23,9 +23,11 @@
 mod arena;
 pub mod block_cache;
 mod device_arena;
+mod mapped;
 
 pub use arena::{AllocSplit, Arena, ArenaMark, ArenaStats, BufId, MixedSplit, Pod};
 pub use device_arena::{DeviceArena, DeviceArenaStats};
+pub use mapped::MappedFile;
 
 /// Errors of the memory layer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -62,7 +62,13 @@ impl HostData {
         shape: &[usize],
     ) -> Result<Self> {
         with_storage!(dtype, T, {
-            Ok(T::into_host(try_filled(op, n, T::narrow(value), shape)?))
+            // +0 (not −0) is the zero `calloc` gives.
+            let data = if value.to_bits() == 0 {
+                try_zeros(op, n, shape)?
+            } else {
+                try_filled(op, n, T::narrow(value), shape)?
+            };
+            Ok(T::into_host(data))
         })
     }
     /// Values converted from `f64` (rounded as [`Storage::narrow`] rounds).
@@ -135,6 +141,19 @@ pub(crate) fn try_filled<T: Copy>(
     let mut out = try_vec(op, shape, n)?;
     out.resize(n, v);
     Ok(out)
+}
+
+/// `n` zeros (`T::default()`, +0 for every storage type), from the allocator already zeroed
+/// (`calloc`: a large block is fresh pages the system zeroes when first touched, so zeros that
+/// are overwritten before they are read — a model about to load a checkpoint — cost no pass of
+/// their own), once a fallible reservation has shown the memory is there.
+pub(crate) fn try_zeros<T: Clone + Default>(
+    op: &'static str,
+    n: usize,
+    shape: &[usize],
+) -> Result<Vec<T>> {
+    drop(try_vec::<T>(op, shape, n)?);
+    Ok(vec![T::default(); n])
 }
 
 /// A tensor's elements borrowed mutably: values can change, their number and dtype cannot (what

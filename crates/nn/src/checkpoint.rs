@@ -274,10 +274,11 @@ pub fn save_tensors<'a>(
     write_atomic(path.as_ref(), &bytes, |f| f)
 }
 
-/// Reads every tensor of a checkpoint, sorted by name.
+/// Reads every tensor of a checkpoint, sorted by name. The file is read through a memory map,
+/// so each tensor is copied once, from the page cache into its own buffer.
 pub fn load_tensors(path: impl AsRef<Path>) -> Result<Vec<(String, HostTensor)>> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(io(path))?;
+    let bytes = arenagrad_alloc::MappedFile::open(path).map_err(io(path))?;
     tensors_from_bytes(&bytes, path)
 }
 
