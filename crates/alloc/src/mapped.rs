@@ -15,6 +15,7 @@ use std::path::Path;
 /// process while mapped makes a read past its new end fault (`SIGBUS`), as with any mapped file.
 ///
 /// ```
+/// # if cfg!(miri) { return; } // Miri isolates the file system.
 /// let dir = std::env::temp_dir().join(format!("arenagrad-map-{}", std::process::id()));
 /// std::fs::create_dir_all(&dir).unwrap();
 /// let path = dir.join("bytes");
