@@ -1,5 +1,6 @@
-//! Generates text with a GPT-2 model from a Hugging Face directory, as `save_pretrained` writes
-//! it (`config.json`, `model.safetensors` or its shards, and `tokenizer.json` for text prompts).
+//! Generates text with a GPT-2 or Llama-family model from a Hugging Face directory, as
+//! `save_pretrained` writes it (`config.json`, whose `model_type` names the architecture,
+//! `model.safetensors` or its shards, and `tokenizer.json` for text prompts).
 //!
 //! ```text
 //! cargo run --release --example generate -- --model DIR [--prompt TEXT | --prompt-ids 1,2,3]
@@ -16,7 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use arenagrad::nn::{CausalLm, Gpt2, Module, Rng, Sampling};
+use arenagrad::nn::{CausalLm, Gpt2, Llama, Module, Rng, Sampling};
 use arenagrad::Graph;
 
 #[path = "common/setup.rs"]
@@ -24,7 +25,7 @@ mod setup;
 use clap::Parser;
 use setup::{non_negative_real, positive};
 
-/// Generates text with a GPT-2 model saved by Hugging Face's transformers.
+/// Generates text with a GPT-2 or Llama model saved by Hugging Face's transformers.
 #[derive(Debug, Parser)]
 #[command(name = "generate")]
 struct Args {
@@ -114,24 +115,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         ));
     }
     let t0 = Instant::now();
-    let model = Gpt2::from_pretrained(&args.model)?;
+    let model = Model::load(&args.model)?;
     let loaded = t0.elapsed().as_secs_f64();
-    let cfg = *model.config();
-    if let Some(&bad) = prompt.iter().find(|&&t| t >= cfg.vocab_size) {
+    let (vocab, about) = model.describe();
+    if let Some(&bad) = prompt.iter().find(|&&t| t >= vocab) {
         return Err(setup::fail(format!(
-            "token {bad} is outside the vocabulary of {} tokens",
-            cfg.vocab_size
+            "token {bad} is outside the vocabulary of {vocab} tokens"
         )));
     }
     println!(
-        "GPT-2: {} parameters, {} layers of width {}, {} heads, vocabulary {}, context {} \
-         (loaded from {} in {loaded:.2} s)",
-        model.num_parameters(),
-        cfg.n_layer,
-        cfg.n_embd,
-        cfg.n_head,
-        cfg.vocab_size,
-        cfg.n_positions,
+        "{about} (loaded from {} in {loaded:.2} s)",
         args.model.display()
     );
     let sampling = if args.greedy {
@@ -146,7 +139,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let g = Graph::new();
     let mut rng = Rng::seed(args.seed);
     let t1 = Instant::now();
-    let out = model.generate(&g, &prompt, args.tokens, sampling, &mut rng)?;
+    let out = model
+        .lm()
+        .generate(&g, &prompt, args.tokens, sampling, &mut rng)?;
     let took = t1.elapsed().as_secs_f64();
     match &tok {
         Some(t) => {
@@ -182,6 +177,83 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The architectures this example runs, by `config.json`'s `model_type`.
+enum Model {
+    Gpt2(Gpt2),
+    Llama(Llama),
+}
+
+impl Model {
+    fn load(dir: &Path) -> Result<Self, Box<dyn std::error::Error>> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| setup::fail(format!("cannot read {}: {e}", path.display())))?;
+        let kind = text
+            .split("\"model_type\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').nth(1))
+            .unwrap_or("");
+        Ok(match kind {
+            "gpt2" => Model::Gpt2(Gpt2::from_pretrained(dir)?),
+            "llama" => Model::Llama(Llama::from_pretrained(dir)?),
+            other => {
+                return Err(setup::fail(format!(
+                    "{} names model_type {other:?}; this example runs \"gpt2\" and \"llama\"",
+                    path.display()
+                )))
+            }
+        })
+    }
+
+    fn lm(&self) -> &dyn CausalLm {
+        match self {
+            Model::Gpt2(m) => m,
+            Model::Llama(m) => m,
+        }
+    }
+
+    fn parameters(&self) -> Vec<arenagrad::Parameter> {
+        match self {
+            Model::Gpt2(m) => m.parameters(),
+            Model::Llama(m) => m.parameters(),
+        }
+    }
+
+    /// The vocabulary's size, and a line about the model.
+    fn describe(&self) -> (usize, String) {
+        let n: usize = self.parameters().iter().map(|p| p.numel()).sum();
+        match self {
+            Model::Gpt2(m) => {
+                let c = m.config();
+                (
+                    c.vocab_size,
+                    format!(
+                        "GPT-2: {n} parameters, {} layers of width {}, {} heads, vocabulary {}, \
+                         context {}",
+                        c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.n_positions
+                    ),
+                )
+            }
+            Model::Llama(m) => {
+                let c = m.config();
+                (
+                    c.vocab_size,
+                    format!(
+                        "Llama: {n} parameters, {} layers of width {}, {} query heads on {} \
+                         key/value heads, vocabulary {}, context {}",
+                        c.num_hidden_layers,
+                        c.hidden_size,
+                        c.num_attention_heads,
+                        c.num_key_value_heads,
+                        c.vocab_size,
+                        c.max_position_embeddings
+                    ),
+                )
+            }
+        }
+    }
+}
+
 /// The threads the engine runs on (`ARENAGRAD_NUM_THREADS`, else the CPUs this process may use).
 fn threads() -> usize {
     std::env::var("ARENAGRAD_NUM_THREADS")
@@ -192,7 +264,7 @@ fn threads() -> usize {
 
 /// The weights' bytes, and the best of five times to read them all once (a sum over each
 /// parameter's values, split across the engine's threads).
-fn read_once(model: &Gpt2) -> (usize, f64) {
+fn read_once(model: &Model) -> (usize, f64) {
     let values: Vec<Vec<f32>> = model
         .parameters()
         .iter()

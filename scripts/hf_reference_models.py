@@ -20,6 +20,10 @@ output, one per line. It also prints the
 smallest gap between the best and second-best logit along the greedy path (a near-tie there
 would make any other implementation's choice a coin toss).
 
+For Llama (`llama/`): `LlamaForCausalLM` (2 layers, width 64, 4 query heads sharing 2
+key/value heads, MLP width 176, vocabulary 512, context 128, an untied output layer), in one
+file, and `reference.safetensors` with the same cases as GPT-2's (no tokenizer).
+
 Needs torch, transformers and safetensors (PyPI) and the fortunes (Debian: fortunes).
 Deterministic: seeded, CPU, float32.
 """
@@ -28,6 +32,65 @@ import sys
 
 import torch
 from safetensors.torch import save_file
+
+
+def reference_outputs(model, vocab, name):
+    """Logits for a few batch sizes and lengths, and 64 greedy tokens after a prompt with the
+    cache and without; prints the smallest greedy margin."""
+    ref = {}
+    gen = torch.Generator().manual_seed(1)
+    for b, l in [(1, 1), (1, 7), (2, 16), (3, 33)]:
+        ids = torch.randint(0, vocab, (b, l), generator=gen)
+        with torch.no_grad():
+            logits = model(ids).logits
+        ref[f"ids/{b}x{l}"] = ids
+        ref[f"logits/{b}x{l}"] = logits.contiguous()
+    prompt = torch.randint(0, vocab, (1, 5), generator=gen)
+    ref["prompt"] = prompt
+    for key, cache in (("cache", True), ("nocache", False)):
+        with torch.no_grad():
+            seq = model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=64,
+                do_sample=False,
+                use_cache=cache,
+                pad_token_id=0,
+            )
+        ref[f"greedy/{key}"] = seq[:, prompt.shape[1]:].contiguous()
+    with torch.no_grad():
+        logits = model(torch.cat([prompt, ref["greedy/cache"]], dim=1)).logits[0, 4:-1]
+    top2 = logits.topk(2, dim=-1).values
+    distinct = len(set(ref["greedy/cache"][0].tolist()))
+    print(f"{name}: smallest greedy margin {float((top2[:, 0] - top2[:, 1]).min()):.4g}, "
+          f"{distinct} distinct tokens of 64")
+    return ref
+
+
+def llama(out):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        # As for GPT-2: wide enough that greedy decoding moves between tokens.
+        initializer_range=0.5,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    save_file(reference_outputs(model, cfg.vocab_size, "llama"),
+              os.path.join(out, "reference.safetensors"))
 
 
 def gpt2(out):
@@ -46,37 +109,13 @@ def gpt2(out):
         eos_token_id=None,
         # Wider than GPT-2's 0.02: with the default, the blocks barely move the residual
         # stream, the tied head predicts the input token again, and greedy decoding repeats one
-        # token (a weak check). At 0.5 it visits 32 distinct tokens in 64, none near a tie.
+        # token (a weak check). At 0.5 it visits 37 distinct tokens in 64, none near a tie.
         initializer_range=0.5,
     )
     model = GPT2LMHeadModel(cfg).eval()
     os.makedirs(out, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True, max_shard_size="200KB")
-    ref = {}
-    gen = torch.Generator().manual_seed(1)
-    for b, l in [(1, 1), (1, 7), (2, 16), (3, 33)]:
-        ids = torch.randint(0, cfg.vocab_size, (b, l), generator=gen)
-        with torch.no_grad():
-            logits = model(ids).logits
-        ref[f"ids/{b}x{l}"] = ids
-        ref[f"logits/{b}x{l}"] = logits.contiguous()
-    prompt = torch.randint(0, cfg.vocab_size, (1, 5), generator=gen)
-    ref["prompt"] = prompt
-    for name, cache in (("cache", True), ("nocache", False)):
-        with torch.no_grad():
-            seq = model.generate(
-                prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=64,
-                do_sample=False,
-                use_cache=cache,
-                pad_token_id=0,
-            )
-        ref[f"greedy/{name}"] = seq[:, prompt.shape[1]:].contiguous()
-    with torch.no_grad():
-        logits = model(torch.cat([prompt, ref["greedy/cache"]], dim=1)).logits[0, 4:-1]
-    top2 = logits.topk(2, dim=-1).values
-    print(f"gpt2: smallest greedy margin {float((top2[:, 0] - top2[:, 1]).min()):.4g}")
+    ref = reference_outputs(model, cfg.vocab_size, "gpt2")
     # A text prompt through the tokenizer, and the greedy continuation decoded.
     tok = byte_level_tokenizer(out, cfg.vocab_size)
     text = "The quick brown fox, said the Oracle, never reads fortunes."
@@ -119,6 +158,7 @@ def byte_level_tokenizer(out, vocab_size):
 
 def main(root):
     gpt2(os.path.join(root, "gpt2"))
+    llama(os.path.join(root, "llama"))
 
 
 if __name__ == "__main__":

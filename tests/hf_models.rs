@@ -1,4 +1,4 @@
-//! Models from Hugging Face, checked against the reference implementation: the directories in
+//! Models from Hugging Face (GPT-2, Llama), checked against the reference implementation: the directories in
 //! `tests/data/hf` are what `transformers` 5.25 itself wrote (`save_pretrained`, sharded, of
 //! small randomly initialised configurations), beside what it computed from them, made by
 //!
@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use arenagrad::nn::checkpoint::{self, KeyMap};
-use arenagrad::nn::{CausalLm, Gpt2, Module, NnError, Rng, Sampling};
+use arenagrad::nn::{CausalLm, Gpt2, Llama, Module, NnError, Rng, Sampling};
 use arenagrad::{Graph, HostTensor};
 use safetensors::{Dtype, SafeTensors};
 
@@ -63,53 +63,91 @@ fn worst_gap(a: &[f32], b: &[f32]) -> f32 {
         .fold(0f32, f32::max)
 }
 
-/// GPT-2's logits equal `transformers`' within 1e-4 at every batch size and length the
+/// The models under test: logits from position 0, besides [`CausalLm`].
+trait Lm: CausalLm {
+    fn logits<'g>(
+        &self,
+        g: &'g Graph,
+        ids: &[usize],
+        batch: usize,
+        len: usize,
+    ) -> Result<arenagrad::Tensor<'g>, NnError>;
+}
+
+impl Lm for Gpt2 {
+    fn logits<'g>(
+        &self,
+        g: &'g Graph,
+        ids: &[usize],
+        batch: usize,
+        len: usize,
+    ) -> Result<arenagrad::Tensor<'g>, NnError> {
+        self.forward_tokens(g, ids, batch, len)
+    }
+}
+
+impl Lm for Llama {
+    fn logits<'g>(
+        &self,
+        g: &'g Graph,
+        ids: &[usize],
+        batch: usize,
+        len: usize,
+    ) -> Result<arenagrad::Tensor<'g>, NnError> {
+        self.forward_tokens(g, ids, batch, len)
+    }
+}
+
+/// The model's logits equal `transformers`' within 1e-4 at every batch size and length the
 /// reference holds (one token up to 33, batches of 1 to 3).
-#[test]
-fn gpt2_logits_match_transformers() {
-    let model = Gpt2::from_pretrained(data("gpt2")).unwrap();
-    let r = Reference::open("gpt2");
+fn logits_match(model: &impl Lm, name: &str) {
+    let r = Reference::open(name);
     let g = Graph::new();
     for case in ["1x1", "1x7", "2x16", "3x33"] {
         let (shape, ids) = r.ids(&format!("ids/{case}"));
         let (lshape, want) = r.floats(&format!("logits/{case}"));
-        let logits = model.forward_tokens(&g, &ids, shape[0], shape[1]).unwrap();
-        assert_eq!(logits.shape().as_slice(), lshape.as_slice(), "{case}");
+        let logits = model.logits(&g, &ids, shape[0], shape[1]).unwrap();
+        assert_eq!(
+            logits.shape().as_slice(),
+            lshape.as_slice(),
+            "{name} {case}"
+        );
         let worst = worst_gap(&logits.to_vec::<f32>().unwrap(), &want);
-        assert!(worst <= 1e-4, "{case}: logits differ by up to {worst}");
+        assert!(
+            worst <= 1e-4,
+            "{name} {case}: logits differ by up to {worst}"
+        );
     }
 }
 
 /// Greedy decoding of 64 tokens is `generate`'s, token for token, with the key/value cache and
-/// without it (each step a full forward over the text so far).
-#[test]
-fn gpt2_greedy_generation_matches_transformers() {
-    let model = Gpt2::from_pretrained(data("gpt2")).unwrap();
-    let r = Reference::open("gpt2");
+/// without it (each step a full forward over the text so far); and the cache's own path agrees
+/// with the full forward on a prefix and its continuation, two sequences at once.
+fn greedy_matches(model: &impl Lm, name: &str) {
+    let r = Reference::open(name);
     let (_, prompt) = r.ids("prompt");
-    let greedy = Sampling {
-        temperature: 0.0,
-        top_k: None,
-        top_p: None,
-    };
+    let greedy = Sampling::greedy();
     let g = Graph::new();
     let cached = model
         .generate(&g, &prompt, 64, greedy, &mut Rng::seed(0))
         .unwrap();
-    assert_eq!(cached, r.ids("greedy/cache").1);
+    assert_eq!(cached, r.ids("greedy/cache").1, "{name}");
     let mut text = prompt.clone();
     for _ in 0..64 {
         let next = g
             .try_scope(|g| -> Result<usize, NnError> {
-                let logits = model.forward_tokens(g, &text, 1, text.len())?;
+                let logits = model.logits(g, &text, 1, text.len())?;
                 let last = logits.slice(1, text.len() - 1, text.len())?.to_vec_f64()?;
                 Ok(greedy.sample(&last, &mut Rng::seed(0)))
             })
             .unwrap();
         text.push(next);
     }
-    assert_eq!(&text[prompt.len()..], r.ids("greedy/nocache").1.as_slice());
-    // The cache's own path agrees with the full forward on a prefix and its continuation.
+    assert_eq!(
+        &text[prompt.len()..],
+        r.ids("greedy/nocache").1.as_slice(),
+        "{name}"
+    );
     let mut caches = model.new_caches(&g, 2).unwrap();
     let (shape, ids) = r.ids("ids/2x16");
     let (head, tail): (Vec<usize>, Vec<usize>) = (0..2)
@@ -126,13 +164,69 @@ fn gpt2_greedy_generation_matches_transformers() {
         });
     model.forward_cached(&g, &head, 2, &mut caches).unwrap();
     let late = model.forward_cached(&g, &tail, 2, &mut caches).unwrap();
-    let full = model.forward_tokens(&g, &ids, shape[0], shape[1]).unwrap();
+    let full = model.logits(&g, &ids, shape[0], shape[1]).unwrap();
     let (late, full) = (
         late.to_vec::<f32>().unwrap(),
         full.slice(1, 9, 16).unwrap().to_vec::<f32>().unwrap(),
     );
     let worst = worst_gap(&late, &full);
-    assert!(worst <= 1e-4, "cached continuation differs by {worst}");
+    assert!(
+        worst <= 1e-4,
+        "{name}: cached continuation differs by {worst}"
+    );
+}
+
+#[test]
+fn gpt2_logits_match_transformers() {
+    logits_match(&Gpt2::from_pretrained(data("gpt2")).unwrap(), "gpt2");
+}
+
+#[test]
+fn gpt2_greedy_generation_matches_transformers() {
+    greedy_matches(&Gpt2::from_pretrained(data("gpt2")).unwrap(), "gpt2");
+}
+
+/// Llama with grouped-query attention (4 query heads on 2 key/value heads), rotary
+/// embeddings, SwiGLU and an untied output layer.
+#[test]
+fn llama_logits_match_transformers() {
+    logits_match(&Llama::from_pretrained(data("llama")).unwrap(), "llama");
+}
+
+#[test]
+fn llama_greedy_generation_matches_transformers() {
+    greedy_matches(&Llama::from_pretrained(data("llama")).unwrap(), "llama");
+}
+
+/// Llama's parameters are the checkpoint's, by its names, and a wrong shape is refused with
+/// the name (nothing changed).
+#[test]
+fn llama_state_is_the_checkpoint_and_refusals_name_the_key() {
+    let model = Llama::from_pretrained(data("llama")).unwrap();
+    let file = checkpoint::read_tensors(data("llama")).unwrap();
+    let mut ours = checkpoint::state_dict(&model);
+    ours.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(ours, file);
+    let mut bad = file.clone();
+    let at = bad
+        .iter()
+        .position(|(n, _)| n == "model.layers.1.self_attn.k_proj.weight")
+        .unwrap();
+    bad[at].1 = bad[at].1.transposed().unwrap();
+    let dir = std::env::temp_dir().join(format!("arenagrad-llama-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.safetensors");
+    checkpoint::save_tensors(bad.iter().map(|(n, t)| (n.as_str(), t)), &path).unwrap();
+    let err = model.load_hf(&path).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("model.layers.1.self_attn.k_proj.weight"),
+        "{err}"
+    );
+    let mut after = checkpoint::state_dict(&model);
+    after.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(after, file, "a refused load changed the model");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The state dict by `transformers`' names is the checkpoint itself, the tied `lm_head.weight`

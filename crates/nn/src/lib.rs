@@ -102,6 +102,7 @@ pub use layers::rnn::{GRUCell, LSTMCell, RNNCell, RnnConfig, RnnOutput, GRU, LST
 pub use layers::sequential::Sequential;
 pub use models::gpt::{Gpt, GptConfig, Sampling};
 pub use models::gpt2::{Gpt2, Gpt2Activation, Gpt2Config};
+pub use models::llama::{Llama, LlamaConfig};
 pub use models::{generate, CausalLm};
 pub use module::{Module, Slot, Visitor};
 

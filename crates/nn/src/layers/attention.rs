@@ -205,6 +205,47 @@ impl<'g> KvCache<'g> {
                 &s,
             ));
         }
+        let (bi, li, hi, hdi) = (b as isize, new as isize, heads as isize, hd as isize);
+        // [b, l, 3d] → [b, l, 3, h, hd] → [3, b, h, l, hd].
+        let parts = qkv
+            .reshape(&[bi, li, 3, hi, hdi])?
+            .permute(&[2, 0, 3, 1, 4])?;
+        let part = |k: usize| -> Result<Tensor<'g>> {
+            Ok(parts.slice(0, k, k + 1)?.reshape(&[bi, hi, li, hdi])?)
+        };
+        let o = self.attend_heads(g, [part(0)?, part(1)?, part(2)?], causal)?;
+        // [b, h, l, hd] → [b, l, d].
+        Ok(o.permute(&[0, 2, 1, 3])?.reshape(&[bi, li, dim as isize])?)
+    }
+
+    /// Attention of queries `q` (`[batch, heads, new, head_dim]`) over the cached positions
+    /// and the new keys and values `k`, `v` (`[batch, kv_heads, new, head_dim]`, the cache's
+    /// heads; each serves `heads / kv_heads` query heads, grouped-query attention), causal
+    /// among the new ones when `causal`; `k` and `v` are appended. The output is
+    /// `[batch, heads, new, head_dim]`.
+    pub(crate) fn attend_heads(
+        &mut self,
+        g: &'g Graph,
+        [q, k, v]: [Tensor<'g>; 3],
+        causal: bool,
+    ) -> Result<Tensor<'g>> {
+        let (qs, ks) = (q.try_shape()?, k.try_shape()?);
+        let cs = self.k.try_shape()?;
+        let [b, heads, new, hd] = qs[..] else {
+            return Err(input_shape(
+                "KvCache",
+                "queries [batch, heads, len, head_dim]",
+                &qs,
+            ));
+        };
+        let kv = cs[1];
+        if hd != cs[3] || heads % kv != 0 || ks[..] != [b, kv, new, hd] {
+            return Err(input_shape(
+                "KvCache",
+                &format!("keys [{b}, {kv}, {new}, {}] beside queries {qs:?}", cs[3]),
+                &ks,
+            ));
+        }
         let (past, total) = (self.len, self.len + new);
         if cs[0] != b || total > cs[2] {
             return Err(config(
@@ -215,19 +256,11 @@ impl<'g> KvCache<'g> {
                 ),
             ));
         }
-        let (bi, li, hi, hdi) = (b as isize, new as isize, heads as isize, hd as isize);
-        // [b, l, 3d] → [b, l, 3, h, hd] → [3, b, h, l, hd].
-        let parts = qkv
-            .reshape(&[bi, li, 3, hi, hdi])?
-            .permute(&[2, 0, 3, 1, 4])?;
-        let part = |k: usize| -> Result<Tensor<'g>> {
-            Ok(parts.slice(0, k, k + 1)?.reshape(&[bi, hi, li, hdi])?)
-        };
-        let (q, k, v) = (part(0)?, part(1)?, part(2)?);
         self.k.slice_write(2, past, k)?;
         self.v.slice_write(2, past, v)?;
         self.len = total;
         let (ks, vs) = (self.k.slice(2, 0, total)?, self.v.slice(2, 0, total)?);
+        let (ks, vs) = (repeat_kv(ks, heads / kv)?, repeat_kv(vs, heads / kv)?);
         let mut opts = AttentionOptions::default();
         if new > 1 && causal {
             if past == 0 {
@@ -236,18 +269,37 @@ impl<'g> KvCache<'g> {
                 // Query i (position past + i) sees keys j ≤ past + i.
                 let rows = g
                     .arange(past as f64, total as f64, 1.0, q.dtype())?
-                    .reshape(&[li, 1])?;
+                    .reshape(&[new as isize, 1])?;
                 let cols = g.arange(0.0, total as f64, 1.0, q.dtype())?;
                 let hide = cols.gt(rows)?;
                 let zero = g.zeros(&[new, total], q.dtype())?;
                 opts.mask = Some(zero.masked_fill(hide, f64::NEG_INFINITY)?);
             }
         }
-        // [b, h, l, hd] → [b, l, d].
-        Ok(q.scaled_dot_product_attention(ks, vs, opts)?
-            .permute(&[0, 2, 1, 3])?
-            .reshape(&[bi, li, dim as isize])?)
+        Ok(q.scaled_dot_product_attention(ks, vs, opts)?)
     }
+}
+
+/// Keys or values `[b, kv_heads, l, d]` with each head repeated `n` times in place
+/// (`[b, kv_heads·n, l, d]`, head `h` serving query heads `h·n..(h + 1)·n`): `transformers`'
+/// `repeat_kv`, for grouped-query attention. Itself when `n` is 1.
+pub(crate) fn repeat_kv(x: Tensor<'_>, n: usize) -> Result<Tensor<'_>> {
+    if n == 1 {
+        return Ok(x);
+    }
+    let s = x.try_shape()?;
+    let [b, kv, l, d] = s[..] else {
+        return Err(input_shape(
+            "repeat_kv",
+            "[batch, heads, len, head_dim]",
+            &s,
+        ));
+    };
+    Ok(
+        x.reshape(&[b as isize, kv as isize, 1, l as isize, d as isize])?
+            .broadcast_to(&[b, kv, n, l, d])?
+            .reshape(&[b as isize, (kv * n) as isize, l as isize, d as isize])?,
+    )
 }
 
 impl Module for MultiheadAttention {

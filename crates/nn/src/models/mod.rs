@@ -1,8 +1,10 @@
-//! Whole models built from the layers: a character-level GPT, and GPT-2 as Hugging Face's
-//! `transformers` defines it (loading its checkpoints by their own names).
+//! Whole models built from the layers: a character-level GPT, and GPT-2 and a Llama-family
+//! decoder as Hugging Face's `transformers` defines them (loading their checkpoints by their
+//! own names).
 
 pub mod gpt;
 pub mod gpt2;
+pub mod llama;
 
 use arenagrad_graph::{Graph, Tensor};
 
