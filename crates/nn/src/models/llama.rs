@@ -570,27 +570,6 @@ impl Llama {
         &self.cfg
     }
 
-    fn check_tokens(&self, tokens: &[usize], batch: usize, len: usize, past: usize) -> Result<()> {
-        if batch == 0 || tokens.len() != batch * len {
-            return Err(input_shape(
-                "Llama",
-                &format!("{} tokens as [{batch}, {len}]", batch * len),
-                &[tokens.len()],
-            ));
-        }
-        if past + len > self.cfg.max_position_embeddings {
-            return Err(config(
-                "Llama",
-                format!(
-                    "{} positions exceed max_position_embeddings {}",
-                    past + len,
-                    self.cfg.max_position_embeddings
-                ),
-            ));
-        }
-        Ok(())
-    }
-
     fn run<'g>(
         &self,
         g: &'g Graph,
@@ -601,7 +580,8 @@ impl Llama {
         let past = caches
             .as_ref()
             .map_or(0, |c| c.first().map_or(0, |c| c.len()));
-        self.check_tokens(tokens, batch, len, past)?;
+        let context = self.cfg.max_position_embeddings;
+        super::check_tokens("Llama", tokens, (batch, len, past), context)?;
         let mut x = self.embed_tokens.lookup(g, tokens, &[batch, len])?;
         let rope = Rope::new(
             g,
@@ -613,9 +593,7 @@ impl Llama {
         )?;
         match caches {
             Some(caches) => {
-                if caches.len() != self.layers.len() {
-                    return Err(config("Llama", "one cache per block is needed"));
-                }
+                super::check_caches("Llama", caches, self.layers.len())?;
                 for (b, c) in self.layers.iter().zip(caches.iter_mut()) {
                     x = b.run(g, x, &rope, Some(c))?;
                 }

@@ -74,6 +74,48 @@ pub(crate) trait CachedBlock {
     ) -> Result<Tensor<'g>>;
 }
 
+/// `tokens` hold `batch` sequences of `len` (`[batch, len]`, row-major), and positions
+/// `past..past + len` fit in `context`.
+pub(crate) fn check_tokens(
+    model: &'static str,
+    tokens: &[usize],
+    (batch, len, past): (usize, usize, usize),
+    context: usize,
+) -> Result<()> {
+    if batch == 0 || tokens.len() != batch * len {
+        return Err(crate::error::input_shape(
+            model,
+            &format!("{} tokens as [{batch}, {len}]", batch * len),
+            &[tokens.len()],
+        ));
+    }
+    if past + len > context {
+        return Err(config(
+            model,
+            format!("{} positions exceed the context of {context}", past + len),
+        ));
+    }
+    Ok(())
+}
+
+/// One cache per block (and at least one block).
+pub(crate) fn check_caches(
+    model: &'static str,
+    caches: &[KvCache<'_>],
+    layers: usize,
+) -> Result<()> {
+    if caches.len() != layers || layers == 0 {
+        return Err(config(
+            model,
+            format!(
+                "one cache per block ({layers}) is needed, got {}",
+                caches.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Embeddings of `tokens` (`[batch, len]`, row-major) at positions `past..past + len`.
 fn embed<'g, M: Decoder>(
     m: &M,
@@ -82,20 +124,7 @@ fn embed<'g, M: Decoder>(
     (batch, len, past): (usize, usize, usize),
 ) -> Result<Tensor<'g>> {
     let (tok, pos) = m.embeddings();
-    if batch == 0 || tokens.len() != batch * len {
-        return Err(crate::error::input_shape(
-            M::NAME,
-            &format!("{} tokens as [{batch}, {len}]", batch * len),
-            &[tokens.len()],
-        ));
-    }
-    let context = pos.weight().shape()[0];
-    if past + len > context {
-        return Err(config(
-            M::NAME,
-            format!("{} positions exceed the context of {context}", past + len),
-        ));
-    }
+    check_tokens(M::NAME, tokens, (batch, len, past), pos.weight().shape()[0])?;
     let t = tok.lookup(g, tokens, &[batch, len])?;
     let positions: Vec<usize> = (past..past + len).collect();
     Ok(t.add(pos.lookup(g, &positions, &[len])?)?)
@@ -132,16 +161,7 @@ pub(crate) fn decode_cached<'g, M: Decoder>(
     batch: usize,
     caches: &mut [KvCache<'g>],
 ) -> Result<Tensor<'g>> {
-    let layers = m.blocks().len();
-    if caches.len() != layers || layers == 0 {
-        return Err(config(
-            M::NAME,
-            format!(
-                "one cache per block ({layers}) is needed, got {}",
-                caches.len()
-            ),
-        ));
-    }
+    check_caches(M::NAME, caches, m.blocks().len())?;
     let past = caches[0].len();
     let len = tokens.len() / batch.max(1);
     let mut x = embed(m, g, tokens, (batch, len, past))?;
