@@ -72,6 +72,18 @@ impl Linear {
         cfg: LinearConfig,
         rng: &mut Rng,
     ) -> Result<Self> {
+        Self::laid_out(in_features, out_features, cfg, rng, false)
+    }
+
+    /// A layer storing its weight `[out, in]`, or `[in, out]` when `in_out`; drawn in the
+    /// stored order with the `[out, in]` layer's fans.
+    fn laid_out(
+        in_features: usize,
+        out_features: usize,
+        cfg: LinearConfig,
+        rng: &mut Rng,
+        in_out: bool,
+    ) -> Result<Self> {
         if in_features == 0 || out_features == 0 {
             return Err(config(
                 "Linear",
@@ -79,8 +91,14 @@ impl Linear {
             ));
         }
         let shape = [out_features, in_features];
-        let (weight, bias) = crate::init::weight_and_bias(
+        let stored = if in_out {
+            [in_features, out_features]
+        } else {
+            shape
+        };
+        let (weight, bias) = crate::init::weight_and_bias_stored(
             &shape,
+            &stored,
             (cfg.weight_init, cfg.bias_init),
             cfg.bias,
             cfg.dtype,
@@ -89,7 +107,7 @@ impl Linear {
         Ok(Linear {
             weight,
             bias,
-            in_out: false,
+            in_out,
         })
     }
 
@@ -122,25 +140,7 @@ impl Linear {
         cfg: LinearConfig,
         rng: &mut Rng,
     ) -> Result<Self> {
-        if in_features == 0 || out_features == 0 {
-            return Err(config(
-                "Linear",
-                format!("features must be positive, got {in_features} → {out_features}"),
-            ));
-        }
-        let (weight, bias) = crate::init::weight_and_bias_stored(
-            &[out_features, in_features],
-            &[in_features, out_features],
-            (cfg.weight_init, cfg.bias_init),
-            cfg.bias,
-            cfg.dtype,
-            rng,
-        )?;
-        Ok(Linear {
-            weight,
-            bias,
-            in_out: true,
-        })
+        Self::laid_out(in_features, out_features, cfg, rng, true)
     }
 
     /// A layer over existing parameters (shared weights, or values built elsewhere): `weight`
