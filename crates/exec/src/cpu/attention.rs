@@ -145,8 +145,66 @@ fn scores<T: Float + Gemm>(
 
 /// Tiles `(start, len)` of `0..n`.
 fn tiles(n: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..n).step_by(TILE).map(move |s| (s, TILE.min(n - s)))
+    blocks(n, TILE)
 }
+
+/// Blocks `(start, len)` of `0..n`, `width` wide (the last one shorter).
+fn blocks(n: usize, width: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n).step_by(width).map(move |s| (s, width.min(n - s)))
+}
+
+/// The largest of `start` and `row`, NaN if any is NaN (PyTorch's max propagates NaN): in
+/// eight interleaved lanes, a vectorisable order (the same result as a scan, max being exact).
+#[inline(always)]
+fn row_max<T: Float>(start: T, row: &[T]) -> T {
+    let mut lanes = [start; 8];
+    let mut nan = start.to_f64().is_nan();
+    let mut chunks = row.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            // `x != x` only for NaN: noted apart, so the lanes stay plain maxima.
+            #[allow(clippy::eq_op)]
+            let x_nan = x != x;
+            nan |= x_nan;
+            *l = if x > *l { x } else { *l };
+        }
+    }
+    let mut m = start;
+    for &x in lanes.iter().chain(chunks.remainder()) {
+        #[allow(clippy::eq_op)]
+        let x_nan = x != x;
+        nan |= x_nan;
+        if x > m {
+            m = x;
+        }
+    }
+    if nan {
+        T::from_f64(f64::NAN)
+    } else {
+        m
+    }
+}
+
+/// The sum of `row` in f64, in eight interleaved lanes then pairwise (a vectorisable order,
+/// the same at every vector width).
+#[inline(always)]
+fn sum_f64<T: Float>(row: &[T]) -> f64 {
+    let mut lanes = [0.0f64; 8];
+    let mut chunks = row.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += x.to_f64();
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|x| x.to_f64()).sum();
+    ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
+        + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
+        + tail
+}
+
+/// Up to this many keys, the forward takes them in one block per query tile: one product for
+/// the scores and one for the output, a plain softmax, none of the online rescaling.
+const KEYS_IN_ONE_BLOCK: usize = 256;
 
 /// The forward for heads `h0..h0 + o.len()/(lq·dv)`: `o` (`[heads, lq, dv]`) and `lse`
 /// (`[heads, lq]`) are those heads' parts of the outputs.
@@ -184,9 +242,11 @@ fn forward_heads<T: Float + Gemm>(
     let heads = lse.len() / lq;
     let keep_scale = T::from_f64(1.0 / (1.0 - dims.dropout));
     let threshold = super::dropout::threshold(dims.dropout);
-    let mut s = [T::ZERO; TILE * TILE];
-    let mut tmp = [T::ZERO; TILE];
-    let mut kept = [T::ZERO; TILE];
+    // Keys in blocks of `kb`: all of them when few, else tiles with the online softmax.
+    let kb = if lk <= KEYS_IN_ONE_BLOCK { lk } else { TILE };
+    let mut s = vec![T::ZERO; TILE * kb];
+    let mut tmp = vec![T::ZERO; kb];
+    let mut kept = vec![T::ZERO; kb];
     let mut m = [T::ZERO; TILE];
     let mut l = [0.0f64; TILE];
     for hl in 0..heads {
@@ -197,20 +257,21 @@ fn forward_heads<T: Float + Gemm>(
             acc.fill(T::ZERO);
             m[..bq].fill(T::neg_infinity());
             l[..bq].fill(0.0);
-            for (j0, bk) in tiles(lk) {
+            for (j0, bk) in blocks(lk, kb) {
                 if dims.causal && j0 > i0 + bq - 1 {
                     break;
                 }
+                // Causal: no key past the tile's last query.
+                let bk = if dims.causal {
+                    bk.min(i0 + bq - j0)
+                } else {
+                    bk
+                };
                 let st = &mut s[..bq * bk];
                 scores(dims, inputs, h, (i0, bq), (j0, bk), st);
                 for r in 0..bq {
                     let row = &mut st[r * bk..(r + 1) * bk];
-                    let mut mt = m[r];
-                    for &x in row.iter() {
-                        if x > mt || x.to_f64().is_nan() {
-                            mt = x;
-                        }
-                    }
+                    let mt = row_max(m[r], row);
                     if mt == T::neg_infinity() {
                         // Every key so far hidden: nothing to add.
                         row.fill(T::ZERO);
@@ -222,7 +283,7 @@ fn forward_heads<T: Float + Gemm>(
                         *t = x - mt;
                     }
                     T::exp_into(&tmp[..bk], row);
-                    let sum: f64 = row.iter().map(|p| p.to_f64()).sum();
+                    let sum = sum_f64(row);
                     if dims.dropout > 0.0 {
                         let kept = &mut kept[..bk];
                         let at = ((h * lq + i0 + r) * lk + j0) as u64;

@@ -223,8 +223,14 @@ impl<'a, T> BatchView<'a, T> {
     }
 }
 
-/// The largest B (in elements) that a single-threaded product copies out of transposed order.
-const TRANSPOSED_B_MAX: usize = 1 << 18;
+/// The largest B (in elements) that a product copies out of transposed order (per thread).
+const TRANSPOSED_B_MAX: usize = 1 << 20;
+
+/// Whether `b` is stored transposed (unit row stride: a linear layer's `Wᵀ`) and `k × cols`
+/// of it small enough to copy into row-major order: packing it strided costs the kernel more.
+fn transposed_b<T>(b: &MatView<'_, T>, k: usize, cols: usize) -> bool {
+    b.rs == 1 && b.cs >= k && k.saturating_mul(cols) <= TRANSPOSED_B_MAX
+}
 
 /// Work (m·k·n multiply-adds) below which a product runs on one thread.
 pub(crate) const PAR_MIN_FLOPS: usize = 1 << 21;
@@ -390,8 +396,7 @@ pub fn gemm<T: crate::Float + Gemm>(
         }
     };
     if t <= 1 {
-        if b.rs == 1 && b.cs >= k && n.is_multiple_of(16) && k.saturating_mul(n) <= TRANSPOSED_B_MAX
-        {
+        if transposed_b(&b, k, n) && n.is_multiple_of(16) {
             // B stored transposed (a linear layer's `x·Wᵀ`, W `[out, in]`): the kernel would
             // repack it on every call, through a strided loop and a fresh allocation. A copy in
             // row-major order, made in 8×8 register blocks into a reused buffer, costs less and
@@ -411,9 +416,11 @@ pub fn gemm<T: crate::Float + Gemm>(
         run(0, m, c, b);
         return;
     }
-    if n > m {
+    if n > m || transposed_b(&b, k, n / t) {
         // Wide and short (a linear layer's forward, most weight gradients): split the columns,
         // so each thread packs only its part of B, the larger operand, instead of all of it.
+        // So too for B stored transposed (`x·Wᵀ`): each thread copies its columns of B into
+        // row-major order (see below) rather than every thread packing all of B.
         gemm_column_split(dims, a, b, c, beta, t);
         return;
     }
@@ -632,6 +639,37 @@ fn gemm_column_split<T: crate::Float + Gemm>(
     let run = |c0: usize| {
         let cols = per.min(n - c0);
         let out = &out;
+        if transposed_b(&b, k, cols) && cols.is_multiple_of(16) {
+            // This block's columns of a transposed B, copied row-major into this thread's
+            // buffer (as the single-threaded path does): nothing strided left to pack.
+            T::with_scratch(k * cols, |bt| {
+                T::transpose(&b.data[b.offset + c0 * b.cs..], cols, k, b.cs, bt);
+                // SAFETY: `a.fits(m, k)` (checked by `gemm`); `bt` holds k×cols elements
+                // row-major; `out.0` points at `c`, a unique `&mut [T]` of m×n elements with row
+                // stride n that outlives the fork; this block writes only columns c0..c0+cols
+                // of rows 0..m, which no other block touches, and nothing reads `c` until every
+                // block has finished.
+                unsafe {
+                    T::gemm_raw(
+                        m,
+                        k,
+                        cols,
+                        T::ONE,
+                        a.data.as_ptr().add(a.offset),
+                        a.rs as isize,
+                        a.cs as isize,
+                        bt.as_ptr(),
+                        cols as isize,
+                        1,
+                        beta,
+                        out.0.add(c0),
+                        n as isize,
+                        1,
+                    )
+                }
+            });
+            return;
+        }
         // SAFETY: `a.fits(m, k)` and `b.fits(k, n)` hold (checked by `gemm`), so columns
         // c0..c0+cols of `b` and every element of `a` are inside their slices. `out.0` points at
         // `c`, a unique `&mut [T]` of m×n elements with row stride n that lives until the thread
