@@ -24,6 +24,16 @@ For Llama (`llama/`): `LlamaForCausalLM` (2 layers, width 64, 4 query heads shar
 key/value heads, MLP width 176, vocabulary 512, context 128, an untied output layer), in one
 file, and `reference.safetensors` with the same cases as GPT-2's (no tokenizer).
 
+For BERT (`bert/`): `BertModel` (2 layers, width 64, 4 heads, MLP width 128, vocabulary
+512, 128 positions, with the pooler), one file, a WordPiece tokenizer of 512 tokens trained on
+the fortunes (`tokenizer.json`, as `save_pretrained` writes it), and `reference.safetensors`
+with, for each case `{b}x{l}`, the ids, the attention mask (`mask/`, int64: later sequences of
+a batch are shorter and padded), the token types (`types/`, 0 and 1 at random),
+`last_hidden_state` (`hidden/`), `pooler_output` (`pooled/`) and the sentence embeddings
+(`embeddings/`: mean pooling over the mask, then L2 normalisation, as `sentence-transformers`
+computes them); and four sentences through the tokenizer, padded to the longest (`text/ids`,
+`text/mask`, `text/embeddings`), the sentences in `reference_text.txt`, one per line.
+
 Needs torch, transformers and safetensors (PyPI) and the fortunes (Debian: fortunes).
 Deterministic: seeded, CPU, float32.
 """
@@ -138,27 +148,99 @@ def gpt2(out):
 FORTUNES = "/usr/share/games/fortunes"
 
 
+def fortune_files():
+    """Debian's fortune files (the text, not the `.dat` indexes), sorted."""
+    return sorted(
+        os.path.join(FORTUNES, f)
+        for f in os.listdir(FORTUNES)
+        if os.path.isfile(os.path.join(FORTUNES, f)) and not f.endswith(".dat")
+    )
+
+
 def byte_level_tokenizer(out, vocab_size):
     """A byte-level BPE tokenizer (GPT-2's kind) of `vocab_size` tokens trained on Debian's
     fortune files, saved by transformers beside the model (`tokenizer.json`); returns it."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
-    files = sorted(
-        os.path.join(FORTUNES, f)
-        for f in os.listdir(FORTUNES)
-        if os.path.isfile(os.path.join(FORTUNES, f)) and not f.endswith(".dat")
-    )
     bpe = ByteLevelBPETokenizer()
-    bpe.train(files, vocab_size=vocab_size, min_frequency=2, show_progress=False)
+    bpe.train(fortune_files(), vocab_size=vocab_size, min_frequency=2, show_progress=False)
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer)
     tok.save_pretrained(out)
     return tok
 
 
+def sentence_embeddings(hidden, mask):
+    """`sentence-transformers`' mean pooling and normalisation."""
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    mean = (hidden * m).sum(1) / torch.clamp(m.sum(1), min=1e-9)
+    return torch.nn.functional.normalize(mean, p=2, dim=1)
+
+
+SENTENCES = [
+    "A fortune cookie is a cookie with a fortune inside.",
+    "You will be hungry again in one hour.",
+    "The cookie said nothing, as cookies do.",
+    "Never trust a computer you can't throw out a window.",
+]
+
+
+def bert(out):
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=512,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        hidden_act="gelu",
+        layer_norm_eps=1e-12,
+        initializer_range=0.2,
+    )
+    model = BertModel(cfg, add_pooling_layer=True).eval()
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    ref = {}
+    gen = torch.Generator().manual_seed(2)
+    for b, l in [(1, 1), (1, 7), (2, 16), (3, 33)]:
+        ids = torch.randint(0, cfg.vocab_size, (b, l), generator=gen)
+        mask = torch.ones(b, l, dtype=torch.int64)
+        for i in range(1, b):
+            mask[i, l - 5 * i:] = 0
+        types = torch.randint(0, 2, (b, l), generator=gen)
+        with torch.no_grad():
+            o = model(input_ids=ids, attention_mask=mask, token_type_ids=types)
+        key = f"{b}x{l}"
+        ref[f"ids/{key}"] = ids
+        ref[f"mask/{key}"] = mask
+        ref[f"types/{key}"] = types
+        ref[f"hidden/{key}"] = o.last_hidden_state.contiguous()
+        ref[f"pooled/{key}"] = o.pooler_output.contiguous()
+        ref[f"embeddings/{key}"] = sentence_embeddings(o.last_hidden_state, mask)
+    # Sentences through a WordPiece tokenizer trained on the fortunes.
+    wp = BertWordPieceTokenizer(lowercase=True)
+    wp.train(fortune_files(), vocab_size=cfg.vocab_size, min_frequency=2, show_progress=False)
+    tok = BertTokenizerFast(tokenizer_object=wp._tokenizer)
+    tok.save_pretrained(out)
+    enc = tok(SENTENCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        o = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+    ref["text/ids"] = enc["input_ids"]
+    ref["text/mask"] = enc["attention_mask"]
+    ref["text/embeddings"] = sentence_embeddings(o.last_hidden_state, enc["attention_mask"])
+    with open(os.path.join(out, "reference_text.txt"), "w") as f:
+        f.write("\n".join(SENTENCES) + "\n")
+    save_file(ref, os.path.join(out, "reference.safetensors"))
+
+
 def main(root):
     gpt2(os.path.join(root, "gpt2"))
     llama(os.path.join(root, "llama"))
+    bert(os.path.join(root, "bert"))
 
 
 if __name__ == "__main__":

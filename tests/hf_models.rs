@@ -1,4 +1,4 @@
-//! Models from Hugging Face (GPT-2, Llama), checked against the reference implementation: the directories in
+//! Models from Hugging Face (GPT-2, Llama, BERT), checked against the reference implementation: the directories in
 //! `tests/data/hf` are what `transformers` 5.25 itself wrote (`save_pretrained`, sharded, of
 //! small randomly initialised configurations), beside what it computed from them, made by
 //!
@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use arenagrad::nn::checkpoint::{self, KeyMap};
+use arenagrad::nn::models::bert::{self, Bert, BertInput};
 use arenagrad::nn::{CausalLm, Gpt2, Llama, Module, NnError, Rng, Sampling};
 use arenagrad::{Graph, HostTensor};
 use safetensors::{Dtype, SafeTensors};
@@ -411,4 +412,217 @@ fn gpt2_text_round_trips_through_its_tokenizer() {
     assert_eq!(out, r.ids("text/greedy").1);
     let all: Vec<u32> = ids.iter().chain(&out).map(|&i| i as u32).collect();
     assert_eq!(tok.decode(&all, false).unwrap(), decoded);
+}
+
+/// The reference's BERT case `key`: ids, mask, token types.
+fn bert_case(r: &Reference, key: &str) -> (Vec<usize>, (usize, usize), Vec<bool>, Vec<usize>) {
+    let (shape, ids) = r.ids(&format!("ids/{key}"));
+    let mask = r
+        .ids(&format!("mask/{key}"))
+        .1
+        .iter()
+        .map(|&m| m == 1)
+        .collect();
+    let types = r.ids(&format!("types/{key}")).1;
+    (ids, (shape[0], shape[1]), mask, types)
+}
+
+/// BERT's last hidden states, pooler output and sentence embeddings equal `transformers'`
+/// (and `sentence-transformers`' pooling) within 1e-4, at batch sizes 1 to 3 and lengths 1
+/// to 33, later sequences of a batch padded, token types 0 and 1.
+#[test]
+fn bert_matches_transformers() {
+    let model = Bert::from_pretrained(data("bert")).unwrap();
+    let r = Reference::open("bert");
+    let g = Graph::new();
+    for key in ["1x1", "1x7", "2x16", "3x33"] {
+        let (ids, (b, l), mask, types) = bert_case(&r, key);
+        let input = BertInput::new(&ids, b, l)
+            .attention_mask(&mask)
+            .token_type_ids(&types);
+        let hidden = model.encode(&g, &input).unwrap();
+        for (name, got) in [
+            ("hidden", hidden),
+            ("pooled", model.pool(&g, hidden).unwrap()),
+            ("embeddings", model.sentence_embeddings(&g, &input).unwrap()),
+        ] {
+            let (shape, want) = r.floats(&format!("{name}/{key}"));
+            assert_eq!(got.shape().as_slice(), shape.as_slice(), "{name} {key}");
+            let worst = worst_gap(&got.to_vec::<f32>().unwrap(), &want);
+            assert!(worst <= 1e-4, "{name} {key}: differs by up to {worst}");
+        }
+    }
+}
+
+/// Sentences through the model's own `tokenizer.json` (WordPiece trained on the fortunes,
+/// saved by `transformers`), padded to the longest: the same ids and mask as `transformers`'
+/// tokenizer, and the same sentence embeddings.
+#[test]
+fn bert_sentence_embeddings_from_text_match() {
+    let dir = data("bert");
+    let mut tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let pad = tok.token_to_id("[PAD]").unwrap();
+    tok.with_padding(Some(tokenizers::PaddingParams {
+        pad_id: pad,
+        pad_token: "[PAD]".into(),
+        ..Default::default()
+    }));
+    let text = std::fs::read_to_string(dir.join("reference_text.txt")).unwrap();
+    let sentences: Vec<&str> = text.lines().collect();
+    let enc = tok.encode_batch(sentences.clone(), true).unwrap();
+    let len = enc[0].len();
+    let ids: Vec<usize> = enc
+        .iter()
+        .flat_map(|e| e.get_ids().iter().map(|&i| i as usize))
+        .collect();
+    let mask: Vec<bool> = enc
+        .iter()
+        .flat_map(|e| e.get_attention_mask().iter().map(|&m| m == 1))
+        .collect();
+    let r = Reference::open("bert");
+    assert_eq!(ids, r.ids("text/ids").1);
+    let want_mask: Vec<bool> = r.ids("text/mask").1.iter().map(|&m| m == 1).collect();
+    assert_eq!(mask, want_mask);
+    assert!(mask.contains(&false), "the sentences should need padding");
+    let model = Bert::from_pretrained(&dir).unwrap();
+    let g = Graph::new();
+    let input = BertInput::new(&ids, sentences.len(), len).attention_mask(&mask);
+    let emb = model.sentence_embeddings(&g, &input).unwrap();
+    let worst = worst_gap(
+        &emb.to_vec::<f32>().unwrap(),
+        &r.floats("text/embeddings").1,
+    );
+    assert!(worst <= 1e-4, "sentence embeddings differ by up to {worst}");
+    // Padding changes nothing: each sentence alone gives its row.
+    for (i, e) in enc.iter().enumerate() {
+        let n = e.get_attention_mask().iter().filter(|&&m| m == 1).count();
+        let alone = model
+            .sentence_embeddings(&g, &BertInput::new(&ids[i * len..i * len + n], 1, n))
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let row = emb.slice(0, i, i + 1).unwrap().to_vec::<f32>().unwrap();
+        assert!(worst_gap(&alone, &row) <= 1e-5, "sentence {i}");
+    }
+}
+
+/// BERT's state dict is the checkpoint by its names; a task model's checkpoint (`bert.`
+/// prefix, a `cls.` head, older `gamma`/`beta` names, a `position_ids` buffer) loads into it;
+/// a wrong shape is refused with the name and nothing changes.
+#[test]
+fn bert_loads_task_checkpoints_and_refuses_bad_ones() {
+    let model = Bert::from_pretrained(data("bert")).unwrap();
+    let file = checkpoint::read_tensors(data("bert")).unwrap();
+    let mut ours = model.hf_state_dict();
+    ours.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(ours, file);
+    let dir = std::env::temp_dir().join(format!("arenagrad-bert-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let save = |t: &[(String, HostTensor)], name: &str| {
+        let p = dir.join(name);
+        checkpoint::save_tensors(t.iter().map(|(n, t)| (n.as_str(), t)), &p).unwrap();
+        p
+    };
+    let mut task: Vec<(String, HostTensor)> = file
+        .iter()
+        .map(|(n, t)| {
+            let n = n.replace("LayerNorm.weight", "LayerNorm.gamma");
+            (
+                format!("bert.{}", n.replace("LayerNorm.bias", "LayerNorm.beta")),
+                t.clone(),
+            )
+        })
+        .collect();
+    let z = HostTensor::zeros(&[4], arenagrad::DType::F32).unwrap();
+    task.push(("cls.predictions.bias".into(), z.clone()));
+    task.push(("bert.embeddings.position_ids".into(), z));
+    let mut other = Bert::new(*model.config(), &mut Rng::seed(3)).unwrap();
+    other.set_training(false);
+    other.load_hf(save(&task, "task.safetensors")).unwrap();
+    let g = Graph::new();
+    let ids = [5, 6, 7, 8];
+    let a = model.encode(&g, &BertInput::new(&ids, 1, 4)).unwrap();
+    let b = other.encode(&g, &BertInput::new(&ids, 1, 4)).unwrap();
+    assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+    // A transposed projection is refused by name; the model keeps its weights.
+    let mut bad = file.clone();
+    let at = bad
+        .iter()
+        .position(|(n, _)| n == "encoder.layer.1.intermediate.dense.weight")
+        .unwrap();
+    bad[at].1 = bad[at].1.transposed().unwrap();
+    let err = model.load_hf(save(&bad, "bad.safetensors")).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("encoder.layer.1.intermediate.dense.weight"),
+        "{err}"
+    );
+    let mut after = model.hf_state_dict();
+    after.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(after, file, "a refused load changed the model");
+    // Without the pooler in the checkpoint, the model has none.
+    let no_pool: Vec<_> = file
+        .iter()
+        .filter(|(n, _)| !n.starts_with("pooler."))
+        .cloned()
+        .collect();
+    save(&no_pool, "model.safetensors");
+    std::fs::copy(data("bert").join("config.json"), dir.join("config.json")).unwrap();
+    let bare = Bert::from_pretrained(&dir).unwrap();
+    let h = bare.encode(&g, &BertInput::new(&ids, 1, 4)).unwrap();
+    assert_eq!(h.to_vec::<f32>().unwrap(), a.to_vec::<f32>().unwrap());
+    assert!(bare.pool(&g, h).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Bad input is a typed error naming what is wrong: ids that do not fill the shape, a mask of
+/// another length, a sequence with no real token, a token type past the vocabulary, too long
+/// a sequence; unsupported configurations are refused.
+#[test]
+fn bert_refuses_bad_input_and_configs() {
+    let model = Bert::from_pretrained(data("bert")).unwrap();
+    let g = Graph::new();
+    let ids = [1, 2, 3, 4];
+    let expect = |input: BertInput<'_>, what: &str| {
+        let err = model.encode(&g, &input).unwrap_err().to_string();
+        assert!(err.contains(what), "{what}: {err}");
+    };
+    expect(BertInput::new(&ids, 3, 2), "token ids");
+    expect(
+        BertInput::new(&ids, 2, 2).attention_mask(&[true; 3]),
+        "attention_mask",
+    );
+    expect(
+        BertInput::new(&ids, 2, 2).attention_mask(&[true, true, false, false]),
+        "sequence 1",
+    );
+    expect(
+        BertInput::new(&ids, 2, 2).token_type_ids(&[0, 0, 2, 0]),
+        "token type 2",
+    );
+    let long = vec![1; 129];
+    expect(BertInput::new(&long, 1, 129), "max_position_embeddings");
+    let cfg = std::fs::read_to_string(data("bert").join("config.json")).unwrap();
+    for (from, to, what) in [
+        (
+            "\"is_decoder\": false",
+            "\"is_decoder\": true",
+            "is_decoder",
+        ),
+        (
+            "\"hidden_act\": \"gelu\"",
+            "\"hidden_act\": \"mish\"",
+            "hidden_act",
+        ),
+        (
+            "\"model_type\"",
+            "\"position_embedding_type\": \"relative_key\", \"model_type\"",
+            "position_embedding_type",
+        ),
+    ] {
+        let text = cfg.replacen(from, to, 1);
+        assert_ne!(text, cfg);
+        let err = bert::BertConfig::from_json(&text).unwrap_err().to_string();
+        assert!(err.contains(what), "{what}: {err}");
+    }
 }

@@ -155,6 +155,16 @@ pub fn tensors_to_bytes<'a>(
 /// Parses safetensors bytes into named tensors (sorted by name), verifying the checksum when the
 /// file has one. `path` only labels errors.
 pub fn tensors_from_bytes(bytes: &[u8], path: &Path) -> Result<Vec<(String, HostTensor)>> {
+    tensors_from_bytes_where(bytes, path, &|_| true)
+}
+
+/// [`tensors_from_bytes`] for the names `keep` accepts: the others are not decoded (so a
+/// dtype the engine does not hold is no error there).
+fn tensors_from_bytes_where(
+    bytes: &[u8],
+    path: &Path,
+    keep: &dyn Fn(&str) -> bool,
+) -> Result<Vec<(String, HostTensor)>> {
     // The header first (safetensors itself checks its length and JSON): a name it lists twice
     // would be read as one tensor.
     if let Some(header) = bytes
@@ -196,6 +206,7 @@ pub fn tensors_from_bytes(bytes: &[u8], path: &Path) -> Result<Vec<(String, Host
     }
     views
         .into_iter()
+        .filter(|(name, _)| keep(name))
         .map(|(name, v)| {
             let shape = v.shape().to_vec();
             let bytes = v.data();
@@ -277,9 +288,15 @@ pub fn save_tensors<'a>(
 /// Reads every tensor of a checkpoint, sorted by name. The file is read through a memory map,
 /// so each tensor is copied once, from the page cache into its own buffer.
 pub fn load_tensors(path: impl AsRef<Path>) -> Result<Vec<(String, HostTensor)>> {
-    let path = path.as_ref();
+    load_tensors_where(path.as_ref(), &|_| true)
+}
+
+fn load_tensors_where(
+    path: &Path,
+    keep: &dyn Fn(&str) -> bool,
+) -> Result<Vec<(String, HostTensor)>> {
     let bytes = arenagrad_alloc::MappedFile::open(path).map_err(io(path))?;
-    tensors_from_bytes(&bytes, path)
+    tensors_from_bytes_where(&bytes, path, keep)
 }
 
 /// The index of a sharded checkpoint, as `transformers` writes it beside the shards.
@@ -294,7 +311,14 @@ pub const SINGLE_FILE: &str = "model.safetensors";
 /// shard, and no name may come from two shards; a shard's tensors the index does not map are
 /// left out, as `transformers` leaves them.
 pub fn read_tensors(path: impl AsRef<Path>) -> Result<Vec<(String, HostTensor)>> {
-    let path = path.as_ref();
+    read_tensors_where(path.as_ref(), &|_| true)
+}
+
+/// [`read_tensors`] for the names `keep` accepts (the others not decoded).
+fn read_tensors_where(
+    path: &Path,
+    keep: &dyn Fn(&str) -> bool,
+) -> Result<Vec<(String, HostTensor)>> {
     let file = if path.is_dir() {
         let index = path.join(SHARD_INDEX);
         if index.exists() {
@@ -306,14 +330,14 @@ pub fn read_tensors(path: impl AsRef<Path>) -> Result<Vec<(String, HostTensor)>>
         path.to_path_buf()
     };
     if file.extension().is_some_and(|e| e == "json") {
-        read_sharded(&file)
+        read_sharded(&file, keep)
     } else {
-        load_tensors(&file)
+        load_tensors_where(&file, keep)
     }
 }
 
-/// The tensors a shard index maps, read shard by shard.
-fn read_sharded(index: &Path) -> Result<Vec<(String, HostTensor)>> {
+/// The tensors a shard index maps (those `keep` accepts), read shard by shard.
+fn read_sharded(index: &Path, keep: &dyn Fn(&str) -> bool) -> Result<Vec<(String, HostTensor)>> {
     let bad = |reason: String| NnError::Metadata {
         path: index.to_path_buf(),
         reason,
@@ -340,17 +364,17 @@ fn read_sharded(index: &Path) -> Result<Vec<(String, HostTensor)>> {
                 "shard {shard:?} is not a file beside the index"
             )));
         }
-        shards
-            .entry(shard.to_string())
-            .or_default()
-            .push(name.clone());
+        let names = shards.entry(shard.to_string()).or_default();
+        if keep(name) {
+            names.push(name.clone());
+        }
     }
     let dir = index.parent().unwrap_or(Path::new("."));
     let mut out: BTreeMap<String, HostTensor> = BTreeMap::new();
     for (shard, names) in shards {
         let shard_path = dir.join(&shard);
         let mut held: HashMap<String, HostTensor> =
-            load_tensors(&shard_path)?.into_iter().collect();
+            load_tensors_where(&shard_path, keep)?.into_iter().collect();
         for name in names {
             let t = held.remove(&name).ok_or_else(|| NnError::Metadata {
                 path: shard_path.clone(),
@@ -448,6 +472,15 @@ impl KeyMap {
             }
         }
         Some(n)
+    }
+
+    /// The checkpoint at `path` ([`read_tensors`]: a file, a shard index or a directory) with
+    /// its names mapped; a dropped name's tensor is not even decoded, so one of a dtype the
+    /// engine does not hold (torchvision's int64 `num_batches_tracked`, say) is no error.
+    pub fn read(&self, path: impl AsRef<Path>) -> Result<Vec<(String, HostTensor)>> {
+        let path = path.as_ref();
+        let tensors = read_tensors_where(path, &|name| self.apply(name).is_some())?;
+        self.remap(tensors, path)
     }
 
     /// `tensors` renamed (the dropped ones left out). Two names that become one are a

@@ -100,10 +100,12 @@ pub use layers::norm::{
 };
 pub use layers::rnn::{GRUCell, LSTMCell, RNNCell, RnnConfig, RnnOutput, GRU, LSTM, RNN};
 pub use layers::sequential::Sequential;
+pub use models::bert::{Bert, BertConfig, BertInput};
 pub use models::gpt::{Gpt, GptConfig, Sampling};
 pub use models::gpt2::{Gpt2, Gpt2Activation, Gpt2Config};
 pub use models::llama::{Llama, LlamaConfig};
-pub use models::{generate, CausalLm};
+pub use models::resnet::ResNet;
+pub use models::{generate, Activation, CausalLm};
 pub use module::{Module, Slot, Visitor};
 
 /// The names a training program needs. Its [`Result`] is nn's, whose error

@@ -20,6 +20,7 @@
 
 use arenagrad_graph::{AttentionOptions, DType, Graph, Tensor};
 
+use super::hf::Activation;
 use crate::error::{config, input_shape, Result};
 use crate::functional as F;
 use crate::init::Init;
@@ -30,40 +31,8 @@ use crate::layers::norm::{LayerNorm, LayerNormConfig};
 use crate::module::{Module, Visitor};
 use crate::{HostTensor, Rng};
 
-/// The MLP's activation, by `transformers`' name for it (`activation_function`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gpt2Activation {
-    /// `gelu_new` (GPT-2's own), `gelu_pytorch_tanh`, `gelu_fast`: GELU's tanh approximation.
-    GeluTanh,
-    /// `gelu`: exact GELU.
-    Gelu,
-    /// `relu`.
-    Relu,
-    /// `silu` or `swish`.
-    Silu,
-}
-
-impl Gpt2Activation {
-    /// The activation `transformers` calls `name`; `None` for one this crate lacks.
-    pub fn from_hf_name(name: &str) -> Option<Self> {
-        Some(match name {
-            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Self::GeluTanh,
-            "gelu" => Self::Gelu,
-            "relu" => Self::Relu,
-            "silu" | "swish" => Self::Silu,
-            _ => return None,
-        })
-    }
-
-    fn apply<'g>(self, x: Tensor<'g>) -> Result<Tensor<'g>> {
-        Ok(match self {
-            Self::GeluTanh => x.gelu_tanh()?,
-            Self::Gelu => x.gelu()?,
-            Self::Relu => x.relu()?,
-            Self::Silu => x.silu()?,
-        })
-    }
-}
+/// The MLP's activation (by `transformers`' names): the models' shared [`Activation`].
+pub type Gpt2Activation = Activation;
 
 /// The shape and options of a [`Gpt2`], with `transformers`' `GPT2Config` names.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -124,67 +93,32 @@ impl Gpt2Config {
     /// and reordering, untied output embeddings) are refused rather than ignored.
     #[cfg(feature = "checkpoint")]
     pub fn from_json(text: &str) -> Result<Self> {
-        let v: serde_json::Value = serde_json::from_str(text)
-            .map_err(|e| config("Gpt2Config", format!("config.json is not JSON: {e}")))?;
+        Self::from_hf(&super::hf::HfJson::parse("Gpt2Config", text)?)
+    }
+
+    #[cfg(feature = "checkpoint")]
+    pub(crate) fn from_hf(j: &super::hf::HfJson) -> Result<Self> {
         let d = Gpt2Config::default();
-        let count = |key: &str, default: usize| -> Result<usize> {
-            match v.get(key) {
-                None | Some(serde_json::Value::Null) => Ok(default),
-                Some(x) => x
-                    .as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| config("Gpt2Config", format!("{key} is not a count: {x}"))),
-            }
-        };
-        let real = |key: &str, default: f64| -> Result<f64> {
-            match v.get(key) {
-                None | Some(serde_json::Value::Null) => Ok(default),
-                Some(x) => x
-                    .as_f64()
-                    .ok_or_else(|| config("Gpt2Config", format!("{key} is not a number: {x}"))),
-            }
-        };
-        let flag = |key: &str, default: bool| -> bool {
-            v.get(key).and_then(|x| x.as_bool()).unwrap_or(default)
-        };
-        for (key, unsupported_when) in [
-            ("add_cross_attention", true),
-            ("scale_attn_by_inverse_layer_idx", true),
-            ("reorder_and_upcast_attn", true),
-            ("scale_attn_weights", false),
-            ("tie_word_embeddings", false),
-        ] {
-            let default = matches!(key, "scale_attn_weights" | "tie_word_embeddings");
-            if flag(key, default) == unsupported_when {
-                return Err(config(
-                    "Gpt2Config",
-                    format!("{key} = {unsupported_when} is not supported"),
-                ));
-            }
-        }
-        let activation = match v.get("activation_function").and_then(|a| a.as_str()) {
-            None => d.activation,
-            Some(name) => Gpt2Activation::from_hf_name(name).ok_or_else(|| {
-                config(
-                    "Gpt2Config",
-                    format!("activation {name:?} is not supported"),
-                )
-            })?,
-        };
-        let inner = count("n_inner", 0)?;
+        j.refuse("add_cross_attention", true, false)?;
+        j.refuse("scale_attn_by_inverse_layer_idx", true, false)?;
+        j.refuse("reorder_and_upcast_attn", true, false)?;
+        j.refuse("scale_attn_weights", false, true)?;
+        j.refuse("tie_word_embeddings", false, true)?;
+        let activation = j.activation("activation_function", d.activation)?;
+        let inner = j.count("n_inner", 0)?;
         let cfg = Gpt2Config {
-            vocab_size: count("vocab_size", d.vocab_size)?,
-            n_positions: count("n_positions", d.n_positions)?,
-            n_embd: count("n_embd", d.n_embd)?,
-            n_layer: count("n_layer", d.n_layer)?,
-            n_head: count("n_head", d.n_head)?,
+            vocab_size: j.count("vocab_size", d.vocab_size)?,
+            n_positions: j.count("n_positions", d.n_positions)?,
+            n_embd: j.count("n_embd", d.n_embd)?,
+            n_layer: j.count("n_layer", d.n_layer)?,
+            n_head: j.count("n_head", d.n_head)?,
             n_inner: (inner > 0).then_some(inner),
             activation,
-            layer_norm_epsilon: real("layer_norm_epsilon", d.layer_norm_epsilon)?,
-            resid_pdrop: real("resid_pdrop", d.resid_pdrop)?,
-            embd_pdrop: real("embd_pdrop", d.embd_pdrop)?,
-            attn_pdrop: real("attn_pdrop", d.attn_pdrop)?,
-            initializer_range: real("initializer_range", d.initializer_range)?,
+            layer_norm_epsilon: j.real("layer_norm_epsilon", d.layer_norm_epsilon)?,
+            resid_pdrop: j.real("resid_pdrop", d.resid_pdrop)?,
+            embd_pdrop: j.real("embd_pdrop", d.embd_pdrop)?,
+            attn_pdrop: j.real("attn_pdrop", d.attn_pdrop)?,
+            initializer_range: j.real("initializer_range", d.initializer_range)?,
             dtype: DType::F32,
         };
         cfg.check()?;
@@ -384,13 +318,7 @@ impl Gpt2 {
         let mut zero_rng = Rng::seed(0);
         let rng = rng.unwrap_or(&mut zero_rng);
         let std = cfg.initializer_range;
-        let normal = |std: f64| {
-            if random {
-                Init::Normal { mean: 0.0, std }
-            } else {
-                Init::Zeros
-            }
-        };
+        let normal = |std: f64| super::hf::normal_or_zeros(random, std);
         let emb = EmbeddingConfig {
             dtype: cfg.dtype,
             init: normal(std),
@@ -447,9 +375,8 @@ impl Gpt2 {
     #[cfg(feature = "checkpoint")]
     pub fn from_pretrained(dir: impl AsRef<std::path::Path>) -> Result<Self> {
         let dir = dir.as_ref();
-        let cfg_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&cfg_path).map_err(crate::files::io(&cfg_path))?;
-        let mut model = Gpt2::build(Gpt2Config::from_json(&text)?, None)?;
+        let cfg = Gpt2Config::from_hf(&super::hf::HfJson::read("Gpt2Config", dir)?)?;
+        let mut model = Gpt2::build(cfg, None)?;
         model.load_hf(dir)?;
         model.set_training(false);
         Ok(model)
@@ -466,7 +393,7 @@ impl Gpt2 {
             .drop("*.attn.bias")
             .drop("*.attn.masked_bias")
             .add_prefix("transformer.");
-        let tensors = map.remap(checkpoint::read_tensors(path)?, path)?;
+        let tensors = map.read(path)?;
         checkpoint::load_state_dict(self, tensors, true, path).map(|_| ())
     }
 

@@ -96,36 +96,15 @@ impl LlamaConfig {
     /// scaled rotary embeddings) are refused rather than ignored.
     #[cfg(feature = "checkpoint")]
     pub fn from_json(text: &str) -> Result<Self> {
-        let v: serde_json::Value = serde_json::from_str(text)
-            .map_err(|e| config("LlamaConfig", format!("config.json is not JSON: {e}")))?;
+        Self::from_hf(&super::hf::HfJson::parse("LlamaConfig", text)?)
+    }
+
+    #[cfg(feature = "checkpoint")]
+    pub(crate) fn from_hf(j: &super::hf::HfJson) -> Result<Self> {
         let d = LlamaConfig::default();
-        let get = |key: &str| v.get(key).filter(|x| !x.is_null());
-        let count = |key: &str, default: usize| -> Result<usize> {
-            match get(key) {
-                None => Ok(default),
-                Some(x) => x
-                    .as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| config("LlamaConfig", format!("{key} is not a count: {x}"))),
-            }
-        };
-        let real = |x: Option<&serde_json::Value>, key: &str, default: f64| -> Result<f64> {
-            match x {
-                None => Ok(default),
-                Some(x) => x
-                    .as_f64()
-                    .ok_or_else(|| config("LlamaConfig", format!("{key} is not a number: {x}"))),
-            }
-        };
-        for key in ["attention_bias", "mlp_bias"] {
-            if get(key).and_then(|x| x.as_bool()) == Some(true) {
-                return Err(config(
-                    "LlamaConfig",
-                    format!("{key} = true is not supported"),
-                ));
-            }
-        }
-        if let Some(act) = get("hidden_act").and_then(|a| a.as_str()) {
+        j.refuse("attention_bias", true, false)?;
+        j.refuse("mlp_bias", true, false)?;
+        if let Some(act) = j.text("hidden_act") {
             if act != "silu" {
                 return Err(config(
                     "LlamaConfig",
@@ -135,7 +114,7 @@ impl LlamaConfig {
         }
         // The rotary base: top-level (older files) or in `rope_parameters`; only the default
         // (unscaled) rotary embeddings are implemented.
-        let rope = get("rope_parameters").or_else(|| get("rope_scaling"));
+        let rope = j.get("rope_parameters").or_else(|| j.get("rope_scaling"));
         if let Some(kind) = rope.and_then(|r| r.get("rope_type").or_else(|| r.get("type"))) {
             if kind.as_str() != Some("default") {
                 return Err(config(
@@ -146,30 +125,25 @@ impl LlamaConfig {
         }
         let theta = rope
             .and_then(|r| r.get("rope_theta"))
-            .or_else(|| get("rope_theta"));
-        let heads = count("num_attention_heads", d.num_attention_heads)?;
+            .or_else(|| j.get("rope_theta"));
+        let heads = j.count("num_attention_heads", d.num_attention_heads)?;
         let cfg = LlamaConfig {
-            vocab_size: count("vocab_size", d.vocab_size)?,
-            hidden_size: count("hidden_size", d.hidden_size)?,
-            intermediate_size: count("intermediate_size", d.intermediate_size)?,
-            num_hidden_layers: count("num_hidden_layers", d.num_hidden_layers)?,
+            vocab_size: j.count("vocab_size", d.vocab_size)?,
+            hidden_size: j.count("hidden_size", d.hidden_size)?,
+            intermediate_size: j.count("intermediate_size", d.intermediate_size)?,
+            num_hidden_layers: j.count("num_hidden_layers", d.num_hidden_layers)?,
             num_attention_heads: heads,
-            num_key_value_heads: count("num_key_value_heads", heads)?,
-            head_dim: match get("head_dim") {
+            num_key_value_heads: j.count("num_key_value_heads", heads)?,
+            head_dim: match j.get("head_dim") {
                 None => None,
-                Some(_) => Some(count("head_dim", 0)?),
+                Some(_) => Some(j.count("head_dim", 0)?),
             },
-            max_position_embeddings: count("max_position_embeddings", d.max_position_embeddings)?,
-            rms_norm_eps: real(get("rms_norm_eps"), "rms_norm_eps", d.rms_norm_eps)?,
-            rope_theta: real(theta, "rope_theta", d.rope_theta)?,
-            tie_word_embeddings: get("tie_word_embeddings")
-                .and_then(|x| x.as_bool())
-                .unwrap_or(d.tie_word_embeddings),
-            initializer_range: real(
-                get("initializer_range"),
-                "initializer_range",
-                d.initializer_range,
-            )?,
+            max_position_embeddings: j
+                .count("max_position_embeddings", d.max_position_embeddings)?,
+            rms_norm_eps: j.real("rms_norm_eps", d.rms_norm_eps)?,
+            rope_theta: j.real_of(theta, "rope_theta", d.rope_theta)?,
+            tie_word_embeddings: j.flag("tie_word_embeddings", d.tie_word_embeddings)?,
+            initializer_range: j.real("initializer_range", d.initializer_range)?,
             dtype: DType::F32,
         };
         cfg.check()?;
@@ -476,14 +450,7 @@ impl Llama {
         let random = rng.is_some();
         let mut zero_rng = Rng::seed(0);
         let rng = rng.unwrap_or(&mut zero_rng);
-        let init = if random {
-            Init::Normal {
-                mean: 0.0,
-                std: cfg.initializer_range,
-            }
-        } else {
-            Init::Zeros
-        };
+        let init = super::hf::normal_or_zeros(random, cfg.initializer_range);
         let lin = LinearConfig {
             bias: false,
             dtype: cfg.dtype,
@@ -543,9 +510,8 @@ impl Llama {
     #[cfg(feature = "checkpoint")]
     pub fn from_pretrained(dir: impl AsRef<std::path::Path>) -> Result<Self> {
         let dir = dir.as_ref();
-        let cfg_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&cfg_path).map_err(crate::files::io(&cfg_path))?;
-        let mut model = Llama::build(LlamaConfig::from_json(&text)?, None)?;
+        let cfg = LlamaConfig::from_hf(&super::hf::HfJson::read("LlamaConfig", dir)?)?;
+        let mut model = Llama::build(cfg, None)?;
         model.load_hf(dir)?;
         model.set_training(false);
         Ok(model)
@@ -561,7 +527,7 @@ impl Llama {
         if self.cfg.tie_word_embeddings {
             map = map.drop("lm_head.weight");
         }
-        let tensors = map.remap(checkpoint::read_tensors(path)?, path)?;
+        let tensors = map.read(path)?;
         checkpoint::load_state_dict(self, tensors, true, path).map(|_| ())
     }
 

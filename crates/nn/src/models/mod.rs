@@ -1,10 +1,15 @@
-//! Whole models built from the layers: a character-level GPT, and GPT-2 and a Llama-family
-//! decoder as Hugging Face's `transformers` defines them (loading their checkpoints by their
-//! own names).
+//! Whole models built from the layers: a character-level GPT, and GPT-2, a Llama-family
+//! decoder and a BERT encoder as Hugging Face's `transformers` defines them, and ResNet as
+//! torchvision defines it (loading their checkpoints by their own names).
 
+pub mod bert;
 pub mod gpt;
 pub mod gpt2;
+mod hf;
 pub mod llama;
+pub mod resnet;
+
+pub use hf::Activation;
 
 use arenagrad_graph::{Graph, Tensor};
 
