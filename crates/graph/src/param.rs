@@ -20,6 +20,8 @@ struct ParamInner {
     /// The buffer of a cleared gradient, kept so the next backward writes into it instead of
     /// allocating (and faulting in) a fresh one every step.
     spare: Option<HostData>,
+    /// Frozen ([`Parameter::set_requires_grad`] false): brought into an iteration as a constant.
+    frozen: bool,
 }
 
 /// A trainable value that lives outside the iteration arena.
@@ -80,7 +82,27 @@ impl Parameter {
             value: Arc::new(value),
             grad: None,
             spare: None,
+            frozen: false,
         })))
+    }
+
+    /// Whether gradients flow into this parameter (true unless frozen). PyTorch's
+    /// `requires_grad`.
+    pub fn requires_grad(&self) -> bool {
+        !self.lock().frozen
+    }
+
+    /// Freezes the parameter (`false`) or thaws it (`true`), PyTorch's `requires_grad_`. A
+    /// frozen parameter comes into an iteration ([`Graph::param`]) as a constant: backward
+    /// computes no gradient for it and nothing flows past it, it keeps no gradient buffer (its
+    /// gradient and the spare buffer are dropped here), and optimisers skip it.
+    pub fn set_requires_grad(&self, requires_grad: bool) {
+        let mut p = self.lock();
+        p.frozen = !requires_grad;
+        if p.frozen {
+            p.grad = None;
+            p.spare = None;
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, ParamInner> {
@@ -235,9 +257,13 @@ impl Graph {
     /// place, not copied: the arena holds it until [`Graph::reset`], and an optimiser step after
     /// the reset updates it in place (see [`Parameter::update`]). After backward its gradient is
     /// added to the parameter's own.
+    ///
+    /// A frozen parameter ([`Parameter::set_requires_grad`] false) comes in as a constant leaf,
+    /// read in place as well: no gradient is computed for it.
     pub fn param(&self, p: &Parameter) -> Result<Tensor<'_>> {
         let op = "param";
         let guard = p.lock();
+        let frozen = guard.frozen;
         let mut i = self.inner();
         let value = Arc::clone(&guard.value);
         let buf = with_storage!(guard.value.dtype(), T, {
@@ -250,6 +276,10 @@ impl Graph {
         let id = i.push(shape, dtype, buf, Op::Leaf, &[]);
         let dev = i.device;
         i.settle(op, id, dev)?;
+        if frozen {
+            drop(i);
+            return Ok(self.handle(id));
+        }
         let pos = i.tape.len() as u32;
         i.tape.push(id);
         let n = &mut i.nodes[id];

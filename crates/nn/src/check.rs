@@ -84,7 +84,8 @@ fn loss_value<M: Module + ?Sized>(
     r
 }
 
-/// Checks a module's gradients with respect to its input and every parameter, in `f64`.
+/// Checks a module's gradients with respect to its input and every parameter that is not
+/// frozen, in `f64`.
 ///
 /// The module's parameters must be f64 (build it with an f64 config); `input` is converted to
 /// f64. Every parameter's accumulated gradient is cleared on return, and parameter values are
@@ -95,7 +96,12 @@ pub fn gradcheck_module<M: Module + ?Sized>(
     input: &HostTensor,
     opts: GradcheckOptions,
 ) -> Result<ModuleGradcheckReport> {
-    let params = module.named_parameters();
+    // Frozen parameters take no gradient: only those that require one are checked.
+    let params: Vec<(String, Parameter)> = module
+        .named_parameters()
+        .into_iter()
+        .filter(|(_, p)| p.requires_grad())
+        .collect();
     for (_, p) in &params {
         if p.dtype() != DType::F64 {
             return Err(NnError::DType {

@@ -170,6 +170,38 @@ pub trait Module {
         self.parameters().iter().map(Parameter::numel).sum()
     }
 
+    /// The parameters that are not frozen ([`Parameter::requires_grad`]), in visiting order:
+    /// what a fine-tuning optimiser takes.
+    fn trainable_parameters(&self) -> Vec<Parameter> {
+        self.parameters()
+            .into_iter()
+            .filter(Parameter::requires_grad)
+            .collect()
+    }
+
+    /// The number of scalars in [`Module::trainable_parameters`].
+    fn num_trainable_parameters(&self) -> usize {
+        self.trainable_parameters()
+            .iter()
+            .map(Parameter::numel)
+            .sum()
+    }
+
+    /// Freezes every parameter (PyTorch's `requires_grad_(False)` on each): backward computes
+    /// no gradient for them and keeps no gradient buffer, optimisers skip them.
+    fn freeze(&self) {
+        for p in self.parameters() {
+            p.set_requires_grad(false);
+        }
+    }
+
+    /// Thaws every parameter ([`Module::freeze`] undone).
+    fn unfreeze(&self) {
+        for p in self.parameters() {
+            p.set_requires_grad(true);
+        }
+    }
+
     /// Clears every parameter's accumulated gradient.
     fn zero_grad(&self) {
         self.visit(&mut Visitor::new(&mut |_, p, s| {

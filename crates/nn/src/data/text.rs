@@ -54,6 +54,16 @@ impl TextCorpus {
     /// The documents of a fortune directory; document `i` (counted over the files in name
     /// order) goes to validation when `i % valid_every == valid_every − 1`.
     pub fn from_fortune_dir(dir: impl AsRef<Path>, valid_every: usize) -> Result<Self> {
+        Self::from_fortune_files(dir, valid_every, |_| true)
+    }
+
+    /// [`TextCorpus::from_fortune_dir`] over the files whose name `keep` accepts (say one
+    /// topic for fine-tuning, and the others for pretraining).
+    pub fn from_fortune_files(
+        dir: impl AsRef<Path>,
+        valid_every: usize,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Self> {
         let dir = dir.as_ref();
         let mut paths: Vec<_> = std::fs::read_dir(dir)
             .map_err(io(dir))?
@@ -63,7 +73,8 @@ impl TextCorpus {
         let mut seen = Vec::new();
         let mut texts = Vec::new();
         for p in paths {
-            if p.extension().is_some_and(|e| e == "dat") || p.is_dir() {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if p.extension().is_some_and(|e| e == "dat") || p.is_dir() || !keep(name) {
                 continue;
             }
             let real = std::fs::canonicalize(&p).map_err(io(&p))?;

@@ -57,6 +57,42 @@ pub struct Linear {
     bias: Option<Parameter>,
     /// The weight is `[in, out]` ([`Linear::in_out`]), not `[out, in]`.
     in_out: bool,
+    /// A low-rank adapter beside the weight ([`Linear::add_lora`]).
+    lora: Option<Lora>,
+}
+
+/// A low-rank adapter of a [`Linear`] layer (LoRA, as PEFT's `LoraLayer`): `x·Aᵀ·Bᵀ·(α/r)`
+/// added to the layer's output, `A` (`lora_A.weight`, `[r, in]`) drawn as `nn.Linear`'s
+/// weight, `B` (`lora_B.weight`, `[out, r]`) zero, so that a fresh adapter changes nothing.
+/// Merged into the weight ([`Linear::merge_lora`]) it costs nothing at inference.
+#[derive(Debug)]
+pub struct Lora {
+    a: Parameter,
+    b: Parameter,
+    scale: f64,
+    merged: bool,
+}
+
+impl Lora {
+    /// `A`, `[r, in]`.
+    pub fn a(&self) -> &Parameter {
+        &self.a
+    }
+
+    /// `B`, `[out, r]`.
+    pub fn b(&self) -> &Parameter {
+        &self.b
+    }
+
+    /// `α / r`.
+    pub fn scale(&self) -> f64 {
+        self.scale
+    }
+
+    /// Whether `B·A·(α/r)` is in the weight now (and the adapter skipped in the forward).
+    pub fn is_merged(&self) -> bool {
+        self.merged
+    }
 }
 
 impl Linear {
@@ -108,6 +144,7 @@ impl Linear {
             weight,
             bias,
             in_out,
+            lora: None,
         })
     }
 
@@ -170,6 +207,7 @@ impl Linear {
             weight,
             bias,
             in_out: false,
+            lora: None,
         })
     }
 
@@ -197,6 +235,101 @@ impl Linear {
     pub fn is_in_out(&self) -> bool {
         self.in_out
     }
+
+    /// Adds a low-rank adapter of rank `r` and scale `alpha / r` ([`Lora`]) in the weight's
+    /// dtype, and freezes the weight and bias (PEFT's default: only adapters train). An
+    /// error for a rank of 0, a non-finite `alpha`, or a layer that has one already.
+    pub fn add_lora(&mut self, r: usize, alpha: f64, rng: &mut Rng) -> Result<()> {
+        if r == 0 || !alpha.is_finite() {
+            return Err(config(
+                "Linear::add_lora",
+                format!("the rank must be positive and alpha finite, got r = {r}, alpha = {alpha}"),
+            ));
+        }
+        if self.lora.is_some() {
+            return Err(config(
+                "Linear::add_lora",
+                "the layer has an adapter already",
+            ));
+        }
+        let (i, o, dtype) = (self.in_features(), self.out_features(), self.weight.dtype());
+        let a = Init::PYTORCH_DEFAULT.tensor(&[r, i], dtype, rng)?;
+        let b = Init::Zeros.tensor(&[o, r], dtype, rng)?;
+        self.weight.set_requires_grad(false);
+        if let Some(bias) = &self.bias {
+            bias.set_requires_grad(false);
+        }
+        self.lora = Some(Lora {
+            a: Parameter::new("lora_A.weight", a),
+            b: Parameter::new("lora_B.weight", b),
+            scale: alpha / r as f64,
+            merged: false,
+        });
+        Ok(())
+    }
+
+    /// The adapter, if any.
+    pub fn lora(&self) -> Option<&Lora> {
+        self.lora.as_ref()
+    }
+
+    /// Adds `B·A·(α/r)` into the weight (in f64, rounded once to the weight's dtype); the
+    /// forward then skips the adapter. An error without an adapter or when merged already.
+    pub fn merge_lora(&mut self) -> Result<()> {
+        self.shift_by_lora(true)
+    }
+
+    /// Takes `B·A·(α/r)` back out of the weight (exact up to the rounding of each step).
+    pub fn unmerge_lora(&mut self) -> Result<()> {
+        self.shift_by_lora(false)
+    }
+
+    fn shift_by_lora(&mut self, merge: bool) -> Result<()> {
+        let op = if merge {
+            "Linear::merge_lora"
+        } else {
+            "Linear::unmerge_lora"
+        };
+        let Some(l) = &mut self.lora else {
+            return Err(config(op, "the layer has no adapter"));
+        };
+        if l.merged == merge {
+            return Err(config(
+                op,
+                if merge {
+                    "the adapter is merged already"
+                } else {
+                    "the adapter is not merged"
+                },
+            ));
+        }
+        let (a, b) = (l.a.value().to_f64_vec(), l.b.value().to_f64_vec());
+        let r = l.a.shape()[0];
+        let (i, o) = (self.weight.shape()[1], self.weight.shape()[0]);
+        let (n_in, n_out) = if self.in_out { (o, i) } else { (i, o) };
+        let w = self.weight.value();
+        let mut v = w.to_f64_vec();
+        let sign = if merge { l.scale } else { -l.scale };
+        for row in 0..n_out {
+            for col in 0..n_in {
+                let d: f64 = (0..r).map(|k| b[row * r + k] * a[k * n_in + col]).sum();
+                let at = if self.in_out {
+                    col * n_out + row
+                } else {
+                    row * n_in + col
+                };
+                v[at] += sign * d;
+            }
+        }
+        self.weight
+            .set_value(arenagrad_graph::HostTensor::from_f64(
+                &v,
+                w.shape(),
+                w.dtype(),
+            )?)?;
+        l.merged = merge;
+        Ok(())
+    }
 }
 
 impl Module for Linear {
@@ -206,10 +339,18 @@ impl Module for Linear {
             None => None,
         };
         let w = g.param(&self.weight)?;
-        if self.in_out {
-            F::linear_in_out(x, w, b)
+        let y = if self.in_out {
+            F::linear_in_out(x, w, b)?
         } else {
-            F::linear(x, w, b)
+            F::linear(x, w, b)?
+        };
+        match &self.lora {
+            Some(l) if !l.merged => {
+                let down = F::linear(x, g.param(&l.a)?, None)?;
+                let up = F::linear(down, g.param(&l.b)?, None)?;
+                Ok(y.add(up.scale(l.scale)?)?)
+            }
+            _ => Ok(y),
         }
     }
 
@@ -217,6 +358,10 @@ impl Module for Linear {
         v.param("weight", &self.weight);
         if let Some(b) = &self.bias {
             v.param("bias", b);
+        }
+        if let Some(l) = &self.lora {
+            v.param("lora_A.weight", &l.a);
+            v.param("lora_B.weight", &l.b);
         }
     }
 }

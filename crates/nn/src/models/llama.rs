@@ -320,7 +320,32 @@ struct LlamaBlock {
     mlp: LlamaMlp,
 }
 
+/// The projections of a block, by `transformers`' names.
+const PROJECTIONS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
 impl LlamaBlock {
+    /// The block's projections with their names (as [`PROJECTIONS`] lists them).
+    fn projections_mut(&mut self) -> [(&'static str, &mut Linear); 7] {
+        let (a, m) = (&mut self.self_attn, &mut self.mlp);
+        [
+            ("q_proj", &mut a.q_proj),
+            ("k_proj", &mut a.k_proj),
+            ("v_proj", &mut a.v_proj),
+            ("o_proj", &mut a.o_proj),
+            ("gate_proj", &mut m.gate_proj),
+            ("up_proj", &mut m.up_proj),
+            ("down_proj", &mut m.down_proj),
+        ]
+    }
+
     fn run<'g>(
         &self,
         g: &'g Graph,
@@ -529,6 +554,57 @@ impl Llama {
         }
         let tensors = map.read(path)?;
         checkpoint::load_state_dict(self, tensors, true, path).map(|_| ())
+    }
+
+    /// Adds LoRA adapters of rank `r` and scale `alpha / r` ([`Linear::add_lora`]) to every
+    /// block's projections named in `targets` (`q_proj`, `k_proj`, `v_proj`, `o_proj`,
+    /// `gate_proj`, `up_proj`, `down_proj`; PEFT's `target_modules`), after freezing the whole
+    /// model: only the adapters train, and they start as no change. Their names are PEFT's
+    /// (`model.layers.0.self_attn.q_proj.lora_A.weight`). An error for an unknown target (no
+    /// adapter added then) or a projection that has one already.
+    pub fn add_lora(
+        &mut self,
+        r: usize,
+        alpha: f64,
+        targets: &[&str],
+        rng: &mut Rng,
+    ) -> Result<()> {
+        if let Some(t) = targets.iter().find(|t| !PROJECTIONS.contains(t)) {
+            return Err(config(
+                "Llama::add_lora",
+                format!("{t:?} is not a projection (one of {PROJECTIONS:?})"),
+            ));
+        }
+        self.freeze();
+        for b in &mut self.layers {
+            for (name, lin) in b.projections_mut() {
+                if targets.contains(&name) {
+                    lin.add_lora(r, alpha, rng)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Merges every adapter into its weight ([`Linear::merge_lora`]).
+    pub fn merge_lora(&mut self) -> Result<()> {
+        self.each_adapter(Linear::merge_lora)
+    }
+
+    /// Takes every adapter back out of its weight ([`Linear::unmerge_lora`]).
+    pub fn unmerge_lora(&mut self) -> Result<()> {
+        self.each_adapter(Linear::unmerge_lora)
+    }
+
+    fn each_adapter(&mut self, f: fn(&mut Linear) -> Result<()>) -> Result<()> {
+        for b in &mut self.layers {
+            for (_, lin) in b.projections_mut() {
+                if lin.lora().is_some() {
+                    f(lin)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The model's configuration.
