@@ -11,6 +11,8 @@ For GPT-2 (`gpt2/`): `GPT2LMHeadModel` (2 layers, width 64, 4 heads, vocabulary 
 128), its weights in shards of at most 200 kB with `model.safetensors.index.json`, and
 `reference.safetensors` holding, for each case `{b}x{l}` (batch × length: 1x1, 1x7, 2x16,
 3x33), the token ids `ids/{b}x{l}` (int64) and the logits `logits/{b}x{l}` (float32) in eval mode;
+one training step on the 2x16 ids in float64 (the first 15 tokens predicting the next:
+`step/loss`, and each parameter's gradient `grad/{name}`);
 `prompt` (int64, [1, 5]) and the 64 tokens greedy decoding appends to it, with the key/value
 cache (`greedy/cache`) and without (`greedy/nocache`), from `generate`; a byte-level BPE
 tokenizer of 512 tokens trained on Debian's fortune files (`tokenizer.json`, as
@@ -37,11 +39,37 @@ computes them); and four sentences through the tokenizer, padded to the longest 
 Needs torch, transformers and safetensors (PyPI) and the fortunes (Debian: fortunes).
 Deterministic: seeded, CPU, float32.
 """
+import contextlib
 import os
 import sys
 
 import torch
 from safetensors.torch import save_file
+
+
+@contextlib.contextmanager
+def float64_throughout():
+    """Llama's RMSNorm and rotary embeddings compute in float32 whatever the model's dtype (an
+    upcast meant for 16-bit models, a downcast in a float64 one): for the float64 reference
+    they compute in the input's dtype instead (the same formulas; the rotary frequencies are
+    the float32 buffer's values either way)."""
+    from transformers.models.llama import modeling_llama as ml
+
+    def rms(self, h):
+        variance = h.pow(2).mean(-1, keepdim=True)
+        return self.weight * (h * torch.rsqrt(variance + self.variance_epsilon))
+
+    def rope(self, x, position_ids):
+        freqs = position_ids[..., None].to(x.dtype) * self.inv_freq.to(x.device, x.dtype)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+    saved = (ml.LlamaRMSNorm.forward, ml.LlamaRotaryEmbedding.forward)
+    ml.LlamaRMSNorm.forward, ml.LlamaRotaryEmbedding.forward = rms, rope
+    try:
+        yield
+    finally:
+        ml.LlamaRMSNorm.forward, ml.LlamaRotaryEmbedding.forward = saved
 
 
 def reference_outputs(model, vocab, name):
@@ -68,6 +96,22 @@ def reference_outputs(model, vocab, name):
                 pad_token_id=0,
             )
         ref[f"greedy/{key}"] = seq[:, prompt.shape[1]:].contiguous()
+    # One training step's loss and gradients: the 2x16 case's first 15 tokens predicting the
+    # next (mean cross-entropy), every parameter's gradient (dropout off: evaluation mode), in
+    # float64 (a copy of the model: float32's own rounding moves these gradients by up to
+    # 3e-5 of their size at this initialisation, PyTorch's as much as any).
+    import copy
+    wide = copy.deepcopy(model).double()
+    ids = ref["ids/2x16"]
+    with float64_throughout():
+        logits = wide(ids[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab),
+                                                 ids[:, 1:].reshape(-1))
+        loss.backward()
+    ref["step/loss"] = loss.detach().reshape(1)
+    for n, p in wide.named_parameters():
+        ref[f"grad/{n}"] = p.grad.detach().contiguous()
+    del wide
     with torch.no_grad():
         logits = model(torch.cat([prompt, ref["greedy/cache"]], dim=1)).logits[0, 4:-1]
     top2 = logits.topk(2, dim=-1).values
@@ -224,6 +268,14 @@ def bert(out):
     # Sentences through a WordPiece tokenizer trained on the fortunes.
     wp = BertWordPieceTokenizer(lowercase=True)
     wp.train(fortune_files(), vocab_size=cfg.vocab_size, min_frequency=2, show_progress=False)
+    # The trainer lists the word-continuing letters (`##a`, …) in a hash set's order, which
+    # changes from run to run: sorted here (in the same places), the file is the same each time.
+    by_id = sorted(wp.get_vocab().items(), key=lambda kv: kv[1])
+    slots = [i for i, (t, _) in enumerate(by_id) if t.startswith("##") and len(t) == 3]
+    letters = sorted(by_id[i][0] for i in slots)
+    for i, t in zip(slots, letters):
+        by_id[i] = (t, by_id[i][1])
+    wp = BertWordPieceTokenizer(dict(by_id), lowercase=True)
     tok = BertTokenizerFast(tokenizer_object=wp._tokenizer)
     tok.save_pretrained(out)
     enc = tok(SENTENCES, padding=True, return_tensors="pt")

@@ -44,6 +44,23 @@ impl Reference {
             .collect();
         (shape, ids)
     }
+    fn doubles(&self, name: &str) -> (Vec<usize>, Vec<f64>) {
+        let (shape, dtype, bytes) = self.view(name);
+        assert_eq!(dtype, Dtype::F64, "{name}");
+        let v = bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        (shape, v)
+    }
+    fn names(&self, prefix: &str) -> Vec<String> {
+        let st = SafeTensors::deserialize(&self.bytes).unwrap();
+        st.names()
+            .into_iter()
+            .filter(|n| n.starts_with(prefix))
+            .map(str::to_string)
+            .collect()
+    }
     fn floats(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
         let (shape, dtype, bytes) = self.view(name);
         assert_eq!(dtype, Dtype::F32, "{name}");
@@ -624,5 +641,100 @@ fn bert_refuses_bad_input_and_configs() {
         assert_ne!(text, cfg);
         let err = bert::BertConfig::from_json(&text).unwrap_err().to_string();
         assert!(err.contains(what), "{what}: {err}");
+    }
+}
+
+/// One training step equals PyTorch's in float64: the loss of the 2x16 case's first 15 tokens
+/// predicting the next, and every parameter's gradient (the tied GPT-2 embedding's from both
+/// its uses), within 1e-11 of the largest value of each — for the model loaded in f64; loaded in
+/// f32 within 1e-4 (f32's own rounding moves these gradients by up to 3e-5 of their size at
+/// this initialisation, PyTorch's f32 run as much).
+fn training_step_matches(
+    model: &impl Module,
+    name: &str,
+    tol: f64,
+    loss: impl for<'g> Fn(&'g Graph, &[usize], &[usize]) -> arenagrad::Tensor<'g>,
+) {
+    let r = Reference::open(name);
+    let (_, ids) = r.ids("ids/2x16");
+    let (x, y): (Vec<usize>, Vec<usize>) = (0..2)
+        .flat_map(|b| (0..15).map(move |t| (b, t)))
+        .map(|(b, t)| (ids[b * 16 + t], ids[b * 16 + t + 1]))
+        .unzip();
+    let g = Graph::new();
+    model.zero_grad();
+    let l = loss(&g, &x, &y);
+    let want = r.doubles("step/loss").1[0];
+    let got = l.item().unwrap();
+    assert!(
+        (got - want).abs() <= tol * want.abs(),
+        "{name}: loss {got} vs {want}"
+    );
+    l.backward().unwrap();
+    let params = model.named_parameters();
+    for (pname, p) in &params {
+        let (shape, want) = r.doubles(&format!("grad/{pname}"));
+        assert_eq!(p.shape(), shape, "{pname}");
+        let got = p.grad().unwrap().to_f64_vec();
+        let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f64, f64::max);
+        assert!(
+            worst <= tol * scale,
+            "{name} {pname}: gradient differs by {worst} (largest {scale})"
+        );
+    }
+    let file_params = r.names("grad/").len();
+    assert_eq!(params.len(), file_params, "{name}: every parameter checked");
+    model.zero_grad();
+}
+
+/// The model of `dir`'s configuration in `dtype`, its weights loaded and in evaluation mode.
+fn gpt2_in(dtype: arenagrad::DType) -> Gpt2 {
+    let text = std::fs::read_to_string(data("gpt2").join("config.json")).unwrap();
+    let mut cfg = arenagrad::nn::Gpt2Config::from_json(&text).unwrap();
+    cfg.dtype = dtype;
+    let mut m = Gpt2::new(cfg, &mut Rng::seed(0)).unwrap();
+    m.load_hf(data("gpt2")).unwrap();
+    m.set_training(false);
+    m
+}
+
+fn llama_in(dtype: arenagrad::DType) -> Llama {
+    let text = std::fs::read_to_string(data("llama").join("config.json")).unwrap();
+    let mut cfg = arenagrad::nn::LlamaConfig::from_json(&text).unwrap();
+    cfg.dtype = dtype;
+    let mut m = Llama::new(cfg, &mut Rng::seed(0)).unwrap();
+    m.load_hf(data("llama")).unwrap();
+    m.set_training(false);
+    m
+}
+
+#[test]
+fn gpt2_training_step_matches_pytorch() {
+    for (dtype, tol) in [
+        (arenagrad::DType::F64, 1e-11),
+        (arenagrad::DType::F32, 1e-4),
+    ] {
+        let model = gpt2_in(dtype);
+        training_step_matches(&model, "gpt2", tol, |g, x, y| {
+            model.loss(g, x, y, 2, 15).unwrap()
+        });
+    }
+}
+
+#[test]
+fn llama_training_step_matches_pytorch() {
+    for (dtype, tol) in [
+        (arenagrad::DType::F64, 1e-11),
+        (arenagrad::DType::F32, 1e-4),
+    ] {
+        let model = llama_in(dtype);
+        training_step_matches(&model, "llama", tol, |g, x, y| {
+            model.loss(g, x, y, 2, 15).unwrap()
+        });
     }
 }

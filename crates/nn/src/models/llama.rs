@@ -402,18 +402,27 @@ impl<'g> Rope<'g> {
         dtype: DType,
     ) -> Result<Self> {
         let half = head_dim / 2;
+        // The frequencies as `transformers` computes them, in f32 throughout:
+        // `1 / theta ** (arange(0, dim, 2) / dim)`.
         let inv: Vec<f32> = (0..half)
-            .map(|i| (1.0 / theta.powf((2 * i) as f64 / head_dim as f64)) as f32)
+            .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
             .collect();
         let (mut cos, mut sin) = (
             Vec::with_capacity(len * head_dim),
             Vec::with_capacity(len * head_dim),
         );
         for p in past..past + len {
-            let row: Vec<f32> = inv.iter().map(|&f| f * p as f32).collect();
+            // The angles as `transformers` computes them: the f32 frequencies times the
+            // position, in f32 — in f64 for an f64 model (where `transformers` would compute in
+            // f32 all the same; its f64 reference is made with the f64 formula).
+            let row: Vec<f64> = if dtype == DType::F64 {
+                inv.iter().map(|&f| f64::from(f) * p as f64).collect()
+            } else {
+                inv.iter().map(|&f| f64::from(f * p as f32)).collect()
+            };
             for _ in 0..2 {
-                cos.extend(row.iter().map(|&a| f64::from(a).cos()));
-                sin.extend(row.iter().map(|&a| f64::from(a).sin()));
+                cos.extend(row.iter().map(|a| a.cos()));
+                sin.extend(row.iter().map(|a| a.sin()));
             }
         }
         Ok(Rope {
