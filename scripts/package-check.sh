@@ -19,7 +19,7 @@ cargo publish --workspace --dry-run --allow-dirty
 # The .crate files themselves, for the test builds below (verified just above).
 cargo package --workspace --allow-dirty --no-verify
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
-crates=(arenagrad-alloc arenagrad-exec arenagrad-graph arenagrad-nn arenagrad-program arenagrad-dist arenagrad)
+crates=(arenagrad-derive arenagrad-alloc arenagrad-exec arenagrad-graph arenagrad-nn arenagrad-program arenagrad-dist arenagrad)
 dir=target/package-check
 rm -rf "$dir"
 mkdir -p "$dir"

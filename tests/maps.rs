@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 const CRATES: &[&str] = &[
     "alloc",
     "arenagrad",
+    "derive",
     "dist",
     "exec",
     "graph",
@@ -230,6 +231,11 @@ fn every_crate_speaks_only_to_its_declared_dependencies() {
             .unwrap_or_else(|e| panic!("crates/{krate}/Cargo.toml: {e}"));
         let mut allowed = manifest_deps(&manifest);
         allowed.insert(krate.to_string());
+        if *krate == "derive" {
+            // The code derive emits names nn, the crate whose trait it implements (nn depends
+            // on derive, not the other way); derive itself calls nothing of nn.
+            allowed.insert("nn".to_string());
+        }
         let src = root().join("crates").join(krate).join("src");
         let mut files = Vec::new();
         rust_files(&src, &mut files);

@@ -83,6 +83,8 @@ pub mod models;
 mod module;
 pub mod optim;
 
+/// `#[derive(Module)]`: the fields as children, parameters and buffers (see [`Module`]).
+pub use arenagrad_derive::Module;
 pub use arenagrad_graph::Rng;
 pub use arenagrad_graph::{
     bf16, f16, AttentionOptions, DType, Graph, GraphError, HostData, HostDataMut, HostTensor,
@@ -107,6 +109,9 @@ pub use models::llama::{Llama, LlamaConfig};
 pub use models::resnet::ResNet;
 pub use models::{generate, Activation, CausalLm};
 pub use module::{Module, Slot, Visitor};
+
+// The derive's generated code names this crate `::arenagrad_nn`, here as in other crates.
+extern crate self as arenagrad_nn;
 
 /// The names a training program needs. Its [`Result`] is nn's, whose error
 /// defaults to [`NnError`] (a second parameter names another: `Result<(), Box<dyn Error>>`).

@@ -100,6 +100,74 @@ impl<'a> Visitor<'a> {
 /// assert!(m.parameters().iter().all(|p| p.grad().is_some()));
 /// # Ok::<(), arenagrad_nn::NnError>(())
 /// ```
+///
+/// Or `#[derive(Module)]` writes `visit` and `set_training` from the fields, so that none is
+/// forgotten (a child left out of a hand-written `visit` would go untrained and unsaved
+/// without a word); the forward pass is an inherent method `forward`. Each field is a child
+/// under its own name — `Option`s when `Some`, `Vec`s and arrays element by element (`blocks.0`,
+/// `blocks.1`, …) — a [`Parameter`] a parameter (`#[module(buffer)]`: a buffer);
+/// `#[module(rename = "…")]` names it otherwise and `#[module(skip)]` leaves it out; plain
+/// values (numbers, `bool`, `String`, `DType`) are not parts; a `training: bool` field follows
+/// the mode:
+///
+/// ```
+/// use arenagrad_nn::{DType, Dropout, Graph, LayerNorm, Linear, Module, Parameter, Result, Rng, Tensor};
+///
+/// #[derive(Module)]
+/// struct Mlp {
+///     blocks: Vec<Linear>,
+///     #[module(rename = "LayerNorm")]
+///     norm: LayerNorm,
+///     head: Option<Linear>,
+///     gain: Parameter,
+///     drop: Dropout,
+///     #[module(skip)]
+///     scratch: Vec<f64>,
+///     width: usize,
+/// }
+///
+/// impl Mlp {
+///     fn forward<'g>(&self, g: &'g Graph, mut x: Tensor<'g>) -> Result<Tensor<'g>> {
+///         for b in &self.blocks {
+///             x = b.forward(g, x)?.relu()?;
+///         }
+///         let x = self.drop.forward(g, self.norm.forward(g, x)?)?.mul(g.param(&self.gain)?)?;
+///         match &self.head {
+///             Some(h) => h.forward(g, x),
+///             None => Ok(x),
+///         }
+///     }
+/// }
+///
+/// let mut rng = Rng::seed(0);
+/// let mut m = Mlp {
+///     blocks: vec![Linear::new(4, 8, &mut rng)?, Linear::new(8, 8, &mut rng)?],
+///     norm: LayerNorm::new(&[8])?,
+///     head: Some(Linear::new(8, 2, &mut rng)?),
+///     gain: Parameter::new("gain", arenagrad_nn::HostTensor::new(vec![1.0f32; 8], &[8])?),
+///     drop: Dropout::new(0.5)?,
+///     scratch: Vec::new(),
+///     width: 8,
+/// };
+/// let names: Vec<String> = m.named_parameters().into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["blocks.0.weight", "blocks.0.bias", "blocks.1.weight", "blocks.1.bias",
+///     "LayerNorm.weight", "LayerNorm.bias", "head.weight", "head.bias", "gain"]);
+/// m.eval(); // reaches the dropout: two forwards agree
+/// let g = Graph::new();
+/// let x = g.randn(&[3, 4], DType::F32)?;
+/// assert_eq!(m.forward(&g, x)?.to_vec::<f32>()?, m.forward(&g, x)?.to_vec::<f32>()?);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+///
+/// A struct without its `forward` does not compile (the error names
+/// `DeriveModuleNeedsAnInherentForwardMethodOrModuleForwardAttribute`; `#[module(forward =
+/// "Self::run")]` names another method) — rather than a `Module::forward` that calls itself:
+///
+/// ```compile_fail,E0034
+/// use arenagrad_nn::{Linear, Module};
+/// #[derive(Module)]
+/// struct NoForward { fc: Linear }
+/// ```
 pub trait Module {
     /// Computes the output for `x` on the iteration `g`.
     fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>>;
