@@ -205,3 +205,96 @@ fn resnet18_state_is_torchvisions_and_refusals_name_the_key() {
     assert!(err.contains("ResNet"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The model summary of ResNet-18 (10 classes) for a 64×64 image: every module torchvision
+/// has with parameters or buffers, in its order, with the output shape PyTorch's forward hooks
+/// report for it and its parameter count (listed from torchvision itself).
+#[test]
+fn resnet18_summary_matches_pytorch_hooks() {
+    let mut model = ResNet::resnet18(10, &mut Rng::seed(0)).unwrap();
+    model.set_training(false);
+    let input = HostTensor::zeros(&[1, 3, 64, 64], DType::F32).unwrap();
+    let s = arenagrad::nn::summary::summary(&model, &input).unwrap();
+    let want: &[(&str, &[usize], usize)] = &[
+        ("conv1", &[1, 64, 32, 32][..], 9408),
+        ("bn1", &[1, 64, 32, 32][..], 128),
+        ("layer1", &[1, 64, 16, 16][..], 147968),
+        ("layer1.0", &[1, 64, 16, 16][..], 73984),
+        ("layer1.0.conv1", &[1, 64, 16, 16][..], 36864),
+        ("layer1.0.bn1", &[1, 64, 16, 16][..], 128),
+        ("layer1.0.conv2", &[1, 64, 16, 16][..], 36864),
+        ("layer1.0.bn2", &[1, 64, 16, 16][..], 128),
+        ("layer1.1", &[1, 64, 16, 16][..], 73984),
+        ("layer1.1.conv1", &[1, 64, 16, 16][..], 36864),
+        ("layer1.1.bn1", &[1, 64, 16, 16][..], 128),
+        ("layer1.1.conv2", &[1, 64, 16, 16][..], 36864),
+        ("layer1.1.bn2", &[1, 64, 16, 16][..], 128),
+        ("layer2", &[1, 128, 8, 8][..], 525568),
+        ("layer2.0", &[1, 128, 8, 8][..], 230144),
+        ("layer2.0.conv1", &[1, 128, 8, 8][..], 73728),
+        ("layer2.0.bn1", &[1, 128, 8, 8][..], 256),
+        ("layer2.0.conv2", &[1, 128, 8, 8][..], 147456),
+        ("layer2.0.bn2", &[1, 128, 8, 8][..], 256),
+        ("layer2.0.downsample", &[1, 128, 8, 8][..], 8448),
+        ("layer2.0.downsample.0", &[1, 128, 8, 8][..], 8192),
+        ("layer2.0.downsample.1", &[1, 128, 8, 8][..], 256),
+        ("layer2.1", &[1, 128, 8, 8][..], 295424),
+        ("layer2.1.conv1", &[1, 128, 8, 8][..], 147456),
+        ("layer2.1.bn1", &[1, 128, 8, 8][..], 256),
+        ("layer2.1.conv2", &[1, 128, 8, 8][..], 147456),
+        ("layer2.1.bn2", &[1, 128, 8, 8][..], 256),
+        ("layer3", &[1, 256, 4, 4][..], 2099712),
+        ("layer3.0", &[1, 256, 4, 4][..], 919040),
+        ("layer3.0.conv1", &[1, 256, 4, 4][..], 294912),
+        ("layer3.0.bn1", &[1, 256, 4, 4][..], 512),
+        ("layer3.0.conv2", &[1, 256, 4, 4][..], 589824),
+        ("layer3.0.bn2", &[1, 256, 4, 4][..], 512),
+        ("layer3.0.downsample", &[1, 256, 4, 4][..], 33280),
+        ("layer3.0.downsample.0", &[1, 256, 4, 4][..], 32768),
+        ("layer3.0.downsample.1", &[1, 256, 4, 4][..], 512),
+        ("layer3.1", &[1, 256, 4, 4][..], 1180672),
+        ("layer3.1.conv1", &[1, 256, 4, 4][..], 589824),
+        ("layer3.1.bn1", &[1, 256, 4, 4][..], 512),
+        ("layer3.1.conv2", &[1, 256, 4, 4][..], 589824),
+        ("layer3.1.bn2", &[1, 256, 4, 4][..], 512),
+        ("layer4", &[1, 512, 2, 2][..], 8393728),
+        ("layer4.0", &[1, 512, 2, 2][..], 3673088),
+        ("layer4.0.conv1", &[1, 512, 2, 2][..], 1179648),
+        ("layer4.0.bn1", &[1, 512, 2, 2][..], 1024),
+        ("layer4.0.conv2", &[1, 512, 2, 2][..], 2359296),
+        ("layer4.0.bn2", &[1, 512, 2, 2][..], 1024),
+        ("layer4.0.downsample", &[1, 512, 2, 2][..], 132096),
+        ("layer4.0.downsample.0", &[1, 512, 2, 2][..], 131072),
+        ("layer4.0.downsample.1", &[1, 512, 2, 2][..], 1024),
+        ("layer4.1", &[1, 512, 2, 2][..], 4720640),
+        ("layer4.1.conv1", &[1, 512, 2, 2][..], 2359296),
+        ("layer4.1.bn1", &[1, 512, 2, 2][..], 1024),
+        ("layer4.1.conv2", &[1, 512, 2, 2][..], 2359296),
+        ("layer4.1.bn2", &[1, 512, 2, 2][..], 1024),
+        ("fc", &[1, 10][..], 5130),
+    ];
+    let got: Vec<(&str, &[usize], usize)> = s
+        .rows
+        .iter()
+        .map(|r| {
+            (
+                r.name.as_str(),
+                r.output.as_deref().unwrap_or(&[]),
+                r.params,
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!((s.total, s.trainable), (11_181_642, 11_181_642));
+    assert_eq!(s.output, [1, 10]);
+    let table = s.with_depth(1).to_string();
+    assert!(table.contains("Total params: 11,181,642"), "{table}");
+    assert!(
+        table.lines().any(|l| l.trim_start().starts_with("layer4 ")),
+        "{table}"
+    );
+    assert!(
+        !table.contains("conv2"),
+        "depth 1 shows no block's layers: {table}"
+    );
+}

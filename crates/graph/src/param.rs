@@ -388,3 +388,105 @@ pub(crate) fn tell_params(g: &Graph, pending: &mut Vec<(usize, Parameter)>, abov
 fn elems<T: crate::HostElem>(t: &HostTensor) -> &[T] {
     t.as_slice::<T>().unwrap_or(&[])
 }
+
+/// Where a parameter's value went last in an iteration ([`Graph::param_outputs`]).
+#[derive(Debug, Clone)]
+pub struct ParamOutput {
+    /// The parameter.
+    pub param: Parameter,
+    /// The shape of the last recorded node that computed with it (past views of it).
+    pub shape: Vec<usize>,
+    /// That node's place on the tape (later nodes have larger places).
+    pub at: usize,
+}
+
+impl Graph {
+    /// For each parameter this iteration read ([`Graph::param`], not frozen), the last recorded
+    /// node that computed with its value — through views of it (reshapes, permutations,
+    /// broadcasts, slices, concatenations, casts, device copies), which are followed rather than
+    /// counted, and on to a reshape to more axes made right after it of its result (a product
+    /// reshaped back to the layer's shape) — in the order the parameters were first read. A linear layer's weight ends in
+    /// its product's output, a norm's weight in the norm's: what a module summary reports as a
+    /// layer's output shape. Nodes made under [`Graph::no_grad`] are not recorded, so neither
+    /// are their uses.
+    pub fn param_outputs(&self) -> Vec<ParamOutput> {
+        let i = self.inner();
+        // For each node reached so far: the parameters (indices into `out`) it is a view of.
+        let mut views: std::collections::HashMap<crate::store::NodeId, Vec<usize>> =
+            std::collections::HashMap::new();
+        let mut out: Vec<ParamOutput> = Vec::new();
+        // For each node that computed with parameters (or is a view of one that did): which.
+        let mut results: std::collections::HashMap<crate::store::NodeId, Vec<usize>> =
+            std::collections::HashMap::new();
+        for (pos, &id) in i.tape.iter().enumerate() {
+            let Ok(n) = i.node("param_outputs", id) else {
+                continue;
+            };
+            if let Op::Param(p) = &n.op {
+                let k = match out.iter().position(|o| o.param.same(p)) {
+                    Some(k) => k,
+                    None => {
+                        out.push(ParamOutput {
+                            param: p.clone(),
+                            shape: n.shape.to_vec(),
+                            at: pos,
+                        });
+                        out.len() - 1
+                    }
+                };
+                views.insert(id, vec![k]);
+                continue;
+            }
+            let is_view = matches!(
+                n.op,
+                Op::Reshape
+                    | Op::Permute(_)
+                    | Op::BroadcastTo
+                    | Op::Slice { .. }
+                    | Op::Concat { .. }
+                    | Op::Cast { .. }
+                    | Op::ToDevice { .. }
+            );
+            // A reshape to more axes made right after such a node, of its result, is still
+            // that result (the product of a linear layer reshaped back to `[b, l, out]`, a
+            // convolution's `[n, c, h·w]` to its image); a flattening is the next layer's.
+            if matches!(n.op, Op::Reshape) && n.inputs.len() == 1 && pos > 0 {
+                let src = n.inputs[0];
+                let grows = i
+                    .node("param_outputs", src)
+                    .is_ok_and(|s| s.shape.len() < n.shape.len());
+                if grows && i.tape[pos - 1] == src {
+                    if let Some(ks) = results.get(&src) {
+                        for &k in ks {
+                            if out[k].at == pos - 1 {
+                                out[k].shape = n.shape.to_vec();
+                                out[k].at = pos;
+                            }
+                        }
+                        continue;
+                    }
+                }
+            }
+            let read: Vec<usize> = n
+                .inputs
+                .iter()
+                .filter_map(|x| views.get(x))
+                .flatten()
+                .copied()
+                .collect();
+            if read.is_empty() {
+                continue;
+            }
+            if is_view && n.inputs.iter().all(|x| views.contains_key(x)) {
+                views.insert(id, read);
+            } else {
+                for &k in &read {
+                    out[k].shape = n.shape.to_vec();
+                    out[k].at = pos;
+                }
+                results.insert(id, read);
+            }
+        }
+        out
+    }
+}
