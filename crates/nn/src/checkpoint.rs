@@ -211,20 +211,8 @@ fn tensors_from_bytes_where(
             let shape = v.shape().to_vec();
             let bytes = v.data();
             let data = match v.dtype() {
-                Dtype::F32 => HostData::F32(
-                    bytes
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect(),
-                ),
-                Dtype::F64 => HostData::F64(
-                    bytes
-                        .chunks_exact(8)
-                        .map(|c| {
-                            f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
-                        })
-                        .collect(),
-                ),
+                Dtype::F32 => HostData::F32(decode_floats(bytes, f32::from_le_bytes)),
+                Dtype::F64 => HostData::F64(decode_floats(bytes, f64::from_le_bytes)),
                 Dtype::BF16 => HostData::BF16(
                     bytes
                         .chunks_exact(2)
@@ -248,6 +236,40 @@ fn tensors_from_bytes_where(
             Ok((name, HostTensor::from_data(data, &shape)?))
         })
         .collect()
+}
+
+/// Elements per thread below which a tensor is decoded on one thread.
+const DECODE_PER_THREAD: usize = 1 << 18;
+
+/// The little-endian values of `N` bytes each in `bytes`, in a fresh buffer. Most of the time
+/// is the kernel's zeroing of the fresh pages as they are first written, so a large tensor is
+/// filled by the engine's threads ([`arenagrad_graph::default_threads`]) in parallel parts,
+/// its buffer allocated zeroed (untouched pages, faulted in by the thread that fills them).
+fn decode_floats<T: Copy + Default + Send, const N: usize>(
+    bytes: &[u8],
+    f: impl Fn([u8; N]) -> T + Copy + Send + Sync,
+) -> Vec<T> {
+    let fill = |out: &mut [T], src: &[u8]| {
+        for (o, c) in out.iter_mut().zip(src.chunks_exact(N)) {
+            *o = f(c.try_into().expect("invariant: chunks of N bytes"));
+        }
+    };
+    let n = bytes.len() / N;
+    let threads = arenagrad_graph::default_threads().min(n / DECODE_PER_THREAD);
+    if threads <= 1 {
+        return bytes
+            .chunks_exact(N)
+            .map(|c| f(c.try_into().expect("invariant: chunks of N bytes")))
+            .collect();
+    }
+    let mut v = vec![T::default(); n];
+    let per = n.div_ceil(threads);
+    std::thread::scope(|s| {
+        for (out, src) in v.chunks_mut(per).zip(bytes.chunks(per * N)) {
+            s.spawn(move || fill(out, src));
+        }
+    });
+    v
 }
 
 /// The module's parameters and buffers by hierarchical name (what [`save`] writes).

@@ -525,3 +525,26 @@ fn saving_through_a_symlink_writes_its_target() {
         .collect();
     assert!(stray.is_empty(), "{stray:?}");
 }
+
+/// Tensors large enough to be decoded by several threads in parts (a million elements and
+/// more, of odd lengths so the parts are uneven) come back bit for bit, beside small ones.
+#[test]
+fn large_tensors_decode_in_parallel_parts_bit_for_bit() {
+    use arenagrad_nn::checkpoint::{load_tensors, save_tensors};
+    let n32 = 1_234_567;
+    let n64 = 777_777;
+    let f32s: Vec<f32> = (0..n32).map(|i| (i as f32).sin() * 1e3 + i as f32).collect();
+    let f64s: Vec<f64> = (0..n64).map(|i| (i as f64).cos() / (1.0 + i as f64)).collect();
+    let a = arenagrad_nn::HostTensor::new(f32s.clone(), &[n32]).unwrap();
+    let b = arenagrad_nn::HostTensor::new(f64s.clone(), &[n64]).unwrap();
+    let c = arenagrad_nn::HostTensor::new(vec![1.5f32, -2.0], &[2]).unwrap();
+    let dir = std::env::temp_dir().join(format!("arenagrad-bigdecode-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("big.safetensors");
+    save_tensors([("a", &a), ("b", &b), ("c", &c)], &path).unwrap();
+    let back = load_tensors(&path).unwrap();
+    assert_eq!(back[0].1.as_slice::<f32>().unwrap(), f32s.as_slice());
+    assert_eq!(back[1].1.as_slice::<f64>().unwrap(), f64s.as_slice());
+    assert_eq!(back[2].1, c);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
