@@ -1,5 +1,6 @@
-//! Loss functions: mean squared error, cross-entropy from logits (with label smoothing), negative
-//! log-likelihood, and binary cross-entropy from logits.
+//! Loss functions: mean squared error, L1, smooth L1 and Huber, cross-entropy from logits (with
+//! label smoothing), negative log-likelihood, Kullback–Leibler divergence, and binary
+//! cross-entropy from logits and from probabilities.
 //!
 //! Each plain function averages over the batch (PyTorch's default `reduction="mean"`); the `_with`
 //! forms take a [`Reduction`] (and, for cross-entropy, [`CrossEntropyOptions`]).
@@ -78,6 +79,10 @@ pub struct CrossEntropyOptions {
     pub label_smoothing: f64,
     /// How per-sample losses are combined (default mean).
     pub reduction: Reduction,
+    /// A target value that contributes nothing (PyTorch's `ignore_index`, there −100 by
+    /// default; here none by default): its samples' losses are 0, the mean is over the others
+    /// (NaN when every target is ignored, as PyTorch's), and it need not be a class.
+    pub ignore_index: Option<usize>,
 }
 
 /// Brings class scores `[N, C]`, `[N, C, d…]` or `[C]` to rows `[M, C]`, checking the targets;
@@ -164,6 +169,38 @@ pub fn cross_entropy_with<'g>(
         ));
     }
     let logits = f32_under_autocast(logits)?;
+    let ignored = opts.ignore_index.filter(|ig| targets.contains(ig));
+    if let Some(ig) = ignored {
+        // The ignored samples computed against class 0, then masked out.
+        let safe: Vec<usize> = targets
+            .iter()
+            .map(|&t| if t == ig { 0 } else { t })
+            .collect();
+        let keep: Vec<f64> = targets
+            .iter()
+            .map(|&t| f64::from(u8::from(t != ig)))
+            .collect();
+        let per_sample = cross_entropy_with(
+            logits,
+            &safe,
+            CrossEntropyOptions {
+                reduction: Reduction::None,
+                ignore_index: None,
+                ..opts
+            },
+        )?;
+        let shape = per_sample.try_shape()?;
+        let mask = logits.graph().from_f64(&keep, &shape, per_sample.dtype())?;
+        let masked = per_sample.mul(mask)?;
+        return Ok(match opts.reduction {
+            Reduction::None => masked,
+            Reduction::Sum => masked.sum()?,
+            Reduction::Mean => {
+                let count = keep.iter().sum::<f64>();
+                masked.sum()?.scale(1.0 / count)?
+            }
+        });
+    }
     let (rows, out_shape) = class_rows("cross_entropy", logits, targets)?;
     if eps == 0.0 && opts.reduction == Reduction::Mean {
         // One recorded op (log-softmax and the targets' mean fused): the composed form below
@@ -267,6 +304,184 @@ impl CustomOp for BceWithLogits {
         };
         let gt = if y.requires_grad() {
             Some(gy.mul(x)?.neg()?)
+        } else {
+            None
+        };
+        Ok(vec![gx, gt])
+    }
+}
+
+/// Mean of `|pred − target|` (PyTorch's `l1_loss`); the shapes must be equal. Its gradient at
+/// `pred = target` is 0, as PyTorch's.
+pub fn l1_loss<'g>(pred: Tensor<'g>, target: Tensor<'g>) -> Result<Tensor<'g>> {
+    l1_loss_with(pred, target, Reduction::Mean)
+}
+
+/// `|pred − target|` reduced by `reduction`.
+pub fn l1_loss_with<'g>(
+    pred: Tensor<'g>,
+    target: Tensor<'g>,
+    reduction: Reduction,
+) -> Result<Tensor<'g>> {
+    let (pred, target) = (f32_under_autocast(pred)?, f32_under_autocast(target)?);
+    same_shape("l1_loss", &pred, &target)?;
+    reduce(pred.sub(target)?.abs()?, reduction)
+}
+
+/// PyTorch's `smooth_l1_loss`: per element `0.5·d²/β` where `|d| < β`, `|d| − 0.5·β`
+/// elsewhere (`d = pred − target`; β = 0 is the L1 loss), reduced by `reduction`. Written as
+/// `0.5·min(|d|, β)²/β + (|d| − min(|d|, β))`, whose gradient is PyTorch's everywhere: `d/β`
+/// inside, `sign(d)` outside and at `|d| = β`, 0 at `d = 0`.
+pub fn smooth_l1_loss<'g>(
+    pred: Tensor<'g>,
+    target: Tensor<'g>,
+    beta: f64,
+    reduction: Reduction,
+) -> Result<Tensor<'g>> {
+    if !(beta >= 0.0 && beta.is_finite()) {
+        return Err(config(
+            "smooth_l1_loss",
+            format!("beta must be finite and non-negative, got {beta}"),
+        ));
+    }
+    if beta == 0.0 {
+        return l1_loss_with(pred, target, reduction);
+    }
+    let (pred, target) = (f32_under_autocast(pred)?, f32_under_autocast(target)?);
+    same_shape("smooth_l1_loss", &pred, &target)?;
+    reduce(smooth_l1(pred.sub(target)?, beta)?, reduction)
+}
+
+/// `0.5·min(|d|, β)²/β + (|d| − min(|d|, β))`, elementwise.
+fn smooth_l1(d: Tensor<'_>, beta: f64) -> Result<Tensor<'_>> {
+    let a = d.abs()?;
+    let inside = a.clamp(None, Some(beta))?;
+    Ok(inside.square()?.scale(0.5 / beta)?.add(a.sub(inside)?)?)
+}
+
+/// PyTorch's `huber_loss`: per element `0.5·d²` where `|d| ≤ δ`, `δ·(|d| − 0.5·δ)` elsewhere
+/// (`δ·smooth_l1` with β = δ), reduced by `reduction`; δ must be positive.
+pub fn huber_loss<'g>(
+    pred: Tensor<'g>,
+    target: Tensor<'g>,
+    delta: f64,
+    reduction: Reduction,
+) -> Result<Tensor<'g>> {
+    if !(delta > 0.0 && delta.is_finite()) {
+        return Err(config(
+            "huber_loss",
+            format!("delta must be finite and positive, got {delta}"),
+        ));
+    }
+    let (pred, target) = (f32_under_autocast(pred)?, f32_under_autocast(target)?);
+    same_shape("huber_loss", &pred, &target)?;
+    reduce(
+        smooth_l1(pred.sub(target)?, delta)?.scale(delta)?,
+        reduction,
+    )
+}
+
+/// The Kullback–Leibler divergence of `target` from the distribution whose log-probabilities
+/// are `input` (PyTorch's `kl_div(input, target, reduction="batchmean")`): the sum over all
+/// elements of `target·(log target − input)` (0 where `target` is 0), divided by the batch size
+/// (`input`'s first extent) — the KL divergence per sample. The shapes must be equal.
+pub fn kl_div<'g>(input: Tensor<'g>, target: Tensor<'g>) -> Result<Tensor<'g>> {
+    let n = input.try_shape()?.first().copied().unwrap_or(1).max(1);
+    Ok(kl_div_with(input, target, false, Reduction::Sum)?.scale(1.0 / n as f64)?)
+}
+
+/// [`kl_div`]'s pointwise terms with the target given as log-probabilities when `log_target`
+/// (`exp(t)·(t − input)`), reduced by `reduction` (`Mean` is PyTorch's `"mean"`, over every
+/// element; [`kl_div`] is its `"batchmean"`).
+pub fn kl_div_with<'g>(
+    input: Tensor<'g>,
+    target: Tensor<'g>,
+    log_target: bool,
+    reduction: Reduction,
+) -> Result<Tensor<'g>> {
+    let (input, target) = (f32_under_autocast(input)?, f32_under_autocast(target)?);
+    same_shape("kl_div", &input, &target)?;
+    let pointwise = if log_target {
+        target.exp()?.mul(target.sub(input)?)?
+    } else {
+        // x·log x with 0·log 0 = 0 (PyTorch's xlogy): the logarithm of the target clamped to
+        // the smallest normal number, which a zero target then multiplies away.
+        let floor = match target.dtype() {
+            arenagrad_graph::DType::F64 => f64::MIN_POSITIVE,
+            _ => f64::from(f32::MIN_POSITIVE),
+        };
+        let log_t = target.clamp(Some(floor), None)?.log()?;
+        target.mul(log_t.sub(input)?)?
+    };
+    reduce(pointwise, reduction)
+}
+
+/// Binary cross-entropy of probabilities `x` in `[0, 1]` against targets `y` (PyTorch's
+/// `binary_cross_entropy`), averaged: `−(y·log x + (1 − y)·log(1 − x))`, each logarithm
+/// clamped at −100 as PyTorch clamps it, so that `x` of exactly 0 or 1 gives a finite loss.
+/// Its gradient is PyTorch's: `(x − y)/max(x·(1 − x), ε)` for `x` (ε its f32 `1e-12`), and
+/// `log(1 − x) − log x` for `y` (unclamped: ±∞ at `x` of exactly 0 or 1). Prefer [`bce_with_logits`] on logits:
+/// it never saturates.
+pub fn bce<'g>(probs: Tensor<'g>, targets: Tensor<'g>) -> Result<Tensor<'g>> {
+    bce_with(probs, targets, Reduction::Mean)
+}
+
+/// [`bce`] with a reduction.
+pub fn bce_with<'g>(
+    probs: Tensor<'g>,
+    targets: Tensor<'g>,
+    reduction: Reduction,
+) -> Result<Tensor<'g>> {
+    let (x, y) = (f32_under_autocast(probs)?, f32_under_autocast(targets)?);
+    same_shape("bce", &x, &y)?;
+    let g = x.graph();
+    let value = {
+        let _ng = g.no_grad();
+        let (log_x, log_1mx) = clamped_logs(x)?;
+        y.mul(log_x)?
+            .add(y.neg()?.shift(1.0)?.mul(log_1mx)?)?
+            .neg()?
+    };
+    let per_element = g.custom(Arc::new(Bce), &[x, y], value)?;
+    reduce(per_element, reduction)
+}
+
+/// `max(log x, −100)` and `max(log(1 − x), −100)`.
+fn clamped_logs(x: Tensor<'_>) -> arenagrad_graph::Result<(Tensor<'_>, Tensor<'_>)> {
+    Ok((
+        x.log()?.clamp(Some(-100.0), None)?,
+        x.neg()?.shift(1.0)?.log()?.clamp(Some(-100.0), None)?,
+    ))
+}
+
+/// The elementwise binary cross-entropy of probabilities, with PyTorch's backward.
+struct Bce;
+
+impl CustomOp for Bce {
+    fn name(&self) -> &'static str {
+        "bce"
+    }
+
+    fn backward<'g>(
+        &self,
+        _g: &'g Graph,
+        inputs: &[Tensor<'g>],
+        _output: Tensor<'g>,
+        gy: Tensor<'g>,
+    ) -> arenagrad_graph::Result<Vec<Option<Tensor<'g>>>> {
+        let (x, y) = (inputs[0], inputs[1]);
+        let gx = if x.requires_grad() {
+            // PyTorch's ε is 1e-12 as an f32 constant (9.999999960e-13), in every dtype.
+            let eps = f64::from(1e-12f32);
+            let denom = x.mul(x.neg()?.shift(1.0)?)?.clamp(Some(eps), None)?;
+            Some(gy.mul(x.sub(y)?.div(denom)?)?)
+        } else {
+            None
+        };
+        let gt = if y.requires_grad() {
+            // PyTorch's: the logarithms unclamped (±inf at x of 0 or 1).
+            let (log_x, log_1mx) = (x.log()?, x.neg()?.shift(1.0)?.log()?);
+            Some(gy.mul(log_1mx.sub(log_x)?)?)
         } else {
             None
         };

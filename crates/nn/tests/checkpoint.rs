@@ -533,8 +533,12 @@ fn large_tensors_decode_in_parallel_parts_bit_for_bit() {
     use arenagrad_nn::checkpoint::{load_tensors, save_tensors};
     let n32 = 1_234_567;
     let n64 = 777_777;
-    let f32s: Vec<f32> = (0..n32).map(|i| (i as f32).sin() * 1e3 + i as f32).collect();
-    let f64s: Vec<f64> = (0..n64).map(|i| (i as f64).cos() / (1.0 + i as f64)).collect();
+    let f32s: Vec<f32> = (0..n32)
+        .map(|i| (i as f32).sin() * 1e3 + i as f32)
+        .collect();
+    let f64s: Vec<f64> = (0..n64)
+        .map(|i| (i as f64).cos() / (1.0 + i as f64))
+        .collect();
     let a = arenagrad_nn::HostTensor::new(f32s.clone(), &[n32]).unwrap();
     let b = arenagrad_nn::HostTensor::new(f64s.clone(), &[n64]).unwrap();
     let c = arenagrad_nn::HostTensor::new(vec![1.5f32, -2.0], &[2]).unwrap();

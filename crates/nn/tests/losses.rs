@@ -104,6 +104,7 @@ fn cross_entropy_label_smoothing() {
         CrossEntropyOptions {
             label_smoothing: 0.3,
             reduction: Reduction::Mean,
+            ignore_index: None,
         },
     )
     .unwrap();
@@ -275,6 +276,7 @@ fn losses_gradcheck() {
                 CrossEntropyOptions {
                     label_smoothing: 0.2,
                     reduction: Reduction::Sum,
+                    ignore_index: None,
                 },
             )
             .map_err(graph_err)
