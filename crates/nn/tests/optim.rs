@@ -2,7 +2,7 @@
 
 use arenagrad_nn::optim::{
     clip_grad_norm, clip_grad_value, Adam, AdamConfig, AdamW, CosineAnnealingLr, LrSchedule,
-    Optimizer, ParamGroup, Sgd, SgdConfig, StepLr, WarmupCosineLr,
+    Optimizer, ParamGroup, RmsProp, RmsPropConfig, Sgd, SgdConfig, StepLr, WarmupCosineLr,
 };
 use arenagrad_nn::{Graph, HostTensor, NnError, Parameter};
 
@@ -631,4 +631,173 @@ fn schedules_refuse_non_finite_rates_and_keep_finite_ones_finite() {
     assert!(s.apply(&mut opt, 2000).is_err());
     assert_eq!(opt.learning_rate(), 0.1);
     assert_eq!(s.apply(&mut opt, 3).unwrap(), 8.0);
+}
+
+/// `got` within 1e-7 of PyTorch's f32 results (given as bits): PyTorch's vectorised f32
+/// square root is not correctly rounded (0.5+ ulp; ours is), so a step's update can differ in
+/// its last bit — seen on the parameter that starts at 0, where that bit shows.
+fn close_f32(got: &[f32], want_bits: &[u32]) {
+    let want: Vec<f32> = want_bits.iter().map(|&b| f32::from_bits(b)).collect();
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a - b).abs() <= 1e-7, "{got:?} vs {want:?}");
+    }
+}
+
+/// `got` within 1e-15 of PyTorch's f64 results: its vectorised square root (0.5001 ulp) is
+/// not always correctly rounded either, in the last bit.
+fn close_f64(got: &[f64], want: &[f64]) {
+    for (a, b) in got.iter().zip(want) {
+        assert!((a - b).abs() <= 1e-15, "{got:?} vs {want:?}");
+    }
+}
+
+/// RMSprop against PyTorch 2.15's `torch.optim.RMSprop` (its CPU loop): six steps of given
+/// gradients: the parameters within 1e-15 in f64 (most bit for bit), within 1e-7 in f32
+/// (PyTorch's square roots are not always correctly rounded; ours are).
+fn rmsprop_run<T: arenagrad_graph::HostElem>(
+    cfg: RmsPropConfig,
+    from: &[T],
+    grad: impl Fn(usize, usize) -> T,
+) -> Vec<T> {
+    let p = Parameter::new("p", HostTensor::new(from.to_vec(), &[from.len()]).unwrap());
+    let mut opt = RmsProp::new([p.clone()], cfg).unwrap();
+    for k in 0..6 {
+        let g: Vec<T> = (0..from.len()).map(|i| grad(k, i)).collect();
+        p.set_grad(Some(HostTensor::new(g, &[from.len()]).unwrap()))
+            .unwrap();
+        opt.step().unwrap();
+    }
+    p.value().as_slice::<T>().unwrap().to_vec()
+}
+
+#[test]
+fn rmsprop_defaults_matches_pytorch() {
+    let cfg = RmsPropConfig::new(0.01);
+    let f32s = rmsprop_run(cfg, &[0.5f32, -1.25, 2.0, 0.0, 3.5], |k, i| {
+        (((k + i) as f64).sin() * (i + 1) as f64) as f32
+    });
+    close_f32(
+        &f32s,
+        &[1054376080, 3215446643, 1073660549, 3149206392, 1080338843],
+    );
+    let f64s = rmsprop_run(cfg, &[0.5f64, -1.25, 2.0, 0.0, 3.5], |k, i| {
+        ((k + i) as f64).sin() * (i + 1) as f64
+    });
+    close_f64(
+        &f64s,
+        &[
+            0.4228558419147626,
+            -1.3111098856370202,
+            1.9903111350421416,
+            -0.0055260140906818675,
+            3.572851667971438,
+        ],
+    );
+}
+
+#[test]
+fn rmsprop_momentum_matches_pytorch() {
+    let cfg = RmsPropConfig::new(0.01).momentum(0.9);
+    let f32s = rmsprop_run(cfg, &[0.5f32, -1.25, 2.0, 0.0, 3.5], |k, i| {
+        (((k + i) as f64).sin() * (i + 1) as f64) as f32
+    });
+    close_f32(
+        &f32s,
+        &[3172828402, 3219511855, 1072518609, 1039111703, 1082355648],
+    );
+    let f64s = rmsprop_run(cfg, &[0.5f64, -1.25, 2.0, 0.0, 3.5], |k, i| {
+        ((k + i) as f64).sin() * (i + 1) as f64
+    });
+    close_f64(
+        &f64s,
+        &[
+            -0.03845686875692846,
+            -1.7957210952112717,
+            1.8541814898307747,
+            0.11698549386618151,
+            4.107391761814837,
+        ],
+    );
+}
+
+#[test]
+fn rmsprop_centered_decay_matches_pytorch() {
+    let cfg = RmsPropConfig::new(0.01).centered(true).weight_decay(0.1);
+    let f32s = rmsprop_run(cfg, &[0.5f32, -1.25, 2.0, 0.0, 3.5], |k, i| {
+        (((k + i) as f64).sin() * (i + 1) as f64) as f32
+    });
+    close_f32(
+        &f32s,
+        &[1050786427, 3215295668, 1073462406, 3148808448, 1080262777],
+    );
+    let f64s = rmsprop_run(cfg, &[0.5f64, -1.25, 2.0, 0.0, 3.5], |k, i| {
+        ((k + i) as f64).sin() * (i + 1) as f64
+    });
+    close_f64(
+        &f64s,
+        &[
+            0.31587587212670215,
+            -1.2931122167696016,
+            1.966690625473506,
+            -0.005340704958514006,
+            3.5547162266634826,
+        ],
+    );
+}
+
+#[test]
+fn rmsprop_centered_momentum_alpha_matches_pytorch() {
+    let cfg = RmsPropConfig::new(0.01)
+        .centered(true)
+        .momentum(0.5)
+        .alpha(0.3);
+    let f32s = rmsprop_run(cfg, &[0.5f32, -1.25, 2.0, 0.0, 3.5], |k, i| {
+        (((k + i) as f64).sin() * (i + 1) as f64) as f32
+    });
+    close_f32(
+        &f32s,
+        &[1054628665, 3215337858, 1073838693, 1021773024, 1080274164],
+    );
+    let f64s = rmsprop_run(cfg, &[0.5f64, -1.25, 2.0, 0.0, 3.5], |k, i| {
+        ((k + i) as f64).sin() * (i + 1) as f64
+    });
+    close_f64(
+        &f64s,
+        &[
+            0.4303835262469145,
+            -1.2981417924723124,
+            2.023095406904332,
+            0.02820056699452902,
+            3.557431669263523,
+        ],
+    );
+}
+
+/// RMSprop's state (squared average, momentum, gradient average) round-trips through
+/// `state_tensors`: a fresh optimiser loaded from it takes the same next step, bit for bit;
+/// another optimiser's state is refused.
+#[test]
+fn rmsprop_state_resumes_exactly() {
+    let cfg = RmsPropConfig::new(0.02).momentum(0.5).centered(true);
+    let start = [0.5f64, -1.0, 2.0];
+    let p = Parameter::new("p", HostTensor::new(start.to_vec(), &[3]).unwrap());
+    let mut opt = RmsProp::new([p.clone()], cfg).unwrap();
+    let grad =
+        |k: usize| HostTensor::new(vec![0.3 * k as f64, -0.2, 1.0 / (1 + k) as f64], &[3]).unwrap();
+    for k in 0..3 {
+        p.set_grad(Some(grad(k))).unwrap();
+        opt.step().unwrap();
+    }
+    let state = opt.state_tensors().unwrap();
+    assert_eq!(state.len(), 1 + 3, "lr and the three buffers");
+    let q = Parameter::new("q", p.value());
+    let mut other = RmsProp::new([q.clone()], cfg).unwrap();
+    other.load_state_tensors(&state).unwrap();
+    for (param, o) in [(&p, &mut opt), (&q, &mut other)] {
+        param.set_grad(Some(grad(3))).unwrap();
+        o.step().unwrap();
+    }
+    assert_eq!(p.value(), q.value());
+    let mut sgd = Sgd::new([q], SgdConfig::new(0.1)).unwrap();
+    assert!(sgd.load_state_tensors(&state).is_err());
 }

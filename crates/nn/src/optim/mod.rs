@@ -1,4 +1,4 @@
-//! Optimisers (SGD with momentum and Nesterov, Adam, AdamW), learning-rate schedules, and
+//! Optimisers (SGD with momentum and Nesterov, Adam, AdamW, RMSprop), learning-rate schedules, and
 //! gradient clipping.
 //!
 //! An optimiser holds [`Parameter`] handles (the same storage the model's layers use) and
@@ -36,12 +36,14 @@
 //! ```
 
 mod adam;
+mod rmsprop;
 mod scaler;
 mod schedule;
 mod sgd;
 mod state;
 
 pub use adam::{Adam, AdamConfig, AdamState, AdamW};
+pub use rmsprop::{RmsProp, RmsPropConfig};
 pub use scaler::{GradScaler, GradScalerConfig, GradScalerState};
 pub use schedule::{CosineAnnealingLr, LrSchedule, StepLr, WarmupCosineLr};
 pub use sgd::{Sgd, SgdConfig};
