@@ -117,7 +117,7 @@ impl RmsProp {
         check_non_negative(c, "lr", cfg.lr)?;
         check_non_negative(c, "momentum", cfg.momentum)?;
         check_non_negative(c, "weight_decay", cfg.weight_decay)?;
-        if !(0.0..=1.0).contains(&cfg.alpha) || !(cfg.eps >= 0.0 && cfg.eps.is_finite()) {
+        if !((0.0..=1.0).contains(&cfg.alpha) && cfg.eps >= 0.0 && cfg.eps.is_finite()) {
             return Err(config(
                 c,
                 format!(
@@ -186,7 +186,7 @@ fn rmsprop_kernel<T: Elem>(
     for i in 0..n {
         let mut gi = g[i];
         if c.weight_decay != 0.0 {
-            gi = gi + wd * p[i];
+            gi += wd * p[i];
         }
         sq[i] = alpha * sq[i] + one_m * gi * gi;
         let denom = match avg.as_deref_mut() {
@@ -210,7 +210,7 @@ fn rmsprop_kernel<T: Elem>(
                 p[i] = neg_lr.mul_add(b[i], p[i]);
             }
             // PyTorch's `addcdiv_(g, s, value=−lr)`: (−lr·g)/s, in that order.
-            None => p[i] = p[i] + (neg_lr * gi) / denom,
+            None => p[i] += (neg_lr * gi) / denom,
         }
     }
     Ok(())
