@@ -420,6 +420,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 ]
                 .into(),
                 scaler: scaler.as_ref().map(|s| s.state()),
+                plateau: None,
             };
             checkpoint::save_training(&args.checkpoint, &model, &opt, &progress).map_err(|e| {
                 setup::write_failed("the checkpoint", "--checkpoint", &args.checkpoint, e)

@@ -568,6 +568,9 @@ pub struct Progress {
     pub history: BTreeMap<String, Vec<f64>>,
     /// A loss scaler's state, when the run scales its loss (f16 training).
     pub scaler: Option<crate::optim::GradScalerState>,
+    /// A [`ReduceLrOnPlateau`](crate::optim::ReduceLrOnPlateau)'s state, when the run has one
+    /// (`progress/plateau`: the best metric, then the three counters).
+    pub plateau: Option<crate::optim::PlateauState>,
 }
 
 const MODEL: &str = "model/";
@@ -577,6 +580,8 @@ const RNG: &str = "progress/rng";
 const HISTORY: &str = "progress/history/";
 const SCALE: &str = "progress/scaler/scale";
 const GROWTH: &str = "progress/scaler/growth_tracker";
+const PLATEAU_BEST: &str = "progress/plateau/best";
+const PLATEAU_COUNTS: &str = "progress/plateau/counters";
 
 /// Saves everything a run needs to resume exactly, in one safetensors file written atomically:
 /// the module's parameters and buffers (`model/…`), the optimiser's state (`optimizer/…`, see
@@ -613,6 +618,16 @@ pub fn save_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
             crate::optim::u64_tensor(s.growth_tracker),
         ));
     }
+    if let Some(p) = &progress.plateau {
+        all.push((
+            PLATEAU_BEST.to_string(),
+            HostTensor::new(vec![p.best], &[1])?,
+        ));
+        all.push((
+            PLATEAU_COUNTS.to_string(),
+            crate::optim::u64s_tensor(&[p.num_bad_epochs, p.cooldown_counter, p.last_epoch]),
+        ));
+    }
     save_tensors(all.iter().map(|(n, t)| (n.as_str(), t)), path)
 }
 
@@ -632,6 +647,7 @@ pub fn load_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
     };
     let (mut model, mut opt, mut step, mut rng) = (Vec::new(), Vec::new(), None, None);
     let (mut scale, mut growth) = (None, None);
+    let (mut plateau_best, mut plateau_counts) = (None, None);
     let mut history = BTreeMap::new();
     for (name, t) in load_tensors(path)? {
         if let Some(n) = name.strip_prefix(MODEL) {
@@ -653,6 +669,16 @@ pub fn load_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
             }
         } else if name == GROWTH {
             growth = Some(crate::optim::tensor_u64("load_training", GROWTH, &t)?);
+        } else if name == PLATEAU_BEST {
+            match t.as_slice::<f64>() {
+                Some(&[b]) if !b.is_nan() => plateau_best = Some(b),
+                _ => return Err(bad(format!("`{PLATEAU_BEST}` is not one f64"))),
+            }
+        } else if name == PLATEAU_COUNTS {
+            plateau_counts = Some(
+                crate::optim::tensor_u64s(&t, 3)
+                    .ok_or_else(|| bad(format!("`{PLATEAU_COUNTS}` is not three counters")))?,
+            );
         } else if name == STEP {
             step = Some(crate::optim::tensor_u64("load_training", STEP, &t)?);
         } else if name == RNG {
@@ -676,6 +702,20 @@ pub fn load_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
         (None, None) => None,
         _ => return Err(bad(format!("`{SCALE}` and `{GROWTH}` come together"))),
     };
+    let plateau = match (plateau_best, plateau_counts) {
+        (Some(best), Some(c)) => Some(crate::optim::PlateauState {
+            best,
+            num_bad_epochs: c[0],
+            cooldown_counter: c[1],
+            last_epoch: c[2],
+        }),
+        (None, None) => None,
+        _ => {
+            return Err(bad(format!(
+                "`{PLATEAU_BEST}` and `{PLATEAU_COUNTS}` come together"
+            )))
+        }
+    };
     // The optimiser checks its state before taking it; the module after. Should the module then
     // refuse, the optimiser gets its own state back.
     let before = optimizer.state_tensors()?;
@@ -689,6 +729,7 @@ pub fn load_training<M: Module + ?Sized, O: Optimizer + ?Sized>(
         rng,
         history,
         scaler,
+        plateau,
     })
 }
 

@@ -113,6 +113,13 @@ fn training_resumes_bit_for_bit() {
                 scale: 1024.0,
                 growth_tracker: 17,
             }),
+            // So does a plateau scheduler's.
+            plateau: Some(arenagrad_nn::optim::PlateauState {
+                best: 0.125,
+                num_bad_epochs: 3,
+                cooldown_counter: 1,
+                last_epoch: 40,
+            }),
         };
         checkpoint::save_training(&path, &m, opt.as_ref(), &progress).unwrap();
 

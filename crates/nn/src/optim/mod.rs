@@ -45,7 +45,10 @@ mod state;
 pub use adam::{Adam, AdamConfig, AdamState, AdamW};
 pub use rmsprop::{RmsProp, RmsPropConfig};
 pub use scaler::{GradScaler, GradScalerConfig, GradScalerState};
-pub use schedule::{CosineAnnealingLr, LrSchedule, StepLr, WarmupCosineLr};
+pub use schedule::{
+    Anneal, CosineAnnealingLr, LrSchedule, OneCycleLr, PlateauConfig, PlateauMode, PlateauState,
+    ReduceLrOnPlateau, StepLr, WarmupCosineLr,
+};
 pub use sgd::{Sgd, SgdConfig};
 #[cfg(feature = "checkpoint")]
 pub(crate) use state::{tensor_u64, tensor_u64s, u64_tensor, u64s_tensor};
