@@ -82,6 +82,7 @@ pub mod metrics;
 pub mod models;
 mod module;
 pub mod optim;
+pub mod spatial;
 pub mod summary;
 
 /// `#[derive(Module)]`: the fields as children, parameters and buffers (see [`Module`]).

@@ -1,0 +1,592 @@
+//! Ops for images, sound and U-Nets, composed of the graph's (so that their gradients, twice
+//! differentiable where those are, their CUDA paths and their dtypes come with them): padding,
+//! resampling, adaptive average pooling, group and instance normalisation, 1-D convolution.
+//! Each follows PyTorch's `torch.nn.functional` of the same name, index rules included.
+
+use arenagrad_graph::{DType, Graph, HostTensor, Parameter, Tensor};
+
+use crate::error::{config, input_shape, Result};
+use crate::init::Init;
+use crate::module::{Module, Visitor};
+use crate::Rng;
+
+/// How [`pad`] fills the border.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PadMode {
+    /// A constant value (PyTorch's `"constant"`).
+    Constant(f64),
+    /// The input mirrored about its edge, the edge not repeated (`"reflect"`): each pad must be
+    /// shorter than its axis.
+    Reflect,
+    /// The edge repeated (`"replicate"`).
+    Replicate,
+    /// The input wrapped around (`"circular"`): each pad at most its axis.
+    Circular,
+}
+
+/// `x` padded on its last axes, `pads[0]` (before, after) for the last axis, `pads[1]` for the
+/// one before it, … (PyTorch's `F.pad(x, (l, r, t, b, …), mode)`). The non-constant modes pick
+/// entries by index, so their gradient adds the border's back into the entries it copied.
+///
+/// ```
+/// use arenagrad_nn::spatial::{pad, PadMode};
+/// use arenagrad_nn::{DType, Graph};
+/// let g = Graph::new();
+/// let x = g.from_f64(&[1.0, 2.0, 3.0], &[1, 3], DType::F32)?;
+/// assert_eq!(pad(x, &[(2, 1)], PadMode::Reflect)?.to_vec::<f32>()?, [3.0, 2.0, 1.0, 2.0, 3.0, 2.0]);
+/// assert_eq!(pad(x, &[(1, 2)], PadMode::Circular)?.to_vec::<f32>()?, [3.0, 1.0, 2.0, 3.0, 1.0, 2.0]);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+pub fn pad<'g>(x: Tensor<'g>, pads: &[(usize, usize)], mode: PadMode) -> Result<Tensor<'g>> {
+    let shape = x.try_shape()?;
+    if pads.len() > shape.len() {
+        return Err(input_shape(
+            "pad",
+            &format!(
+                "a tensor of rank ≥ {} for {} pairs of pads",
+                pads.len(),
+                pads.len()
+            ),
+            &shape,
+        ));
+    }
+    let mut y = x;
+    for (k, &(before, after)) in pads.iter().enumerate() {
+        let axis = shape.len() - 1 - k;
+        let n = shape[axis];
+        if before == 0 && after == 0 {
+            continue;
+        }
+        let index = |i: isize| -> Option<usize> {
+            let n = n as isize;
+            let j = match mode {
+                PadMode::Reflect => {
+                    if i < 0 {
+                        -i
+                    } else if i >= n {
+                        2 * (n - 1) - i
+                    } else {
+                        i
+                    }
+                }
+                PadMode::Replicate => i.clamp(0, n - 1),
+                PadMode::Circular => i.rem_euclid(n),
+                PadMode::Constant(_) => i,
+            };
+            (0..n).contains(&j).then_some(j as usize)
+        };
+        y = match mode {
+            PadMode::Constant(v) => {
+                let g = y.graph();
+                let ys = y.try_shape()?;
+                let side = |w: usize| -> Result<Option<Tensor<'g>>> {
+                    if w == 0 {
+                        return Ok(None);
+                    }
+                    let mut s = ys.to_vec();
+                    s[axis] = w;
+                    Ok(Some(g.full(&s, v, y.dtype())?))
+                };
+                let parts: Vec<Tensor<'g>> = [side(before)?, Some(y), side(after)?]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                g.concat(&parts, axis as isize)?
+            }
+            _ => {
+                let too_wide = match mode {
+                    PadMode::Reflect => before >= n || after >= n,
+                    PadMode::Circular => before > n || after > n,
+                    _ => n == 0,
+                };
+                if too_wide {
+                    return Err(config(
+                        "pad",
+                        format!(
+                            "{mode:?} padding of ({before}, {after}) does not fit an axis of \
+                             {n} (reflect: each pad below the size; circular: at most it; \
+                             replicate: a non-empty axis)"
+                        ),
+                    ));
+                }
+                let idx: Vec<usize> = (-(before as isize)..(n + after) as isize)
+                    .map(|i| index(i).expect("invariant: pads checked against the axis"))
+                    .collect();
+                y.index_select(axis as isize, &idx)?
+            }
+        };
+    }
+    Ok(y)
+}
+
+/// How [`interpolate`] resamples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interpolation {
+    /// The nearest input entry below (PyTorch's `"nearest"`: source index
+    /// `⌊dst·in/out⌋` with the scale in the input's precision).
+    Nearest,
+    /// Linear in each axis (`"bilinear"`), with PyTorch's `align_corners` (false: pixel
+    /// centres, `src = (dst + 0.5)·in/out − 0.5` clamped at 0; true: corners,
+    /// `src = dst·(in − 1)/(out − 1)`).
+    Bilinear {
+        /// The corners of input and output aligned.
+        align_corners: bool,
+    },
+}
+
+/// For each output position along an axis of `n_in` resampled to `n_out`: the two source
+/// indices and the second one's weight.
+fn sources(
+    n_in: usize,
+    n_out: usize,
+    mode: Interpolation,
+    f32_scale: bool,
+) -> Vec<(usize, usize, f64)> {
+    let round = |v: f64| if f32_scale { f64::from(v as f32) } else { v };
+    (0..n_out)
+        .map(|d| match mode {
+            Interpolation::Nearest => {
+                let i = if n_out == n_in {
+                    d
+                } else if n_out == 2 * n_in {
+                    d >> 1
+                } else {
+                    let scale = round(n_in as f64 / n_out as f64);
+                    (round(d as f64 * scale).floor() as usize).min(n_in - 1)
+                };
+                (i, i, 0.0)
+            }
+            Interpolation::Bilinear { align_corners } => {
+                let src = if align_corners {
+                    if n_out > 1 {
+                        round(round((n_in - 1) as f64 / (n_out - 1) as f64) * d as f64)
+                    } else {
+                        0.0
+                    }
+                } else {
+                    let scale = round(n_in as f64 / n_out as f64);
+                    round(round(scale * (d as f64 + 0.5)) - 0.5).max(0.0)
+                };
+                let i0 = (src.floor() as usize).min(n_in - 1);
+                let i1 = (i0 + 1).min(n_in - 1);
+                (i0, i1, round(src - i0 as f64))
+            }
+        })
+        .collect()
+}
+
+/// Images `x` (`[N, C, H, W]`) resampled to `size` (height, width), as PyTorch's
+/// `F.interpolate(x, size, mode)`: picked by index (nearest) or blended from the two nearest
+/// entries along each axis, height first (bilinear), so that the gradient flows back to the
+/// entries each output read.
+///
+/// ```
+/// use arenagrad_nn::spatial::{interpolate, Interpolation};
+/// use arenagrad_nn::{DType, Graph};
+/// let g = Graph::new();
+/// let x = g.from_f64(&[1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2], DType::F32)?;
+/// let up = interpolate(x, (4, 4), Interpolation::Nearest)?;
+/// assert_eq!(up.to_vec::<f32>()?[..4], [1.0, 1.0, 2.0, 2.0]);
+/// let smooth = interpolate(x, (3, 3), Interpolation::Bilinear { align_corners: true })?;
+/// assert_eq!(smooth.to_vec::<f32>()?[4], 2.5); // the centre
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+pub fn interpolate<'g>(
+    x: Tensor<'g>,
+    size: (usize, usize),
+    mode: Interpolation,
+) -> Result<Tensor<'g>> {
+    let s = x.try_shape()?;
+    let [_, _, h, w] = s[..] else {
+        return Err(input_shape("interpolate", "[N, C, H, W]", &s));
+    };
+    if size.0 == 0 || size.1 == 0 || h == 0 || w == 0 {
+        return Err(config(
+            "interpolate",
+            format!("cannot resample {h}×{w} to {}×{}", size.0, size.1),
+        ));
+    }
+    let f32_scale = x.dtype() != DType::F64;
+    let mut y = x;
+    for (axis, n_in, n_out) in [(2usize, h, size.0), (3, w, size.1)] {
+        let src = sources(n_in, n_out, mode, f32_scale);
+        let lo: Vec<usize> = src.iter().map(|s| s.0).collect();
+        let a = y.index_select(axis as isize, &lo)?;
+        y = match mode {
+            Interpolation::Nearest => a,
+            Interpolation::Bilinear { .. } => {
+                let hi: Vec<usize> = src.iter().map(|s| s.1).collect();
+                let b = y.index_select(axis as isize, &hi)?;
+                let lam: Vec<f64> = src.iter().map(|s| s.2).collect();
+                let keep: Vec<f64> = lam.iter().map(|l| 1.0 - l).collect();
+                let mut shape = vec![1usize; 4];
+                shape[axis] = n_out;
+                let g = y.graph();
+                let (l1, l0) = (
+                    g.from_f64(&lam, &shape, y.dtype())?,
+                    g.from_f64(&keep, &shape, y.dtype())?,
+                );
+                a.mul(l0)?.add(b.mul(l1)?)?
+            }
+        };
+    }
+    Ok(y)
+}
+
+/// `[out, n]`: row `i` averages the window `⌊i·n/out⌋ .. ⌈(i + 1)·n/out⌉` (PyTorch's adaptive
+/// pooling windows).
+fn pooling_matrix(n: usize, out: usize) -> Vec<f64> {
+    let mut m = vec![0.0; out * n];
+    for i in 0..out {
+        let (a, b) = ((i * n) / out, ((i + 1) * n).div_ceil(out));
+        for j in a..b {
+            m[i * n + j] = 1.0 / (b - a) as f64;
+        }
+    }
+    m
+}
+
+/// The mean of each of `size` windows of `x` (`[N, C, H, W]`) that tile it as PyTorch's
+/// `F.adaptive_avg_pool2d` places them (window `i` of an axis of `n`: `⌊i·n/out⌋` to
+/// `⌈(i + 1)·n/out⌉`, overlapping where `n` does not divide): two matrix products with the
+/// windows' averaging matrices. `(1, 1)` is global average pooling.
+pub fn adaptive_avg_pool2d<'g>(x: Tensor<'g>, size: (usize, usize)) -> Result<Tensor<'g>> {
+    let s = x.try_shape()?;
+    let [n, c, h, w] = s[..] else {
+        return Err(input_shape("adaptive_avg_pool2d", "[N, C, H, W]", &s));
+    };
+    let (oh, ow) = size;
+    if oh == 0 || ow == 0 || h == 0 || w == 0 {
+        return Err(config(
+            "adaptive_avg_pool2d",
+            format!("cannot pool {h}×{w} into {oh}×{ow}"),
+        ));
+    }
+    let g = x.graph();
+    let dt = x.dtype();
+    let pw = g.from_f64(&pooling_matrix(w, ow), &[ow, w], dt)?;
+    let ph = g.from_f64(&pooling_matrix(h, oh), &[oh, h], dt)?;
+    let (n, c, h) = (n as isize, c as isize, h as isize);
+    let rows = x
+        .reshape(&[n * c * h, w as isize])?
+        .matmul_t(pw, false, true)?;
+    let cols = rows
+        .reshape(&[n * c, h, ow as isize])?
+        .permute(&[0, 2, 1])?
+        .reshape(&[n * c * ow as isize, h])?
+        .matmul_t(ph, false, true)?;
+    Ok(cols
+        .reshape(&[n, c, ow as isize, oh as isize])?
+        .permute(&[0, 1, 3, 2])?)
+}
+
+/// Group normalisation (PyTorch's `F.group_norm`): `x` `[N, C, …]` with its channels in
+/// `groups` groups, each sample's group normalised over its channels and positions (biased
+/// variance, `eps`), then `weight` and `bias` (`[C]`) per channel.
+pub fn group_norm<'g>(
+    x: Tensor<'g>,
+    groups: usize,
+    weight: Option<Tensor<'g>>,
+    bias: Option<Tensor<'g>>,
+    eps: f64,
+) -> Result<Tensor<'g>> {
+    let s = x.try_shape()?;
+    if s.len() < 2 || groups == 0 || !s[1].is_multiple_of(groups) {
+        return Err(input_shape(
+            "group_norm",
+            &format!("[N, C, …] with C a multiple of {groups} groups"),
+            &s,
+        ));
+    }
+    let shape: Vec<isize> = s.iter().map(|&d| d as isize).collect();
+    let normed = x
+        .reshape(&[s[0] as isize, groups as isize, -1])?
+        .layer_norm(1, None, None, eps)?
+        .reshape(&shape)?;
+    let mut per_channel = vec![1isize; s.len()];
+    per_channel[1] = s[1] as isize;
+    let mut y = normed;
+    if let Some(w) = weight {
+        y = y.mul(w.reshape(&per_channel)?)?;
+    }
+    if let Some(b) = bias {
+        y = y.add(b.reshape(&per_channel)?)?;
+    }
+    Ok(y)
+}
+
+/// Instance normalisation (PyTorch's `F.instance_norm` without running statistics): each
+/// sample's channel normalised over its positions — [`group_norm`] with a group per channel.
+pub fn instance_norm<'g>(
+    x: Tensor<'g>,
+    weight: Option<Tensor<'g>>,
+    bias: Option<Tensor<'g>>,
+    eps: f64,
+) -> Result<Tensor<'g>> {
+    let c = x.try_shape()?.get(1).copied().unwrap_or(0);
+    group_norm(x, c.max(1), weight, bias, eps)
+}
+
+/// A 1-D convolution (PyTorch's `F.conv1d`): `x` `[N, C, L]`, `weight` `[O, C/groups, K]`,
+/// `bias` `[O]`; the 2-D convolution of a height-1 image.
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d<'g>(
+    x: Tensor<'g>,
+    weight: Tensor<'g>,
+    bias: Option<Tensor<'g>>,
+    stride: usize,
+    padding: usize,
+    dilation: usize,
+    groups: usize,
+) -> Result<Tensor<'g>> {
+    let (xs, ws) = (x.try_shape()?, weight.try_shape()?);
+    let (&[n, c, _], &[o, ci, k]) = (&xs[..], &ws[..]) else {
+        return Err(input_shape(
+            "conv1d",
+            "x [N, C, L] and weight [O, C/groups, K]",
+            &xs,
+        ));
+    };
+    let x4 = x.reshape(&[n as isize, c as isize, 1, -1])?;
+    let w4 = weight.reshape(&[o as isize, ci as isize, 1, k as isize])?;
+    let y = crate::functional::conv2d(
+        x4,
+        w4,
+        bias,
+        (1, stride),
+        (0, padding),
+        (1, dilation),
+        groups,
+    )?;
+    let ys = y.try_shape()?;
+    Ok(y.reshape(&[ys[0] as isize, ys[1] as isize, ys[3] as isize])?)
+}
+
+/// Group normalisation as a layer (PyTorch's `nn.GroupNorm(num_groups, num_channels)`):
+/// `weight` 1 and `bias` 0 per channel, ε 1e-5; see [`group_norm`].
+#[derive(Debug)]
+pub struct GroupNorm {
+    groups: usize,
+    eps: f64,
+    weight: Option<Parameter>,
+    bias: Option<Parameter>,
+}
+
+impl GroupNorm {
+    /// `channels` in `groups` groups, with the affine parameters, in f32.
+    pub fn new(groups: usize, channels: usize) -> Result<Self> {
+        Self::with_options(groups, channels, 1e-5, true, DType::F32)
+    }
+
+    /// With ε, with or without the affine parameters, in `dtype`.
+    pub fn with_options(
+        groups: usize,
+        channels: usize,
+        eps: f64,
+        affine: bool,
+        dtype: DType,
+    ) -> Result<Self> {
+        let eps_ok = eps > 0.0;
+        if groups == 0 || channels == 0 || !channels.is_multiple_of(groups) || !eps_ok {
+            return Err(config(
+                "GroupNorm",
+                format!("{channels} channels do not split into {groups} groups (or eps {eps} ≤ 0)"),
+            ));
+        }
+        let p = |name: &str, v: f64| -> Result<Parameter> {
+            Ok(Parameter::new(
+                name,
+                HostTensor::full(&[channels], v, dtype)?,
+            ))
+        };
+        Ok(GroupNorm {
+            groups,
+            eps,
+            weight: if affine {
+                Some(p("weight", 1.0)?)
+            } else {
+                None
+            },
+            bias: if affine { Some(p("bias", 0.0)?) } else { None },
+        })
+    }
+}
+
+impl Module for GroupNorm {
+    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let w = self.weight.as_ref().map(|p| g.param(p)).transpose()?;
+        let b = self.bias.as_ref().map(|p| g.param(p)).transpose()?;
+        group_norm(x, self.groups, w, b, self.eps)
+    }
+
+    fn visit(&self, v: &mut Visitor<'_>) {
+        if let Some(p) = &self.weight {
+            v.param("weight", p);
+        }
+        if let Some(p) = &self.bias {
+            v.param("bias", p);
+        }
+    }
+}
+
+/// Instance normalisation of images as a layer (PyTorch's `nn.InstanceNorm2d(C)`: no affine
+/// parameters and no running statistics by default); see [`instance_norm`].
+#[derive(Debug)]
+pub struct InstanceNorm2d(GroupNorm);
+
+impl InstanceNorm2d {
+    /// Over `channels`, without affine parameters (PyTorch's default), ε 1e-5.
+    pub fn new(channels: usize) -> Result<Self> {
+        Ok(InstanceNorm2d(GroupNorm::with_options(
+            channels,
+            channels,
+            1e-5,
+            false,
+            DType::F32,
+        )?))
+    }
+
+    /// With per-channel `weight` and `bias` (`affine=True`).
+    pub fn affine(channels: usize) -> Result<Self> {
+        Ok(InstanceNorm2d(GroupNorm::with_options(
+            channels,
+            channels,
+            1e-5,
+            true,
+            DType::F32,
+        )?))
+    }
+}
+
+impl Module for InstanceNorm2d {
+    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let s = x.try_shape()?;
+        if s.len() != 4 {
+            return Err(input_shape("InstanceNorm2d", "[N, C, H, W]", &s));
+        }
+        self.0.forward(g, x)
+    }
+
+    fn visit(&self, v: &mut Visitor<'_>) {
+        self.0.visit(v);
+    }
+}
+
+/// A 1-D convolution layer (PyTorch's `nn.Conv1d`): `weight` `[out, in/groups, kernel]` and
+/// `bias` `[out]`, drawn as PyTorch draws them; see [`conv1d`].
+#[derive(Debug)]
+pub struct Conv1d {
+    weight: Parameter,
+    bias: Option<Parameter>,
+    stride: usize,
+    padding: usize,
+    dilation: usize,
+    groups: usize,
+}
+
+impl Conv1d {
+    /// `in_channels` → `out_channels` with a kernel of `kernel`, stride 1, no padding, a bias.
+    pub fn new(
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        Self::with_options(in_channels, out_channels, kernel, (1, 0, 1, 1), true, rng)
+    }
+
+    /// With `(stride, padding, dilation, groups)` and with or without a bias, in f32.
+    pub fn with_options(
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        (stride, padding, dilation, groups): (usize, usize, usize, usize),
+        bias: bool,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        let ok = groups > 0
+            && in_channels.is_multiple_of(groups)
+            && out_channels.is_multiple_of(groups)
+            && kernel > 0
+            && stride > 0
+            && dilation > 0;
+        if !ok {
+            return Err(config(
+                "Conv1d",
+                format!(
+                    "{in_channels} → {out_channels} channels in {groups} groups, kernel \
+                     {kernel}, stride {stride}, dilation {dilation}: channels must split into \
+                     the groups and the sizes be positive"
+                ),
+            ));
+        }
+        let (weight, bias) = crate::init::weight_and_bias(
+            &[out_channels, in_channels / groups, kernel],
+            (Init::PYTORCH_DEFAULT, Init::PYTORCH_DEFAULT),
+            bias,
+            DType::F32,
+            rng,
+        )?;
+        Ok(Conv1d {
+            weight,
+            bias,
+            stride,
+            padding,
+            dilation,
+            groups,
+        })
+    }
+}
+
+impl Module for Conv1d {
+    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let b = self.bias.as_ref().map(|p| g.param(p)).transpose()?;
+        conv1d(
+            x,
+            g.param(&self.weight)?,
+            b,
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.groups,
+        )
+    }
+
+    fn visit(&self, v: &mut Visitor<'_>) {
+        v.param("weight", &self.weight);
+        if let Some(b) = &self.bias {
+            v.param("bias", b);
+        }
+    }
+}
+
+/// Adaptive average pooling to a fixed `(height, width)` (PyTorch's `nn.AdaptiveAvgPool2d`);
+/// see [`adaptive_avg_pool2d`].
+#[derive(Debug, Clone, Copy)]
+pub struct AdaptiveAvgPool2d(pub (usize, usize));
+
+impl Module for AdaptiveAvgPool2d {
+    fn forward<'g>(&self, _g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        adaptive_avg_pool2d(x, self.0)
+    }
+}
+
+/// Resampling of images by a whole factor (PyTorch's `nn.Upsample(scale_factor, mode)`);
+/// see [`interpolate`].
+#[derive(Debug, Clone, Copy)]
+pub struct Upsample {
+    /// The factor on height and width.
+    pub scale: usize,
+    /// Nearest or bilinear.
+    pub mode: Interpolation,
+}
+
+impl Module for Upsample {
+    fn forward<'g>(&self, _g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let s = x.try_shape()?;
+        let [_, _, h, w] = s[..] else {
+            return Err(input_shape("Upsample", "[N, C, H, W]", &s));
+        };
+        interpolate(x, (h * self.scale, w * self.scale), self.mode)
+    }
+}
