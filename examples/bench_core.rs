@@ -9,7 +9,7 @@
 //! of cells; gradient checkpointing on an 8-block residual MLP; the bf16 matrix product beside the
 //! f32 one.
 //!
-//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,w5,w6,ckpt,bf16,amp] [--busy-thread]`
+//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,w5,w6,ckpt,bf16,amp,topk] [--busy-thread]`
 //! Threads: `ARENAGRAD_NUM_THREADS` (default: the CPUs this process may use). `--busy-thread`
 //! keeps one more thread of the process busy all along, as an application's own work would
 //! (`scripts/contention.py` measures the slowdown it causes).
@@ -293,7 +293,7 @@ struct Args {
     /// Only these workloads, comma-separated: w1 (randn-matmul loop and GEMM), w2, w3, w4, cnn,
     /// attn, gpt, lstm (W5 and W6, fused and as cells, and a long stream), w5 and w6 (the fused
     /// layer alone), ckpt, bf16 (the bf16 product), amp (the GPT step under bf16 autocast)
-    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "w5", "w6", "ckpt", "bf16", "amp"])]
+    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "w5", "w6", "ckpt", "bf16", "amp", "topk"])]
     only: Vec<String>,
     /// Keep one more thread busy (a loop of arithmetic) while the workloads run, as an
     /// application's own thread would
@@ -480,6 +480,12 @@ fn main() {
             100.0 * ck_peak as f64 / saved as f64
         );
     }
+    if run("topk") {
+        println!(
+            "| top-k 50 of 50,000 logits, batch 1 (sampling) | {:.1} µs | |",
+            topk_micros(if quick { 50 } else { 500 })
+        );
+    }
     if run("attn") {
         let reps = if quick { 5 } else { 30 };
         let (fused, peak_f) = attention_step(true, reps);
@@ -493,6 +499,26 @@ fn main() {
             peak_n as f64 / 1048576.0
         );
     }
+}
+
+/// Median µs of `Tensor::topk(50)` over 50,000 random f32 logits `[1, 50000]` (values and
+/// indices, no gradient recorded), each in its own scope.
+fn topk_micros(reps: usize) -> f64 {
+    let g = Graph::new();
+    let _ng = g.no_grad();
+    let logits = g.randn(&[1, 50_000], DType::F32).expect("logits");
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps + 10 {
+        let t = Instant::now();
+        g.scope(|_| {
+            let (v, i) = logits.topk(50, -1, true)?;
+            std::hint::black_box((v.id(), i));
+            Ok(())
+        })
+        .expect("topk");
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    median(times[10..].to_vec())
 }
 
 /// W5/W6: median ms and GFLOP/s of an SGD step (lr 0.01) of an LSTM 128→256 over 64 random

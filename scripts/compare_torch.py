@@ -5,7 +5,7 @@ Runs `bench_core` (built first with `cargo build --release --example bench_core`
 workloads in PyTorch in this process, and prints one table with both figures and their ratio.
 The machine's speed drifts between runs; the ratio measured in one run is the figure to compare.
 
-    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,bf16,amp] [--candle] [--rounds N]
+    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,bf16,amp,topk] [--candle] [--rounds N]
 
 `--rounds N` alternates the two sides N times (arenagrad's run, then PyTorch's, and again) and
 prints the medians, and the median of each round's ratio: on a machine whose speed drifts over
@@ -26,6 +26,7 @@ Workloads (the same definitions as `examples/bench_core.rs`):
 * W3 / W4: an MLP (784-512-512-10, batch 128 / 64-64-64-10, batch 32) with ReLU, cross-entropy
   and SGD (lr 0.01): one training step (zero_grad, forward, loss, backward, step), median of 50
   after 5 warm-up steps.
+* topk: the 50 largest of 50,000 random logits at batch 1 (sampling's step), µs.
 * CNN: the Fashion-MNIST example's net, one Adam step on 64 random images (as
   `scripts/torch_cnn_step.py`).
 
@@ -161,6 +162,18 @@ def torch_attention(torch, quick):
     return median(times[3:])
 
 
+def torch_topk(torch, quick):
+    """torch.topk(50) over 50,000 random logits [1, 50000] under no_grad, median seconds."""
+    x = torch.randn(1, 50_000)
+    times = []
+    with torch.no_grad():
+        for _ in range(10 + (50 if quick else 500)):
+            t0 = time.perf_counter()
+            torch.topk(x, 50)
+            times.append(time.perf_counter() - t0)
+    return median(times[10:])
+
+
 def gpt_step_seconds(torch, quick, amp):
     """The char GPT of scripts/torch_char_gpt.py: median seconds of a training step (batch 32 of
     random bytes, AdamW with decay groups, clipping); with amp, the forward and the loss under
@@ -237,6 +250,7 @@ ROWS = [
     ("w4", "| W4 MLP 64-64-64-10", "µs"),
     ("cnn", "| Fashion-MNIST CNN 32/64", "ms"),
     ("attn", "| causal attention [32, 4, 128, 32] fwd+bwd, fused", "ms"),
+    ("topk", "| top-k 50 of 50,000 logits", "µs"),
     ("gpt", "| char GPT step (", "ms"),
     ("gpt_gen", "| char GPT generation, batch 1", "tokens/s"),
     ("gpt_amp", "| char GPT step under bf16 autocast |", "ms"),
@@ -263,6 +277,7 @@ LABELS = {
     "w4": "W4 MLP 64-64-64-10 b32 SGD step, µs",
     "cnn": "Fashion-MNIST CNN, one Adam step (random data), ms",
     "attn": "causal attention [32, 4, 128, 32] fwd+bwd (PyTorch's SDPA), ms",
+    "topk": "top-k 50 of 50,000 logits, batch 1 (torch.topk), µs",
     "gpt": "char GPT training step (4×128, ctx 128, b32, AdamW, clip), ms",
     "gpt_gen": "char GPT generation, batch 1, key/value cache, tokens/s (higher is better)",
     "gpt_amp": "char GPT training step under bf16 autocast (torch.autocast on the CPU), ms",
@@ -340,6 +355,8 @@ def main():
             theirs["cnn"] = torch_cnn(torch) * 1e3
         if "attn" in only:
             theirs["attn"] = torch_attention(torch, args.quick) * 1e3
+        if "topk" in only:
+            theirs["topk"] = torch_topk(torch, args.quick) * 1e6
         if "gpt" in only:
             step, tps = torch_gpt(torch, args.quick)
             theirs["gpt"], theirs["gpt_gen"] = step * 1e3, tps

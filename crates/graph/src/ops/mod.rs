@@ -35,6 +35,7 @@ pub(crate) mod reduce;
 pub(crate) mod rnn;
 pub(crate) mod shape;
 pub(crate) mod softmax;
+pub(crate) mod sort;
 pub(crate) mod unary;
 
 /// What produced a node, with what its backward rule needs besides the inputs and the output.
