@@ -31,6 +31,7 @@ pub(crate) mod custom;
 pub(crate) mod half;
 pub(crate) mod matmul;
 pub(crate) mod norm;
+pub(crate) mod rearrange;
 pub(crate) mod reduce;
 pub(crate) mod rnn;
 pub(crate) mod shape;
