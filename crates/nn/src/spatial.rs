@@ -590,3 +590,298 @@ impl Module for Upsample {
         interpolate(x, (h * self.scale, w * self.scale), self.mode)
     }
 }
+
+/// `x` (`[N, C, H, W]`) with `s − 1` zeros between neighbours along height and width
+/// (`[N, C, (H − 1)·s.0 + 1, (W − 1)·s.1 + 1]`): the input of a transposed convolution's
+/// stride, as a direct convolution sees it.
+fn zero_interleave<'g>(x: Tensor<'g>, s: (usize, usize)) -> Result<Tensor<'g>> {
+    let mut y = x;
+    for (axis, step) in [(2usize, s.0), (3, s.1)] {
+        if step == 1 {
+            continue;
+        }
+        let shape = y.try_shape()?;
+        let n = shape[axis];
+        // Each entry followed by step − 1 zeros along a new axis after `axis`, then merged.
+        let mut with_new: Vec<isize> = shape.iter().map(|&d| d as isize).collect();
+        with_new.insert(axis + 1, 1);
+        let one = y.reshape(&with_new)?;
+        let mut zshape: Vec<usize> = shape.to_vec();
+        zshape.insert(axis + 1, step - 1);
+        let zeros = y.graph().zeros(&zshape, y.dtype())?;
+        let both = y.graph().concat(&[one, zeros], (axis + 1) as isize)?;
+        let mut merged: Vec<isize> = shape.iter().map(|&d| d as isize).collect();
+        merged[axis] = (n * step) as isize;
+        y = both
+            .reshape(&merged)?
+            .slice(axis as isize, 0, (n - 1) * step + 1)?;
+    }
+    Ok(y)
+}
+
+/// A 2-D transposed convolution (PyTorch's `F.conv_transpose2d`, the gradient of a
+/// convolution with respect to its input): `x` `[N, C_in, H, W]`, `weight`
+/// `[C_in, C_out/groups, kh, kw]` (PyTorch's layout), `bias` `[C_out]`; the output is
+/// `(H − 1)·stride − 2·padding + dilation·(kh − 1) + output_padding + 1` high (likewise wide).
+/// Computed as the direct convolution of the input with `stride − 1` zeros between entries,
+/// padded by `dilation·(k − 1) − padding` (cropped where that is negative), with the kernel
+/// flipped and its channel axes swapped per group.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_transpose2d<'g>(
+    x: Tensor<'g>,
+    weight: Tensor<'g>,
+    bias: Option<Tensor<'g>>,
+    stride: (usize, usize),
+    padding: (usize, usize),
+    output_padding: (usize, usize),
+    dilation: (usize, usize),
+    groups: usize,
+) -> Result<Tensor<'g>> {
+    let (xs, ws) = (x.try_shape()?, weight.try_shape()?);
+    let (&[_, cin, h, w], &[wcin, cout_g, kh, kw]) = (&xs[..], &ws[..]) else {
+        return Err(input_shape(
+            "conv_transpose2d",
+            "x [N, C_in, H, W] and weight [C_in, C_out/groups, kh, kw]",
+            &xs,
+        ));
+    };
+    let sizes_ok = groups > 0
+        && cin == wcin
+        && cin.is_multiple_of(groups)
+        && stride.0 > 0
+        && stride.1 > 0
+        && dilation.0 > 0
+        && dilation.1 > 0
+        && h > 0
+        && w > 0;
+    // PyTorch: output padding must be smaller than either the stride or the dilation.
+    let out_pad_ok = (output_padding.0 < stride.0 || output_padding.0 < dilation.0)
+        && (output_padding.1 < stride.1 || output_padding.1 < dilation.1);
+    if !sizes_ok || !out_pad_ok {
+        return Err(config(
+            "conv_transpose2d",
+            format!(
+                "input {xs:?}, weight {ws:?}, stride {stride:?}, dilation {dilation:?}, output \
+                 padding {output_padding:?}, groups {groups}: the channels must match and split \
+                 into the groups, the sizes be positive, the output padding below the stride \
+                 or the dilation"
+            ),
+        ));
+    }
+    let g = x.graph();
+    // [C_in, C_out/g, kh, kw] → [C_out, C_in/g, kh, kw], flipped in space.
+    let (gi, cin_g) = (groups as isize, (cin / groups) as isize);
+    let w2 = weight
+        .reshape(&[gi, cin_g, cout_g as isize, kh as isize, kw as isize])?
+        .permute(&[0, 2, 1, 3, 4])?
+        .reshape(&[gi * cout_g as isize, cin_g, kh as isize, kw as isize])?
+        .flip(&[2, 3])?;
+    let mut y = zero_interleave(x, stride)?;
+    // Each side: dilation·(k − 1) − padding, plus the output padding after.
+    let mut crop = [(0usize, 0usize); 2];
+    for (k, (axis, ksize)) in [(2usize, kh), (3, kw)].into_iter().enumerate() {
+        let (d, p, op) = [
+            (dilation.0, padding.0, output_padding.0),
+            (dilation.1, padding.1, output_padding.1),
+        ][k];
+        let full = (d * (ksize - 1)) as isize;
+        let before = full - p as isize;
+        let after = before + op as isize;
+        let pad_of = |v: isize| v.max(0) as usize;
+        let shape = y.try_shape()?;
+        let mut parts = Vec::new();
+        if pad_of(before) > 0 {
+            let mut s = shape.to_vec();
+            s[axis] = pad_of(before);
+            parts.push(g.zeros(&s, y.dtype())?);
+        }
+        parts.push(y);
+        if pad_of(after) > 0 {
+            let mut s = shape.to_vec();
+            s[axis] = pad_of(after);
+            parts.push(g.zeros(&s, y.dtype())?);
+        }
+        y = if parts.len() > 1 {
+            g.concat(&parts, axis as isize)?
+        } else {
+            y
+        };
+        crop[k] = ((-before).max(0) as usize, (-after).max(0) as usize);
+    }
+    for (k, axis) in [2usize, 3].into_iter().enumerate() {
+        let (a, b) = crop[k];
+        if a + b > 0 {
+            let n = y.try_shape()?[axis];
+            if a + b >= n {
+                return Err(config(
+                    "conv_transpose2d",
+                    format!("padding {padding:?} leaves no output of {xs:?}"),
+                ));
+            }
+            y = y.slice(axis as isize, a, n - b)?;
+        }
+    }
+    crate::functional::conv2d(y, w2, bias, (1, 1), (0, 0), dilation, groups)
+}
+
+/// A 1-D transposed convolution (PyTorch's `F.conv_transpose1d`): `x` `[N, C_in, L]`,
+/// `weight` `[C_in, C_out/groups, K]`; [`conv_transpose2d`] of a height-1 image.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_transpose1d<'g>(
+    x: Tensor<'g>,
+    weight: Tensor<'g>,
+    bias: Option<Tensor<'g>>,
+    stride: usize,
+    padding: usize,
+    output_padding: usize,
+    dilation: usize,
+    groups: usize,
+) -> Result<Tensor<'g>> {
+    let (xs, ws) = (x.try_shape()?, weight.try_shape()?);
+    let (&[n, c, _], &[wc, o, k]) = (&xs[..], &ws[..]) else {
+        return Err(input_shape(
+            "conv_transpose1d",
+            "x [N, C_in, L] and weight [C_in, C_out/groups, K]",
+            &xs,
+        ));
+    };
+    let x4 = x.reshape(&[n as isize, c as isize, 1, -1])?;
+    let w4 = weight.reshape(&[wc as isize, o as isize, 1, k as isize])?;
+    let y = conv_transpose2d(
+        x4,
+        w4,
+        bias,
+        (1, stride),
+        (0, padding),
+        (0, output_padding),
+        (1, dilation),
+        groups,
+    )?;
+    let ys = y.try_shape()?;
+    Ok(y.reshape(&[ys[0] as isize, ys[1] as isize, ys[3] as isize])?)
+}
+
+/// A 2-D transposed convolution layer (PyTorch's `nn.ConvTranspose2d`): `weight`
+/// `[in, out/groups, kh, kw]` and `bias` `[out]`, drawn as PyTorch draws them (its fans read
+/// from that layout); see [`conv_transpose2d`].
+#[derive(Debug)]
+pub struct ConvTranspose2d {
+    weight: Parameter,
+    bias: Option<Parameter>,
+    stride: (usize, usize),
+    padding: (usize, usize),
+    output_padding: (usize, usize),
+    dilation: (usize, usize),
+    groups: usize,
+}
+
+/// Options of a [`ConvTranspose2d`] (PyTorch's defaults by [`Default`]: stride 1, no padding,
+/// dilation 1, one group, a bias).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvTransposeConfig {
+    /// The stride.
+    pub stride: (usize, usize),
+    /// The padding taken off each side.
+    pub padding: (usize, usize),
+    /// Added to the output's bottom and right.
+    pub output_padding: (usize, usize),
+    /// The kernel's dilation.
+    pub dilation: (usize, usize),
+    /// Channel groups.
+    pub groups: usize,
+    /// Whether there is a bias.
+    pub bias: bool,
+}
+
+impl Default for ConvTransposeConfig {
+    fn default() -> Self {
+        ConvTransposeConfig {
+            stride: (1, 1),
+            padding: (0, 0),
+            output_padding: (0, 0),
+            dilation: (1, 1),
+            groups: 1,
+            bias: true,
+        }
+    }
+}
+
+impl ConvTranspose2d {
+    /// `in_channels` → `out_channels` with a `kernel`, options `cfg`, in f32.
+    pub fn new(
+        in_channels: usize,
+        out_channels: usize,
+        kernel: (usize, usize),
+        cfg: ConvTransposeConfig,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        let g = cfg.groups;
+        if g == 0
+            || !in_channels.is_multiple_of(g)
+            || !out_channels.is_multiple_of(g)
+            || kernel.0 == 0
+            || kernel.1 == 0
+        {
+            return Err(config(
+                "ConvTranspose2d",
+                format!(
+                    "{in_channels} → {out_channels} channels in {g} groups with kernel \
+                     {kernel:?}: the channels must split into the groups"
+                ),
+            ));
+        }
+        // PyTorch draws both from the weight's fans, read from its [in, out/g, kh, kw]
+        // layout; the bias has the output's channels.
+        let shape = [in_channels, out_channels / g, kernel.0, kernel.1];
+        let (weight, _) = crate::init::weight_and_bias(
+            &shape,
+            (Init::PYTORCH_DEFAULT, Init::PYTORCH_DEFAULT),
+            false,
+            DType::F32,
+            rng,
+        )?;
+        let bias = if cfg.bias {
+            let b = Init::PYTORCH_DEFAULT.tensor_with_fans(
+                &[out_channels],
+                crate::init::fans(&shape),
+                DType::F32,
+                rng,
+            )?;
+            Some(Parameter::new("bias", b))
+        } else {
+            None
+        };
+        Ok(ConvTranspose2d {
+            weight,
+            bias,
+            stride: cfg.stride,
+            padding: cfg.padding,
+            output_padding: cfg.output_padding,
+            dilation: cfg.dilation,
+            groups: g,
+        })
+    }
+}
+
+impl Module for ConvTranspose2d {
+    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let b = self.bias.as_ref().map(|p| g.param(p)).transpose()?;
+        conv_transpose2d(
+            x,
+            g.param(&self.weight)?,
+            b,
+            self.stride,
+            self.padding,
+            self.output_padding,
+            self.dilation,
+            self.groups,
+        )
+    }
+
+    fn visit(&self, v: &mut Visitor<'_>) {
+        v.param("weight", &self.weight);
+        if let Some(b) = &self.bias {
+            v.param("bias", b);
+        }
+    }
+}
