@@ -623,9 +623,11 @@ fn zero_interleave<'g>(x: Tensor<'g>, s: (usize, usize)) -> Result<Tensor<'g>> {
 /// convolution with respect to its input): `x` `[N, C_in, H, W]`, `weight`
 /// `[C_in, C_out/groups, kh, kw]` (PyTorch's layout), `bias` `[C_out]`; the output is
 /// `(H − 1)·stride − 2·padding + dilation·(kh − 1) + output_padding + 1` high (likewise wide).
-/// Computed as the direct convolution of the input with `stride − 1` zeros between entries,
-/// padded by `dilation·(k − 1) − padding` (cropped where that is negative), with the kernel
-/// flipped and its channel axes swapped per group.
+/// A kernel equal to the stride (without padding, dilation or groups: a U-Net's upsampling)
+/// is one matrix product whose output tiles the image; otherwise the direct convolution of
+/// the input with `stride − 1` zeros between entries, padded by `dilation·(k − 1) − padding`
+/// (cropped where that is negative), with the kernel flipped and its channel axes swapped per
+/// group.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_transpose2d<'g>(
     x: Tensor<'g>,
@@ -667,6 +669,30 @@ pub fn conv_transpose2d<'g>(
                  or the dilation"
             ),
         ));
+    }
+    if (kh, kw) == stride
+        && padding == (0, 0)
+        && output_padding == (0, 0)
+        && dilation == (1, 1)
+        && groups == 1
+    {
+        // Kernel = stride (a U-Net's upsampling): the windows tile the output without
+        // overlapping, and the whole op is one product, x as [N·H·W, C_in] times the weight as
+        // [C_in, C_out·kh·kw], rearranged into the tiles.
+        let (n, cout) = (xs[0] as isize, cout_g as isize);
+        let (h, w, kh, kw) = (h as isize, w as isize, kh as isize, kw as isize);
+        let rows = x
+            .permute(&[0, 2, 3, 1])?
+            .reshape(&[n * h * w, cin as isize])?
+            .matmul(weight.reshape(&[cin as isize, cout * kh * kw])?)?;
+        let y = rows
+            .reshape(&[n, h, w, cout, kh, kw])?
+            .permute(&[0, 3, 1, 4, 2, 5])?
+            .reshape(&[n, cout, h * kh, w * kw])?;
+        return Ok(match bias {
+            Some(b) => y.add(b.reshape(&[1, cout, 1, 1])?)?,
+            None => y,
+        });
     }
     let g = x.graph();
     // [C_in, C_out/g, kh, kw] → [C_out, C_in/g, kh, kw], flipped in space.
