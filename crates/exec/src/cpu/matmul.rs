@@ -639,59 +639,51 @@ fn gemm_column_split<T: crate::Float + Gemm>(
     let run = |c0: usize| {
         let cols = per.min(n - c0);
         let out = &out;
+        // This block's product with columns c0..c0+cols of B, given as `bm`.
+        let block = |bm: MatView<'_, T>| {
+            debug_assert!(bm.fits(k, cols));
+            // SAFETY: `a.fits(m, k)` (checked by `gemm`) and `bm` fits k×cols (this block's
+            // columns of the checked `b`, or their row-major copy), so every index the kernel
+            // reads is inside `a.data` / `bm.data`. `out.0` points at `c`, a unique `&mut [T]`
+            // of m×n elements with row stride n that outlives the fork; this call writes only
+            // rows 0..m of columns c0..c0+cols, which no other block touches, and nothing reads
+            // `c` until every block has finished.
+            unsafe {
+                T::gemm_raw(
+                    m,
+                    k,
+                    cols,
+                    T::ONE,
+                    a.data.as_ptr().add(a.offset),
+                    a.rs as isize,
+                    a.cs as isize,
+                    bm.data.as_ptr().add(bm.offset),
+                    bm.rs as isize,
+                    bm.cs as isize,
+                    beta,
+                    out.0.add(c0),
+                    n as isize,
+                    1,
+                )
+            }
+        };
         if transposed_b(&b, k, cols) && cols.is_multiple_of(16) {
             // This block's columns of a transposed B, copied row-major into this thread's
             // buffer (as the single-threaded path does): nothing strided left to pack.
             T::with_scratch(k * cols, |bt| {
                 T::transpose(&b.data[b.offset + c0 * b.cs..], cols, k, b.cs, bt);
-                // SAFETY: `a.fits(m, k)` (checked by `gemm`); `bt` holds k×cols elements
-                // row-major; `out.0` points at `c`, a unique `&mut [T]` of m×n elements with row
-                // stride n that outlives the fork; this block writes only columns c0..c0+cols
-                // of rows 0..m, which no other block touches, and nothing reads `c` until every
-                // block has finished.
-                unsafe {
-                    T::gemm_raw(
-                        m,
-                        k,
-                        cols,
-                        T::ONE,
-                        a.data.as_ptr().add(a.offset),
-                        a.rs as isize,
-                        a.cs as isize,
-                        bt.as_ptr(),
-                        cols as isize,
-                        1,
-                        beta,
-                        out.0.add(c0),
-                        n as isize,
-                        1,
-                    )
-                }
+                block(MatView {
+                    data: &*bt,
+                    offset: 0,
+                    rs: cols,
+                    cs: 1,
+                })
             });
-            return;
-        }
-        // SAFETY: `a.fits(m, k)` and `b.fits(k, n)` hold (checked by `gemm`), so columns
-        // c0..c0+cols of `b` and every element of `a` are inside their slices. `out.0` points at
-        // `c`, a unique `&mut [T]` of m×n elements with row stride n that lives until the thread
-        // scope ends; this call writes only rows 0..m of columns c0..c0+cols, which no other
-        // block touches, and nothing reads `c` until every block has finished.
-        unsafe {
-            T::gemm_raw(
-                m,
-                k,
-                cols,
-                T::ONE,
-                a.data.as_ptr().add(a.offset),
-                a.rs as isize,
-                a.cs as isize,
-                b.data.as_ptr().add(b.offset + c0 * b.cs),
-                b.rs as isize,
-                b.cs as isize,
-                beta,
-                out.0.add(c0),
-                n as isize,
-                1,
-            )
+        } else {
+            block(MatView {
+                offset: b.offset + c0 * b.cs,
+                ..b
+            });
         }
     };
     super::thread_pool::fork(n.div_ceil(per), &|j| run(j * per));
