@@ -339,25 +339,35 @@ pub fn conv1d<'g>(
     dilation: usize,
     groups: usize,
 ) -> Result<Tensor<'g>> {
+    as_height_one("conv1d", x, weight, |x4, w4| {
+        crate::functional::conv2d(
+            x4,
+            w4,
+            bias,
+            (1, stride),
+            (0, padding),
+            (1, dilation),
+            groups,
+        )
+    })
+}
+
+/// A 1-D op as its 2-D form on a height-1 image: `x` `[N, C, L]` and `weight` `[A, B, K]`
+/// reshaped to `[N, C, 1, L]` and `[A, B, 1, K]`, `f` run on them, its `[N', C', 1, L']`
+/// output reshaped back.
+fn as_height_one<'g>(
+    op: &'static str,
+    x: Tensor<'g>,
+    weight: Tensor<'g>,
+    f: impl FnOnce(Tensor<'g>, Tensor<'g>) -> Result<Tensor<'g>>,
+) -> Result<Tensor<'g>> {
     let (xs, ws) = (x.try_shape()?, weight.try_shape()?);
-    let (&[n, c, _], &[o, ci, k]) = (&xs[..], &ws[..]) else {
-        return Err(input_shape(
-            "conv1d",
-            "x [N, C, L] and weight [O, C/groups, K]",
-            &xs,
-        ));
+    let (&[n, c, _], &[a, b, k]) = (&xs[..], &ws[..]) else {
+        return Err(input_shape(op, "x [N, C, L] and a weight [·, ·, K]", &xs));
     };
     let x4 = x.reshape(&[n as isize, c as isize, 1, -1])?;
-    let w4 = weight.reshape(&[o as isize, ci as isize, 1, k as isize])?;
-    let y = crate::functional::conv2d(
-        x4,
-        w4,
-        bias,
-        (1, stride),
-        (0, padding),
-        (1, dilation),
-        groups,
-    )?;
+    let w4 = weight.reshape(&[a as isize, b as isize, 1, k as isize])?;
+    let y = f(x4, w4)?;
     let ys = y.try_shape()?;
     Ok(y.reshape(&[ys[0] as isize, ys[1] as isize, ys[3] as isize])?)
 }
@@ -763,28 +773,18 @@ pub fn conv_transpose1d<'g>(
     dilation: usize,
     groups: usize,
 ) -> Result<Tensor<'g>> {
-    let (xs, ws) = (x.try_shape()?, weight.try_shape()?);
-    let (&[n, c, _], &[wc, o, k]) = (&xs[..], &ws[..]) else {
-        return Err(input_shape(
-            "conv_transpose1d",
-            "x [N, C_in, L] and weight [C_in, C_out/groups, K]",
-            &xs,
-        ));
-    };
-    let x4 = x.reshape(&[n as isize, c as isize, 1, -1])?;
-    let w4 = weight.reshape(&[wc as isize, o as isize, 1, k as isize])?;
-    let y = conv_transpose2d(
-        x4,
-        w4,
-        bias,
-        (1, stride),
-        (0, padding),
-        (0, output_padding),
-        (1, dilation),
-        groups,
-    )?;
-    let ys = y.try_shape()?;
-    Ok(y.reshape(&[ys[0] as isize, ys[1] as isize, ys[3] as isize])?)
+    as_height_one("conv_transpose1d", x, weight, |x4, w4| {
+        conv_transpose2d(
+            x4,
+            w4,
+            bias,
+            (1, stride),
+            (0, padding),
+            (0, output_padding),
+            (1, dilation),
+            groups,
+        )
+    })
 }
 
 /// A 2-D transposed convolution layer (PyTorch's `nn.ConvTranspose2d`): `weight`

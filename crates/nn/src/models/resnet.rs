@@ -183,18 +183,7 @@ impl ResNet {
                 format!("every stage needs a block and there must be a class: {blocks:?}, {num_classes}"),
             ));
         }
-        let stem = Conv2dConfig {
-            stride: (2, 2),
-            padding: (3, 3),
-            bias: false,
-            weight_init: Init::KaimingNormal {
-                a: 0.0,
-                mode: FanMode::FanOut,
-                nonlinearity: Nonlinearity::ReLU,
-            },
-            ..Conv2dConfig::default()
-        };
-        let conv1 = Conv2d::with_config(3, 64, (7, 7), stem, rng)?;
+        let conv1 = conv(3, 64, 7, 2, rng)?;
         let mut in_c = 64;
         let mut stage = |i: usize, rng: &mut Rng| -> Result<Stage> {
             let out_c = 64 << i;
