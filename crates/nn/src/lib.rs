@@ -98,7 +98,7 @@ pub use init::Nonlinearity;
 pub use layers::attention::{KvCache, MultiheadAttention, TransformerBlock, TransformerConfig};
 pub use layers::basic::{Dropout, Flatten, GELUTanh, Lambda, LeakyReLU, ReLU, Sigmoid, Tanh, GELU};
 pub use layers::conv::{AvgPool2d, Conv2d, Conv2dConfig, MaxPool2d};
-pub use layers::linear::{Embedding, EmbeddingConfig, Linear, LinearConfig};
+pub use layers::linear::{Embedding, EmbeddingConfig, Linear, LinearConfig, Lora};
 pub use layers::norm::{
     BatchNorm1d, BatchNorm2d, BatchNormConfig, LayerNorm, LayerNormConfig, RMSNorm, RMSNormConfig,
 };
