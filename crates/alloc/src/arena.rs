@@ -73,7 +73,69 @@ macro_rules! pod {
         const POD_NAMES: &[&str] = &[$(stringify!($t)),*];
     };
 }
-pod!(0 f32, 1 f64, 2 u8, 3 u32, 4 i32, 5 u64, 6 i64, 7 usize, 8 bf16, 9 f16);
+pod!(0 f32, 1 f64, 2 u8, 3 u32, 4 i32, 5 u64, 6 i64, 7 usize, 8 bf16, 9 f16, 10 Bool);
+
+/// A boolean element stored in one byte: every byte is a valid value (0 is false, anything else
+/// true), so a buffer of them is [`Pod`] where Rust's `bool` (only 0 and 1 valid) cannot be.
+/// Equality compares truth, not bytes; values the engine writes are always 0 or 1.
+#[derive(Clone, Copy, Default)]
+#[repr(transparent)]
+pub struct Bool(u8);
+
+impl Bool {
+    /// False.
+    pub const FALSE: Bool = Bool(0);
+    /// True.
+    pub const TRUE: Bool = Bool(1);
+    /// The element holding `b`.
+    #[inline(always)]
+    pub const fn new(b: bool) -> Bool {
+        Bool(b as u8)
+    }
+    /// Its truth.
+    #[inline(always)]
+    pub const fn get(self) -> bool {
+        self.0 != 0
+    }
+}
+
+impl From<bool> for Bool {
+    fn from(b: bool) -> Bool {
+        Bool::new(b)
+    }
+}
+
+impl From<Bool> for bool {
+    fn from(b: Bool) -> bool {
+        b.get()
+    }
+}
+
+impl PartialEq for Bool {
+    fn eq(&self, other: &Bool) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for Bool {}
+
+impl std::hash::Hash for Bool {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.get().hash(h)
+    }
+}
+
+impl std::fmt::Debug for Bool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.get(), f)
+    }
+}
+
+impl std::fmt::Display for Bool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.get(), f)
+    }
+}
 
 /// A point to roll an [`Arena`] back to ([`Arena::mark`], [`Arena::rollback`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

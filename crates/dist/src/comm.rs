@@ -254,6 +254,11 @@ pub(crate) fn divide(buf: &mut HostData, world: usize) {
         }
         HostData::BF16(v) => divide_half(v, world),
         HostData::F16(v) => divide_half(v, world),
+        // Integer sums divide as PyTorch's integer division does, toward zero.
+        HostData::I64(v) => v.iter_mut().for_each(|x| *x /= world as i64),
+        HostData::I32(v) => v.iter_mut().for_each(|x| *x /= world as i32),
+        HostData::U8(v) => v.iter_mut().for_each(|x| *x /= world.min(255) as u8),
+        HostData::Bool(_) => {}
     }
 }
 

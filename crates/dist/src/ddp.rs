@@ -499,6 +499,10 @@ fn slice(d: &HostData, at: usize, n: usize) -> HostData {
         HostData::F64(v) => HostData::F64(v[at..at + n].to_vec()),
         HostData::BF16(v) => HostData::BF16(v[at..at + n].to_vec()),
         HostData::F16(v) => HostData::F16(v[at..at + n].to_vec()),
+        HostData::I64(v) => HostData::I64(v[at..at + n].to_vec()),
+        HostData::I32(v) => HostData::I32(v[at..at + n].to_vec()),
+        HostData::U8(v) => HostData::U8(v[at..at + n].to_vec()),
+        HostData::Bool(v) => HostData::Bool(v[at..at + n].to_vec()),
     }
 }
 

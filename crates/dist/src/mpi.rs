@@ -108,6 +108,14 @@ impl Transport for MpiTransport {
                 self.reduce(w, op);
                 Ok(())
             })?,
+            HostData::I64(v) => self.reduce(v, op),
+            HostData::I32(v) => self.reduce(v, op),
+            other => {
+                return Err(format!(
+                    "all_reduce: {} buffers are not reduced",
+                    other.dtype()
+                ))
+            }
         }
         Ok(())
     }
@@ -126,6 +134,10 @@ impl Transport for MpiTransport {
                 root.broadcast_into(&mut w[..]);
                 Ok(())
             })?,
+            HostData::I64(v) => root.broadcast_into(&mut v[..]),
+            HostData::I32(v) => root.broadcast_into(&mut v[..]),
+            HostData::U8(v) => root.broadcast_into(&mut v[..]),
+            other => return Err(format!("broadcast: {} buffers are not sent", other.dtype())),
         }
         Ok(())
     }

@@ -194,6 +194,10 @@ impl Transport for NcclTransport {
             HostData::F64(v) => self.staged(v, |c, d| reduce_on(c, d, op)),
             HostData::BF16(v) => through_f32(v, |w| self.staged(w, |c, d| reduce_on(c, d, op))),
             HostData::F16(v) => through_f32(v, |w| self.staged(w, |c, d| reduce_on(c, d, op))),
+            other => Err(format!(
+                "all_reduce: {} buffers are not reduced",
+                other.dtype()
+            )),
         }
     }
 
@@ -205,6 +209,7 @@ impl Transport for NcclTransport {
                 through_f32(v, |w| self.staged(w, |c, d| broadcast_on(c, d, root)))
             }
             HostData::F16(v) => through_f32(v, |w| self.staged(w, |c, d| broadcast_on(c, d, root))),
+            other => Err(format!("broadcast: {} buffers are not sent", other.dtype())),
         }
     }
 

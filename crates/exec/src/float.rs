@@ -6,6 +6,11 @@ use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 use arenagrad_alloc::Pod;
 
 /// The element type of a tensor.
+///
+/// The floating dtypes carry values and gradients. The integer and boolean dtypes ([`DType::I64`],
+/// [`DType::I32`], [`DType::U8`], [`DType::Bool`]) hold indices, labels, masks and raw image
+/// bytes: no gradient flows through them, and the arithmetic that PyTorch defines on them runs
+/// in `f64` and stores its result in their dtype (exact while magnitudes stay below 2⁵³).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
     /// 32-bit IEEE float.
@@ -17,27 +22,51 @@ pub enum DType {
     BF16,
     /// IEEE half precision (binary16; storage only, as [`DType::BF16`]).
     F16,
+    /// 64-bit signed integers (PyTorch's `long`: indices, labels, counts).
+    I64,
+    /// 32-bit signed integers.
+    I32,
+    /// Unsigned bytes (images as decoded).
+    U8,
+    /// Booleans, one byte each (comparisons' results, masks).
+    Bool,
 }
 
 impl DType {
-    /// Every dtype, widest first.
-    pub const ALL: [DType; 4] = [DType::F64, DType::F32, DType::BF16, DType::F16];
+    /// Every dtype: the floating ones widest first, then the integer ones.
+    pub const ALL: [DType; 8] = [
+        DType::F64,
+        DType::F32,
+        DType::BF16,
+        DType::F16,
+        DType::I64,
+        DType::I32,
+        DType::U8,
+        DType::Bool,
+    ];
+    /// The floating dtypes, widest first: those that carry gradients.
+    pub const FLOATS: [DType; 4] = [DType::F64, DType::F32, DType::BF16, DType::F16];
+    /// The integer and boolean dtypes, widest first.
+    pub const INTEGERS: [DType; 4] = [DType::I64, DType::I32, DType::U8, DType::Bool];
 
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            DType::F32 => 4,
-            DType::F64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
             DType::BF16 | DType::F16 => 2,
+            DType::U8 | DType::Bool => 1,
         }
     }
-    /// The machine epsilon, the gap between 1 and the next value (PyTorch's `finfo(dtype).eps`).
+    /// The machine epsilon, the gap between 1 and the next value (PyTorch's `finfo(dtype).eps`);
+    /// 1 for the integer dtypes, whose values are that far apart.
     pub fn epsilon(self) -> f64 {
         match self {
             DType::F32 => f64::from(f32::EPSILON),
             DType::F64 => f64::EPSILON,
             DType::BF16 => 0.0078125,
             DType::F16 => 0.0009765625,
+            DType::I64 | DType::I32 | DType::U8 | DType::Bool => 1.0,
         }
     }
     /// The name used in errors and on the command line.
@@ -47,16 +76,24 @@ impl DType {
             DType::F64 => "f64",
             DType::BF16 => "bf16",
             DType::F16 => "f16",
+            DType::I64 => "i64",
+            DType::I32 => "i32",
+            DType::U8 => "u8",
+            DType::Bool => "bool",
         }
     }
     /// The dtype named `name` ([`DType::name`], or PyTorch's `float32`, `float64`, `bfloat16`,
-    /// `float16`, `half`, `float`, `double`).
+    /// `float16`, `half`, `float`, `double`, `int64`, `long`, `int32`, `int`, `uint8`).
     pub fn parse(name: &str) -> Option<DType> {
         Some(match name {
             "f32" | "float32" | "float" => DType::F32,
             "f64" | "float64" | "double" => DType::F64,
             "bf16" | "bfloat16" => DType::BF16,
             "f16" | "float16" | "half" => DType::F16,
+            "i64" | "int64" | "long" => DType::I64,
+            "i32" | "int32" | "int" => DType::I32,
+            "u8" | "uint8" => DType::U8,
+            "bool" => DType::Bool,
             _ => return None,
         })
     }
@@ -64,19 +101,50 @@ impl DType {
     pub fn is_half(self) -> bool {
         matches!(self, DType::BF16 | DType::F16)
     }
-    /// The dtype its arithmetic runs in: `f32` for the 16-bit dtypes, itself otherwise.
+    /// Whether this is a floating dtype (one that can carry a gradient).
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64 | DType::BF16 | DType::F16)
+    }
+    /// Whether this is an integer or boolean dtype.
+    pub fn is_integer(self) -> bool {
+        !self.is_float()
+    }
+    /// Whether kernels compute in this dtype directly (`f32`, `f64`); the others are lowered.
+    pub fn is_native(self) -> bool {
+        matches!(self, DType::F32 | DType::F64)
+    }
+    /// The dtype its arithmetic runs in: `f32` for the 16-bit dtypes, `f64` for the integer
+    /// ones (exact below 2⁵³), itself otherwise.
     pub fn compute(self) -> DType {
-        if self.is_half() {
-            DType::F32
-        } else {
-            self
+        match self {
+            DType::BF16 | DType::F16 => DType::F32,
+            DType::I64 | DType::I32 | DType::U8 | DType::Bool => DType::F64,
+            d => d,
         }
     }
-    /// The dtype two operands meet in (PyTorch's promotion among floating types): the wider;
-    /// `bf16` with `f16` meets in `f32`, as neither holds the other.
+    /// The dtype two operands meet in (PyTorch's promotion): among floats the wider, `bf16`
+    /// with `f16` in `f32` as neither holds the other; a float with an integer in the float;
+    /// among integers the wider, `u8` with a signed one in the signed one, and `bool` below all.
     pub fn promote(self, other: DType) -> DType {
+        fn rank(d: DType) -> u8 {
+            match d {
+                DType::Bool => 0,
+                DType::U8 => 1,
+                DType::I32 => 2,
+                _ => 3,
+            }
+        }
         match (self, other) {
             (a, b) if a == b => a,
+            (a, b) if a.is_float() && b.is_integer() => a,
+            (a, b) if a.is_integer() && b.is_float() => b,
+            (a, b) if a.is_integer() => {
+                if rank(a) >= rank(b) {
+                    a
+                } else {
+                    b
+                }
+            }
             (DType::F64, _) | (_, DType::F64) => DType::F64,
             _ => DType::F32,
         }

@@ -37,7 +37,7 @@ pub mod layout;
 pub mod ops;
 pub mod testing;
 
-pub use cpu::cast::{bf16, f16, Storage};
+pub use cpu::cast::{bf16, f16, Bool, Storage};
 pub use float::{DType, Float};
 
 pub use ops::{BinaryOp, Domain, Positive, ReduceOp, UnaryOp};

@@ -311,7 +311,7 @@ impl Inner {
         if dtype.is_half() {
             return Err(GraphError::UnsupportedDType { op, dtype });
         }
-        let db = with_float!(dtype, T, {
+        let db = with_storage!(dtype, T, {
             let host: Vec<T> = self
                 .arena
                 .slice::<T>(hb)
@@ -493,7 +493,7 @@ impl<'g> Tensor<'g> {
         if dtype.is_half() {
             return Err(GraphError::UnsupportedDType { op, dtype });
         }
-        let buf = with_float!(dtype, T, {
+        let buf = with_storage!(dtype, T, {
             let host: Vec<T> = i.read::<T>(op, self.id)?.into_owned();
             i.upload(op, dev, &host)?
         });

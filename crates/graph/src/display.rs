@@ -26,6 +26,14 @@ struct Style {
     sci: bool,
     /// The widest element's length: all are padded to it.
     width: usize,
+    /// Integer (`3`) or boolean (`True`) elements, as PyTorch writes them.
+    whole: Option<Whole>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Whole {
+    Int,
+    Bool,
 }
 
 impl Style {
@@ -48,7 +56,12 @@ impl Style {
             } else {
                 hi / lo > 1000.0 || hi > 1e8 || lo < 1e-4
             };
-        let mut style = Style { int, sci, width: 1 };
+        let mut style = Style {
+            int,
+            sci,
+            width: 1,
+            whole: None,
+        };
         // As PyTorch: the width of the nonzero finite values (zeros, infinities and NaN are
         // padded to it, or overflow it).
         style.width = values
@@ -60,8 +73,30 @@ impl Style {
         style
     }
 
+    /// The style of an integer or boolean tensor's values: each written as it is, padded to
+    /// the widest of all (PyTorch counts zeros too here).
+    fn whole(values: &[f64], kind: Whole) -> Style {
+        let mut style = Style {
+            int: true,
+            sci: false,
+            width: 1,
+            whole: Some(kind),
+        };
+        style.width = values
+            .iter()
+            .map(|&v| style.write(v).chars().count())
+            .max()
+            .unwrap_or(1);
+        style
+    }
+
     /// `v` as this style writes it, unpadded.
     fn write(&self, v: f64) -> String {
+        match self.whole {
+            Some(Whole::Bool) => return if v != 0.0 { "True" } else { "False" }.into(),
+            Some(Whole::Int) => return format!("{v:.0}"),
+            None => {}
+        }
         if v.is_nan() {
             return "nan".into();
         }
@@ -182,7 +217,8 @@ pub(crate) fn write_tensor(
     let shape = t.shape();
     let values = t.to_f64_vec();
     let dtype = match t.dtype() {
-        DType::F32 => String::new(),
+        // PyTorch's defaults are not named: float32, int64 and bool.
+        DType::F32 | DType::I64 | DType::Bool => String::new(),
         d => format!(", dtype={d}"),
     };
     if values.is_empty() {
@@ -199,7 +235,12 @@ pub(crate) fn write_tensor(
         strides[a] = strides[a + 1] * shape[a + 1];
     }
     let summarise = values.len() > THRESHOLD;
-    let style = Style::of(&shown(&values, shape, &strides, summarise));
+    let seen = shown(&values, shape, &strides, summarise);
+    let style = match t.dtype() {
+        DType::Bool => Style::whole(&seen, Whole::Bool),
+        d if d.is_integer() => Style::whole(&seen, Whole::Int),
+        _ => Style::of(&seen),
+    };
     let mut out = String::from("tensor(");
     write_nested(
         &mut out,

@@ -42,6 +42,15 @@ pub enum GraphError {
         /// Right operand's dtype.
         rhs: DType,
     },
+    /// A gradient asked of an integer or boolean tensor (PyTorch: "only Tensors of floating
+    /// point dtype can require gradients").
+    #[error("{op}: {dtype} tensors carry no gradient (only floating dtypes do; cast with to_dtype first)")]
+    NoGradDType {
+        /// The op.
+        op: &'static str,
+        /// The dtype.
+        dtype: DType,
+    },
     /// A dtype the op does not take (on this device, or at all).
     #[error("{op}: {dtype} tensors are not supported here")]
     UnsupportedDType {

@@ -39,6 +39,14 @@ impl std::fmt::Display for Device {
 /// public method, inlined into its caller, turns it into a [`Tensor`] with [`Graph::finish`].
 pub(crate) type RawResult = std::result::Result<u64, Box<GraphError>>;
 
+/// A tensor result as a [`RawResult`] (an op whose raw core hands its work to tensor ops).
+pub(crate) fn into_raw(r: Result<crate::Tensor<'_>>) -> RawResult {
+    match r {
+        Ok(t) => Ok(t.id.to_bits()),
+        Err(e) => Err(Box::new(e)),
+    }
+}
+
 /// Not on the tape.
 pub(crate) const NO_POS: u32 = u32::MAX;
 
@@ -311,7 +319,8 @@ impl Inner {
         inputs: &[NodeId],
         needs_grad: bool,
     ) -> NodeId {
-        let record = self.grad_mode && needs_grad;
+        // An integer or boolean result never carries a gradient (indices, masks, casts).
+        let record = self.grad_mode && needs_grad && dtype.is_float();
         let temp = self.temp_mode;
         let tape_pos = if record {
             self.tape.len() as u32

@@ -1,6 +1,6 @@
 //! Owned host data: what outlives an iteration (parameters, values copied out, checkpoints).
 
-use arenagrad_exec::{bf16, f16, DType, Storage};
+use arenagrad_exec::{bf16, f16, Bool, DType, Storage};
 
 use crate::error::{GraphError, Result};
 
@@ -15,6 +15,14 @@ pub enum HostData {
     BF16(Vec<bf16>),
     /// `f16` elements.
     F16(Vec<f16>),
+    /// `i64` elements.
+    I64(Vec<i64>),
+    /// `i32` elements.
+    I32(Vec<i32>),
+    /// `u8` elements.
+    U8(Vec<u8>),
+    /// Booleans.
+    Bool(Vec<Bool>),
 }
 
 /// Runs `$body` with `$v` bound to the vector or slice inside a [`HostData`] or
@@ -26,6 +34,10 @@ macro_rules! each_dtype {
             $e::F64($v) => $body,
             $e::BF16($v) => $body,
             $e::F16($v) => $body,
+            $e::I64($v) => $body,
+            $e::I32($v) => $body,
+            $e::U8($v) => $body,
+            $e::Bool($v) => $body,
         }
     };
 }
@@ -38,6 +50,10 @@ impl HostData {
             HostData::F64(_) => DType::F64,
             HostData::BF16(_) => DType::BF16,
             HostData::F16(_) => DType::F16,
+            HostData::I64(_) => DType::I64,
+            HostData::I32(_) => DType::I32,
+            HostData::U8(_) => DType::U8,
+            HostData::Bool(_) => DType::Bool,
         }
     }
     /// Number of elements.
@@ -112,6 +128,10 @@ impl HostData {
             HostData::F64(v) => bytes(v, &mut out, |x, o| o.extend(x.to_le_bytes())),
             HostData::BF16(v) => bytes(v, &mut out, |x, o| o.extend(x.to_le_bytes())),
             HostData::F16(v) => bytes(v, &mut out, |x, o| o.extend(x.to_le_bytes())),
+            HostData::I64(v) => bytes(v, &mut out, |x, o| o.extend(x.to_le_bytes())),
+            HostData::I32(v) => bytes(v, &mut out, |x, o| o.extend(x.to_le_bytes())),
+            HostData::U8(v) => out.extend_from_slice(v),
+            HostData::Bool(v) => out.extend(v.iter().map(|b| u8::from(b.get()))),
         }
         out
     }
@@ -168,6 +188,14 @@ pub enum HostDataMut<'a> {
     BF16(&'a mut [bf16]),
     /// `f16` elements.
     F16(&'a mut [f16]),
+    /// `i64` elements.
+    I64(&'a mut [i64]),
+    /// `i32` elements.
+    I32(&'a mut [i32]),
+    /// `u8` elements.
+    U8(&'a mut [u8]),
+    /// Booleans.
+    Bool(&'a mut [Bool]),
 }
 
 impl<'a> HostDataMut<'a> {
@@ -178,6 +206,10 @@ impl<'a> HostDataMut<'a> {
             HostData::F64(v) => HostDataMut::F64(v),
             HostData::BF16(v) => HostDataMut::BF16(v),
             HostData::F16(v) => HostDataMut::F16(v),
+            HostData::I64(v) => HostDataMut::I64(v),
+            HostData::I32(v) => HostDataMut::I32(v),
+            HostData::U8(v) => HostDataMut::U8(v),
+            HostData::Bool(v) => HostDataMut::Bool(v),
         }
     }
     /// The dtype.
@@ -187,6 +219,10 @@ impl<'a> HostDataMut<'a> {
             HostDataMut::F64(_) => DType::F64,
             HostDataMut::BF16(_) => DType::BF16,
             HostDataMut::F16(_) => DType::F16,
+            HostDataMut::I64(_) => DType::I64,
+            HostDataMut::I32(_) => DType::I32,
+            HostDataMut::U8(_) => DType::U8,
+            HostDataMut::Bool(_) => DType::Bool,
         }
     }
     /// Number of elements.
@@ -204,7 +240,7 @@ impl<'a> HostDataMut<'a> {
 }
 
 /// Typed access into [`HostData`], implemented for every storage type (`f32`, `f64`, `bf16`,
-/// `f16`).
+/// `f16`, `i64`, `i32`, `u8`, [`Bool`]).
 pub trait HostElem: Storage {
     /// Borrow as this type.
     fn host_slice(d: &HostData) -> Option<&[Self]>;
@@ -243,7 +279,7 @@ macro_rules! host_elem {
         }
     )*};
 }
-host_elem!(f32 => F32, f64 => F64, bf16 => BF16, f16 => F16);
+host_elem!(f32 => F32, f64 => F64, bf16 => BF16, f16 => F16, i64 => I64, i32 => I32, u8 => U8, Bool => Bool);
 
 /// A tensor's values owned on the host, outside any iteration.
 ///
@@ -392,6 +428,10 @@ impl HostTensor {
             HostData::F64(v) => HostData::F64(flip(v, r, c)),
             HostData::BF16(v) => HostData::BF16(flip(v, r, c)),
             HostData::F16(v) => HostData::F16(flip(v, r, c)),
+            HostData::I64(v) => HostData::I64(flip(v, r, c)),
+            HostData::I32(v) => HostData::I32(flip(v, r, c)),
+            HostData::U8(v) => HostData::U8(flip(v, r, c)),
+            HostData::Bool(v) => HostData::Bool(flip(v, r, c)),
         };
         Ok(HostTensor {
             shape: vec![c, r],

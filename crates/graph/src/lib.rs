@@ -35,7 +35,12 @@
 macro_rules! with_float {
     ($dt:expr, $T:ident, $body:block) => {
         match $dt {
-            dtype @ ($crate::DType::BF16 | $crate::DType::F16) => {
+            dtype @ ($crate::DType::BF16
+            | $crate::DType::F16
+            | $crate::DType::I64
+            | $crate::DType::I32
+            | $crate::DType::U8
+            | $crate::DType::Bool) => {
                 return Err($crate::GraphError::UnsupportedDType {
                     op: "kernel",
                     dtype,
@@ -56,7 +61,7 @@ macro_rules! with_float {
     };
 }
 
-/// Runs a block with `$T` bound to the Rust type that stores a [`DType`] (any of the four).
+/// Runs a block with `$T` bound to the Rust type that stores a [`DType`] (any of them).
 #[macro_export]
 #[doc(hidden)]
 macro_rules! with_storage {
@@ -80,6 +85,26 @@ macro_rules! with_storage {
             $crate::DType::F16 => {
                 #[allow(dead_code)]
                 type $T = $crate::exec::f16;
+                $body
+            }
+            $crate::DType::I64 => {
+                #[allow(dead_code)]
+                type $T = i64;
+                $body
+            }
+            $crate::DType::I32 => {
+                #[allow(dead_code)]
+                type $T = i32;
+                $body
+            }
+            $crate::DType::U8 => {
+                #[allow(dead_code)]
+                type $T = u8;
+                $body
+            }
+            $crate::DType::Bool => {
+                #[allow(dead_code)]
+                type $T = $crate::exec::Bool;
                 $body
             }
         }
@@ -146,7 +171,7 @@ pub use arenagrad_exec::cpu::cast::{update_in_f32, widened};
 /// Runs a loop over parameters at the widest SIMD level the CPU has (optimisers' updates, which
 /// work on host data outside any graph): see [`arenagrad_exec::cpu::wide()`].
 pub use arenagrad_exec::cpu::wide;
-pub use arenagrad_exec::{bf16, f16, BinaryOp, DType, Float, Storage, UnaryOp};
+pub use arenagrad_exec::{bf16, f16, BinaryOp, Bool, DType, Float, Storage, UnaryOp};
 pub use autocast::{AutocastGuard, CastPolicy, AUTOCAST_OPS};
 pub use autodiff::{grad, BackwardOptions};
 pub use device::{
@@ -162,6 +187,7 @@ pub use host::{HostData, HostDataMut, HostElem, HostTensor};
 pub use ops::attention::AttentionOptions;
 pub use ops::checkpoint::CheckpointFn;
 pub use ops::custom::CustomOp;
+pub use ops::integer::ScatterReduce;
 pub use ops::rnn::LstmSequenceOptions;
 pub use param::{ParamOutput, Parameter};
 pub use rng::Rng;

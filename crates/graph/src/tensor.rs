@@ -99,6 +99,10 @@ impl Graph {
             HostData::F64(v) => i.arena.alloc_from_slice(v),
             HostData::BF16(v) => i.arena.alloc_from_slice(v),
             HostData::F16(v) => i.arena.alloc_from_slice(v),
+            HostData::I64(v) => i.arena.alloc_from_slice(v),
+            HostData::I32(v) => i.arena.alloc_from_slice(v),
+            HostData::U8(v) => i.arena.alloc_from_slice(v),
+            HostData::Bool(v) => i.arena.alloc_from_slice(v),
         }
         .map_err(|source| GraphError::Alloc { op, source })?;
         let id = i.push(copy_of(shape), data.dtype(), buf, Op::Leaf, &[]);
@@ -386,6 +390,9 @@ impl<'g> Tensor<'g> {
             .ok_or(GraphError::StaleTensor { op })?;
         if !n.inputs.is_empty() {
             return Err(GraphError::NotLeaf { op });
+        }
+        if on && n.dtype.is_integer() {
+            return Err(GraphError::NoGradDType { op, dtype: n.dtype });
         }
         if on && n.tape_pos == NO_POS {
             n.tape_pos = i.tape.len() as u32;

@@ -621,7 +621,7 @@ fn errors_name_the_op_the_user_called() {
     let g = Graph::new();
     let x = g.leaf(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64).unwrap();
     let e = g.zeros(&[2, 0], DType::F64).unwrap();
-    let m32 = g.from_f64(&[1.0, 0.0], &[2], DType::F32).unwrap();
+    let m3 = g.from_f64(&[1.0, 0.0, 1.0], &[3], DType::Bool).unwrap();
     let x32 = g
         .from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F32)
         .unwrap();
@@ -629,14 +629,15 @@ fn errors_name_the_op_the_user_called() {
         Err(GraphError::BadAxis { op, .. })
         | Err(GraphError::RepeatedAxis { op, .. })
         | Err(GraphError::BadArgument { op, .. })
-        | Err(GraphError::DTypeMismatch { op, .. }) => op,
+        | Err(GraphError::DTypeMismatch { op, .. })
+        | Err(GraphError::ShapeMismatch { op, .. }) => op,
         other => panic!("expected an error, got {other:?}"),
     };
     assert_eq!(op_of(x.logsumexp(&[2], false)), "logsumexp");
     assert_eq!(op_of(x.logsumexp(&[1, -1], false)), "logsumexp");
     assert_eq!(op_of(e.norm(f64::INFINITY, &[1], false)), "norm");
     assert_eq!(op_of(e.norm(f64::INFINITY, &[], false)), "norm");
-    assert_eq!(op_of(x.masked_fill(m32, 0.0)), "masked_fill");
+    assert_eq!(op_of(x.masked_fill(m3, 0.0)), "masked_fill");
     assert_eq!(op_of(g.stack(&[x, x32], 0)), "stack");
     assert_eq!(op_of(g.stack(&[x, x], 3)), "stack");
     assert!(matches!(

@@ -257,7 +257,12 @@ fn comparisons_at_the_edges_match_pytorch_and_carry_no_gradient() {
     let b = g.leaf(&B, &[B.len()], DType::F64).unwrap();
     for (name, f, want) in comparison_table() {
         let y = f(a, b).unwrap();
-        assert_all_same(name, &y.to_vec::<f64>().unwrap(), &want);
+        assert_eq!(
+            y.dtype(),
+            DType::Bool,
+            "{name}: PyTorch's comparisons give bool"
+        );
+        assert_all_same(name, &y.to_vec_f64().unwrap(), &want);
         assert!(
             !y.requires_grad(),
             "{name}: a comparison carries no gradient"

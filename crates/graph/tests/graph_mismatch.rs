@@ -64,6 +64,20 @@ fn calls() -> Vec<(&'static str, Call)> {
         ("gt", |_, x, f, _| x.gt(f).map(drop)),
         ("ge", |_, x, f, _| x.ge(f).map(drop)),
         ("masked_fill", |_, x, f, _| x.masked_fill(f, 0.0).map(drop)),
+        ("gather_by", |_, x, f, _| x.gather_by(0, f).map(drop)),
+        ("index_select_by", |_, x, f, _| {
+            x.index_select_by(0, f).map(drop)
+        }),
+        ("index_add", |_, x, f, _| x.index_add(0, f, x).map(drop)),
+        ("scatter_add", |_, x, f, _| x.scatter_add(0, f, x).map(drop)),
+        ("scatter_add", |g, x, f, _| {
+            let i = g.zeros(&x.shape(), arenagrad_graph::DType::I64)?;
+            x.scatter_add(0, i, f).map(drop)
+        }),
+        ("scatter_reduce", |_, x, f, _| {
+            x.scatter_reduce(0, f, x, arenagrad_graph::ScatterReduce::Sum, true)
+                .map(drop)
+        }),
         ("matmul", |_, x, f, _| x.matmul(f).map(drop)),
         ("matmul_t", |_, x, f, _| {
             x.matmul_t(f, false, true).map(drop)

@@ -38,7 +38,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use arenagrad_graph::{bf16, f16, DType, HostData, HostTensor};
+use arenagrad_graph::{bf16, f16, Bool, DType, HostData, HostTensor};
 use safetensors::tensor::{Dtype, SafeTensors, View};
 
 use crate::error::{NnError, Result, ShapeConflict, StateMismatch};
@@ -82,6 +82,10 @@ fn to_blob(t: &HostTensor) -> Blob {
         DType::F64 => Dtype::F64,
         DType::BF16 => Dtype::BF16,
         DType::F16 => Dtype::F16,
+        DType::I64 => Dtype::I64,
+        DType::I32 => Dtype::I32,
+        DType::U8 => Dtype::U8,
+        DType::Bool => Dtype::BOOL,
     };
     let bytes = t.data().to_le_bytes();
     Blob {
@@ -211,8 +215,8 @@ fn tensors_from_bytes_where(
             let shape = v.shape().to_vec();
             let bytes = v.data();
             let data = match v.dtype() {
-                Dtype::F32 => HostData::F32(decode_floats(bytes, f32::from_le_bytes)),
-                Dtype::F64 => HostData::F64(decode_floats(bytes, f64::from_le_bytes)),
+                Dtype::F32 => HostData::F32(decode_le(bytes, f32::from_le_bytes)),
+                Dtype::F64 => HostData::F64(decode_le(bytes, f64::from_le_bytes)),
                 Dtype::BF16 => HostData::BF16(
                     bytes
                         .chunks_exact(2)
@@ -225,6 +229,10 @@ fn tensors_from_bytes_where(
                         .map(|c| f16::from_le_bytes([c[0], c[1]]))
                         .collect(),
                 ),
+                Dtype::I64 => HostData::I64(decode_le(bytes, i64::from_le_bytes)),
+                Dtype::I32 => HostData::I32(decode_le(bytes, i32::from_le_bytes)),
+                Dtype::U8 => HostData::U8(bytes.to_vec()),
+                Dtype::BOOL => HostData::Bool(bytes.iter().map(|&b| Bool::new(b != 0)).collect()),
                 other => {
                     return Err(NnError::UnsupportedDType {
                         path: path.to_path_buf(),
@@ -245,7 +253,7 @@ const DECODE_PER_THREAD: usize = 1 << 18;
 /// is the kernel's zeroing of the fresh pages as they are first written, so a large tensor is
 /// filled by the engine's threads ([`arenagrad_graph::default_threads`]) in parallel parts,
 /// its buffer allocated zeroed (untouched pages, faulted in by the thread that fills them).
-fn decode_floats<T: Copy + Default + Send, const N: usize>(
+fn decode_le<T: Copy + Default + Send, const N: usize>(
     bytes: &[u8],
     f: impl Fn([u8; N]) -> T + Copy + Send + Sync,
 ) -> Vec<T> {

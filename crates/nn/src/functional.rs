@@ -229,6 +229,8 @@ fn update_running(p: &Parameter, batch: &[f64], momentum: f64, factor: f64) {
             .iter_mut()
             .zip(batch)
             .for_each(|(r, &b)| *r = Storage::narrow(blend(r.widen(), b * factor, momentum))),
+        // Running statistics are floating (an integer buffer is never made by the layers).
+        _ => {}
     });
 }
 

@@ -256,6 +256,11 @@ impl Init {
             HostDataMut::F64(v) => v.iter_mut().for_each(|x| *x = draw(rng)),
             HostDataMut::BF16(v) => v.iter_mut().for_each(|x| *x = Storage::narrow(draw(rng))),
             HostDataMut::F16(v) => v.iter_mut().for_each(|x| *x = Storage::narrow(draw(rng))),
+            // Integer tensors take the draws truncated toward zero, as a cast would.
+            HostDataMut::I64(v) => v.iter_mut().for_each(|x| *x = Storage::narrow(draw(rng))),
+            HostDataMut::I32(v) => v.iter_mut().for_each(|x| *x = Storage::narrow(draw(rng))),
+            HostDataMut::U8(v) => v.iter_mut().for_each(|x| *x = Storage::narrow(draw(rng))),
+            HostDataMut::Bool(v) => v.iter_mut().for_each(|x| *x = Storage::narrow(draw(rng))),
         }
         Ok(t)
     }

@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use arenagrad_graph::{CustomOp, Graph, Tensor};
+use arenagrad_graph::{CustomOp, DType, Graph, Tensor};
 
 use crate::error::{config, input_shape, NnError, Result};
 
@@ -81,8 +81,10 @@ pub struct CrossEntropyOptions {
     pub reduction: Reduction,
     /// A target value that contributes nothing (PyTorch's `ignore_index`, there −100 by
     /// default; here none by default): its samples' losses are 0, the mean is over the others
-    /// (NaN when every target is ignored, as PyTorch's), and it need not be a class.
-    pub ignore_index: Option<usize>,
+    /// (NaN when every target is ignored, as PyTorch's), and it need not be a class. A negative
+    /// value (−100, as Hugging Face labels pad) is met only in an integer target tensor
+    /// ([`cross_entropy_by`]).
+    pub ignore_index: Option<i64>,
 }
 
 /// Brings class scores `[N, C]`, `[N, C, d…]` or `[C]` to rows `[M, C]`, checking the targets;
@@ -169,7 +171,10 @@ pub fn cross_entropy_with<'g>(
         ));
     }
     let logits = f32_under_autocast(logits)?;
-    let ignored = opts.ignore_index.filter(|ig| targets.contains(ig));
+    let ignored = opts
+        .ignore_index
+        .and_then(|ig| usize::try_from(ig).ok())
+        .filter(|ig| targets.contains(ig));
     if let Some(ig) = ignored {
         // The ignored samples computed against class 0, then masked out.
         let safe: Vec<usize> = targets
@@ -216,6 +221,89 @@ pub fn cross_entropy_with<'g>(
         nll
     };
     finish(per_sample, &out_shape, opts.reduction)
+}
+
+/// [`cross_entropy_with`] with the targets in an integer tensor (`i64`, `i32` or `u8`, PyTorch's
+/// `target`), of the shape a `Reduction::None` result takes; entries equal to `ignore_index`
+/// (−100, say) are ignored, other negative ones are an error.
+///
+/// ```
+/// use arenagrad_nn::{loss, DType, Graph};
+/// let g = Graph::new();
+/// let logits = g.leaf(&[0.0; 8], &[2, 4], DType::F64)?;
+/// let labels = g.from_slice(&[3i64, -100], &[2])?;
+/// let opts = loss::CrossEntropyOptions { ignore_index: Some(-100), ..Default::default() };
+/// let l = loss::cross_entropy_by(logits, labels, opts)?;
+/// assert!((l.item()? - 4f64.ln()).abs() < 1e-12);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+pub fn cross_entropy_by<'g>(
+    logits: Tensor<'g>,
+    targets: Tensor<'g>,
+    opts: CrossEntropyOptions,
+) -> Result<Tensor<'g>> {
+    let (t, ignore) = target_values("cross_entropy", targets, opts.ignore_index)?;
+    cross_entropy_with(
+        logits,
+        &t,
+        CrossEntropyOptions {
+            ignore_index: ignore,
+            ..opts
+        },
+    )
+}
+
+/// [`nll_loss_with`] with the targets in an integer tensor (as [`cross_entropy_by`], without
+/// an ignored value).
+pub fn nll_loss_by<'g>(
+    log_probs: Tensor<'g>,
+    targets: Tensor<'g>,
+    reduction: Reduction,
+) -> Result<Tensor<'g>> {
+    let (t, _) = target_values("nll_loss", targets, None)?;
+    nll_loss_with(log_probs, &t, reduction)
+}
+
+/// A target tensor's values as class indices, an ignored negative value mapped to one past
+/// any class ([`IGNORED`]), which is then the value to ignore.
+const IGNORED: usize = i64::MAX as usize;
+
+fn target_values(
+    op: &'static str,
+    targets: Tensor<'_>,
+    ignore: Option<i64>,
+) -> Result<(Vec<usize>, Option<i64>)> {
+    let dtype = targets.dtype();
+    if !matches!(dtype, DType::I64 | DType::I32 | DType::U8) {
+        return Err(arenagrad_graph::GraphError::UnsupportedDType { op, dtype }.into());
+    }
+    let raw: Vec<i64> = targets
+        .to_vec_f64()?
+        .into_iter()
+        .map(|v| v as i64)
+        .collect();
+    let mapped = match ignore {
+        Some(ig) if ig < 0 && raw.contains(&ig) => {
+            let t = raw
+                .iter()
+                .map(|&v| if v == ig { IGNORED } else { v as usize })
+                .collect::<Vec<usize>>();
+            (t, Some(IGNORED as i64))
+        }
+        _ => (raw.iter().map(|&v| v as usize).collect(), ignore),
+    };
+    if let Some(position) = raw
+        .iter()
+        .zip(&mapped.0)
+        .position(|(&v, &t)| v < 0 && t != IGNORED)
+    {
+        return Err(NnError::NotAnIndex {
+            op,
+            position,
+            value: raw[position] as f64,
+        });
+    }
+    Ok(mapped)
 }
 
 /// `−rows[i, targets[i]]` as a vector `[M]`.

@@ -39,6 +39,7 @@ fn bits(m: &dyn Module) -> Vec<(String, Vec<u64>)> {
                 HostData::F64(v) => v.iter().map(|x| x.to_bits()).collect(),
                 HostData::BF16(v) => v.iter().map(|x| u64::from(x.to_bits())).collect(),
                 HostData::F16(v) => v.iter().map(|x| u64::from(x.to_bits())).collect(),
+                other => other.to_le_bytes().into_iter().map(u64::from).collect(),
             };
             (n, b)
         })
@@ -393,11 +394,18 @@ fn io_errors_and_foreign_files() {
         checkpoint::save(&m, dir.path().join("no/such/dir/m.safetensors")),
         Err(NnError::Io { .. })
     ));
-    // A file written by another tool: no checksum, and an integer tensor.
+    // A file written by another tool: no checksum, and an integer tensor, which loads as i64.
     let ints: Vec<u8> = [1i64, 2].iter().flat_map(|v| v.to_le_bytes()).collect();
     let view =
         safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![2], &ints).unwrap();
     let foreign = dir.path().join("foreign.safetensors");
+    safetensors::serialize_to_file([("steps", view)], None, &foreign).unwrap();
+    let loaded = checkpoint::load_tensors(&foreign).unwrap();
+    assert_eq!(loaded[0].1.as_slice::<i64>(), Some(&[1i64, 2][..]));
+    // A dtype the engine lacks (int16) is refused, naming the tensor.
+    let shorts: Vec<u8> = [1i16, 2].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::I16, vec![2], &shorts).unwrap();
     safetensors::serialize_to_file([("steps", view)], None, &foreign).unwrap();
     assert!(matches!(
         checkpoint::load_tensors(&foreign),

@@ -203,12 +203,26 @@ fn write_tensor(out: &mut impl Write, t: &HostTensor) -> std::io::Result<()> {
         }
         Ok(())
     }
+    /// Integer and boolean elements as they are.
+    fn ints<T: std::fmt::Display>(out: &mut impl Write, v: &[T]) -> std::io::Result<()> {
+        for (k, x) in v.iter().enumerate() {
+            if k > 0 {
+                out.write_all(b", ")?;
+            }
+            write!(out, "{x}")?;
+        }
+        Ok(())
+    }
     write!(out, "shape {:?} [", t.shape())?;
     match t.data() {
         HostData::F32(v) => items(out, v)?,
         HostData::F64(v) => items(out, v)?,
         HostData::BF16(v) => items(out, v)?,
         HostData::F16(v) => items(out, v)?,
+        HostData::I64(v) => ints(out, v)?,
+        HostData::I32(v) => ints(out, v)?,
+        HostData::U8(v) => ints(out, v)?,
+        HostData::Bool(v) => ints(out, &v.iter().map(|b| b.get()).collect::<Vec<_>>())?,
     }
     out.write_all(b"]")
 }

@@ -251,6 +251,12 @@ impl RunResult {
                 HostData::F16(v) => {
                     elements(w, v.len(), |w, k| serde_json::to_writer(w, &v[k].to_f64()))?
                 }
+                HostData::I64(v) => elements(w, v.len(), |w, k| serde_json::to_writer(w, &v[k]))?,
+                HostData::I32(v) => elements(w, v.len(), |w, k| serde_json::to_writer(w, &v[k]))?,
+                HostData::U8(v) => elements(w, v.len(), |w, k| serde_json::to_writer(w, &v[k]))?,
+                HostData::Bool(v) => {
+                    elements(w, v.len(), |w, k| serde_json::to_writer(w, &v[k].get()))?
+                }
             }
             w.write_all(b"]}")
         }

@@ -1,11 +1,14 @@
 //! Storage types and conversions between them.
 //!
-//! A tensor stores `f32`, `f64`, `bf16` or `f16` ([`Storage`]); arithmetic runs in `f32` or `f64`
-//! ([`crate::Float`]). Conversions follow PyTorch's: widening is exact, narrowing rounds to
+//! A tensor stores `f32`, `f64`, `bf16`, `f16`, `i64`, `i32`, `u8` or [`Bool`] ([`Storage`]);
+//! arithmetic runs in `f32` or `f64` ([`crate::Float`]). Floats convert to integers truncated
+//! toward zero (through `i64`, saturating there, NaN to 0), to `bool` as "not zero" (NaN is
+//! true); integers convert among themselves by wrapping, as PyTorch's casts do. Conversions follow PyTorch's: widening is exact, narrowing rounds to
 //! nearest even, and `f64` narrows to the 16-bit types through `f32` (as `c10::BFloat16` and
 //! `c10::Half` are built from a `float`), so a value rounds twice there exactly as it does in
 //! PyTorch. NaN stays NaN (quiet, its sign kept); values past a type's range become infinities.
 
+pub use arenagrad_alloc::Bool;
 use arenagrad_alloc::Pod;
 pub use half::{bf16, f16};
 
@@ -37,6 +40,101 @@ pub trait Storage: Pod + PartialEq + std::fmt::Debug {
     /// [`Storage::as_f32`], writable.
     fn as_f32_mut(_v: &mut [Self]) -> Option<&mut [f32]> {
         None
+    }
+    /// The value as `i64`: truncated toward zero from a float (saturating, NaN to 0), as it is
+    /// from an integer type.
+    #[inline(always)]
+    fn to_i64(self) -> i64 {
+        self.widen() as i64
+    }
+    /// `v` in this type: wrapped into an integer type (as PyTorch's casts between integer
+    /// types wrap), 0 or 1 in `bool`, rounded into a float type.
+    #[inline(always)]
+    fn from_i64(v: i64) -> Self {
+        Self::narrow(v as f64)
+    }
+}
+
+macro_rules! integer_storage {
+    ($t:ty, $dt:expr) => {
+        impl Storage for $t {
+            const DTYPE: DType = $dt;
+            #[inline(always)]
+            fn widen(self) -> f64 {
+                self as f64
+            }
+            /// Truncated toward zero, as PyTorch converts a float to an integer; through `i64`
+            /// (saturating there, NaN to 0) and wrapped into the narrower types.
+            #[inline(always)]
+            fn narrow(v: f64) -> Self {
+                v as i64 as $t
+            }
+            fn load_f32(src: &[$t], dst: &mut [f32]) {
+                for (d, &s) in dst.iter_mut().zip(src) {
+                    *d = s as f32;
+                }
+            }
+            fn store_f32(src: &[f32], dst: &mut [$t]) {
+                for (d, &s) in dst.iter_mut().zip(src) {
+                    *d = s as i64 as $t;
+                }
+            }
+            #[inline(always)]
+            fn sum_of(a: $t, b: $t) -> $t {
+                a.wrapping_add(b)
+            }
+            #[inline(always)]
+            fn to_i64(self) -> i64 {
+                self as i64
+            }
+            #[inline(always)]
+            fn from_i64(v: i64) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+
+integer_storage!(i64, DType::I64);
+integer_storage!(i32, DType::I32);
+integer_storage!(u8, DType::U8);
+
+impl Storage for Bool {
+    const DTYPE: DType = DType::Bool;
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        if self.get() {
+            1.0
+        } else {
+            0.0
+        }
+    }
+    /// True where `v` is not 0 (NaN included), as PyTorch converts to `bool`.
+    #[inline(always)]
+    fn narrow(v: f64) -> Self {
+        Bool::new(v != 0.0)
+    }
+    fn load_f32(src: &[Bool], dst: &mut [f32]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = f32::from(u8::from(s.get()));
+        }
+    }
+    fn store_f32(src: &[f32], dst: &mut [Bool]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = Bool::new(s != 0.0);
+        }
+    }
+    #[inline(always)]
+    fn sum_of(a: Bool, b: Bool) -> Bool {
+        Bool::new(a.get() || b.get())
+    }
+    #[inline(always)]
+    fn to_i64(self) -> i64 {
+        i64::from(self.get())
+    }
+    #[inline(always)]
+    fn from_i64(v: i64) -> Self {
+        Bool::new(v != 0)
     }
 }
 
@@ -162,7 +260,17 @@ pub fn cast<S: Storage, D: Storage>(src: &[S], dst: &mut [D], threads: usize) {
 }
 
 fn cast_serial<S: Storage, D: Storage>(src: &[S], dst: &mut [D]) {
-    if S::DTYPE == DType::F64 || D::DTYPE == DType::F64 {
+    if S::DTYPE.is_integer() && D::DTYPE.is_integer() {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = D::from_i64(s.to_i64());
+        }
+        return;
+    }
+    if S::DTYPE == DType::F64
+        || D::DTYPE == DType::F64
+        || S::DTYPE.is_integer()
+        || D::DTYPE.is_integer()
+    {
         for (d, &s) in dst.iter_mut().zip(src) {
             *d = D::narrow(s.widen());
         }

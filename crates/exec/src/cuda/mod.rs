@@ -456,7 +456,7 @@ impl CudaBackend {
         let at = match dt {
             DType::F32 => 0,
             DType::F64 => 1,
-            DType::BF16 | DType::F16 => return Err(CudaError::Unsupported { op, dtype: dt }),
+            dt => return Err(CudaError::Unsupported { op, dtype: dt }),
         };
         Ok(&self.funcs[k as usize][at])
     }
@@ -675,7 +675,7 @@ impl CudaBackend {
         let result = match dt {
             DType::F32 => strided_batched!(br::sgemm_strided_batched, f32),
             DType::F64 => strided_batched!(br::dgemm_strided_batched, f64),
-            DType::BF16 | DType::F16 => {
+            _ => {
                 return Err(CudaError::Unsupported {
                     op: "gemm_strided_batched",
                     dtype: dt,

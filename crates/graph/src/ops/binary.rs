@@ -14,14 +14,23 @@ use crate::{Device, Graph, Tensor};
 
 impl<'g> Tensor<'g> {
     /// Applies an elementwise function of two broadcast tensors.
+    /// Integer and boolean operands follow PyTorch's promotion (see `integer`); a comparison's
+    /// result is `bool`.
     #[inline]
     pub fn binary(self, op: BinaryOp, other: Tensor<'g>) -> Result<Tensor<'g>> {
-        self.g.finish(self.binary_raw(op, other))
+        let y = self.g.finish(self.binary_raw(op, other))?;
+        if super::integer::is_comparison(op) && y.dtype() != DType::Bool {
+            return y.to_dtype(DType::Bool);
+        }
+        Ok(y)
     }
 
     fn binary_raw(self, op: BinaryOp, other: Tensor<'g>) -> RawResult {
         let name = op.name();
         let (da, db) = pair_dtypes(name, &self, &other)?;
+        if da.is_integer() || db.is_integer() {
+            return crate::graph::into_raw(self.integer_binary(op, other, (da, db)));
+        }
         // A 16-bit operand: computed in f32, stored in the operands' promoted dtype
         // (`bf16 · bf16` is bf16, `bf16 + f32` is f32).
         let half = da.is_half() || db.is_half();
@@ -316,8 +325,25 @@ impl Graph {
         let ids = self.owns_all(name, &[cond, a, b])?;
         let (dc, da) = pair_dtypes(name, &cond, &a)?;
         let (_, db) = pair_dtypes(name, &a, &b)?;
-        if dc.is_half() || da.is_half() || db.is_half() {
-            return Tensor::lower([cond, a, b], |[c, x, y]| self.select_as(name, c, x, y));
+        if !(dc == da && da == db && da.is_native()) {
+            // A `bool` (or any other) condition, 16-bit or integer values: the values meet in
+            // their promoted dtype, computed in its compute dtype with the condition converted
+            // to it (non-zero is true), and stored back.
+            if da.is_native() && db.is_native() && da != db {
+                return Err(GraphError::DTypeMismatch {
+                    op: name,
+                    lhs: da,
+                    rhs: db,
+                });
+            }
+            let out = da.promote(db);
+            let work = out.compute();
+            let (c, x, y) = (cond.to_dtype(work)?, a.to_dtype(work)?, b.to_dtype(work)?);
+            let r = {
+                let _f32 = self.suspend_autocast();
+                self.select_as(name, c, x, y)?
+            };
+            return r.to_dtype(out);
         }
         check_pair(name, &cond, &a)?;
         check_pair(name, &a, &b)?;

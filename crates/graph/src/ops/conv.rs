@@ -667,6 +667,7 @@ impl KernelArgs<'_> {
             KernelArgs::F64(x, o, _) => cpu::col2im_batch(x, n, win, o, threads),
             KernelArgs::BF16(x, o, _) => cpu::conv::col2im_batch_half(x, n, win, o, threads),
             KernelArgs::F16(x, o, _) => cpu::conv::col2im_batch_half(x, n, win, o, threads),
+            args => args.fold(win, threads),
         }
     }
     pub(crate) fn fold(self, win: &cpu::Window, threads: usize) {

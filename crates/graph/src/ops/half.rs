@@ -58,10 +58,11 @@ impl<'g> Tensor<'g> {
                         dtype: if dtype.is_half() { dtype } else { from },
                     });
                 }
-                // f32 ↔ f64 on a device: through the host (no conversion kernel yet).
-                with_float!(from, S, {
+                // Between f32, f64 and the integer dtypes on a device: through the host (no
+                // conversion kernel yet).
+                with_storage!(from, S, {
                     let v = i.read::<S>(op, self.id)?.into_owned();
-                    with_float!(dtype, D, {
+                    with_storage!(dtype, D, {
                         let mut w = crate::host::try_filled(op, len, D::default(), &shape)?;
                         cpu::cast(&v, &mut w, threads);
                         i.upload(op, dev, &w)?
@@ -135,10 +136,7 @@ impl<'g> Tensor<'g> {
         xs: [Tensor<'g>; N],
         f: impl FnOnce([Tensor<'g>; N]) -> Result<Tensor<'g>>,
     ) -> RawResult {
-        match Self::lower(xs, f) {
-            Ok(t) => Ok(t.id.to_bits()),
-            Err(e) => Err(Box::new(e)),
-        }
+        crate::graph::into_raw(Self::lower(xs, f))
     }
 }
 

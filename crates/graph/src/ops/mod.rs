@@ -29,6 +29,7 @@ pub(crate) mod checkpoint;
 pub(crate) mod conv;
 pub(crate) mod custom;
 pub(crate) mod half;
+pub(crate) mod integer;
 pub(crate) mod matmul;
 pub(crate) mod norm;
 pub(crate) mod rearrange;

@@ -1,7 +1,7 @@
 //! Reductions: sum, mean, max — over everything or over given axes, with or without keepdim.
 
 use arenagrad_exec::cpu::{self, ReduceOp};
-use arenagrad_exec::BinaryOp;
+use arenagrad_exec::{BinaryOp, DType};
 use smallvec::smallvec;
 
 use super::{Ctx, Grads, Op};
@@ -22,6 +22,19 @@ impl<'g> Tensor<'g> {
             let n = i.node(name, self.id)?;
             (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
+        // Integers sum to i64 (PyTorch's rule) and keep their dtype under max, computed in f64.
+        if dtype.is_integer() {
+            drop(guard);
+            let out = if op == ReduceOp::Sum {
+                DType::I64
+            } else {
+                dtype
+            };
+            return self
+                .to_dtype(DType::F64)?
+                .reduce(op, axes, keepdim)?
+                .to_dtype(out);
+        }
         // A 16-bit sum runs the f32 kernel on a scratch widening (no recorded f32 copy); the
         // maximum's backward compares and counts ties, which stays with the f32 rule.
         if dtype.is_half() && (op == ReduceOp::Max || dev != Device::Cpu) {
@@ -124,7 +137,13 @@ impl<'g> Tensor<'g> {
         self.mean_axes(&[], false)
     }
     /// Mean over `axes` (empty means all).
+    /// An integer tensor is refused, as PyTorch refuses it (convert it with
+    /// [`Tensor::to_dtype`] first).
     pub fn mean_axes(self, axes: &[isize], keepdim: bool) -> Result<Tensor<'g>> {
+        let dtype = self.dtype_of("mean")?;
+        if dtype.is_integer() {
+            return Err(GraphError::UnsupportedDType { op: "mean", dtype });
+        }
         let shape = self.try_shape()?;
         let mask = axes_mask("mean", axes, &shape)?;
         let count: usize = shape
@@ -159,6 +178,14 @@ impl<'g> Tensor<'g> {
                 op: "min",
                 what: "min over an empty axis has no value",
             });
+        }
+        let dtype = self.dtype_of("min")?;
+        if dtype.is_integer() {
+            // −x would wrap in u8 and is refused for bool: through f64.
+            return self
+                .to_dtype(DType::F64)?
+                .min_axes(axes, keepdim)?
+                .to_dtype(dtype);
         }
         self.neg()?.max_axes(axes, keepdim)?.neg()
     }

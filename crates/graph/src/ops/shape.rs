@@ -10,7 +10,7 @@ use arenagrad_exec::cpu;
 use arenagrad_exec::layout::broadcast_shapes;
 #[cfg(feature = "cuda")]
 use arenagrad_exec::layout::{broadcast_strides, contiguous_strides};
-use arenagrad_exec::{bf16, f16, DType, Storage};
+use arenagrad_exec::{bf16, f16, Bool, DType, Storage};
 use smallvec::{smallvec, SmallVec};
 
 use super::{check_pair, Ctx, Grads, Op};
@@ -37,7 +37,7 @@ impl<'g> Tensor<'g> {
             let n = i.node(name, self.id)?;
             (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
-        if dtype.is_half() && dev != Device::Cpu {
+        if !dtype.is_native() && dev != Device::Cpu {
             drop(guard);
             return Tensor::lower([self], |[x]| x.data_op(name, out_shape, op, zeroed, kernel));
         }
@@ -358,7 +358,12 @@ impl<'g> Tensor<'g> {
         )
     }
 
-    fn index_add(self, axis: usize, idx: Arc<[usize]>, extent: usize) -> Result<Tensor<'g>> {
+    pub(crate) fn index_add_into(
+        self,
+        axis: usize,
+        idx: Arc<[usize]>,
+        extent: usize,
+    ) -> Result<Tensor<'g>> {
         let mut out = self.try_shape()?;
         out[axis] = extent;
         let full = out.clone();
@@ -404,7 +409,12 @@ impl<'g> Tensor<'g> {
         })
     }
 
-    fn scatter_add(self, axis: usize, idx: Arc<[usize]>, full: Shape) -> Result<Tensor<'g>> {
+    pub(crate) fn scatter_add_into(
+        self,
+        axis: usize,
+        idx: Arc<[usize]>,
+        full: Shape,
+    ) -> Result<Tensor<'g>> {
         let ish = self.try_shape()?;
         let ik = idx.clone();
         let fk = full.clone();
@@ -551,7 +561,12 @@ fn check_range(
 }
 
 /// Refuses `other` unless it has `shape`'s rank and extents, except along `axis`.
-fn same_but_axis(op: &'static str, shape: &[usize], other: &[usize], axis: usize) -> Result<()> {
+pub(crate) fn same_but_axis(
+    op: &'static str,
+    shape: &[usize],
+    other: &[usize],
+    axis: usize,
+) -> Result<()> {
     let same = other.len() == shape.len()
         && other
             .iter()
@@ -701,6 +716,10 @@ pub(crate) enum KernelArgs<'a> {
     F64(&'a [f64], &'a mut [f64], &'a [usize]),
     BF16(&'a [bf16], &'a mut [bf16], &'a [usize]),
     F16(&'a [f16], &'a mut [f16], &'a [usize]),
+    I64(&'a [i64], &'a mut [i64], &'a [usize]),
+    I32(&'a [i32], &'a mut [i32], &'a [usize]),
+    U8(&'a [u8], &'a mut [u8], &'a [usize]),
+    Bool(&'a [Bool], &'a mut [Bool], &'a [usize]),
 }
 
 pub(crate) trait IntoArgs: Sized {
@@ -716,7 +735,7 @@ macro_rules! into_args {
         }
     )*};
 }
-into_args!(f32 => F32, f64 => F64, bf16 => BF16, f16 => F16);
+into_args!(f32 => F32, f64 => F64, bf16 => BF16, f16 => F16, i64 => I64, i32 => I32, u8 => U8, Bool => Bool);
 
 /// Runs `$body` on the slices of a kernel that only moves elements: for every dtype as stored.
 macro_rules! moves {
@@ -726,6 +745,10 @@ macro_rules! moves {
             KernelArgs::F64($x, $o, $s) => $body,
             KernelArgs::BF16($x, $o, $s) => $body,
             KernelArgs::F16($x, $o, $s) => $body,
+            KernelArgs::I64($x, $o, $s) => $body,
+            KernelArgs::I32($x, $o, $s) => $body,
+            KernelArgs::U8($x, $o, $s) => $body,
+            KernelArgs::Bool($x, $o, $s) => $body,
         }
     };
 }
@@ -739,6 +762,10 @@ macro_rules! both {
             KernelArgs::F64($x, $o, $s) => $body,
             KernelArgs::BF16(x, o, $s) => $crate::ops::shape::through_f32(x, o, |$x, $o| $body),
             KernelArgs::F16(x, o, $s) => $crate::ops::shape::through_f32(x, o, |$x, $o| $body),
+            KernelArgs::I64(x, o, $s) => $crate::ops::shape::through_f64(x, o, |$x, $o| $body),
+            KernelArgs::I32(x, o, $s) => $crate::ops::shape::through_f64(x, o, |$x, $o| $body),
+            KernelArgs::U8(x, o, $s) => $crate::ops::shape::through_f64(x, o, |$x, $o| $body),
+            KernelArgs::Bool(x, o, $s) => $crate::ops::shape::through_f64(x, o, |$x, $o| $body),
         }
     };
 }
@@ -749,6 +776,17 @@ pub(crate) use {both, moves};
 pub(crate) fn through_f32<H: Storage>(x: &[H], o: &mut [H], f: impl FnOnce(&[f32], &mut [f32])) {
     let wx = cpu::cast::widened(x);
     cpu::cast::update_in_f32(o, |wo| f(&wx, wo))
+}
+
+/// `f` on f64 copies of an integer input and output, the output's sums stored back (exact
+/// while they stay below 2⁵³; a `bool` output holds whether its sum is non-zero).
+pub(crate) fn through_f64<I: Storage>(x: &[I], o: &mut [I], f: impl FnOnce(&[f64], &mut [f64])) {
+    let wx: Vec<f64> = x.iter().map(|v| v.widen()).collect();
+    let mut wo: Vec<f64> = o.iter().map(|v| v.widen()).collect();
+    f(&wx, &mut wo);
+    for (d, &v) in o.iter_mut().zip(&wo) {
+        *d = I::narrow(v);
+    }
 }
 
 impl KernelArgs<'_> {
@@ -887,7 +925,7 @@ pub(crate) fn index_select_backward<'g>(
 ) -> Result<Grads<'g>> {
     one(c
         .gy
-        .index_add(axis, idx.clone(), c.input(0).shape()[axis])?)
+        .index_add_into(axis, idx.clone(), c.input(0).shape()[axis])?)
 }
 
 pub(crate) fn index_add_backward<'g>(
@@ -903,7 +941,9 @@ pub(crate) fn gather_backward<'g>(
     idx: &Arc<[usize]>,
     c: &Ctx<'g>,
 ) -> Result<Grads<'g>> {
-    one(c.gy.scatter_add(axis, idx.clone(), c.input(0).shape())?)
+    one(c
+        .gy
+        .scatter_add_into(axis, idx.clone(), c.input(0).shape())?)
 }
 
 pub(crate) fn scatter_add_backward<'g>(

@@ -31,6 +31,10 @@ impl<'g> Tensor<'g> {
             drop(guard);
             return self.unary_half_raw(op);
         }
+        if dtype.is_integer() {
+            drop(guard);
+            return crate::graph::into_raw(self.integer_unary(op, dtype));
+        }
         let needs_grad = n.requires_grad;
         let threads = i.threads;
         let out = match dev {

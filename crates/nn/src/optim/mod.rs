@@ -290,7 +290,8 @@ pub fn clip_grad_norm(params: &[Parameter], max_norm: f64) -> Result<f64> {
             Some(HostDataMut::F64(v)) => sq += v.iter().map(|&x| x * x).sum::<f64>(),
             Some(HostDataMut::BF16(v)) => sq += v.iter().map(|&x| x.widen().powi(2)).sum::<f64>(),
             Some(HostDataMut::F16(v)) => sq += v.iter().map(|&x| x.widen().powi(2)).sum::<f64>(),
-            None => {}
+            // Only floating tensors carry gradients.
+            Some(_) | None => {}
         });
     }
     let norm = sq.sqrt();
@@ -302,7 +303,7 @@ pub fn clip_grad_norm(params: &[Parameter], max_norm: f64) -> Result<f64> {
                 Some(HostDataMut::F64(v)) => v.iter_mut().for_each(|x| *x *= coef),
                 Some(HostDataMut::BF16(v)) => v.iter_mut().for_each(|x| *x = scaled(*x, coef)),
                 Some(HostDataMut::F16(v)) => v.iter_mut().for_each(|x| *x = scaled(*x, coef)),
-                None => {}
+                Some(_) | None => {}
             });
         }
     }
@@ -321,7 +322,8 @@ pub fn clip_grad_value(params: &[Parameter], clip: f64) -> Result<()> {
             Some(HostDataMut::F64(v)) => v.iter_mut().for_each(|x| *x = x.clamp(-clip, clip)),
             Some(HostDataMut::BF16(v)) => v.iter_mut().for_each(|x| *x = clamped(*x, clip)),
             Some(HostDataMut::F16(v)) => v.iter_mut().for_each(|x| *x = clamped(*x, clip)),
-            None => {}
+            // Only floating tensors carry gradients.
+            Some(_) | None => {}
         });
     }
     Ok(())

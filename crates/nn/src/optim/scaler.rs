@@ -172,7 +172,8 @@ impl GradScaler {
                 }
                 Some(HostDataMut::BF16(v)) => found |= unscale_half(v, inv),
                 Some(HostDataMut::F16(v)) => found |= unscale_half(v, inv),
-                None => {}
+                // Only floating tensors carry gradients.
+                Some(_) | None => {}
             });
         }
         self.found_inf = found;

@@ -1,0 +1,358 @@
+//! Integer and boolean operands in the elementwise ops.
+//!
+//! `i64`, `i32`, `u8` and `bool` tensors hold indices, labels, masks and raw bytes: no gradient
+//! flows through them. The elementwise ops take them by PyTorch's promotion rules:
+//!
+//! * with a floating operand, an integer one is converted to the floating one's dtype
+//!   (`mask * x`, `x + labels`);
+//! * between integers, `add`, `sub`, `mul`, `pow`, `maximum`, `minimum` run in `f64` and store
+//!   the promoted integer dtype — exact while values stay below 2⁵³ in magnitude; `div` is true
+//!   division and gives `f32` (PyTorch's default dtype); `sub` of two `bool` tensors is refused
+//!   as PyTorch refuses it;
+//! * `neg`, `abs`, `sign`, `relu`, `step`, and `scale`/`shift` by a whole number or `powf` by a
+//!   whole non-negative power keep the integer dtype; the other functions (`exp`, `log`,
+//!   `sigmoid`, a fractional `scale`, …) give `f32`, as PyTorch's do for integer input;
+//! * comparisons give `bool` whatever their operands.
+
+use arenagrad_exec::{BinaryOp, DType, UnaryOp};
+
+use crate::error::{GraphError, Result};
+use crate::Tensor;
+
+/// Whether `op` is one of the public comparisons, whose result is `bool`.
+pub(crate) fn is_comparison(op: BinaryOp) -> bool {
+    matches!(
+        op,
+        BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge
+    )
+}
+
+fn whole(v: f64) -> bool {
+    v.is_finite() && v.fract() == 0.0
+}
+
+impl<'g> Tensor<'g> {
+    /// `op` with at least one integer operand (`da`, `db` their dtypes), by the rules above.
+    pub(crate) fn integer_binary(
+        self,
+        op: BinaryOp,
+        other: Tensor<'g>,
+        (da, db): (DType, DType),
+    ) -> Result<Tensor<'g>> {
+        if da.is_float() {
+            return self.binary(op, other.to_dtype(da)?);
+        }
+        if db.is_float() {
+            return self.to_dtype(db)?.binary(op, other);
+        }
+        let p = da.promote(db);
+        let in_dtype = |d: DType| -> Result<(Tensor<'g>, Tensor<'g>)> {
+            Ok((self.to_dtype(d)?, other.to_dtype(d)?))
+        };
+        match op {
+            BinaryOp::Div => {
+                let (a, b) = in_dtype(DType::F32)?;
+                a.binary(op, b)
+            }
+            BinaryOp::Sub if p == DType::Bool => Err(GraphError::UnsupportedDType {
+                op: op.name(),
+                dtype: p,
+            }),
+            _ if is_comparison(op) => {
+                let (a, b) = in_dtype(DType::F64)?;
+                a.binary(op, b)
+            }
+            _ => {
+                let (a, b) = in_dtype(DType::F64)?;
+                a.binary(op, b)?.to_dtype(p)
+            }
+        }
+    }
+
+    /// `op` on an integer tensor of dtype `d`, by the rules above.
+    pub(crate) fn integer_unary(self, op: UnaryOp, d: DType) -> Result<Tensor<'g>> {
+        if d == DType::Bool && op == UnaryOp::Neg {
+            return Err(GraphError::UnsupportedDType {
+                op: op.name(),
+                dtype: d,
+            });
+        }
+        let keeps = match op {
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Relu | UnaryOp::Step => true,
+            UnaryOp::Scale(s) | UnaryOp::Shift(s) => whole(s),
+            UnaryOp::Powf(p) => whole(p) && p >= 0.0,
+            _ => false,
+        };
+        if keeps {
+            self.to_dtype(DType::F64)?.unary(op)?.to_dtype(d)
+        } else {
+            self.to_dtype(DType::F32)?.unary(op)
+        }
+    }
+}
+
+impl crate::Graph {
+    /// Indices as an `i64` tensor of `shape` (what [`Tensor::sort`], [`Tensor::topk`] and
+    /// [`Tensor::max_dim`] return as a vector, for ops that take an index tensor).
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph};
+    /// let g = Graph::new();
+    /// let x = g.leaf(&[0.5, 2.0, -1.0, 7.0], &[4], DType::F32)?;
+    /// let (v, i) = x.topk(2, 0, true)?;
+    /// let i = g.indices(&i, &v.shape())?;
+    /// assert_eq!(i.to_vec::<i64>()?, [3, 1]);
+    /// assert_eq!(x.gather_by(0, i)?.to_vec::<f32>()?, v.to_vec::<f32>()?);
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
+    pub fn indices(&self, idx: &[usize], shape: &[usize]) -> Result<Tensor<'_>> {
+        let v: Vec<i64> = idx
+            .iter()
+            .map(|&k| i64::try_from(k).unwrap_or(i64::MAX))
+            .collect();
+        self.from_slice(&v, shape)
+    }
+}
+
+impl<'g> Tensor<'g> {
+    /// This tensor's values as indices for `op`: an integer tensor (`i64`, `i32` or `u8`; a
+    /// floating or `bool` one is refused, as PyTorch refuses it), no value negative.
+    pub fn index_values(self, op: &'static str) -> Result<Vec<usize>> {
+        let dtype = self.dtype_of(op)?;
+        if !matches!(dtype, DType::I64 | DType::I32 | DType::U8) {
+            return Err(GraphError::UnsupportedDType { op, dtype });
+        }
+        let v: Vec<i64> = match dtype {
+            DType::I64 => self.to_vec::<i64>()?,
+            DType::I32 => self.to_vec::<i32>()?.into_iter().map(i64::from).collect(),
+            _ => self.to_vec::<u8>()?.into_iter().map(i64::from).collect(),
+        };
+        v.into_iter()
+            .map(|k| {
+                usize::try_from(k).map_err(|_| GraphError::BadArgument {
+                    op,
+                    what: "an index is negative",
+                })
+            })
+            .collect()
+    }
+
+    /// [`Tensor::gather`] with the indices in an integer tensor (PyTorch's `gather(dim, index)`):
+    /// the output has the index's shape.
+    pub fn gather_by(self, axis: isize, index: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.g.owns("gather", &index)?;
+        let ishape = index.try_shape()?;
+        self.gather(axis, &index.index_values("gather")?, &ishape)
+    }
+
+    /// [`Tensor::index_select`] with the indices in a 1-D integer tensor (PyTorch's
+    /// `index_select(dim, index)`).
+    pub fn index_select_by(self, axis: isize, index: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.g.owns("index_select", &index)?;
+        let ishape = index.try_shape()?;
+        if ishape.len() > 1 {
+            return Err(GraphError::BadArgument {
+                op: "index_select",
+                what: "the index must have one dimension (or none)",
+            });
+        }
+        self.index_select(axis, &index.index_values("index_select")?)
+    }
+
+    /// The index of each maximum along `axis` as an `i64` tensor (PyTorch's `argmax(dim,
+    /// keepdim)`): the first on ties, the first NaN where there is one.
+    pub fn argmax_dim(self, axis: isize, keepdim: bool) -> Result<Tensor<'g>> {
+        let idx = self.argmax_axis(axis)?;
+        self.g
+            .indices(&idx, &self.extreme_shape("argmax", axis, keepdim)?)
+    }
+
+    /// The index of each minimum along `axis` as an `i64` tensor (PyTorch's `argmin(dim,
+    /// keepdim)`).
+    pub fn argmin_dim(self, axis: isize, keepdim: bool) -> Result<Tensor<'g>> {
+        let idx = self.argmin_axis(axis)?;
+        self.g
+            .indices(&idx, &self.extreme_shape("argmin", axis, keepdim)?)
+    }
+
+    fn extreme_shape(self, op: &'static str, axis: isize, keepdim: bool) -> Result<Vec<usize>> {
+        let mut shape = self.try_shape()?.to_vec();
+        if shape.is_empty() {
+            return Ok(shape);
+        }
+        let ax = crate::shape::norm_axis(op, axis, &shape)?;
+        if keepdim {
+            shape[ax] = 1;
+        } else {
+            shape.remove(ax);
+        }
+        Ok(shape)
+    }
+
+    /// One-hot rows of this integer tensor's values (PyTorch's `F.one_hot`): shape
+    /// `[…self, classes]`, `i64`. A value not below `classes` is an error naming it.
+    pub fn one_hot(self, classes: usize) -> Result<Tensor<'g>> {
+        let labels = self.index_values("one_hot")?;
+        let mut shape = self.try_shape()?.to_vec();
+        let t = self.g.one_hot(&labels, classes, DType::I64)?;
+        shape.push(classes);
+        let shape: Vec<isize> = shape.iter().map(|&d| d as isize).collect();
+        t.reshape(&shape)
+    }
+}
+
+/// How [`Tensor::scatter_reduce`] combines the values that land on one position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScatterReduce {
+    /// Their sum (`"sum"`).
+    Sum,
+    /// Their mean (`"mean"`): with `include_self`, self counts as one of them; a position no
+    /// value lands on keeps self's value.
+    Mean,
+}
+
+impl<'g> Tensor<'g> {
+    /// Index values for `op` checked below `bound`, as the shared list an index op records.
+    fn checked_indices(
+        self,
+        op: &'static str,
+        index: Tensor<'g>,
+        axis: usize,
+        shape: &[usize],
+    ) -> Result<std::sync::Arc<[usize]>> {
+        self.g.owns(op, &index)?;
+        let idx = index.index_values(op)?;
+        if let Some(&bad) = idx.iter().find(|&&k| k >= shape[axis]) {
+            return Err(GraphError::IndexOutOfRange {
+                op,
+                index: bad,
+                axis,
+                shape: shape.into(),
+            });
+        }
+        Ok(idx.into())
+    }
+
+    /// PyTorch's `index_add(dim, index, source)`: self plus `source`'s slices along `axis`
+    /// added at the positions `index` (1-D, an integer tensor) names, repeats accumulating.
+    /// `source` has self's shape but `index.len()` along `axis`. The gradient reaches self
+    /// whole and `source` as the slices it was added to (`index_select` of the incoming one).
+    pub fn index_add(
+        self,
+        axis: isize,
+        index: Tensor<'g>,
+        source: Tensor<'g>,
+    ) -> Result<Tensor<'g>> {
+        const OP: &str = "index_add";
+        self.g.owns(OP, &source)?;
+        self.g.owns(OP, &index)?;
+        let shape = self.try_shape()?;
+        let ax = crate::shape::norm_axis(OP, axis, &shape)?;
+        let ishape = index.try_shape()?;
+        if ishape.len() > 1 {
+            return Err(GraphError::BadArgument {
+                op: OP,
+                what: "the index must have one dimension (or none)",
+            });
+        }
+        let sshape = source.try_shape()?;
+        let n: usize = ishape.iter().product();
+        super::shape::same_but_axis(OP, &shape, &sshape, ax)?;
+        if sshape[ax] != n {
+            return Err(GraphError::ShapeMismatch {
+                op: OP,
+                lhs: sshape.to_vec(),
+                rhs: ishape.to_vec(),
+            });
+        }
+        let idx = self.checked_indices(OP, index, ax, &shape)?;
+        self.add(source.index_add_into(ax, idx, shape[ax])?)
+    }
+
+    /// PyTorch's `scatter_add(dim, index, src)`: self plus each `src` element added at the
+    /// position of self that `index` (an integer tensor of `src`'s shape) names along `axis`
+    /// (the element's own position along the other axes). Here `index` has `src`'s shape and
+    /// self's shape but along `axis` (PyTorch also takes a smaller index). The gradient reaches
+    /// self whole and `src` gathered from the incoming one.
+    pub fn scatter_add(
+        self,
+        axis: isize,
+        index: Tensor<'g>,
+        src: Tensor<'g>,
+    ) -> Result<Tensor<'g>> {
+        const OP: &str = "scatter_add";
+        let (ax, idx) = self.scatter_indices(OP, axis, index, src)?;
+        self.add(src.scatter_add_into(ax, idx, crate::shape::copy_of(&self.try_shape()?))?)
+    }
+
+    fn scatter_indices(
+        self,
+        op: &'static str,
+        axis: isize,
+        index: Tensor<'g>,
+        src: Tensor<'g>,
+    ) -> Result<(usize, std::sync::Arc<[usize]>)> {
+        self.g.owns(op, &src)?;
+        self.g.owns(op, &index)?;
+        let shape = self.try_shape()?;
+        let ax = crate::shape::norm_axis(op, axis, &shape)?;
+        let (ishape, sshape) = (index.try_shape()?, src.try_shape()?);
+        if ishape != sshape {
+            return Err(GraphError::ShapeMismatch {
+                op,
+                lhs: ishape.to_vec(),
+                rhs: sshape.to_vec(),
+            });
+        }
+        super::shape::same_but_axis(op, &shape, &sshape, ax)?;
+        Ok((ax, self.checked_indices(op, index, ax, &shape)?))
+    }
+
+    /// PyTorch's `scatter_reduce(dim, index, src, reduce, include_self)` for `"sum"` and
+    /// `"mean"` ([`ScatterReduce`]), `index` shaped as in [`Tensor::scatter_add`]. The mean
+    /// divides by the number of values landing on each position (plus one for self with
+    /// `include_self`) — PyTorch's integer dtypes' floor division is not reproduced: the
+    /// floating dtypes are taken.
+    pub fn scatter_reduce(
+        self,
+        axis: isize,
+        index: Tensor<'g>,
+        src: Tensor<'g>,
+        reduce: ScatterReduce,
+        include_self: bool,
+    ) -> Result<Tensor<'g>> {
+        const OP: &str = "scatter_reduce";
+        let (ax, idx) = self.scatter_indices(OP, axis, index, src)?;
+        let full = crate::shape::copy_of(&self.try_shape()?);
+        let landed = src.scatter_add_into(ax, idx.clone(), full.clone())?;
+        let base = if include_self {
+            self
+        } else {
+            // Self is kept only where nothing lands.
+            let counts = {
+                let _no_grad = self.g.no_grad();
+                let ones = self.g.ones(&src.try_shape()?, src.dtype())?;
+                ones.scatter_add_into(ax, idx.clone(), full.clone())?
+            };
+            let zero = self.g.scalar(0.0, self.dtype())?;
+            let none = counts.eq(zero)?;
+            self.g.where_cond(none, self, zero)?
+        };
+        let sum = base.add(landed)?;
+        match reduce {
+            ScatterReduce::Sum => Ok(sum),
+            ScatterReduce::Mean => {
+                let counts = {
+                    let _no_grad = self.g.no_grad();
+                    let ones = self.g.ones(&src.try_shape()?, src.dtype())?;
+                    let c = ones.scatter_add_into(ax, idx, full)?;
+                    let c = if include_self { c.shift(1.0)? } else { c };
+                    // A position nothing lands on (without self) divides by one.
+                    let one = self.g.scalar(1.0, self.dtype())?;
+                    c.maximum(one)?
+                };
+                sum.div(counts)
+            }
+        }
+    }
+}
