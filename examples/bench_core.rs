@@ -9,7 +9,10 @@
 //! of cells; gradient checkpointing on an 8-block residual MLP; the bf16 matrix product beside the
 //! f32 one.
 //!
-//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,w5,w6,ckpt,bf16,amp,topk] [--busy-thread]`
+//! The scatter row: message passing's sum, `index_add` of 10⁶ edge messages `[E, 64]` into 10⁵
+//! nodes, forward and backward.
+//!
+//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,w5,w6,ckpt,bf16,amp,topk,scatter] [--busy-thread]`
 //! Threads: `ARENAGRAD_NUM_THREADS` (default: the CPUs this process may use). `--busy-thread`
 //! keeps one more thread of the process busy all along, as an application's own work would
 //! (`scripts/contention.py` measures the slowdown it causes).
@@ -293,7 +296,7 @@ struct Args {
     /// Only these workloads, comma-separated: w1 (randn-matmul loop and GEMM), w2, w3, w4, cnn,
     /// attn, gpt, lstm (W5 and W6, fused and as cells, and a long stream), w5 and w6 (the fused
     /// layer alone), ckpt, bf16 (the bf16 product), amp (the GPT step under bf16 autocast)
-    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "w5", "w6", "ckpt", "bf16", "amp", "topk"])]
+    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "w5", "w6", "ckpt", "bf16", "amp", "topk", "scatter"])]
     only: Vec<String>,
     /// Keep one more thread busy (a loop of arithmetic) while the workloads run, as an
     /// application's own thread would
@@ -486,6 +489,12 @@ fn main() {
             topk_micros(if quick { 50 } else { 500 })
         );
     }
+    if run("scatter") {
+        println!(
+            "| scatter: index_add of 10^6 edges x 64 into 10^5 nodes, fwd+bwd | {:.1} ms | |",
+            scatter_ms(if quick { 3 } else { 10 })
+        );
+    }
     if run("attn") {
         let reps = if quick { 5 } else { 30 };
         let (fused, peak_f) = attention_step(true, reps);
@@ -499,6 +508,32 @@ fn main() {
             peak_n as f64 / 1048576.0
         );
     }
+}
+
+/// Median ms of message passing's sum: `zeros[N, 64].index_add(0, dst, msgs)` for 10⁶ random
+/// destinations among 10⁵ nodes and messages `[10⁶, 64]` (f32, requiring grad), then
+/// `Σ out²` backward (so the gradient is not a constant), the graph reset after each.
+fn scatter_ms(reps: usize) -> f64 {
+    let (e, n, f) = (1_000_000usize, 100_000usize, 64usize);
+    let mut g = Graph::new();
+    let mut rng = Rng::seed(7);
+    let dst: Vec<i64> = (0..e).map(|_| (rng.next_u64() % n as u64) as i64).collect();
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps + 2 {
+        // The inputs are made outside the timed part, as PyTorch's are.
+        let idx = g.from_slice(&dst, &[e]).expect("dst");
+        let msgs = g.randn(&[e, f], DType::F32).expect("msgs");
+        let msgs = msgs.set_requires_grad(true).expect("leaf");
+        let t = Instant::now();
+        let nodes = g.zeros(&[n, f], DType::F32).expect("nodes");
+        let out = nodes.index_add(0, idx, msgs).expect("index_add");
+        let l = out.mul(out).and_then(|o| o.sum()).expect("loss");
+        l.backward().expect("backward");
+        std::hint::black_box(msgs.grad().expect("grad"));
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        g.reset();
+    }
+    median(times[2..].to_vec())
 }
 
 /// Median µs of `Tensor::topk(50)` over 50,000 random f32 logits `[1, 50000]` (values and

@@ -5,7 +5,7 @@ Runs `bench_core` (built first with `cargo build --release --example bench_core`
 workloads in PyTorch in this process, and prints one table with both figures and their ratio.
 The machine's speed drifts between runs; the ratio measured in one run is the figure to compare.
 
-    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,bf16,amp,topk] [--candle] [--rounds N]
+    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,bf16,amp,topk,scatter] [--candle] [--rounds N]
 
 `--rounds N` alternates the two sides N times (arenagrad's run, then PyTorch's, and again) and
 prints the medians, and the median of each round's ratio: on a machine whose speed drifts over
@@ -27,6 +27,7 @@ Workloads (the same definitions as `examples/bench_core.rs`):
   and SGD (lr 0.01): one training step (zero_grad, forward, loss, backward, step), median of 50
   after 5 warm-up steps.
 * topk: the 50 largest of 50,000 random logits at batch 1 (sampling's step), µs.
+* scatter: message passing's sum, 10^6 edge messages x 64 added into 10^5 nodes, fwd+bwd, ms.
 * CNN: the Fashion-MNIST example's net, one Adam step on 64 random images (as
   `scripts/torch_cnn_step.py`).
 
@@ -174,6 +175,33 @@ def torch_topk(torch, quick):
     return median(times[10:])
 
 
+def torch_scatter(torch, quick):
+    """Message passing's sum: 10^6 edge messages [E, 64] added into 10^5 nodes, forward and
+    backward of sum(out^2), median seconds; PyTorch's faster of its two forms, index_add and
+    scatter_add with the index expanded (a view)."""
+    e, n, f = 1_000_000, 100_000, 64
+    gen = torch.Generator().manual_seed(7)
+    dst = torch.randint(0, n, (e,), generator=gen)
+    msgs = torch.randn(e, f, requires_grad=True)
+    expanded = dst.unsqueeze(1).expand(-1, f)
+    best = None
+    for form in ("index_add", "scatter_add"):
+        times = []
+        for _ in range(2 + (3 if quick else 10)):
+            t0 = time.perf_counter()
+            nodes = torch.zeros(n, f)
+            if form == "index_add":
+                out = nodes.index_add(0, dst, msgs)
+            else:
+                out = nodes.scatter_add(0, expanded, msgs)
+            (out * out).sum().backward()
+            msgs.grad = None
+            times.append(time.perf_counter() - t0)
+        t = median(times[2:])
+        best = t if best is None else min(best, t)
+    return best
+
+
 def gpt_step_seconds(torch, quick, amp):
     """The char GPT of scripts/torch_char_gpt.py: median seconds of a training step (batch 32 of
     random bytes, AdamW with decay groups, clipping); with amp, the forward and the loss under
@@ -251,6 +279,7 @@ ROWS = [
     ("cnn", "| Fashion-MNIST CNN 32/64", "ms"),
     ("attn", "| causal attention [32, 4, 128, 32] fwd+bwd, fused", "ms"),
     ("topk", "| top-k 50 of 50,000 logits", "µs"),
+    ("scatter", "| scatter: index_add of 10^6 edges", "ms"),
     ("gpt", "| char GPT step (", "ms"),
     ("gpt_gen", "| char GPT generation, batch 1", "tokens/s"),
     ("gpt_amp", "| char GPT step under bf16 autocast |", "ms"),
@@ -278,6 +307,7 @@ LABELS = {
     "cnn": "Fashion-MNIST CNN, one Adam step (random data), ms",
     "attn": "causal attention [32, 4, 128, 32] fwd+bwd (PyTorch's SDPA), ms",
     "topk": "top-k 50 of 50,000 logits, batch 1 (torch.topk), µs",
+    "scatter": "index_add of 10^6 edges x 64 into 10^5 nodes, fwd+bwd (PyTorch's faster of index_add and scatter_add), ms",
     "gpt": "char GPT training step (4×128, ctx 128, b32, AdamW, clip), ms",
     "gpt_gen": "char GPT generation, batch 1, key/value cache, tokens/s (higher is better)",
     "gpt_amp": "char GPT training step under bf16 autocast (torch.autocast on the CPU), ms",
@@ -357,6 +387,8 @@ def main():
             theirs["attn"] = torch_attention(torch, args.quick) * 1e3
         if "topk" in only:
             theirs["topk"] = torch_topk(torch, args.quick) * 1e6
+        if "scatter" in only:
+            theirs["scatter"] = torch_scatter(torch, args.quick) * 1e3
         if "gpt" in only:
             step, tps = torch_gpt(torch, args.quick)
             theirs["gpt"], theirs["gpt_gen"] = step * 1e3, tps

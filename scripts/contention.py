@@ -48,6 +48,7 @@ WORKLOADS = {
     "w6": ("w6", ["w6"]),
     "cnn": ("cnn", ["cnn"]),
     "gpt": ("gpt", ["gpt", "gpt_gen"]),
+    "scatter": ("scatter", ["scatter"]),
 }
 LABELS = {
     "w3": "W3 MLP 784-512-512-10 b128 SGD step, ms",
@@ -56,6 +57,7 @@ LABELS = {
     "cnn": "Fashion-MNIST CNN b64 Adam step, ms",
     "gpt": "char GPT training step b32, ms",
     "gpt_gen": "char GPT generation b1, tokens/s",
+    "scatter": "index_add 10^6 edges x 64 into 10^5 nodes fwd+bwd, ms",
 }
 CONDITIONS = ["alone", "copy", "busy"]
 HIGHER_IS_BETTER = {"gpt_gen"}
@@ -69,6 +71,8 @@ def torch_figures(torch, workload, quick):
         return {workload: compare_torch.torch_lstm(torch, batch, False, quick) * 1e3}
     if workload == "cnn":
         return {"cnn": compare_torch.torch_cnn(torch) * 1e3}
+    if workload == "scatter":
+        return {"scatter": compare_torch.torch_scatter(torch, quick) * 1e3}
     if workload == "gpt":
         step, tps = compare_torch.torch_gpt(torch, quick)
         return {"gpt": step * 1e3, "gpt_gen": tps}

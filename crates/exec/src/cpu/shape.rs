@@ -160,28 +160,97 @@ pub fn index_select<T: Copy + Send + Sync>(
     idx: &[usize],
     out: &mut [T],
 ) {
+    index_select_par(x, shape, axis, idx, out, 1)
+}
+
+/// [`index_select`] on up to `threads` threads (the output's rows split among them).
+pub fn index_select_par<T: Copy + Send + Sync>(
+    x: &[T],
+    shape: &[usize],
+    axis: usize,
+    idx: &[usize],
+    out: &mut [T],
+    threads: usize,
+) {
     let (outer, ext, inner) = super::reduce::around_axis(shape, axis);
-    for o in 0..outer {
+    if inner == 0 {
+        return;
+    }
+    if outer == 1 {
+        // One row of `inner` per index: rows split among the threads.
+        super::par::par_rows_mut(out, inner, threads, super::par::PAR_MIN_ELEMS, |j, row| {
+            let src = idx[j] * inner;
+            row.copy_from_slice(&x[src..src + inner]);
+        });
+        return;
+    }
+    let block = idx.len() * inner;
+    super::par::par_rows_mut(out, block, threads, super::par::PAR_MIN_ELEMS, |o, ob| {
         for (j, &i) in idx.iter().enumerate() {
             let src = (o * ext + i) * inner;
-            let dst = (o * idx.len() + j) * inner;
-            out[dst..dst + inner].copy_from_slice(&x[src..src + inner]);
+            ob[j * inner..(j + 1) * inner].copy_from_slice(&x[src..src + inner]);
         }
-    }
+    });
 }
 
 /// The adjoint of [`index_select`]: `out[.., idx[j], ..] += g[.., j, ..]` (out has `shape`).
 pub fn index_add<T: Float>(g: &[T], shape: &[usize], axis: usize, idx: &[usize], out: &mut [T]) {
+    index_add_par(g, shape, axis, idx, out, 1)
+}
+
+/// [`index_add`] on up to `threads` threads without races: along a leading axis each thread
+/// owns a range of the output's rows and adds, in index order, the rows of `g` that land there
+/// (every thread reads all of `idx`); otherwise the blocks of the leading axes are split.
+/// Each output element receives its additions in the order of `idx`, whatever the threads.
+pub fn index_add_par<T: Float>(
+    g: &[T],
+    shape: &[usize],
+    axis: usize,
+    idx: &[usize],
+    out: &mut [T],
+    threads: usize,
+) {
     let (outer, ext, inner) = super::reduce::around_axis(shape, axis);
-    for o in 0..outer {
-        for (j, &i) in idx.iter().enumerate() {
-            let dst = (o * ext + i) * inner;
-            let src = (o * idx.len() + j) * inner;
-            for t in 0..inner {
-                out[dst + t] += g[src + t];
-            }
-        }
+    if inner == 0 || ext == 0 {
+        return;
     }
+    let add_row = |o: &mut [T], x: &[T]| {
+        for (a, &b) in o.iter_mut().zip(x) {
+            *a += b;
+        }
+    };
+    if outer == 1 {
+        let t = if g.len() >= 2 * super::par::PAR_MIN_ELEMS {
+            threads.clamp(1, ext)
+        } else {
+            1
+        };
+        let per = ext.div_ceil(t);
+        let parts: Vec<&mut [T]> = out.chunks_mut(per * inner).collect();
+        super::thread_pool::for_each_part(parts, |p, part| {
+            let (lo, hi) = (p * per, p * per + part.len() / inner);
+            for (j, &i) in idx.iter().enumerate() {
+                if (lo..hi).contains(&i) {
+                    let d = (i - lo) * inner;
+                    add_row(&mut part[d..d + inner], &g[j * inner..(j + 1) * inner]);
+                }
+            }
+        });
+        return;
+    }
+    let n = idx.len();
+    super::par::par_rows_mut(
+        out,
+        ext * inner,
+        threads,
+        super::par::PAR_MIN_ELEMS,
+        |o, ob| {
+            for (j, &i) in idx.iter().enumerate() {
+                let src = (o * n + j) * inner;
+                add_row(&mut ob[i * inner..(i + 1) * inner], &g[src..src + inner]);
+            }
+        },
+    );
 }
 
 /// PyTorch's gather: `out[p] = x[p with coordinate axis replaced by idx[p]]`, where `idx` and `out`
@@ -230,6 +299,34 @@ pub fn scatter_add<T: Float>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn threaded_index_ops_equal_the_serial_loops_bit_for_bit() {
+        // Large enough to be split; repeated and unordered indices along each axis.
+        for (shape, axis) in [
+            ([1usize, 600, 70], 1usize),
+            ([3, 500, 40], 1),
+            ([900, 70, 1], 0),
+        ] {
+            let ext = shape[axis];
+            let idx: Vec<usize> = (0..2 * ext).map(|k| (k * 7919 + k / 3) % ext).collect();
+            let mut gshape = shape;
+            gshape[axis] = idx.len();
+            let n: usize = gshape.iter().product();
+            let g: Vec<f32> = (0..n)
+                .map(|k| ((k * 37) % 101) as f32 * 0.37 - 9.0)
+                .collect();
+            let len: usize = shape.iter().product();
+            let (mut serial, mut threaded) = (vec![0.5f32; len], vec![0.5f32; len]);
+            index_add_par(&g, &shape, axis, &idx, &mut serial, 1);
+            index_add_par(&g, &shape, axis, &idx, &mut threaded, 3);
+            assert_eq!(serial, threaded, "index_add {shape:?} axis {axis}");
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            index_select_par(&serial, &shape, axis, &idx, &mut a, 1);
+            index_select_par(&serial, &shape, axis, &idx, &mut b, 3);
+            assert_eq!(a, b, "index_select {shape:?} axis {axis}");
+        }
+    }
 
     #[test]
     fn repeat_rows_fills_every_row() {

@@ -349,12 +349,13 @@ impl<'g> Tensor<'g> {
         out[ax] = idx.len();
         let idx: Arc<[usize]> = Arc::from(idx);
         let ik = idx.clone();
+        let threads = self.g.threads();
         self.data_op(
             op,
             out,
             Op::IndexSelect { axis: ax, idx },
             false,
-            move |a| a.index_select(ax, &ik),
+            move |a| a.index_select(ax, &ik, threads),
         )
     }
 
@@ -368,12 +369,13 @@ impl<'g> Tensor<'g> {
         out[axis] = extent;
         let full = out.clone();
         let ik = idx.clone();
+        let threads = self.g.threads();
         self.data_op(
             "index_add",
             out,
             Op::IndexAdd { axis, idx },
             true,
-            move |a| a.index_add(axis, &ik, &full),
+            move |a| a.index_add(axis, &ik, &full, threads),
         )
     }
 
@@ -802,11 +804,11 @@ impl KernelArgs<'_> {
     fn place(self, axis: usize, extent: usize, start: usize) {
         moves!(self, x, o, s => cpu::place_along(x, s, axis, o, extent, start))
     }
-    fn index_select(self, axis: usize, idx: &[usize]) {
-        moves!(self, x, o, s => cpu::index_select(x, s, axis, idx, o))
+    fn index_select(self, axis: usize, idx: &[usize], threads: usize) {
+        moves!(self, x, o, s => cpu::index_select_par(x, s, axis, idx, o, threads))
     }
-    fn index_add(self, axis: usize, idx: &[usize], full: &[usize]) {
-        both!(self, x, o, _s => cpu::index_add(x, full, axis, idx, o))
+    fn index_add(self, axis: usize, idx: &[usize], full: &[usize], threads: usize) {
+        both!(self, x, o, _s => cpu::index_add_par(x, full, axis, idx, o, threads))
     }
     fn gather(self, axis: usize, idx: &[usize], ishape: &[usize]) {
         moves!(self, x, o, s => cpu::gather(x, s, axis, idx, ishape, o))
