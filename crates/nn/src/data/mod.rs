@@ -545,34 +545,68 @@ impl Dataset {
     /// The samples `indices` as images `f32 [B, C, H, W]` scaled to `[0, 1]` and their labels.
     pub fn batch(&self, indices: &[usize]) -> Result<(HostTensor, Vec<usize>)> {
         const OP: &str = "Dataset::batch";
+        let (bytes, labels, shape) = self.samples(OP, indices)?;
+        let mut x = try_vec(OP, &shape, bytes.len())?;
+        x.extend(bytes.iter().map(|&b| f32::from(b) / 255.0));
+        Ok((HostTensor::new(x, &shape)?, labels))
+    }
+
+    /// The samples `indices` as stored: images `u8 [B, C, H, W]` and labels `i64 [B]`, for a
+    /// pipeline that converts on the graph (`to_dtype`, then scaling) and feeds the labels to
+    /// ops that take index tensors ([`crate::loss::cross_entropy_by`]).
+    ///
+    /// ```
+    /// use arenagrad_nn::data::Dataset;
+    /// use arenagrad_nn::{DType, Graph};
+    /// let d = Dataset::new(vec![0, 255, 51, 102], vec![3, 1], &[1, 1, 2])?;
+    /// let (x, y) = d.batch_raw(&[1, 0])?;
+    /// let g = Graph::new();
+    /// // As `x.float() / 255` in PyTorch: the same values as `batch` gives.
+    /// let x = g.from_host(&x)?.to_dtype(DType::F32)?.div(g.scalar(255.0, DType::F32)?)?;
+    /// assert_eq!(x.to_vec::<f32>()?, [0.2, 0.4, 0.0, 1.0]);
+    /// assert_eq!(d.batch(&[1, 0])?.0.as_slice::<f32>(), Some(&[0.2f32, 0.4, 0.0, 1.0][..]));
+    /// assert_eq!(y.as_slice::<i64>(), Some(&[1i64, 3][..]));
+    /// # Ok::<(), arenagrad_nn::NnError>(())
+    /// ```
+    pub fn batch_raw(&self, indices: &[usize]) -> Result<(HostTensor, HostTensor)> {
+        let (bytes, labels, shape) = self.samples("Dataset::batch_raw", indices)?;
+        let labels: Vec<i64> = labels.iter().map(|&l| l as i64).collect();
+        Ok((
+            HostTensor::new(bytes, &shape)?,
+            HostTensor::new(labels, &[indices.len()])?,
+        ))
+    }
+
+    /// The bytes and labels of the samples `indices`, and the batch's shape `[B, sample…]`.
+    fn samples(
+        &self,
+        op: &'static str,
+        indices: &[usize],
+    ) -> Result<(Vec<u8>, Vec<usize>, Vec<usize>)> {
         let per: usize = self.sample_shape.iter().product();
         let mut shape = vec![indices.len()];
         shape.extend_from_slice(&self.sample_shape);
         let n = indices.len().checked_mul(per).ok_or_else(|| {
             arenagrad_graph::GraphError::TooLarge {
-                op: OP,
+                op,
                 shape: shape.clone(),
             }
         })?;
-        let mut x = try_vec(OP, &shape, n)?;
-        let mut y = try_vec(OP, &shape, indices.len())?;
+        let mut x: Vec<u8> = try_vec(op, &shape, n)?;
+        let mut y: Vec<usize> = try_vec(op, &shape, indices.len())?;
         for &i in indices {
             if i >= self.len() {
                 return Err(NnError::IndexOutOfRange {
-                    op: "Dataset::batch",
+                    op,
                     position: y.len(),
                     index: i,
                     bound: self.len(),
                 });
             }
-            x.extend(
-                self.images[i * per..(i + 1) * per]
-                    .iter()
-                    .map(|&b| f32::from(b) / 255.0),
-            );
+            x.extend_from_slice(&self.images[i * per..(i + 1) * per]);
             y.push(self.labels[i]);
         }
-        Ok((HostTensor::new(x, &shape)?, y))
+        Ok((x, y, shape))
     }
 
     /// Mini-batches in order (the last one smaller if `batch_size` does not divide the length).
