@@ -2,7 +2,7 @@
 //! `unsqueeze`/`squeeze`, values and the gradient of `Σ w·y` (each gradient adds back into
 //! the entries copied).
 
-use arenagrad_graph::{DType, Graph, Result, Tensor};
+use arenagrad_graph::{DType, Graph, GraphError, Result, Tensor};
 
 type Op = for<'g> fn(Tensor<'g>) -> Result<Tensor<'g>>;
 
@@ -1066,4 +1066,33 @@ fn unsqueeze_squeeze() {
             0.6677683063512023,
         ],
     );
+}
+
+#[test]
+fn index_lists_past_memory_are_typed_errors_not_aborts() {
+    // An empty tensor may have a huge extent: the index list of a flip or roll along it, or a
+    // repeat's product, must be reserved fallibly (a typed error), never abort the process.
+    let g = Graph::new();
+    let e = g.zeros(&[1 << 40, 0], DType::F32).unwrap();
+    for r in [e.flip(&[0]), e.roll(3, 0), e.repeat_interleave(4, 0)] {
+        assert!(
+            matches!(
+                r,
+                Err(GraphError::OutOfMemory { .. }) | Err(GraphError::TooLarge { .. })
+            ),
+            "{r:?}"
+        );
+    }
+    let x = g.from_f64(&[1.0, 2.0], &[2], DType::F32).unwrap();
+    assert!(matches!(
+        x.repeat(&[usize::MAX, 1]),
+        Err(GraphError::TooLarge { op: "repeat", .. })
+    ));
+    assert!(matches!(
+        x.repeat_interleave(usize::MAX, 0),
+        Err(GraphError::TooLarge {
+            op: "repeat_interleave",
+            ..
+        })
+    ));
 }

@@ -1681,3 +1681,21 @@ fn topk_ties_and_nan_keep_index_order() {
     assert_eq!((v.shape().as_slice(), i.len()), (&[1, 0][..], 0));
     assert_eq!(x.argsort(-1, false).unwrap()[..3], [0, 7, 14]);
 }
+
+#[test]
+fn topk_takes_every_dtype_and_empty_tensors_with_huge_extents() {
+    let g = Graph::new();
+    // The few-of-many path read f32 alone: bf16 and integer logits were a WrongDType error.
+    let vals: Vec<f64> = (0..100).map(|k| ((k * 37) % 100) as f64).collect();
+    for dtype in [DType::BF16, DType::I64, DType::U8] {
+        let x = g.from_f64(&vals, &[100], dtype).unwrap();
+        let (v, i) = x.topk(3, 0, true).unwrap();
+        assert_eq!(v.to_vec_f64().unwrap(), [99.0, 98.0, 97.0], "{dtype}");
+        assert_eq!(i, [27, 54, 81], "{dtype}");
+    }
+    // Sorting an empty tensor along a huge axis makes no row buffer of that size.
+    let e = g.zeros(&[1 << 40, 0], DType::F32).unwrap();
+    let (v, i) = e.sort(0, false).unwrap();
+    assert_eq!(v.shape().to_vec(), [1 << 40, 0]);
+    assert!(i.is_empty());
+}

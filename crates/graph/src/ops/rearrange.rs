@@ -21,7 +21,8 @@ impl<'g> Tensor<'g> {
         let mut y = self;
         for &a in axes {
             let ax = norm_axis("flip", a, &shape)?;
-            let idx: Vec<usize> = (0..shape[ax]).rev().collect();
+            let n = shape[ax];
+            let idx = index_list("flip", &shape, n, |j| n - 1 - j)?;
             y = y.index_select(ax as isize, &idx)?;
         }
         Ok(y)
@@ -45,7 +46,7 @@ impl<'g> Tensor<'g> {
             return Ok(self);
         }
         let s = shift.rem_euclid(n as isize) as usize;
-        let idx: Vec<usize> = (0..n).map(|j| (j + n - s) % n).collect();
+        let idx = index_list("roll", &shape, n, |j| (j + n - s) % n)?;
         self.index_select(ax as isize, &idx)
     }
 
@@ -73,13 +74,28 @@ impl<'g> Tensor<'g> {
         let full: Vec<isize> = std::iter::repeat_n(1, extra)
             .chain(shape.iter().map(|&d| d as isize))
             .collect();
+        // The output's extents and size, checked before any index list is made.
+        let too_large = || GraphError::TooLarge {
+            op: "repeat",
+            shape: shape.to_vec(),
+        };
+        let out = full
+            .iter()
+            .zip(reps)
+            .map(|(&d, &r)| (d as usize).checked_mul(r).ok_or_else(too_large))
+            .collect::<Result<Vec<usize>>>()?;
+        crate::shape::checked_numel("repeat", &out)?;
         let mut y = self.reshape(&full)?;
         for (ax, &r) in reps.iter().enumerate() {
             let n = full[ax] as usize;
             if r == 1 {
                 continue;
             }
-            let idx: Vec<usize> = (0..n * r).map(|j| j % n.max(1)).collect();
+            let len = n.checked_mul(r).ok_or_else(|| GraphError::TooLarge {
+                op: "repeat",
+                shape: shape.to_vec(),
+            })?;
+            let idx = index_list("repeat", &shape, len, |j| j % n.max(1))?;
             y = y.index_select(ax as isize, &idx)?;
         }
         Ok(y)
@@ -98,7 +114,13 @@ impl<'g> Tensor<'g> {
     pub fn repeat_interleave(self, n: usize, axis: isize) -> Result<Tensor<'g>> {
         let shape = self.try_shape()?;
         let ax = norm_axis("repeat_interleave", axis, &shape)?;
-        let idx: Vec<usize> = (0..shape[ax] * n).map(|j| j / n.max(1)).collect();
+        let len = shape[ax]
+            .checked_mul(n)
+            .ok_or_else(|| GraphError::TooLarge {
+                op: "repeat_interleave",
+                shape: shape.to_vec(),
+            })?;
+        let idx = index_list("repeat_interleave", &shape, len, |j| j / n.max(1))?;
         self.index_select(ax as isize, &idx)
     }
 
@@ -151,4 +173,18 @@ impl<'g> Tensor<'g> {
         };
         self.reshape(&keep)
     }
+}
+
+/// The `n` indices `f(0), …, f(n − 1)` of a rearrangement, reserved fallibly: an extent past
+/// memory (an empty tensor may have one) is [`GraphError::OutOfMemory`] naming `op` and the
+/// tensor's `shape`, never an abort.
+fn index_list(
+    op: &'static str,
+    shape: &[usize],
+    n: usize,
+    f: impl Fn(usize) -> usize,
+) -> Result<Vec<usize>> {
+    let mut v = crate::host::try_vec(op, shape, n)?;
+    v.extend((0..n).map(f));
+    Ok(v)
 }

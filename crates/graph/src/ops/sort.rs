@@ -103,11 +103,16 @@ impl<'g> Tensor<'g> {
         let (outer, n, inner) = layout(&shape, ax);
         let mut out_shape = shape.clone();
         out_shape[ax] = k;
-        if inner == 1 && k > 0 && k.saturating_mul(8) < n {
+        if outer == 0 || inner == 0 || k == 0 {
+            // Nothing to order (an empty tensor's other extents may be huge: no row buffer).
+            return Ok((Vec::new(), out_shape));
+        }
+        if inner == 1 && k.saturating_mul(8) < n {
             // Rows along the last axis and few picked: one scan per row of the values as
             // stored (f32 ones compared as f32), against the k-th best so far.
-            let idx = if self.dtype() == arenagrad_exec::DType::F64 {
-                let v = self.to_vec::<f64>()?;
+            let idx = if self.dtype() != arenagrad_exec::DType::F32 {
+                // f64 as stored; the 16-bit and integer dtypes widened (exactly, below 2⁵³).
+                let v = self.to_vec_f64()?;
                 v.chunks(n)
                     .flat_map(|row| scan_best(row, k, desc))
                     .collect()
