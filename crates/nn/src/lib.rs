@@ -111,6 +111,10 @@ pub use models::llama::{Llama, LlamaConfig};
 pub use models::resnet::ResNet;
 pub use models::{generate, Activation, CausalLm};
 pub use module::{Module, Slot, Visitor};
+pub use spatial::{
+    AdaptiveAvgPool2d, Conv1d, ConvTranspose2d, ConvTransposeConfig, GroupNorm, InstanceNorm2d,
+    Interpolation, Upsample,
+};
 
 // The derive's generated code names this crate `::arenagrad_nn`, here as in other crates.
 extern crate self as arenagrad_nn;

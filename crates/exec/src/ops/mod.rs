@@ -115,11 +115,14 @@ pub(crate) fn pow_scalar<T: Float>(x: T, p: f64) -> T {
 /// 1 / (1 + e^-x), stable on both tails: never exponentiates a large positive number.
 #[inline(always)]
 pub(crate) fn sigmoid<T: Float>(x: T) -> T {
+    // e^−|x| never overflows; both halves share it and the select is a blend, so that a loop
+    // of it vectorises (`exp_lanes`: no libm call per element).
+    let e = (-x.abs()).exp_lanes();
+    let r = T::ONE / (T::ONE + e);
     if x >= T::ZERO {
-        T::ONE / (T::ONE + (-x).exp())
+        r
     } else {
-        let e = x.exp();
-        e / (T::ONE + e)
+        e * r
     }
 }
 
