@@ -453,9 +453,6 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             let t0 = Instant::now();
             train_step(&mut g, &model, &mut opt, &sched, &x, &mut rng)?;
             times.push(t0.elapsed().as_secs_f64() * 1e3);
-            if std::env::var_os("DDPM_DEBUG").is_some() {
-                eprintln!("{:?}", g.stats().arena);
-            }
         }
         let mut t = times[2..].to_vec();
         t.sort_by(f64::total_cmp);

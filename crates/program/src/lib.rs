@@ -41,6 +41,8 @@
 //! | `attention q k v CAUSAL` | scaled dot-product attention (CAUSAL 0 or 1) |
 //! | `stack a b AXIS`, `slice_step a AXIS START END STEP`, `chunk a N AXIS K`, `split a SIZE AXIS K`, `unbind a AXIS K` | joining, strided slicing, the K-th piece |
 //! | `one_hot a CLASSES`, `arange a START END STEP` | constants: a's values as indices; a range in a's dtype |
+//! | `flip a AXIS...`, `roll a SHIFT AXIS`, `repeat a R...` | reversed, shifted with wrap-around, tiled |
+//! | `sort a AXIS DESC`, `topk a K AXIS` | the values in order (stable; DESC 0 or 1), the K largest |
 //!
 //! From `detach` on, each op is a row of the format's op table ([`table`]), read by every part of
 //! the crate.

@@ -85,6 +85,11 @@ e16 = split a 2 1 0
 e17 = unbind a 0 1
 e18 = one_hot q0 2
 e19 = arange a 0 5 1.5
+e20 = flip a 0 -1
+e21 = roll a -1 1
+e22 = repeat a 2 1 3
+e23 = sort a 1 0
+e24 = topk a 2 -1
 o = mul s r3
 ";
 

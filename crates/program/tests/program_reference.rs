@@ -1005,6 +1005,50 @@ fn table_cases() -> Vec<Case> {
             grads: vec![("m", vec![0.0, 0.0, 0.0, 0.5, -1.0, 2.0])],
         },
         Case {
+            name: "flip",
+            text: format!("{m}{w6}y = flip m 1\nz = mul y w\n"),
+            out_shape: vec![2, 3],
+            out: vec![0.75, -7.5, 2.0, 4.5, -6.0, -2.0],
+            grads: vec![("m", vec![2.0, -1.5, 0.25, -0.5, 3.0, 0.75])],
+        },
+        Case {
+            name: "roll",
+            text: format!("{m}{w6}y = roll m 1 1\nz = mul y w\n"),
+            out_shape: vec![2, 3],
+            out: vec![0.75, -1.5, 10.0, 4.5, 12.0, 1.0],
+            grads: vec![("m", vec![-1.5, 2.0, 0.25, 3.0, -0.5, 0.75])],
+        },
+        Case {
+            name: "repeat",
+            text: format!(
+                "{m}{}y = repeat m 2 1\nz = mul y w\n",
+                constant(
+                    "w",
+                    &[4, 3],
+                    &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, -1.0, -2.0, -3.0, 0.5, 0.25, -0.75]
+                )
+            ),
+            out_shape: vec![4, 3],
+            out: vec![
+                1.0, 10.0, 9.0, 16.0, -10.0, 36.0, -1.0, -10.0, -9.0, 2.0, -0.5, -4.5,
+            ],
+            grads: vec![("m", vec![0.0, 0.0, 0.0, 4.5, 5.25, 5.25])],
+        },
+        Case {
+            name: "sort",
+            text: format!("{m}{w6}y = sort m 1 1\nz = mul y w\n"),
+            out_shape: vec![2, 3],
+            out: vec![1.25, -4.5, 2.0, 4.5, 12.0, 1.0],
+            grads: vec![("m", vec![2.0, 0.25, -1.5, 3.0, -0.5, 0.75])],
+        },
+        Case {
+            name: "topk",
+            text: format!("{m}{wa}y = topk m 2 1\nz = mul y w\n"),
+            out_shape: vec![2, 2],
+            out: vec![2.5, -3.0, 12.0, 13.0],
+            grads: vec![("m", vec![0.0, 0.5, -1.0, 3.25, 0.0, 2.0])],
+        },
+        Case {
             name: "arange",
             text: format!("{mc}{xi}y = arange mc 0 3 1\nz = mul y x\n"),
             out_shape: vec![3],

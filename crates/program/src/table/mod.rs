@@ -12,7 +12,8 @@
 //! # Adding an op to the format
 //!
 //! 1. Write its row as a `const` in the file of its family — `reduce.rs` (reductions, scans,
-//!    softmax), `layout.rs` (ops that move, select or join elements) or `compute.rs` (the rest):
+//!    softmax), `layout.rs` (ops that move, select or join elements), `rearrange.rs` (ops that
+//!    reorder or tile them) or `compute.rs` (the rest):
 //!    [`OpRow::new`] with the name, the shape rule and the forward, then what differs from the
 //!    defaults (operands, parameters, smoothness, how random programs draw it). The shape rule
 //!    refuses everything the engine would refuse, pointing at the argument at fault
@@ -28,6 +29,7 @@
 
 mod compute;
 mod layout;
+mod rearrange;
 mod reduce;
 
 use arenagrad_exec::Positive;
@@ -585,6 +587,11 @@ pub const OPS: &[OpRow] = &[
     layout::UNBIND,
     compute::ONE_HOT,
     compute::ARANGE,
+    rearrange::FLIP,
+    rearrange::ROLL,
+    rearrange::REPEAT,
+    rearrange::SORT,
+    rearrange::TOPK,
 ];
 
 /// The row called `name`.

@@ -1,0 +1,140 @@
+//! Rows that reorder or tile elements: `flip`, `roll`, `repeat`, and the values of `sort` and
+//! `topk`.
+
+use arenagrad_exec::Positive;
+
+use super::{ax, axis_at, axis_of, count, gen_axis, int, norm_axis, same, Gen, OpRow, Refusal};
+
+/// `flip a AXIS...`: reversed along each axis (an axis given twice flips back).
+pub(super) const FLIP: OpRow = OpRow::new(
+    "flip",
+    |s, p| {
+        for (k, &a) in p.iter().enumerate() {
+            axis_at(s[0], a, 1 + k)?;
+        }
+        Ok(s[0].to_vec())
+    },
+    |_, x, p| {
+        let axes: Vec<isize> = p.iter().map(|&a| ax(a)).collect();
+        x[0].flip(&axes)
+    },
+)
+.rest(int("an axis", "AXIS"))
+.positive(Positive::IfInput)
+.gen(Gen::Params(|s, t| Some(vec![gen_axis(s, t[0])?])));
+
+/// `roll a SHIFT AXIS`: shifted along the axis, wrapping around.
+pub(super) const ROLL: OpRow = OpRow::new(
+    "roll",
+    |s, p| {
+        axis_at(s[0], p[1], 2)?;
+        same(s, p)
+    },
+    |_, x, p| x[0].roll(ax(p[0]), ax(p[1])),
+)
+.params(&[int("the shift", "SHIFT"), int("the axis", "AXIS")])
+.positive(Positive::IfInput)
+.gen(Gen::Params(|s, t| {
+    Some(vec![f64::from(t[1] % 7) - 3.0, gen_axis(s, t[0])?])
+}));
+
+/// `repeat a R...`: tiled `R` times along each axis, extra leading counts adding axes.
+pub(super) const REPEAT: OpRow = OpRow::new(
+    "repeat",
+    |s, p| {
+        let s = s[0];
+        if p.len() < s.len() {
+            return Err(Refusal::op(format!(
+                "{} repeats for shape {s:?} (expected at least one per axis)",
+                p.len()
+            )));
+        }
+        let extra = p.len() - s.len();
+        let mut out = Vec::with_capacity(p.len());
+        for (k, r) in p.iter().enumerate() {
+            let d = if k < extra { 1 } else { s[k - extra] };
+            out.push(
+                d.checked_mul(r.as_usize())
+                    .ok_or_else(|| Refusal::at(1 + k, format!("{d} × {r} overflows an extent")))?,
+            );
+        }
+        Ok(out)
+    },
+    |_, x, p| {
+        let reps: Vec<usize> = p.iter().map(|r| r.as_usize()).collect();
+        x[0].repeat(&reps)
+    },
+)
+.rest(count("a repeat count", "R"))
+.positive(Positive::IfInput)
+.gen(Gen::Params(|s, [t0, t1, t2, _]| {
+    // Twice or three times along one axis, sometimes with a new leading axis of 2.
+    let mut reps = vec![1.0; s.len()];
+    if !s.is_empty() {
+        reps[usize::from(t0) % s.len()] = 2.0 + f64::from(t1 % 2);
+    }
+    if t2 & 1 == 1 || s.is_empty() {
+        reps.insert(0, 2.0);
+    }
+    Some(reps)
+}));
+
+/// `sort a AXIS DESC`: the values in order along the axis (DESC 1: descending; ties keep their
+/// order, NaN counts as the largest).
+pub(super) const SORT: OpRow = OpRow::new(
+    "sort",
+    |s, p| {
+        axis_at(s[0], p[0], 1)?;
+        if p[1].as_usize() > 1 {
+            return Err(Refusal::at(
+                2,
+                format!("DESC is {} (expected 0 or 1)", p[1]),
+            ));
+        }
+        same(s, p)
+    },
+    |_, x, p| Ok(x[0].sort(ax(p[0]), p[1].as_usize() == 1)?.0),
+)
+.params(&[
+    int("the axis", "AXIS"),
+    count("descending (0 or 1)", "DESC"),
+])
+.kinked()
+.positive(Positive::IfInput)
+.gen(Gen::Params(|s, t| {
+    Some(vec![gen_axis(s, t[0])?, f64::from(t[1] & 1)])
+}));
+
+/// `topk a K AXIS`: the `K` largest values along the axis, largest first.
+pub(super) const TOPK: OpRow = OpRow::new(
+    "topk",
+    |s, p| {
+        let d = axis_at(s[0], p[1], 2)?;
+        let k = p[0].as_usize();
+        if k > s[0][d] {
+            return Err(Refusal::at(
+                1,
+                format!(
+                    "K {k} is past axis {} of shape {:?} (expected at most {})",
+                    p[1], s[0], s[0][d]
+                ),
+            ));
+        }
+        let mut out = s[0].to_vec();
+        out[d] = k;
+        Ok(out)
+    },
+    |_, x, p| Ok(x[0].topk(p[0].as_usize(), ax(p[1]), true)?.0),
+)
+.params(&[count("how many", "K"), int("the axis", "AXIS")])
+.kinked()
+.positive(Positive::IfInput)
+.gen(Gen::Params(|s, [t0, t1, t2, _]| {
+    let r = s.len();
+    if r == 0 {
+        return None;
+    }
+    let axis = axis_of(r, t0, t2 & 1 == 1);
+    let ext = s[norm_axis(axis, r)?];
+    Some(vec![(usize::from(t1) % (ext + 1)) as f64, axis as f64])
+}));
