@@ -69,6 +69,9 @@ fn calls() -> Vec<(&'static str, Call)> {
             x.index_select_by(0, f).map(drop)
         }),
         ("index_add", |_, x, f, _| x.index_add(0, f, x).map(drop)),
+        ("einsum", |g, x, f, _| {
+            g.einsum("abcd,abcd->", &[x, f]).map(drop)
+        }),
         ("scatter_add", |_, x, f, _| x.scatter_add(0, f, x).map(drop)),
         ("scatter_add", |g, x, f, _| {
             let i = g.zeros(&x.shape(), arenagrad_graph::DType::I64)?;

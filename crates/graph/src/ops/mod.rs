@@ -28,6 +28,7 @@ pub(crate) mod binary;
 pub(crate) mod checkpoint;
 pub(crate) mod conv;
 pub(crate) mod custom;
+pub(crate) mod einsum;
 pub(crate) mod half;
 pub(crate) mod integer;
 pub(crate) mod matmul;

@@ -1,0 +1,123 @@
+//! einsum against plain loops over the subscripts (and a value PyTorch 2.15 printed), its
+//! gradient against finite differences, and its refusals.
+
+use arenagrad_graph::check::{check_fn, gradcheck, gradgradcheck, GradcheckOptions};
+use arenagrad_graph::{DType, Graph, GraphError, HostTensor};
+
+fn vals(n: usize, scale: f64, shift: f64) -> Vec<f64> {
+    (0..n).map(|k| k as f64 * scale + shift).collect()
+}
+
+#[test]
+fn batched_products_transposes_sums_outer_and_dot_match_loops() {
+    let g = Graph::new();
+    let (a, b) = (vals(24, 0.1, -1.0), vals(40, 0.05, 0.3));
+    let ta = g.from_f64(&a, &[2, 3, 4], DType::F64).unwrap();
+    let tb = g.from_f64(&b, &[2, 4, 5], DType::F64).unwrap();
+    // "bij,bjk->bik"; PyTorch's first entries: -2.17, -2.34, -2.51, -2.68, -2.85, -1.09.
+    let y = g.einsum("bij,bjk->bik", &[ta, tb]).unwrap();
+    assert_eq!(y.shape().to_vec(), [2, 3, 5]);
+    let got = y.to_vec::<f64>().unwrap();
+    for bb in 0..2 {
+        for i in 0..3 {
+            for k in 0..5 {
+                let want: f64 = (0..4)
+                    .map(|j| a[bb * 12 + i * 4 + j] * b[bb * 20 + j * 5 + k])
+                    .sum();
+                assert!((got[bb * 15 + i * 5 + k] - want).abs() < 1e-12);
+            }
+        }
+    }
+    for (g0, w) in got.iter().zip([-2.17, -2.34, -2.51, -2.68, -2.85, -1.09]) {
+        assert!((g0 - w).abs() < 1e-12);
+    }
+    // "bkj,bij->bki" with the output's axes in another order than the product's.
+    let c = vals(16, 0.25, -2.0);
+    let tc = g.from_f64(&c, &[2, 2, 4], DType::F64).unwrap();
+    let y = g.einsum("bkj,bij->bki", &[tc, ta]).unwrap();
+    assert_eq!(y.shape().to_vec(), [2, 2, 3]);
+    let got = y.to_vec::<f64>().unwrap();
+    for bb in 0..2 {
+        for k in 0..2 {
+            for i in 0..3 {
+                let want: f64 = (0..4)
+                    .map(|j| c[bb * 8 + k * 4 + j] * a[bb * 12 + i * 4 + j])
+                    .sum();
+                assert!((got[bb * 6 + k * 3 + i] - want).abs() < 1e-12);
+            }
+        }
+    }
+    // One operand: a sum over two axes, and a transpose.
+    let s = g.einsum("bij->j", &[ta]).unwrap().to_vec::<f64>().unwrap();
+    assert_eq!(s.len(), 4);
+    for j in 0..4 {
+        let want: f64 = (0..2)
+            .flat_map(|bb| (0..3).map(move |i| (bb, i)))
+            .map(|(bb, i)| a[bb * 12 + i * 4 + j])
+            .sum();
+        assert!((s[j] - want).abs() < 1e-12);
+    }
+    let t = g.einsum("bij->bji", &[ta]).unwrap();
+    assert_eq!(
+        t.to_vec::<f64>().unwrap(),
+        ta.permute(&[0, 2, 1]).unwrap().to_vec::<f64>().unwrap()
+    );
+    // Implicit output: outer product "i,j" and a dot "i,i"; a letter of one operand alone
+    // summed first ("ij,j->").
+    let x = g.from_f64(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
+    let z = g.from_f64(&[4.0, 5.0], &[2], DType::F64).unwrap();
+    assert_eq!(
+        g.einsum("i,j", &[x, z]).unwrap().to_vec::<f64>().unwrap(),
+        [4.0, 5.0, 8.0, 10.0, 12.0, 15.0]
+    );
+    assert_eq!(g.einsum("i,i", &[x, x]).unwrap().item().unwrap(), 14.0);
+    let m = g
+        .from_f64(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], DType::F64)
+        .unwrap();
+    assert_eq!(
+        g.einsum("ij,j->", &[m, x]).unwrap().item().unwrap(),
+        14.0 + 32.0
+    );
+    assert_eq!(
+        g.einsum("ij,k->i", &[m, z])
+            .unwrap()
+            .to_vec::<f64>()
+            .unwrap(),
+        [6.0 * 9.0, 15.0 * 9.0]
+    );
+}
+
+#[test]
+fn einsum_gradients_pass_gradcheck() {
+    let inputs = [
+        HostTensor::from_f64(&vals(24, 0.1, -1.0), &[2, 3, 4], DType::F64).unwrap(),
+        HostTensor::from_f64(&vals(16, 0.2, -1.5), &[2, 2, 4], DType::F64).unwrap(),
+    ];
+    let f = check_fn(|g, x| {
+        let y = g.einsum("bij,bkj->bik", &[x[0], x[1]])?;
+        y.mul(y)?.sum()
+    });
+    let opts = GradcheckOptions::default();
+    assert!(gradcheck(f, &inputs, opts).unwrap().passed);
+    assert!(gradgradcheck(f, &inputs, opts).unwrap().passed);
+}
+
+#[test]
+fn unsupported_and_mismatched_subscripts_are_typed_errors() {
+    let g = Graph::new();
+    let m = g.from_f64(&[1.0; 6], &[2, 3], DType::F64).unwrap();
+    let v = g.from_f64(&[1.0; 2], &[2], DType::F64).unwrap();
+    let bad = |r: arenagrad_graph::Result<arenagrad_graph::Tensor<'_>>| {
+        matches!(
+            r,
+            Err(GraphError::BadArgument { op: "einsum", .. })
+                | Err(GraphError::ShapeMismatch { op: "einsum", .. })
+        )
+    };
+    assert!(bad(g.einsum("ii->i", &[m])), "a diagonal");
+    assert!(bad(g.einsum("...j->j", &[m])), "an ellipsis");
+    assert!(bad(g.einsum("ij,j->i", &[m, v])), "j is 3 and 2");
+    assert!(bad(g.einsum("ijk->i", &[m])), "three letters for two axes");
+    assert!(bad(g.einsum("ij->ik", &[m])), "k names no axis");
+    assert!(bad(g.einsum("ij,j", &[m])), "two operands named, one given");
+}
