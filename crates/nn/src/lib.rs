@@ -112,7 +112,7 @@ pub use models::resnet::ResNet;
 pub use models::{generate, Activation, CausalLm};
 pub use module::{Module, Slot, Visitor};
 pub use spatial::{
-    AdaptiveAvgPool2d, Conv1d, ConvTranspose2d, ConvTransposeConfig, GroupNorm, InstanceNorm2d,
+    AdaptiveAvgPool2d, AdaptiveMaxPool2d, Conv1d, ConvTranspose2d, ConvTransposeConfig, GroupNorm, InstanceNorm2d,
     Interpolation, Upsample,
 };
 

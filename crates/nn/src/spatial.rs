@@ -238,12 +238,47 @@ pub fn interpolate<'g>(
 fn pooling_matrix(n: usize, out: usize) -> Vec<f64> {
     let mut m = vec![0.0; out * n];
     for i in 0..out {
-        let (a, b) = ((i * n) / out, ((i + 1) * n).div_ceil(out));
+        let (a, b) = window(i, n, out);
         for j in a..b {
             m[i * n + j] = 1.0 / (b - a) as f64;
         }
     }
     m
+}
+
+/// The window `i` of `out` along an axis of `n` (PyTorch's adaptive pooling bounds).
+fn window(i: usize, n: usize, out: usize) -> (usize, usize) {
+    ((i * n) / out, ((i + 1) * n).div_ceil(out))
+}
+
+/// The maximum of each of `size` windows of `x` (`[N, C, H, W]`), placed as in
+/// [`adaptive_avg_pool2d`] (PyTorch's `F.adaptive_max_pool2d`). Each window's gradient goes to
+/// its first maximum in row-major order (the first NaN where there is one), as PyTorch's: the
+/// windows' maxima are taken along the width first, then along the height, each keeping the
+/// first (a row-major scan's choice).
+pub fn adaptive_max_pool2d<'g>(x: Tensor<'g>, size: (usize, usize)) -> Result<Tensor<'g>> {
+    let s = x.try_shape()?;
+    let [_, _, h, w] = s[..] else {
+        return Err(input_shape("adaptive_max_pool2d", "[N, C, H, W]", &s));
+    };
+    let (oh, ow) = size;
+    if oh == 0 || ow == 0 || h == 0 || w == 0 {
+        return Err(config(
+            "adaptive_max_pool2d",
+            format!("cannot pool {h}×{w} into {oh}×{ow}"),
+        ));
+    }
+    let g = x.graph();
+    let along = |t: Tensor<'g>, axis: usize, n: usize, out: usize| -> Result<Tensor<'g>> {
+        let parts = (0..out)
+            .map(|i| {
+                let (a, b) = window(i, n, out);
+                Ok(t.slice(axis as isize, a, b)?.max_dim(axis as isize, true)?.0)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(g.concat(&parts, axis as isize)?)
+    };
+    along(along(x, 3, w, ow)?, 2, h, oh)
 }
 
 /// The mean of each of `size` windows of `x` (`[N, C, H, W]`) that tile it as PyTorch's
@@ -578,6 +613,17 @@ pub struct AdaptiveAvgPool2d(pub (usize, usize));
 impl Module for AdaptiveAvgPool2d {
     fn forward<'g>(&self, _g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
         adaptive_avg_pool2d(x, self.0)
+    }
+}
+
+/// Adaptive max pooling as a layer (PyTorch's `nn.AdaptiveMaxPool2d(size)`); see
+/// [`adaptive_max_pool2d`].
+#[derive(Debug, Clone, Copy)]
+pub struct AdaptiveMaxPool2d(pub (usize, usize));
+
+impl Module for AdaptiveMaxPool2d {
+    fn forward<'g>(&self, _g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        adaptive_max_pool2d(x, self.0)
     }
 }
 

@@ -9062,3 +9062,36 @@ fn conv_transpose2d_kernel_equals_stride() {
         ],
     );
 }
+
+/// `F.adaptive_max_pool2d` on a map with ties (PyTorch 2.15, float64): values, and the
+/// gradient of `Σ w·y` (w = 1..6), which goes to each window's first maximum in row-major
+/// order; then global max pooling's.
+#[test]
+fn adaptive_max_pool2d_matches_pytorch_with_ties() {
+    let g = Graph::new();
+    let xs = [
+        0.0, 1.0, 1.0, 2.0, 5.0, 1.0, 0.0, 3.0, 3.0, -1.0, 2.0, 2.0, 0.0, 1.0, 4.0, 7.0, 0.0, 0.0,
+        7.0, 1.0,
+    ];
+    let x = g.leaf(&xs, &[1, 1, 4, 5], DType::F64).unwrap();
+    let y = spatial::adaptive_max_pool2d(x, (3, 2)).unwrap();
+    assert_eq!(y.to_vec::<f64>().unwrap(), [3.0, 5.0, 3.0, 4.0, 7.0, 7.0]);
+    let w = g
+        .from_f64(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[1, 1, 3, 2], DType::F64)
+        .unwrap();
+    y.mul(w).unwrap().sum().unwrap().backward().unwrap();
+    let want = [
+        0.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 4.0, 5.0, 0.0, 0.0,
+        6.0, 0.0,
+    ];
+    assert_eq!(x.grad().unwrap().unwrap().to_vec::<f64>().unwrap(), want);
+    let g = Graph::new();
+    let x = g.leaf(&xs, &[1, 1, 4, 5], DType::F64).unwrap();
+    let y = spatial::adaptive_max_pool2d(x, (1, 1)).unwrap();
+    assert_eq!(y.item().unwrap(), 7.0);
+    y.sum().unwrap().backward().unwrap();
+    let grad = x.grad().unwrap().unwrap().to_vec::<f64>().unwrap();
+    assert_eq!(grad.iter().position(|&v| v == 1.0), Some(15));
+    assert_eq!(grad.iter().sum::<f64>(), 1.0);
+    assert!(spatial::adaptive_max_pool2d(x, (0, 1)).is_err());
+}
