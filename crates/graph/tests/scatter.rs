@@ -193,3 +193,69 @@ fn bad_indices_and_shapes_are_typed_errors() {
     // Nothing the user owns changed.
     assert_eq!(s.to_vec::<f64>().unwrap(), SELF);
 }
+
+#[test]
+fn scatter_reduce_amax_amin_share_the_gradient_among_ties_as_pytorch() {
+    // src with ties against self (5 at [2, 0]) and among itself (3, 3 at [0, 1]).
+    let src_ties = [0.5, -1.0, 3.0, 3.0, 4.0, -2.0, 5.0, 1.0];
+    type Want = (ScatterReduce, bool, [f64; 6], [f64; 6], [f64; 8]);
+    let cases: [Want; 4] = [
+        (
+            ScatterReduce::Amax,
+            true,
+            [3.0, 3.0, 3.0, 4.0, 5.0, 6.0],
+            [0.0, 0.0, 3.0, 4.0, 2.5, 6.0],
+            [0.0, 0.0, 1.0, 2.0, 0.0, 0.0, 2.5, 0.0],
+        ),
+        (
+            ScatterReduce::Amax,
+            false,
+            [3.0, 3.0, 3.0, -2.0, 5.0, 1.0],
+            [0.0, 0.0, 3.0, 0.0, 0.0, 0.0],
+            // PyTorch 2.15 gives src[3, 0] 2.5: it counts self's 5 among the ties though
+            // self is not included, and half the gradient is lost. All of it is src's here.
+            [0.0, 0.0, 1.0, 2.0, 0.0, 4.0, 5.0, 6.0],
+        ),
+        (
+            ScatterReduce::Amin,
+            true,
+            [1.0, -1.0, 3.0, -2.0, 0.5, 1.0],
+            [1.0, 0.0, 3.0, 0.0, 0.0, 0.0],
+            [5.0, 2.0, 0.0, 0.0, 0.0, 4.0, 0.0, 6.0],
+        ),
+        (
+            ScatterReduce::Amin,
+            false,
+            [3.0, -1.0, 3.0, -2.0, 0.5, 1.0],
+            [0.0, 0.0, 3.0, 0.0, 0.0, 0.0],
+            [5.0, 2.0, 1.0, 0.0, 0.0, 4.0, 0.0, 6.0],
+        ),
+    ];
+    for (reduce, include_self, y_want, ds_want, dsrc_want) in cases {
+        let what = format!("{reduce:?} include_self={include_self}");
+        let g = Graph::new();
+        let s = g.leaf(&SELF, &[3, 2], DType::F64).unwrap();
+        let src = g.leaf(&src_ties, &[4, 2], DType::F64).unwrap();
+        let i = g.from_slice(&IDX2, &[4, 2]).unwrap();
+        let y = s.scatter_reduce(0, i, src, reduce, include_self).unwrap();
+        close(&what, &y.to_vec::<f64>().unwrap(), &y_want);
+        let w = g.from_f64(&W, &[3, 2], DType::F64).unwrap();
+        y.mul(w).unwrap().sum().unwrap().backward().unwrap();
+        let grad = |t: Tensor<'_>| t.grad().unwrap().unwrap().to_vec::<f64>().unwrap();
+        close(&format!("{what} d/dself"), &grad(s), &ds_want);
+        close(&format!("{what} d/dsrc"), &grad(src), &dsrc_want);
+    }
+    // Without ties the gradient passes finite differences to second order.
+    let inputs = [
+        HostTensor::from_f64(&SELF, &[3, 2], DType::F64).unwrap(),
+        HostTensor::from_f64(&SRC, &[4, 2], DType::F64).unwrap(),
+    ];
+    let f = check_fn(|g, x| {
+        let i = g.from_slice(&IDX2, &[4, 2])?;
+        let y = x[0].scatter_reduce(0, i, x[1], ScatterReduce::Amax, true)?;
+        y.mul(y)?.sum()
+    });
+    let opts = GradcheckOptions::default();
+    assert!(gradcheck(f, &inputs, opts).unwrap().passed);
+    assert!(gradgradcheck(f, &inputs, opts).unwrap().passed);
+}

@@ -209,6 +209,13 @@ pub enum ScatterReduce {
     /// Their mean (`"mean"`): with `include_self`, self counts as one of them; a position no
     /// value lands on keeps self's value.
     Mean,
+    /// Their maximum (`"amax"`); the gradient is shared evenly among the values equal to it
+    /// (self among them with `include_self`), as PyTorch's. Without `include_self`, PyTorch
+    /// still counts a self equal to the maximum among the ties and so drops its share of the
+    /// gradient; here the values that were reduced share all of it.
+    Amax,
+    /// Their minimum (`"amin"`), the gradient shared as for [`ScatterReduce::Amax`].
+    Amin,
 }
 
 impl<'g> Tensor<'g> {
@@ -308,11 +315,11 @@ impl<'g> Tensor<'g> {
         Ok((ax, self.checked_indices(op, index, ax, &shape)?))
     }
 
-    /// PyTorch's `scatter_reduce(dim, index, src, reduce, include_self)` for `"sum"` and
-    /// `"mean"` ([`ScatterReduce`]), `index` shaped as in [`Tensor::scatter_add`]. The mean
-    /// divides by the number of values landing on each position (plus one for self with
-    /// `include_self`) — PyTorch's integer dtypes' floor division is not reproduced: the
-    /// floating dtypes are taken.
+    /// PyTorch's `scatter_reduce(dim, index, src, reduce, include_self)` ([`ScatterReduce`]:
+    /// sum, mean, amax, amin), `index` shaped as in [`Tensor::scatter_add`]. A position no value
+    /// lands on keeps self's value whatever `include_self`. The mean divides by the number of
+    /// values landing on each position (plus one for self with `include_self`) — PyTorch's
+    /// floor division for integer dtypes is not reproduced: the floating dtypes are taken.
     pub fn scatter_reduce(
         self,
         axis: isize,
@@ -324,6 +331,9 @@ impl<'g> Tensor<'g> {
         const OP: &str = "scatter_reduce";
         let (ax, idx) = self.scatter_indices(OP, axis, index, src)?;
         let full = crate::shape::copy_of(&self.try_shape()?);
+        if matches!(reduce, ScatterReduce::Amax | ScatterReduce::Amin) {
+            return self.scatter_extreme((ax, idx, full), src, reduce, include_self);
+        }
         let landed = src.scatter_add_into(ax, idx.clone(), full.clone())?;
         let base = if include_self {
             self
@@ -340,7 +350,7 @@ impl<'g> Tensor<'g> {
         };
         let sum = base.add(landed)?;
         match reduce {
-            ScatterReduce::Sum => Ok(sum),
+            ScatterReduce::Sum | ScatterReduce::Amax | ScatterReduce::Amin => Ok(sum),
             ScatterReduce::Mean => {
                 let counts = {
                     let _no_grad = self.g.no_grad();
@@ -354,5 +364,89 @@ impl<'g> Tensor<'g> {
                 sum.div(counts)
             }
         }
+    }
+
+    /// `amax`/`amin` of [`Tensor::scatter_reduce`]: the extremes found on the host, then the
+    /// output written differentiably as `(self·s + Σ src·t) / N`, where `s` and `t` mark the
+    /// values equal to their position's extreme and `N` counts them — the extreme itself, with
+    /// PyTorch's gradient (shared evenly among the ties).
+    fn scatter_extreme(
+        self,
+        (ax, idx, full): (usize, std::sync::Arc<[usize]>, crate::shape::Shape),
+        src: Tensor<'g>,
+        reduce: ScatterReduce,
+        include_self: bool,
+    ) -> Result<Tensor<'g>> {
+        let g = self.g;
+        let (sv, xv) = (self.to_vec_f64()?, src.to_vec_f64()?);
+        let ishape = src.try_shape()?;
+        let outer: usize = full[..ax].iter().product();
+        let (ext, iext) = (full[ax], ishape[ax]);
+        let inner: usize = full[ax + 1..].iter().product();
+        let better = |a: f64, b: f64| {
+            // NaN wins, as it propagates.
+            b.is_nan() || (!a.is_nan() && if reduce == ScatterReduce::Amax { b > a } else { b < a })
+        };
+        // The position of self that element `p` (at `o`, `t` around the axis) lands on.
+        let at = |p: usize, o: usize, t: usize| (o * ext + idx[p]) * inner + t;
+        let mut best: Vec<Option<f64>> = if include_self {
+            sv.iter().map(|&v| Some(v)).collect()
+        } else {
+            vec![None; sv.len()]
+        };
+        for o in 0..outer {
+            for j in 0..iext {
+                for t in 0..inner {
+                    let p = (o * iext + j) * inner + t;
+                    let q = at(p, o, t);
+                    best[q] = Some(match best[q] {
+                        Some(b) if !better(b, xv[p]) => b,
+                        _ => xv[p],
+                    });
+                }
+            }
+        }
+        // Where nothing landed (without self), self stays: its mark is 1.
+        let result: Vec<f64> = best.iter().zip(&sv).map(|(b, &v)| b.unwrap_or(v)).collect();
+        let same = |a: f64, b: f64| a == b || (a.is_nan() && b.is_nan());
+        let self_mark: Vec<f64> = best
+            .iter()
+            .zip(&sv)
+            .zip(&result)
+            .map(|((b, &v), &r)| {
+                f64::from(u8::from(b.is_none() || (include_self && same(v, r))))
+            })
+            .collect();
+        let mut src_mark = vec![0.0; xv.len()];
+        let mut count = self_mark.clone();
+        for o in 0..outer {
+            for j in 0..iext {
+                for t in 0..inner {
+                    let p = (o * iext + j) * inner + t;
+                    let q = at(p, o, t);
+                    if same(xv[p], result[q]) {
+                        src_mark[p] = 1.0;
+                        count[q] += 1.0;
+                    }
+                }
+            }
+        }
+        let dt = self.dtype();
+        let share: Vec<f64> = self_mark.iter().zip(&count).map(|(m, c)| m / c).collect();
+        let src_share: Vec<f64> = (0..xv.len())
+            .map(|p| {
+                src_mark[p] / count[at(p, p / (iext * inner), p % inner)]
+            })
+            .collect();
+        let dev = self.device();
+        let share = g.from_f64(&share, &full, dt)?.to_device(dev)?;
+        let src_share = g.from_f64(&src_share, &ishape, dt)?.to_device(dev)?;
+        let shared = self
+            .mul(share)?
+            .add(src.mul(src_share)?.scatter_add_into(ax, idx, full.clone())?)?;
+        // The extreme exactly (the shares' sum may be an ulp off it), the gradient through
+        // the shares: `r + (d − detach(d))`.
+        let r = g.from_f64(&result, &full, dt)?.to_device(dev)?;
+        r.add(shared.sub(shared.detach()?)?)
     }
 }
