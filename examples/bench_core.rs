@@ -12,7 +12,10 @@
 //! The scatter row: message passing's sum, `index_add` of 10⁶ edge messages `[E, 64]` into 10⁵
 //! nodes, forward and backward.
 //!
-//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,w5,w6,ckpt,bf16,amp,topk,scatter] [--busy-thread]`
+//! The convt rows: a U-Net's upsampling, `ConvTranspose2d` 64→32 at 14×14 → 28×28, batch 64,
+//! forward and backward, with kernel 4, stride 2, padding 1 (DDPM's) and kernel 2, stride 2.
+//!
+//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,w5,w6,ckpt,bf16,amp,topk,scatter,convt] [--busy-thread]`
 //! Threads: `ARENAGRAD_NUM_THREADS` (default: the CPUs this process may use). `--busy-thread`
 //! keeps one more thread of the process busy all along, as an application's own work would
 //! (`scripts/contention.py` measures the slowdown it causes).
@@ -296,7 +299,7 @@ struct Args {
     /// Only these workloads, comma-separated: w1 (randn-matmul loop and GEMM), w2, w3, w4, cnn,
     /// attn, gpt, lstm (W5 and W6, fused and as cells, and a long stream), w5 and w6 (the fused
     /// layer alone), ckpt, bf16 (the bf16 product), amp (the GPT step under bf16 autocast)
-    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "w5", "w6", "ckpt", "bf16", "amp", "topk", "scatter"])]
+    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "w5", "w6", "ckpt", "bf16", "amp", "topk", "scatter", "convt"])]
     only: Vec<String>,
     /// Keep one more thread busy (a loop of arithmetic) while the workloads run, as an
     /// application's own thread would
@@ -489,6 +492,17 @@ fn main() {
             topk_micros(if quick { 50 } else { 500 })
         );
     }
+    if run("convt") {
+        let reps = if quick { 3 } else { 20 };
+        println!(
+            "| convt: ConvTranspose2d 64→32 k4 s2 p1, 14²→28², b64, fwd+bwd | {:.2} ms | |",
+            convt_ms((4, 1), reps)
+        );
+        println!(
+            "| convt: ConvTranspose2d 64→32 k2 s2, 14²→28², b64, fwd+bwd | {:.2} ms | |",
+            convt_ms((2, 0), reps)
+        );
+    }
     if run("scatter") {
         println!(
             "| scatter: index_add of 10^6 edges x 64 into 10^5 nodes, fwd+bwd | {:.1} ms | |",
@@ -534,6 +548,36 @@ fn scatter_ms(reps: usize) -> f64 {
         g.reset();
     }
     median(times[2..].to_vec())
+}
+
+/// Median ms of a transposed convolution 64→32 (kernel `k`, stride 2, padding `p`) on
+/// `[64, 64, 14, 14]` f32, forward and `Σ y²` backward to the input and the weights.
+fn convt_ms((k, p): (usize, usize), reps: usize) -> f64 {
+    use arenagrad::nn::{ConvTranspose2d, ConvTransposeConfig};
+    let mut rng = Rng::seed(3);
+    let cfg = ConvTransposeConfig {
+        stride: (2, 2),
+        padding: (p, p),
+        ..Default::default()
+    };
+    let layer = ConvTranspose2d::new(64, 32, (k, k), cfg, &mut rng).expect("layer");
+    let mut g = Graph::new();
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps + 3 {
+        let x = g.randn(&[64, 64, 14, 14], DType::F32).expect("x");
+        let x = x.set_requires_grad(true).expect("leaf");
+        let t = Instant::now();
+        let y = layer.forward(&g, x).expect("forward");
+        y.mul(y)
+            .and_then(|s| s.sum())
+            .expect("loss")
+            .backward()
+            .expect("backward");
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        layer.zero_grad();
+        g.reset();
+    }
+    median(times[3..].to_vec())
 }
 
 /// Median µs of `Tensor::topk(50)` over 50,000 random f32 logits `[1, 50000]` (values and

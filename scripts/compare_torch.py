@@ -5,7 +5,7 @@ Runs `bench_core` (built first with `cargo build --release --example bench_core`
 workloads in PyTorch in this process, and prints one table with both figures and their ratio.
 The machine's speed drifts between runs; the ratio measured in one run is the figure to compare.
 
-    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,bf16,amp,topk,scatter] [--candle] [--rounds N]
+    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,bf16,amp,topk,scatter,convt] [--candle] [--rounds N]
 
 `--rounds N` alternates the two sides N times (arenagrad's run, then PyTorch's, and again) and
 prints the medians, and the median of each round's ratio: on a machine whose speed drifts over
@@ -27,6 +27,8 @@ Workloads (the same definitions as `examples/bench_core.rs`):
   and SGD (lr 0.01): one training step (zero_grad, forward, loss, backward, step), median of 50
   after 5 warm-up steps.
 * topk: the 50 largest of 50,000 random logits at batch 1 (sampling's step), µs.
+* convt: a U-Net's upsampling, ConvTranspose2d 64->32 at 14x14, b64, fwd+bwd, kernel 4 stride 2
+  padding 1 and kernel 2 stride 2, ms.
 * scatter: message passing's sum, 10^6 edge messages x 64 added into 10^5 nodes, fwd+bwd, ms.
 * CNN: the Fashion-MNIST example's net, one Adam step on 64 random images (as
   `scripts/torch_cnn_step.py`).
@@ -175,6 +177,24 @@ def torch_topk(torch, quick):
     return median(times[10:])
 
 
+def torch_convt(torch, quick):
+    """ConvTranspose2d 64→32 at 14x14, batch 64, forward and backward of sum(y^2) to the input
+    and the weights: median ms for kernel 4 stride 2 padding 1, and kernel 2 stride 2."""
+    out = {}
+    torch.manual_seed(3)
+    for key, k, p in (("convt_k4", 4, 1), ("convt_k2", 2, 0)):
+        layer = torch.nn.ConvTranspose2d(64, 32, k, stride=2, padding=p)
+        times = []
+        for _ in range(3 + (3 if quick else 20)):
+            x = torch.randn(64, 64, 14, 14, requires_grad=True)
+            t0 = time.perf_counter()
+            (layer(x) ** 2).sum().backward()
+            times.append(time.perf_counter() - t0)
+            layer.zero_grad()
+        out[key] = median(times[3:]) * 1e3
+    return out
+
+
 def torch_scatter(torch, quick):
     """Message passing's sum: 10^6 edge messages [E, 64] added into 10^5 nodes, forward and
     backward of sum(out^2), median seconds; PyTorch's faster of its two forms, index_add and
@@ -280,6 +300,8 @@ ROWS = [
     ("attn", "| causal attention [32, 4, 128, 32] fwd+bwd, fused", "ms"),
     ("topk", "| top-k 50 of 50,000 logits", "µs"),
     ("scatter", "| scatter: index_add of 10^6 edges", "ms"),
+    ("convt_k4", "| convt: ConvTranspose2d 64→32 k4 s2 p1", "ms"),
+    ("convt_k2", "| convt: ConvTranspose2d 64→32 k2 s2,", "ms"),
     ("gpt", "| char GPT step (", "ms"),
     ("gpt_gen", "| char GPT generation, batch 1", "tokens/s"),
     ("gpt_amp", "| char GPT step under bf16 autocast |", "ms"),
@@ -308,6 +330,8 @@ LABELS = {
     "attn": "causal attention [32, 4, 128, 32] fwd+bwd (PyTorch's SDPA), ms",
     "topk": "top-k 50 of 50,000 logits, batch 1 (torch.topk), µs",
     "scatter": "index_add of 10^6 edges x 64 into 10^5 nodes, fwd+bwd (PyTorch's faster of index_add and scatter_add), ms",
+    "convt_k4": "ConvTranspose2d 64→32 k4 s2 p1, 14²→28², b64, fwd+bwd, ms",
+    "convt_k2": "ConvTranspose2d 64→32 k2 s2, 14²→28², b64, fwd+bwd, ms",
     "gpt": "char GPT training step (4×128, ctx 128, b32, AdamW, clip), ms",
     "gpt_gen": "char GPT generation, batch 1, key/value cache, tokens/s (higher is better)",
     "gpt_amp": "char GPT training step under bf16 autocast (torch.autocast on the CPU), ms",
@@ -389,6 +413,8 @@ def main():
             theirs["topk"] = torch_topk(torch, args.quick) * 1e6
         if "scatter" in only:
             theirs["scatter"] = torch_scatter(torch, args.quick) * 1e3
+        if "convt" in only:
+            theirs.update(torch_convt(torch, args.quick))
         if "gpt" in only:
             step, tps = torch_gpt(torch, args.quick)
             theirs["gpt"], theirs["gpt_gen"] = step * 1e3, tps

@@ -273,7 +273,9 @@ pub fn adaptive_max_pool2d<'g>(x: Tensor<'g>, size: (usize, usize)) -> Result<Te
         let parts = (0..out)
             .map(|i| {
                 let (a, b) = window(i, n, out);
-                Ok(t.slice(axis as isize, a, b)?.max_dim(axis as isize, true)?.0)
+                Ok(t.slice(axis as isize, a, b)?
+                    .max_dim(axis as isize, true)?
+                    .0)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(g.concat(&parts, axis as isize)?)
@@ -749,6 +751,36 @@ pub fn conv_transpose2d<'g>(
             Some(b) => y.add(b.reshape(&[1, cout, 1, 1])?)?,
             None => y,
         });
+    }
+    // The output's extents: (H − 1)·s − 2p + d·(k − 1) + output padding + 1.
+    let out_of = |n: usize, s: usize, p: usize, d: usize, k: usize, op: usize| {
+        ((n - 1) * s + d * (k - 1) + op + 1).checked_sub(2 * p)
+    };
+    let out_hw = (
+        out_of(h, stride.0, padding.0, dilation.0, kh, output_padding.0),
+        out_of(w, stride.1, padding.1, dilation.1, kw, output_padding.1),
+    );
+    if let ((Some(ho), Some(wo)), true) = (
+        out_hw,
+        output_padding.0 < stride.0 && output_padding.1 < stride.1,
+    ) {
+        if ho > 0 && wo > 0 {
+            // The adjoint of a convolution: each input pixel's channels times the weight give
+            // a patch per position, `[C_out·kh·kw, H·W]` per image (one batched product per
+            // group), and col2im adds the patches into the output — the windows of the
+            // convolution that the output image would make, which number H·W exactly.
+            let (n, gi, cin_g) = (xs[0] as isize, groups as isize, (cin / groups) as isize);
+            let patch = (cout_g * kh * kw) as isize;
+            let wt = weight.reshape(&[gi, cin_g, patch])?.permute(&[0, 2, 1])?;
+            let cols = wt
+                .matmul(x.reshape(&[n, gi, cin_g, (h * w) as isize])?)?
+                .reshape(&[n, gi * patch, (h * w) as isize])?;
+            let y = cols.fold2d((ho, wo), (kh, kw), stride, padding, dilation)?;
+            return Ok(match bias {
+                Some(b) => y.add(b.reshape(&[1, (cout_g * groups) as isize, 1, 1])?)?,
+                None => y,
+            });
+        }
     }
     let g = x.graph();
     // [C_in, C_out/g, kh, kw] → [C_out, C_in/g, kh, kw], flipped in space.

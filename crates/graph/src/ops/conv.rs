@@ -123,6 +123,45 @@ impl<'g> Tensor<'g> {
         self.unfold_win(win, shape[0])
     }
 
+    /// col2im, the adjoint of [`Tensor::unfold2d`] (PyTorch's `F.fold`): patches `[N, C·kh·kw,
+    /// L]` summed into an image `[N, C, H, W]` of `output` size `(H, W)`, where `L` is the
+    /// number of windows `unfold2d` makes of such an image. Overlapping windows add.
+    pub fn fold2d(
+        self,
+        output: (usize, usize),
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+        dilation: (usize, usize),
+    ) -> Result<Tensor<'g>> {
+        let op = "fold";
+        let shape = self.try_shape()?;
+        let patch = kernel.0.saturating_mul(kernel.1);
+        let &[n, rows, l] = &shape[..] else {
+            return Err(GraphError::BadArgument {
+                op,
+                what: "expects patches of shape [N, C·kh·kw, L]",
+            });
+        };
+        if patch == 0 || !rows.is_multiple_of(patch) {
+            return Err(GraphError::BadArgument {
+                op,
+                what: "the patch rows must be a multiple of kh·kw",
+            });
+        }
+        let image = [n, rows / patch, output.0, output.1];
+        let win = window(op, &image, kernel, stride, padding, dilation)?;
+        let (ho, wo) = win.out_hw().expect("invariant: checked window");
+        if ho.checked_mul(wo) != Some(l) {
+            return Err(GraphError::ShapeMismatch {
+                op,
+                lhs: shape.to_vec(),
+                rhs: image.to_vec(),
+            });
+        }
+        self.fold_win(win, n)
+    }
+
     fn unfold_win(self, win: Window, n: usize) -> Result<Tensor<'g>> {
         let threads = self.g.threads();
         let (ho, wo) = win.out_hw().expect("invariant: checked window");

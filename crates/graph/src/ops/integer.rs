@@ -385,7 +385,13 @@ impl<'g> Tensor<'g> {
         let inner: usize = full[ax + 1..].iter().product();
         let better = |a: f64, b: f64| {
             // NaN wins, as it propagates.
-            b.is_nan() || (!a.is_nan() && if reduce == ScatterReduce::Amax { b > a } else { b < a })
+            b.is_nan()
+                || (!a.is_nan()
+                    && if reduce == ScatterReduce::Amax {
+                        b > a
+                    } else {
+                        b < a
+                    })
         };
         // The position of self that element `p` (at `o`, `t` around the axis) lands on.
         let at = |p: usize, o: usize, t: usize| (o * ext + idx[p]) * inner + t;
@@ -413,9 +419,7 @@ impl<'g> Tensor<'g> {
             .iter()
             .zip(&sv)
             .zip(&result)
-            .map(|((b, &v), &r)| {
-                f64::from(u8::from(b.is_none() || (include_self && same(v, r))))
-            })
+            .map(|((b, &v), &r)| f64::from(u8::from(b.is_none() || (include_self && same(v, r)))))
             .collect();
         let mut src_mark = vec![0.0; xv.len()];
         let mut count = self_mark.clone();
@@ -434,16 +438,16 @@ impl<'g> Tensor<'g> {
         let dt = self.dtype();
         let share: Vec<f64> = self_mark.iter().zip(&count).map(|(m, c)| m / c).collect();
         let src_share: Vec<f64> = (0..xv.len())
-            .map(|p| {
-                src_mark[p] / count[at(p, p / (iext * inner), p % inner)]
-            })
+            .map(|p| src_mark[p] / count[at(p, p / (iext * inner), p % inner)])
             .collect();
         let dev = self.device();
         let share = g.from_f64(&share, &full, dt)?.to_device(dev)?;
         let src_share = g.from_f64(&src_share, &ishape, dt)?.to_device(dev)?;
-        let shared = self
-            .mul(share)?
-            .add(src.mul(src_share)?.scatter_add_into(ax, idx, full.clone())?)?;
+        let shared = self.mul(share)?.add(src.mul(src_share)?.scatter_add_into(
+            ax,
+            idx,
+            full.clone(),
+        )?)?;
         // The extreme exactly (the shares' sum may be an ulp off it), the gradient through
         // the shares: `r + (d − detach(d))`.
         let r = g.from_f64(&result, &full, dt)?.to_device(dev)?;
