@@ -133,7 +133,16 @@ pub fn apply_default<'g>(
             op: "program",
             what: "a leaf is not an op",
         }),
-        Expr::Binary { op, .. } => arg(0)?.binary(*op, arg(1)?),
+        // A program has one dtype: a comparison's bool mask becomes 0/1 in it.
+        Expr::Binary { op, .. } => {
+            let a = arg(0)?;
+            let y = a.binary(*op, arg(1)?)?;
+            if y.dtype() == DType::Bool {
+                y.to_dtype(a.dtype())
+            } else {
+                Ok(y)
+            }
+        }
         Expr::Unary { op, .. } => arg(0)?.unary(*op),
         Expr::Op { op, params, .. } => {
             if op.accepts(args.len(), params).is_err() {

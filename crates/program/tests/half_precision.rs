@@ -47,12 +47,6 @@ fn run(p: &Program, dtype: DType) -> RunResult {
 /// Each of `got`'s elements against `want`'s rounded to `dtype`: NaN where it is NaN, an
 /// infinity where it is, and within the tolerance elsewhere. The worst excess, if any.
 fn compare(got: &HostTensor, want: &HostTensor, dtype: DType) -> Result<(), String> {
-    // A comparison's result is bool whatever its operands' dtype.
-    let dtype = if got.dtype() == DType::Bool {
-        DType::Bool
-    } else {
-        dtype
-    };
     assert_eq!(got.dtype(), dtype);
     let want = want.to_dtype(dtype).unwrap().to_f64_vec();
     let got = got.to_f64_vec();

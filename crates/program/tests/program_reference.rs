@@ -798,6 +798,17 @@ fn leaf_cases() -> Vec<Case> {
             grads: vec![("x", vec![1.0, 1.0])],
         },
         Case {
+            // A comparison's mask is 0/1 in the program's dtype, which every op takes (the
+            // engine's bool would refuse `neg`, as PyTorch's does).
+            name: "a mask negated",
+            text: input("x", &[3], &X)
+                + &constant("z", &[3], &[0.0; 3])
+                + "m = gt x z\nn = neg m\ny = mul n x\n",
+            out_shape: vec![3],
+            out: vec![-0.5, 0.0, -2.0],
+            grads: vec![("x", vec![-1.0, 0.0, -1.0])],
+        },
+        Case {
             name: "a chain with a shared operand",
             // y = tanh(x)·x + x: dy/dx = (1 − tanh²x)·x + tanh x + 1.
             text: input("x", &[3], &X) + "t = tanh x\np = mul t x\ny = add p x\n",
