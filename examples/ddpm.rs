@@ -198,9 +198,8 @@ impl UNet {
         let u2 = self.up2_block.run(g, g.concat(&[u2, h2], 1)?, temb)?;
         let u1 = self.up1.forward(g, u2)?; // c, 28
         let u1 = self.up1_block.run(g, g.concat(&[u1, h1], 1)?, temb)?;
-        Ok(self
-            .conv_out
-            .forward(g, self.norm_out.forward(g, u1)?.silu()?)?)
+        self.conv_out
+            .forward(g, self.norm_out.forward(g, u1)?.silu()?)
     }
 }
 
