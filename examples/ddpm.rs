@@ -376,7 +376,14 @@ fn picture(
             losses[lo..=k].iter().sum::<f64>() / (k + 1 - lo) as f64
         })
         .collect();
-    let hi = smooth.iter().cloned().fold(0.0f64, f64::max).max(1e-3) * 1.05;
+    // The axis spans twice the highest loss after the first twentieth of the steps, so the
+    // long tail is readable; the first steps' larger losses run off the top.
+    let hi = smooth[smooth.len() / 20..]
+        .iter()
+        .cloned()
+        .fold(0.0f64, f64::max)
+        .max(1e-3)
+        * 2.0;
     let mut chart = ChartBuilder::on(&right)
         .caption(
             "Training loss (noise MSE, 50-step mean)",
@@ -393,7 +400,7 @@ fn picture(
         .label_style(("sans-serif", 15))
         .draw()?;
     chart.draw_series(LineSeries::new(
-        smooth.iter().enumerate().map(|(k, &v)| (k, v)),
+        smooth.iter().enumerate().map(|(k, &v)| (k, v.min(hi))),
         BLUE,
     ))?;
     root.present()?;
@@ -464,6 +471,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     setup::check_writable("the picture", "--out", &args.out)?;
     let (train, _) = fashion::datasets(&args.data, None, false)?;
+    if args.batch > train.len() {
+        return Err(setup::fail(format!(
+            "--batch {} is more than the {} training images",
+            args.batch,
+            train.len()
+        )));
+    }
     println!(
         "U-Net with {n_params} parameters; {} training images; {} steps of {}",
         train.len(),
