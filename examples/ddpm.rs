@@ -44,7 +44,8 @@ const TIME_DIM: usize = 128;
 /// Channel groups of every group normalisation.
 const GROUPS: usize = 8;
 
-type Res<T> = std::result::Result<T, NnError>;
+/// The example's results.
+pub type Res<T> = std::result::Result<T, NnError>;
 
 /// GroupNorm → SiLU → conv 3×3, twice, the time embedding added per channel in between, and a
 /// 1×1 convolution on the shortcut when the width changes.
@@ -129,7 +130,7 @@ impl AttnBlock {
 /// The U-Net: 28×28 (c) → 14×14 (2c) → 7×7 (2c) with attention → back up with skips.
 #[derive(Module)]
 #[module(forward = "Self::needs_time")]
-struct UNet {
+pub struct UNet {
     time1: Linear,
     time2: Linear,
     conv_in: Conv2d,
@@ -149,7 +150,8 @@ struct UNet {
 }
 
 impl UNet {
-    fn new(c: usize, rng: &mut Rng) -> Res<Self> {
+    /// A U-Net of `c` channels at full resolution (a multiple of 8), f32.
+    pub fn new(c: usize, rng: &mut Rng) -> Res<Self> {
         let up = ConvTransposeConfig {
             stride: (2, 2),
             ..Default::default()
@@ -185,7 +187,7 @@ impl UNet {
     }
 
     /// The predicted noise of images `x` `[B, 1, 28, 28]` at time steps `t` (one per image).
-    fn predict_noise<'g>(&self, g: &'g Graph, x: Tensor<'g>, t: &[usize]) -> Res<Tensor<'g>> {
+    pub fn predict_noise<'g>(&self, g: &'g Graph, x: Tensor<'g>, t: &[usize]) -> Res<Tensor<'g>> {
         let feats = g.from_slice(&time_features(t), &[t.len(), TIME_FEATURES])?;
         let temb = self.time1.forward(g, feats)?.silu()?;
         let temb = self.time2.forward(g, temb)?.silu()?;
@@ -219,13 +221,14 @@ fn time_features(t: &[usize]) -> Vec<f32> {
 }
 
 /// The noise schedule: βₜ, αₜ = 1 − βₜ, ᾱₜ = Πα.
-struct Schedule {
+pub struct Schedule {
     beta: Vec<f64>,
     alpha_bar: Vec<f64>,
 }
 
 impl Schedule {
-    fn linear() -> Self {
+    /// The paper's: β from 10⁻⁴ to 0.02, linearly over the steps.
+    pub fn linear() -> Self {
         let beta: Vec<f64> = (0..T)
             .map(|k| 1e-4 + (0.02 - 1e-4) * k as f64 / (T - 1) as f64)
             .collect();
@@ -240,7 +243,7 @@ impl Schedule {
 }
 
 /// One training step on images `x0` (`[B, 1, 28, 28]` in `[−1, 1]`): the loss.
-fn train_step(
+pub fn train_step(
     g: &mut Graph,
     model: &UNet,
     opt: &mut Adam,
@@ -437,6 +440,7 @@ struct Args {
     bench: Option<usize>,
 }
 
+#[allow(dead_code)] // tests/ddpm_learns.rs includes this file without calling main
 fn main() -> std::process::ExitCode {
     setup::report(run)
 }
