@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use arenagrad_graph::{CustomOp, DType, Graph, Tensor};
+use arenagrad_graph::{CustomOp, Graph, Tensor};
 
 use crate::error::{config, input_shape, NnError, Result};
 
@@ -273,15 +273,7 @@ fn target_values(
     targets: Tensor<'_>,
     ignore: Option<i64>,
 ) -> Result<(Vec<usize>, Option<i64>)> {
-    let dtype = targets.dtype();
-    if !matches!(dtype, DType::I64 | DType::I32 | DType::U8) {
-        return Err(arenagrad_graph::GraphError::UnsupportedDType { op, dtype }.into());
-    }
-    let raw: Vec<i64> = targets
-        .to_vec_f64()?
-        .into_iter()
-        .map(|v| v as i64)
-        .collect();
+    let raw = targets.integer_values(op)?;
     let mapped = match ignore {
         Some(ig) if ig < 0 && raw.contains(&ig) => {
             let t = raw

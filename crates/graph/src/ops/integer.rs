@@ -118,16 +118,8 @@ impl<'g> Tensor<'g> {
     /// This tensor's values as indices for `op`: an integer tensor (`i64`, `i32` or `u8`; a
     /// floating or `bool` one is refused, as PyTorch refuses it), no value negative.
     pub fn index_values(self, op: &'static str) -> Result<Vec<usize>> {
-        let dtype = self.dtype_of(op)?;
-        if !matches!(dtype, DType::I64 | DType::I32 | DType::U8) {
-            return Err(GraphError::UnsupportedDType { op, dtype });
-        }
-        let v: Vec<i64> = match dtype {
-            DType::I64 => self.to_vec::<i64>()?,
-            DType::I32 => self.to_vec::<i32>()?.into_iter().map(i64::from).collect(),
-            _ => self.to_vec::<u8>()?.into_iter().map(i64::from).collect(),
-        };
-        v.into_iter()
+        self.integer_values(op)?
+            .into_iter()
             .map(|k| {
                 usize::try_from(k).map_err(|_| GraphError::BadArgument {
                     op,
@@ -135,6 +127,18 @@ impl<'g> Tensor<'g> {
                 })
             })
             .collect()
+    }
+
+    /// This tensor's values as `i64`, exactly, for `op`: an integer tensor (`i64`, `i32` or
+    /// `u8`; a floating or `bool` one is refused). What reads indices or class targets that
+    /// may hold a negative marker (−100) reads them through here.
+    pub fn integer_values(self, op: &'static str) -> Result<Vec<i64>> {
+        match self.dtype_of(op)? {
+            DType::I64 => self.to_vec::<i64>(),
+            DType::I32 => Ok(self.to_vec::<i32>()?.into_iter().map(i64::from).collect()),
+            DType::U8 => Ok(self.to_vec::<u8>()?.into_iter().map(i64::from).collect()),
+            dtype => Err(GraphError::UnsupportedDType { op, dtype }),
+        }
     }
 
     /// [`Tensor::gather`] with the indices in an integer tensor (PyTorch's `gather(dim, index)`):
