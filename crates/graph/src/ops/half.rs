@@ -77,7 +77,9 @@ impl<'g> Tensor<'g> {
 
     /// The op `f` on `xs`, run in the operands' compute dtype and its result stored in their
     /// promoted dtype (see the module documentation). An op's core calls this once it has seen
-    /// a 16-bit operand; the casts are ordinary recorded ops, so the gradient follows them back.
+    /// a 16-bit operand (computed in f32) or, for the integer arithmetic that keeps its dtype,
+    /// an integer one (computed in f64); the casts are ordinary recorded ops, so the gradient
+    /// follows them back.
     pub(crate) fn lower<const N: usize>(
         xs: [Tensor<'g>; N],
         f: impl FnOnce([Tensor<'g>; N]) -> Result<Tensor<'g>>,

@@ -62,10 +62,8 @@ impl<'g> Tensor<'g> {
                 let (a, b) = in_dtype(DType::F64)?;
                 a.binary(op, b)
             }
-            _ => {
-                let (a, b) = in_dtype(DType::F64)?;
-                a.binary(op, b)?.to_dtype(p)
-            }
+            // In f64 (their compute dtype), stored back in the promoted integer dtype.
+            _ => Tensor::lower([self, other], |[a, b]| a.binary(op, b)),
         }
     }
 
@@ -84,7 +82,7 @@ impl<'g> Tensor<'g> {
             _ => false,
         };
         if keeps {
-            self.to_dtype(DType::F64)?.unary(op)?.to_dtype(d)
+            Tensor::lower([self], |[x]| x.unary(op))
         } else {
             self.to_dtype(DType::F32)?.unary(op)
         }

@@ -22,18 +22,15 @@ impl<'g> Tensor<'g> {
             let n = i.node(name, self.id)?;
             (copy_of(&n.shape), n.dtype, n.device(), n.buf)
         };
-        // Integers sum to i64 (PyTorch's rule) and keep their dtype under max, computed in f64.
+        // Integers are computed in f64: a maximum is lowered (stored back in its dtype), a sum
+        // is stored as i64 (PyTorch's rule).
         if dtype.is_integer() {
             drop(guard);
-            let out = if op == ReduceOp::Sum {
-                DType::I64
-            } else {
-                dtype
-            };
-            return self
-                .to_dtype(DType::F64)?
-                .reduce(op, axes, keepdim)?
-                .to_dtype(out);
+            if op == ReduceOp::Sum {
+                let sum = self.to_dtype(DType::F64)?.reduce(op, axes, keepdim)?;
+                return sum.to_dtype(DType::I64);
+            }
+            return Tensor::lower([self], |[x]| x.reduce(op, axes, keepdim));
         }
         // A 16-bit sum runs the f32 kernel on a scratch widening (no recorded f32 copy); the
         // maximum's backward compares and counts ties, which stays with the f32 rule.
@@ -179,13 +176,9 @@ impl<'g> Tensor<'g> {
                 what: "min over an empty axis has no value",
             });
         }
-        let dtype = self.dtype_of("min")?;
-        if dtype.is_integer() {
-            // −x would wrap in u8 and is refused for bool: through f64.
-            return self
-                .to_dtype(DType::F64)?
-                .min_axes(axes, keepdim)?
-                .to_dtype(dtype);
+        if self.dtype_of("min")?.is_integer() {
+            // −x would wrap in u8 and is refused for bool: lowered to f64.
+            return Tensor::lower([self], |[x]| x.min_axes(axes, keepdim));
         }
         self.neg()?.max_axes(axes, keepdim)?.neg()
     }
