@@ -336,28 +336,29 @@ impl<'g> Tensor<'g> {
         if matches!(reduce, ScatterReduce::Amax | ScatterReduce::Amin) {
             return self.scatter_extreme((ax, idx, full), src, reduce, include_self);
         }
-        let landed = src.scatter_add_into(ax, idx.clone(), full.clone())?;
-        let base = if include_self {
-            self
+        // How many values land on each position: needed by the mean, and without self by both
+        // (self is kept only where nothing lands). Made once, outside the recording.
+        let landed_count = if reduce == ScatterReduce::Mean || !include_self {
+            let _no_grad = self.g.no_grad();
+            let ones = self.g.ones(&src.try_shape()?, src.dtype())?;
+            Some(ones.scatter_add_into(ax, idx.clone(), full.clone())?)
         } else {
-            // Self is kept only where nothing lands.
-            let counts = {
-                let _no_grad = self.g.no_grad();
-                let ones = self.g.ones(&src.try_shape()?, src.dtype())?;
-                ones.scatter_add_into(ax, idx.clone(), full.clone())?
-            };
-            let zero = self.g.scalar(0.0, self.dtype())?;
-            let none = counts.eq(zero)?;
-            self.g.where_cond(none, self, zero)?
+            None
+        };
+        let landed = src.scatter_add_into(ax, idx, full)?;
+        let base = match landed_count {
+            Some(counts) if !include_self => {
+                let zero = self.g.scalar(0.0, self.dtype())?;
+                let none = counts.eq(zero)?;
+                self.g.where_cond(none, self, zero)?
+            }
+            _ => self,
         };
         let sum = base.add(landed)?;
-        match reduce {
-            ScatterReduce::Sum | ScatterReduce::Amax | ScatterReduce::Amin => Ok(sum),
-            ScatterReduce::Mean => {
+        match (reduce, landed_count) {
+            (ScatterReduce::Mean, Some(c)) => {
                 let counts = {
                     let _no_grad = self.g.no_grad();
-                    let ones = self.g.ones(&src.try_shape()?, src.dtype())?;
-                    let c = ones.scatter_add_into(ax, idx, full)?;
                     let c = if include_self { c.shift(1.0)? } else { c };
                     // A position nothing lands on (without self) divides by one.
                     let one = self.g.scalar(1.0, self.dtype())?;
@@ -365,6 +366,7 @@ impl<'g> Tensor<'g> {
                 };
                 sum.div(counts)
             }
+            _ => Ok(sum),
         }
     }
 
