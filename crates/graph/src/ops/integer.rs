@@ -177,20 +177,6 @@ impl<'g> Tensor<'g> {
             .indices(&idx, &self.extreme_shape("argmin", axis, keepdim)?)
     }
 
-    fn extreme_shape(self, op: &'static str, axis: isize, keepdim: bool) -> Result<Vec<usize>> {
-        let mut shape = self.try_shape()?.to_vec();
-        if shape.is_empty() {
-            return Ok(shape);
-        }
-        let ax = crate::shape::norm_axis(op, axis, &shape)?;
-        if keepdim {
-            shape[ax] = 1;
-        } else {
-            shape.remove(ax);
-        }
-        Ok(shape)
-    }
-
     /// One-hot rows of this integer tensor's values (PyTorch's `F.one_hot`): shape
     /// `[…self, classes]`, `i64`. A value not below `classes` is an error naming it.
     pub fn one_hot(self, classes: usize) -> Result<Tensor<'g>> {

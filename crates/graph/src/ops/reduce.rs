@@ -255,13 +255,33 @@ impl<'g> Tensor<'g> {
         if keepdim && !self.try_shape()?.is_empty() {
             return Ok((v, idx));
         }
-        let out: Vec<isize> = shape
+        let out: Vec<isize> = self
+            .extreme_shape(op, axis, keepdim)?
             .iter()
-            .enumerate()
-            .filter(|&(d, _)| d != ax)
-            .map(|(_, &e)| e as isize)
+            .map(|&e| e as isize)
             .collect();
         Ok((v.reshape(&out)?, idx))
+    }
+
+    /// The shape of a reduction along `axis` (`max_dim`, `argmax_dim`): the axis kept as 1
+    /// with `keepdim`, else dropped; a 0-D tensor's is 0-D either way.
+    pub(crate) fn extreme_shape(
+        self,
+        op: &'static str,
+        axis: isize,
+        keepdim: bool,
+    ) -> Result<Vec<usize>> {
+        let mut shape = self.try_shape()?.to_vec();
+        if shape.is_empty() {
+            return Ok(shape);
+        }
+        let ax = crate::shape::norm_axis(op, axis, &shape)?;
+        if keepdim {
+            shape[ax] = 1;
+        } else {
+            shape.remove(ax);
+        }
+        Ok(shape)
     }
 
     /// The vector `p`-norm over `axes` (empty means all), PyTorch's `linalg.vector_norm`:
