@@ -6,8 +6,8 @@ use arenagrad_exec::layout::broadcast_shapes;
 use arenagrad_exec::Positive;
 
 use super::{
-    all_ones, ax, axis, axis_at, axis_of, bad, count, gen_axis, int, norm_axis, reshape_to, same,
-    without, Arity, Gen, OpRow, Param, Refusal,
+    all_ones, ax, axis, axis_and_extent, axis_at, axis_of, bad, count, gen_axis, int, norm_axis,
+    reshape_to, same, without, Arity, Gen, OpRow, Param, Refusal,
 };
 
 /// `detach a`: the same values, with no gradient flowing back.
@@ -312,12 +312,7 @@ pub(super) const SLICE: OpRow = OpRow::new(
 ])
 .positive(Positive::IfInput)
 .gen(Gen::Params(|sa, [t0, t1, t2, t3]| {
-    let r = sa.len();
-    if r == 0 {
-        return None;
-    }
-    let axis = axis_of(r, t0, t3 & 1 == 1);
-    let ext = sa[norm_axis(axis, r)?];
+    let (axis, ext) = axis_and_extent(sa, t0, t3 & 1 == 1)?;
     if ext == 0 {
         return None;
     }

@@ -683,6 +683,17 @@ fn axis_of(r: usize, t: u8, neg: bool) -> i64 {
     }
 }
 
+/// An axis of a non-empty shape `s` from an attribute byte `t`, negative when `neg`, and its
+/// extent (`None` for a 0-D shape).
+fn axis_and_extent(s: &[usize], t: u8, neg: bool) -> Option<(i64, usize)> {
+    let r = s.len();
+    if r == 0 {
+        return None;
+    }
+    let axis = axis_of(r, t, neg);
+    Some((axis, s[norm_axis(axis, r)?]))
+}
+
 /// An axis of a non-empty rank from an attribute byte (sometimes written negative).
 fn gen_axis(s: &[usize], t: u8) -> Option<f64> {
     if s.is_empty() {

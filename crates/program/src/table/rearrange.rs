@@ -3,7 +3,7 @@
 
 use arenagrad_exec::Positive;
 
-use super::{ax, axis_at, axis_of, count, gen_axis, int, norm_axis, same, Gen, OpRow, Refusal};
+use super::{ax, axis_and_extent, axis_at, count, gen_axis, int, same, Gen, OpRow, Refusal};
 
 /// `flip a AXIS...`: reversed along each axis (an axis given twice flips back).
 pub(super) const FLIP: OpRow = OpRow::new(
@@ -130,11 +130,6 @@ pub(super) const TOPK: OpRow = OpRow::new(
 .kinked()
 .positive(Positive::IfInput)
 .gen(Gen::Params(|s, [t0, t1, t2, _]| {
-    let r = s.len();
-    if r == 0 {
-        return None;
-    }
-    let axis = axis_of(r, t0, t2 & 1 == 1);
-    let ext = s[norm_axis(axis, r)?];
+    let (axis, ext) = axis_and_extent(s, t0, t2 & 1 == 1)?;
     Some(vec![(usize::from(t1) % (ext + 1)) as f64, axis as f64])
 }));
