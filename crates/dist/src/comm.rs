@@ -257,7 +257,9 @@ pub(crate) fn divide(buf: &mut HostData, world: usize) {
         // Integer sums divide as PyTorch's integer division does, toward zero.
         HostData::I64(v) => v.iter_mut().for_each(|x| *x /= world as i64),
         HostData::I32(v) => v.iter_mut().for_each(|x| *x /= world as i32),
-        HostData::U8(v) => v.iter_mut().for_each(|x| *x /= world.min(255) as u8),
+        HostData::U8(v) => v
+            .iter_mut()
+            .for_each(|x| *x = (u64::from(*x) / world as u64) as u8),
         HostData::Bool(_) => {}
     }
 }
@@ -279,4 +281,22 @@ pub(crate) fn through_f32<T: Storage>(
     f(&mut wide)?;
     arenagrad_graph::convert(&wide, v, 1);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_integer_mean_divides_toward_zero_by_the_world() {
+        let mut v = HostData::U8(vec![255, 7, 0]);
+        divide(&mut v, 300);
+        assert_eq!(v, HostData::U8(vec![0, 0, 0]));
+        let mut v = HostData::U8(vec![255, 7]);
+        divide(&mut v, 2);
+        assert_eq!(v, HostData::U8(vec![127, 3]));
+        let mut v = HostData::I64(vec![-7, 9]);
+        divide(&mut v, 2);
+        assert_eq!(v, HostData::I64(vec![-3, 4]));
+    }
 }
