@@ -76,7 +76,7 @@ fn the_set_up_line_works_as_root_without_sudo_and_as_a_user_with_it() {
         ("cargo run", "dataset-fashion-mnist"),
         (
             "cargo test",
-            "libopenmpi-dev openmpi-bin libclang-dev python3-sklearn fortunes g++",
+            "libopenmpi-dev openmpi-bin libclang-dev python3-sklearn fortunes dataset-fashion-mnist g++",
         ),
     ] {
         let want = format!("apt-get update\napt-get install -y {packages}\n");
