@@ -292,7 +292,7 @@ fn mixed_operands_meet_in_the_wider_dtype() {
 }
 
 #[test]
-fn ops_that_take_one_dtype_refuse_mixed_ones_and_in_place_writes_refuse_16_bit() {
+fn ops_that_take_one_dtype_refuse_mixed_ones() {
     let g = Graph::new();
     let a = g.zeros(&[2, 2], DType::BF16).unwrap();
     let b = g.zeros(&[2, 2], DType::F32).unwrap();
@@ -305,19 +305,29 @@ fn ops_that_take_one_dtype_refuse_mixed_ones_and_in_place_writes_refuse_16_bit()
             rhs: DType::F32
         }
     ));
-    let dst = g.zeros(&[2, 4], DType::BF16).unwrap();
-    let err = dst.slice_write(1, 0, a).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            GraphError::UnsupportedDType {
-                op: "slice_write",
-                dtype: DType::BF16
-            }
-        ),
-        "{err}"
-    );
-    assert_eq!(dst.to_vec_f64().unwrap(), vec![0.0; 8], "nothing written");
+}
+
+#[test]
+fn slice_write_writes_16_bit_tensors_in_place_and_converts_another_dtype_as_pytorch_does() {
+    for dt in [DType::BF16, DType::F16] {
+        let g = Graph::new();
+        let dst = g.zeros(&[2, 4], dt).unwrap();
+        let a = g.from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], dt).unwrap();
+        dst.slice_write(1, 0, a).unwrap();
+        // An f32 source is rounded to the destination's dtype (1/3 is not a 16-bit value).
+        let third = g.from_f64(&[1.0 / 3.0, -0.5], &[2, 1], DType::F32).unwrap();
+        dst.slice_write(1, 3, third).unwrap();
+        let rounded = HostTensor::from_f64(&[1.0 / 3.0], &[1], dt)
+            .unwrap()
+            .to_f64_vec()[0];
+        assert_ne!(rounded, 1.0 / 3.0);
+        assert_eq!(dst.dtype(), dt);
+        assert_eq!(
+            dst.to_vec_f64().unwrap(),
+            vec![1.0, 2.0, 0.0, rounded, 3.0, 4.0, 0.0, -0.5],
+            "{dt:?}"
+        );
+    }
 }
 
 #[test]

@@ -244,13 +244,14 @@ impl<'g> Tensor<'g> {
     /// require grad. What a loop writes into a buffer of an enclosing [`Graph::scope`] (a
     /// key/value cache filled one position per step). Refused, with nothing written, when
     /// `self` requires grad or an op recorded for backward reads its memory (its gradient would
-    /// silently change).
+    /// silently change). `src` of another dtype is converted to `self`'s first, as PyTorch's
+    /// assignment converts; a 16-bit `self` is written on the host only (a CUDA device holds no
+    /// 16-bit tensors).
     pub fn slice_write(self, axis: isize, start: usize, src: Tensor<'g>) -> Result<()> {
         let op = "slice_write";
-        check_pair(op, &self, &src)?;
+        super::pair_dtypes(op, &self, &src)?;
         let dtype = self.dtype_of(op)?;
-        if dtype.is_half() {
-            // Written in place: there is no f32 copy to write through.
+        if dtype.is_half() && self.device() != Device::Cpu {
             return Err(GraphError::UnsupportedDType { op, dtype });
         }
         let (ds, ss) = (self.try_shape()?, src.try_shape()?);
@@ -272,7 +273,6 @@ impl<'g> Tensor<'g> {
             let n = i.node(op, self.id)?;
             (n.buf, n.dtype, n.device(), n.requires_grad)
         };
-        let sb = i.node(op, src.id)?.buf;
         if needs {
             return Err(GraphError::BadArgument {
                 op,
@@ -297,8 +297,17 @@ impl<'g> Tensor<'g> {
         if start == end {
             return Ok(());
         }
+        drop(guard);
+        let src = if src.dtype_of(op)? == dtype {
+            src
+        } else {
+            src.to_dtype(dtype)?
+        };
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let sb = i.node(op, src.id)?.buf;
         match dev {
-            Device::Cpu => with_float!(dtype, T, {
+            Device::Cpu => with_storage!(dtype, T, {
                 let (d, [x]) = i.split_mut::<T, 1>(op, db, [sb])?;
                 cpu::place_along(x, &ss, ax, d, ds[ax], start);
             }),
