@@ -34,6 +34,8 @@ pub use half::bf16;
 
 use super::matmul::{product_output, MatView, Mnk, PAR_MIN_FLOPS};
 
+mod gemv;
+
 /// Rows of a packed panel of `a`, and of the kernel's tile.
 pub const MR: usize = 6;
 /// Columns of a packed panel of `b`, and of the kernel's tile.
@@ -198,6 +200,13 @@ pub fn gemm_bf16_on(
     accumulate: bool,
     threads: usize,
 ) {
+    if gemv::takes(kernel, dims, &a, &b) {
+        // A few rows (a token at a time): `b` read once where it lies, nothing packed.
+        if product_output(dims, &a, &b, c, accumulate, 0.0).is_some() {
+            gemv::gemv(dims, a, b, c, accumulate, threads);
+        }
+        return;
+    }
     if swaps(dims, &a, &b) {
         // cᵀ = bᵀ·aᵀ, the same products in the same pairs and order (the bits of c), with the
         // operand that packs slowly or wastes a panel's columns on the other side.
@@ -846,6 +855,110 @@ mod tests {
                         assert!(
                             same_bits(&c, &want),
                             "{kernel:?} {m}×{k}×{n} threads {threads} accumulate {accumulate}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A few rows against `b` read where it lies (row-major and transposed, inside wider
+    /// matrices): the definition's bits at the edges of its blocks of columns and pairs, with
+    /// odd `k`, on one to three threads, accumulating onto values that include −0, denormals
+    /// and infinities, with operands sprinkled with denormals, infinities and NaN.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn a_few_rows_against_b_where_it_lies_give_the_definitions_bits() {
+        let kernel = Bf16Kernel::Avx512Bf16;
+        if !kernel.available() {
+            crate::testing::skip("no AVX-512 BF16 here (the few-rows path is that kernel's)");
+            return;
+        }
+        let specials = [
+            bf16::from_bits(1),
+            bf16::from_bits(0x8003),
+            bf16::INFINITY,
+            bf16::NAN,
+            bf16::from_bits(0x8000),
+        ];
+        let sprinkle = |mut v: Vec<bf16>, every: usize| {
+            for (q, x) in v.iter_mut().enumerate().skip(3).step_by(every) {
+                *x = specials[q % specials.len()];
+            }
+            v
+        };
+        let shapes = [
+            (1, 1, 1),
+            (1, 2, 17),
+            (2, 3, 31),
+            (3, 33, 33),
+            (4, 34, 16),
+            (1, 31, 64),
+            (2, 64, 100),
+            (1, 768, 2304),
+            (4, 129, 70),
+            (1, 1000, 333),
+        ];
+        for (m, k, n) in shapes {
+            let dims = Mnk::new(m, k, n);
+            // Inside wider matrices: row strides past their widths, offsets.
+            let (lda, ldb, ldbt) = (k + 3, n + 5, k + 7);
+            let a_wide = sprinkle(bits(31 + k as u64, 2 + m * lda), 97);
+            let b_wide = sprinkle(bits(32 + n as u64, 1 + k * ldb), 89);
+            let a: Vec<bf16> = (0..m * k)
+                .map(|q| a_wide[2 + (q / k) * lda + q % k])
+                .collect();
+            let b: Vec<bf16> = (0..k * n)
+                .map(|q| b_wide[1 + (q / n) * ldb + q % n])
+                .collect();
+            // The same b stored transposed (column j's k values from 4 + j·ldbt).
+            let mut bt_wide = vec![bf16::from_bits(0x7fc1); 4 + n * ldbt];
+            for kk in 0..k {
+                for j in 0..n {
+                    bt_wide[4 + j * ldbt + kk] = b[kk * n + j];
+                }
+            }
+            let c0: Vec<f32> = (0..m * n)
+                .map(|q| match q % 7 {
+                    0 => -0.0,
+                    1 => f32::from_bits(0x8000_0005),
+                    2 => f32::NEG_INFINITY,
+                    _ => q as f32 * 0.375 - 5.0,
+                })
+                .collect();
+            let av = MatView {
+                data: &a_wide[..],
+                offset: 2,
+                rs: lda,
+                cs: 1,
+            };
+            let layouts = [
+                MatView {
+                    data: &b_wide[..],
+                    offset: 1,
+                    rs: ldb,
+                    cs: 1,
+                },
+                MatView {
+                    data: &bt_wide[..],
+                    offset: 4,
+                    rs: 1,
+                    cs: ldbt,
+                },
+            ];
+            for accumulate in [false, true] {
+                let want = reference(dims, &a, &b, accumulate.then_some(&c0[..]));
+                for bv in layouts {
+                    assert!(gemv::takes(kernel, dims, &av, &bv));
+                    for threads in [1, 2, 3] {
+                        let mut c = c0.clone();
+                        gemm_bf16_on(kernel, dims, av, bv, &mut c, accumulate, threads);
+                        assert!(
+                            same_bits(&c, &want),
+                            "{m}×{k}×{n}, b strides ({}, {}), threads {threads}, \
+                             accumulate {accumulate}",
+                            bv.rs,
+                            bv.cs
                         );
                     }
                 }
