@@ -195,6 +195,10 @@ pub trait Float:
     fn sqrt(self) -> Self;
     /// Hyperbolic tangent.
     fn tanh(self) -> Self;
+    /// tanh x as a branch-free formula, so that a loop of it vectorises: for `f32` the
+    /// formulas of `cpu::fastmath` (a few ulp from libm's, the bits of the `tanh` op's
+    /// kernel); libm's for `f64`.
+    fn tanh_lanes(self) -> Self;
     /// ln(1 + x), accurate near 0.
     fn ln_1p(self) -> Self;
     /// The error function: libm's for `f64`; for `f32` a branch-free version within a few ulp
@@ -220,7 +224,7 @@ pub trait Float:
 }
 
 macro_rules! float_impl {
-    ($t:ty, $erf:path, $exp_lanes:path) => {
+    ($t:ty, $erf:path, $exp_lanes:path, $tanh_lanes:path) => {
         impl Float for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -239,6 +243,10 @@ macro_rules! float_impl {
             #[inline(always)]
             fn exp_lanes(self) -> Self {
                 $exp_lanes(self)
+            }
+            #[inline(always)]
+            fn tanh_lanes(self) -> Self {
+                $tanh_lanes(self)
             }
             #[inline(always)]
             fn ln(self) -> Self {
@@ -306,6 +314,7 @@ macro_rules! float_impl {
 float_impl!(
     f32,
     crate::cpu::fastmath::erf_f32,
-    crate::cpu::fastmath::exp_full_f32
+    crate::cpu::fastmath::exp_full_f32,
+    crate::cpu::fastmath::tanh_f32
 );
-float_impl!(f64, libm::erf, f64::exp);
+float_impl!(f64, libm::erf, f64::exp, f64::tanh);

@@ -133,8 +133,9 @@ fn tanh_big_f32(x: f32) -> f32 {
     }
 }
 
+/// tanh x, branch-free: the series below 0.4 in magnitude, the exponential form above.
 #[inline(always)]
-fn tanh_f32(x: f32) -> f32 {
+pub(crate) fn tanh_f32(x: f32) -> f32 {
     let (small, big) = (tanh_small_f32(x), tanh_big_f32(x));
     if x.abs() < 0.4 {
         small

@@ -526,15 +526,36 @@ fn rows_times_rows_loops<T: crate::Float>(
     }
     let brow = |r: usize| &b.data[b.offset + r * b.rs..][..n];
     let av = |i: usize, r: usize| a.data[a.offset + i * a.rs + r];
+    // Columns in runs of 256 bytes, each run's lines of the rows AHEAD_ROWS further down asked
+    // for first: a thread's part of each row is short (the columns are split over the threads),
+    // too short for the hardware's prefetcher to get ahead of on its own (measured on the
+    // reference machine: 24 → 26 GB/s over GPT-2's weights, against 30 for reading them alone).
+    let run = (256 / std::mem::size_of::<T>()).max(1);
+    let line = (64 / std::mem::size_of::<T>()).max(1);
     let mut r = 0;
     while r + 4 <= k {
         let (b0, b1, b2, b3) = (brow(r), brow(r + 1), brow(r + 2), brow(r + 3));
-        for i in 0..m {
-            let (a0, a1, a2, a3) = (av(i, r), av(i, r + 1), av(i, r + 2), av(i, r + 3));
-            let row = &mut c[i * n..(i + 1) * n];
-            for ((((o, &x0), &x1), &x2), &x3) in row.iter_mut().zip(b0).zip(b1).zip(b2).zip(b3) {
-                *o += (a0 * x0 + a1 * x1) + (a2 * x2 + a3 * x3);
+        let mut s = 0;
+        while s < n {
+            let e = (s + run).min(n);
+            if r + AHEAD_ROWS + 4 <= k {
+                for q in 0..4 {
+                    let first = b.offset + (r + AHEAD_ROWS + q) * b.rs + s;
+                    for x in (first..first + (e - s)).step_by(line) {
+                        prefetch(b.data.as_ptr().wrapping_add(x));
+                    }
+                }
             }
+            for i in 0..m {
+                let (a0, a1, a2, a3) = (av(i, r), av(i, r + 1), av(i, r + 2), av(i, r + 3));
+                let row = &mut c[i * n + s..i * n + e];
+                let (x0, x1, x2, x3) = (&b0[s..e], &b1[s..e], &b2[s..e], &b3[s..e]);
+                for ((((o, &x0), &x1), &x2), &x3) in row.iter_mut().zip(x0).zip(x1).zip(x2).zip(x3)
+                {
+                    *o += (a0 * x0 + a1 * x1) + (a2 * x2 + a3 * x3);
+                }
+            }
+            s = e;
         }
         r += 4;
     }
@@ -547,6 +568,22 @@ fn rows_times_rows_loops<T: crate::Float>(
             }
         }
     }
+}
+
+/// How many rows ahead [`rows_times_rows`] asks for the weight's lines.
+const AHEAD_ROWS: usize = 16;
+
+/// Asks for the cache line at `p` (a hint: it reads nothing the program sees and cannot fault,
+/// whatever the address).
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: SSE is part of x86-64's baseline; a prefetch dereferences nothing.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    let _ = p;
 }
 
 /// The dot product of two runs of one length, summed in eight interleaved lanes, then

@@ -143,14 +143,14 @@ fn gelu_erf_grad<T: Float>(x: T) -> T {
 fn gelu<T: Float>(x: T) -> T {
     let c = T::from_f64(SQRT_2_OVER_PI);
     let u = c * (x + T::from_f64(GELU_C) * x * x * x);
-    T::from_f64(0.5) * x * (T::ONE + u.tanh())
+    T::from_f64(0.5) * x * (T::ONE + u.tanh_lanes())
 }
 
 #[inline(always)]
 fn gelu_grad<T: Float>(x: T) -> T {
     let c = T::from_f64(SQRT_2_OVER_PI);
     let k = T::from_f64(GELU_C);
-    let t = (c * (x + k * x * x * x)).tanh();
+    let t = (c * (x + k * x * x * x)).tanh_lanes();
     let half = T::from_f64(0.5);
     half * (T::ONE + t) + half * x * (T::ONE - t * t) * c * (T::ONE + T::from_f64(3.0) * k * x * x)
 }
