@@ -374,8 +374,24 @@ impl Gpt2 {
     /// name is an error listing them all, and nothing is loaded then.
     #[cfg(feature = "checkpoint")]
     pub fn from_pretrained(dir: impl AsRef<std::path::Path>) -> Result<Self> {
+        Self::from_pretrained_as(dir, DType::F32)
+    }
+
+    /// [`Gpt2::from_pretrained`] with parameters of `dtype` (f32, f64, bf16 or f16): the
+    /// checkpoint's values are converted as they load (rounded to nearest even where the
+    /// dtype is narrower), and the model runs in that dtype — bf16 halves the bytes a token
+    /// reads in generation, where each token reads every weight.
+    #[cfg(feature = "checkpoint")]
+    pub fn from_pretrained_as(dir: impl AsRef<std::path::Path>, dtype: DType) -> Result<Self> {
         let dir = dir.as_ref();
-        let cfg = Gpt2Config::from_hf(&super::hf::HfJson::read("Gpt2Config", dir)?)?;
+        let mut cfg = Gpt2Config::from_hf(&super::hf::HfJson::read("Gpt2Config", dir)?)?;
+        if !dtype.is_float() {
+            return Err(config(
+                "Gpt2::from_pretrained_as",
+                format!("the parameters' dtype must be a float, not {dtype:?}"),
+            ));
+        }
+        cfg.dtype = dtype;
         let mut model = Gpt2::build(cfg, None)?;
         model.load_hf(dir)?;
         model.set_training(false);
