@@ -597,3 +597,170 @@ fn packed_attention_keeps_no_parts_and_refuses_bad_shapes() {
         assert!(named, "{shape:?} heads {heads}: {e}");
     }
 }
+
+/// Softmax attention written out in f64 over host values: `q` `[b, heads, new, d]`, the
+/// cache `k`, `v` `[b, kv, cap, ·]` read to `len`, query head h on key/value head
+/// h / (heads / kv), query i seeing keys j ≤ len − new + i when causal.
+#[allow(clippy::too_many_arguments)]
+fn naive_cache_attention(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    [b, heads, kv, new, len, cap, d, dv]: [usize; 8],
+    causal: bool,
+) -> Vec<f64> {
+    let mut out = vec![0.0; b * heads * new * dv];
+    for bi in 0..b {
+        for h in 0..heads {
+            let kvh = bi * kv + h / (heads / kv);
+            for i in 0..new {
+                let qi = &q[((bi * heads + h) * new + i) * d..][..d];
+                let limit = if causal { len - new + i + 1 } else { len };
+                let s: Vec<f64> = (0..limit)
+                    .map(|j| {
+                        let kj = &k[(kvh * cap + j) * d..][..d];
+                        qi.iter().zip(kj).map(|(x, y)| x * y).sum::<f64>() / (d as f64).sqrt()
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let total: f64 = w.iter().sum();
+                let o = &mut out[((bi * heads + h) * new + i) * dv..][..dv];
+                for (j, wj) in w.iter().enumerate() {
+                    for (c, oc) in o.iter_mut().enumerate() {
+                        *oc += wj / total * v[(kvh * cap + j) * dv + c];
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `attend_cache` reads the cache where it lies (NaN past `len` is never read) with the values
+/// of attention written out in f64, in every float dtype, for plain and grouped-query heads,
+/// one and several new queries, causal or not; with a query that requires grad it runs the
+/// recorded ops (the same values) and its gradient flows.
+#[test]
+fn attend_cache_reads_the_cache_where_it_lies() {
+    let (b, cap, d, dv) = (2, 9, 8, 6);
+    let mut seed = 3u64;
+    let mut rand = |n: usize| -> Vec<f64> {
+        (0..n)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (seed >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+            })
+            .collect()
+    };
+    for dtype in [DType::F64, DType::F32, DType::BF16, DType::F16] {
+        let tol = match dtype {
+            DType::F64 => 1e-12,
+            DType::F32 => 1e-5,
+            _ => 2e-2,
+        };
+        for (heads, kv) in [(4, 4), (4, 2), (4, 1)] {
+            for (new, len, causal) in [(1, 5, true), (3, 7, true), (3, 7, false), (2, 2, true)] {
+                let g = Graph::new();
+                // Past `len` the cache holds NaN: read, it would show in every output.
+                let cache = |w: usize, vals: Vec<f64>| -> Vec<f64> {
+                    vals.iter()
+                        .enumerate()
+                        .map(|(x, &y)| if (x / w) % cap < len { y } else { f64::NAN })
+                        .collect()
+                };
+                let kh = cache(d, rand(b * kv * cap * d));
+                let vh = cache(dv, rand(b * kv * cap * dv));
+                let qh = rand(b * heads * new * d);
+                let k = g.from_f64(&kh, &[b, kv, cap, d], dtype).unwrap();
+                let v = g.from_f64(&vh, &[b, kv, cap, dv], dtype).unwrap();
+                let q = g.from_f64(&qh, &[b, heads, new, d], dtype).unwrap();
+                // The reference sees the values as stored (rounded to the dtype).
+                let (qr, kr, vr) = (
+                    q.to_vec_f64().unwrap(),
+                    k.to_vec_f64().unwrap(),
+                    v.to_vec_f64().unwrap(),
+                );
+                let want = naive_cache_attention(
+                    &qr,
+                    &kr,
+                    &vr,
+                    [b, heads, kv, new, len, cap, d, dv],
+                    causal,
+                );
+                let fast = q.attend_cache(k, v, len, causal).unwrap();
+                assert_eq!(fast.shape().as_slice(), &[b, heads, new, dv]);
+                assert_eq!(fast.dtype(), dtype);
+                let qg = q.detach().unwrap().set_requires_grad(true).unwrap();
+                let slow = qg.attend_cache(k, v, len, causal).unwrap();
+                for (name, got) in [("in place", fast), ("recorded", slow)] {
+                    let got = got.to_vec_f64().unwrap();
+                    let worst = got
+                        .iter()
+                        .zip(&want)
+                        .map(|(x, y)| (x - y).abs())
+                        .fold(0.0, f64::max);
+                    assert!(
+                        worst <= tol,
+                        "{dtype:?} heads {heads}/{kv} new {new} len {len} causal {causal} \
+                         ({name}): off by {worst}"
+                    );
+                }
+                slow.sum().unwrap().backward().unwrap();
+                let grad = qg.grad().unwrap().unwrap().to_vec_f64().unwrap();
+                assert!(grad.iter().all(|x| x.is_finite()) && grad.iter().any(|&x| x != 0.0));
+            }
+        }
+    }
+}
+
+/// `attend_cache` refuses a cache shorter than `len`, fewer positions than new queries, heads
+/// that do not divide, shapes of another rank and mixed dtypes, naming the op.
+#[test]
+fn attend_cache_refuses_bad_caches() {
+    let g = Graph::new();
+    let f = DType::F32;
+    let q = g.zeros(&[1, 4, 2, 8], f).unwrap();
+    let k = g.zeros(&[1, 2, 6, 8], f).unwrap();
+    let v = g.zeros(&[1, 2, 6, 8], f).unwrap();
+    for len in [7, 1] {
+        assert!(
+            matches!(
+                q.attend_cache(k, v, len, true).unwrap_err(),
+                GraphError::BadRange {
+                    op: "attend_cache",
+                    axis: 2,
+                    ..
+                }
+            ),
+            "len {len}"
+        );
+    }
+    let k3 = g.zeros(&[1, 3, 6, 8], f).unwrap();
+    let v3 = g.zeros(&[1, 3, 6, 8], f).unwrap();
+    let flat = g.zeros(&[4, 2, 8], f).unwrap();
+    let short_v = g.zeros(&[1, 2, 5, 8], f).unwrap();
+    for (q, k, v) in [(q, k3, v3), (flat, k, v), (q, k, short_v)] {
+        let err = q.attend_cache(k, v, 2, false).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                GraphError::ShapeMismatch {
+                    op: "attend_cache",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+    let k64 = g.zeros(&[1, 2, 6, 8], DType::F64).unwrap();
+    assert!(matches!(
+        q.attend_cache(k64, v, 2, false).unwrap_err(),
+        GraphError::DTypeMismatch {
+            op: "attend_cache",
+            ..
+        }
+    ));
+}

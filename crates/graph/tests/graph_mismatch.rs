@@ -156,6 +156,16 @@ fn calls() -> Vec<(&'static str, Call)> {
             };
             qkv.attention_packed(1, opts).map(drop)
         }),
+        ("attend_cache", |g, _, f, _| {
+            let q = g.zeros(&[1, 1, 1, 2], DType::F64)?;
+            let kv = g.zeros(&[1, 1, 2, 2], DType::F64)?;
+            q.attend_cache(f, kv, 1, true).map(drop)
+        }),
+        ("attend_cache", |g, _, f, _| {
+            let q = g.zeros(&[1, 1, 1, 2], DType::F64)?;
+            let kv = g.zeros(&[1, 1, 2, 2], DType::F64)?;
+            q.attend_cache(kv, f, 1, true).map(drop)
+        }),
         ("slice_write", |g, _, f, _| {
             let dst = g.zeros(&[1, 1, 2, 2], DType::F64)?;
             dst.slice_write(0, 0, f)

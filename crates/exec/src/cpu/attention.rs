@@ -614,3 +614,180 @@ pub fn attention_backward_half<H: Storage>(
         H::store_f32(&dvv, &mut grads.dv[g0 * lk * dv..(g0 + n) * lk * dv]);
     }
 }
+
+/// The problem of [`attend_cache`]: a few new queries per head over the first `len` positions
+/// of a key/value cache that holds `cap`.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheDims {
+    /// Sequences.
+    pub batch: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads, dividing `heads`: query head `h` reads key/value head
+    /// `h / (heads / kv_heads)` (grouped-query attention; `heads` of them is plain attention).
+    pub kv_heads: usize,
+    /// Queries per head.
+    pub new: usize,
+    /// Positions attended: the cache's first `len`.
+    pub len: usize,
+    /// Positions the cache holds (its third extent).
+    pub cap: usize,
+    /// Query and key width.
+    pub d: usize,
+    /// Value width.
+    pub dv: usize,
+    /// The factor on `q·kᵀ`.
+    pub scale: f64,
+    /// Query `i` sees keys `j ≤ len − new + i` only (the queries are the cache's last `new`
+    /// positions); otherwise all `len`.
+    pub causal: bool,
+}
+
+impl CacheDims {
+    /// Multiply-adds of the problem (for the choice of threads).
+    fn work(&self) -> usize {
+        self.batch * self.heads * self.new * self.len * (self.d + self.dv)
+    }
+}
+
+/// Work from which [`attend_cache`] splits its heads across threads.
+const CACHE_PAR_MIN: usize = 1 << 16;
+
+/// Attention of `q` (`[batch, heads, new, d]`) over the first `len` positions of the cache `k`
+/// (`[batch, kv_heads, cap, d]`) and `v` (`[batch, kv_heads, cap, dv]`), read where they lie:
+/// `o` (`[batch, heads, new, dv]`) gets softmax(scale·q·kᵀ)·v per head, a row whose keys are all
+/// hidden (−∞ scores) 0, a NaN score NaN. Positions past `len` are never read.
+pub fn attend_cache<T: Float>(
+    p: &CacheDims,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    o: &mut [T],
+    threads: usize,
+) {
+    let CacheDims {
+        heads,
+        kv_heads,
+        new,
+        len,
+        cap,
+        d,
+        dv,
+        ..
+    } = *p;
+    assert!(kv_heads > 0 && heads % kv_heads == 0 && new <= len && len <= cap);
+    assert!(q.len() >= p.batch * heads * new * d && o.len() >= p.batch * heads * new * dv);
+    assert!(k.len() >= p.batch * kv_heads * cap * d && v.len() >= p.batch * kv_heads * cap * dv);
+    if new == 0 || dv == 0 {
+        return;
+    }
+    let group = heads / kv_heads;
+    let scale = T::from_f64(p.scale);
+    let t = if p.work() >= CACHE_PAR_MIN {
+        threads
+    } else {
+        1
+    };
+    let o = &mut o[..p.batch * heads * new * dv];
+    super::par::par_rows_mut(o, new * dv, t, 0, |bh, out| {
+        super::wide::wide(len * (d + dv), || {
+            let (b, h) = (bh / heads, bh % heads);
+            let kvh = b * kv_heads + h / group;
+            let (keys, values) = (&k[kvh * cap * d..], &v[kvh * cap * dv..]);
+            let mut s = vec![T::ZERO; len];
+            let mut tmp = vec![T::ZERO; len];
+            for (i, oi) in out.chunks_exact_mut(dv).enumerate() {
+                let qi = &q[(bh * new + i) * d..][..d];
+                let limit = if p.causal { len - new + i + 1 } else { len };
+                let row = &mut s[..limit];
+                for (j, sj) in row.iter_mut().enumerate() {
+                    *sj = dot8(qi, &keys[j * d..][..d]) * scale;
+                }
+                oi.fill(T::ZERO);
+                let m = row_max(T::neg_infinity(), row);
+                if m == T::neg_infinity() {
+                    // Every key hidden: PyTorch's safe softmax gives weights of 0, so 0 out.
+                    continue;
+                }
+                for (t, &x) in tmp.iter_mut().zip(row.iter()) {
+                    *t = x - m;
+                }
+                T::exp_into(&tmp[..limit], row);
+                let inv = T::from_f64(1.0 / sum_f64(row));
+                for (j, &w) in row.iter().enumerate() {
+                    for (a, &x) in oi.iter_mut().zip(&values[j * dv..][..dv]) {
+                        *a += w * x;
+                    }
+                }
+                for a in oi.iter_mut() {
+                    *a *= inv;
+                }
+            }
+        })
+    });
+}
+
+/// [`attend_cache`] for 16-bit storage: the queries and each key/value head's first `len`
+/// positions widened to f32, the f32 kernel, and the output rounded once.
+pub fn attend_cache_half<H: Storage>(
+    p: &CacheDims,
+    q: &[H],
+    k: &[H],
+    v: &[H],
+    o: &mut [H],
+    threads: usize,
+) {
+    let CacheDims {
+        batch,
+        heads,
+        kv_heads,
+        new,
+        len,
+        cap,
+        d,
+        dv,
+        ..
+    } = *p;
+    assert!(len <= cap);
+    let mut qw = vec![0f32; batch * heads * new * d];
+    H::load_f32(&q[..qw.len()], &mut qw);
+    let widen = |x: &[H], w: usize| {
+        let mut out = vec![0f32; batch * kv_heads * len * w];
+        for (kvh, dst) in out.chunks_exact_mut(len * w).enumerate() {
+            H::load_f32(&x[kvh * cap * w..][..len * w], dst);
+        }
+        out
+    };
+    let (kw, vw) = (widen(k, d), widen(v, dv));
+    let mut ow = vec![0f32; batch * heads * new * dv];
+    attend_cache(
+        &CacheDims { cap: len, ..*p },
+        &qw,
+        &kw,
+        &vw,
+        &mut ow,
+        threads,
+    );
+    H::store_f32(&ow, &mut o[..ow.len()]);
+}
+
+/// The dot product of two runs of one length in eight interleaved lanes, then pairwise, then
+/// the tail (a vectorisable order, the same at every vector width).
+#[inline(always)]
+fn dot8<T: Float>(a: &[T], b: &[T]) -> T {
+    let mut lanes = [T::ZERO; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (at, bt) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for l in 0..8 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    let mut tail = T::ZERO;
+    for (&x, &y) in at.iter().zip(bt) {
+        tail += x * y;
+    }
+    ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
+        + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
+        + tail
+}

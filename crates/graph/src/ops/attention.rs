@@ -228,6 +228,159 @@ fn check_options(opts: &AttentionOptions<'_>) -> Result<()> {
 }
 
 impl<'g> Tensor<'g> {
+    /// Attention of the queries `self` (`[b, heads, new, d]`) over the first `len` positions of
+    /// a key/value cache `k` (`[b, kv_heads, cap, d]`) and `v` (`[b, kv_heads, cap, dv]`), as
+    /// generation with a cache runs it (the cache written in place by
+    /// [`Tensor::slice_write`]): the values of [`Tensor::scaled_dot_product_attention`] over
+    /// `k` and `v` sliced to `len` positions, query head `h` reading key/value head
+    /// `h / (heads / kv_heads)` (grouped-query attention, `transformers`' `repeat_kv`), and,
+    /// with `causal`, query `i` seeing keys `j ≤ len − new + i` (the queries are the cache's
+    /// last `new` positions). The scale is `1/√d`. On the host, when nothing records for
+    /// backward, the cache is read where it lies (no copy of its first `len` positions, which
+    /// grow with the text); otherwise, and on a CUDA device, it runs those ops.
+    ///
+    /// Errors: operands of other graphs, devices or dtypes (`GraphMismatch`, `DeviceMismatch`,
+    /// `DTypeMismatch`); shapes other than the above a `ShapeMismatch` naming them, `heads` not
+    /// a multiple of `kv_heads` too; `len` past `cap` or below `new` a `BadRange` on axis 2.
+    ///
+    /// ```
+    /// use arenagrad_graph::{DType, Graph};
+    /// let g = Graph::new();
+    /// let k = g.zeros(&[1, 2, 16, 8], DType::F32)?;
+    /// let v = g.zeros(&[1, 2, 16, 8], DType::F32)?;
+    /// let q = g.randn(&[1, 4, 1, 8], DType::F32)?;
+    /// let o = q.attend_cache(k, v, 5, true)?;
+    /// assert_eq!(o.shape().as_slice(), &[1, 4, 1, 8]);
+    /// # Ok::<(), arenagrad_graph::GraphError>(())
+    /// ```
+    pub fn attend_cache(
+        self,
+        k: Tensor<'g>,
+        v: Tensor<'g>,
+        len: usize,
+        causal: bool,
+    ) -> Result<Tensor<'g>> {
+        const CACHE: &str = "attend_cache";
+        check_pair(CACHE, &self, &k)?;
+        check_pair(CACHE, &self, &v)?;
+        let (qs, ks, vs) = (self.try_shape()?, k.try_shape()?, v.try_shape()?);
+        let mismatch = |lhs: &[usize], rhs: &[usize]| GraphError::ShapeMismatch {
+            op: CACHE,
+            lhs: lhs.into(),
+            rhs: rhs.into(),
+        };
+        let ([b, heads, new, d], [kb, kv, cap, kd], [vb, vkv, vcap, dv]) = (
+            <[usize; 4]>::try_from(&qs[..]).map_err(|_| mismatch(&qs, &ks))?,
+            <[usize; 4]>::try_from(&ks[..]).map_err(|_| mismatch(&qs, &ks))?,
+            <[usize; 4]>::try_from(&vs[..]).map_err(|_| mismatch(&ks, &vs))?,
+        );
+        if kb != b || kd != d || kv == 0 || heads % kv != 0 {
+            return Err(mismatch(&qs, &ks));
+        }
+        if [vb, vkv, vcap] != [b, kv, cap] {
+            return Err(mismatch(&ks, &vs));
+        }
+        if len > cap || len < new {
+            return Err(GraphError::BadRange {
+                op: CACHE,
+                axis: 2,
+                start: 0,
+                end: len,
+                shape: ks.to_vec(),
+            });
+        }
+        let (dtype, record) = {
+            let i = self.g.inner();
+            (
+                i.node(CACHE, self.id)?.dtype,
+                i.records(&[self.id, k.id, v.id]),
+            )
+        };
+        if record || self.device() != Device::Cpu {
+            return self.attend_cache_composed(k, v, len, causal, (heads / kv, kd));
+        }
+        let dims = cpu::attention::CacheDims {
+            batch: b,
+            heads,
+            kv_heads: kv,
+            new,
+            len,
+            cap,
+            d,
+            dv,
+            scale: 1.0 / (d.max(1) as f64).sqrt(),
+            causal,
+        };
+        let out_shape: Shape = smallvec![b, heads, new, dv];
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let [qb, kb, vb] = bufs_of(i, [self, k, v])?;
+        let out = i.alloc(CACHE, dtype, b * heads * new * dv)?;
+        let threads = i.threads;
+        match dtype {
+            DType::BF16 => {
+                let (o, [q, k, v]) = i.split_mut::<bf16, 3>(CACHE, out, [qb, kb, vb])?;
+                k::attend_cache_half(&dims, q, k, v, o, threads);
+            }
+            DType::F16 => {
+                let (o, [q, k, v]) = i.split_mut::<f16, 3>(CACHE, out, [qb, kb, vb])?;
+                k::attend_cache_half(&dims, q, k, v, o, threads);
+            }
+            _ => with_float!(dtype, T, {
+                let (o, [q, k, v]) = i.split_mut::<T, 3>(CACHE, out, [qb, kb, vb])?;
+                k::attend_cache(&dims, q, k, v, o, threads);
+            }),
+        }
+        let id = i.push(out_shape, dtype, out, Op::Leaf, &[]);
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+
+    /// [`Tensor::attend_cache`] in recorded ops: the cache's first `len` positions sliced, each
+    /// key/value head repeated `group` times, and attention with the causal offset as a mask.
+    fn attend_cache_composed(
+        self,
+        k: Tensor<'g>,
+        v: Tensor<'g>,
+        len: usize,
+        causal: bool,
+        (group, d): (usize, usize),
+    ) -> Result<Tensor<'g>> {
+        let repeat = |x: Tensor<'g>| -> Result<Tensor<'g>> {
+            let x = x.slice(2, 0, len)?;
+            if group == 1 {
+                return Ok(x);
+            }
+            let s = x.try_shape()?;
+            let (b, kv, w) = (s[0], s[1], s[3]);
+            x.reshape(&[b as isize, kv as isize, 1, len as isize, w as isize])?
+                .broadcast_to(&[b, kv, group, len, w])?
+                .reshape(&[b as isize, (kv * group) as isize, len as isize, w as isize])
+        };
+        let new = self.try_shape()?[2];
+        let mut opts = AttentionOptions {
+            scale: Some(1.0 / (d.max(1) as f64).sqrt()),
+            ..Default::default()
+        };
+        if causal && new > 1 {
+            let past = len - new;
+            if past == 0 {
+                opts.causal = true;
+            } else {
+                // Query i (position past + i) sees keys j ≤ past + i.
+                let dtype = self.dtype_of("attend_cache")?;
+                let rows = self
+                    .g
+                    .arange(past as f64, len as f64, 1.0, dtype)?
+                    .reshape(&[new as isize, 1])?;
+                let cols = self.g.arange(0.0, len as f64, 1.0, dtype)?;
+                let zero = self.g.zeros(&[new, len], dtype)?;
+                opts.mask = Some(zero.masked_fill(cols.gt(rows)?, f64::NEG_INFINITY)?);
+            }
+        }
+        self.scaled_dot_product_attention(repeat(k)?, repeat(v)?, opts)
+    }
+
     /// Self-attention over the heads of a packed projection, as `nn::MultiheadAttention` runs
     /// it: `self` is `[b, l, 3·e]` as an input projection writes it (the queries, keys and
     /// values, each `e = heads·d` wide, head after head), and the output `[b, l, e]` holds the

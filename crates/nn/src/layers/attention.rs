@@ -157,7 +157,7 @@ impl MultiheadAttention {
         let dim = self.out_proj.out_features();
         check_width("MultiheadAttention", x, dim)?;
         let qkv = self.in_proj.forward(g, x)?;
-        let o = cache.attend(g, qkv, self.heads, self.causal)?;
+        let o = cache.attend(qkv, self.heads, self.causal)?;
         self.out_proj.forward(g, o)
     }
 }
@@ -187,7 +187,6 @@ impl<'g> KvCache<'g> {
     /// merged back, `[batch, new, dim]`, before any output projection.
     pub(crate) fn attend(
         &mut self,
-        g: &'g Graph,
         qkv: Tensor<'g>,
         heads: usize,
         causal: bool,
@@ -213,7 +212,7 @@ impl<'g> KvCache<'g> {
         let part = |k: usize| -> Result<Tensor<'g>> {
             Ok(parts.slice(0, k, k + 1)?.reshape(&[bi, hi, li, hdi])?)
         };
-        let o = self.attend_heads(g, [part(0)?, part(1)?, part(2)?], causal)?;
+        let o = self.attend_heads([part(0)?, part(1)?, part(2)?], causal)?;
         // [b, h, l, hd] → [b, l, d].
         Ok(o.permute(&[0, 2, 1, 3])?.reshape(&[bi, li, dim as isize])?)
     }
@@ -225,7 +224,6 @@ impl<'g> KvCache<'g> {
     /// `[batch, heads, new, head_dim]`.
     pub(crate) fn attend_heads(
         &mut self,
-        g: &'g Graph,
         [q, k, v]: [Tensor<'g>; 3],
         causal: bool,
     ) -> Result<Tensor<'g>> {
@@ -259,24 +257,9 @@ impl<'g> KvCache<'g> {
         self.k.slice_write(2, past, k)?;
         self.v.slice_write(2, past, v)?;
         self.len = total;
-        let (ks, vs) = (self.k.slice(2, 0, total)?, self.v.slice(2, 0, total)?);
-        let (ks, vs) = (repeat_kv(ks, heads / kv)?, repeat_kv(vs, heads / kv)?);
-        let mut opts = AttentionOptions::default();
-        if new > 1 && causal {
-            if past == 0 {
-                opts.causal = true;
-            } else {
-                // Query i (position past + i) sees keys j ≤ past + i.
-                let rows = g
-                    .arange(past as f64, total as f64, 1.0, q.dtype())?
-                    .reshape(&[new as isize, 1])?;
-                let cols = g.arange(0.0, total as f64, 1.0, q.dtype())?;
-                let hide = cols.gt(rows)?;
-                let zero = g.zeros(&[new, total], q.dtype())?;
-                opts.mask = Some(zero.masked_fill(hide, f64::NEG_INFINITY)?);
-            }
-        }
-        Ok(q.scaled_dot_product_attention(ks, vs, opts)?)
+        // The cache read where it lies (its first `total` positions), query i (position
+        // past + i) seeing keys j ≤ past + i.
+        Ok(q.attend_cache(self.k, self.v, total, causal)?)
     }
 }
 

@@ -243,7 +243,7 @@ impl super::CachedBlock for Gpt2Block {
         let a = self
             .attn
             .c_proj
-            .forward(g, cache.attend(g, qkv, self.attn.heads, true)?)?;
+            .forward(g, cache.attend(qkv, self.attn.heads, true)?)?;
         let x = x.add(a)?;
         Ok(x.add(self.mlp.forward(g, self.ln_2.forward_for_product(g, x)?)?)?)
     }

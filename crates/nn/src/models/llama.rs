@@ -266,7 +266,7 @@ impl LlamaAttention {
         cache: &mut KvCache<'g>,
     ) -> Result<Tensor<'g>> {
         let qkv = self.qkv(g, x, rope)?;
-        let o = cache.attend_heads(g, qkv, true)?;
+        let o = cache.attend_heads(qkv, true)?;
         self.merge(g, o)
     }
 }
