@@ -21,6 +21,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use arenagrad::exec::cpu::bandwidth::read_once;
 use arenagrad::nn::{CausalLm, Gpt2, Llama, Module, Rng, Sampling};
 use arenagrad::{DType, Graph};
 
@@ -303,8 +304,7 @@ fn threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// A copy of the weights' bytes as 32-bit words, to time reading them once: integer adds,
-/// which keep up with memory, split across the engine's threads.
+/// A copy of the weights' bytes as 32-bit words, to time reading them once.
 struct Weights {
     words: Vec<Vec<u32>>,
     bytes: usize,
@@ -332,41 +332,14 @@ impl Weights {
         Weights { words, bytes }
     }
 
-    /// The best of `reps` times to read every word once.
+    /// The best of `reps` times to read every word once, on the engine's threads as its
+    /// kernels read (`exec::cpu::bandwidth`).
     fn read_time(&self, reps: usize) -> f64 {
-        let n = threads();
+        let parts: Vec<&[u32]> = self.words.iter().map(|w| &w[..]).collect();
         let mut best = f64::MAX;
         for _ in 0..reps {
             let t = Instant::now();
-            let total: u32 = std::thread::scope(|s| {
-                let parts: Vec<_> = (0..n)
-                    .map(|k| {
-                        let words = &self.words;
-                        s.spawn(move || {
-                            let mut acc = [0u32; 16];
-                            for v in words {
-                                let per = v.len().div_ceil(n);
-                                let part = &v[(k * per).min(v.len())..((k + 1) * per).min(v.len())];
-                                let mut c = part.chunks_exact(16);
-                                for c in c.by_ref() {
-                                    for (a, x) in acc.iter_mut().zip(c) {
-                                        *a = a.wrapping_add(*x);
-                                    }
-                                }
-                                for (a, x) in acc.iter_mut().zip(c.remainder()) {
-                                    *a = a.wrapping_add(*x);
-                                }
-                            }
-                            acc.iter().fold(0u32, |s, x| s.wrapping_add(*x))
-                        })
-                    })
-                    .collect();
-                parts
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or(0))
-                    .fold(0u32, u32::wrapping_add)
-            });
-            std::hint::black_box(total);
+            std::hint::black_box(read_once(&parts, threads()));
             best = best.min(t.elapsed().as_secs_f64());
         }
         best

@@ -102,9 +102,12 @@ impl HostData {
     /// [`GraphError::OutOfMemory`] naming `op` when the host cannot hold the copy.
     pub fn to_dtype(&self, op: &'static str, dtype: DType) -> Result<HostData> {
         let n = self.len();
+        // Elementwise, so the same values on any number of threads: a checkpoint converted as
+        // it loads (f32 into a bf16 model) uses them all.
+        let threads = crate::graph::default_threads();
         with_storage!(dtype, D, {
             let mut out = try_filled(op, n, D::default(), &[n])?;
-            each_dtype!(HostData, self, v => arenagrad_exec::cpu::cast(v, &mut out, 1));
+            each_dtype!(HostData, self, v => arenagrad_exec::cpu::cast(v, &mut out, threads));
             Ok(D::into_host(out))
         })
     }

@@ -570,13 +570,17 @@ fn rows_times_rows_loops<T: crate::Float>(
     }
 }
 
+/// How far ahead (in floats: 2 KB) the dot products of a batch-1 product with a transposed
+/// weight ask for each column's lines.
+const DOT_AHEAD: usize = 512;
+
 /// How many rows ahead [`rows_times_rows`] asks for the weight's lines.
 const AHEAD_ROWS: usize = 16;
 
 /// Asks for the cache line at `p` (a hint: it reads nothing the program sees and cannot fault,
 /// whatever the address).
 #[inline(always)]
-fn prefetch<T>(p: *const T) {
+pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     // SAFETY: SSE is part of x86-64's baseline; a prefetch dereferences nothing.
     unsafe {
@@ -624,6 +628,13 @@ unsafe fn dot4_f32_avx2(a: &[f32], cols: [&[f32]; 4]) -> [f32; 4] {
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut s = 0;
     while s < body {
+        if s % 16 == 0 {
+            // Each column's line 2 KB ahead (past its end, the next columns': the columns of
+            // a transposed weight lie one after the other).
+            for col in &cols {
+                prefetch(col.as_ptr().wrapping_add(s + DOT_AHEAD));
+            }
+        }
         // SAFETY: s + 8 ≤ body ≤ k, the length of `a` and of every column.
         unsafe {
             let x = _mm256_loadu_ps(a.as_ptr().add(s));

@@ -1,6 +1,7 @@
 //! CPU kernels. Each takes plain slices and shapes; the graph has already checked that they agree.
 
 pub mod attention;
+pub mod bandwidth;
 pub mod bf16;
 pub mod cast;
 pub mod chain_gemm;

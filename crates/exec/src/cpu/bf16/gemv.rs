@@ -328,10 +328,17 @@ mod x86 {
             while p0 < k2 {
                 let pairs = (k2 - p0).min(16);
                 let vmask = first(k - 2 * p0);
+                // Near a column's end, the same column of the next block is asked for.
+                let ahead = 2 * p0 + AHEAD_VALUES;
+                let ahead = if ahead < k {
+                    ahead
+                } else {
+                    COL_BLOCK * b.cs + ahead - k
+                };
                 let mut r = [_mm512_setzero_si512(); 16];
                 for (c, x) in r.iter_mut().enumerate().take(cols) {
                     let at = first_col.wrapping_add(c * b.cs + 2 * p0);
-                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(AHEAD_VALUES).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(first_col.wrapping_add(c * b.cs + ahead).cast());
                     // SAFETY: column j0 + c (c < cols) has k values from offset + (j0 + c)·cs
                     // (the assertion); the masked load reads values 2·p0.. below k only.
                     *x = unsafe { _mm512_maskz_loadu_epi16(vmask, at.cast::<i16>()) };
