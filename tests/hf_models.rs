@@ -138,6 +138,17 @@ fn logits_match(model: &impl Lm, name: &str) {
     }
 }
 
+/// Two sequences of 16 tokens (`ids/2x16`) split into their first 9 tokens and the other 7,
+/// each part both sequences' side by side.
+fn split_2x16(ids: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let (mut head, mut tail) = (vec![], vec![]);
+    for b in 0..2 {
+        head.extend_from_slice(&ids[b * 16..b * 16 + 9]);
+        tail.extend_from_slice(&ids[b * 16 + 9..b * 16 + 16]);
+    }
+    (head, tail)
+}
+
 /// Greedy decoding of 64 tokens is `generate`'s, token for token, with the key/value cache and
 /// without it (each step a full forward over the text so far); and the cache's own path agrees
 /// with the full forward on a prefix and its continuation, two sequences at once.
@@ -168,18 +179,7 @@ fn greedy_matches(model: &impl Lm, name: &str) {
     );
     let mut caches = model.new_caches(&g, 2).unwrap();
     let (shape, ids) = r.ids("ids/2x16");
-    let (head, tail): (Vec<usize>, Vec<usize>) = (0..2)
-        .map(|b| {
-            (
-                ids[b * 16..b * 16 + 9].to_vec(),
-                ids[b * 16 + 9..b * 16 + 16].to_vec(),
-            )
-        })
-        .fold((vec![], vec![]), |(mut h, mut t), (a, b)| {
-            h.extend(a);
-            t.extend(b);
-            (h, t)
-        });
+    let (head, tail) = split_2x16(&ids);
     model.forward_cached(&g, &head, 2, &mut caches).unwrap();
     let late = model.forward_cached(&g, &tail, 2, &mut caches).unwrap();
     let full = model.logits(&g, &ids, shape[0], shape[1]).unwrap();
@@ -764,20 +764,7 @@ fn gpt2_and_llama_load_as_bf16_and_the_cache_agrees_with_the_full_forward() {
             "{name}: bf16 logits differ by {worst} (scale {scale})"
         );
         let mut caches = model.new_caches(&g, 2).unwrap();
-        let split = |b: usize| {
-            (
-                ids[b * 16..b * 16 + 9].to_vec(),
-                ids[b * 16 + 9..b * 16 + 16].to_vec(),
-            )
-        };
-        let (head, tail): (Vec<usize>, Vec<usize>) =
-            (0..2)
-                .map(split)
-                .fold((vec![], vec![]), |(mut h, mut t), (a, b)| {
-                    h.extend(a);
-                    t.extend(b);
-                    (h, t)
-                });
+        let (head, tail) = split_2x16(&ids);
         model.forward_cached(&g, &head, 2, &mut caches).unwrap();
         let late = model.forward_cached(&g, &tail, 2, &mut caches).unwrap();
         let late: Vec<f32> = late

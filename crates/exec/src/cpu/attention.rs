@@ -14,7 +14,7 @@
 //! order without storing it.
 
 use super::cast::Storage;
-use super::matmul::{gemm, Gemm, MatView, Mnk};
+use super::matmul::{dot_lanes, gemm, Gemm, MatView, Mnk};
 use crate::Float;
 
 /// Queries and keys per tile.
@@ -701,7 +701,7 @@ pub fn attend_cache<T: Float>(
                 let limit = if p.causal { len - new + i + 1 } else { len };
                 let row = &mut s[..limit];
                 for (j, sj) in row.iter_mut().enumerate() {
-                    *sj = dot8(qi, &keys[j * d..][..d]) * scale;
+                    *sj = dot_lanes(qi, &keys[j * d..][..d]) * scale;
                 }
                 oi.fill(T::ZERO);
                 let m = row_max(T::neg_infinity(), row);
@@ -769,25 +769,4 @@ pub fn attend_cache_half<H: Storage>(
         threads,
     );
     H::store_f32(&ow, &mut o[..ow.len()]);
-}
-
-/// The dot product of two runs of one length in eight interleaved lanes, then pairwise, then
-/// the tail (a vectorisable order, the same at every vector width).
-#[inline(always)]
-fn dot8<T: Float>(a: &[T], b: &[T]) -> T {
-    let mut lanes = [T::ZERO; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (at, bt) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for l in 0..8 {
-            lanes[l] += x[l] * y[l];
-        }
-    }
-    let mut tail = T::ZERO;
-    for (&x, &y) in at.iter().zip(bt) {
-        tail += x * y;
-    }
-    ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
-        + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
-        + tail
 }

@@ -281,18 +281,7 @@ fn product_on(
         // again per thread against `m·n` copied).
         let t = threads.clamp(1, n.div_ceil(NR));
         let cols_per = n.div_ceil(t).div_ceil(NR) * NR;
-        let mut parts: Vec<Vec<f32>> = (0..n.div_ceil(cols_per))
-            .map(|p| {
-                let (j0, nj) = (p * cols_per, cols_per.min(n - p * cols_per));
-                let mut part = vec![0f32; m * nj];
-                if accumulate {
-                    for (dst, src) in part.chunks_exact_mut(nj).zip(c.chunks_exact(n)) {
-                        dst.copy_from_slice(&src[j0..j0 + nj]);
-                    }
-                }
-                part
-            })
-            .collect();
+        let mut parts = column_parts(c, (m, n), cols_per, accumulate);
         super::thread_pool::for_each_owned(parts.iter_mut().collect(), |p, part| {
             let j0 = p * cols_per;
             let b = MatView {
@@ -308,12 +297,7 @@ fn product_on(
                 accumulate,
             );
         });
-        for (p, part) in parts.iter().enumerate() {
-            let (j0, nj) = (p * cols_per, part.len() / m);
-            for (dst, src) in c.chunks_exact_mut(n).zip(part.chunks_exact(nj)) {
-                dst[j0..j0 + nj].copy_from_slice(src);
-            }
-        }
+        columns_back(&parts, c, (m, n), cols_per);
         return;
     }
     let t = if parallel {
@@ -336,6 +320,34 @@ fn product_on(
     } else {
         let parts: Vec<&mut [f32]> = c.chunks_mut(rows_per * n).collect();
         super::thread_pool::for_each_part(parts, block);
+    }
+}
+
+/// `c`'s (m × n) columns in blocks of `per`, each block a buffer of its own (m × its columns):
+/// a copy of `c`'s values there when `accumulate`, else zeros. For threads that each write a
+/// block of columns; [`columns_back`] puts them back.
+fn column_parts(c: &[f32], (m, n): (usize, usize), per: usize, accumulate: bool) -> Vec<Vec<f32>> {
+    (0..n.div_ceil(per))
+        .map(|p| {
+            let (j0, w) = (p * per, per.min(n - p * per));
+            let mut part = vec![0f32; m * w];
+            if accumulate {
+                for (dst, src) in part.chunks_exact_mut(w).zip(c.chunks_exact(n)) {
+                    dst.copy_from_slice(&src[j0..j0 + w]);
+                }
+            }
+            part
+        })
+        .collect()
+}
+
+/// The blocks of [`column_parts`] written back into `c`.
+fn columns_back(parts: &[Vec<f32>], c: &mut [f32], (m, n): (usize, usize), per: usize) {
+    for (p, part) in parts.iter().enumerate() {
+        let (j0, w) = (p * per, part.len() / m);
+        for (dst, src) in c.chunks_exact_mut(n).zip(part.chunks_exact(w)) {
+            dst[j0..j0 + w].copy_from_slice(src);
+        }
     }
 }
 

@@ -593,7 +593,7 @@ pub(crate) fn prefetch<T>(p: *const T) {
 /// The dot product of two runs of one length, summed in eight interleaved lanes, then
 /// pairwise, then the tail.
 #[inline(always)]
-fn dot_lanes<T: crate::Float>(ar: &[T], bc: &[T]) -> T {
+pub(crate) fn dot_lanes<T: crate::Float>(ar: &[T], bc: &[T]) -> T {
     let k = ar.len();
     let mut lanes = [T::ZERO; 8];
     let (ac, at) = ar.split_at(k - k % 8);

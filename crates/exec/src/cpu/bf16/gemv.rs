@@ -11,7 +11,7 @@
 use half::bf16;
 
 use super::super::matmul::{MatView, Mnk};
-use super::{pair, Bf16Kernel};
+use super::{column_parts, columns_back, pair, Bf16Kernel};
 
 /// The most rows of `a` this path takes (each row's outputs are separate accumulators against
 /// the same reads of `b`).
@@ -72,18 +72,7 @@ pub(super) fn gemv(
     };
     let per = n.div_ceil(t).div_ceil(block) * block;
     // Each thread's columns go to a buffer of its own (m × its columns), copied into `c` after.
-    let mut parts: Vec<Vec<f32>> = (0..n.div_ceil(per))
-        .map(|p| {
-            let (j0, w) = (p * per, per.min(n - p * per));
-            let mut part = vec![0f32; m * w];
-            if accumulate {
-                for (dst, src) in part.chunks_exact_mut(w).zip(c.chunks_exact(n)) {
-                    dst.copy_from_slice(&src[j0..j0 + w]);
-                }
-            }
-            part
-        })
-        .collect();
+    let mut parts = column_parts(c, (m, n), per, accumulate);
     let run = |p: usize, part: &mut Vec<f32>| {
         let (j0, w) = (p * per, part.len() / m);
         let cols = MatView {
@@ -103,12 +92,7 @@ pub(super) fn gemv(
             run(p, part)
         });
     }
-    for (p, part) in parts.iter().enumerate() {
-        let (j0, w) = (p * per, part.len() / m);
-        for (dst, src) in c.chunks_exact_mut(n).zip(part.chunks_exact(w)) {
-            dst[j0..j0 + w].copy_from_slice(src);
-        }
-    }
+    columns_back(&parts, c, (m, n), per);
 }
 
 /// Where the row-major kernel keeps column `l` of a block of [`ROW_BLOCK`]: interleaving two
