@@ -25,7 +25,9 @@ pub mod block_cache;
 mod device_arena;
 mod mapped;
 
-pub use arena::{AllocSplit, Arena, ArenaMark, ArenaStats, Bool, BufId, MixedSplit, Pod};
+pub use arena::{
+    zeroed_vec, AllocSplit, Arena, ArenaMark, ArenaStats, Bool, BufId, MixedSplit, Pod,
+};
 pub use device_arena::{DeviceArena, DeviceArenaStats};
 pub use mapped::MappedFile;
 

@@ -106,7 +106,8 @@ impl HostData {
         // it loads (f32 into a bf16 model) uses them all.
         let threads = crate::graph::default_threads();
         with_storage!(dtype, D, {
-            let mut out = try_filled(op, n, D::default(), &[n])?;
+            // Zeros from `calloc` (untouched pages), faulted in by the threads that convert.
+            let mut out = try_zeros(op, n, &[n])?;
             each_dtype!(HostData, self, v => arenagrad_exec::cpu::cast(v, &mut out, threads));
             Ok(D::into_host(out))
         })
@@ -170,13 +171,13 @@ pub(crate) fn try_filled<T: Copy>(
 /// (`calloc`: a large block is fresh pages the system zeroes when first touched, so zeros that
 /// are overwritten before they are read — a model about to load a checkpoint — cost no pass of
 /// their own), once a fallible reservation has shown the memory is there.
-pub(crate) fn try_zeros<T: Clone + Default>(
+pub(crate) fn try_zeros<T: arenagrad_alloc::Pod>(
     op: &'static str,
     n: usize,
     shape: &[usize],
 ) -> Result<Vec<T>> {
     drop(try_vec::<T>(op, shape, n)?);
-    Ok(vec![T::default(); n])
+    Ok(arenagrad_alloc::zeroed_vec(n))
 }
 
 /// A tensor's elements borrowed mutably: values can change, their number and dtype cannot (what
