@@ -7,7 +7,7 @@
 //! that request this machine's reads ran at 60–70% of the speed with it, so a read without it
 //! would be a floor the kernels beat.
 
-use super::matmul::prefetch;
+use super::wide::prefetch;
 
 /// Words ahead of the one read that each thread asks for (2 KB).
 const AHEAD: usize = 512;

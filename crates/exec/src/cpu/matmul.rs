@@ -542,7 +542,7 @@ fn rows_times_rows_loops<T: crate::Float>(
                 for q in 0..4 {
                     let first = b.offset + (r + AHEAD_ROWS + q) * b.rs + s;
                     for x in (first..first + (e - s)).step_by(line) {
-                        prefetch(b.data.as_ptr().wrapping_add(x));
+                        super::wide::prefetch(b.data.as_ptr().wrapping_add(x));
                     }
                 }
             }
@@ -576,19 +576,6 @@ const DOT_AHEAD: usize = 512;
 
 /// How many rows ahead [`rows_times_rows`] asks for the weight's lines.
 const AHEAD_ROWS: usize = 16;
-
-/// Asks for the cache line at `p` (a hint: it reads nothing the program sees and cannot fault,
-/// whatever the address).
-#[inline(always)]
-pub(crate) fn prefetch<T>(p: *const T) {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    // SAFETY: SSE is part of x86-64's baseline; a prefetch dereferences nothing.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
-    };
-    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    let _ = p;
-}
 
 /// The dot product of two runs of one length, summed in eight interleaved lanes, then
 /// pairwise, then the tail.
@@ -632,7 +619,7 @@ unsafe fn dot4_f32_avx2(a: &[f32], cols: [&[f32]; 4]) -> [f32; 4] {
             // Each column's line 2 KB ahead (past its end, the next columns': the columns of
             // a transposed weight lie one after the other).
             for col in &cols {
-                prefetch(col.as_ptr().wrapping_add(s + DOT_AHEAD));
+                super::wide::prefetch(col.as_ptr().wrapping_add(s + DOT_AHEAD));
             }
         }
         // SAFETY: s + 8 ≤ body ≤ k, the length of `a` and of every column.

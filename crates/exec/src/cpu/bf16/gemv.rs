@@ -322,7 +322,7 @@ mod x86 {
                 let mut r = [_mm512_setzero_si512(); 16];
                 for (c, x) in r.iter_mut().enumerate().take(cols) {
                     let at = first_col.wrapping_add(c * b.cs + 2 * p0);
-                    _mm_prefetch::<_MM_HINT_T0>(first_col.wrapping_add(c * b.cs + ahead).cast());
+                    crate::cpu::wide::prefetch(first_col.wrapping_add(c * b.cs + ahead));
                     // SAFETY: column j0 + c (c < cols) has k values from offset + (j0 + c)·cs
                     // (the assertion); the masked load reads values 2·p0.. below k only.
                     *x = unsafe { _mm512_maskz_loadu_epi16(vmask, at.cast::<i16>()) };
