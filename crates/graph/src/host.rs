@@ -102,13 +102,14 @@ impl HostData {
     /// [`GraphError::OutOfMemory`] naming `op` when the host cannot hold the copy.
     pub fn to_dtype(&self, op: &'static str, dtype: DType) -> Result<HostData> {
         let n = self.len();
-        // Elementwise, so the same values on any number of threads: a checkpoint converted as
-        // it loads (f32 into a bf16 model) uses them all.
-        let threads = crate::graph::default_threads();
         with_storage!(dtype, D, {
-            // Zeros from `calloc` (untouched pages), faulted in by the threads that convert.
+            // Zeros from `calloc` (untouched pages), faulted in by the threads that convert: a
+            // large tensor (a checkpoint converted as it loads) in chunks across the default
+            // threads, elementwise, so the same values on any number of them.
             let mut out = try_zeros(op, n, &[n])?;
-            each_dtype!(HostData, self, v => arenagrad_exec::cpu::cast(v, &mut out, threads));
+            each_dtype!(HostData, self, v => crate::graph::update_in_chunks(&mut out, |at, o| {
+                arenagrad_exec::cpu::cast(&v[at..at + o.len()], o, 1)
+            }));
             Ok(D::into_host(out))
         })
     }

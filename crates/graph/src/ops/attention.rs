@@ -297,7 +297,7 @@ impl<'g> Tensor<'g> {
             )
         };
         if record || self.device() != Device::Cpu {
-            return self.attend_cache_composed(k, v, len, causal, (heads / kv, kd));
+            return self.attend_cache_composed(k, v, len, causal, heads / kv);
         }
         let dims = cpu::attention::CacheDims {
             batch: b,
@@ -344,7 +344,7 @@ impl<'g> Tensor<'g> {
         v: Tensor<'g>,
         len: usize,
         causal: bool,
-        (group, d): (usize, usize),
+        group: usize,
     ) -> Result<Tensor<'g>> {
         let repeat = |x: Tensor<'g>| -> Result<Tensor<'g>> {
             let x = x.slice(2, 0, len)?;
@@ -358,10 +358,8 @@ impl<'g> Tensor<'g> {
                 .reshape(&[b as isize, (kv * group) as isize, len as isize, w as isize])
         };
         let new = self.try_shape()?[2];
-        let mut opts = AttentionOptions {
-            scale: Some(1.0 / (d.max(1) as f64).sqrt()),
-            ..Default::default()
-        };
+        // The default scale, 1/√d, as the host path's.
+        let mut opts = AttentionOptions::default();
         if causal && new > 1 {
             let past = len - new;
             if past == 0 {

@@ -385,13 +385,7 @@ impl Gpt2 {
     pub fn from_pretrained_as(dir: impl AsRef<std::path::Path>, dtype: DType) -> Result<Self> {
         let dir = dir.as_ref();
         let mut cfg = Gpt2Config::from_hf(&super::hf::HfJson::read("Gpt2Config", dir)?)?;
-        if !dtype.is_float() {
-            return Err(config(
-                "Gpt2::from_pretrained_as",
-                format!("the parameters' dtype must be a float, not {dtype:?}"),
-            ));
-        }
-        cfg.dtype = dtype;
+        cfg.dtype = super::hf::parameter_dtype("Gpt2::from_pretrained_as", dtype)?;
         let mut model = Gpt2::build(cfg, None)?;
         model.load_hf(dir)?;
         model.set_training(false);

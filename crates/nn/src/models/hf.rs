@@ -44,6 +44,22 @@ impl Activation {
     }
 }
 
+/// `dtype` when it can hold a model's parameters (a float), else a configuration error naming
+/// `who`: what `from_pretrained_as` checks before building.
+pub(crate) fn parameter_dtype(
+    who: &'static str,
+    dtype: arenagrad_graph::DType,
+) -> Result<arenagrad_graph::DType> {
+    if dtype.is_float() {
+        Ok(dtype)
+    } else {
+        Err(config(
+            who,
+            format!("the parameters' dtype must be a float, not {dtype:?}"),
+        ))
+    }
+}
+
 /// `Normal(0, std)` when drawing at random, zeros for a model a checkpoint is about to fill
 /// (no draws to pay for).
 pub(crate) fn normal_or_zeros(random: bool, std: f64) -> Init {

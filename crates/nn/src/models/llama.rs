@@ -554,13 +554,7 @@ impl Llama {
     pub fn from_pretrained_as(dir: impl AsRef<std::path::Path>, dtype: DType) -> Result<Self> {
         let dir = dir.as_ref();
         let mut cfg = LlamaConfig::from_hf(&super::hf::HfJson::read("LlamaConfig", dir)?)?;
-        if !dtype.is_float() {
-            return Err(config(
-                "Llama::from_pretrained_as",
-                format!("the parameters' dtype must be a float, not {dtype:?}"),
-            ));
-        }
-        cfg.dtype = dtype;
+        cfg.dtype = super::hf::parameter_dtype("Llama::from_pretrained_as", dtype)?;
         let mut model = Llama::build(cfg, None)?;
         model.load_hf(dir)?;
         model.set_training(false);
