@@ -46,6 +46,7 @@ impl Activation {
 
 /// `dtype` when it can hold a model's parameters (a float), else a configuration error naming
 /// `who`: what `from_pretrained_as` checks before building.
+#[cfg(feature = "checkpoint")]
 pub(crate) fn parameter_dtype(
     who: &'static str,
     dtype: arenagrad_graph::DType,
