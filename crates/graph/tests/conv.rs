@@ -156,6 +156,223 @@ fn conv2d_grads(dev) {
 }
 }
 
+/// Transposed convolution by its definition: each input pixel `(iy, ix)` adds its channels times
+/// the kernel at output `(iy·s − p + ky·d, ix·s − p + kx·d)`; `ws` is `[C_in, C_out/groups, kh,
+/// kw]`, `op` the output padding (the output's extra rows and columns at the end).
+#[allow(clippy::too_many_arguments)]
+fn conv_transpose_ref(
+    x: &[f64],
+    xs: [usize; 4],
+    w: &[f64],
+    ws: [usize; 4],
+    s: (usize, usize),
+    p: (usize, usize),
+    op: (usize, usize),
+    d: (usize, usize),
+    groups: usize,
+) -> (Vec<f64>, [usize; 4]) {
+    let [n, c, h, wd] = xs;
+    let [_, og, kh, kw] = ws;
+    let cg = c / groups;
+    let ho = (h - 1) * s.0 + d.0 * (kh - 1) + op.0 + 1 - 2 * p.0;
+    let wo = (wd - 1) * s.1 + d.1 * (kw - 1) + op.1 + 1 - 2 * p.1;
+    let o = og * groups;
+    let mut y = vec![0.0; n * o * ho * wo];
+    for b in 0..n {
+        for ic in 0..c {
+            let grp = ic / cg;
+            for iy in 0..h {
+                for ix in 0..wd {
+                    let v = x[((b * c + ic) * h + iy) * wd + ix];
+                    for oc in 0..og {
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let oy = (iy * s.0 + ky * d.0) as isize - p.0 as isize;
+                                let ox = (ix * s.1 + kx * d.1) as isize - p.1 as isize;
+                                if oy < 0 || ox < 0 || oy as usize >= ho || ox as usize >= wo {
+                                    continue;
+                                }
+                                let out =
+                                    ((b * o + grp * og + oc) * ho + oy as usize) * wo + ox as usize;
+                                y[out] += v * w[((ic * og + oc) * kh + ky) * kw + kx];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (y, [n, o, ho, wo])
+}
+
+device_test! {
+fn conv_transpose2d_matches_the_definition(dev) {
+    let g = Graph::on(dev).unwrap();
+    // (input, weight, stride, padding, output padding, dilation, groups): a U-Net's k4 s2 p1,
+    // kernel = stride, uneven strides with output padding, groups with dilation, padding wider
+    // than the kernel's reach on one side, and an output padding past the stride (below the
+    // dilation), which adds windows of zero input.
+    type Case = ([usize; 4], [usize; 4], (usize, usize), (usize, usize), (usize, usize), (usize, usize), usize);
+    let cases: [Case; 6] = [
+        ([2, 3, 4, 5], [3, 2, 4, 4], (2, 2), (1, 1), (0, 0), (1, 1), 1),
+        ([2, 2, 3, 3], [2, 3, 2, 2], (2, 2), (0, 0), (0, 0), (1, 1), 1),
+        ([1, 2, 3, 4], [2, 2, 3, 2], (2, 3), (1, 0), (1, 2), (1, 1), 1),
+        ([2, 4, 3, 3], [4, 1, 2, 3], (2, 1), (0, 2), (0, 0), (2, 3), 2),
+        ([1, 1, 4, 4], [1, 1, 3, 3], (3, 3), (2, 2), (0, 0), (1, 1), 1),
+        ([1, 2, 3, 4], [2, 2, 2, 3], (1, 2), (0, 1), (2, 1), (3, 2), 1),
+    ];
+    for (xs, ws, s, p, op, d, groups) in cases {
+        let (x, w) = (ht(&xs, 1), ht(&ws, 2));
+        let (want, oshape) =
+            conv_transpose_ref(&x.to_f64_vec(), xs, &w.to_f64_vec(), ws, s, p, op, d, groups);
+        let bias: Vec<f64> = (0..oshape[1]).map(|c| c as f64 * 0.5 - 1.0).collect();
+        let b = g.from_f64(&bias, &[oshape[1]], DType::F64).unwrap();
+        for with_bias in [None, Some(b)] {
+            let y = g
+                .from_host(&x)
+                .unwrap()
+                .conv_transpose2d(g.from_host(&w).unwrap(), with_bias, s, p, op, d, groups)
+                .unwrap();
+            assert_eq!(y.shape().as_slice(), &oshape, "{xs:?} {ws:?}");
+            let plane = oshape[2] * oshape[3];
+            for (e, (a, b)) in y.to_vec_f64().unwrap().iter().zip(&want).enumerate() {
+                let shift = with_bias.map_or(0.0, |_| bias[(e / plane) % oshape[1]]);
+                assert!((a - b - shift).abs() < 1e-12, "{xs:?} {ws:?} at {e}: {a} vs {b}");
+            }
+        }
+    }
+}
+}
+
+device_test! {
+fn conv_transpose2d_grads(dev) {
+    let o = GradcheckOptions {
+        device: dev,
+        ..GradcheckOptions::default()
+    };
+    // Batch-wide (no groups) and per-image (groups) paths, with a bias and an output padding
+    // past the stride; second derivatives through a tanh.
+    let r = gradcheck(
+        check_fn(|_, x| x[0].conv_transpose2d(x[1], Some(x[2]), (2, 2), (1, 1), (1, 0), (1, 1), 1)),
+        &[ht(&[2, 2, 3, 3], 3), ht(&[2, 3, 3, 3], 4), ht(&[3], 5)],
+        o,
+    )
+    .unwrap();
+    assert!(r.passed, "{r}");
+    let r = gradcheck(
+        check_fn(|_, x| x[0].conv_transpose2d(x[1], None, (1, 2), (0, 1), (1, 1), (2, 2), 2)),
+        &[ht(&[1, 4, 3, 3], 6), ht(&[4, 1, 2, 2], 7)],
+        o,
+    )
+    .unwrap();
+    assert!(r.passed, "{r}");
+    let r = gradgradcheck(
+        check_fn(|_, x| {
+            x[0].conv_transpose2d(x[1], Some(x[2]), (2, 2), (1, 1), (0, 0), (1, 1), 1)?
+                .tanh()
+        }),
+        &[ht(&[1, 2, 2, 2], 8), ht(&[2, 1, 3, 3], 9), ht(&[1], 10)],
+        o,
+    )
+    .unwrap();
+    assert!(r.passed, "{r}");
+}
+}
+
+/// Refusals name the op and record nothing: channels that differ, groups that do not divide
+/// them, a bias of another length, an output padding at both the stride and the dilation,
+/// padding that leaves no output, sizes that overflow.
+#[test]
+fn conv_transpose2d_refuses_bad_arguments() {
+    let g = Graph::new();
+    let x = g.ones(&[1, 2, 3, 3], DType::F64).unwrap();
+    let w = g.ones(&[2, 1, 2, 2], DType::F64).unwrap();
+    let m = usize::MAX;
+    let refused = |r: arenagrad_graph::Result<arenagrad_graph::Tensor<'_>>| match r {
+        Err(GraphError::BadArgument { op, .. }) | Err(GraphError::ShapeMismatch { op, .. }) => {
+            op == "conv_transpose2d"
+        }
+        Err(GraphError::TooLarge { .. }) => true,
+        other => panic!("{other:?}"),
+    };
+    let w3 = g.ones(&[3, 1, 2, 2], DType::F64).unwrap();
+    let b3 = g.ones(&[3], DType::F64).unwrap();
+    let nodes = g.stats().nodes;
+    assert!(refused(x.conv_transpose2d(
+        w3,
+        None,
+        (1, 1),
+        (0, 0),
+        (0, 0),
+        (1, 1),
+        1
+    )));
+    assert!(refused(x.conv_transpose2d(
+        w,
+        None,
+        (1, 1),
+        (0, 0),
+        (0, 0),
+        (1, 1),
+        3
+    )));
+    assert!(refused(x.conv_transpose2d(
+        w,
+        Some(b3),
+        (1, 1),
+        (0, 0),
+        (0, 0),
+        (1, 1),
+        1
+    )));
+    assert!(refused(x.conv_transpose2d(
+        w,
+        None,
+        (2, 2),
+        (0, 0),
+        (2, 0),
+        (2, 2),
+        1
+    )));
+    assert!(refused(x.conv_transpose2d(
+        w,
+        None,
+        (1, 1),
+        (2, 2),
+        (0, 0),
+        (1, 1),
+        1
+    )));
+    assert!(refused(x.conv_transpose2d(
+        w,
+        None,
+        (0, 1),
+        (0, 0),
+        (0, 0),
+        (1, 1),
+        1
+    )));
+    assert!(refused(x.conv_transpose2d(
+        w,
+        None,
+        (m, 1),
+        (0, 0),
+        (0, 0),
+        (1, 1),
+        1
+    )));
+    assert!(refused(x.conv_transpose2d(
+        w,
+        None,
+        (1, 1),
+        (0, 0),
+        (m - 1, 0),
+        (m, 1),
+        1
+    )));
+    assert_eq!(g.stats().nodes, nodes, "a refused call records nothing");
+}
+
 device_test! {
 fn pooling_values_and_grads(dev) {
     let g = Graph::on(dev).unwrap();

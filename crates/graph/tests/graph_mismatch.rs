@@ -97,6 +97,14 @@ fn calls() -> Vec<(&'static str, Call)> {
         ("conv2d", |_, x, f, _| {
             x.conv2d(f, (1, 1), (0, 0), (1, 1), 1).map(drop)
         }),
+        ("conv_transpose2d", |_, x, f, _| {
+            x.conv_transpose2d(f, None, (1, 1), (0, 0), (0, 0), (1, 1), 1)
+                .map(drop)
+        }),
+        ("conv_transpose2d", |_, x, _, fb| {
+            x.conv_transpose2d(x, Some(fb), (1, 1), (0, 0), (0, 0), (1, 1), 1)
+                .map(drop)
+        }),
         ("conv2d_bias", |_, x, f, _| {
             x.conv2d_bias(f, None, (1, 1), (0, 0), (1, 1), 1).map(drop)
         }),

@@ -823,3 +823,55 @@ fn edges_of_the_16_bit_attention_and_norm() {
         }
     }
 }
+
+/// A transposed convolution in bf16 and f16 (the batch-wide product and fold, and the grouped
+/// per-image one) within PyTorch's tolerances for those dtypes of the f32 one on the same
+/// values, output and every gradient, and its output in the input's dtype.
+#[test]
+fn transposed_convolutions_in_16_bits_match_f32() {
+    for (dtype, atol, rtol) in [(DType::BF16, 1e-2, 1.6e-2), (DType::F16, 1e-3, 1e-3)] {
+        for groups in [1, 2] {
+            let g = Graph::new();
+            let pair = |shape: &[usize], s: f64| {
+                let n: usize = shape.iter().product();
+                let v: Vec<f64> = (0..n)
+                    .map(|k| ((k as f64 * 0.53 + s).sin() * 64.0).round() / 256.0)
+                    .collect();
+                let low = g.leaf(&v, shape, dtype).unwrap();
+                let full = g.leaf(&v, shape, DType::F32).unwrap();
+                (
+                    low.set_requires_grad(true).unwrap(),
+                    full.set_requires_grad(true).unwrap(),
+                )
+            };
+            let (x, xf) = pair(&[2, 4, 5, 6], 0.2);
+            let (w, wf) = pair(&[4, 3, 4, 4], 1.1);
+            let (b, bf) = pair(&[3 * groups], 2.3);
+            let [y, yf] = [(x, w, b), (xf, wf, bf)].map(|(x, w, b)| {
+                x.conv_transpose2d(w, Some(b), (2, 2), (1, 1), (1, 0), (1, 1), groups)
+                    .unwrap()
+            });
+            assert_eq!(y.dtype(), dtype);
+            assert_eq!(y.shape(), yf.shape());
+            let close = |what: &str, lo: Tensor<'_>, hi: Tensor<'_>| {
+                let (got, want) = (lo.to_vec_f64().unwrap(), hi.to_vec_f64().unwrap());
+                assert_eq!(got.len(), want.len());
+                for (e, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (a - b).abs() <= atol + rtol * b.abs(),
+                        "{dtype:?} groups {groups} {what}: element {e} is {a}, not {b}"
+                    );
+                }
+            };
+            close("y", y, yf);
+            for t in [y, yf] {
+                t.mul(t).unwrap().sum().unwrap().backward().unwrap();
+            }
+            for (lo, hi, what) in [(x, xf, "dx"), (w, wf, "dw"), (b, bf, "db")] {
+                let gl = lo.grad().unwrap().unwrap();
+                assert_eq!(gl.dtype(), dtype, "{what}");
+                close(what, gl, hi.grad().unwrap().unwrap());
+            }
+        }
+    }
+}

@@ -649,43 +649,14 @@ impl Module for Upsample {
     }
 }
 
-/// `x` (`[N, C, H, W]`) with `s − 1` zeros between neighbours along height and width
-/// (`[N, C, (H − 1)·s.0 + 1, (W − 1)·s.1 + 1]`): the input of a transposed convolution's
-/// stride, as a direct convolution sees it.
-fn zero_interleave<'g>(x: Tensor<'g>, s: (usize, usize)) -> Result<Tensor<'g>> {
-    let mut y = x;
-    for (axis, step) in [(2usize, s.0), (3, s.1)] {
-        if step == 1 {
-            continue;
-        }
-        let shape = y.try_shape()?;
-        let n = shape[axis];
-        // Each entry followed by step − 1 zeros along a new axis after `axis`, then merged.
-        let mut with_new: Vec<isize> = shape.iter().map(|&d| d as isize).collect();
-        with_new.insert(axis + 1, 1);
-        let one = y.reshape(&with_new)?;
-        let mut zshape: Vec<usize> = shape.to_vec();
-        zshape.insert(axis + 1, step - 1);
-        let zeros = y.graph().zeros(&zshape, y.dtype())?;
-        let both = y.graph().concat(&[one, zeros], (axis + 1) as isize)?;
-        let mut merged: Vec<isize> = shape.iter().map(|&d| d as isize).collect();
-        merged[axis] = (n * step) as isize;
-        y = both
-            .reshape(&merged)?
-            .slice(axis as isize, 0, (n - 1) * step + 1)?;
-    }
-    Ok(y)
-}
-
 /// A 2-D transposed convolution (PyTorch's `F.conv_transpose2d`, the gradient of a
 /// convolution with respect to its input): `x` `[N, C_in, H, W]`, `weight`
 /// `[C_in, C_out/groups, kh, kw]` (PyTorch's layout), `bias` `[C_out]`; the output is
 /// `(H − 1)·stride − 2·padding + dilation·(kh − 1) + output_padding + 1` high (likewise wide).
 /// A kernel equal to the stride (without padding, dilation or groups: a U-Net's upsampling)
-/// is one matrix product whose output tiles the image; otherwise the direct convolution of
-/// the input with `stride − 1` zeros between entries, padded by `dilation·(k − 1) − padding`
-/// (cropped where that is negative), with the kernel flipped and its channel axes swapped per
-/// group.
+/// is one matrix product whose output tiles the image; otherwise
+/// [`Tensor::conv_transpose2d`](arenagrad_graph::Tensor::conv_transpose2d): the weight's
+/// patches of every input pixel folded (col2im) into the output.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_transpose2d<'g>(
     x: Tensor<'g>,
@@ -752,90 +723,17 @@ pub fn conv_transpose2d<'g>(
             None => y,
         });
     }
-    // The output's extents: (H − 1)·s − 2p + d·(k − 1) + output padding + 1.
-    let out_of = |n: usize, s: usize, p: usize, d: usize, k: usize, op: usize| {
-        ((n - 1) * s + d * (k - 1) + op + 1).checked_sub(2 * p)
-    };
-    let out_hw = (
-        out_of(h, stride.0, padding.0, dilation.0, kh, output_padding.0),
-        out_of(w, stride.1, padding.1, dilation.1, kw, output_padding.1),
-    );
-    if let ((Some(ho), Some(wo)), true) = (
-        out_hw,
-        output_padding.0 < stride.0 && output_padding.1 < stride.1,
-    ) {
-        if ho > 0 && wo > 0 {
-            // The adjoint of a convolution: each input pixel's channels times the weight give
-            // a patch per position, `[C_out·kh·kw, H·W]` per image (one batched product per
-            // group), and col2im adds the patches into the output — the windows of the
-            // convolution that the output image would make, which number H·W exactly.
-            let (n, gi, cin_g) = (xs[0] as isize, groups as isize, (cin / groups) as isize);
-            let patch = (cout_g * kh * kw) as isize;
-            let wt = weight.reshape(&[gi, cin_g, patch])?.permute(&[0, 2, 1])?;
-            let cols = wt
-                .matmul(x.reshape(&[n, gi, cin_g, (h * w) as isize])?)?
-                .reshape(&[n, gi * patch, (h * w) as isize])?;
-            let y = cols.fold2d((ho, wo), (kh, kw), stride, padding, dilation)?;
-            return Ok(match bias {
-                Some(b) => y.add(b.reshape(&[1, (cout_g * groups) as isize, 1, 1])?)?,
-                None => y,
-            });
-        }
-    }
-    let g = x.graph();
-    // [C_in, C_out/g, kh, kw] → [C_out, C_in/g, kh, kw], flipped in space.
-    let (gi, cin_g) = (groups as isize, (cin / groups) as isize);
-    let w2 = weight
-        .reshape(&[gi, cin_g, cout_g as isize, kh as isize, kw as isize])?
-        .permute(&[0, 2, 1, 3, 4])?
-        .reshape(&[gi * cout_g as isize, cin_g, kh as isize, kw as isize])?
-        .flip(&[2, 3])?;
-    let mut y = zero_interleave(x, stride)?;
-    // Each side: dilation·(k − 1) − padding, plus the output padding after.
-    let mut crop = [(0usize, 0usize); 2];
-    for (k, (axis, ksize)) in [(2usize, kh), (3, kw)].into_iter().enumerate() {
-        let (d, p, op) = [
-            (dilation.0, padding.0, output_padding.0),
-            (dilation.1, padding.1, output_padding.1),
-        ][k];
-        let full = (d * (ksize - 1)) as isize;
-        let before = full - p as isize;
-        let after = before + op as isize;
-        let pad_of = |v: isize| v.max(0) as usize;
-        let shape = y.try_shape()?;
-        let mut parts = Vec::new();
-        if pad_of(before) > 0 {
-            let mut s = shape.to_vec();
-            s[axis] = pad_of(before);
-            parts.push(g.zeros(&s, y.dtype())?);
-        }
-        parts.push(y);
-        if pad_of(after) > 0 {
-            let mut s = shape.to_vec();
-            s[axis] = pad_of(after);
-            parts.push(g.zeros(&s, y.dtype())?);
-        }
-        y = if parts.len() > 1 {
-            g.concat(&parts, axis as isize)?
-        } else {
-            y
-        };
-        crop[k] = ((-before).max(0) as usize, (-after).max(0) as usize);
-    }
-    for (k, axis) in [2usize, 3].into_iter().enumerate() {
-        let (a, b) = crop[k];
-        if a + b > 0 {
-            let n = y.try_shape()?[axis];
-            if a + b >= n {
-                return Err(config(
-                    "conv_transpose2d",
-                    format!("padding {padding:?} leaves no output of {xs:?}"),
-                ));
-            }
-            y = y.slice(axis as isize, a, n - b)?;
-        }
-    }
-    crate::functional::conv2d(y, w2, bias, (1, 1), (0, 0), dilation, groups)
+    // Otherwise the graph's op: one product of the weight with the inputs and a fold (col2im)
+    // of its patches into the output.
+    Ok(x.conv_transpose2d(
+        weight,
+        bias,
+        stride,
+        padding,
+        output_padding,
+        dilation,
+        groups,
+    )?)
 }
 
 /// A 1-D transposed convolution (PyTorch's `F.conv_transpose1d`): `x` `[N, C_in, L]`,

@@ -69,8 +69,9 @@ impl Window {
     }
 
     /// For each kernel tap and output position, the input offset it reads (or `None` in padding):
-    /// calls `f(row, col, Some(input_index))`.
-    #[inline]
+    /// calls `f(row, col, Some(input_index))`. The definition, element by element: the tests'
+    /// reference for the runs the kernels walk.
+    #[cfg(test)]
     fn for_each(&self, mut f: impl FnMut(usize, usize, Option<usize>)) {
         let (ho, wo) = self.out_hw().expect("invariant: window checked before use");
         for c in 0..self.c {
@@ -106,28 +107,28 @@ pub fn im2col<T: Copy>(x: &[T], win: &Window, pad: T, cols: &mut [T]) {
 /// [`im2col`] into a wider matrix: row `r` of the patch matrix starts at `off + r·ld`.
 fn im2col_ld<T: Copy>(x: &[T], win: &Window, pad: T, cols: &mut [T], ld: usize, off: usize) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
-    // Fast path: stride 1 and dilation 1 (any padding) — each output row of a kernel tap is a
-    // shifted copy of an input row, with `pad` where it hangs over the edge.
-    if win.sh == 1 && win.sw == 1 && win.dh == 1 && win.dw == 1 {
-        for_each_tap_run(win, ho, wo, |r| {
-            let dst = off + r.row * ld + r.oh * wo;
-            let out = &mut cols[dst..dst + wo];
-            match r.src {
-                None => out.fill(pad),
-                Some(src) => {
-                    out[..r.lo].fill(pad);
-                    out[r.hi..].fill(pad);
-                    zip_run(
-                        &mut out[r.lo..r.hi],
-                        &x[src..src + (r.hi - r.lo)],
-                        |o, v| *o = v,
-                    );
+    // Each output row of a kernel tap reads a run of one input row, every `step`-th element
+    // (a shifted copy at stride 1), with `pad` where it hangs over an edge.
+    for_each_tap_run(win, ho, wo, |r| {
+        let dst = off + r.row * ld + r.oh * wo;
+        let out = &mut cols[dst..dst + wo];
+        match r.src {
+            None => out.fill(pad),
+            Some(src) => {
+                out[..r.lo].fill(pad);
+                out[r.hi..].fill(pad);
+                let run = &mut out[r.lo..r.hi];
+                if r.step == 1 {
+                    zip_run(run, &x[src..src + run.len()], |o, v| *o = v);
+                } else {
+                    let from = &x[src..src + (run.len() - 1) * r.step + 1];
+                    for (o, &v) in run.iter_mut().zip(from.iter().step_by(r.step)) {
+                        *o = v;
+                    }
                 }
             }
-        });
-        return;
-    }
-    win.for_each(|row, col, src| cols[off + row * ld + col] = src.map_or(pad, |s| x[s]));
+        }
+    });
 }
 
 /// The adjoint of [`im2col`]: `x[src] += cols[row, col]` for every tap that reads `src`.
@@ -136,37 +137,45 @@ pub fn col2im<T: Float>(cols: &[T], win: &Window, x: &mut [T]) {
     col2im_ld(cols, win, x, (ho * wo, 0), |v| v);
 }
 
-/// One output row of one kernel tap of a stride-1, dilation-1 window: row `row` of the patch
-/// matrix, output row `oh`. Its columns `lo..hi` read the input run that starts at `src`; the
-/// columns outside that range hang over the left or right edge. `src` is `None` when the whole
-/// row reads padding (it hangs over the top or bottom edge, or `lo == hi`).
+/// One output row of one kernel tap: row `row` of the patch matrix, output row `oh`. Its
+/// columns `lo..hi` read the input from `src` on, every `step`-th element (the horizontal
+/// stride); the columns outside that range hang over the left or right edge. `src` is `None`
+/// when the whole row reads padding (it hangs over the top or bottom edge, or `lo == hi`).
 struct TapRun {
     row: usize,
     oh: usize,
     lo: usize,
     hi: usize,
+    step: usize,
     src: Option<usize>,
 }
 
-/// Every [`TapRun`] of a stride-1, dilation-1 window with output `ho × wo`, channel by channel
-/// and tap by tap (the patch matrix's row order): the bounds im2col and col2im share.
+/// Every [`TapRun`] of a window with output `ho × wo`, channel by channel and tap by tap (the
+/// patch matrix's row order): the bounds im2col and col2im share.
 fn for_each_tap_run(win: &Window, ho: usize, wo: usize, mut f: impl FnMut(TapRun)) {
+    // The first output column at or past `edge` (in input columns, counted from the padded
+    // left edge) for a tap `shift` columns in: ⌈(edge − shift) / stride⌉, 0 when the tap
+    // starts past it. `out_hw` bounds every term, so nothing overflows.
+    let first_past = |edge: usize, shift: usize| edge.saturating_sub(shift).div_ceil(win.sw);
     for c in 0..win.c {
         for ki in 0..win.kh {
             for kj in 0..win.kw {
                 let row = (c * win.kh + ki) * win.kw + kj;
-                // Output columns ow whose input column ow + kj - pw lies inside [0, w).
-                let lo = win.pw.saturating_sub(kj).min(wo);
-                let hi = (win.w + win.pw).saturating_sub(kj).min(wo).max(lo);
+                let shift = kj * win.dw;
+                // Output columns ow whose input column ow·sw + kj·dw − pw lies inside [0, w).
+                let lo = first_past(win.pw, shift).min(wo);
+                let hi = first_past(win.w + win.pw, shift).min(wo).max(lo);
                 for oh in 0..ho {
-                    let ih = (oh + ki) as isize - win.ph as isize;
+                    let ih = (oh * win.sh + ki * win.dh) as isize - win.ph as isize;
                     let inside = ih >= 0 && (ih as usize) < win.h && hi > lo;
-                    let src = inside.then(|| (c * win.h + ih as usize) * win.w + lo + kj - win.pw);
+                    let src = inside
+                        .then(|| (c * win.h + ih as usize) * win.w + lo * win.sw + shift - win.pw);
                     f(TapRun {
                         row,
                         oh,
                         lo,
                         hi,
+                        step: win.sw,
                         src,
                     });
                 }
@@ -206,24 +215,20 @@ fn col2im_ld<S: Copy, T: Float>(
     widen: impl Fn(S) -> T,
 ) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
-    // Fast path, the mirror of im2col's: each output row of a kernel tap adds into a run of one
-    // input row.
-    if win.sh == 1 && win.sw == 1 && win.dh == 1 && win.dw == 1 {
-        for_each_tap_run(win, ho, wo, |r| {
-            if let Some(src) = r.src {
-                let dst = off + r.row * ld + r.oh * wo;
-                zip_run(
-                    &mut x[src..src + (r.hi - r.lo)],
-                    &cols[dst + r.lo..dst + r.hi],
-                    |o, v| *o += widen(v),
-                );
+    // The mirror of im2col's runs: each output row of a kernel tap adds into every `step`-th
+    // element of a run of one input row.
+    for_each_tap_run(win, ho, wo, |r| {
+        if let Some(src) = r.src {
+            let dst = off + r.row * ld + r.oh * wo;
+            let run = &cols[dst + r.lo..dst + r.hi];
+            if r.step == 1 {
+                zip_run(&mut x[src..src + run.len()], run, |o, v| *o += widen(v));
+            } else {
+                let to = &mut x[src..src + (run.len() - 1) * r.step + 1];
+                for (o, &v) in to.iter_mut().step_by(r.step).zip(run) {
+                    *o += widen(v);
+                }
             }
-        });
-        return;
-    }
-    win.for_each(|row, col, src| {
-        if let Some(s) = src {
-            x[s] += widen(cols[off + row * ld + col]);
         }
     });
 }
@@ -848,13 +853,22 @@ mod tests {
     }
 
     #[test]
-    fn fast_path_matches_general() {
-        for (ph, pw, kh, kw) in [
-            (0, 0, 3, 3),
-            (1, 1, 3, 3),
-            (2, 1, 3, 2),
-            (0, 3, 2, 5),
-            (1, 0, 1, 1),
+    fn runs_match_the_definition() {
+        // (padding, kernel, stride, dilation): stride 1, then the strided and dilated windows
+        // (a transposed convolution's k4 s2 p1, padding past the kernel's reach, wide strides
+        // that skip columns, a dilated tap that lands past the right edge).
+        for (ph, pw, kh, kw, sh, sw, dh, dw) in [
+            (0, 0, 3, 3, 1, 1, 1, 1),
+            (1, 1, 3, 3, 1, 1, 1, 1),
+            (2, 1, 3, 2, 1, 1, 1, 1),
+            (0, 3, 2, 5, 1, 1, 1, 1),
+            (1, 0, 1, 1, 1, 1, 1, 1),
+            (1, 1, 4, 4, 2, 2, 1, 1),
+            (0, 0, 2, 2, 2, 2, 1, 1),
+            (2, 3, 2, 3, 3, 2, 1, 1),
+            (1, 2, 3, 2, 2, 3, 2, 2),
+            (0, 4, 1, 2, 1, 4, 1, 3),
+            (3, 0, 2, 1, 5, 1, 3, 1),
         ] {
             let win = Window {
                 c: 3,
@@ -862,12 +876,12 @@ mod tests {
                 w: 5,
                 kh,
                 kw,
-                sh: 1,
-                sw: 1,
+                sh,
+                sw,
                 ph,
                 pw,
-                dh: 1,
-                dw: 1,
+                dh,
+                dw,
             };
             let (ho, wo) = win.out_hw().unwrap();
             let x: Vec<f32> = (0..90).map(|i| i as f32).collect();
@@ -875,7 +889,9 @@ mod tests {
             im2col(&x, &win, -7.0, &mut fast);
             let mut slow = vec![0.0; fast.len()];
             win.for_each(|row, col, src| slow[row * ho * wo + col] = src.map_or(-7.0, |s| x[s]));
-            assert_eq!(fast, slow, "padding {ph},{pw} kernel {kh}x{kw}");
+            let what =
+                format!("padding {ph},{pw} kernel {kh}x{kw} stride {sh},{sw} dilation {dh},{dw}");
+            assert_eq!(fast, slow, "{what}");
             // col2im's fast path against the general loop.
             let y: Vec<f64> = (0..fast.len()).map(|i| (i as f64 * 0.37).sin()).collect();
             let mut back = vec![0.0; 90];
@@ -887,10 +903,7 @@ mod tests {
                 }
             });
             for (a, b) in back.iter().zip(&want) {
-                assert!(
-                    (a - b).abs() < 1e-12,
-                    "col2im padding {ph},{pw} kernel {kh}x{kw}"
-                );
+                assert!((a - b).abs() < 1e-12, "col2im {what}");
             }
         }
     }

@@ -399,6 +399,137 @@ impl<'g> Tensor<'g> {
         }
     }
 
+    /// 2-D transposed convolution (PyTorch's `F.conv_transpose2d`, the gradient of a
+    /// convolution with respect to its input): input `[N, C_in, H, W]`, weight
+    /// `[C_in, C_out/groups, kh, kw]` (PyTorch's layout), `bias` `[C_out]`; the output is
+    /// `(H − 1)·stride − 2·padding + dilation·(kh − 1) + output_padding + 1` high (likewise
+    /// wide). `output_padding` must stay below the stride or the dilation, as PyTorch asks.
+    ///
+    /// Each input pixel's channels times the weight give a patch, and fold (col2im) adds the
+    /// patches into the output at the windows of the convolution this one transposes. On the
+    /// host without groups the whole batch is one product, `weightᵀ [C_out·kh·kw, C_in]` times
+    /// the inputs side by side `[C_in, N·H·W]`, folded from that layout: its backward is then
+    /// the convolution's own batch-wide im2col and two batch-wide products.
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_transpose2d(
+        self,
+        weight: Tensor<'g>,
+        bias: Option<Tensor<'g>>,
+        stride: (usize, usize),
+        padding: (usize, usize),
+        output_padding: (usize, usize),
+        dilation: (usize, usize),
+        groups: usize,
+    ) -> Result<Tensor<'g>> {
+        const OP: &str = "conv_transpose2d";
+        if let Some([Some(x), Some(w), b]) =
+            Tensor::autocast_lower(self.g, [Some(self), Some(weight), bias])?
+        {
+            return x.conv_transpose2d(w, b, stride, padding, output_padding, dilation, groups);
+        }
+        // Before anything is recorded: a refused call leaves both graphs as they were.
+        check_pair(OP, &self, &weight)?;
+        if let Some(b) = bias {
+            check_pair(OP, &self, &b)?;
+        }
+        let (xs, ws) = (self.try_shape()?, weight.try_shape()?);
+        let bad = || GraphError::ShapeMismatch {
+            op: OP,
+            lhs: xs.to_vec(),
+            rhs: ws.to_vec(),
+        };
+        let (&[n, cin, h, w], &[wcin, cout_g, kh, kw]) = (&xs[..], &ws[..]) else {
+            return Err(bad());
+        };
+        if groups == 0
+            || cin != wcin
+            || !cin.is_multiple_of(groups)
+            || [h, w, cout_g, kh, kw].contains(&0)
+        {
+            return Err(bad());
+        }
+        let cout = cout_g * groups;
+        if let Some(b) = bias {
+            let bs = b.try_shape()?;
+            if bs[..] != [cout] {
+                return Err(GraphError::ShapeMismatch {
+                    op: OP,
+                    lhs: ws.to_vec(),
+                    rhs: bs.to_vec(),
+                });
+            }
+        }
+        let positive = stride.0 > 0 && stride.1 > 0 && dilation.0 > 0 && dilation.1 > 0;
+        let out_pad_ok = (output_padding.0 < stride.0 || output_padding.0 < dilation.0)
+            && (output_padding.1 < stride.1 || output_padding.1 < dilation.1);
+        if !positive || !out_pad_ok {
+            return Err(GraphError::BadArgument {
+                op: OP,
+                what: "stride and dilation must be ≥ 1 and the output padding below the stride \
+                       or the dilation",
+            });
+        }
+        // (H − 1)·s + d·(k − 1) + output padding + 1 − 2p, which must be positive.
+        let extent = |n: usize, s: usize, p: usize, d: usize, k: usize, op: usize| {
+            (n - 1)
+                .checked_mul(s)
+                .and_then(|v| v.checked_add(d.checked_mul(k.checked_sub(1)?)?))
+                .and_then(|v| v.checked_add(op + 1))
+                .and_then(|v| v.checked_sub(p.checked_mul(2)?))
+                .filter(|&v| v > 0)
+        };
+        let (Some(ho), Some(wo)) = (
+            extent(h, stride.0, padding.0, dilation.0, kh, output_padding.0),
+            extent(w, stride.1, padding.1, dilation.1, kw, output_padding.1),
+        ) else {
+            return Err(GraphError::BadArgument {
+                op: OP,
+                what: "the padding leaves no output (or the output's size overflows)",
+            });
+        };
+        let win = window(OP, &[n, cout, ho, wo], (kh, kw), stride, padding, dilation)?;
+        let (hw, ww) = win.out_hw().expect("invariant: checked window");
+        // The convolution of an output this size makes H + ⌊output padding / stride⌋ windows
+        // down (likewise across): an output padding past the stride (allowed below the
+        // dilation) adds windows whose input pixels are zeros.
+        if hw != h + output_padding.0 / stride.0 || ww != w + output_padding.1 / stride.1 {
+            return Err(bad());
+        }
+        // Sizes that overflow are refused before anything is recorded.
+        checked_numel(OP, &[n, cout, ho, wo])?;
+        checked_numel(OP, &[n, cin, hw, ww])?;
+        checked_numel(OP, &[n, cout, kh, kw, hw, ww])?;
+        let mut x = self;
+        for (axis, extra) in [(2usize, hw - h), (3, ww - w)] {
+            if extra > 0 {
+                let mut zs = copy_of(&x.try_shape()?);
+                zs[axis] = extra;
+                let zeros = self.g.zeros(&zs, x.dtype_of(OP)?)?;
+                x = self.g.concat(&[x, zeros], axis as isize)?;
+            }
+        }
+        let (l, patch) = ((hw * ww) as isize, (cout_g * kh * kw) as isize);
+        let y = if groups == 1 && self.device() == Device::Cpu {
+            let xp = x
+                .permute(&[1, 0, 2, 3])?
+                .reshape(&[cin as isize, n as isize * l])?;
+            weight
+                .reshape(&[cin as isize, patch])?
+                .matmul_t(xp, true, false)?
+                .fold_batch_win(win, n)?
+        } else {
+            let (gi, cin_g) = (groups as isize, (cin / groups) as isize);
+            let wt = weight.reshape(&[gi, cin_g, patch])?.permute(&[0, 2, 1])?;
+            wt.matmul(x.reshape(&[n as isize, gi, cin_g, l])?)?
+                .reshape(&[n as isize, gi * patch, l])?
+                .fold_win(win, n)?
+        };
+        match bias {
+            Some(b) => y.add(b.reshape(&[1, cout as isize, 1, 1])?),
+            None => Ok(y),
+        }
+    }
+
     /// Max pooling over `kernel` windows. Padding is never the maximum (padding is limited to
     /// half the kernel, so every window holds a real element); on ties the first element in the
     /// window takes the gradient, as in PyTorch. The argmax indices live in the arena beside the
