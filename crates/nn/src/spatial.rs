@@ -653,10 +653,8 @@ impl Module for Upsample {
 /// convolution with respect to its input): `x` `[N, C_in, H, W]`, `weight`
 /// `[C_in, C_out/groups, kh, kw]` (PyTorch's layout), `bias` `[C_out]`; the output is
 /// `(H − 1)·stride − 2·padding + dilation·(kh − 1) + output_padding + 1` high (likewise wide).
-/// A kernel equal to the stride (without padding, dilation or groups: a U-Net's upsampling)
-/// is one matrix product whose output tiles the image; otherwise
-/// [`Tensor::conv_transpose2d`](arenagrad_graph::Tensor::conv_transpose2d): the weight's
-/// patches of every input pixel folded (col2im) into the output.
+/// It runs [`Tensor::conv_transpose2d`](arenagrad_graph::Tensor::conv_transpose2d): the
+/// weight's patches of every input pixel folded (col2im) into the output.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_transpose2d<'g>(
     x: Tensor<'g>,
@@ -669,7 +667,7 @@ pub fn conv_transpose2d<'g>(
     groups: usize,
 ) -> Result<Tensor<'g>> {
     let (xs, ws) = (x.try_shape()?, weight.try_shape()?);
-    let (&[_, cin, h, w], &[wcin, cout_g, kh, kw]) = (&xs[..], &ws[..]) else {
+    let (&[_, cin, h, w], &[wcin, _, _, _]) = (&xs[..], &ws[..]) else {
         return Err(input_shape(
             "conv_transpose2d",
             "x [N, C_in, H, W] and weight [C_in, C_out/groups, kh, kw]",
@@ -699,32 +697,9 @@ pub fn conv_transpose2d<'g>(
             ),
         ));
     }
-    if (kh, kw) == stride
-        && padding == (0, 0)
-        && output_padding == (0, 0)
-        && dilation == (1, 1)
-        && groups == 1
-    {
-        // Kernel = stride (a U-Net's upsampling): the windows tile the output without
-        // overlapping, and the whole op is one product, x as [N·H·W, C_in] times the weight as
-        // [C_in, C_out·kh·kw], rearranged into the tiles.
-        let (n, cout) = (xs[0] as isize, cout_g as isize);
-        let (h, w, kh, kw) = (h as isize, w as isize, kh as isize, kw as isize);
-        let rows = x
-            .permute(&[0, 2, 3, 1])?
-            .reshape(&[n * h * w, cin as isize])?
-            .matmul(weight.reshape(&[cin as isize, cout * kh * kw])?)?;
-        let y = rows
-            .reshape(&[n, h, w, cout, kh, kw])?
-            .permute(&[0, 3, 1, 4, 2, 5])?
-            .reshape(&[n, cout, h * kh, w * kw])?;
-        return Ok(match bias {
-            Some(b) => y.add(b.reshape(&[1, cout, 1, 1])?)?,
-            None => y,
-        });
-    }
-    // Otherwise the graph's op: one product of the weight with the inputs and a fold (col2im)
-    // of its patches into the output.
+    // The graph's op: one product of the weight with the inputs and a fold (col2im) of its
+    // patches into the output (for a kernel equal to the stride, a U-Net's upsampling, the
+    // windows do not overlap and the fold only places them).
     Ok(x.conv_transpose2d(
         weight,
         bias,
