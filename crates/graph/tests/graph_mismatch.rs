@@ -182,6 +182,8 @@ fn calls() -> Vec<(&'static str, Call)> {
         ("concat", |g, _, f, _| g.concat(&[f, f], 0).map(drop)),
         ("stack", |g, x, f, _| g.stack(&[x, f], 0).map(drop)),
         ("stack", |g, _, f, _| g.stack(&[f, f], 0).map(drop)),
+        ("r#where", |_, x, f, _| x.r#where(f, x).map(drop)),
+        ("r#where", |_, x, f, _| x.r#where(x, f).map(drop)),
         ("where_cond", |g, x, f, _| g.where_cond(f, x, x).map(drop)),
         ("where_cond", |g, x, f, _| g.where_cond(x, f, x).map(drop)),
         ("where_cond", |g, x, f, _| g.where_cond(x, x, f).map(drop)),
@@ -325,7 +327,7 @@ fn methods_taking_tensors() -> BTreeSet<String> {
                     rest = &rest[at + "pub fn ".len()..];
                     let name: String = rest
                         .chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '#')
                         .collect();
                     let Some(open) = rest.find('(') else { break };
                     let close = open + rest[open..].find(')').unwrap_or(0);

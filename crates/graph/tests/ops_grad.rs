@@ -407,6 +407,11 @@ fn where_values_and_grads(dev) {
     let a = g.from_f64(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
     let b = g.from_f64(&[-1.0], &[1], DType::F64).unwrap();
     close(&values(&g, g.where_cond(c, a, b).unwrap()), &[1.0, -1.0, 3.0]);
+    // PyTorch's method form, `a.where(c, b)`, and a Bool condition.
+    close(&values(&g, a.r#where(c, b).unwrap()), &[1.0, -1.0, 3.0]);
+    let mask = a.gt(g.scalar(1.5, DType::F64).unwrap()).unwrap();
+    assert_eq!(mask.dtype(), DType::Bool);
+    close(&values(&g, a.r#where(mask, b).unwrap()), &[-1.0, 2.0, 3.0]);
     check(
         dev,
         "where",

@@ -259,3 +259,323 @@ fn scatter_reduce_amax_amin_share_the_gradient_among_ties_as_pytorch() {
     assert!(gradcheck(f, &inputs, opts).unwrap().passed);
     assert!(gradgradcheck(f, &inputs, opts).unwrap().passed);
 }
+
+/// An index smaller than `src` (on every axis) and than self off the scatter's axis, as PyTorch
+/// allows: self `[3, 4]`, src `[4, 5]`, index `[3, 2]` (and `[2, 3]` along axis 1). Values are
+/// PyTorch 2's on the whole `src`; gradients of `Σ w·y` PyTorch's through `src`'s leading part
+/// of the index's shape (its own backward refuses a smaller index; the elements the index does
+/// not reach get zero).
+#[test]
+fn a_smaller_index_scatters_the_leading_part_as_pytorch() {
+    let s_vals: Vec<f64> = (1..=12).map(f64::from).collect();
+    let src_vals = [
+        0.5, -1.0, 2.0, 3.0, 7.0, 4.0, -2.0, 1.0, 1.0, 9.0, 2.5, 3.5, -4.0, 6.0, 8.0, 1.5, -0.5,
+        0.25, 2.0, 5.0,
+    ];
+    let w_vals: Vec<f64> = (1..=12).map(|k| f64::from(k) * 0.5 - 2.0).collect();
+    type Scatter = for<'g> fn(Tensor<'g>, Tensor<'g>, Tensor<'g>) -> Tensor<'g>;
+    let run = |what: &str, axis_idx: (&[i64], [usize; 2]), f: Scatter, want: [&[f64]; 3]| {
+        let g = Graph::new();
+        let s = g.leaf(&s_vals, &[3, 4], DType::F64).unwrap();
+        let src = g.leaf(&src_vals, &[4, 5], DType::F64).unwrap();
+        let i = g.from_slice(axis_idx.0, &axis_idx.1).unwrap();
+        let y = f(s, i, src);
+        assert_eq!(y.shape().as_slice(), &[3, 4], "{what}");
+        close(what, &y.to_vec::<f64>().unwrap(), want[0]);
+        let w = g.from_f64(&w_vals, &[3, 4], DType::F64).unwrap();
+        y.mul(w).unwrap().sum().unwrap().backward().unwrap();
+        let grad = |t: Tensor<'_>| t.grad().unwrap().unwrap().to_vec::<f64>().unwrap();
+        close(&format!("{what} d/dself"), &grad(s), want[1]);
+        close(&format!("{what} d/dsrc"), &grad(src), want[2]);
+    };
+    let idx0: (&[i64], [usize; 2]) = (&[2, 0, 0, 0, 2, 1], [3, 2]);
+    run(
+        "scatter_add",
+        idx0,
+        |s, i, src| s.scatter_add(0, i, src).unwrap(),
+        [
+            &[
+                5.0, -1.0, 3.0, 4.0, 5.0, 9.5, 7.0, 8.0, 12.0, 10.0, 11.0, 12.0,
+            ],
+            &[
+                -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0,
+            ],
+            &[
+                2.5, -1.0, 0.0, 0.0, 0.0, -1.5, -1.0, 0.0, 0.0, 0.0, 2.5, 1.0, 0.0, 0.0, 0.0, 0.0,
+                0.0, 0.0, 0.0, 0.0,
+            ],
+        ],
+    );
+    run(
+        "scatter_add along axis 1",
+        (&[3, 3, 0, 1, 0, 3], [2, 3]),
+        |s, i, src| s.scatter_add(1, i, src).unwrap(),
+        [
+            &[
+                3.0, 2.0, 3.0, 3.5, 3.0, 10.0, 7.0, 9.0, 9.0, 10.0, 11.0, 12.0,
+            ],
+            &[
+                -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0,
+            ],
+            &[
+                0.0, 0.0, -1.5, 0.0, 0.0, 1.0, 0.5, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                0.0, 0.0, 0.0, 0.0,
+            ],
+        ],
+    );
+    run(
+        "scatter_reduce sum include_self=true",
+        idx0,
+        |s, i, src| {
+            s.scatter_reduce(0, i, src, ScatterReduce::Sum, true)
+                .unwrap()
+        },
+        [
+            &[
+                5.0, -1.0, 3.0, 4.0, 5.0, 9.5, 7.0, 8.0, 12.0, 10.0, 11.0, 12.0,
+            ],
+            &[
+                -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0,
+            ],
+            &[
+                2.5, -1.0, 0.0, 0.0, 0.0, -1.5, -1.0, 0.0, 0.0, 0.0, 2.5, 1.0, 0.0, 0.0, 0.0, 0.0,
+                0.0, 0.0, 0.0, 0.0,
+            ],
+        ],
+    );
+    run(
+        "scatter_reduce sum include_self=false",
+        idx0,
+        |s, i, src| {
+            s.scatter_reduce(0, i, src, ScatterReduce::Sum, false)
+                .unwrap()
+        },
+        [
+            &[
+                4.0, -3.0, 3.0, 4.0, 5.0, 3.5, 7.0, 8.0, 3.0, 10.0, 11.0, 12.0,
+            ],
+            &[0.0, 0.0, -0.5, 0.0, 0.5, 0.0, 1.5, 2.0, 0.0, 3.0, 3.5, 4.0],
+            &[
+                2.5, -1.0, 0.0, 0.0, 0.0, -1.5, -1.0, 0.0, 0.0, 0.0, 2.5, 1.0, 0.0, 0.0, 0.0, 0.0,
+                0.0, 0.0, 0.0, 0.0,
+            ],
+        ],
+    );
+    run(
+        "scatter_reduce mean include_self=true",
+        idx0,
+        |s, i, src| {
+            s.scatter_reduce(0, i, src, ScatterReduce::Mean, true)
+                .unwrap()
+        },
+        [
+            &[
+                2.5,
+                -0.3333333333333333,
+                3.0,
+                4.0,
+                5.0,
+                4.75,
+                7.0,
+                8.0,
+                4.0,
+                10.0,
+                11.0,
+                12.0,
+            ],
+            &[
+                -0.75,
+                -0.3333333333333333,
+                -0.5,
+                0.0,
+                0.5,
+                0.5,
+                1.5,
+                2.0,
+                0.8333333333333334,
+                3.0,
+                3.5,
+                4.0,
+            ],
+            &[
+                0.8333333333333334,
+                -0.3333333333333333,
+                0.0,
+                0.0,
+                0.0,
+                -0.75,
+                -0.3333333333333333,
+                0.0,
+                0.0,
+                0.0,
+                0.8333333333333334,
+                0.5,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+            ],
+        ],
+    );
+    run(
+        "scatter_reduce mean include_self=false",
+        idx0,
+        |s, i, src| {
+            s.scatter_reduce(0, i, src, ScatterReduce::Mean, false)
+                .unwrap()
+        },
+        [
+            &[
+                4.0, -1.5, 3.0, 4.0, 5.0, 3.5, 7.0, 8.0, 1.5, 10.0, 11.0, 12.0,
+            ],
+            &[0.0, 0.0, -0.5, 0.0, 0.5, 0.0, 1.5, 2.0, 0.0, 3.0, 3.5, 4.0],
+            &[
+                1.25, -0.5, 0.0, 0.0, 0.0, -1.5, -0.5, 0.0, 0.0, 0.0, 1.25, 1.0, 0.0, 0.0, 0.0,
+                0.0, 0.0, 0.0, 0.0, 0.0,
+            ],
+        ],
+    );
+    run(
+        "scatter_reduce amax include_self=true",
+        idx0,
+        |s, i, src| {
+            s.scatter_reduce(0, i, src, ScatterReduce::Amax, true)
+                .unwrap()
+        },
+        [
+            &[
+                4.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0,
+            ],
+            &[
+                -0.0, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0,
+            ],
+            &[
+                0.0, -0.0, 0.0, 0.0, 0.0, -1.5, -0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                0.0, 0.0, 0.0, 0.0,
+            ],
+        ],
+    );
+    run(
+        "scatter_reduce amax include_self=false",
+        idx0,
+        |s, i, src| {
+            s.scatter_reduce(0, i, src, ScatterReduce::Amax, false)
+                .unwrap()
+        },
+        [
+            &[
+                4.0, -1.0, 3.0, 4.0, 5.0, 3.5, 7.0, 8.0, 2.5, 10.0, 11.0, 12.0,
+            ],
+            &[0.0, 0.0, -0.5, 0.0, 0.5, 0.0, 1.5, 2.0, 0.0, 3.0, 3.5, 4.0],
+            &[
+                0.0, -1.0, 0.0, 0.0, 0.0, -1.5, -0.0, 0.0, 0.0, 0.0, 2.5, 1.0, 0.0, 0.0, 0.0, 0.0,
+                0.0, 0.0, 0.0, 0.0,
+            ],
+        ],
+    );
+    run(
+        "scatter_reduce amin include_self=true",
+        idx0,
+        |s, i, src| {
+            s.scatter_reduce(0, i, src, ScatterReduce::Amin, true)
+                .unwrap()
+        },
+        [
+            &[
+                1.0, -2.0, 3.0, 4.0, 5.0, 3.5, 7.0, 8.0, 0.5, 10.0, 11.0, 12.0,
+            ],
+            &[
+                -1.5, -0.0, -0.5, 0.0, 0.5, 0.0, 1.5, 2.0, 0.0, 3.0, 3.5, 4.0,
+            ],
+            &[
+                2.5, -0.0, 0.0, 0.0, 0.0, -0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0,
+                0.0, 0.0, 0.0, 0.0,
+            ],
+        ],
+    );
+    run(
+        "scatter_reduce amin include_self=false",
+        idx0,
+        |s, i, src| {
+            s.scatter_reduce(0, i, src, ScatterReduce::Amin, false)
+                .unwrap()
+        },
+        [
+            &[
+                4.0, -2.0, 3.0, 4.0, 5.0, 3.5, 7.0, 8.0, 0.5, 10.0, 11.0, 12.0,
+            ],
+            &[0.0, 0.0, -0.5, 0.0, 0.5, 0.0, 1.5, 2.0, 0.0, 3.0, 3.5, 4.0],
+            &[
+                2.5, -0.0, 0.0, 0.0, 0.0, -1.5, -1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0,
+                0.0, 0.0, 0.0, 0.0,
+            ],
+        ],
+    );
+}
+
+/// gather with an index smaller than self off its axis (PyTorch's rule): self `[3, 4]`, index
+/// `[2, 3]` along axis 1 reads self's leading `[2, 4]`; values and the gradient of `Σ w·y`
+/// printed by PyTorch 2.
+#[test]
+fn gather_with_a_smaller_index_reads_the_leading_part_as_pytorch() {
+    let g = Graph::new();
+    let s_vals: Vec<f64> = (1..=12).map(f64::from).collect();
+    let s = g.leaf(&s_vals, &[3, 4], DType::F64).unwrap();
+    let i = g.from_slice(&[3i64, 0, 0, 1, 2, 3], &[2, 3]).unwrap();
+    let y = s.gather_by(1, i).unwrap();
+    assert_eq!(y.shape().as_slice(), &[2, 3]);
+    close(
+        "gather",
+        &y.to_vec::<f64>().unwrap(),
+        &[4.0, 1.0, 1.0, 6.0, 7.0, 8.0],
+    );
+    let w = g
+        .from_f64(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], DType::F64)
+        .unwrap();
+    y.mul(w).unwrap().sum().unwrap().backward().unwrap();
+    let ds = s.grad().unwrap().unwrap().to_vec::<f64>().unwrap();
+    close(
+        "gather d/dself",
+        &ds,
+        &[5.0, 0.0, 0.0, 1.0, 0.0, 4.0, 5.0, 6.0, 0.0, 0.0, 0.0, 0.0],
+    );
+    // An index larger than self off the axis, or of another rank, is a shape mismatch.
+    for (shape, vals) in [([4usize, 1usize], vec![0i64; 4]), ([1, 5], vec![0; 5])] {
+        let i = g.from_slice(&vals, &shape).unwrap();
+        let r = s.gather_by(if shape[0] == 4 { 1 } else { 0 }, i);
+        assert!(
+            matches!(r, Err(GraphError::ShapeMismatch { op: "gather", .. })),
+            "{r:?}"
+        );
+    }
+}
+
+/// An index larger than `src`, or than self off the scatter's axis, is refused with a typed
+/// error naming the op, and nothing is recorded.
+#[test]
+fn an_index_larger_than_src_or_self_is_refused() {
+    let g = Graph::new();
+    let s = g.zeros(&[3, 4], DType::F64).unwrap();
+    let src = g.ones(&[2, 2], DType::F64).unwrap();
+    let big = g.zeros(&[2, 3], DType::I64).unwrap();
+    let wide = g.zeros(&[2, 5], DType::I64).unwrap();
+    let flat = g.zeros(&[2], DType::I64).unwrap();
+    let (src25, src46) = (
+        g.ones(&[2, 5], DType::F64).unwrap(),
+        g.ones(&[4, 6], DType::F64).unwrap(),
+    );
+    for (i, src) in [(big, src), (wide, src25), (wide, src46), (flat, src)] {
+        let before = g.stats().nodes;
+        for r in [
+            s.scatter_add(0, i, src),
+            s.scatter_reduce(0, i, src, ScatterReduce::Mean, true),
+        ] {
+            assert!(matches!(r, Err(GraphError::ShapeMismatch { .. })), "{r:?}");
+        }
+        assert_eq!(g.stats().nodes, before, "a refusal records nothing");
+    }
+}

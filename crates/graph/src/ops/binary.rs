@@ -299,6 +299,16 @@ impl<'g> Tensor<'g> {
     }
 }
 
+impl<'g> Tensor<'g> {
+    /// PyTorch's `Tensor.where(condition, other)`: self where `condition` is nonzero (or
+    /// true), `other` elsewhere, with broadcasting — [`Graph::where_cond`]`(condition, self,
+    /// other)` under PyTorch's name (a raw identifier: `where` is a Rust keyword), for
+    /// `x.r#where(mask, y)`.
+    pub fn r#where(self, condition: Tensor<'g>, other: Tensor<'g>) -> Result<Tensor<'g>> {
+        self.g.where_cond(condition, self, other)
+    }
+}
+
 impl Graph {
     /// `cond != 0 ? a : b`, elementwise with broadcasting of all three. No gradient flows to
     /// `cond`. PyTorch's `torch.where` (`where` is a Rust keyword).

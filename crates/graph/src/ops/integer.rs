@@ -265,10 +265,11 @@ impl<'g> Tensor<'g> {
     }
 
     /// PyTorch's `scatter_add(dim, index, src)`: self plus each `src` element added at the
-    /// position of self that `index` (an integer tensor of `src`'s shape) names along `axis`
-    /// (the element's own position along the other axes). Here `index` has `src`'s shape and
-    /// self's shape but along `axis` (PyTorch also takes a smaller index). The gradient reaches
-    /// self whole and `src` gathered from the incoming one.
+    /// position of self that `index` (an integer tensor) names along `axis` (the element's own
+    /// position along the other axes). As in PyTorch, `index` has the rank of both, is no
+    /// larger than `src` anywhere and no larger than self off `axis`: only `src`'s leading part
+    /// of `index`'s shape is scattered. The gradient reaches self whole and `src` gathered from
+    /// the incoming one (zero where `index` does not reach).
     pub fn scatter_add(
         self,
         axis: isize,
@@ -276,8 +277,68 @@ impl<'g> Tensor<'g> {
         src: Tensor<'g>,
     ) -> Result<Tensor<'g>> {
         const OP: &str = "scatter_add";
+        if let Some(r) = self.scatter_in_part(OP, axis, index, src, |x, src| {
+            x.scatter_add(axis, index, src)
+        })? {
+            return Ok(r);
+        }
         let (ax, idx) = self.scatter_indices(OP, axis, index, src)?;
         self.add(src.scatter_add_into(ax, idx, crate::shape::copy_of(&self.try_shape()?))?)
+    }
+
+    /// A scatter whose `index` is smaller than `src`, or than self off `axis` (PyTorch takes
+    /// both): `scatter` run on the parts the index addresses — `src`'s leading part of the
+    /// index's shape, and self's off `axis` — and its result put in that part of self, the rest
+    /// of self kept as it is. `None` when the index has `src`'s shape and self's off `axis`
+    /// (the scatter itself checks the rest).
+    fn scatter_in_part(
+        self,
+        op: &'static str,
+        axis: isize,
+        index: Tensor<'g>,
+        src: Tensor<'g>,
+        scatter: impl FnOnce(Tensor<'g>, Tensor<'g>) -> Result<Tensor<'g>>,
+    ) -> Result<Option<Tensor<'g>>> {
+        self.g.owns(op, &src)?;
+        self.g.owns(op, &index)?;
+        let shape = self.try_shape()?;
+        let ax = crate::shape::norm_axis(op, axis, &shape)?;
+        let (ishape, sshape) = (index.try_shape()?, src.try_shape()?);
+        let within_src =
+            ishape.len() == sshape.len() && ishape.iter().zip(sshape.iter()).all(|(a, b)| a <= b);
+        if !within_src {
+            return Err(GraphError::ShapeMismatch {
+                op,
+                lhs: ishape.to_vec(),
+                rhs: sshape.to_vec(),
+            });
+        }
+        // Self's side checked too before src's part is recorded: a refusal records nothing.
+        super::shape::leading_part(op, None, &shape, &ishape, ax)?;
+        // Along `axis`, src is read up to the index's extent as well.
+        let src_part = super::shape::leading_part(op, Some(src), &sshape, &ishape, usize::MAX)?;
+        let self_part = super::shape::leading_part(op, Some(self), &shape, &ishape, ax)?;
+        if src_part.is_none() && self_part.is_none() {
+            return Ok(None);
+        }
+        let part = scatter(self_part.unwrap_or(self), src_part.unwrap_or(src))?;
+        if self_part.is_none() {
+            return Ok(Some(part));
+        }
+        // The scattered part in its place, self elsewhere: zeros around the part and a mask of
+        // where it lies, then a select (exact: no arithmetic on self's values).
+        let (mut placed, mut mask) = {
+            let _no_grad = self.g.no_grad();
+            (part, self.g.ones(&part.try_shape()?, part.dtype())?)
+        };
+        for (d, &extent) in shape.iter().enumerate() {
+            if placed.try_shape()?[d] < extent {
+                placed = placed.place(d, 0, extent)?;
+                let _no_grad = self.g.no_grad();
+                mask = mask.place(d, 0, extent)?;
+            }
+        }
+        Ok(Some(self.g.where_cond(mask, placed, self)?))
     }
 
     fn scatter_indices(
@@ -304,7 +365,8 @@ impl<'g> Tensor<'g> {
     }
 
     /// PyTorch's `scatter_reduce(dim, index, src, reduce, include_self)` ([`ScatterReduce`]:
-    /// sum, mean, amax, amin), `index` shaped as in [`Tensor::scatter_add`]. A position no value
+    /// sum, mean, amax, amin), `index` shaped as in [`Tensor::scatter_add`] (smaller than `src`
+    /// or self as PyTorch allows). A position no value
     /// lands on keeps self's value whatever `include_self`. The mean divides by the number of
     /// values landing on each position (plus one for self with `include_self`) — PyTorch's
     /// floor division for integer dtypes is not reproduced: the floating dtypes are taken.
@@ -317,6 +379,11 @@ impl<'g> Tensor<'g> {
         include_self: bool,
     ) -> Result<Tensor<'g>> {
         const OP: &str = "scatter_reduce";
+        if let Some(r) = self.scatter_in_part(OP, axis, index, src, |x, src| {
+            x.scatter_reduce(axis, index, src, reduce, include_self)
+        })? {
+            return Ok(r);
+        }
         let (ax, idx) = self.scatter_indices(OP, axis, index, src)?;
         let full = crate::shape::copy_of(&self.try_shape()?);
         if matches!(reduce, ScatterReduce::Amax | ScatterReduce::Amin) {

@@ -329,7 +329,7 @@ impl<'g> Tensor<'g> {
     }
 
     /// Zeros of `extent` along `axis` with `self` placed at `start` (slice's adjoint).
-    fn place(self, axis: usize, start: usize, extent: usize) -> Result<Tensor<'g>> {
+    pub(crate) fn place(self, axis: usize, start: usize, extent: usize) -> Result<Tensor<'g>> {
         let mut out = self.try_shape()?;
         out[axis] = extent;
         self.data_op(
@@ -389,12 +389,14 @@ impl<'g> Tensor<'g> {
     }
 
     /// PyTorch's gather: `out[p] = self[p with axis coordinate idx[p]]`. `idx` is row-major with
-    /// shape `idx_shape`, which equals this shape except possibly along `axis`.
+    /// shape `idx_shape`, which has this shape's rank and along every other axis no more than
+    /// this shape's extent (as PyTorch's: the output reads the leading part there); along
+    /// `axis` any extent.
     pub fn gather(self, axis: isize, idx: &[usize], idx_shape: &[usize]) -> Result<Tensor<'g>> {
         let op = "gather";
         let shape = self.try_shape()?;
         let ax = norm_axis(op, axis, &shape)?;
-        same_but_axis(op, &shape, idx_shape, ax)?;
+        leading_part(op, None, &shape, idx_shape, ax)?;
         let n = checked_numel(op, idx_shape)?;
         if n != idx.len() {
             return Err(GraphError::DataLength {
@@ -411,6 +413,10 @@ impl<'g> Tensor<'g> {
                 axis: ax,
                 shape: shape.to_vec(),
             });
+        }
+        // Checked whole before anything is recorded; then the part the index reads.
+        if let Some(part) = leading_part(op, Some(self), &shape, idx_shape, ax)? {
+            return part.gather(axis, idx, idx_shape);
         }
         let out = copy_of(idx_shape);
         let idx: Arc<[usize]> = Arc::from(idx);
@@ -572,6 +578,43 @@ fn check_range(
 }
 
 /// Refuses `other` unless it has `shape`'s rank and extents, except along `axis`.
+/// `t` (of `shape`) narrowed to `to`'s extents on every axis but `axis` when `to` is smaller
+/// somewhere there — the part of `t` an index of shape `to` addresses, as PyTorch's gather and
+/// scatter read it — or `None` when `to` matches `shape` but along `axis` (or `t` is `None`:
+/// the check alone, recording nothing). `to` must have `shape`'s rank and no larger extent off
+/// `axis`, else a shape mismatch naming `op`.
+pub(crate) fn leading_part<'g>(
+    op: &'static str,
+    t: Option<Tensor<'g>>,
+    shape: &[usize],
+    to: &[usize],
+    axis: usize,
+) -> Result<Option<Tensor<'g>>> {
+    let fits = to.len() == shape.len()
+        && to
+            .iter()
+            .zip(shape)
+            .enumerate()
+            .all(|(d, (a, b))| d == axis || a <= b);
+    if !fits {
+        return Err(GraphError::ShapeMismatch {
+            op,
+            lhs: shape.to_vec(),
+            rhs: to.to_vec(),
+        });
+    }
+    let Some(t) = t else {
+        return Ok(None);
+    };
+    let mut part = None;
+    for (d, (&a, &b)) in to.iter().zip(shape).enumerate() {
+        if d != axis && a < b {
+            part = Some(part.unwrap_or(t).narrow(d as isize, 0, a)?);
+        }
+    }
+    Ok(part)
+}
+
 pub(crate) fn same_but_axis(
     op: &'static str,
     shape: &[usize],
