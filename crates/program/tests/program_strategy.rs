@@ -333,3 +333,40 @@ fn a_wrong_rule_in_an_applications_op_shrinks_to_that_op() {
     });
     assert!(found, "no fuzz input reached the planted rule");
 }
+
+/// A power's exponent in a generated program is one of its leaves (values within ±2.25), over
+/// many seeds: an exponent computed inside the program (once, `sin(x ^ sum(x))`, a sum of 64
+/// values) made powers whose gradients finite differences cannot check, and a smooth program
+/// then failed its gradient check for no fault of the engine.
+#[test]
+fn a_powers_exponent_is_a_leaf() {
+    let strategy = strategy::program(GenConfig::smooth(), 10);
+    let powers = std::cell::Cell::new(0usize);
+    for seed in 0..24u8 {
+        let config = Config {
+            cases: 64,
+            failure_persistence: None,
+            ..Config::default()
+        };
+        let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed; 32]);
+        let result = TestRunner::new_with_rng(config, rng).run(&strategy, |p| {
+            let text = p.to_string();
+            let mut leaves = Vec::new();
+            for line in text.lines() {
+                let t: Vec<&str> = line.split_whitespace().collect();
+                match t.get(2) {
+                    Some(&"input") | Some(&"const") => leaves.push(t[0].to_string()),
+                    Some(&"pow") => {
+                        powers.set(powers.get() + 1);
+                        prop_assert!(leaves.iter().any(|l| l == t[4]), "{line} in\n{text}");
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        });
+        assert!(result.is_ok(), "seed {seed}: {result:?}");
+    }
+    // Not vacuous: the programs hold powers.
+    assert!(powers.get() >= 30, "only {} powers drawn", powers.get());
+}
