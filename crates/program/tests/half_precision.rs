@@ -81,12 +81,12 @@ fn agree(p: &Program, dtype: DType) -> Result<(), String> {
     Ok(())
 }
 
-/// Leaves of a few shapes for the generator to pick operands from: two of rank 2 and one of
-/// rank 1 and a scalar, inputs and a const; all positive when `seed` is odd (for the ops
-/// defined on positive numbers).
+/// Leaves of a few shapes for the generator to pick operands from: two of rank 2, one of rank
+/// 1, a scalar and one of rank 3 (a `[2, 3, 3]` image for the convolutions), inputs and a const; all
+/// positive when `seed` is odd (for the ops defined on positive numbers).
 fn leaves(seed: u64) -> Vec<LeafChoice> {
     let positive = if seed % 2 == 1 { 2 } else { 0 };
-    [vec![3, 4], vec![3, 4], vec![4], vec![]]
+    [vec![3, 4], vec![3, 4], vec![4], vec![], vec![1, 2, 2]]
         .into_iter()
         .enumerate()
         .map(|(k, dims)| LeafChoice {

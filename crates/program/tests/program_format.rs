@@ -90,6 +90,10 @@ e21 = roll a -1 1
 e22 = repeat a 2 1 3
 e23 = sort a 1 0
 e24 = topk a 2 -1
+im = input 2 2 3 : 0.5 -1 2 1.5 0.25 -2 1 3 -0.5 2.5 -1.5 0.75
+kw = input 2 1 2 2 : 1 -0.5 0.25 2 -1 0.5 1.5 -2
+e25 = conv2d im kw 1 1 1 2
+e26 = conv_transpose2d im kw 2 0 1 1 2
 o = mul s r3
 ";
 
@@ -139,6 +143,8 @@ fn shapes_of_every_op() {
         ("t3", &[4, 2, 3]),
         ("t4", &[6, 3]),
         ("t5", &[3, 3]),
+        ("e25", &[2, 3, 4]),
+        ("e26", &[2, 5, 7]),
         ("o", &[]),
     ];
     for (name, s) in want {
@@ -150,10 +156,10 @@ fn shapes_of_every_op() {
     // And the engine agrees with every predicted shape.
     let r = p.run(&RunOptions::default()).unwrap();
     assert_eq!(r.output.tensor.shape(), Vec::<usize>::new());
-    assert_eq!(r.values.len(), 5);
+    assert_eq!(r.values.len(), 7);
     assert_eq!(
         r.grads.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(),
-        ["a", "b", "s"]
+        ["a", "b", "s", "im", "kw"]
     );
 }
 

@@ -1,11 +1,14 @@
 //! Rows that compute new values from several elements or from constants: `matmul`, `clamp`,
-//! `masked_fill`, `layer_norm`, `rms_norm`, `attention`, `one_hot`, `arange`.
+//! `masked_fill`, `layer_norm`, `rms_norm`, `attention`, `one_hot`, `arange`, `conv2d`,
+//! `conv_transpose2d`.
 
 use arenagrad_exec::layout::broadcast_shapes;
 use arenagrad_exec::Positive;
-use arenagrad_graph::{AttentionOptions, GraphError};
+use arenagrad_graph::{AttentionOptions, GraphError, Tensor};
 
-use super::{all_ones, count, float, reshape_to, same, Arity, Gen, OpRow, Param, Refusal};
+use super::{
+    all_ones, count, float, reshape_to, same, Arity, Draw, Drawn, Gen, OpRow, Param, Refusal,
+};
 
 /// numpy's matmul operands: a 1-D left operand is a row `[1, k]`, a 1-D right one a column
 /// `[k, 1]`.
@@ -90,7 +93,7 @@ pub(super) const MATMUL: OpRow = OpRow::new(
     },
 )
 .arity(Arity::Exactly(2))
-.work(|s| {
+.work(|s, _| {
     let Ok((_, batch)) = matmul_shapes(s[0], s[1]) else {
         return 0;
     };
@@ -294,3 +297,271 @@ pub(super) const ARANGE: OpRow = OpRow::new(
     float("the step", "STEP"),
 ])
 .kinked();
+
+/// A convolution row's operands: `x` `[N, C, H, W]`, or unbatched `[C, H, W]` as PyTorch takes
+/// it (`batched` false), and a rank-4 weight; every extent positive.
+struct ConvOperands<'s> {
+    batched: bool,
+    /// `[N, C, H, W]` (N = 1 when unbatched).
+    x: [usize; 4],
+    w: &'s [usize],
+}
+
+fn conv_operands<'s>(s: &[&'s [usize]]) -> Result<ConvOperands<'s>, Refusal> {
+    let (x, w) = (s[0], s[1]);
+    let x4 = match *x {
+        [n, c, h, wd] => [n, c, h, wd],
+        [c, h, wd] => [1, c, h, wd],
+        _ => {
+            return Err(Refusal::at(
+                0,
+                format!("expected [N, C, H, W] or [C, H, W], found {x:?}"),
+            ))
+        }
+    };
+    if w.len() != 4 {
+        return Err(Refusal::at(
+            1,
+            format!("expected a weight of rank 4, found {w:?}"),
+        ));
+    }
+    if x4.contains(&0) || w.contains(&0) {
+        return Err(Refusal::op(format!(
+            "{x:?} and {w:?}: every extent must be positive"
+        )));
+    }
+    Ok(ConvOperands {
+        batched: x.len() == 4,
+        x: x4,
+        w,
+    })
+}
+
+/// Stride and dilation of a convolution row (tokens 2 and `dil_at`), each at least 1, and the
+/// groups (token `g_at`), at least 1 and dividing `channels`.
+fn conv_steps(
+    p: &[Param],
+    dil_at: usize,
+    channels: usize,
+) -> Result<(usize, usize, usize), Refusal> {
+    let (s, d, g) = (
+        p[0].as_usize(),
+        p[dil_at].as_usize(),
+        p[dil_at + 1].as_usize(),
+    );
+    if s == 0 {
+        return Err(Refusal::at(2, "the stride must be at least 1"));
+    }
+    if d == 0 {
+        return Err(Refusal::at(2 + dil_at, "the dilation must be at least 1"));
+    }
+    if g == 0 || !channels.is_multiple_of(g) {
+        return Err(Refusal::at(
+            3 + dil_at,
+            format!("{g} groups: expected a divisor of the {channels} input channels"),
+        ));
+    }
+    Ok((s, d, g))
+}
+
+/// The output's shape, batched as the input was.
+fn conv_out(c: &ConvOperands<'_>, channels: usize, hw: (usize, usize)) -> Vec<usize> {
+    let v = vec![c.x[0], channels, hw.0, hw.1];
+    if c.batched {
+        v
+    } else {
+        v[1..].to_vec()
+    }
+}
+
+/// `x` as the engine's rank-4 input, the row's `f` on it, and the result unbatched again.
+fn conv_run<'g>(
+    x: Tensor<'g>,
+    f: impl FnOnce(Tensor<'g>) -> Result<Tensor<'g>, GraphError>,
+) -> Result<Tensor<'g>, GraphError> {
+    let s = x.try_shape()?;
+    if s.len() != 3 {
+        return f(x);
+    }
+    let y = f(x.unsqueeze(0)?)?;
+    y.squeeze(Some(0))
+}
+
+/// `conv2d x w STRIDE PADDING DILATION GROUPS`: PyTorch's `F.conv2d` without a bias (the same
+/// stride, padding and dilation along both axes); `x` `[N, C, H, W]` or `[C, H, W]`, `w`
+/// `[O, C/GROUPS, kh, kw]`.
+pub(super) const CONV2D: OpRow = OpRow::new(
+    "conv2d",
+    |s, p| {
+        let c = conv_operands(s)?;
+        let [_, ch, h, wd] = c.x;
+        let (st, d, g) = conv_steps(p, 2, ch)?;
+        let (o, cg, kh, kw) = (c.w[0], c.w[1], c.w[2], c.w[3]);
+        if cg.checked_mul(g) != Some(ch) || !o.is_multiple_of(g) {
+            return Err(Refusal::at(
+                1,
+                format!("weight {:?} does not fit {ch} channels in {g} groups", c.w),
+            ));
+        }
+        let pad = p[1].as_usize();
+        let extent = |n: usize, k: usize| -> Result<usize, Refusal> {
+            let reach = d
+                .checked_mul(k - 1)
+                .and_then(|v| v.checked_add(1))
+                .ok_or_else(|| Refusal::too_large(4, "the dilated kernel overflows"))?;
+            let padded = pad
+                .checked_mul(2)
+                .and_then(|v| v.checked_add(n))
+                .filter(|&v| v <= isize::MAX as usize)
+                .ok_or_else(|| Refusal::too_large(3, "the padded input overflows"))?;
+            if padded < reach {
+                return Err(Refusal::op(format!(
+                    "the kernel ({k}, dilation {d}) reaches past the padded input ({padded})"
+                )));
+            }
+            Ok((padded - reach) / st + 1)
+        };
+        Ok(conv_out(&c, o, (extent(h, kh)?, extent(wd, kw)?)))
+    },
+    |_, x, p| {
+        let (s, pad, d, g) = (
+            p[0].as_usize(),
+            p[1].as_usize(),
+            p[2].as_usize(),
+            p[3].as_usize(),
+        );
+        conv_run(x[0], |x0| x0.conv2d(x[1], (s, s), (pad, pad), (d, d), g))
+    },
+)
+.arity(Arity::Exactly(2))
+.params(&[
+    count("the stride", "STRIDE"),
+    count("the padding", "PADDING"),
+    count("the dilation", "DILATION"),
+    count("the groups", "GROUPS"),
+])
+.work(|s, out| conv_work(s, out, false))
+.gen(Gen::Operands(|d| conv_draw(d, false)));
+
+/// `conv_transpose2d x w STRIDE PADDING OUTPUT_PADDING DILATION GROUPS`: PyTorch's
+/// `F.conv_transpose2d` without a bias; `x` `[N, C, H, W]` or `[C, H, W]`, `w`
+/// `[C, O/GROUPS, kh, kw]`.
+pub(super) const CONV_TRANSPOSE2D: OpRow = OpRow::new(
+    "conv_transpose2d",
+    |s, p| {
+        let c = conv_operands(s)?;
+        let [_, ch, h, wd] = c.x;
+        let (st, d, g) = conv_steps(p, 3, ch)?;
+        let (wc, og, kh, kw) = (c.w[0], c.w[1], c.w[2], c.w[3]);
+        if wc != ch {
+            return Err(Refusal::at(
+                1,
+                format!("weight {:?}: expected {ch} input channels first", c.w),
+            ));
+        }
+        let (pad, op) = (p[1].as_usize(), p[2].as_usize());
+        if op >= st && op >= d {
+            return Err(Refusal::at(
+                4,
+                format!("output padding {op}: expected less than the stride or the dilation"),
+            ));
+        }
+        // (n − 1)·s + d·(k − 1) + op + 1 − 2p, positive.
+        let extent = |n: usize, k: usize| -> Result<usize, Refusal> {
+            let full = (n - 1)
+                .checked_mul(st)
+                .and_then(|v| v.checked_add(d.checked_mul(k - 1)?))
+                .and_then(|v| v.checked_add(op + 1))
+                .filter(|&v| v <= isize::MAX as usize)
+                .ok_or_else(|| Refusal::too_large(2, "the output's extent overflows"))?;
+            match pad.checked_mul(2).and_then(|p2| full.checked_sub(p2)) {
+                Some(e) if e > 0 => Ok(e),
+                _ => Err(Refusal::at(3, format!("padding {pad} leaves no output"))),
+            }
+        };
+        let o = og
+            .checked_mul(g)
+            .ok_or_else(|| Refusal::too_large(1, "the output channels overflow"))?;
+        Ok(conv_out(&c, o, (extent(h, kh)?, extent(wd, kw)?)))
+    },
+    |_, x, p| {
+        let (s, pad, op, d, g) = (
+            p[0].as_usize(),
+            p[1].as_usize(),
+            p[2].as_usize(),
+            p[3].as_usize(),
+            p[4].as_usize(),
+        );
+        conv_run(x[0], |x0| {
+            x0.conv_transpose2d(x[1], None, (s, s), (pad, pad), (op, op), (d, d), g)
+        })
+    },
+)
+.arity(Arity::Exactly(2))
+.params(&[
+    count("the stride", "STRIDE"),
+    count("the padding", "PADDING"),
+    count("the output padding", "OUTPUT_PADDING"),
+    count("the dilation", "DILATION"),
+    count("the groups", "GROUPS"),
+])
+.work(|s, out| conv_work(s, out, true))
+.gen(Gen::Operands(|d| conv_draw(d, true)));
+
+/// Multiply-adds of a convolution row: each output element of a convolution, or each input
+/// element of a transposed one, meets one output (input) channel's share of the weight.
+fn conv_work(s: &[&[usize]], out: &[usize], transposed: bool) -> u64 {
+    let numel = |v: &[usize]| v.iter().map(|&d| d as u64).fold(1, u64::saturating_mul);
+    let share = numel(s[1]) / (s[1].first().copied().unwrap_or(1).max(1) as u64);
+    numel(if transposed { s[0] } else { out }).saturating_mul(share)
+}
+
+/// Random programs' convolutions: the operand drawn as an unbatched `[C, H, W]` (or a batch
+/// `[N, C, H, W]`) input, a fresh weight of 1 or 2 output channels and a kernel of 1 to 3, with
+/// stride, padding, dilation and groups from the attribute bytes, where they fit.
+fn conv_draw(d: &mut Draw<'_>, transposed: bool) -> Option<Drawn> {
+    let x = d.shape(d.a).to_vec();
+    let (ch, h, wd) = match x[..] {
+        [c, h, w] | [_, c, h, w] => (c, h, w),
+        _ => return None,
+    };
+    let t = d.attrs;
+    let k = 1 + usize::from(t[0]) % 3;
+    let s = 1 + usize::from(t[1]) % 2;
+    let dil = 1 + usize::from(t[1] >> 4) % 2;
+    let pad = usize::from(t[2]) % 2;
+    let g = if ch > 1 && t[3] & 1 == 1 && ch.is_multiple_of(2) {
+        2
+    } else {
+        1
+    };
+    let o = 1 + usize::from(t[3] >> 4) % 2;
+    let (w, params) = if transposed {
+        let op = usize::from(t[2] >> 4) % s.max(dil);
+        (vec![ch, o, k, k], vec![s, pad, op, dil, g])
+    } else {
+        (vec![o * g, ch / g, k, k], vec![s, pad, dil, g])
+    };
+    let extents = if transposed {
+        let e = |n: usize| ((n - 1) * s + dil * (k - 1) + params[2] + 1).checked_sub(2 * pad);
+        e(h).zip(e(wd))
+    } else {
+        let reach = dil * (k - 1) + 1;
+        let e = |n: usize| (n + 2 * pad).checked_sub(reach).map(|v| v / s + 1);
+        e(h).zip(e(wd))
+    };
+    let out_fits = extents.is_some_and(|(a, b)| {
+        let mut out = x.clone();
+        let r = out.len();
+        out[r - 3..].copy_from_slice(&[o * g, a, b]);
+        a > 0 && b > 0 && d.fits(&out)
+    });
+    if !out_fits || !d.fits(&w) {
+        return None;
+    }
+    let wi = d.fresh_input(w);
+    Some((
+        vec![d.a, wi],
+        params.into_iter().map(|v| v as f64).collect(),
+    ))
+}

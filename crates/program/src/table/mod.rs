@@ -257,8 +257,8 @@ pub type ShapeFn = fn(&[&[usize]], &[Param]) -> Result<Vec<usize>, Refusal>;
 /// The forward, recorded: the output from the operands and the parameters.
 pub type RunFn = for<'g> fn(&'g Graph, &[Tensor<'g>], &[Param]) -> Result<Tensor<'g>, GraphError>;
 /// Work beyond one unit per output element (a matrix product's multiply-adds), from the
-/// operands' shapes, for [`crate::Limits::max_work`].
-pub type WorkFn = fn(&[&[usize]]) -> u64;
+/// operands' shapes and the output's, for [`crate::Limits::max_work`].
+pub type WorkFn = fn(&[&[usize]], &[usize]) -> u64;
 
 /// What a generator of random programs knows when it draws a row: every value made so far (its
 /// shape, and whether its values are all positive), the operand drawn, and the choice's bytes.
@@ -592,6 +592,8 @@ pub const OPS: &[OpRow] = &[
     rearrange::REPEAT,
     rearrange::SORT,
     rearrange::TOPK,
+    compute::CONV2D,
+    compute::CONV_TRANSPOSE2D,
 ];
 
 /// The row called `name`.
