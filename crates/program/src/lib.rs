@@ -43,6 +43,8 @@
 //! | `one_hot a CLASSES`, `arange a START END STEP` | constants: a's values as indices; a range in a's dtype |
 //! | `flip a AXIS...`, `roll a SHIFT AXIS`, `repeat a R...` | reversed, shifted with wrap-around, tiled |
 //! | `sort a AXIS DESC`, `topk a K AXIS` | the values in order (stable; DESC 0 or 1), the K largest |
+//! | `repeat_interleave a R AXIS`, `unsqueeze a AXIS`, `squeeze a AXIS` | each element R times in a row; a new axis of extent 1; AXIS removed when its extent is 1 |
+//! | `where c a b` | a where c ≠ 0, b elsewhere, broadcast together (PyTorch's `torch.where`; no gradient to c) |
 //! | `conv2d x w STRIDE PADDING DILATION GROUPS`, `conv_transpose2d x w STRIDE PADDING OUTPUT_PADDING DILATION GROUPS` | PyTorch's `F.conv2d` and `F.conv_transpose2d` without a bias, the same numbers along both axes; `x` `[N, C, H, W]` or unbatched `[C, H, W]` |
 //!
 //! From `detach` on, each op is a row of the format's op table ([`table`]), read by every part of

@@ -94,6 +94,10 @@ im = input 2 2 3 : 0.5 -1 2 1.5 0.25 -2 1 3 -0.5 2.5 -1.5 0.75
 kw = input 2 1 2 2 : 1 -0.5 0.25 2 -1 0.5 1.5 -2
 e25 = conv2d im kw 1 1 1 2
 e26 = conv_transpose2d im kw 2 0 1 1 2
+e27 = repeat_interleave a 2 -1
+e28 = unsqueeze a 0
+e29 = squeeze e28 0
+e30 = where c a b
 o = mul s r3
 ";
 
@@ -145,6 +149,10 @@ fn shapes_of_every_op() {
         ("t5", &[3, 3]),
         ("e25", &[2, 3, 4]),
         ("e26", &[2, 5, 7]),
+        ("e27", &[2, 6]),
+        ("e28", &[1, 2, 3]),
+        ("e29", &[2, 3]),
+        ("e30", &[2, 3]),
         ("o", &[]),
     ];
     for (name, s) in want {

@@ -1,6 +1,6 @@
 //! Rows that compute new values from several elements or from constants: `matmul`, `clamp`,
 //! `masked_fill`, `layer_norm`, `rms_norm`, `attention`, `one_hot`, `arange`, `conv2d`,
-//! `conv_transpose2d`.
+//! `conv_transpose2d`, `where`.
 
 use arenagrad_exec::layout::broadcast_shapes;
 use arenagrad_exec::Positive;
@@ -565,3 +565,35 @@ fn conv_draw(d: &mut Draw<'_>, transposed: bool) -> Option<Drawn> {
         params.into_iter().map(|v| v as f64).collect(),
     ))
 }
+
+/// `where c a b`: a where c ≠ 0, b elsewhere, the three broadcast together (no gradient to c).
+pub(super) const WHERE: OpRow = OpRow::new(
+    "where",
+    |s, _| {
+        broadcast_shapes(s[0], s[1])
+            .and_then(|o| broadcast_shapes(&o, s[2]))
+            .ok_or_else(|| {
+                format!(
+                    "{:?}, {:?} and {:?} do not broadcast together",
+                    s[0], s[1], s[2]
+                )
+                .into()
+            })
+    },
+    |g, x, _| g.where_cond(x[0], x[1], x[2]),
+)
+.arity(Arity::Exactly(3))
+.kinked()
+.gen(Gen::Operands(|d| {
+    let sc = d.shape(d.a).to_vec();
+    let a = d.pick(
+        |s| broadcast_shapes(&sc, s).is_some_and(|o| d.fits(&o)),
+        d.b,
+    )?;
+    let sa = broadcast_shapes(&sc, d.shape(a))?;
+    let b = d.pick(
+        |s| broadcast_shapes(&sa, s).is_some_and(|o| d.fits(&o)),
+        d.attrs[0],
+    )?;
+    Some((vec![d.a, a, b], Vec::new()))
+}));

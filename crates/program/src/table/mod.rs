@@ -594,6 +594,10 @@ pub const OPS: &[OpRow] = &[
     rearrange::TOPK,
     compute::CONV2D,
     compute::CONV_TRANSPOSE2D,
+    rearrange::REPEAT_INTERLEAVE,
+    rearrange::UNSQUEEZE,
+    rearrange::SQUEEZE,
+    compute::WHERE,
 ];
 
 /// The row called `name`.

@@ -1,5 +1,5 @@
-//! Rows that reorder or tile elements: `flip`, `roll`, `repeat`, and the values of `sort` and
-//! `topk`.
+//! Rows that reorder or tile elements: `flip`, `roll`, `repeat`, the values of `sort` and
+//! `topk`, `repeat_interleave`, `unsqueeze`, `squeeze`.
 
 use arenagrad_exec::Positive;
 
@@ -133,3 +133,74 @@ pub(super) const TOPK: OpRow = OpRow::new(
     let (axis, ext) = axis_and_extent(s, t0, t2 & 1 == 1)?;
     Some(vec![(usize::from(t1) % (ext + 1)) as f64, axis as f64])
 }));
+
+/// `repeat_interleave a R AXIS`: each element `R` times in a row along the axis.
+pub(super) const REPEAT_INTERLEAVE: OpRow = OpRow::new(
+    "repeat_interleave",
+    |s, p| {
+        let d = axis_at(s[0], p[1], 2)?;
+        let mut out = s[0].to_vec();
+        out[d] = out[d].checked_mul(p[0].as_usize()).ok_or_else(|| {
+            Refusal::too_large(1, format!("{} × {} overflows an extent", s[0][d], p[0]))
+        })?;
+        Ok(out)
+    },
+    |_, x, p| x[0].repeat_interleave(p[0].as_usize(), ax(p[1])),
+)
+.params(&[count("the repeat count", "R"), int("the axis", "AXIS")])
+.positive(Positive::IfInput)
+.gen(Gen::Params(|s, [t0, t1, _, _]| {
+    Some(vec![1.0 + f64::from(t1 % 3), gen_axis(s, t0)?])
+}));
+
+/// `unsqueeze a AXIS`: a new axis of extent 1 at AXIS (−1: after the last).
+pub(super) const UNSQUEEZE: OpRow = OpRow::new(
+    "unsqueeze",
+    |s, p| {
+        let r = s[0].len();
+        let a = p[0].as_i64();
+        let at = if a < 0 {
+            a.checked_add(i64::try_from(r + 1).unwrap_or(i64::MAX))
+        } else {
+            Some(a)
+        };
+        match at.and_then(|v| usize::try_from(v).ok()).filter(|&v| v <= r) {
+            Some(at) => {
+                let mut out = s[0].to_vec();
+                out.insert(at, 1);
+                Ok(out)
+            }
+            None => Err(Refusal::at(
+                1,
+                format!(
+                    "axis {a} is out of range for shape {:?}: expected -{}..={r}",
+                    s[0],
+                    r + 1
+                ),
+            )),
+        }
+    },
+    |_, x, p| x[0].unsqueeze(ax(p[0])),
+)
+.params(&[int("the axis", "AXIS")])
+.positive(Positive::IfInput)
+.gen(Gen::Params(|s, [t0, _, _, _]| {
+    Some(vec![(usize::from(t0) % (s.len() + 1)) as f64])
+}));
+
+/// `squeeze a AXIS`: without AXIS when its extent is 1 (the same otherwise).
+pub(super) const SQUEEZE: OpRow = OpRow::new(
+    "squeeze",
+    |s, p| {
+        let d = axis_at(s[0], p[0], 1)?;
+        let mut out = s[0].to_vec();
+        if out[d] == 1 {
+            out.remove(d);
+        }
+        Ok(out)
+    },
+    |_, x, p| x[0].squeeze(Some(ax(p[0]))),
+)
+.params(&[int("the axis", "AXIS")])
+.positive(Positive::IfInput)
+.gen(Gen::Params(|s, [t0, _, _, _]| Some(vec![gen_axis(s, t0)?])));
