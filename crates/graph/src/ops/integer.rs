@@ -313,11 +313,11 @@ impl<'g> Tensor<'g> {
                 rhs: sshape.to_vec(),
             });
         }
-        // Self's side checked too before src's part is recorded: a refusal records nothing.
-        super::shape::leading_part(op, None, &shape, &ishape, ax)?;
-        // Along `axis`, src is read up to the index's extent as well.
-        let src_part = super::shape::leading_part(op, Some(src), &sshape, &ishape, usize::MAX)?;
+        // Self's part first: its check is the one left that can refuse, before anything is
+        // recorded (src's, checked above, cannot). Along `axis`, src is read up to the index's
+        // extent as well.
         let self_part = super::shape::leading_part(op, Some(self), &shape, &ishape, ax)?;
+        let src_part = super::shape::leading_part(op, Some(src), &sshape, &ishape, usize::MAX)?;
         if src_part.is_none() && self_part.is_none() {
             return Ok(None);
         }

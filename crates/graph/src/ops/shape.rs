@@ -577,7 +577,6 @@ fn check_range(
     Ok(())
 }
 
-/// Refuses `other` unless it has `shape`'s rank and extents, except along `axis`.
 /// `t` (of `shape`) narrowed to `to`'s extents on every axis but `axis` when `to` is smaller
 /// somewhere there — the part of `t` an index of shape `to` addresses, as PyTorch's gather and
 /// scatter read it — or `None` when `to` matches `shape` but along `axis` (or `t` is `None`:
@@ -615,6 +614,7 @@ pub(crate) fn leading_part<'g>(
     Ok(part)
 }
 
+/// Refuses `other` unless it has `shape`'s rank and extents, except along `axis`.
 pub(crate) fn same_but_axis(
     op: &'static str,
     shape: &[usize],

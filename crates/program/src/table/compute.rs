@@ -337,8 +337,9 @@ fn conv_operands<'s>(s: &[&'s [usize]]) -> Result<ConvOperands<'s>, Refusal> {
     })
 }
 
-/// Stride and dilation of a convolution row (tokens 2 and `dil_at`), each at least 1, and the
-/// groups (token `g_at`), at least 1 and dividing `channels`.
+/// Stride and dilation of a convolution row (parameters 0 and `dil_at`, tokens 2 and
+/// `2 + dil_at`), each at least 1, and the groups (the parameter after the dilation), at least 1
+/// and dividing `channels`.
 fn conv_steps(
     p: &[Param],
     dil_at: usize,
@@ -521,8 +522,8 @@ fn conv_work(s: &[&[usize]], out: &[usize], transposed: bool) -> u64 {
 /// stride, padding, dilation and groups from the attribute bytes, where they fit.
 fn conv_draw(d: &mut Draw<'_>, transposed: bool) -> Option<Drawn> {
     let x = d.shape(d.a).to_vec();
-    let (ch, h, wd) = match x[..] {
-        [c, h, w] | [_, c, h, w] => (c, h, w),
+    let ch = match x[..] {
+        [c, _, _] | [_, c, _, _] => c,
         _ => return None,
     };
     let t = d.attrs;
@@ -542,22 +543,12 @@ fn conv_draw(d: &mut Draw<'_>, transposed: bool) -> Option<Drawn> {
     } else {
         (vec![o * g, ch / g, k, k], vec![s, pad, dil, g])
     };
-    let extents = if transposed {
-        let e = |n: usize| ((n - 1) * s + dil * (k - 1) + params[2] + 1).checked_sub(2 * pad);
-        e(h).zip(e(wd))
-    } else {
-        let reach = dil * (k - 1) + 1;
-        let e = |n: usize| (n + 2 * pad).checked_sub(reach).map(|v| v / s + 1);
-        e(h).zip(e(wd))
-    };
-    let out_fits = extents.is_some_and(|(a, b)| {
-        let mut out = x.clone();
-        let r = out.len();
-        out[r - 3..].copy_from_slice(&[o * g, a, b]);
-        a > 0 && b > 0 && d.fits(&out)
-    });
-    if !out_fits || !d.fits(&w) {
-        return None;
+    // The row's own shape rule says whether these fit, and what comes out.
+    let row = if transposed { CONV_TRANSPOSE2D } else { CONV2D };
+    let ps: Vec<Param> = params.iter().map(|&v| Param::Count(v)).collect();
+    match (row.shape)(&[&x, &w], &ps) {
+        Ok(out) if d.fits(&out) && d.fits(&w) => {}
+        _ => return None,
     }
     let wi = d.fresh_input(w);
     Some((

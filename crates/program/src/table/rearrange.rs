@@ -3,7 +3,9 @@
 
 use arenagrad_exec::Positive;
 
-use super::{ax, axis_and_extent, axis_at, count, gen_axis, int, same, Gen, OpRow, Refusal};
+use super::{
+    ax, axis_and_extent, axis_at, count, gen_axis, int, norm_axis, same, Gen, OpRow, Refusal,
+};
 
 /// `flip a AXIS...`: reversed along each axis (an axis given twice flips back).
 pub(super) const FLIP: OpRow = OpRow::new(
@@ -159,12 +161,8 @@ pub(super) const UNSQUEEZE: OpRow = OpRow::new(
     |s, p| {
         let r = s[0].len();
         let a = p[0].as_i64();
-        let at = if a < 0 {
-            a.checked_add(i64::try_from(r + 1).unwrap_or(i64::MAX))
-        } else {
-            Some(a)
-        };
-        match at.and_then(|v| usize::try_from(v).ok()).filter(|&v| v <= r) {
+        // An axis of the result, whose rank is one more.
+        match norm_axis(a, r + 1) {
             Some(at) => {
                 let mut out = s[0].to_vec();
                 out.insert(at, 1);
