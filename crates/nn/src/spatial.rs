@@ -336,8 +336,10 @@ pub fn group_norm<'g>(
         ));
     }
     let shape: Vec<isize> = s.iter().map(|&d| d as isize).collect();
+    // Each group's extent written out: a `-1` cannot be inferred when the batch is empty.
+    let per_group = s[1] / groups * s[2..].iter().product::<usize>();
     let normed = x
-        .reshape(&[s[0] as isize, groups as isize, -1])?
+        .reshape(&[s[0] as isize, groups as isize, per_group as isize])?
         .layer_norm(1, None, None, eps)?
         .reshape(&shape)?;
     let mut per_channel = vec![1isize; s.len()];

@@ -3859,6 +3859,27 @@ fn bad_shapes_and_pads_are_typed_errors() {
     assert!(err(spatial::adaptive_avg_pool2d(x, (1, 1))).contains("adaptive_avg_pool2d"));
 }
 
+/// An empty batch (or empty positions) normalises to an empty output of its shape, as
+/// PyTorch's `F.group_norm(torch.zeros(0, 4, 3), 2)` and `F.instance_norm` give; the gradient
+/// reaches the input, also empty.
+#[test]
+fn empty_inputs_normalise_to_empty_outputs() {
+    let g = Graph::new();
+    for shape in [[0usize, 4, 3], [2, 4, 0]] {
+        let x = g
+            .zeros(&shape, DType::F64)
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap();
+        let y = spatial::group_norm(x, 2, None, None, 1e-5).unwrap();
+        assert_eq!(y.shape()[..], shape[..]);
+        let z = spatial::instance_norm(x, None, None, 1e-5).unwrap();
+        assert_eq!(z.shape()[..], shape[..]);
+        y.add(z).unwrap().sum().unwrap().backward().unwrap();
+        assert_eq!(x.grad().unwrap().unwrap().shape()[..], shape[..]);
+    }
+}
+
 /// The layers carry PyTorch's names and shapes, and run their functions.
 #[test]
 fn layers_have_pytorch_names_and_run() {

@@ -46,6 +46,11 @@
 //! | `repeat_interleave a R AXIS`, `unsqueeze a AXIS`, `squeeze a AXIS` | each element R times in a row; a new axis of extent 1; AXIS removed when its extent is 1 |
 //! | `where c a b` | a where c ≠ 0, b elsewhere, broadcast together (PyTorch's `torch.where`; no gradient to c) |
 //! | `conv2d x w STRIDE PADDING DILATION GROUPS`, `conv_transpose2d x w STRIDE PADDING OUTPUT_PADDING DILATION GROUPS` | PyTorch's `F.conv2d` and `F.conv_transpose2d` without a bias, the same numbers along both axes; `x` `[N, C, H, W]` or unbatched `[C, H, W]` |
+//! | `conv1d x w STRIDE PADDING DILATION GROUPS`, `conv_transpose1d x w STRIDE PADDING OUTPUT_PADDING DILATION GROUPS` | PyTorch's `F.conv1d` and `F.conv_transpose1d` without a bias; `x` `[N, C, L]` or unbatched `[C, L]` |
+//! | `pad a VALUE P...`, `pad_reflect a P...`, `pad_replicate a P...`, `pad_circular a P...` | PyTorch's `F.pad` (a constant VALUE, or the mode in the name); the pads flat as PyTorch takes them, last axis first (`before after` pairs) |
+//! | `interpolate_nearest a H W`, `interpolate_bilinear a H W ALIGN_CORNERS` | PyTorch's `F.interpolate` to `size=(H, W)` of `a` `[N, C, H, W]` (ALIGN_CORNERS 0 or 1) |
+//! | `adaptive_avg_pool2d a H W`, `adaptive_max_pool2d a H W` | PyTorch's, into `H × W` windows; `a` `[N, C, H, W]` or `[C, H, W]` |
+//! | `group_norm a GROUPS EPS`, `instance_norm a EPS` | PyTorch's `F.group_norm` and `F.instance_norm` without weight, bias or running statistics; `a` `[N, C, …]` |
 //!
 //! From `detach` on, each op is a row of the format's op table ([`table`]), read by every part of
 //! the crate.

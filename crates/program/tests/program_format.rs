@@ -98,6 +98,22 @@ e27 = repeat_interleave a 2 -1
 e28 = unsqueeze a 0
 e29 = squeeze e28 0
 e30 = where c a b
+sq = input 3 4 : 0.5 -1 2 1.5 0.25 -2 1 3 -0.5 2.5 -1.5 0.75
+k1d = input 2 3 2 : 1 -0.5 0.25 2 -1 0.5 1.5 -2 0.75 -0.25 1 0.5
+k1t = input 3 1 2 : 0.5 -1 2 1.5 0.25 -2
+e31 = conv1d sq k1d 2 1 1 1
+e32 = conv_transpose1d sq k1t 2 1 1 1 1
+e33 = pad a -1.5 1 2 1 0
+e34 = pad_reflect a 2 1
+e35 = pad_replicate a 1 3 2 0
+e36 = pad_circular a 3 1
+im4 = unsqueeze im 0
+e37 = interpolate_nearest im4 3 5
+e38 = interpolate_bilinear im4 4 2 1
+e39 = adaptive_avg_pool2d im 2 2
+e40 = adaptive_max_pool2d im4 1 2
+e41 = group_norm im4 2 1e-5
+e42 = instance_norm im 1e-5
 o = mul s r3
 ";
 
@@ -153,6 +169,18 @@ fn shapes_of_every_op() {
         ("e28", &[1, 2, 3]),
         ("e29", &[2, 3]),
         ("e30", &[2, 3]),
+        ("e31", &[2, 3]),
+        ("e32", &[1, 7]),
+        ("e33", &[3, 6]),
+        ("e34", &[2, 6]),
+        ("e35", &[4, 7]),
+        ("e36", &[2, 7]),
+        ("e37", &[1, 2, 3, 5]),
+        ("e38", &[1, 2, 4, 2]),
+        ("e39", &[2, 2, 2]),
+        ("e40", &[1, 2, 1, 2]),
+        ("e41", &[1, 2, 2, 3]),
+        ("e42", &[2, 2, 3]),
         ("o", &[]),
     ];
     for (name, s) in want {
@@ -164,10 +192,10 @@ fn shapes_of_every_op() {
     // And the engine agrees with every predicted shape.
     let r = p.run(&RunOptions::default()).unwrap();
     assert_eq!(r.output.tensor.shape(), Vec::<usize>::new());
-    assert_eq!(r.values.len(), 7);
+    assert_eq!(r.values.len(), 10);
     assert_eq!(
         r.grads.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(),
-        ["a", "b", "s", "im", "kw"]
+        ["a", "b", "s", "im", "kw", "sq", "k1d", "k1t"]
     );
 }
 

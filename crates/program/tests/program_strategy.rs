@@ -335,7 +335,7 @@ fn a_wrong_rule_in_an_applications_op_shrinks_to_that_op() {
 }
 
 /// A power's exponent in a generated program is one of its leaves (values within ±2.25), over
-/// many seeds: an exponent computed inside the program (once, `sin(x ^ sum(x))`, a sum of 64
+/// many seeds (24 × 128 programs): an exponent computed inside the program (once, `sin(x ^ sum(x))`, a sum of 64
 /// values) made powers whose gradients finite differences cannot check, and a smooth program
 /// then failed its gradient check for no fault of the engine.
 #[test]
@@ -344,7 +344,7 @@ fn a_powers_exponent_is_a_leaf() {
     let powers = std::cell::Cell::new(0usize);
     for seed in 0..24u8 {
         let config = Config {
-            cases: 64,
+            cases: 128,
             failure_persistence: None,
             ..Config::default()
         };
@@ -369,4 +369,44 @@ fn a_powers_exponent_is_a_leaf() {
     }
     // Not vacuous: the programs hold powers.
     assert!(powers.get() >= 30, "only {} powers drawn", powers.get());
+}
+
+/// Every row of the op table that random programs may draw is drawn, over 24 × 64 programs of
+/// every op: a row whose generator can never fit an operand (a rank-4 image when the leaves are
+/// at most rank 3, say) would be dead weight in every property test and fuzz target.
+#[test]
+fn every_drawable_row_is_drawn() {
+    let strategy = strategy::program(GenConfig::all(), 10);
+    let seen = std::cell::RefCell::new(std::collections::BTreeSet::new());
+    for seed in 0..24u8 {
+        let config = Config {
+            cases: 64,
+            failure_persistence: None,
+            ..Config::default()
+        };
+        let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed; 32]);
+        let result = TestRunner::new_with_rng(config, rng).run(&strategy, |p| {
+            for s in p.statements() {
+                seen.borrow_mut().insert(s.expr.op_name().to_string());
+            }
+            Ok(())
+        });
+        assert!(result.is_ok(), "seed {seed}: {result:?}");
+    }
+    let seen = seen.into_inner();
+    let missing: Vec<&str> = arenagrad_program::table::OPS
+        .iter()
+        .filter(|r| r.gen.is_some() && !seen.contains(r.name))
+        .map(|r| r.name)
+        .collect();
+    assert!(missing.is_empty(), "never drawn: {missing:?}");
+    // Not vacuous: the table's drawable rows are most of it, and each of them was seen.
+    let drawable = arenagrad_program::table::OPS
+        .iter()
+        .filter(|r| r.gen.is_some())
+        .count();
+    assert!(
+        drawable >= 40 && seen.len() >= drawable,
+        "{drawable} rows, seen {seen:?}"
+    );
 }

@@ -1,6 +1,6 @@
 //! Rows that compute new values from several elements or from constants: `matmul`, `clamp`,
 //! `masked_fill`, `layer_norm`, `rms_norm`, `attention`, `one_hot`, `arange`, `conv2d`,
-//! `conv_transpose2d`, `where`.
+//! `conv_transpose2d`, `conv1d`, `conv_transpose1d`, `where`.
 
 use arenagrad_exec::layout::broadcast_shapes;
 use arenagrad_exec::Positive;
@@ -298,31 +298,34 @@ pub(super) const ARANGE: OpRow = OpRow::new(
 ])
 .kinked();
 
-/// A convolution row's operands: `x` `[N, C, H, W]`, or unbatched `[C, H, W]` as PyTorch takes
-/// it (`batched` false), and a rank-4 weight; every extent positive.
+/// A convolution row's operands: `x` `[N, C, …]` with `spatial` axes after the channels, or
+/// unbatched `[C, …]` as PyTorch takes it (`batched` false), and a weight of rank
+/// `spatial + 2`; every extent positive.
 struct ConvOperands<'s> {
     batched: bool,
-    /// `[N, C, H, W]` (N = 1 when unbatched).
-    x: [usize; 4],
+    /// `[N, C, …]` (N = 1 when unbatched).
+    x: Vec<usize>,
     w: &'s [usize],
 }
 
-fn conv_operands<'s>(s: &[&'s [usize]]) -> Result<ConvOperands<'s>, Refusal> {
+fn conv_operands<'s>(s: &[&'s [usize]], spatial: usize) -> Result<ConvOperands<'s>, Refusal> {
     let (x, w) = (s[0], s[1]);
-    let x4 = match *x {
-        [n, c, h, wd] => [n, c, h, wd],
-        [c, h, wd] => [1, c, h, wd],
-        _ => {
-            return Err(Refusal::at(
-                0,
-                format!("expected [N, C, H, W] or [C, H, W], found {x:?}"),
-            ))
-        }
+    let x4 = if x.len() == spatial + 2 {
+        x.to_vec()
+    } else if x.len() == spatial + 1 {
+        [&[1][..], x].concat()
+    } else {
+        let form = if spatial == 1 {
+            "[N, C, L] or [C, L]"
+        } else {
+            "[N, C, H, W] or [C, H, W]"
+        };
+        return Err(Refusal::at(0, format!("expected {form}, found {x:?}")));
     };
-    if w.len() != 4 {
+    if w.len() != spatial + 2 {
         return Err(Refusal::at(
             1,
-            format!("expected a weight of rank 4, found {w:?}"),
+            format!("expected a weight of rank {}, found {w:?}", spatial + 2),
         ));
     }
     if x4.contains(&0) || w.contains(&0) {
@@ -331,7 +334,7 @@ fn conv_operands<'s>(s: &[&'s [usize]]) -> Result<ConvOperands<'s>, Refusal> {
         )));
     }
     Ok(ConvOperands {
-        batched: x.len() == 4,
+        batched: x.len() == spatial + 2,
         x: x4,
         w,
     })
@@ -366,8 +369,8 @@ fn conv_steps(
 }
 
 /// The output's shape, batched as the input was.
-fn conv_out(c: &ConvOperands<'_>, channels: usize, hw: (usize, usize)) -> Vec<usize> {
-    let v = vec![c.x[0], channels, hw.0, hw.1];
+fn conv_out(c: &ConvOperands<'_>, channels: usize, extents: Vec<usize>) -> Vec<usize> {
+    let v = [vec![c.x[0], channels], extents].concat();
     if c.batched {
         v
     } else {
@@ -375,139 +378,207 @@ fn conv_out(c: &ConvOperands<'_>, channels: usize, hw: (usize, usize)) -> Vec<us
     }
 }
 
-/// `x` as the engine's rank-4 input, the row's `f` on it, and the result unbatched again.
+/// `x` as the engine's batched input (of `spatial` axes), the row's `f` on it, and the result
+/// unbatched again.
 fn conv_run<'g>(
     x: Tensor<'g>,
+    spatial: usize,
     f: impl FnOnce(Tensor<'g>) -> Result<Tensor<'g>, GraphError>,
 ) -> Result<Tensor<'g>, GraphError> {
     let s = x.try_shape()?;
-    if s.len() != 3 {
+    if s.len() != spatial + 1 {
         return f(x);
     }
     let y = f(x.unsqueeze(0)?)?;
     y.squeeze(Some(0))
 }
 
+/// The shape rule of `conv1d` (`spatial` 1) and `conv2d` (2): PyTorch's, the same stride,
+/// padding and dilation along every spatial axis.
+fn conv_shape(s: &[&[usize]], p: &[Param], spatial: usize) -> Result<Vec<usize>, Refusal> {
+    let c = conv_operands(s, spatial)?;
+    let ch = c.x[1];
+    let (st, d, g) = conv_steps(p, 2, ch)?;
+    let (o, cg) = (c.w[0], c.w[1]);
+    if cg.checked_mul(g) != Some(ch) || !o.is_multiple_of(g) {
+        return Err(Refusal::at(
+            1,
+            format!("weight {:?} does not fit {ch} channels in {g} groups", c.w),
+        ));
+    }
+    let pad = p[1].as_usize();
+    let extent = |n: usize, k: usize| -> Result<usize, Refusal> {
+        let reach = d
+            .checked_mul(k - 1)
+            .and_then(|v| v.checked_add(1))
+            .ok_or_else(|| Refusal::too_large(4, "the dilated kernel overflows"))?;
+        let padded = pad
+            .checked_mul(2)
+            .and_then(|v| v.checked_add(n))
+            .filter(|&v| v <= isize::MAX as usize)
+            .ok_or_else(|| Refusal::too_large(3, "the padded input overflows"))?;
+        if padded < reach {
+            return Err(Refusal::op(format!(
+                "the kernel ({k}, dilation {d}) reaches past the padded input ({padded})"
+            )));
+        }
+        Ok((padded - reach) / st + 1)
+    };
+    let extents = (0..spatial)
+        .map(|a| extent(c.x[2 + a], c.w[2 + a]))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(conv_out(&c, o, extents))
+}
+
+/// The shape rule of `conv_transpose1d` (`spatial` 1) and `conv_transpose2d` (2).
+fn conv_transpose_shape(
+    s: &[&[usize]],
+    p: &[Param],
+    spatial: usize,
+) -> Result<Vec<usize>, Refusal> {
+    let c = conv_operands(s, spatial)?;
+    let ch = c.x[1];
+    let (st, d, g) = conv_steps(p, 3, ch)?;
+    let (wc, og) = (c.w[0], c.w[1]);
+    if wc != ch {
+        return Err(Refusal::at(
+            1,
+            format!("weight {:?}: expected {ch} input channels first", c.w),
+        ));
+    }
+    let (pad, op) = (p[1].as_usize(), p[2].as_usize());
+    if op >= st && op >= d {
+        return Err(Refusal::at(
+            4,
+            format!("output padding {op}: expected less than the stride or the dilation"),
+        ));
+    }
+    // (n − 1)·s + d·(k − 1) + op + 1 − 2p, positive.
+    let extent = |n: usize, k: usize| -> Result<usize, Refusal> {
+        let full = (n - 1)
+            .checked_mul(st)
+            .and_then(|v| v.checked_add(d.checked_mul(k - 1)?))
+            .and_then(|v| v.checked_add(op + 1))
+            .filter(|&v| v <= isize::MAX as usize)
+            .ok_or_else(|| Refusal::too_large(2, "the output's extent overflows"))?;
+        match pad.checked_mul(2).and_then(|p2| full.checked_sub(p2)) {
+            Some(e) if e > 0 => Ok(e),
+            _ => Err(Refusal::at(3, format!("padding {pad} leaves no output"))),
+        }
+    };
+    let o = og
+        .checked_mul(g)
+        .ok_or_else(|| Refusal::too_large(1, "the output channels overflow"))?;
+    let extents = (0..spatial)
+        .map(|a| extent(c.x[2 + a], c.w[2 + a]))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(conv_out(&c, o, extents))
+}
+
+/// Stride, padding, dilation and groups of a convolution row.
+fn conv_params(p: &[Param]) -> (usize, usize, usize, usize) {
+    (
+        p[0].as_usize(),
+        p[1].as_usize(),
+        p[2].as_usize(),
+        p[3].as_usize(),
+    )
+}
+
+/// Stride, padding, output padding, dilation and groups of a transposed convolution row.
+fn conv_transpose_params(p: &[Param]) -> (usize, usize, usize, usize, usize) {
+    (
+        p[0].as_usize(),
+        p[1].as_usize(),
+        p[2].as_usize(),
+        p[3].as_usize(),
+        p[4].as_usize(),
+    )
+}
+
+const CONV_PARAMS: &[super::ParamSpec] = &[
+    count("the stride", "STRIDE"),
+    count("the padding", "PADDING"),
+    count("the dilation", "DILATION"),
+    count("the groups", "GROUPS"),
+];
+
+const CONV_TRANSPOSE_PARAMS: &[super::ParamSpec] = &[
+    count("the stride", "STRIDE"),
+    count("the padding", "PADDING"),
+    count("the output padding", "OUTPUT_PADDING"),
+    count("the dilation", "DILATION"),
+    count("the groups", "GROUPS"),
+];
+
 /// `conv2d x w STRIDE PADDING DILATION GROUPS`: PyTorch's `F.conv2d` without a bias (the same
 /// stride, padding and dilation along both axes); `x` `[N, C, H, W]` or `[C, H, W]`, `w`
 /// `[O, C/GROUPS, kh, kw]`.
 pub(super) const CONV2D: OpRow = OpRow::new(
     "conv2d",
-    |s, p| {
-        let c = conv_operands(s)?;
-        let [_, ch, h, wd] = c.x;
-        let (st, d, g) = conv_steps(p, 2, ch)?;
-        let (o, cg, kh, kw) = (c.w[0], c.w[1], c.w[2], c.w[3]);
-        if cg.checked_mul(g) != Some(ch) || !o.is_multiple_of(g) {
-            return Err(Refusal::at(
-                1,
-                format!("weight {:?} does not fit {ch} channels in {g} groups", c.w),
-            ));
-        }
-        let pad = p[1].as_usize();
-        let extent = |n: usize, k: usize| -> Result<usize, Refusal> {
-            let reach = d
-                .checked_mul(k - 1)
-                .and_then(|v| v.checked_add(1))
-                .ok_or_else(|| Refusal::too_large(4, "the dilated kernel overflows"))?;
-            let padded = pad
-                .checked_mul(2)
-                .and_then(|v| v.checked_add(n))
-                .filter(|&v| v <= isize::MAX as usize)
-                .ok_or_else(|| Refusal::too_large(3, "the padded input overflows"))?;
-            if padded < reach {
-                return Err(Refusal::op(format!(
-                    "the kernel ({k}, dilation {d}) reaches past the padded input ({padded})"
-                )));
-            }
-            Ok((padded - reach) / st + 1)
-        };
-        Ok(conv_out(&c, o, (extent(h, kh)?, extent(wd, kw)?)))
-    },
+    |s, p| conv_shape(s, p, 2),
     |_, x, p| {
-        let (s, pad, d, g) = (
-            p[0].as_usize(),
-            p[1].as_usize(),
-            p[2].as_usize(),
-            p[3].as_usize(),
-        );
-        conv_run(x[0], |x0| x0.conv2d(x[1], (s, s), (pad, pad), (d, d), g))
+        let (s, pad, d, g) = conv_params(p);
+        conv_run(x[0], 2, |x0| x0.conv2d(x[1], (s, s), (pad, pad), (d, d), g))
     },
 )
 .arity(Arity::Exactly(2))
-.params(&[
-    count("the stride", "STRIDE"),
-    count("the padding", "PADDING"),
-    count("the dilation", "DILATION"),
-    count("the groups", "GROUPS"),
-])
+.params(CONV_PARAMS)
 .work(|s, out| conv_work(s, out, false))
-.gen(Gen::Operands(|d| conv_draw(d, false)));
+.gen(Gen::Operands(|d| conv_draw(d, false, 2)));
 
 /// `conv_transpose2d x w STRIDE PADDING OUTPUT_PADDING DILATION GROUPS`: PyTorch's
 /// `F.conv_transpose2d` without a bias; `x` `[N, C, H, W]` or `[C, H, W]`, `w`
 /// `[C, O/GROUPS, kh, kw]`.
 pub(super) const CONV_TRANSPOSE2D: OpRow = OpRow::new(
     "conv_transpose2d",
-    |s, p| {
-        let c = conv_operands(s)?;
-        let [_, ch, h, wd] = c.x;
-        let (st, d, g) = conv_steps(p, 3, ch)?;
-        let (wc, og, kh, kw) = (c.w[0], c.w[1], c.w[2], c.w[3]);
-        if wc != ch {
-            return Err(Refusal::at(
-                1,
-                format!("weight {:?}: expected {ch} input channels first", c.w),
-            ));
-        }
-        let (pad, op) = (p[1].as_usize(), p[2].as_usize());
-        if op >= st && op >= d {
-            return Err(Refusal::at(
-                4,
-                format!("output padding {op}: expected less than the stride or the dilation"),
-            ));
-        }
-        // (n − 1)·s + d·(k − 1) + op + 1 − 2p, positive.
-        let extent = |n: usize, k: usize| -> Result<usize, Refusal> {
-            let full = (n - 1)
-                .checked_mul(st)
-                .and_then(|v| v.checked_add(d.checked_mul(k - 1)?))
-                .and_then(|v| v.checked_add(op + 1))
-                .filter(|&v| v <= isize::MAX as usize)
-                .ok_or_else(|| Refusal::too_large(2, "the output's extent overflows"))?;
-            match pad.checked_mul(2).and_then(|p2| full.checked_sub(p2)) {
-                Some(e) if e > 0 => Ok(e),
-                _ => Err(Refusal::at(3, format!("padding {pad} leaves no output"))),
-            }
-        };
-        let o = og
-            .checked_mul(g)
-            .ok_or_else(|| Refusal::too_large(1, "the output channels overflow"))?;
-        Ok(conv_out(&c, o, (extent(h, kh)?, extent(wd, kw)?)))
-    },
+    |s, p| conv_transpose_shape(s, p, 2),
     |_, x, p| {
-        let (s, pad, op, d, g) = (
-            p[0].as_usize(),
-            p[1].as_usize(),
-            p[2].as_usize(),
-            p[3].as_usize(),
-            p[4].as_usize(),
-        );
-        conv_run(x[0], |x0| {
+        let (s, pad, op, d, g) = conv_transpose_params(p);
+        conv_run(x[0], 2, |x0| {
             x0.conv_transpose2d(x[1], None, (s, s), (pad, pad), (op, op), (d, d), g)
         })
     },
 )
 .arity(Arity::Exactly(2))
-.params(&[
-    count("the stride", "STRIDE"),
-    count("the padding", "PADDING"),
-    count("the output padding", "OUTPUT_PADDING"),
-    count("the dilation", "DILATION"),
-    count("the groups", "GROUPS"),
-])
+.params(CONV_TRANSPOSE_PARAMS)
 .work(|s, out| conv_work(s, out, true))
-.gen(Gen::Operands(|d| conv_draw(d, true)));
+.gen(Gen::Operands(|d| conv_draw(d, true, 2)));
+
+/// `conv1d x w STRIDE PADDING DILATION GROUPS`: PyTorch's `F.conv1d` without a bias; `x`
+/// `[N, C, L]` or `[C, L]`, `w` `[O, C/GROUPS, k]`.
+pub(super) const CONV1D: OpRow = OpRow::new(
+    "conv1d",
+    |s, p| conv_shape(s, p, 1),
+    |_, x, p| {
+        let (s, pad, d, g) = conv_params(p);
+        conv_run(x[0], 1, |x0| {
+            arenagrad_nn::spatial::conv1d(x0, x[1], None, s, pad, d, g).map_err(super::from_nn)
+        })
+    },
+)
+.arity(Arity::Exactly(2))
+.params(CONV_PARAMS)
+.work(|s, out| conv_work(s, out, false))
+.gen(Gen::Operands(|d| conv_draw(d, false, 1)));
+
+/// `conv_transpose1d x w STRIDE PADDING OUTPUT_PADDING DILATION GROUPS`: PyTorch's
+/// `F.conv_transpose1d` without a bias; `x` `[N, C, L]` or `[C, L]`, `w` `[C, O/GROUPS, k]`.
+pub(super) const CONV_TRANSPOSE1D: OpRow = OpRow::new(
+    "conv_transpose1d",
+    |s, p| conv_transpose_shape(s, p, 1),
+    |_, x, p| {
+        let (s, pad, op, d, g) = conv_transpose_params(p);
+        conv_run(x[0], 1, |x0| {
+            arenagrad_nn::spatial::conv_transpose1d(x0, x[1], None, s, pad, op, d, g)
+                .map_err(super::from_nn)
+        })
+    },
+)
+.arity(Arity::Exactly(2))
+.params(CONV_TRANSPOSE_PARAMS)
+.work(|s, out| conv_work(s, out, true))
+.gen(Gen::Operands(|d| conv_draw(d, true, 1)));
 
 /// Multiply-adds of a convolution row: each output element of a convolution, or each input
 /// element of a transposed one, meets one output (input) channel's share of the weight.
@@ -517,13 +588,15 @@ fn conv_work(s: &[&[usize]], out: &[usize], transposed: bool) -> u64 {
     numel(if transposed { s[0] } else { out }).saturating_mul(share)
 }
 
-/// Random programs' convolutions: the operand drawn as an unbatched `[C, H, W]` (or a batch
-/// `[N, C, H, W]`) input, a fresh weight of 1 or 2 output channels and a kernel of 1 to 3, with
-/// stride, padding, dilation and groups from the attribute bytes, where they fit.
-fn conv_draw(d: &mut Draw<'_>, transposed: bool) -> Option<Drawn> {
+/// Random programs' convolutions: the operand drawn as an unbatched `[C, …]` (or a batch
+/// `[N, C, …]`) input of `spatial` axes, a fresh weight of 1 or 2 output channels and a kernel
+/// of 1 to 3, with stride, padding, dilation and groups from the attribute bytes, where they
+/// fit.
+fn conv_draw(d: &mut Draw<'_>, transposed: bool, spatial: usize) -> Option<Drawn> {
     let x = d.shape(d.a).to_vec();
-    let ch = match x[..] {
-        [c, _, _] | [_, c, _, _] => c,
+    let ch = match x.len() {
+        r if r == spatial + 1 => x[0],
+        r if r == spatial + 2 => x[1],
         _ => return None,
     };
     let t = d.attrs;
@@ -537,16 +610,21 @@ fn conv_draw(d: &mut Draw<'_>, transposed: bool) -> Option<Drawn> {
         1
     };
     let o = 1 + usize::from(t[3] >> 4) % 2;
+    let kernel = vec![k; spatial];
     let (w, params) = if transposed {
         let op = usize::from(t[2] >> 4) % s.max(dil);
-        (vec![ch, o, k, k], vec![s, pad, op, dil, g])
+        ([vec![ch, o], kernel].concat(), vec![s, pad, op, dil, g])
     } else {
-        (vec![o * g, ch / g, k, k], vec![s, pad, dil, g])
+        ([vec![o * g, ch / g], kernel].concat(), vec![s, pad, dil, g])
     };
     // The row's own shape rule says whether these fit, and what comes out.
-    let row = if transposed { CONV_TRANSPOSE2D } else { CONV2D };
     let ps: Vec<Param> = params.iter().map(|&v| Param::Count(v)).collect();
-    match (row.shape)(&[&x, &w], &ps) {
+    let out = if transposed {
+        conv_transpose_shape(&[&x, &w], &ps, spatial)
+    } else {
+        conv_shape(&[&x, &w], &ps, spatial)
+    };
+    match out {
         Ok(out) if d.fits(&out) && d.fits(&w) => {}
         _ => return None,
     }

@@ -13,7 +13,8 @@
 //!
 //! 1. Write its row as a `const` in the file of its family — `reduce.rs` (reductions, scans,
 //!    softmax), `layout.rs` (ops that move, select or join elements), `rearrange.rs` (ops that
-//!    reorder or tile them) or `compute.rs` (the rest):
+//!    reorder or tile them), `spatial.rs` (`torch.nn.functional`'s ops for images and sequences,
+//!    which the `nn` crate runs) or `compute.rs` (the rest):
 //!    [`OpRow::new`] with the name, the shape rule and the forward, then what differs from the
 //!    defaults (operands, parameters, smoothness, how random programs draw it). The shape rule
 //!    refuses everything the engine would refuse, pointing at the argument at fault
@@ -31,6 +32,7 @@ mod compute;
 mod layout;
 mod rearrange;
 mod reduce;
+mod spatial;
 
 use arenagrad_exec::Positive;
 use arenagrad_graph::{Graph, GraphError, Tensor};
@@ -598,6 +600,18 @@ pub const OPS: &[OpRow] = &[
     rearrange::UNSQUEEZE,
     rearrange::SQUEEZE,
     compute::WHERE,
+    compute::CONV1D,
+    compute::CONV_TRANSPOSE1D,
+    spatial::PAD_CONSTANT,
+    spatial::PAD_REFLECT,
+    spatial::PAD_REPLICATE,
+    spatial::PAD_CIRCULAR,
+    spatial::INTERPOLATE_NEAREST,
+    spatial::INTERPOLATE_BILINEAR,
+    spatial::ADAPTIVE_AVG_POOL2D,
+    spatial::ADAPTIVE_MAX_POOL2D,
+    spatial::GROUP_NORM,
+    spatial::INSTANCE_NORM,
 ];
 
 /// The row called `name`.
@@ -646,6 +660,15 @@ fn axis_at(s: &[usize], p: Param, k: usize) -> Result<usize, Refusal> {
             format!("axis {p} is out of range for shape {s:?}: {expect}"),
         )
     })
+}
+
+/// An `nn` function's error as the graph's: its graph error as it is; any other refusal is one
+/// the row's shape rule makes first, so reaching it is a rule that disagrees with the function.
+fn from_nn(e: arenagrad_nn::NnError) -> GraphError {
+    match e {
+        arenagrad_nn::NnError::Graph(e) => e,
+        _ => bad("a refusal of the nn function that the row's shape rule did not make"),
+    }
 }
 
 fn bad(what: &'static str) -> GraphError {
