@@ -133,6 +133,13 @@ pub fn values(seed: u64, n: usize, positive: bool) -> Vec<f64> {
         .collect()
 }
 
+/// `n` whole numbers in `0..bound` from `seed` (indices).
+pub fn index_values(seed: u64, n: usize, bound: usize) -> Vec<f64> {
+    let mut s = seed;
+    let bound = bound.max(1) as u64;
+    (0..n).map(|_| (splitmix(&mut s) % bound) as f64).collect()
+}
+
 fn numel(s: &[usize]) -> Option<usize> {
     s.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
 }
@@ -250,7 +257,15 @@ impl Gen<'_> {
 
     fn op(&mut self, c: &OpChoice) -> usize {
         let n = self.shapes.len();
-        let mut a = usize::from(c.a) % n;
+        // Mostly the newest value, so that the ops form chains, each feeding the next, which the
+        // output reads (an operand drawn from all values alike left most ops off the output's
+        // path, dropped: 1.4 statements per program of up to six); else any value, so that
+        // values are shared too.
+        let mut a = if c.a & 3 != 0 {
+            n - 1
+        } else {
+            usize::from(c.a >> 2) % n
+        };
         let name = if self.cfg.ops.is_empty() {
             "neg"
         } else {
@@ -349,7 +364,7 @@ impl Gen<'_> {
             Some(table::Gen::Operands(gen)) => gen(&mut draw),
             None => None,
         };
-        let fresh = draw.fresh().map(<[usize]>::to_vec);
+        let fresh = draw.fresh().to_vec();
         let Some((args, params)) = drawn else {
             return self.fallback(a);
         };
@@ -370,17 +385,31 @@ impl Gen<'_> {
             _ => return self.fallback(a),
         };
         let pa = self.pos[a];
-        if let Some(f) = fresh {
-            // A fresh input to take part (a matrix to multiply by): values from the choice.
+        for (k, f) in fresh.into_iter().enumerate() {
+            // A fresh leaf to take part (a matrix to multiply by, a gather's indices): values
+            // from the choice.
             let [t0, t1, t2, t3] = c.attrs;
-            let seed = u64::from_le_bytes([t0, t1, t2, t3, c.a, c.b, c.op, 1]);
-            let n = numel(&f).unwrap_or(0);
-            let e = Expr::Leaf {
-                requires_grad: true,
-                shape: f.clone(),
-                values: Some(values(seed, n, pa)),
+            let seed = u64::from_le_bytes([t0, t1, t2, t3, c.a, c.b, c.op, 1 + k as u8]);
+            let n = numel(&f.shape).unwrap_or(0);
+            let (e, pos) = match f.index_bound {
+                None => (
+                    Expr::Leaf {
+                        requires_grad: true,
+                        shape: f.shape.clone(),
+                        values: Some(values(seed, n, pa)),
+                    },
+                    pa,
+                ),
+                Some(bound) => (
+                    Expr::Leaf {
+                        requires_grad: false,
+                        shape: f.shape.clone(),
+                        values: Some(index_values(seed, n, bound)),
+                    },
+                    false,
+                ),
             };
-            self.push(e, f, pa);
+            self.push(e, f.shape, pos);
         }
         let pos = match row.positive {
             Positive::Never => false,

@@ -51,6 +51,7 @@
 //! | `interpolate_nearest a H W`, `interpolate_bilinear a H W ALIGN_CORNERS` | PyTorch's `F.interpolate` to `size=(H, W)` of `a` `[N, C, H, W]` (ALIGN_CORNERS 0 or 1) |
 //! | `adaptive_avg_pool2d a H W`, `adaptive_max_pool2d a H W` | PyTorch's, into `H × W` windows; `a` `[N, C, H, W]` or `[C, H, W]` |
 //! | `group_norm a GROUPS EPS`, `instance_norm a EPS` | PyTorch's `F.group_norm` and `F.instance_norm` without weight, bias or running statistics; `a` `[N, C, …]` |
+//! | `gather a i AXIS`, `index_select a i AXIS`, `scatter_add a i s AXIS`, `index_add a i s AXIS`, `scatter_reduce a i s AXIS REDUCE INCLUDE_SELF` | PyTorch's, `i` a tensor of whole numbers (a `const`) read as 64-bit integers, `s` the source; REDUCE 0 sum, 1 mean, 2 amax, 3 amin; INCLUDE_SELF 0 or 1 |
 //!
 //! From `detach` on, each op is a row of the format's op table ([`table`]), read by every part of
 //! the crate.

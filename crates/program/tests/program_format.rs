@@ -114,6 +114,13 @@ e39 = adaptive_avg_pool2d im 2 2
 e40 = adaptive_max_pool2d im4 1 2
 e41 = group_norm im4 2 1e-5
 e42 = instance_norm im 1e-5
+ix = const 2 2 : 2 0 1 1
+e43 = gather a ix 1
+ir = const 3 : 1 0 1
+e44 = index_select a ir 0
+e45 = scatter_add a ix k2 -1
+e46 = scatter_reduce a ix k2 1 2 1
+e47 = index_add a ir e44 0
 o = mul s r3
 ";
 
@@ -181,6 +188,11 @@ fn shapes_of_every_op() {
         ("e40", &[1, 2, 1, 2]),
         ("e41", &[1, 2, 2, 3]),
         ("e42", &[2, 2, 3]),
+        ("e43", &[2, 2]),
+        ("e44", &[3, 3]),
+        ("e45", &[2, 3]),
+        ("e46", &[2, 3]),
+        ("e47", &[2, 3]),
         ("o", &[]),
     ];
     for (name, s) in want {
@@ -192,7 +204,7 @@ fn shapes_of_every_op() {
     // And the engine agrees with every predicted shape.
     let r = p.run(&RunOptions::default()).unwrap();
     assert_eq!(r.output.tensor.shape(), Vec::<usize>::new());
-    assert_eq!(r.values.len(), 10);
+    assert_eq!(r.values.len(), 12);
     assert_eq!(
         r.grads.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(),
         ["a", "b", "s", "im", "kw", "sq", "k1d", "k1t"]

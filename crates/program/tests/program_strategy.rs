@@ -410,3 +410,37 @@ fn every_drawable_row_is_drawn() {
         "{drawable} rows, seen {seen:?}"
     );
 }
+
+/// Random programs are chains of their ops, not ops on the leaves that the output never reads
+/// (and that are dropped): `smooth_program(6)` keeps over two op statements on average (it
+/// kept 1.4 when every operand was drawn from all values alike), and some reach five or more.
+#[test]
+fn random_programs_chain_their_ops() {
+    let mut runner = runner(4000);
+    let (programs, ops, deep) = (
+        std::cell::Cell::new(0usize),
+        std::cell::Cell::new(0usize),
+        std::cell::Cell::new(0usize),
+    );
+    runner
+        .run(&strategy::smooth_program(6), |p| {
+            let n = p
+                .statements()
+                .iter()
+                .filter(|s| !matches!(s.expr.op_name(), "input" | "const"))
+                .count();
+            programs.set(programs.get() + 1);
+            ops.set(ops.get() + n);
+            deep.set(deep.get() + usize::from(n >= 5));
+            Ok(())
+        })
+        .unwrap();
+    let mean = ops.get() as f64 / programs.get() as f64;
+    assert!(mean >= 2.0, "{mean:.2} op statements per program");
+    assert!(
+        deep.get() * 20 >= programs.get(),
+        "{} of {} programs have five ops",
+        deep.get(),
+        programs.get()
+    );
+}

@@ -13,7 +13,7 @@
 //!
 //! 1. Write its row as a `const` in the file of its family — `reduce.rs` (reductions, scans,
 //!    softmax), `layout.rs` (ops that move, select or join elements), `rearrange.rs` (ops that
-//!    reorder or tile them), `spatial.rs` (`torch.nn.functional`'s ops for images and sequences,
+//!    reorder or tile them), `index.rs` (ops that take indices as their second operand), `spatial.rs` (`torch.nn.functional`'s ops for images and sequences,
 //!    which the `nn` crate runs) or `compute.rs` (the rest):
 //!    [`OpRow::new`] with the name, the shape rule and the forward, then what differs from the
 //!    defaults (operands, parameters, smoothness, how random programs draw it). The shape rule
@@ -29,6 +29,7 @@
 //! text format.
 
 mod compute;
+mod index;
 mod layout;
 mod rearrange;
 mod reduce;
@@ -276,7 +277,17 @@ pub struct Draw<'a> {
     /// The largest extent a leaf may have.
     pub max_dim: usize,
     fits: &'a dyn Fn(&[usize]) -> bool,
-    fresh: Option<Vec<usize>>,
+    fresh: Vec<FreshLeaf>,
+}
+
+/// A leaf a row's draw asks for, made just before its statement.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct FreshLeaf {
+    /// Its shape.
+    pub(crate) shape: Vec<usize>,
+    /// `None`: an `input` of values from the choice's bytes; `Some(n)`: a `const` of whole
+    /// numbers in `0..n` (indices).
+    pub(crate) index_bound: Option<usize>,
 }
 
 impl<'a> Draw<'a> {
@@ -295,16 +306,18 @@ impl<'a> Draw<'a> {
             attrs,
             max_dim,
             fits,
-            fresh: None,
+            fresh: Vec::new(),
         }
     }
 
-    /// The shape of value `i` (made so far, or the fresh input asked for).
+    /// The shape of value `i` (made so far, or a fresh leaf asked for).
     pub fn shape(&self, i: usize) -> &[usize] {
-        match (self.shapes.get(i), &self.fresh) {
-            (Some(s), _) => s,
-            (None, Some(f)) => f,
-            (None, None) => &[],
+        match self.shapes.get(i) {
+            Some(s) => s,
+            None => i
+                .checked_sub(self.shapes.len())
+                .and_then(|k| self.fresh.get(k))
+                .map_or(&[], |f| &f.shape),
         }
     }
 
@@ -329,13 +342,23 @@ impl<'a> Draw<'a> {
     /// A new `input` of this shape (values drawn from the choice's bytes, positive where
     /// operand `a` is), made just before the statement: its index.
     pub fn fresh_input(&mut self, shape: Vec<usize>) -> usize {
-        self.fresh = Some(shape);
-        self.shapes.len()
+        self.fresh_leaf(shape, None)
     }
 
-    /// The fresh input asked for, if any.
-    pub(crate) fn fresh(&self) -> Option<&[usize]> {
-        self.fresh.as_deref()
+    /// A new `const` of this shape holding whole numbers in `0..bound` (drawn from the
+    /// choice's bytes; `bound` at least 1): indices for a gather or a scatter. Its index.
+    pub fn fresh_indices(&mut self, shape: Vec<usize>, bound: usize) -> usize {
+        self.fresh_leaf(shape, Some(bound.max(1)))
+    }
+
+    fn fresh_leaf(&mut self, shape: Vec<usize>, index_bound: Option<usize>) -> usize {
+        self.fresh.push(FreshLeaf { shape, index_bound });
+        self.shapes.len() + self.fresh.len() - 1
+    }
+
+    /// The fresh leaves asked for, in the order of their indices.
+    pub(crate) fn fresh(&self) -> &[FreshLeaf] {
+        &self.fresh
     }
 }
 
@@ -612,6 +635,11 @@ pub const OPS: &[OpRow] = &[
     spatial::ADAPTIVE_MAX_POOL2D,
     spatial::GROUP_NORM,
     spatial::INSTANCE_NORM,
+    index::GATHER,
+    index::INDEX_SELECT,
+    index::SCATTER_ADD,
+    index::SCATTER_REDUCE,
+    index::INDEX_ADD,
 ];
 
 /// The row called `name`.
