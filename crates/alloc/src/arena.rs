@@ -369,6 +369,9 @@ impl std::fmt::Debug for Arena {
     }
 }
 
+/// Two buffers borrowed to write and `N` to read ([`Arena::split_two_mut`]).
+pub type TwoOuts<'a, T, const N: usize> = ([&'a mut [T]; 2], [&'a [T]; N]);
+
 impl Arena {
     /// An empty arena.
     pub fn new() -> Self {
@@ -1048,6 +1051,35 @@ impl Arena {
         Ok((out_slice, ins))
     }
 
+    /// Two buffers to write and `N` to read, borrowed together: a kernel with two outputs (a
+    /// convolution writing its patch matrix beside its result). The outputs must differ from
+    /// each other and from every input.
+    pub fn split_two_mut<T: Pod, const N: usize>(
+        &mut self,
+        outs: [BufId; 2],
+        inputs: [BufId; N],
+    ) -> Result<TwoOuts<'_, T, N>, AllocError> {
+        if outs[0].slot() == outs[1].slot() {
+            return Err(AllocError::Aliased {
+                slot: outs[0].slot(),
+            });
+        }
+        let second = self.check_mut::<T>(outs[1])?;
+        let (ptr, len) = (second.ptr, second.len);
+        if inputs.iter().any(|i| i.slot() == outs[1].slot()) {
+            return Err(AllocError::Aliased {
+                slot: outs[1].slot(),
+            });
+        }
+        let (first, ins) = self.split_checked::<T, N>(outs[0], inputs, false)?;
+        // SAFETY: `outs[1]` was checked live, of this epoch, of type `T` and not shared, so it
+        // points at `len` initialised `T`s valid while `self` is borrowed; its slot differs from
+        // `outs[0]`'s and from every input's (checked above), and live bump slots never share
+        // memory (see `split_checked`), so this unique borrow overlaps none of the others.
+        let second = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr().cast::<T>(), len) };
+        Ok(([first, second], ins))
+    }
+
     /// One buffer to write and two to read, each of its own element type (index buffers beside
     /// value buffers). The output must differ from both inputs.
     pub fn split_mixed<O: Pod, I: Pod, A: Pod>(
@@ -1589,6 +1621,38 @@ mod tests {
             a.alloc_scratch::<f32>(n).unwrap();
             assert_eq!(a.stats().reused, before + 1, "{n} elements");
         }
+    }
+
+    #[test]
+    fn two_outputs_are_borrowed_beside_the_inputs_and_never_alias() {
+        let mut a = Arena::new();
+        let x = a.alloc_from_slice(&[1.0f32, 2.0]).unwrap();
+        let (p, q) = (
+            a.alloc_zeroed::<f32>(2).unwrap(),
+            a.alloc_zeroed::<f32>(3).unwrap(),
+        );
+        {
+            let ([p_out, q_out], [xs]) = a.split_two_mut::<f32, 1>([p, q], [x]).unwrap();
+            p_out.copy_from_slice(xs);
+            q_out.fill(xs[1]);
+        }
+        assert_eq!(a.slice::<f32>(p).unwrap(), &[1.0, 2.0]);
+        assert_eq!(a.slice::<f32>(q).unwrap(), &[2.0, 2.0, 2.0]);
+        let aliased = |r: Result<TwoOuts<'_, f32, 1>, AllocError>| {
+            matches!(r, Err(AllocError::Aliased { .. }))
+        };
+        assert!(aliased(a.split_two_mut::<f32, 1>([p, p], [x])));
+        assert!(aliased(a.split_two_mut::<f32, 1>([p, q], [q])));
+        assert!(aliased(a.split_two_mut::<f32, 1>([p, q], [p])));
+        let shared = a
+            .alloc_shared(std::sync::Arc::new(vec![0.0f32; 2]), |v: &Vec<f32>| {
+                v.as_slice()
+            })
+            .unwrap();
+        assert!(matches!(
+            a.split_two_mut::<f32, 1>([p, shared], [x]),
+            Err(AllocError::ReadOnly { .. })
+        ));
     }
 
     #[test]

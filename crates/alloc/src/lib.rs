@@ -26,7 +26,7 @@ mod device_arena;
 mod mapped;
 
 pub use arena::{
-    zeroed_vec, AllocSplit, Arena, ArenaMark, ArenaStats, Bool, BufId, MixedSplit, Pod,
+    zeroed_vec, AllocSplit, Arena, ArenaMark, ArenaStats, Bool, BufId, MixedSplit, Pod, TwoOuts,
 };
 pub use device_arena::{DeviceArena, DeviceArenaStats};
 pub use mapped::MappedFile;

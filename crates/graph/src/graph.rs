@@ -405,6 +405,19 @@ impl Inner {
             .map_err(|source| GraphError::Alloc { op, source })
     }
 
+    /// Two host buffers to write and `N` to read, as [`Arena::split_two_mut`], with an error
+    /// that names `op`.
+    pub fn split_two_mut<T: arenagrad_alloc::Pod, const N: usize>(
+        &mut self,
+        op: &'static str,
+        outs: [BufId; 2],
+        inputs: [BufId; N],
+    ) -> Result<arenagrad_alloc::TwoOuts<'_, T, N>> {
+        self.arena
+            .split_two_mut(outs, inputs)
+            .map_err(|source| GraphError::Alloc { op, source })
+    }
+
     /// A new host buffer of `len` elements to write and `N` to read, as [`Arena::alloc_split`],
     /// with an error that names `op`.
     #[inline(always)]

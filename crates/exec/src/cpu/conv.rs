@@ -670,9 +670,179 @@ pub fn conv_gemm_forward<T: Float + Gemm>(
     });
 }
 
+/// The largest patch matrix of one image (`k·l` elements) that [`conv_im2col_gemm_forward`]
+/// makes in a thread's scratch: 4 MiB of f32, within a core's L2 here, so that the product reads
+/// it from the cache; larger ones are made batch-wide first ([`im2col_batch`]).
+const FUSED_MAX: usize = 1 << 20;
+
+/// Whether a convolution of these dimensions runs [`conv_im2col_gemm_forward`]: fewer than 64
+/// output channels (a product that reads each patch value only `o` times, so that it runs at
+/// the speed its operand arrives: 40 GFLOP/s on one thread from memory against 150 from the
+/// cache, for 32 channels), and one image's patches fit [`FUSED_MAX`]. With 64 channels or more
+/// the batch-wide pass measured as fast or faster.
+pub fn conv_fuses(d: ConvDims) -> bool {
+    d.o < 64 && d.k.saturating_mul(d.l) <= FUSED_MAX
+}
+
+/// A pointer to the patch matrix shared by the threads of [`conv_im2col_gemm_forward`], each
+/// writing the columns of its own images.
+struct ColsOut<T>(*mut T);
+
+// SAFETY: the pointer is only written through by `conv_im2col_gemm_forward`'s threads, each into
+// the columns of its own images (disjoint ranges of one `&mut` buffer that outlives the fork);
+// `T: Send` values may be written from other threads.
+unsafe impl<T: Send> Send for ColsOut<T> {}
+// SAFETY: as above; no thread reads through the pointer what another writes.
+unsafe impl<T: Send> Sync for ColsOut<T> {}
+
+/// [`im2col_batch`] and [`conv_gemm_forward`] in one pass over the images: each image's patches
+/// `[k, l]` are made in the thread's scratch, multiplied from there while they are in its cache,
+/// then copied into their columns of `cols` (`[k, n·l]`, as `im2col_batch` lays them out, kept for
+/// the backward). `x` is `[n, c, h, w]`; `y`, `w` and `bias` as in `conv_gemm_forward`. The
+/// values are `conv_gemm_forward`'s after `im2col_batch`, bit for bit (the same product of the
+/// same operands, one thread each). Images split over threads.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_im2col_gemm_forward<T: Float + Gemm>(
+    x: &[T],
+    win: &Window,
+    w: &[T],
+    bias: Option<&[T]>,
+    d: ConvDims,
+    cols: &mut [T],
+    y: &mut [T],
+    threads: usize,
+) {
+    let ConvDims { o, k, l, n } = d;
+    d.check(w.len(), cols.len(), y.len());
+    let plane = win.h * win.w;
+    assert!(
+        win.out_hw().map(|(ho, wo)| ho * wo) == Some(l)
+            && win.patch_len() == k
+            && x.len() >= n * win.c * plane
+            && bias.is_none_or(|b| b.len() >= o),
+        "invariant: convolution operand out of bounds"
+    );
+    if o == 0 || l == 0 {
+        // Nothing to multiply; the patches are still the backward's.
+        im2col_batch(x, n, win, T::ZERO, cols, threads);
+        return;
+    }
+    let one = Window { c: 1, ..*win };
+    let rows = win.kh * win.kw;
+    let ld = n * l;
+    let out = ColsOut(cols.as_mut_ptr());
+    let out = &out;
+    super::par::par_rows_mut(
+        &mut y[..n * o * l],
+        o * l,
+        threads,
+        super::par::PAR_MIN_ELEMS,
+        |b, yb| {
+            T::with_scratch(k * l, |s| {
+                for c in 0..win.c {
+                    let img = &x[(b * win.c + c) * plane..(b * win.c + c + 1) * plane];
+                    im2col_ld(
+                        img,
+                        &one,
+                        T::ZERO,
+                        &mut s[c * rows * l..(c + 1) * rows * l],
+                        l,
+                        0,
+                    );
+                }
+                if let Some(bias) = bias {
+                    for (row, &v) in yb.chunks_mut(l).zip(bias) {
+                        row.fill(v);
+                    }
+                }
+                super::gemm(
+                    super::Mnk::new(o, k, l),
+                    super::MatView::row_major(w, 0, k, false),
+                    super::MatView::row_major(s, 0, l, false),
+                    yb,
+                    bias.is_some(),
+                    1,
+                );
+                for (r, src) in s.chunks_exact(l).enumerate() {
+                    // SAFETY: `cols` holds at least `k·n·l` elements (`d.check`), and row `r < k`
+                    // of image `b < n` is `[r·n·l + b·l, r·n·l + (b + 1)·l)`, inside it; only
+                    // this thread (the one given image `b`) writes it, nobody reads it during
+                    // the fork, and `src` (the scratch) does not overlap `cols`.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src.as_ptr(), out.0.add(r * ld + b * l), l)
+                    };
+                }
+            })
+        },
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one-pass convolution gives the two passes' patches and outputs bit for bit: padded,
+    /// strided and dilated windows, with and without a bias, one to three threads (the largest
+    /// batch past the size that splits over them), no output channels, an empty batch.
+    #[test]
+    fn the_one_pass_convolution_is_the_two_passes() {
+        let val = |i: usize, s: f32| ((i as f32 * s).sin() * 8.0).round() / 8.0 + 0.001 * s;
+        let wins = [
+            (3, 6, 7, (3, 3), (1, 1), (1, 1), (1, 1)),
+            (2, 9, 8, (3, 2), (2, 1), (0, 2), (1, 2)),
+            (4, 5, 5, (1, 1), (1, 1), (0, 0), (1, 1)),
+            (1, 7, 9, (2, 3), (3, 2), (2, 1), (2, 1)),
+        ];
+        let (sizes, thread_counts): (&[(usize, usize)], &[usize]) = if cfg!(miri) {
+            (&[(2, 2)], &[2])
+        } else {
+            (&[(3, 5), (0, 3), (2, 0), (96, 48)], &[1, 2, 3])
+        };
+        for (c, h, wd, (kh, kw), (sh, sw), (ph, pw), (dh, dw)) in wins {
+            let win = Window {
+                c,
+                h,
+                w: wd,
+                kh,
+                kw,
+                sh,
+                sw,
+                ph,
+                pw,
+                dh,
+                dw,
+            };
+            let (ho, wo) = win.out_hw().unwrap();
+            let (k, l) = (win.patch_len(), ho * wo);
+            for &(n, o) in sizes {
+                let x: Vec<f32> = (0..n * c * h * wd).map(|i| val(i, 0.37)).collect();
+                let w: Vec<f32> = (0..o * k).map(|i| val(i, 0.53)).collect();
+                let bias: Vec<f32> = (0..o).map(|i| val(i, 1.7)).collect();
+                let d = ConvDims { o, k, l, n };
+                for &threads in thread_counts {
+                    for b in [None, Some(&bias[..])] {
+                        let mut cols = vec![f32::NAN; k * n * l];
+                        let mut y = vec![f32::NAN; n * o * l];
+                        im2col_batch(&x, n, &win, 0.0, &mut cols, threads);
+                        conv_gemm_forward(&w, &cols, b, d, &mut y, threads);
+                        let mut cols1 = vec![f32::NAN; k * n * l];
+                        let mut y1 = vec![f32::NAN; n * o * l];
+                        conv_im2col_gemm_forward(&x, &win, &w, b, d, &mut cols1, &mut y1, threads);
+                        let what =
+                            format!("{win:?} n {n} o {o} threads {threads} bias {}", b.is_some());
+                        for (name, got, want) in [("patches", &cols1, &cols), ("outputs", &y1, &y)]
+                        {
+                            let first = got
+                                .iter()
+                                .zip(want.iter())
+                                .position(|(a, b)| a.to_bits() != b.to_bits());
+                            assert_eq!(first, None, "{name} differ first at that index, {what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn convolution_forward_matches_naive_loops() {

@@ -276,6 +276,67 @@ impl<'g> Tensor<'g> {
         Ok(self.g.handle(id))
     }
 
+    /// [`Tensor::unfold_batch_win`] then [`Tensor::conv_gemm`] (the same two nodes, so the
+    /// same backward) computed in one pass over the images, each image's patches multiplied
+    /// while they are in the cache ([`cpu::conv_im2col_gemm_forward`]); `self` is the input
+    /// `[n, c, h, w]` (f32 or f64, on the host), `w` `[o, k]`. The caller has checked the shapes.
+    fn conv_fused(
+        self,
+        win: Window,
+        w: Tensor<'g>,
+        bias: Option<Tensor<'g>>,
+        d: cpu::ConvDims,
+    ) -> Result<Tensor<'g>> {
+        let op = "conv2d";
+        let cpu::ConvDims { o, k, l, n } = d;
+        let cols_shape: Shape = smallvec![k, n * l];
+        let y_shape: Shape = smallvec![n, o, l];
+        let cols_len = checked_numel("unfold_batch", &cols_shape)?;
+        let y_len = checked_numel(op, &y_shape)?;
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (dtype, xb) = {
+            let nd = i.node(op, self.id)?;
+            (nd.dtype, nd.buf)
+        };
+        let wb = i.node(op, w.id)?.buf;
+        let bb = match bias {
+            Some(b) => Some(i.node(op, b.id)?.buf),
+            None => None,
+        };
+        let cols = i.alloc(op, dtype, cols_len)?;
+        let out = i.alloc(op, dtype, y_len)?;
+        let threads = i.threads;
+        with_float!(dtype, T, {
+            match bb {
+                Some(bb) => {
+                    let ([cv, yv], [xv, wv, bv]) =
+                        i.split_two_mut::<T, 3>(op, [cols, out], [xb, wb, bb])?;
+                    cpu::conv_im2col_gemm_forward(xv, &win, wv, Some(bv), d, cv, yv, threads);
+                }
+                None => {
+                    let ([cv, yv], [xv, wv]) =
+                        i.split_two_mut::<T, 2>(op, [cols, out], [xb, wb])?;
+                    cpu::conv_im2col_gemm_forward(xv, &win, wv, None, d, cv, yv, threads);
+                }
+            }
+        });
+        let cid = i.push(
+            cols_shape,
+            dtype,
+            cols,
+            Op::UnfoldBatch(Arc::new(win)),
+            &[self.id],
+        );
+        let inputs: SmallVec<[NodeId; 3]> = match bias {
+            Some(b) => smallvec![w.id, cid, b.id],
+            None => smallvec![w.id, cid],
+        };
+        let id = i.push(y_shape, dtype, out, Op::Conv2d { n, l }, &inputs);
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+
     fn fold_batch_win(self, win: Window, n: usize) -> Result<Tensor<'g>> {
         let threads = self.g.threads();
         let out: Shape = smallvec![n, win.c, win.h, win.w];
@@ -375,14 +436,20 @@ impl<'g> Tensor<'g> {
         if groups == 1 && self.device() == Device::Cpu {
             // On the host the batch's patches sit side by side in one matrix cols [K, N·L]; each
             // image's product W [O, K] · cols_b is written straight into its place in the output.
-            let cols = self.unfold_batch_win(win, n)?;
             let w = weight.reshape(&[o as isize, kk])?;
-            return cols.conv_gemm(w, bias, n, ho * wo)?.reshape(&[
-                n as isize,
-                o as isize,
-                ho as isize,
-                wo as isize,
-            ]);
+            let d = cpu::ConvDims {
+                o,
+                k: win.patch_len(),
+                l: ho * wo,
+                n,
+            };
+            let y = if cpu::conv_fuses(d) && matches!(self.dtype(), DType::F32 | DType::F64) {
+                self.conv_fused(win, w, bias, d)?
+            } else {
+                self.unfold_batch_win(win, n)?
+                    .conv_gemm(w, bias, n, ho * wo)?
+            };
+            return y.reshape(&[n as isize, o as isize, ho as isize, wo as isize]);
         }
         let cols = self.unfold_win(win, n)?; // [N, C·kh·kw, L]
         let y = if groups == 1 {
