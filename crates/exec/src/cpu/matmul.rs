@@ -440,7 +440,7 @@ pub fn gemm<T: crate::Float + Gemm>(
 /// output channels, `gout · colsᵀ` (`[32, N·L] · [N·L, 288]`). The kernel is slow on the long,
 /// contiguous rows of such a `b` where they are its columns, and fast where they are its rows:
 /// 32 × 50 176 × 288 on this machine's AVX-512, 45 against 103 GFLOP/s on one thread, 99 against
-/// 141 on two.
+/// 250 on two (each thread taking rows of the transpose).
 fn runs_transposed<T>(dims: Mnk, a: &MatView<'_, T>, b: &MatView<'_, T>) -> bool {
     let Mnk { m, k, n } = dims;
     m <= 64 && n >= 2 * m && k >= 4096 && a.cs == 1 && b.rs == 1
@@ -472,7 +472,24 @@ fn transposed_product<T: crate::Float + Gemm>(
         cs: a.rs,
     };
     T::with_scratch(n * m, |ct| {
-        gemm(Mnk::new(n, k, m), bt, at, ct, false, threads);
+        // Rows of `cᵀ` split over the threads, each a single-threaded product (its `m` columns
+        // are few: split, each thread would copy all of `b` for its half of them — 181 against
+        // 250 GFLOP/s for 288 × 50 176 × 32 on two threads).
+        let t = if m * k * n >= PAR_MIN_FLOPS {
+            threads.clamp(1, n.div_ceil(8))
+        } else {
+            1
+        };
+        let per = n.div_ceil(t).div_ceil(8) * 8;
+        let parts: Vec<&mut [T]> = ct.chunks_mut(per * m).collect();
+        super::thread_pool::for_each_part(parts, |j, part| {
+            let rows = part.len() / m;
+            let bj = MatView {
+                offset: bt.offset + j * per * bt.rs,
+                ..bt
+            };
+            gemm(Mnk::new(rows, k, m), bj, at, part, false, 1);
+        });
         for (i, row) in c.chunks_exact_mut(n).enumerate() {
             for (j, x) in row.iter_mut().enumerate() {
                 let v = ct[j * m + i];
