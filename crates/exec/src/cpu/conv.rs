@@ -695,6 +695,52 @@ unsafe impl<T: Send> Send for ColsOut<T> {}
 // SAFETY: as above; no thread reads through the pointer what another writes.
 unsafe impl<T: Send> Sync for ColsOut<T> {}
 
+/// Copies `src` to `dst` with non-temporal stores where the CPU has them (every x86-64): the
+/// patches are read again only by the backward, long after, so they need not pass through the
+/// cache, and a store that goes around it reads no line first (the copy measured about 6% of a
+/// U-Net step with ordinary stores). [`store_fence`] before anyone else reads `dst`.
+///
+/// # Safety
+///
+/// `dst` must be valid for writes of `src.len()` elements and not overlap `src`.
+unsafe fn copy_streaming<T: Copy>(src: &[T], dst: *mut T) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        let bytes = std::mem::size_of_val(src);
+        let (s, d) = (src.as_ptr().cast::<u8>(), dst.cast::<u8>());
+        let head = d.align_offset(16).min(bytes);
+        // SAFETY: the caller's contract: `[d, d + bytes)` is writable and disjoint from
+        // `[s, s + bytes)`; every access below stays within them, and the streamed stores are
+        // to 16-byte aligned addresses (`head` aligns `d`), as `movntdq` requires. SSE2 is part
+        // of every x86-64.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s, d, head);
+            let mut i = head;
+            while i + 16 <= bytes {
+                _mm_stream_si128(d.add(i).cast::<__m128i>(), _mm_loadu_si128(s.add(i).cast()));
+                i += 16;
+            }
+            std::ptr::copy_nonoverlapping(s.add(i), d.add(i), bytes - i);
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    // SAFETY: the caller's contract.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len())
+    };
+}
+
+/// Orders this thread's non-temporal stores ([`copy_streaming`]) before its later stores, so
+/// that the fork's join publishes them.
+fn store_fence() {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: `sfence` has no operands and is part of every x86-64 (SSE).
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
 /// [`im2col_batch`] and [`conv_gemm_forward`] in one pass over the images: each image's patches
 /// `[k, l]` are made in the thread's scratch, multiplied from there while they are in its cache,
 /// then copied into their columns of `cols` (`[k, n·l]`, as `im2col_batch` lays them out, kept for
@@ -768,10 +814,9 @@ pub fn conv_im2col_gemm_forward<T: Float + Gemm>(
                     // of image `b < n` is `[r·n·l + b·l, r·n·l + (b + 1)·l)`, inside it; only
                     // this thread (the one given image `b`) writes it, nobody reads it during
                     // the fork, and `src` (the scratch) does not overlap `cols`.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(src.as_ptr(), out.0.add(r * ld + b * l), l)
-                    };
+                    unsafe { copy_streaming(src, out.0.add(r * ld + b * l)) };
                 }
+                store_fence();
             })
         },
     );
