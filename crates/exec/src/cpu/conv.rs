@@ -678,8 +678,8 @@ const FUSED_MAX: usize = 1 << 20;
 /// Whether a convolution of these dimensions runs [`conv_im2col_gemm_forward`]: fewer than 64
 /// output channels (a product that reads each patch value only `o` times, so that it runs at
 /// the speed its operand arrives: 40 GFLOP/s on one thread from memory against 150 from the
-/// cache, for 32 channels), and one image's patches fit [`FUSED_MAX`]. With 64 channels or more
-/// the batch-wide pass measured as fast or faster.
+/// cache, for 32 channels), and one image's patches fit `FUSED_MAX` (4 MiB of f32). With 64
+/// channels or more the batch-wide pass measured as fast or faster.
 pub fn conv_fuses(d: ConvDims) -> bool {
     d.o < 64 && d.k.saturating_mul(d.l) <= FUSED_MAX
 }
