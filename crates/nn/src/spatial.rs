@@ -208,7 +208,15 @@ pub fn interpolate<'g>(
     }
     let f32_scale = x.dtype() != DType::F64;
     let mut y = x;
-    for (axis, n_in, n_out) in [(2usize, h, size.0), (3, w, size.1)] {
+    // One axis at a time, the one whose resampled intermediate is smaller first (rows first on
+    // a tie): the intermediate is then no larger than the input or the output, whatever the
+    // sizes (rows first, a 1 × 4096 image became 4096 × 4096 on its way to 4096 × 1).
+    let axes = if size.0 * w <= h * size.1 {
+        [(2usize, h, size.0), (3, w, size.1)]
+    } else {
+        [(3, w, size.1), (2usize, h, size.0)]
+    };
+    for (axis, n_in, n_out) in axes {
         let src = sources(n_in, n_out, mode, f32_scale);
         let lo: Vec<usize> = src.iter().map(|s| s.0).collect();
         let a = y.index_select(axis as isize, &lo)?;
@@ -300,6 +308,24 @@ pub fn adaptive_avg_pool2d<'g>(x: Tensor<'g>, size: (usize, usize)) -> Result<Te
         ));
     }
     let g = x.graph();
+    // The averaging matrices hold `ow·w + oh·h` values: past the input's and the output's
+    // elements together (a 1 × 65 536 row pooled into 65 536 windows: a 2^32 matrix), each
+    // window's mean is taken by itself instead, as the maximum's are.
+    let (numel_in, numel_out) = (n * c * h * w, n * c * oh * ow);
+    let matrices = ow.saturating_mul(w).saturating_add(oh.saturating_mul(h));
+    if matrices > numel_in.saturating_add(numel_out) {
+        let along = |t: Tensor<'g>, axis: usize, n: usize, out: usize| -> Result<Tensor<'g>> {
+            let parts = (0..out)
+                .map(|i| {
+                    let (a, b) = window(i, n, out);
+                    Ok(t.slice(axis as isize, a, b)?
+                        .mean_axes(&[axis as isize], true)?)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(g.concat(&parts, axis as isize)?)
+        };
+        return along(along(x, 3, w, ow)?, 2, h, oh);
+    }
     let dt = x.dtype();
     let pw = g.from_f64(&pooling_matrix(w, ow), &[ow, w], dt)?;
     let ph = g.from_f64(&pooling_matrix(h, oh), &[oh, h], dt)?;

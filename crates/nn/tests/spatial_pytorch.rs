@@ -3880,6 +3880,52 @@ fn empty_inputs_normalise_to_empty_outputs() {
     }
 }
 
+/// Pooling a long row into as many windows as it has values takes each window's mean by itself
+/// (a dense averaging matrix would hold the row's length squared); values and gradient are
+/// the averaging matrix's, here the row itself and ones. Resampling a single row into a single
+/// column goes through neither a full square: both give PyTorch's values.
+#[test]
+fn long_rows_pool_and_resample_without_square_intermediates() {
+    let g = Graph::new();
+    let w = 8192;
+    let v: Vec<f64> = (0..w).map(|i| (i % 7) as f64 - 3.0).collect();
+    let x = g
+        .from_f64(&v, &[1, 1, 1, w], DType::F64)
+        .unwrap()
+        .set_requires_grad(true)
+        .unwrap();
+    let y = spatial::adaptive_avg_pool2d(x, (1, w)).unwrap();
+    assert_eq!(y.to_vec::<f64>().unwrap(), v);
+    // Nothing near the 8192² averaging matrix (512 MiB) was made.
+    let peak = g.stats().arena.peak_bytes_in_use;
+    assert!(peak < 64 << 20, "{peak} bytes at the peak");
+    y.sum().unwrap().backward().unwrap();
+    assert!(x
+        .grad()
+        .unwrap()
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap()
+        .iter()
+        .all(|&d| d == 1.0));
+    // Overlapping windows (5 into 3, as PyTorch places them: 0..2, 1..4, 3..5) by themselves.
+    let row = g
+        .from_f64(&[1.0, 2.0, 4.0, 8.0, 16.0], &[1, 1, 1, 5], DType::F64)
+        .unwrap();
+    let p = spatial::adaptive_avg_pool2d(row, (1, 3)).unwrap();
+    let got = p.to_vec::<f64>().unwrap();
+    for (a, b) in got.iter().zip([1.5, 14.0 / 3.0, 12.0]) {
+        assert!((a - b).abs() <= 1e-12 * b, "{got:?}");
+    }
+    // 1 × 4 to 4 × 1, nearest: the columns 0 of each source row, F.interpolate's values.
+    let r = g
+        .from_f64(&[1.0, 2.0, 3.0, 4.0], &[1, 1, 1, 4], DType::F64)
+        .unwrap();
+    let t = spatial::interpolate(r, (4, 1), Interpolation::Nearest).unwrap();
+    assert_eq!(t.shape()[..], [1, 1, 4, 1]);
+    assert_eq!(t.to_vec::<f64>().unwrap(), [1.0; 4]);
+}
+
 /// The layers carry PyTorch's names and shapes, and run their functions.
 #[test]
 fn layers_have_pytorch_names_and_run() {

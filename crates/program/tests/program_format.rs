@@ -716,3 +716,23 @@ fn the_shape_check_and_the_engine_agree_at_the_edges() {
     let r = p.run(&RunOptions::default()).unwrap();
     assert_eq!(r.output.tensor.to_f64_vec(), [f64::NEG_INFINITY; 2]);
 }
+
+/// A normalisation's epsilon is refused by the shape check where the engine would refuse it
+/// (negative or NaN), pointing at it, for the rows that run nn's functions as for `layer_norm`.
+#[test]
+fn a_negative_epsilon_is_refused_before_the_run() {
+    for (text, col) in [
+        ("x = input 2 4 3\ny = group_norm x 2 -1e-5\n", 20),
+        ("x = input 2 4 3\ny = instance_norm x NaN\n", 21),
+    ] {
+        let err = Program::parse(text)
+            .unwrap()
+            .check(&Limits::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("eps") && err.contains(&format!("column {col}")),
+            "{err}"
+        );
+    }
+}

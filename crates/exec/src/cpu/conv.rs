@@ -680,8 +680,12 @@ const FUSED_MAX: usize = 1 << 20;
 /// the speed its operand arrives: 40 GFLOP/s on one thread from memory against 150 from the
 /// cache, for 32 channels), and one image's patches fit `FUSED_MAX` (4 MiB of f32). With 64
 /// channels or more the batch-wide pass measured as fast or faster.
+///
+/// And more than one output position per image: with one, the kernel's patches have a row
+/// stride of 1 where the batch-wide matrix's is `n`, and a product of at most four channels
+/// would sum them by another path (dot products), whose bits differ.
 pub fn conv_fuses(d: ConvDims) -> bool {
-    d.o < 64 && d.k.saturating_mul(d.l) <= FUSED_MAX
+    d.o < 64 && d.l > 1 && d.k.saturating_mul(d.l) <= FUSED_MAX
 }
 
 /// A pointer to the patch matrix shared by the threads of [`conv_im2col_gemm_forward`], each
@@ -746,7 +750,7 @@ fn store_fence() {
 /// then copied into their columns of `cols` (`[k, n·l]`, as `im2col_batch` lays them out, kept for
 /// the backward). `x` is `[n, c, h, w]`; `y`, `w` and `bias` as in `conv_gemm_forward`. The
 /// values are `conv_gemm_forward`'s after `im2col_batch`, bit for bit (the same product of the
-/// same operands, one thread each). Images split over threads.
+/// same operands, one thread each), where [`conv_fuses`] chooses it. Images split over threads.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_im2col_gemm_forward<T: Float + Gemm>(
     x: &[T],
@@ -831,6 +835,20 @@ mod tests {
     /// batch past the size that splits over them), no output channels, an empty batch.
     #[test]
     fn the_one_pass_convolution_is_the_two_passes() {
+        // One output position per image takes another product path in the one-pass kernel:
+        // the batch-wide passes are chosen there.
+        assert!(!conv_fuses(ConvDims {
+            o: 3,
+            k: 2,
+            l: 1,
+            n: 3
+        }));
+        assert!(conv_fuses(ConvDims {
+            o: 3,
+            k: 2,
+            l: 2,
+            n: 3
+        }));
         let val = |i: usize, s: f32| ((i as f32 * s).sin() * 8.0).round() / 8.0 + 0.001 * s;
         let wins = [
             (3, 6, 7, (3, 3), (1, 1), (1, 1), (1, 1)),

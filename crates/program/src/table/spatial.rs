@@ -321,6 +321,15 @@ fn channels(s: &[usize]) -> Result<usize, Refusal> {
     Ok(s[1])
 }
 
+/// An epsilon (argument token `k`) as the normalisation takes it: a number, not negative.
+fn check_eps(p: Param, k: usize) -> Result<(), Refusal> {
+    let eps = p.as_f64();
+    if eps.is_nan() || eps < 0.0 {
+        return Err(Refusal::at(k, format!("eps {eps} must be ≥ 0")));
+    }
+    Ok(())
+}
+
 /// `group_norm a GROUPS EPS`: `F.group_norm(a, GROUPS, eps=EPS)` without weight and bias, `a`
 /// `[N, C, …]` with `C` a multiple of GROUPS.
 pub(super) const GROUP_NORM: OpRow = OpRow::new(
@@ -337,6 +346,7 @@ pub(super) const GROUP_NORM: OpRow = OpRow::new(
                 ),
             ));
         }
+        check_eps(p[1], 2)?;
         Ok(s[0].to_vec())
     },
     |_, x, p| {
@@ -357,8 +367,9 @@ pub(super) const GROUP_NORM: OpRow = OpRow::new(
 /// bias: each sample's channel normalised over its positions.
 pub(super) const INSTANCE_NORM: OpRow = OpRow::new(
     "instance_norm",
-    |s, _| {
+    |s, p| {
         channels(s[0])?;
+        check_eps(p[0], 1)?;
         Ok(s[0].to_vec())
     },
     |_, x, p| spatial::instance_norm(x[0], None, None, p[0].as_f64()).map_err(from_nn),
