@@ -39,6 +39,17 @@ fn within(small: &[usize], big: &[usize], skip: usize) -> bool {
             .all(|(d, (a, b))| d == skip || a <= b)
 }
 
+/// The index (operand 1) within `of` off axis `d` ([`within`]), or a refusal pointing at it.
+fn within_off_axis(idx: &[usize], of: &[usize], d: usize) -> Result<(), Refusal> {
+    if within(idx, of, d) {
+        return Ok(());
+    }
+    Err(Refusal::at(
+        1,
+        format!("the index {idx:?} must have the rank of {of:?} and be no larger off axis {d}"),
+    ))
+}
+
 /// A 1-D (or 0-D) index, or why not.
 fn one_dim(idx: &[usize]) -> Result<usize, Refusal> {
     if idx.len() > 1 {
@@ -56,15 +67,7 @@ pub(super) const GATHER: OpRow = OpRow::new(
     "gather",
     |s, p| {
         let d = axis_at(s[0], p[0], 2)?;
-        if !within(s[1], s[0], d) {
-            return Err(Refusal::at(
-                1,
-                format!(
-                    "the index {:?} must have the rank of {:?} and be no larger off axis {d}",
-                    s[1], s[0]
-                ),
-            ));
-        }
+        within_off_axis(s[1], s[0], d)?;
         Ok(s[1].to_vec())
     },
     |g, x, p| x[0].gather_by(ax(p[0]), as_index(g, x[1], "gather")?),
@@ -151,15 +154,7 @@ fn scatter_shape(s: &[&[usize]], p: &[Param]) -> Result<Vec<usize>, Refusal> {
             ),
         ));
     }
-    if !within(s[1], s[0], d) {
-        return Err(Refusal::at(
-            1,
-            format!(
-                "the index {:?} must have the rank of {:?} and be no larger off axis {d}",
-                s[1], s[0]
-            ),
-        ));
-    }
+    within_off_axis(s[1], s[0], d)?;
     Ok(s[0].to_vec())
 }
 
