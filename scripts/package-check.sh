@@ -43,6 +43,8 @@ TOML
 cp Cargo.lock "$dir/"
 cd "$dir"
 export CARGO_TARGET_DIR=../package-check-target
+# These builds are checked, not debugged: no debug info keeps their target directory a few GiB.
+export CARGO_PROFILE_DEV_DEBUG=0 CARGO_PROFILE_TEST_DEBUG=0
 if [ "${1:-}" = "--run" ]; then
     cargo test --workspace --all-features
 else

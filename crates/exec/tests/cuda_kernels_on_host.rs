@@ -147,7 +147,11 @@ int main(int argc, char** argv) {
 fn driver() -> Option<&'static Path> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let built = BUILT.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("arenagrad-host-cuda-{}", std::process::id()));
+        // Under the target directory (cargo's scratch space for integration tests), where a
+        // `cargo clean` removes it: a static is never dropped, so nothing would remove a
+        // directory under /tmp.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("host-cuda-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let src = dir.join("driver.cpp");
         // The definitions the kernels take from Rust (`BLOCK`, `MAX_DIMS`, the op tables) come

@@ -22,12 +22,6 @@ fn get(all: &[(String, HostTensor)], name: &str) -> HostTensor {
         .clone()
 }
 
-fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("arenagrad-half-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
 #[test]
 fn pytorch_16_bit_checkpoints_load_and_run_as_pytorch_runs_them() {
     let all = reference();
@@ -36,6 +30,7 @@ fn pytorch_16_bit_checkpoints_load_and_run_as_pytorch_runs_them() {
         get(&all, "f32/bias"),
         get(&all, "x"),
     );
+    let dir = tempfile::tempdir().unwrap();
     for (tag, dtype) in [("bf16", DType::BF16), ("f16", DType::F16)] {
         let (w, b) = (
             get(&all, &format!("{tag}/weight")),
@@ -65,7 +60,7 @@ fn pytorch_16_bit_checkpoints_load_and_run_as_pytorch_runs_them() {
             );
         }
         // Into an f32 module: converted exactly (every 16-bit value is an f32).
-        let path = temp(&format!("{tag}.safetensors"));
+        let path = dir.path().join(format!("{tag}.safetensors"));
         checkpoint::save_tensors([("weight", &w), ("bias", &b)], &path).unwrap();
         let m = Linear::new(4, 3, &mut Rng::seed(1)).unwrap();
         checkpoint::load(&m, &path).unwrap();
@@ -82,7 +77,8 @@ fn sixteen_bit_tensors_round_trip_through_a_checkpoint_bit_for_bit() {
     ];
     let b = HostTensor::new(vals.iter().map(|&v| bf16::from_bits(v)).collect(), &[2, 4]).unwrap();
     let h = HostTensor::new(vals.iter().map(|&v| f16::from_bits(v)).collect(), &[8]).unwrap();
-    let path = temp("bits.safetensors");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bits.safetensors");
     checkpoint::save_tensors([("b", &b), ("h", &h)], &path).unwrap();
     let back = checkpoint::load_tensors(&path).unwrap();
     let bits = |t: &HostTensor| -> Vec<u16> {
