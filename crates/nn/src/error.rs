@@ -232,7 +232,8 @@ pub enum NnError {
         /// What is wrong, naming the column.
         reason: String,
     },
-    /// An IDX array of the wrong kind for its use (for example labels that are not 1-D bytes).
+    /// Data of the wrong kind for its use: an IDX array of labels that are not 1-D bytes, a
+    /// binary cross-entropy's target outside `[0, 1]`.
     #[error("{what}: {reason}")]
     BadData {
         /// What was being built.

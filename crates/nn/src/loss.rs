@@ -464,15 +464,20 @@ pub fn huber_loss<'g>(
 /// The Kullback–Leibler divergence of `target` from the distribution whose log-probabilities
 /// are `input` (PyTorch's `kl_div(input, target, reduction="batchmean")`): the sum over all
 /// elements of `target·(log target − input)` (0 where `target` is 0), divided by the batch size
-/// (`input`'s first extent) — the KL divergence per sample. The shapes must be equal.
+/// (`input`'s first extent; a scalar's by 1, an empty batch's 0 by 0, NaN, as PyTorch's) — the
+/// KL divergence per sample. The shapes must be equal.
 pub fn kl_div<'g>(input: Tensor<'g>, target: Tensor<'g>) -> Result<Tensor<'g>> {
-    let n = input.try_shape()?.first().copied().unwrap_or(1).max(1);
+    let n = input.try_shape()?.first().copied().unwrap_or(1);
     Ok(kl_div_with(input, target, false, Reduction::Sum)?.scale(1.0 / n as f64)?)
 }
 
 /// [`kl_div`]'s pointwise terms with the target given as log-probabilities when `log_target`
 /// (`exp(t)·(t − input)`), reduced by `reduction` (`Mean` is PyTorch's `"mean"`, over every
 /// element; [`kl_div`] is its `"batchmean"`).
+///
+/// Where a probability target is 0 its term is 0 and the target's gradient is finite,
+/// `log(the smallest normal number) − input` (about −708 − input in f64); PyTorch's is NaN there
+/// (its `xlogy` differentiates `0/0`). The input's gradient, `−target`, is PyTorch's.
 pub fn kl_div_with<'g>(
     input: Tensor<'g>,
     target: Tensor<'g>,
@@ -502,6 +507,8 @@ pub fn kl_div_with<'g>(
 /// Its gradient is PyTorch's: `(x − y)/max(x·(1 − x), ε)` for `x` (ε its f32 `1e-12`), and
 /// `log(1 − x) − log x` for `y` (unclamped: ±∞ at `x` of exactly 0 or 1). Prefer [`bce_with_logits`] on logits:
 /// it never saturates.
+///
+/// Errors: a target outside `[0, 1]` (or NaN) is [`NnError::BadData`], as PyTorch refuses it.
 pub fn bce<'g>(probs: Tensor<'g>, targets: Tensor<'g>) -> Result<Tensor<'g>> {
     bce_with(probs, targets, Reduction::Mean)
 }
@@ -514,6 +521,19 @@ pub fn bce_with<'g>(
 ) -> Result<Tensor<'g>> {
     let (x, y) = (f32_under_autocast(probs)?, f32_under_autocast(targets)?);
     same_shape("bce", &x, &y)?;
+    // PyTorch refuses a target outside [0, 1] (NaN included) rather than return a loss that
+    // can be negative; so does this, reading the targets (a copy from the device on CUDA).
+    if let Some((position, t)) = y
+        .to_vec_f64()?
+        .into_iter()
+        .enumerate()
+        .find(|(_, t)| !(0.0..=1.0).contains(t))
+    {
+        return Err(NnError::BadData {
+            what: "bce",
+            reason: format!("target {t} at position {position} is not between 0 and 1"),
+        });
+    }
     let g = x.graph();
     let value = {
         let _ng = g.no_grad();

@@ -190,6 +190,33 @@ fn kl_batchmean_matches_pytorch() {
 }
 
 #[test]
+fn bce_refuses_targets_outside_zero_to_one_as_pytorch() {
+    // PyTorch: "all elements of target should be between 0 and 1".
+    let g = Graph::new();
+    let x = g.leaf(&[0.25, 0.5, 0.75], &[3], DType::F64).unwrap();
+    for bad in [1.5, -0.25, f64::NAN] {
+        let y = g.from_f64(&[0.0, bad, 1.0], &[3], DType::F64).unwrap();
+        let e = loss::bce(x, y).unwrap_err();
+        assert!(
+            matches!(e, arenagrad_nn::NnError::BadData { what: "bce", .. }),
+            "{bad}: {e}"
+        );
+        assert!(e.to_string().contains("position 1"), "{e}");
+    }
+    let y = g.from_f64(&[0.0, 0.5, 1.0], &[3], DType::F64).unwrap();
+    assert!(loss::bce(x, y).unwrap().item().unwrap().is_finite());
+}
+
+#[test]
+fn kl_batchmean_of_an_empty_batch_is_nan_as_pytorch() {
+    // PyTorch divides the sum (0) by the batch size (0).
+    let g = Graph::new();
+    let i = g.leaf(&[], &[0, 4], DType::F64).unwrap();
+    let t = g.from_f64(&[], &[0, 4], DType::F64).unwrap();
+    assert!(loss::kl_div(i, t).unwrap().item().unwrap().is_nan());
+}
+
+#[test]
 fn kl_mean_matches_pytorch() {
     check_kl(
         "kl_mean",

@@ -10,7 +10,7 @@
 //! dropped, so a shrunk failing program is small.
 
 use super::ast::{binary_op, binary_ops, op_names, unary_op, unary_ops, Expr, Program, UnaryOp};
-use super::table::{self, Draw, OpRow, Param};
+use super::table::{self, Draw, FreshKind, OpRow, Param};
 use arenagrad_exec::{BinaryOp, Domain, Positive};
 
 /// Ops whose derivatives exist everywhere on the values generated (no kinks, no `detach`): what
@@ -130,6 +130,15 @@ pub fn values(seed: u64, n: usize, positive: bool) -> Vec<f64> {
                 (2.0 * k - 255.0) / 128.0
             }
         })
+        .collect()
+}
+
+/// `n` values strictly between 0 and 1 from `seed`: (k + 1)/258 for k in 0..=255, which stay
+/// below 1 when rounded to bf16 or f16.
+pub fn probabilities(seed: u64, n: usize) -> Vec<f64> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| ((splitmix(&mut s) >> 56) as f64 + 1.0) / 258.0)
         .collect()
 }
 
@@ -391,8 +400,8 @@ impl Gen<'_> {
             let [t0, t1, t2, t3] = c.attrs;
             let seed = u64::from_le_bytes([t0, t1, t2, t3, c.a, c.b, c.op, 1 + k as u8]);
             let n = numel(&f.shape).unwrap_or(0);
-            let (e, pos) = match f.index_bound {
-                None => (
+            let (e, pos) = match f.kind {
+                FreshKind::Input => (
                     Expr::Leaf {
                         requires_grad: true,
                         shape: f.shape.clone(),
@@ -400,7 +409,15 @@ impl Gen<'_> {
                     },
                     pa,
                 ),
-                Some(bound) => (
+                FreshKind::Probabilities => (
+                    Expr::Leaf {
+                        requires_grad: true,
+                        shape: f.shape.clone(),
+                        values: Some(probabilities(seed, n)),
+                    },
+                    true,
+                ),
+                FreshKind::Indices(bound) => (
                     Expr::Leaf {
                         requires_grad: false,
                         shape: f.shape.clone(),

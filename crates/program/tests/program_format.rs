@@ -121,6 +121,17 @@ e44 = index_select a ir 0
 e45 = scatter_add a ix k2 -1
 e46 = scatter_reduce a ix k2 1 2 1
 e47 = index_add a ir e44 0
+pr = input 2 3 : 0.25 0.5 0.75 0.1 0.9 0.5
+l0 = mse_loss a d1 0
+l1 = l1_loss a d1 1
+l2 = smooth_l1_loss a d1 2 0.5
+l3 = huber_loss a d1 0 1.5
+l4 = kl_div a pr 3 0
+l5 = bce pr pr 0
+l6 = bce_with_logits a pr 1
+tc = const 2 : 2 0
+l7 = cross_entropy a tc 0 0.1 -100
+l8 = nll_loss a tc 2
 o = mul s r3
 ";
 
@@ -193,6 +204,15 @@ fn shapes_of_every_op() {
         ("e45", &[2, 3]),
         ("e46", &[2, 3]),
         ("e47", &[2, 3]),
+        ("l0", &[2, 3]),
+        ("l1", &[]),
+        ("l2", &[]),
+        ("l3", &[2, 3]),
+        ("l4", &[]),
+        ("l5", &[2, 3]),
+        ("l6", &[]),
+        ("l7", &[2]),
+        ("l8", &[]),
         ("o", &[]),
     ];
     for (name, s) in want {
@@ -204,10 +224,10 @@ fn shapes_of_every_op() {
     // And the engine agrees with every predicted shape.
     let r = p.run(&RunOptions::default()).unwrap();
     assert_eq!(r.output.tensor.shape(), Vec::<usize>::new());
-    assert_eq!(r.values.len(), 12);
+    assert_eq!(r.values.len(), 14);
     assert_eq!(
         r.grads.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(),
-        ["a", "b", "s", "im", "kw", "sq", "k1d", "k1t"]
+        ["a", "b", "s", "im", "kw", "sq", "k1d", "k1t", "pr"]
     );
 }
 

@@ -14,7 +14,8 @@
 //! 1. Write its row as a `const` in the file of its family — `reduce.rs` (reductions, scans,
 //!    softmax), `layout.rs` (ops that move, select or join elements), `rearrange.rs` (ops that
 //!    reorder or tile them), `index.rs` (ops that take indices as their second operand), `spatial.rs` (`torch.nn.functional`'s ops for images and sequences,
-//!    which the `nn` crate runs) or `compute.rs` (the rest):
+//!    which the `nn` crate runs), `loss.rs` (its losses, which `nn` runs too) or `compute.rs`
+//!    (the rest):
 //!    [`OpRow::new`] with the name, the shape rule and the forward, then what differs from the
 //!    defaults (operands, parameters, smoothness, how random programs draw it). The shape rule
 //!    refuses everything the engine would refuse, pointing at the argument at fault
@@ -31,6 +32,7 @@
 mod compute;
 mod index;
 mod layout;
+mod loss;
 mod rearrange;
 mod reduce;
 mod spatial;
@@ -285,9 +287,19 @@ pub struct Draw<'a> {
 pub(crate) struct FreshLeaf {
     /// Its shape.
     pub(crate) shape: Vec<usize>,
-    /// `None`: an `input` of values from the choice's bytes; `Some(n)`: a `const` of whole
-    /// numbers in `0..n` (indices).
-    pub(crate) index_bound: Option<usize>,
+    /// What it holds.
+    pub(crate) kind: FreshKind,
+}
+
+/// What a fresh leaf holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum FreshKind {
+    /// An `input` of values from the choice's bytes (positive where the drawn operand is).
+    Input,
+    /// An `input` of values strictly between 0 and 1 (probabilities).
+    Probabilities,
+    /// A `const` of whole numbers in `0..n` (indices).
+    Indices(usize),
 }
 
 impl<'a> Draw<'a> {
@@ -342,17 +354,23 @@ impl<'a> Draw<'a> {
     /// A new `input` of this shape (values drawn from the choice's bytes, positive where
     /// operand `a` is), made just before the statement: its index.
     pub fn fresh_input(&mut self, shape: Vec<usize>) -> usize {
-        self.fresh_leaf(shape, None)
+        self.fresh_leaf(shape, FreshKind::Input)
+    }
+
+    /// A new `input` of this shape holding values strictly between 0 and 1 (a binary
+    /// cross-entropy's probabilities, a divergence's target distribution). Its index.
+    pub fn fresh_probabilities(&mut self, shape: Vec<usize>) -> usize {
+        self.fresh_leaf(shape, FreshKind::Probabilities)
     }
 
     /// A new `const` of this shape holding whole numbers in `0..bound` (drawn from the
     /// choice's bytes; `bound` at least 1): indices for a gather or a scatter. Its index.
     pub fn fresh_indices(&mut self, shape: Vec<usize>, bound: usize) -> usize {
-        self.fresh_leaf(shape, Some(bound.max(1)))
+        self.fresh_leaf(shape, FreshKind::Indices(bound.max(1)))
     }
 
-    fn fresh_leaf(&mut self, shape: Vec<usize>, index_bound: Option<usize>) -> usize {
-        self.fresh.push(FreshLeaf { shape, index_bound });
+    fn fresh_leaf(&mut self, shape: Vec<usize>, kind: FreshKind) -> usize {
+        self.fresh.push(FreshLeaf { shape, kind });
         self.shapes.len() + self.fresh.len() - 1
     }
 
@@ -640,6 +658,15 @@ pub const OPS: &[OpRow] = &[
     index::SCATTER_ADD,
     index::SCATTER_REDUCE,
     index::INDEX_ADD,
+    loss::MSE_LOSS,
+    loss::L1_LOSS,
+    loss::SMOOTH_L1_LOSS,
+    loss::HUBER_LOSS,
+    loss::KL_DIV,
+    loss::BCE,
+    loss::BCE_WITH_LOGITS,
+    loss::CROSS_ENTROPY,
+    loss::NLL_LOSS,
 ];
 
 /// The row called `name`.
