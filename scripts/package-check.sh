@@ -8,6 +8,8 @@
 #                                        the doctests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# These builds are checked, not debugged: no debug info keeps their target directories small.
+export CARGO_PROFILE_DEV_DEBUG=0 CARGO_PROFILE_TEST_DEBUG=0
 
 # Cargo unpacks the verification builds' packages under ~/.cargo/registry/src/-<hash>/ and does
 # not unpack them again while a directory of that name and version exists: a rerun after a
@@ -43,8 +45,6 @@ TOML
 cp Cargo.lock "$dir/"
 cd "$dir"
 export CARGO_TARGET_DIR=../package-check-target
-# These builds are checked, not debugged: no debug info keeps their target directory a few GiB.
-export CARGO_PROFILE_DEV_DEBUG=0 CARGO_PROFILE_TEST_DEBUG=0
 if [ "${1:-}" = "--run" ]; then
     cargo test --workspace --all-features
 else

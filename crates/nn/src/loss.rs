@@ -508,7 +508,8 @@ pub fn kl_div_with<'g>(
 /// `log(1 − x) − log x` for `y` (unclamped: ±∞ at `x` of exactly 0 or 1). Prefer [`bce_with_logits`] on logits:
 /// it never saturates.
 ///
-/// Errors: a target outside `[0, 1]` (or NaN) is [`NnError::BadData`], as PyTorch refuses it.
+/// Errors: an input or a target outside `[0, 1]` (or NaN) is [`NnError::BadData`], as PyTorch
+/// refuses them.
 pub fn bce<'g>(probs: Tensor<'g>, targets: Tensor<'g>) -> Result<Tensor<'g>> {
     bce_with(probs, targets, Reduction::Mean)
 }
@@ -521,18 +522,20 @@ pub fn bce_with<'g>(
 ) -> Result<Tensor<'g>> {
     let (x, y) = (f32_under_autocast(probs)?, f32_under_autocast(targets)?);
     same_shape("bce", &x, &y)?;
-    // PyTorch refuses a target outside [0, 1] (NaN included) rather than return a loss that
-    // can be negative; so does this, reading the targets (a copy from the device on CUDA).
-    if let Some((position, t)) = y
-        .to_vec_f64()?
-        .into_iter()
-        .enumerate()
-        .find(|(_, t)| !(0.0..=1.0).contains(t))
-    {
-        return Err(NnError::BadData {
-            what: "bce",
-            reason: format!("target {t} at position {position} is not between 0 and 1"),
-        });
+    // PyTorch refuses an input or a target outside [0, 1] (NaN included), the input first;
+    // so does this, reading both (a copy from the device on CUDA).
+    for (t, name) in [(x, "input"), (y, "target")] {
+        if let Some((position, v)) = t
+            .to_vec_f64()?
+            .into_iter()
+            .enumerate()
+            .find(|(_, v)| !(0.0..=1.0).contains(v))
+        {
+            return Err(NnError::BadData {
+                what: "bce",
+                reason: format!("{name} {v} at position {position} is not between 0 and 1"),
+            });
+        }
     }
     let g = x.graph();
     let value = {

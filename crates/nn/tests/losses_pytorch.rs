@@ -190,8 +190,8 @@ fn kl_batchmean_matches_pytorch() {
 }
 
 #[test]
-fn bce_refuses_targets_outside_zero_to_one_as_pytorch() {
-    // PyTorch: "all elements of target should be between 0 and 1".
+fn bce_refuses_inputs_and_targets_outside_zero_to_one_as_pytorch() {
+    // PyTorch: "all elements of input should be between 0 and 1", then the same of the target.
     let g = Graph::new();
     let x = g.leaf(&[0.25, 0.5, 0.75], &[3], DType::F64).unwrap();
     for bad in [1.5, -0.25, f64::NAN] {
@@ -201,7 +201,14 @@ fn bce_refuses_targets_outside_zero_to_one_as_pytorch() {
             matches!(e, arenagrad_nn::NnError::BadData { what: "bce", .. }),
             "{bad}: {e}"
         );
+        assert!(e.to_string().contains("target"), "{e}");
         assert!(e.to_string().contains("position 1"), "{e}");
+        let xb = g.leaf(&[0.25, 0.5, bad], &[3], DType::F64).unwrap();
+        let e = loss::bce(xb, y).unwrap_err();
+        assert!(
+            e.to_string().contains("input") && e.to_string().contains("position 2"),
+            "{bad}: {e}"
+        );
     }
     let y = g.from_f64(&[0.0, 0.5, 1.0], &[3], DType::F64).unwrap();
     assert!(loss::bce(x, y).unwrap().item().unwrap().is_finite());

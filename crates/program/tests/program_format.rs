@@ -756,3 +756,58 @@ fn a_negative_epsilon_is_refused_before_the_run() {
         );
     }
 }
+
+/// Values a loss cannot take are the engine's typed errors naming the op and the line, as
+/// PyTorch refuses them: a class target out of range or not a whole number, class targets that
+/// would take a gradient, a binary cross-entropy's input or target outside [0, 1].
+#[test]
+fn losses_refuse_values_outside_their_domain() {
+    let cases = [
+        (
+            "a = input 2 3\nt = const 2 : 0 3\ny = cross_entropy a t 1 0 -100\n",
+            "cross_entropy",
+            "outside 0..C",
+        ),
+        (
+            "a = input 2 3\nt = const 2 : 0 0.5\ny = cross_entropy a t 1 0 -100\n",
+            "cross_entropy",
+            "whole number",
+        ),
+        (
+            "a = input 2 3\nt = input 2 : 0 1\ny = cross_entropy a t 1 0 -100\n",
+            "cross_entropy",
+            "gradient",
+        ),
+        (
+            "a = input 2 3\nt = const 2 : 0 -100\ny = nll_loss a t 1\n",
+            "nll_loss",
+            "outside 0..C",
+        ),
+        (
+            "a = input 3 : 0.2 1.5 0.7\nb = const 3 : 0 0.5 1\ny = bce a b 1\n",
+            "bce",
+            "input outside",
+        ),
+        (
+            "a = input 3 : 0.2 0.5 0.7\nb = const 3 : 0 -0.5 1\ny = bce a b 1\n",
+            "bce",
+            "target outside",
+        ),
+    ];
+    for (text, op, says) in cases {
+        let p = Program::parse(text).unwrap();
+        let e = p.run(&RunOptions::default()).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            matches!(e, ProgramError::Engine { line: 3, .. }),
+            "{text:?}: {msg}"
+        );
+        assert!(msg.contains(op) && msg.contains(says), "{text:?}: {msg}");
+    }
+    // The ignored value is no error, and -100 is PyTorch's default.
+    let ok = "a = input 2 3\nt = const 2 : 0 -100\ny = cross_entropy a t 1 0 -100\n";
+    assert!(Program::parse(ok)
+        .unwrap()
+        .run(&RunOptions::default())
+        .is_ok());
+}

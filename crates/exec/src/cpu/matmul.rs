@@ -554,7 +554,7 @@ fn rows_times_rows_blocks<T: crate::Float + Gemm>(
     let Mnk { m, k, n } = dims;
     let blocks = row_blocks(k, n);
     if blocks <= 1 {
-        rows_times_rows(m, k, n, a, b, c, accumulate);
+        rows_times_rows_columns(dims, a, b, c, accumulate, threads);
         return;
     }
     // Block j holds rows bound(j)..bound(j + 1).
@@ -565,44 +565,108 @@ fn rows_times_rows_blocks<T: crate::Float + Gemm>(
             j * k / blocks / 4 * 4
         }
     };
+    let block = |j: usize, part: &mut [T]| {
+        let (r0, r1) = (bound(j), bound(j + 1));
+        let aj = MatView {
+            offset: a.offset + r0 * a.cs,
+            ..a
+        };
+        let bj = MatView {
+            offset: b.offset + r0 * b.rs,
+            ..b
+        };
+        rows_times_rows(m, r1 - r0, n, aj, bj, part, false);
+    };
     let size = m * n;
     let t = threads.clamp(1, blocks);
+    if t == 1 {
+        // One block at a time through one buffer, added into `c` as it comes: the same sums in
+        // the same order as the threaded form, without a buffer per block (a convolution with
+        // a few output channels calls this once per image).
+        let mut part = vec![T::ZERO; size];
+        let c = &mut c[..size];
+        for j in 0..blocks {
+            block(j, &mut part);
+            let first = j == 0 && !accumulate;
+            add_into(c, &part, first);
+        }
+        return;
+    }
     let per = blocks.div_ceil(t);
     T::with_scratch(blocks * size, |parts| {
         let groups: Vec<&mut [T]> = parts.chunks_mut(per * size).collect();
         super::thread_pool::for_each_part(groups, |p, group| {
             for (q, part) in group.chunks_exact_mut(size).enumerate() {
-                let j = p * per + q;
-                let (r0, r1) = (bound(j), bound(j + 1));
-                let (aj, bj) = (
-                    MatView {
-                        offset: a.offset + r0 * a.cs,
-                        ..a
-                    },
-                    MatView {
-                        offset: b.offset + r0 * b.rs,
-                        ..b
-                    },
-                );
-                rows_times_rows(m, r1 - r0, n, aj, bj, part, false);
+                block(p * per + q, part);
             }
         });
-        let (first, rest) = parts.split_at(size);
         let c = &mut c[..size];
-        super::wide::wide(blocks * size, move || {
-            if accumulate {
-                for (o, &x) in c.iter_mut().zip(first) {
-                    *o += x;
-                }
-            } else {
-                c.copy_from_slice(first);
-            }
-            for part in rest.chunks_exact(size) {
-                for (o, &x) in c.iter_mut().zip(part) {
-                    *o += x;
-                }
-            }
-        });
+        for (j, part) in parts.chunks_exact(size).enumerate() {
+            add_into(c, part, j == 0 && !accumulate);
+        }
+    });
+}
+
+/// `c += part`, or `c = part` when `overwrite`.
+fn add_into<T: crate::Float>(c: &mut [T], part: &[T], overwrite: bool) {
+    if overwrite {
+        c.copy_from_slice(part);
+        return;
+    }
+    super::wide::wide(c.len(), move || {
+        for (o, &x) in c.iter_mut().zip(part) {
+            *o += x;
+        }
+    });
+}
+
+/// [`rows_times_rows`] with the columns split over the threads (each column's sum the same
+/// on every thread count): a product of too few rows of `b` for [`rows_times_rows_blocks`]'s
+/// blocks.
+fn rows_times_rows_columns<T: crate::Float>(
+    dims: Mnk,
+    a: MatView<'_, T>,
+    b: MatView<'_, T>,
+    c: &mut [T],
+    accumulate: bool,
+    threads: usize,
+) {
+    let Mnk { m, k, n } = dims;
+    let t = if k * n >= PAR_DOT_MIN {
+        threads.clamp(1, n.div_ceil(16))
+    } else {
+        1
+    };
+    if t <= 1 {
+        rows_times_rows(m, k, n, a, b, c, accumulate);
+        return;
+    }
+    let per = n.div_ceil(t).div_ceil(16) * 16;
+    let out = SharedOut(c.as_mut_ptr());
+    super::thread_pool::fork(n.div_ceil(per), &|p| {
+        let (j0, out) = (p * per, &out);
+        let cols = per.min(n - j0);
+        let bj = MatView {
+            offset: b.offset + j0,
+            ..b
+        };
+        // Each row's block of columns, gathered to a buffer of this thread's and back:
+        // the kernel writes a dense m×cols output.
+        let mut part = vec![T::ZERO; m * cols];
+        for i in 0..m {
+            // SAFETY: `out.0` points at `c`, a unique `&mut [T]` of m×n elements (row stride
+            // n) that outlives `fork`; this block reads and writes only columns j0..j0+cols
+            // of each row, which no other block touches, and nothing else reads `c` until
+            // every block is done.
+            let src = unsafe { std::slice::from_raw_parts(out.0.add(i * n + j0), cols) };
+            part[i * cols..(i + 1) * cols].copy_from_slice(src);
+        }
+        rows_times_rows(m, k, cols, a, bj, &mut part, accumulate);
+        for i in 0..m {
+            // SAFETY: as above.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * n + j0), cols) };
+            dst.copy_from_slice(&part[i * cols..(i + 1) * cols]);
+        }
     });
 }
 
@@ -645,9 +709,10 @@ fn rows_times_rows_loops<T: crate::Float>(
     let brow = |r: usize| &b.data[b.offset + r * b.rs..][..n];
     let av = |i: usize, r: usize| a.data[a.offset + i * a.rs + r];
     // Columns in runs of 256 bytes, each run's lines of the rows AHEAD_ROWS further down asked
-    // for first: a thread's part of each row is short (the columns are split over the threads),
-    // too short for the hardware's prefetcher to get ahead of on its own (measured on the
-    // reference machine: 24 → 26 GB/s over GPT-2's weights, against 30 for reading them alone).
+    // for first. Measured when the threads split every product's columns, each reading short
+    // parts of every row, too short for the hardware's prefetcher (24 → 26 GB/s over GPT-2's
+    // weights, against 30 for reading them alone); the threads now take whole rows where there
+    // are enough of them (`rows_times_rows_blocks`).
     let run = (256 / std::mem::size_of::<T>()).max(1);
     let line = (64 / std::mem::size_of::<T>()).max(1);
     let mut r = 0;
@@ -1048,8 +1113,10 @@ mod tests {
 
     /// m ≤ SMALL_M with B row-major (a weight stored [in, out] at batch 1): the streaming
     /// kernel, at offsets, with a padded B, k around its blocks of four, overwriting and
-    /// accumulating, on 1, 2 and 3 threads (the same bits: each output is one thread's, in one
-    /// order) and at every SIMD level; equal to the exact product of small integers.
+    /// accumulating, in blocks of rows (4 and 8 blocks, a ragged last one) and with the columns
+    /// split (too few rows for blocks), on 1, 2, 3, 8 and 16 threads (the same bits: the blocks
+    /// and their order depend on the sizes alone) and at every SIMD level; equal to the exact
+    /// product of small integers.
     #[test]
     fn a_few_rows_against_a_row_major_b_stream_it() {
         let big = if cfg!(miri) {
@@ -1057,7 +1124,13 @@ mod tests {
         } else {
             (2, 301, 600)
         };
-        for (m, k, n) in [big, (1, 4, 5), (3, 7, 33), (4, 1, 17), (2, 5, 1)] {
+        let more: &[(usize, usize, usize)] = if cfg!(miri) {
+            &[]
+        } else {
+            &[(4, 1030, 70), (1, 100, 2000)]
+        };
+        let shapes = [big, (1, 4, 5), (3, 7, 33), (4, 1, 17), (2, 5, 1)];
+        for &(m, k, n) in shapes.iter().chain(more) {
             let a: Vec<f32> = (0..m * k + 3)
                 .map(|i| ((i * 7) % 13) as f32 - 6.0)
                 .collect();
@@ -1078,7 +1151,7 @@ mod tests {
             };
             let av = MatView::row_major(&a, 3, k, false);
             let mut first: Option<Vec<f32>> = None;
-            for threads in [1, 2, 3] {
+            for threads in [1, 2, 3, 8, 16] {
                 let mut c = vec![0.5f32; m * n];
                 gemm(Mnk::new(m, k, n), av, bv, &mut c, true, threads);
                 for (g, w) in c.iter().zip(&want) {
@@ -1100,8 +1173,9 @@ mod tests {
                 c
             };
             let one = run(1);
-            assert_eq!(run(2), one, "{m}x{k}x{n}");
-            assert_eq!(run(3), one, "{m}x{k}x{n}");
+            for threads in [2, 3, 8, 16] {
+                assert_eq!(run(threads), one, "{m}x{k}x{n} on {threads} threads");
+            }
             #[cfg(all(target_arch = "x86_64", not(miri)))]
             for level in [
                 super::super::wide::Simd::Baseline,

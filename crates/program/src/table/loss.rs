@@ -191,15 +191,20 @@ pub(super) const KL_DIV: OpRow = OpRow::new(
 
 /// `bce a b REDUCTION`: PyTorch's `F.binary_cross_entropy(a, b, reduction=…)`, `a`
 /// probabilities in `[0, 1]` (each logarithm clamped at −100, as PyTorch's), `b` targets in
-/// `[0, 1]` (another value is refused when the statement runs, as PyTorch refuses it).
+/// `[0, 1]` (a value of either outside is refused when the statement runs, as PyTorch refuses
+/// it).
 pub(super) const BCE: OpRow = OpRow::new(
     "bce",
     |s, p| pointwise(s, p, 3),
     |_, x, p| {
         loss::bce_with(x[0], x[1], reduction(p[0])).map_err(|e| match e {
-            NnError::BadData { .. } => GraphError::BadArgument {
+            NnError::BadData { reason, .. } => GraphError::BadArgument {
                 op: "bce",
-                what: "a target outside [0, 1]",
+                what: if reason.starts_with("input") {
+                    "an input outside [0, 1]"
+                } else {
+                    "a target outside [0, 1]"
+                },
             },
             e => from_nn(e),
         })
@@ -261,8 +266,16 @@ fn classes(s: &[&[usize]], r: usize) -> Result<Vec<usize>, Refusal> {
 }
 
 /// The class targets `t` as the `i64` tensor nn takes: each a whole number (the range, and a
-/// negative value other than the ignored one, are nn's to refuse).
+/// negative value other than the ignored one, are nn's to refuse). Targets that would take a
+/// gradient (an `input`, or a value computed from one) are refused: class indices have none,
+/// and PyTorch refuses floating-point class targets.
 fn as_targets<'g>(g: &'g Graph, t: Tensor<'g>, op: &'static str) -> Result<Tensor<'g>, GraphError> {
+    if t.requires_grad() {
+        return Err(GraphError::BadArgument {
+            op,
+            what: "class targets that take a gradient (make them a const, or detach them)",
+        });
+    }
     let v = t
         .to_vec_f64()?
         .into_iter()
@@ -280,12 +293,16 @@ fn as_targets<'g>(g: &'g Graph, t: Tensor<'g>, op: &'static str) -> Result<Tenso
     g.from_slice(&v, &t.try_shape()?)
 }
 
-/// nn's refusal of a target's value as the graph's.
-fn target_error(op: &'static str, e: NnError) -> GraphError {
+/// nn's refusal of a target's value as the graph's (`ignoring`: the op has an ignored value).
+fn target_error(op: &'static str, ignoring: bool, e: NnError) -> GraphError {
     match e {
         NnError::IndexOutOfRange { .. } | NnError::NotAnIndex { .. } => GraphError::BadArgument {
             op,
-            what: "a class target outside 0..C that is not the ignored value",
+            what: if ignoring {
+                "a class target outside 0..C that is not the ignored value"
+            } else {
+                "a class target outside 0..C"
+            },
         },
         e => from_nn(e),
     }
@@ -335,7 +352,7 @@ pub(super) const CROSS_ENTROPY: OpRow = OpRow::new(
             ignore_index: Some(p[2].as_i64()),
         };
         let t = as_targets(g, x[1], "cross_entropy")?;
-        loss::cross_entropy_by(x[0], t, opts).map_err(|e| target_error("cross_entropy", e))
+        loss::cross_entropy_by(x[0], t, opts).map_err(|e| target_error("cross_entropy", true, e))
     },
 )
 .arity(Arity::Exactly(2))
@@ -353,13 +370,15 @@ pub(super) const CROSS_ENTROPY: OpRow = OpRow::new(
     classes_draw(d, r, vec![eps, ignore])
 }));
 
-/// `nll_loss a t REDUCTION`: PyTorch's `F.nll_loss(a, t, reduction=…)`, `a` log-probabilities.
+/// `nll_loss a t REDUCTION`: PyTorch's `F.nll_loss(a, t, reduction=…)`, `a` log-probabilities,
+/// without an ignored index (PyTorch ignores −100 by default; this row refuses it as out of
+/// range, and `cross_entropy` has IGNORE_INDEX).
 pub(super) const NLL_LOSS: OpRow = OpRow::new(
     "nll_loss",
     |s, p| classes(s, reduction_at(p[0], 2, 3)?),
     |g, x, p| {
         let t = as_targets(g, x[1], "nll_loss")?;
-        loss::nll_loss_by(x[0], t, reduction(p[0])).map_err(|e| target_error("nll_loss", e))
+        loss::nll_loss_by(x[0], t, reduction(p[0])).map_err(|e| target_error("nll_loss", false, e))
     },
 )
 .arity(Arity::Exactly(2))
