@@ -6,26 +6,16 @@
 
 use arenagrad_graph::{Graph, GraphError, ScatterReduce, Tensor};
 
-use super::{ax, axis_at, count, gen_axis, int, Arity, Draw, Drawn, Gen, OpRow, Param, Refusal};
+use super::{
+    ax, axis_at, count, flag_at, gen_axis, int, whole_values, Arity, Draw, Drawn, Gen, OpRow,
+    Param, Refusal,
+};
 
 /// `t`'s values as an `i64` index tensor of its shape, for `op`: each a whole number, 0 or
 /// more (the range is the op's to check).
 fn as_index<'g>(g: &'g Graph, t: Tensor<'g>, op: &'static str) -> Result<Tensor<'g>, GraphError> {
-    let idx = t
-        .to_vec_f64()?
-        .into_iter()
-        .map(|v| {
-            if v >= 0.0 && v.fract() == 0.0 && v < 9.007_199_254_740_992e15 {
-                Ok(v as usize)
-            } else {
-                Err(GraphError::BadArgument {
-                    op,
-                    what: "an index that is not a whole number of at least 0",
-                })
-            }
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    g.indices(&idx, &t.try_shape()?)
+    let what = "an index that is not a whole number of at least 0";
+    g.from_slice(&whole_values(t, op, what, false)?, &t.try_shape()?)
 }
 
 /// Whether `small` has `big`'s rank and is no larger on any axis but `skip` (`usize::MAX`:
@@ -201,12 +191,7 @@ pub(super) const SCATTER_REDUCE: OpRow = OpRow::new(
                 ),
             ));
         }
-        if p[2].as_usize() > 1 {
-            return Err(Refusal::at(
-                5,
-                format!("include_self {}: expected 0 or 1", p[2]),
-            ));
-        }
+        flag_at(p[2], 5, "include_self")?;
         scatter_shape(s, p)
     },
     |g, x, p| {

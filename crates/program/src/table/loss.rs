@@ -9,7 +9,10 @@ use arenagrad_graph::{Graph, GraphError, Tensor};
 use arenagrad_nn::loss::{self, CrossEntropyOptions, Reduction};
 use arenagrad_nn::NnError;
 
-use super::{count, float, from_nn, int, Arity, Draw, Drawn, Gen, OpRow, Param, Refusal};
+use super::{
+    count, flag_at, float, from_nn, int, whole_values, Arity, Draw, Drawn, Gen, OpRow, Param,
+    Refusal,
+};
 
 /// The reduction in parameter `p` (at argument `k`), of the first `n` of none, mean, sum and
 /// batchmean.
@@ -150,12 +153,7 @@ pub(super) const HUBER_LOSS: OpRow = OpRow::new(
 pub(super) const KL_DIV: OpRow = OpRow::new(
     "kl_div",
     |s, p| {
-        if p[1].as_usize() > 1 {
-            return Err(Refusal::at(
-                3,
-                format!("log_target {}: expected 0 or 1", p[1]),
-            ));
-        }
+        flag_at(p[1], 3, "log_target")?;
         pointwise(s, p, 4)
     },
     |_, x, p| {
@@ -276,21 +274,8 @@ fn as_targets<'g>(g: &'g Graph, t: Tensor<'g>, op: &'static str) -> Result<Tenso
             what: "class targets that take a gradient (make them a const, or detach them)",
         });
     }
-    let v = t
-        .to_vec_f64()?
-        .into_iter()
-        .map(|v| {
-            if v.fract() == 0.0 && v.abs() < 9.007_199_254_740_992e15 {
-                Ok(v as i64)
-            } else {
-                Err(GraphError::BadArgument {
-                    op,
-                    what: "a class target that is not a whole number",
-                })
-            }
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    g.from_slice(&v, &t.try_shape()?)
+    let what = "a class target that is not a whole number";
+    g.from_slice(&whole_values(t, op, what, true)?, &t.try_shape()?)
 }
 
 /// nn's refusal of a target's value as the graph's (`ignoring`: the op has an ignored value).

@@ -700,6 +700,37 @@ fn ax(p: Param) -> isize {
     })
 }
 
+/// Parameter `p` at argument `k` as a flag (0 or 1) called `what`, or a refusal pointing at it.
+fn flag_at(p: Param, k: usize, what: &str) -> Result<bool, Refusal> {
+    match p.as_usize() {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(Refusal::at(k, format!("{what} {p}: expected 0 or 1"))),
+    }
+}
+
+/// `t`'s values as `i64`s, for `op`: each a whole number of magnitude below 2⁵³ (and not
+/// negative unless `negative_ok`), else `what` is the error. A program has one floating dtype,
+/// so its indices and class targets are tensors of whole numbers.
+fn whole_values(
+    t: Tensor<'_>,
+    op: &'static str,
+    what: &'static str,
+    negative_ok: bool,
+) -> Result<Vec<i64>, GraphError> {
+    t.to_vec_f64()?
+        .into_iter()
+        .map(|v| {
+            let whole = v.fract() == 0.0 && v.abs() < 9.007_199_254_740_992e15;
+            if whole && (negative_ok || v >= 0.0) {
+                Ok(v as i64)
+            } else {
+                Err(GraphError::BadArgument { op, what })
+            }
+        })
+        .collect()
+}
+
 /// Parameter `p` at argument `k` as an axis of shape `s`, or a refusal pointing at it that says
 /// which axes there are.
 fn axis_at(s: &[usize], p: Param, k: usize) -> Result<usize, Refusal> {

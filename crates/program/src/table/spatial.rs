@@ -7,7 +7,7 @@ use arenagrad_exec::Positive;
 use arenagrad_graph::{GraphError, Tensor};
 use arenagrad_nn::spatial::{self, Interpolation, PadMode};
 
-use super::{count, float, from_nn, Draw, Drawn, Gen, OpRow, Param, ParamSpec, Refusal};
+use super::{count, flag_at, float, from_nn, Draw, Drawn, Gen, OpRow, Param, ParamSpec, Refusal};
 
 /// How a `pad` row fills the border (its mode less the constant, which is a parameter).
 #[derive(Clone, Copy, PartialEq)]
@@ -217,12 +217,7 @@ pub(super) const INTERPOLATE_NEAREST: OpRow = OpRow::new(
 pub(super) const INTERPOLATE_BILINEAR: OpRow = OpRow::new(
     "interpolate_bilinear",
     |s, p| {
-        if p[2].as_usize() > 1 {
-            return Err(Refusal::at(
-                3,
-                format!("align_corners {}: expected 0 or 1", p[2]),
-            ));
-        }
+        flag_at(p[2], 3, "align_corners")?;
         resample_shape(s[0], p)
     },
     |_, x, p| {
