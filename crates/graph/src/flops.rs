@@ -239,6 +239,30 @@ pub(crate) fn of(op: &Op, s: &Shapes<'_>) -> (u64, u64) {
                 + if needs(2) { f } else { 0 };
             (f + m * n, back)
         }
+        Op::ConvPatches(_) => {
+            // [x, w [o, k], bias?] → [n, o, l]: the product w·patches per image.
+            let w = s.inputs[1].0;
+            let k = w.get(1).copied().unwrap_or(0) as u64;
+            let f = 2 * k * out;
+            let bias = if s.inputs.len() > 2 { out } else { 0 };
+            let back = if needs(0) { f } else { 0 }
+                + if needs(1) { f } else { 0 }
+                + if needs(2) { out } else { 0 };
+            (f + bias, back)
+        }
+        Op::ConvTranspose(_) => {
+            // [x [n, o, h, w], w [o, k], bias?] → [n, c, Ho, Wo]: the product wᵀ·x per image
+            // (the fold's additions are not counted, as a convolution's im2col is not).
+            let w = s.inputs[1].0;
+            let (o, k) = (w[0] as u64, w.get(1).copied().unwrap_or(0) as u64);
+            let cols = input(0).checked_div(o).unwrap_or(0);
+            let f = 2 * o * k * cols;
+            let bias = if s.inputs.len() > 2 { out } else { 0 };
+            let back = if needs(0) { f } else { 0 }
+                + if needs(1) { f } else { 0 }
+                + if needs(2) { out } else { 0 };
+            (f + bias, back)
+        }
         Op::Conv2d { n, l } => {
             // [w [o, k], cols [k, n·l], bias?] → [n, o, l]
             let w = s.inputs[0].0;

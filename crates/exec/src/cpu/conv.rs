@@ -109,23 +109,41 @@ fn im2col_ld<T: Copy>(x: &[T], win: &Window, pad: T, cols: &mut [T], ld: usize, 
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
     // Each output row of a kernel tap reads a run of one input row, every `step`-th element
     // (a shifted copy at stride 1), with `pad` where it hangs over an edge.
-    for_each_tap_run(win, ho, wo, |r| {
-        let dst = off + r.row * ld + r.oh * wo;
-        let out = &mut cols[dst..dst + wo];
-        match r.src {
-            None => out.fill(pad),
-            Some(src) => {
-                out[..r.lo].fill(pad);
-                out[r.hi..].fill(pad);
-                let run = &mut out[r.lo..r.hi];
-                if r.step == 1 {
-                    zip_run(run, &x[src..src + run.len()], |o, v| *o = v);
-                } else {
-                    let from = &x[src..src + (run.len() - 1) * r.step + 1];
-                    for (o, &v) in run.iter_mut().zip(from.iter().step_by(r.step)) {
-                        *o = v;
-                    }
+    for_each_tap(win, ho, wo, |t| {
+        let dst = &mut cols[off + t.row * ld..][..ho * wo];
+        let (top, rest) = dst.split_at_mut(t.oh.0 * wo);
+        let (mid, bottom) = rest.split_at_mut((t.oh.1 - t.oh.0) * wo);
+        top.fill(pad);
+        bottom.fill(pad);
+        if t.lo >= t.hi {
+            mid.fill(pad);
+            return;
+        }
+        let rows = t.oh.1 - t.oh.0;
+        if t.step == 1 && t.src_step == wo && rows > 0 {
+            // Input rows as wide as the output rows and read one after the other (stride 1,
+            // "same" padding): the tap's rows are one run of the input, copied at once; the
+            // columns that hang over an edge read a neighbouring row's end and are padded after.
+            let len = (rows - 1) * wo + (t.hi - t.lo);
+            mid[t.lo..t.lo + len].copy_from_slice(&x[t.src..t.src + len]);
+            if t.lo > 0 || t.hi < wo {
+                for out in mid.chunks_exact_mut(wo) {
+                    out[..t.lo].fill(pad);
+                    out[t.hi..].fill(pad);
                 }
+            }
+            return;
+        }
+        let span = (t.hi - t.lo - 1) * t.step + 1;
+        for (q, out) in mid.chunks_exact_mut(wo).enumerate() {
+            let from = &x[t.src + q * t.src_step..][..span];
+            out[..t.lo].fill(pad);
+            out[t.hi..].fill(pad);
+            let run = &mut out[t.lo..t.hi];
+            if t.step == 1 {
+                zip_run(run, from, |o, v| *o = v);
+            } else {
+                strided_run(run, from, t.step, |o, v| *o = v);
             }
         }
     });
@@ -137,48 +155,65 @@ pub fn col2im<T: Float>(cols: &[T], win: &Window, x: &mut [T]) {
     col2im_ld(cols, win, x, (ho * wo, 0), |v| v);
 }
 
-/// One output row of one kernel tap: row `row` of the patch matrix, output row `oh`. Its
-/// columns `lo..hi` read the input from `src` on, every `step`-th element (the horizontal
-/// stride); the columns outside that range hang over the left or right edge. `src` is `None`
-/// when the whole row reads padding (it hangs over the top or bottom edge, or `lo == hi`).
-struct TapRun {
+/// One kernel tap: row `row` of the patch matrix. Its output rows `oh.0..oh.1` read input rows
+/// (the others hang over the top or bottom edge: padding); in each, the columns `lo..hi` read
+/// every `step`-th element (the horizontal stride) of the input from `src` on, for the first of
+/// those rows, and `src_step` elements further for each next one; the columns outside that
+/// range hang over the left or right edge (`lo == hi`: all of them).
+struct TapRows {
     row: usize,
-    oh: usize,
+    oh: (usize, usize),
     lo: usize,
     hi: usize,
     step: usize,
-    src: Option<usize>,
+    src: usize,
+    src_step: usize,
 }
 
-/// Every [`TapRun`] of a window with output `ho × wo`, channel by channel and tap by tap (the
-/// patch matrix's row order): the bounds im2col and col2im share.
-fn for_each_tap_run(win: &Window, ho: usize, wo: usize, mut f: impl FnMut(TapRun)) {
-    // The first output column at or past `edge` (in input columns, counted from the padded
-    // left edge) for a tap `shift` columns in: ⌈(edge − shift) / stride⌉, 0 when the tap
-    // starts past it. `out_hw` bounds every term, so nothing overflows.
-    let first_past = |edge: usize, shift: usize| edge.saturating_sub(shift).div_ceil(win.sw);
+/// Every [`TapRows`] of a window with output `ho × wo`, channel by channel and tap by tap (the
+/// patch matrix's row order): the bounds im2col and col2im share, worked out once per tap.
+fn for_each_tap(win: &Window, ho: usize, wo: usize, mut f: impl FnMut(TapRows)) {
+    // The first output index at or past `edge` (in input units, counted from the padded
+    // edge) for a tap `shift` in: ⌈(edge − shift) / stride⌉, 0 when the tap starts past it.
+    // `out_hw` bounds every term, so nothing overflows.
+    let first_past =
+        |edge: usize, shift: usize, stride: usize| edge.saturating_sub(shift).div_ceil(stride);
     for c in 0..win.c {
         for ki in 0..win.kh {
+            let down = ki * win.dh;
+            // Output rows oh whose input row oh·sh + ki·dh − ph lies inside [0, h).
+            let oh0 = first_past(win.ph, down, win.sh).min(ho);
+            let oh1 = first_past(win.h + win.ph, down, win.sh).min(ho).max(oh0);
+            // The first of them reads input row oh0·sh + ki·dh − ph (when there is one). The
+            // offsets below saturate only where no row or no column lies inside, when they go
+            // unused (a stride wider than the input, say).
+            let ih0 = oh0
+                .saturating_mul(win.sh)
+                .saturating_add(down)
+                .saturating_sub(win.ph);
             for kj in 0..win.kw {
                 let row = (c * win.kh + ki) * win.kw + kj;
                 let shift = kj * win.dw;
                 // Output columns ow whose input column ow·sw + kj·dw − pw lies inside [0, w).
-                let lo = first_past(win.pw, shift).min(wo);
-                let hi = first_past(win.w + win.pw, shift).min(wo).max(lo);
-                for oh in 0..ho {
-                    let ih = (oh * win.sh + ki * win.dh) as isize - win.ph as isize;
-                    let inside = ih >= 0 && (ih as usize) < win.h && hi > lo;
-                    let src = inside
-                        .then(|| (c * win.h + ih as usize) * win.w + lo * win.sw + shift - win.pw);
-                    f(TapRun {
-                        row,
-                        oh,
-                        lo,
-                        hi,
-                        step: win.sw,
-                        src,
-                    });
-                }
+                let lo = first_past(win.pw, shift, win.sw).min(wo);
+                let hi = first_past(win.w + win.pw, shift, win.sw).min(wo).max(lo);
+                let col = lo
+                    .saturating_mul(win.sw)
+                    .saturating_add(shift)
+                    .saturating_sub(win.pw);
+                let src = (c * win.h)
+                    .saturating_add(ih0)
+                    .saturating_mul(win.w)
+                    .saturating_add(col);
+                f(TapRows {
+                    row,
+                    oh: (oh0, oh1),
+                    lo,
+                    hi,
+                    step: win.sw,
+                    src,
+                    src_step: win.sh.saturating_mul(win.w),
+                });
             }
         }
     }
@@ -206,6 +241,45 @@ fn zip_run<D, S: Copy>(dst: &mut [D], src: &[S], f: impl Fn(&mut D, S)) {
     }
 }
 
+/// `f(&mut dst[q], src[q·step])` for every `q` (`src` holds `(dst.len() − 1)·step + 1`
+/// elements): a window's run at a horizontal stride. A stride of 2 (nearly every strided
+/// window) reads the run as pairs, which compiles to vector code; `step_by` would recompute the
+/// iterator's bounds at every element (it measured half of a stride-2 im2col's time).
+#[inline(always)]
+fn strided_run<D, S: Copy>(dst: &mut [D], src: &[S], step: usize, f: impl Fn(&mut D, S)) {
+    let Some((last, body)) = dst.split_last_mut() else {
+        return;
+    };
+    if step == 2 {
+        for (o, pair) in body.iter_mut().zip(src.chunks_exact(2)) {
+            f(o, pair[0]);
+        }
+    } else {
+        for (q, o) in body.iter_mut().enumerate() {
+            f(o, src[q * step]);
+        }
+    }
+    f(last, src[body.len() * step]);
+}
+
+/// The adjoint walk of [`strided_run`]: `f(&mut dst[q·step], src[q])` for every `q`.
+#[inline(always)]
+fn strided_run_mut<D, S: Copy>(dst: &mut [D], src: &[S], step: usize, f: impl Fn(&mut D, S)) {
+    let Some((&last, body)) = src.split_last() else {
+        return;
+    };
+    if step == 2 {
+        for (pair, &v) in dst.chunks_exact_mut(2).zip(body) {
+            f(&mut pair[0], v);
+        }
+    } else {
+        for (q, &v) in body.iter().enumerate() {
+            f(&mut dst[q * step], v);
+        }
+    }
+    f(&mut dst[body.len() * step], last);
+}
+
 /// [`col2im`] from a wider matrix: row `r` of the patch matrix starts at `off + r·ld`.
 fn col2im_ld<S: Copy, T: Float>(
     cols: &[S],
@@ -217,17 +291,19 @@ fn col2im_ld<S: Copy, T: Float>(
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
     // The mirror of im2col's runs: each output row of a kernel tap adds into every `step`-th
     // element of a run of one input row.
-    for_each_tap_run(win, ho, wo, |r| {
-        if let Some(src) = r.src {
-            let dst = off + r.row * ld + r.oh * wo;
-            let run = &cols[dst + r.lo..dst + r.hi];
-            if r.step == 1 {
-                zip_run(&mut x[src..src + run.len()], run, |o, v| *o += widen(v));
+    for_each_tap(win, ho, wo, |t| {
+        if t.lo >= t.hi || t.oh.0 >= t.oh.1 {
+            return;
+        }
+        let span = (t.hi - t.lo - 1) * t.step + 1;
+        let rows = &cols[off + t.row * ld + t.oh.0 * wo..][..(t.oh.1 - t.oh.0) * wo];
+        for (q, r) in rows.chunks_exact(wo).enumerate() {
+            let to = &mut x[t.src + q * t.src_step..][..span];
+            let run = &r[t.lo..t.hi];
+            if t.step == 1 {
+                zip_run(to, run, |o, v| *o += widen(v));
             } else {
-                let to = &mut x[src..src + (run.len() - 1) * r.step + 1];
-                for (o, &v) in to.iter_mut().step_by(r.step).zip(run) {
-                    *o += widen(v);
-                }
+                strided_run_mut(to, run, t.step, |o, v| *o += widen(v));
             }
         }
     });
@@ -670,157 +746,245 @@ pub fn conv_gemm_forward<T: Float + Gemm>(
     });
 }
 
-/// The largest patch matrix of one image (`k·l` elements) that [`conv_im2col_gemm_forward`]
-/// makes in a thread's scratch: 4 MiB of f32, within a core's L2 here, so that the product reads
-/// it from the cache; larger ones are made batch-wide first ([`im2col_batch`]).
-const FUSED_MAX: usize = 1 << 20;
+/// The fixed number of image blocks whose weight gradients [`patch_products`] sums separately
+/// (then in block order): set by the batch alone, so that the bits do not depend on the thread
+/// count.
+const WEIGHT_GRAD_BLOCKS: usize = 8;
 
-/// Whether a convolution of these dimensions runs [`conv_im2col_gemm_forward`]: fewer than 64
-/// output channels (a product that reads each patch value only `o` times, so that it runs at
-/// the speed its operand arrives: 40 GFLOP/s on one thread from memory against 150 from the
-/// cache, for 32 channels), and one image's patches fit `FUSED_MAX` (4 MiB of f32). With 64
-/// channels or more the batch-wide pass measured as fast or faster.
-///
-/// And more than one output position per image: with one, the kernel's patches have a row
-/// stride of 1 where the batch-wide matrix's is `n`, and a product of at most four channels
-/// would sum them by another path (dot products), whose bits differ.
-pub fn conv_fuses(d: ConvDims) -> bool {
-    d.o < 64 && d.l > 1 && d.k.saturating_mul(d.l) <= FUSED_MAX
+/// What [`patch_products`] computes from each image's patches `P_b = im2col(src_b)` (`[k, l]`).
+pub struct PatchOut<'a, T> {
+    /// A convolution's output, or the input gradient of the transposed convolution.
+    pub product: Option<PatchProduct<'a, T>>,
+    /// A convolution's weight gradient (`a` the output's gradient, `src` the input), or the
+    /// transposed convolution's (`a` its input, `src` its output's gradient).
+    pub weight_grad: Option<PatchWeightGrad<'a, T>>,
 }
 
-/// A pointer to the patch matrix shared by the threads of [`conv_im2col_gemm_forward`], each
-/// writing the columns of its own images.
-struct ColsOut<T>(*mut T);
-
-// SAFETY: the pointer is only written through by `conv_im2col_gemm_forward`'s threads, each into
-// the columns of its own images (disjoint ranges of one `&mut` buffer that outlives the fork);
-// `T: Send` values may be written from other threads.
-unsafe impl<T: Send> Send for ColsOut<T> {}
-// SAFETY: as above; no thread reads through the pointer what another writes.
-unsafe impl<T: Send> Sync for ColsOut<T> {}
-
-/// Copies `src` to `dst` with non-temporal stores where the CPU has them (every x86-64): the
-/// patches are read again only by the backward, long after, so they need not pass through the
-/// cache, and a store that goes around it reads no line first (the copy measured about 6% of a
-/// U-Net step with ordinary stores). [`store_fence`] before anyone else reads `dst`.
-///
-/// # Safety
-///
-/// `dst` must be valid for writes of `src.len()` elements and not overlap `src`.
-unsafe fn copy_streaming<T: Copy>(src: &[T], dst: *mut T) {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-        let bytes = std::mem::size_of_val(src);
-        let (s, d) = (src.as_ptr().cast::<u8>(), dst.cast::<u8>());
-        let head = d.align_offset(16).min(bytes);
-        // SAFETY: the caller's contract: `[d, d + bytes)` is writable and disjoint from
-        // `[s, s + bytes)`; every access below stays within them, and the streamed stores are
-        // to 16-byte aligned addresses (`head` aligns `d`), as `movntdq` requires. SSE2 is part
-        // of every x86-64.
-        unsafe {
-            std::ptr::copy_nonoverlapping(s, d, head);
-            let mut i = head;
-            while i + 16 <= bytes {
-                _mm_stream_si128(d.add(i).cast::<__m128i>(), _mm_loadu_si128(s.add(i).cast()));
-                i += 16;
-            }
-            std::ptr::copy_nonoverlapping(s.add(i), d.add(i), bytes - i);
-        }
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    // SAFETY: the caller's contract.
-    unsafe {
-        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len())
-    };
+/// `out_b = w·P_b`, each row starting from its channel's bias (or zero).
+pub struct PatchProduct<'a, T> {
+    /// `[o, k]`.
+    pub w: &'a [T],
+    /// `[o]`.
+    pub bias: Option<&'a [T]>,
+    /// `[n, o, l]`.
+    pub out: &'a mut [T],
 }
 
-/// Orders this thread's non-temporal stores ([`copy_streaming`]) before its later stores, so
-/// that the fork's join publishes them.
-fn store_fence() {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    // SAFETY: `sfence` has no operands and is part of every x86-64 (SSE).
-    unsafe {
-        std::arch::x86_64::_mm_sfence()
-    };
+/// `dw = Σ_b a_b·P_bᵀ`.
+pub struct PatchWeightGrad<'a, T> {
+    /// `[n, o, l]`.
+    pub a: &'a [T],
+    /// `[o, k]`.
+    pub dw: &'a mut [T],
 }
 
-/// [`im2col_batch`] and [`conv_gemm_forward`] in one pass over the images: each image's patches
-/// `[k, l]` are made in the thread's scratch, multiplied from there while they are in its cache,
-/// then copied into their columns of `cols` (`[k, n·l]`, as `im2col_batch` lays them out, kept for
-/// the backward). `x` is `[n, c, h, w]`; `y`, `w` and `bias` as in `conv_gemm_forward`. The
-/// values are `conv_gemm_forward`'s after `im2col_batch`, bit for bit (the same product of the
-/// same operands, one thread each), where [`conv_fuses`] chooses it. Images split over threads.
-#[allow(clippy::too_many_arguments)]
-pub fn conv_im2col_gemm_forward<T: Float + Gemm>(
-    x: &[T],
+/// The products of each image's patches `im2col(src_b)` under the window `win` (`src`
+/// `[n, win.c, win.h, win.w]`, `d.k` its patch length, `d.l` its output positions), made once
+/// per image in the thread's scratch and read by both products from its cache: the batch's
+/// patch matrix (`k × n·l`) is never written out. The weight gradient is summed per block of
+/// images (eight blocks, or one per image in a smaller batch: fixed by the batch), the blocks' sums
+/// added in block order: the same bits on any number of threads.
+pub fn patch_products<T: Float + Gemm>(
+    src: &[T],
     win: &Window,
-    w: &[T],
-    bias: Option<&[T]>,
     d: ConvDims,
-    cols: &mut [T],
-    y: &mut [T],
+    outs: PatchOut<'_, T>,
     threads: usize,
 ) {
     let ConvDims { o, k, l, n } = d;
-    d.check(w.len(), cols.len(), y.len());
-    let plane = win.h * win.w;
+    let plane = win.c * win.h * win.w;
+    let PatchOut {
+        mut product,
+        weight_grad,
+    } = outs;
     assert!(
         win.out_hw().map(|(ho, wo)| ho * wo) == Some(l)
             && win.patch_len() == k
-            && x.len() >= n * win.c * plane
-            && bias.is_none_or(|b| b.len() >= o),
+            && src.len() >= n * plane
+            && product.as_ref().is_none_or(|p| {
+                p.w.len() >= o * k
+                    && p.out.len() >= n * o * l
+                    && p.bias.is_none_or(|b| b.len() >= o)
+            })
+            && weight_grad
+                .as_ref()
+                .is_none_or(|g| g.a.len() >= n * o * l && g.dw.len() >= o * k),
         "invariant: convolution operand out of bounds"
     );
-    if o == 0 || l == 0 {
-        // Nothing to multiply; the patches are still the backward's.
-        im2col_batch(x, n, win, T::ZERO, cols, threads);
+    let (dw, a) = match weight_grad {
+        Some(g) => (Some(&mut g.dw[..o * k]), g.a),
+        None => (None, &[][..]),
+    };
+    if n == 0 || k == 0 || l == 0 || o == 0 {
+        // Every product is empty: the output is its bias, the gradient zero.
+        if let Some(p) = product {
+            fill_channels(&mut p.out[..n * o * l], l, o, p.bias);
+        }
+        if let Some(dw) = dw {
+            dw.fill(T::ZERO);
+        }
         return;
     }
-    let one = Window { c: 1, ..*win };
-    let rows = win.kh * win.kw;
-    let ld = n * l;
-    let out = ColsOut(cols.as_mut_ptr());
-    let out = &out;
-    super::par::par_rows_mut(
-        &mut y[..n * o * l],
-        o * l,
-        threads,
-        super::par::PAR_MIN_ELEMS,
-        |b, yb| {
-            T::with_scratch(k * l, |s| {
-                for c in 0..win.c {
-                    let img = &x[(b * win.c + c) * plane..(b * win.c + c + 1) * plane];
-                    im2col_ld(
-                        img,
-                        &one,
-                        T::ZERO,
-                        &mut s[c * rows * l..(c + 1) * rows * l],
-                        l,
-                        0,
-                    );
-                }
+    let want_dw = dw.is_some();
+    // Blocks of images: for the weight gradient a fixed number; otherwise one image each.
+    let per = if want_dw {
+        n.div_ceil(WEIGHT_GRAD_BLOCKS.min(n))
+    } else {
+        1
+    };
+    let blocks = n.div_ceil(per);
+    let mut partials = if want_dw {
+        vec![T::ZERO; blocks * o * k]
+    } else {
+        Vec::new()
+    };
+    let w_bias = product.as_ref().map(|p| (p.w, p.bias));
+    // One image: its patches in the scratch, then its product and its block's share of the
+    // weight gradient (`first`: the block's first image, which overwrites the sum), kept
+    // transposed (`[k, o]`) so that the product reads the patches as they lie and the
+    // (smaller) `a_b` transposed.
+    let image = |b: usize, out_b: Option<&mut [T]>, part: Option<&mut [T]>, first: bool| {
+        T::with_scratch(k * l, |s| {
+            im2col(&src[b * plane..(b + 1) * plane], win, T::ZERO, s);
+            if let (Some(out_b), Some((w, bias))) = (out_b, w_bias) {
                 if let Some(bias) = bias {
-                    for (row, &v) in yb.chunks_mut(l).zip(bias) {
-                        row.fill(v);
-                    }
+                    fill_channels(out_b, l, o, Some(bias));
                 }
                 super::gemm(
                     super::Mnk::new(o, k, l),
                     super::MatView::row_major(w, 0, k, false),
                     super::MatView::row_major(s, 0, l, false),
-                    yb,
+                    out_b,
                     bias.is_some(),
                     1,
                 );
-                for (r, src) in s.chunks_exact(l).enumerate() {
-                    // SAFETY: `cols` holds at least `k·n·l` elements (`d.check`), and row `r < k`
-                    // of image `b < n` is `[r·n·l + b·l, r·n·l + (b + 1)·l)`, inside it; only
-                    // this thread (the one given image `b`) writes it, nobody reads it during
-                    // the fork, and `src` (the scratch) does not overlap `cols`.
-                    unsafe { copy_streaming(src, out.0.add(r * ld + b * l)) };
-                }
-                store_fence();
+            }
+            if let Some(part) = part {
+                super::gemm(
+                    super::Mnk::new(k, l, o),
+                    super::MatView::row_major(s, 0, l, false),
+                    super::MatView::row_major(a, b * o * l, l, true),
+                    part,
+                    !first,
+                    1,
+                );
+            }
+        })
+    };
+    // Whole blocks to each thread: its images' outputs and its blocks' partial sums.
+    let t = if n * (plane + o * l) >= super::par::PAR_MIN_ELEMS {
+        threads.clamp(1, blocks)
+    } else {
+        1
+    };
+    let mut out_rest: Option<&mut [T]> = product.as_mut().map(|p| &mut p.out[..n * o * l]);
+    let mut part_rest: &mut [T] = &mut partials;
+    let mut jobs = Vec::with_capacity(t);
+    for j in 0..t {
+        let (b0, b1) = (j * blocks / t, (j + 1) * blocks / t);
+        let images = (b1 * per).min(n) - b0 * per;
+        let out_part = out_rest.take().map(|v| {
+            let (head, tail) = v.split_at_mut(images * o * l);
+            out_rest = Some(tail);
+            head
+        });
+        let len = if want_dw { (b1 - b0) * o * k } else { 0 };
+        let (head, tail) = std::mem::take(&mut part_rest).split_at_mut(len);
+        part_rest = tail;
+        jobs.push((b0, b1, out_part, head));
+    }
+    let run = |_: usize, job: &mut (usize, usize, Option<&mut [T]>, &mut [T])| {
+        let (b0, b1) = (job.0, job.1);
+        let i0 = b0 * per;
+        for blk in b0..b1 {
+            for b in blk * per..((blk + 1) * per).min(n) {
+                let out_b = job
+                    .2
+                    .as_deref_mut()
+                    .map(|v| &mut v[(b - i0) * o * l..][..o * l]);
+                let part = want_dw.then(|| &mut job.3[(blk - b0) * o * k..][..o * k]);
+                image(b, out_b, part, b == blk * per);
+            }
+        }
+    };
+    if t <= 1 {
+        jobs.iter_mut().for_each(|j| run(0, j));
+    } else {
+        super::thread_pool::for_each_owned(jobs, run);
+    }
+    if let Some(dw) = dw {
+        // The blocks' sums added in block order into the first, which is then transposed.
+        let (sum, rest) = partials.split_at_mut(o * k);
+        for p in rest.chunks_exact(o * k) {
+            for (acc, &v) in sum.iter_mut().zip(p) {
+                *acc += v;
+            }
+        }
+        T::transpose(sum, k, o, o, dw);
+    }
+}
+
+/// Each `len`-element row of `out` (a plane of one of `channels` channels, channel after
+/// channel, image after image) filled with its channel's bias, or zero.
+fn fill_channels<T: Float>(out: &mut [T], len: usize, channels: usize, bias: Option<&[T]>) {
+    if len == 0 || channels == 0 {
+        return;
+    }
+    for (r, row) in out.chunks_mut(len).enumerate() {
+        row.fill(bias.map_or(T::ZERO, |b| b[r % channels]));
+    }
+}
+
+/// The adjoint of [`patch_products`]' product: `y_b = col2im(wᵀ·a_b)` under the window `win`,
+/// starting from `bias` (`[win.c]`) or zero: `a` `[n, o, l]`, `w` `[o, k]`, `y`
+/// `[n, win.c, win.h, win.w]`. A transposed convolution, or a convolution's input gradient.
+/// Each image's patches `wᵀ·a_b` (`[k, l]`) are made in the thread's scratch and folded while
+/// they are in its cache. Images split over threads; an image's bits do not depend on them.
+#[allow(clippy::too_many_arguments)]
+pub fn fold_products<T: Float + Gemm>(
+    a: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    win: &Window,
+    d: ConvDims,
+    y: &mut [T],
+    threads: usize,
+) {
+    let ConvDims { o, k, l, n } = d;
+    let plane = win.c * win.h * win.w;
+    assert!(
+        win.out_hw().map(|(ho, wo)| ho * wo) == Some(l)
+            && win.patch_len() == k
+            && a.len() >= n * o * l
+            && w.len() >= o * k
+            && y.len() >= n * plane
+            && bias.is_none_or(|b| b.len() >= win.c),
+        "invariant: convolution operand out of bounds"
+    );
+    if plane == 0 {
+        return;
+    }
+    let hw = win.h * win.w;
+    super::par::par_rows_mut(
+        &mut y[..n * plane],
+        plane,
+        threads,
+        super::par::PAR_MIN_ELEMS,
+        |b, yb| {
+            fill_channels(yb, hw, win.c, bias);
+            if k == 0 || l == 0 || o == 0 {
+                return;
+            }
+            T::with_scratch(k * l, |s| {
+                super::gemm(
+                    super::Mnk::new(k, o, l),
+                    super::MatView::row_major(w, 0, k, true),
+                    super::MatView::row_major(a, b * o * l, l, false),
+                    s,
+                    false,
+                    1,
+                );
+                col2im(s, win, yb);
             })
         },
     );
@@ -830,36 +994,25 @@ pub fn conv_im2col_gemm_forward<T: Float + Gemm>(
 mod tests {
     use super::*;
 
-    /// The one-pass convolution gives the two passes' patches and outputs bit for bit: padded,
-    /// strided and dilated windows, with and without a bias, one to three threads (the largest
-    /// batch past the size that splits over them), no output channels, an empty batch.
+    /// The per-image kernels against the batch-wide passes (im2col of the whole batch, then
+    /// one product; col2im of the whole batch): the same values within rounding, and the same
+    /// bits on one, two and three threads. Padded, strided and dilated windows, with and
+    /// without a bias, small batches, the largest past the size that splits over threads and
+    /// with more images than weight-gradient blocks, no output channels, an empty batch.
     #[test]
-    fn the_one_pass_convolution_is_the_two_passes() {
-        // One output position per image takes another product path in the one-pass kernel:
-        // the batch-wide passes are chosen there.
-        assert!(!conv_fuses(ConvDims {
-            o: 3,
-            k: 2,
-            l: 1,
-            n: 3
-        }));
-        assert!(conv_fuses(ConvDims {
-            o: 3,
-            k: 2,
-            l: 2,
-            n: 3
-        }));
-        let val = |i: usize, s: f32| ((i as f32 * s).sin() * 8.0).round() / 8.0 + 0.001 * s;
+    fn the_per_image_kernels_are_the_batch_wide_passes() {
+        let val = |i: usize, s: f64| ((i as f64 * s).sin() * 8.0).round() / 8.0 + 0.001 * s;
         let wins = [
             (3, 6, 7, (3, 3), (1, 1), (1, 1), (1, 1)),
             (2, 9, 8, (3, 2), (2, 1), (0, 2), (1, 2)),
             (4, 5, 5, (1, 1), (1, 1), (0, 0), (1, 1)),
             (1, 7, 9, (2, 3), (3, 2), (2, 1), (2, 1)),
+            (2, 8, 8, (4, 4), (2, 2), (1, 1), (1, 1)),
         ];
         let (sizes, thread_counts): (&[(usize, usize)], &[usize]) = if cfg!(miri) {
             (&[(2, 2)], &[2])
         } else {
-            (&[(3, 5), (0, 3), (2, 0), (96, 48)], &[1, 2, 3])
+            (&[(3, 5), (0, 3), (2, 0), (1, 1), (37, 48)], &[1, 2, 3])
         };
         for (c, h, wd, (kh, kw), (sh, sw), (ph, pw), (dh, dw)) in wins {
             let win = Window {
@@ -878,28 +1031,103 @@ mod tests {
             let (ho, wo) = win.out_hw().unwrap();
             let (k, l) = (win.patch_len(), ho * wo);
             for &(n, o) in sizes {
-                let x: Vec<f32> = (0..n * c * h * wd).map(|i| val(i, 0.37)).collect();
-                let w: Vec<f32> = (0..o * k).map(|i| val(i, 0.53)).collect();
-                let bias: Vec<f32> = (0..o).map(|i| val(i, 1.7)).collect();
                 let d = ConvDims { o, k, l, n };
+                let x: Vec<f64> = (0..n * c * h * wd).map(|i| val(i, 0.37)).collect();
+                let w: Vec<f64> = (0..o * k).map(|i| val(i, 0.53)).collect();
+                let gy: Vec<f64> = (0..n * o * l).map(|i| val(i, 0.29)).collect();
+                let bias: Vec<f64> = (0..o.max(c)).map(|i| val(i, 1.7)).collect();
+                // The batch-wide references: y = w·cols (+ bias), dw = Σ gy_b·cols_bᵀ,
+                // dx = col2im(wᵀ·gy_b), the last also the transposed convolution of gy.
+                let mut cols = vec![0.0; k * n * l];
+                im2col_batch(&x, n, &win, 0.0, &mut cols, 1);
+                let mut y_want = vec![0.0; n * o * l];
+                conv_gemm_forward(&w, &cols, Some(&bias[..o]), d, &mut y_want, 1);
+                let mut dw_want = vec![0.0; o * k];
+                let mut dcols = vec![0.0; k * n * l];
+                for b in 0..n {
+                    for r in 0..o {
+                        for p in 0..l {
+                            let g = gy[(b * o + r) * l + p];
+                            for j in 0..k {
+                                dw_want[r * k + j] += g * cols[j * n * l + b * l + p];
+                                dcols[j * n * l + b * l + p] += w[r * k + j] * g;
+                            }
+                        }
+                    }
+                }
+                let mut dx_want = vec![0.0; n * c * h * wd];
+                col2im_batch(&dcols, n, &win, &mut dx_want, 1);
+                let close = |got: &[f64], want: &[f64], what: &str| {
+                    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+                        assert!(
+                            (a - b).abs() <= 1e-12 * (1.0 + b.abs()),
+                            "{what}: {a} against {b} at {i}, {win:?} n {n} o {o}"
+                        );
+                    }
+                };
+                let mut first: Option<[Vec<f64>; 3]> = None;
                 for &threads in thread_counts {
-                    for b in [None, Some(&bias[..])] {
-                        let mut cols = vec![f32::NAN; k * n * l];
-                        let mut y = vec![f32::NAN; n * o * l];
-                        im2col_batch(&x, n, &win, 0.0, &mut cols, threads);
-                        conv_gemm_forward(&w, &cols, b, d, &mut y, threads);
-                        let mut cols1 = vec![f32::NAN; k * n * l];
-                        let mut y1 = vec![f32::NAN; n * o * l];
-                        conv_im2col_gemm_forward(&x, &win, &w, b, d, &mut cols1, &mut y1, threads);
-                        let what =
-                            format!("{win:?} n {n} o {o} threads {threads} bias {}", b.is_some());
-                        for (name, got, want) in [("patches", &cols1, &cols), ("outputs", &y1, &y)]
-                        {
-                            let first = got
-                                .iter()
-                                .zip(want.iter())
-                                .position(|(a, b)| a.to_bits() != b.to_bits());
-                            assert_eq!(first, None, "{name} differ first at that index, {what}");
+                    let mut y = vec![f64::NAN; n * o * l];
+                    let mut dw = vec![f64::NAN; o * k];
+                    let outs = PatchOut {
+                        product: Some(PatchProduct {
+                            w: &w,
+                            bias: Some(&bias[..o]),
+                            out: &mut y,
+                        }),
+                        weight_grad: None,
+                    };
+                    patch_products(&x, &win, d, outs, threads);
+                    let outs = PatchOut {
+                        product: None,
+                        weight_grad: Some(PatchWeightGrad {
+                            a: &gy,
+                            dw: &mut dw,
+                        }),
+                    };
+                    patch_products(&x, &win, d, outs, threads);
+                    let mut dx = vec![f64::NAN; n * c * h * wd];
+                    fold_products(&gy, &w, None, &win, d, &mut dx, threads);
+                    close(&y, &y_want, "product");
+                    close(&dw, &dw_want, "weight gradient");
+                    close(&dx, &dx_want, "fold");
+                    // Both products in one pass give what each gives alone.
+                    let (mut y2, mut dw2) = (vec![f64::NAN; n * o * l], vec![f64::NAN; o * k]);
+                    let outs = PatchOut {
+                        product: Some(PatchProduct {
+                            w: &w,
+                            bias: Some(&bias[..o]),
+                            out: &mut y2,
+                        }),
+                        weight_grad: Some(PatchWeightGrad {
+                            a: &gy,
+                            dw: &mut dw2,
+                        }),
+                    };
+                    patch_products(&x, &win, d, outs, threads);
+                    assert!(y2.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()));
+                    assert!(dw2.iter().zip(&dw).all(|(a, b)| a.to_bits() == b.to_bits()));
+                    // With a bias, the fold starts from it.
+                    let mut dxb = vec![f64::NAN; n * c * h * wd];
+                    fold_products(&gy, &w, Some(&bias[..c]), &win, d, &mut dxb, threads);
+                    let plane = h * wd;
+                    let shifted: Vec<f64> = dx
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| v + bias[(i / plane) % c])
+                        .collect();
+                    close(&dxb, &shifted, "fold from the bias");
+                    let all = [y, dw, dx];
+                    match &first {
+                        None => first = Some(all),
+                        Some(f) => {
+                            for (got, want) in all.iter().zip(f) {
+                                let same = got
+                                    .iter()
+                                    .zip(want)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                                assert!(same, "{threads} threads: other bits, {win:?} n {n}");
+                            }
                         }
                     }
                 }

@@ -52,20 +52,27 @@ macro_rules! gemm_impl {
     ($t:ty, $portable:path, $transpose:path) => {
         impl Gemm for $t {
             fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [$t]) -> R) -> R {
+                // A stack of buffers: a call made inside another's `f` (a product inside a
+                // kernel that holds its own scratch) takes the next one, so nesting allocates
+                // nothing once warm either. Each buffer is taken out while in use and put back
+                // after (one lost to a panic is only memory).
                 thread_local! {
-                    static SCRATCH: std::cell::RefCell<Vec<$t>> =
+                    static SCRATCH: std::cell::RefCell<Vec<Vec<$t>>> =
                         const { std::cell::RefCell::new(Vec::new()) };
                 }
-                SCRATCH.with(|s| match s.try_borrow_mut() {
-                    Ok(mut s) => {
-                        if s.len() < len {
-                            s.resize(len, 0.0);
-                        }
-                        f(&mut s[..len])
+                let mut buf = SCRATCH
+                    .with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
+                    .unwrap_or_default();
+                if buf.len() < len {
+                    buf.resize(len, 0.0);
+                }
+                let r = f(&mut buf[..len]);
+                SCRATCH.with(|s| {
+                    if let Ok(mut s) = s.try_borrow_mut() {
+                        s.push(buf);
                     }
-                    // In use further up this thread's stack: a fresh buffer.
-                    Err(_) => f(&mut vec![0.0; len]),
-                })
+                });
+                r
             }
 
             fn transpose(src: &[$t], rows: usize, cols: usize, ld: usize, dst: &mut [$t]) {

@@ -276,22 +276,28 @@ impl<'g> Tensor<'g> {
         Ok(self.g.handle(id))
     }
 
-    /// [`Tensor::unfold_batch_win`] then [`Tensor::conv_gemm`] (the same two nodes, so the
-    /// same backward) computed in one pass over the images, each image's patches multiplied
-    /// while they are in the cache ([`cpu::conv_im2col_gemm_forward`]); `self` is the input
-    /// `[n, c, h, w]` (f32 or f64, on the host), `w` `[o, k]`. The caller has checked the shapes.
-    fn conv_fused(
+    /// The host transposed convolution of f32 or f64 `self` `[n, o, h, w]` (`h·w` the
+    /// window's output positions) by `w` `[o, k]` (`k` its patch length), `bias` `[win.c]`:
+    /// output `[n, win.c, win.h, win.w]`, each image's patches folded from the cache
+    /// ([`cpu::fold_products`]) rather than made batch-wide. The caller has checked
+    /// the shapes and dtypes.
+    fn conv_transpose_fused(
         self,
-        win: Window,
         w: Tensor<'g>,
         bias: Option<Tensor<'g>>,
-        d: cpu::ConvDims,
+        win: Window,
     ) -> Result<Tensor<'g>> {
-        let op = "conv2d";
-        let cpu::ConvDims { o, k, l, n } = d;
-        let cols_shape: Shape = smallvec![k, n * l];
-        let y_shape: Shape = smallvec![n, o, l];
-        let cols_len = checked_numel("unfold_batch", &cols_shape)?;
+        let op = "conv_transpose2d";
+        let xs = self.try_shape()?;
+        let (n, o) = (xs[0], xs[1]);
+        let (ho, wo) = win.out_hw().expect("invariant: checked window");
+        let d = cpu::ConvDims {
+            o,
+            k: win.patch_len(),
+            l: ho * wo,
+            n,
+        };
+        let y_shape: Shape = smallvec![n, win.c, win.h, win.w];
         let y_len = checked_numel(op, &y_shape)?;
         let mut guard = self.g.inner();
         let i = &mut *guard;
@@ -304,35 +310,87 @@ impl<'g> Tensor<'g> {
             Some(b) => Some(i.node(op, b.id)?.buf),
             None => None,
         };
-        let cols = i.alloc(op, dtype, cols_len)?;
         let out = i.alloc(op, dtype, y_len)?;
         let threads = i.threads;
         with_float!(dtype, T, {
             match bb {
                 Some(bb) => {
-                    let ([cv, yv], [xv, wv, bv]) =
-                        i.split_two_mut::<T, 3>(op, [cols, out], [xb, wb, bb])?;
-                    cpu::conv_im2col_gemm_forward(xv, &win, wv, Some(bv), d, cv, yv, threads);
+                    let (y, [xv, wv, bv]) = i.split_mut::<T, 3>(op, out, [xb, wb, bb])?;
+                    cpu::fold_products(xv, wv, Some(bv), &win, d, y, threads);
                 }
                 None => {
-                    let ([cv, yv], [xv, wv]) =
-                        i.split_two_mut::<T, 2>(op, [cols, out], [xb, wb])?;
-                    cpu::conv_im2col_gemm_forward(xv, &win, wv, None, d, cv, yv, threads);
+                    let (y, [xv, wv]) = i.split_mut::<T, 2>(op, out, [xb, wb])?;
+                    cpu::fold_products(xv, wv, None, &win, d, y, threads);
                 }
             }
         });
-        let cid = i.push(
-            cols_shape,
-            dtype,
-            cols,
-            Op::UnfoldBatch(Arc::new(win)),
-            &[self.id],
-        );
         let inputs: SmallVec<[NodeId; 3]> = match bias {
-            Some(b) => smallvec![w.id, cid, b.id],
-            None => smallvec![w.id, cid],
+            Some(b) => smallvec![self.id, w.id, b.id],
+            None => smallvec![self.id, w.id],
         };
-        let id = i.push(y_shape, dtype, out, Op::Conv2d { n, l }, &inputs);
+        let id = i.push(
+            y_shape,
+            dtype,
+            out,
+            Op::ConvTranspose(Arc::new(win)),
+            &inputs,
+        );
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+
+    /// The host convolution of f32 or f64 `self` `[n, c, h, w]` by `w` `[o, k]` (`bias` `[o]`)
+    /// as one node that keeps no patch matrix: output `[n, o, l]`, each image's patches made and
+    /// multiplied in the cache ([`cpu::patch_products`]), and made again by the backward for
+    /// the weight's gradient. The caller has checked the shapes and dtypes.
+    fn conv_patches(
+        self,
+        win: Window,
+        w: Tensor<'g>,
+        bias: Option<Tensor<'g>>,
+        d: cpu::ConvDims,
+    ) -> Result<Tensor<'g>> {
+        let op = "conv2d";
+        let cpu::ConvDims { o, l, n, .. } = d;
+        let y_shape: Shape = smallvec![n, o, l];
+        let y_len = checked_numel(op, &y_shape)?;
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (dtype, xb) = {
+            let nd = i.node(op, self.id)?;
+            (nd.dtype, nd.buf)
+        };
+        let wb = i.node(op, w.id)?.buf;
+        let bb = match bias {
+            Some(b) => Some(i.node(op, b.id)?.buf),
+            None => None,
+        };
+        let out = i.alloc(op, dtype, y_len)?;
+        let threads = i.threads;
+        with_float!(dtype, T, {
+            let (y, [xv, wv, bv]) = match bb {
+                Some(bb) => i.split_mut::<T, 3>(op, out, [xb, wb, bb])?,
+                None => {
+                    let (y, [xv, wv]) = i.split_mut::<T, 2>(op, out, [xb, wb])?;
+                    (y, [xv, wv, &[][..]])
+                }
+            };
+            let product = cpu::PatchProduct {
+                w: wv,
+                bias: bb.map(|_| bv),
+                out: y,
+            };
+            let outs = cpu::PatchOut {
+                product: Some(product),
+                weight_grad: None,
+            };
+            cpu::patch_products(xv, &win, d, outs, threads);
+        });
+        let inputs: SmallVec<[NodeId; 3]> = match bias {
+            Some(b) => smallvec![self.id, w.id, b.id],
+            None => smallvec![self.id, w.id],
+        };
+        let id = i.push(y_shape, dtype, out, Op::ConvPatches(Arc::new(win)), &inputs);
         drop(guard);
         Ok(self.g.handle(id))
     }
@@ -434,8 +492,10 @@ impl<'g> Tensor<'g> {
         let g = groups as isize;
         let kk = (ws[1] * ws[2] * ws[3]) as isize;
         if groups == 1 && self.device() == Device::Cpu {
-            // On the host the batch's patches sit side by side in one matrix cols [K, N·L]; each
-            // image's product W [O, K] · cols_b is written straight into its place in the output.
+            // On the host, f32 and f64 in one node that keeps no patches (each image's made and
+            // multiplied in the cache, and made again for the weight's gradient); bf16's
+            // patches sit side by side in one matrix cols [K, N·L], each image's product
+            // W [O, K] · cols_b written straight into its place in the output.
             let w = weight.reshape(&[o as isize, kk])?;
             let d = cpu::ConvDims {
                 o,
@@ -443,8 +503,8 @@ impl<'g> Tensor<'g> {
                 l: ho * wo,
                 n,
             };
-            let y = if cpu::conv_fuses(d) && matches!(self.dtype(), DType::F32 | DType::F64) {
-                self.conv_fused(win, w, bias, d)?
+            let y = if matches!(self.dtype(), DType::F32 | DType::F64) {
+                self.conv_patches(win, w, bias, d)?
             } else {
                 self.unfold_batch_win(win, n)?
                     .conv_gemm(w, bias, n, ho * wo)?
@@ -474,9 +534,11 @@ impl<'g> Tensor<'g> {
     ///
     /// Each input pixel's channels times the weight give a patch, and fold (col2im) adds the
     /// patches into the output at the windows of the convolution this one transposes. On the
-    /// host without groups the whole batch is one product, `weightᵀ [C_out·kh·kw, C_in]` times
-    /// the inputs side by side `[C_in, N·H·W]`, folded from that layout: its backward is then
-    /// the convolution's own batch-wide im2col and two batch-wide products.
+    /// host without groups, in f32 and f64, that is one node: each image's patches,
+    /// `weightᵀ [C_out·kh·kw, C_in]` times the image `[C_in, H·W]`, are made and folded in the
+    /// thread's cache, and the backward makes the output gradient's patches once per image for
+    /// both gradients; no patch matrix of the batch is written or kept. 16-bit tensors take
+    /// one batch-wide product folded from that layout.
     #[allow(clippy::too_many_arguments)]
     pub fn conv_transpose2d(
         self,
@@ -576,6 +638,13 @@ impl<'g> Tensor<'g> {
             }
         }
         let (l, patch) = ((hw * ww) as isize, (cout_g * kh * kw) as isize);
+        if groups == 1
+            && self.device() == Device::Cpu
+            && matches!(x.dtype_of(OP)?, DType::F32 | DType::F64)
+        {
+            let w2 = weight.reshape(&[cin as isize, patch])?;
+            return x.conv_transpose_fused(w2, bias, win);
+        }
         let y = if groups == 1 && self.device() == Device::Cpu {
             let xp = x
                 .permute(&[1, 0, 2, 3])?
@@ -859,6 +928,223 @@ pub(crate) fn conv_gemm_backward<'g>(n: usize, l: usize, c: &Ctx<'g>) -> Result<
         });
     }
     Ok(grads)
+}
+
+/// [`Tensor::conv_transpose_fused`]'s rule: the input's gradient is the convolution of the
+/// output's gradient by the weight, and the weight's the sum over images of the input times
+/// that gradient's patches. On a plain backward both come from one host kernel that makes each
+/// image's patches once, in its cache ([`cpu::patch_products`]); under `create_graph` they are
+/// recorded as the batch-wide im2col and two products, differentiable again.
+pub(crate) fn conv_transpose_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let (x, w) = (c.input(0), c.input(1));
+    let xs = x.try_shape()?;
+    let (n, o, l) = (xs[0], xs[1], xs[2] * xs[3]);
+    let mut grads: Grads<'g> = smallvec![None, None];
+    if c.create_graph {
+        let u = c.gy.unfold_batch_win(*win, n)?; // [k, n·l]
+        if x.requires_grad() {
+            let dims: Vec<isize> = xs.iter().map(|&v| v as isize).collect();
+            grads[0] = Some(u.conv_gemm(w, None, n, l)?.reshape(&dims)?);
+        }
+        if w.requires_grad() {
+            let xp = x
+                .reshape(&[n as isize, o as isize, l as isize])?
+                .permute(&[1, 0, 2])?
+                .reshape(&[o as isize, (n * l) as isize])?;
+            grads[1] = Some(xp.matmul_t(u, false, true)?);
+        }
+    } else {
+        let d = cpu::ConvDims {
+            o,
+            k: win.patch_len(),
+            l,
+            n,
+        };
+        // The input's gradient: the products of the output gradient's patches; the weight's:
+        // the input times them.
+        let [dx, dw] = host_grads(
+            c,
+            "conv_transpose2d",
+            [x.requires_grad(), w.requires_grad()],
+            |bufs, i| patch_grads(i, *win, d, bufs, [c.gy, w, x]),
+        )?;
+        grads = smallvec![dx, dw];
+    }
+    grads.extend(bias_grad(c, &[0, 2, 3])?);
+    Ok(grads)
+}
+
+/// [`Tensor::conv_patches`]' rule: the input's gradient is the transposed convolution of the
+/// output's gradient ([`cpu::fold_products`]), the weight's the sum over images of that
+/// gradient times the input's patches, made again image by image ([`cpu::patch_products`]).
+/// Under `create_graph`, the batch-wide im2col and products of the convolution's other form.
+pub(crate) fn conv_patches_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    let (x, w) = (c.input(0), c.input(1));
+    let xs = x.try_shape()?;
+    let n = xs[0];
+    let (o, l) = {
+        let gs = c.gy.try_shape()?;
+        (gs[1], gs[2])
+    };
+    let mut grads: Grads<'g> = smallvec![None, None];
+    if c.create_graph {
+        let gyp =
+            c.gy.permute(&[1, 0, 2])?
+                .reshape(&[o as isize, (n * l) as isize])?;
+        if x.requires_grad() {
+            grads[0] = Some(w.matmul_t(gyp, true, false)?.fold_batch_win(*win, n)?);
+        }
+        if w.requires_grad() {
+            let u = x.unfold_batch_win(*win, n)?;
+            grads[1] = Some(gyp.matmul_t(u, false, true)?);
+        }
+    } else {
+        let d = cpu::ConvDims {
+            o,
+            k: win.patch_len(),
+            l,
+            n,
+        };
+        let [dx, dw] = host_grads(
+            c,
+            "conv2d",
+            [x.requires_grad(), w.requires_grad()],
+            |[dx, dw], i| {
+                let threads = i.threads;
+                with_float!(i.node("conv2d", x.id)?.dtype, T, {
+                    if let Some(dx) = dx {
+                        let (dxv, [gv, wv]) =
+                            i.split_mut::<T, 2>("conv2d", dx, [buf(i, c.gy)?, buf(i, w)?])?;
+                        cpu::fold_products(gv, wv, None, win, d, dxv, threads);
+                    }
+                    if let Some(dw) = dw {
+                        let (dwv, [xv, gv]) =
+                            i.split_mut::<T, 2>("conv2d", dw, [buf(i, x)?, buf(i, c.gy)?])?;
+                        let outs = cpu::PatchOut {
+                            product: None,
+                            weight_grad: Some(cpu::PatchWeightGrad { a: gv, dw: dwv }),
+                        };
+                        cpu::patch_products(xv, win, d, outs, threads);
+                    }
+                });
+                Ok(())
+            },
+        )?;
+        grads = smallvec![dx, dw];
+    }
+    grads.extend(bias_grad(c, &[0, 2])?);
+    Ok(grads)
+}
+
+/// The buffer of `t`'s node.
+fn buf(i: &crate::graph::Inner, t: Tensor<'_>) -> Result<BufId> {
+    Ok(i.node("conv2d", t.id)?.buf)
+}
+
+/// The transposed convolution's two gradients from one pass over the images: `src` the
+/// output's gradient (whose patches are made), `w` the weight (the input's gradient is their
+/// product with it), `a` the input (the weight's gradient is its product with them).
+fn patch_grads(
+    i: &mut crate::graph::Inner,
+    win: Window,
+    d: cpu::ConvDims,
+    [dx, dw]: [Option<BufId>; 2],
+    [src, w, a]: [Tensor<'_>; 3],
+) -> Result<()> {
+    let op = "conv_transpose2d";
+    let dtype = i.node(op, src.id)?.dtype;
+    let (sb, wb, ab) = (buf(i, src)?, buf(i, w)?, buf(i, a)?);
+    let threads = i.threads;
+    with_float!(dtype, T, {
+        match (dx, dw) {
+            (Some(dx), Some(dw)) => {
+                let ([dxv, dwv], [sv, wv, av]) =
+                    i.split_two_mut::<T, 3>(op, [dx, dw], [sb, wb, ab])?;
+                let outs = cpu::PatchOut {
+                    product: Some(cpu::PatchProduct {
+                        w: wv,
+                        bias: None,
+                        out: dxv,
+                    }),
+                    weight_grad: Some(cpu::PatchWeightGrad { a: av, dw: dwv }),
+                };
+                cpu::patch_products(sv, &win, d, outs, threads);
+            }
+            (Some(dx), None) => {
+                let (dxv, [sv, wv]) = i.split_mut::<T, 2>(op, dx, [sb, wb])?;
+                let outs = cpu::PatchOut {
+                    product: Some(cpu::PatchProduct {
+                        w: wv,
+                        bias: None,
+                        out: dxv,
+                    }),
+                    weight_grad: None,
+                };
+                cpu::patch_products(sv, &win, d, outs, threads);
+            }
+            (None, Some(dw)) => {
+                let (dwv, [sv, av]) = i.split_mut::<T, 2>(op, dw, [sb, ab])?;
+                let outs = cpu::PatchOut {
+                    product: None,
+                    weight_grad: Some(cpu::PatchWeightGrad { a: av, dw: dwv }),
+                };
+                cpu::patch_products(sv, &win, d, outs, threads);
+            }
+            (None, None) => {}
+        }
+    });
+    Ok(())
+}
+
+/// Host gradients for the node's first two inputs where `need` says, each a fresh buffer of
+/// the input's shape that `fill` writes, returned as constants (a plain backward records
+/// nothing).
+fn host_grads<'g>(
+    c: &Ctx<'g>,
+    op: &'static str,
+    need: [bool; 2],
+    fill: impl FnOnce([Option<BufId>; 2], &mut crate::graph::Inner) -> Result<()>,
+) -> Result<[Option<Tensor<'g>>; 2]> {
+    if !need[0] && !need[1] {
+        return Ok([None, None]);
+    }
+    let mut guard = c.g.inner();
+    let i = &mut *guard;
+    let mut bufs = [None, None];
+    let mut shapes: [Shape; 2] = Default::default();
+    for k in 0..2 {
+        let nd = i.node(op, c.inputs[k])?;
+        let (dtype, shape) = (nd.dtype, nd.shape.clone());
+        if need[k] {
+            bufs[k] = Some(i.alloc(op, dtype, shape.iter().product())?);
+        }
+        shapes[k] = shape;
+    }
+    fill(bufs, i)?;
+    let dtype = i.node(op, c.inputs[0])?.dtype;
+    let mut out = [None, None];
+    for k in 0..2 {
+        if let Some(b) = bufs[k] {
+            let shape = std::mem::take(&mut shapes[k]);
+            let id = i.push_on(Device::Cpu, shape, dtype, b, Op::Leaf, &[]);
+            out[k] = Some(c.g.handle(id));
+        }
+    }
+    Ok(out)
+}
+
+/// The bias's gradient (the output's gradient summed over `axes`) when the node has a bias
+/// (its third input): one entry, `None` where the bias takes no gradient; none without one.
+fn bias_grad<'g>(c: &Ctx<'g>, axes: &[isize]) -> Result<Option<Option<Tensor<'g>>>> {
+    if c.inputs.len() <= 2 {
+        return Ok(None);
+    }
+    let b = c.input(2);
+    Ok(Some(if b.requires_grad() {
+        Some(c.gy.sum_axes(axes, false)?)
+    } else {
+        None
+    }))
 }
 
 pub(crate) fn unfold_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Grads<'g>> {

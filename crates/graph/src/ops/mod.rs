@@ -151,6 +151,13 @@ pub(crate) enum Op {
     /// adjoint; how a convolution on the host becomes one GEMM.
     UnfoldBatch(Arc<arenagrad_exec::cpu::Window>),
     FoldBatch(Arc<arenagrad_exec::cpu::Window>),
+    /// A host transposed convolution in one node: inputs `[x [n, o, h, w], w [o, k], bias?]`,
+    /// the window that of the convolution it transposes (over the output); see
+    /// [`conv`]'s `conv_transpose_fused`.
+    ConvTranspose(Arc<arenagrad_exec::cpu::Window>),
+    /// A host convolution in one node that keeps no patch matrix: inputs `[x [n, c, h, w],
+    /// w [o, k], bias?]`, output `[n, o, l]`; see [`conv`]'s `conv_patches`.
+    ConvPatches(Arc<arenagrad_exec::cpu::Window>),
     /// `out[i] = x[idx[i]]` over flat indices kept in the arena (max pooling), and its adjoint.
     MaxPool2d {
         idx: arenagrad_alloc::BufId,
@@ -211,6 +218,8 @@ impl Op {
             | Op::Fold(_)
             | Op::UnfoldBatch(_)
             | Op::FoldBatch(_)
+            | Op::ConvTranspose(_)
+            | Op::ConvPatches(_)
             | Op::CrossEntropy { .. }
             | Op::Attention(_)
             | Op::LstmSeq(_)
@@ -264,6 +273,8 @@ impl Op {
             Op::Fold(_) => "fold",
             Op::UnfoldBatch(_) => "unfold_batch",
             Op::FoldBatch(_) => "fold_batch",
+            Op::ConvTranspose(_) => "conv_transpose2d",
+            Op::ConvPatches(_) => "conv2d",
             Op::MaxPool2d { .. } => "max_pool2d",
             Op::MaxPool2dBackward { .. } => "max_pool2d_backward",
             Op::ToDevice { .. } => "to_device",
@@ -328,6 +339,8 @@ pub(crate) fn backward<'g>(op: &Op, c: &Ctx<'g>) -> Result<Grads<'g>> {
         Op::Fold(w) => conv::fold_backward(w, c),
         Op::UnfoldBatch(w) => conv::unfold_batch_backward(w, c),
         Op::FoldBatch(w) => conv::fold_batch_backward(w, c),
+        Op::ConvTranspose(w) => conv::conv_transpose_backward(w, c),
+        Op::ConvPatches(w) => conv::conv_patches_backward(w, c),
         Op::MaxPool2d { idx } => conv::take_backward(*idx, c),
         Op::MaxPool2dBackward { idx } => conv::put_backward(*idx, c),
         Op::ToDevice { from } => Ok(smallvec::smallvec![Some(c.gy.to_device(*from)?)]),
