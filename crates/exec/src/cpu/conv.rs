@@ -107,46 +107,182 @@ pub fn im2col<T: Copy>(x: &[T], win: &Window, pad: T, cols: &mut [T]) {
 /// [`im2col`] into a wider matrix: row `r` of the patch matrix starts at `off + r·ld`.
 fn im2col_ld<T: Copy>(x: &[T], win: &Window, pad: T, cols: &mut [T], ld: usize, off: usize) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
-    // Each output row of a kernel tap reads a run of one input row, every `step`-th element
-    // (a shifted copy at stride 1), with `pad` where it hangs over an edge.
+    if let Some(p) = Phases::of(win) {
+        // A horizontal stride: the image split into its phases first, where every tap reads
+        // runs of one plane at stride 1.
+        let mut planes = vec![pad; p.len];
+        p.split(x, win, &mut planes);
+        p.for_each_tap(win, ho, wo, |t| {
+            copy_tap(&planes, pad, &mut cols[off..], ld, (ho, wo), t)
+        });
+        return;
+    }
     for_each_tap(win, ho, wo, |t| {
-        let dst = &mut cols[off + t.row * ld..][..ho * wo];
-        let (top, rest) = dst.split_at_mut(t.oh.0 * wo);
-        let (mid, bottom) = rest.split_at_mut((t.oh.1 - t.oh.0) * wo);
-        top.fill(pad);
-        bottom.fill(pad);
-        if t.lo >= t.hi {
-            mid.fill(pad);
-            return;
+        copy_tap(x, pad, &mut cols[off..], ld, (ho, wo), t)
+    });
+}
+
+/// One tap's row of the patch matrix (row `t.row`, `ld` apart) from `x`: each output row of
+/// the tap reads a run of one input row, every `step`-th element (a shifted copy at stride 1),
+/// with `pad` where it hangs over an edge.
+#[inline(always)]
+fn copy_tap<T: Copy>(
+    x: &[T],
+    pad: T,
+    cols: &mut [T],
+    ld: usize,
+    (ho, wo): (usize, usize),
+    t: TapRows,
+) {
+    let dst = &mut cols[t.row * ld..][..ho * wo];
+    let (top, rest) = dst.split_at_mut(t.oh.0 * wo);
+    let (mid, bottom) = rest.split_at_mut((t.oh.1 - t.oh.0) * wo);
+    top.fill(pad);
+    bottom.fill(pad);
+    if t.lo >= t.hi {
+        mid.fill(pad);
+        return;
+    }
+    let rows = t.oh.1 - t.oh.0;
+    if t.step == 1 && t.src_step == wo && rows > 0 {
+        // Input rows as wide as the output rows and read one after the other (stride 1,
+        // "same" padding): the tap's rows are one run of the input, copied at once; the
+        // columns that hang over an edge read a neighbouring row's end and are padded after.
+        let len = (rows - 1) * wo + (t.hi - t.lo);
+        mid[t.lo..t.lo + len].copy_from_slice(&x[t.src..t.src + len]);
+        if t.lo > 0 || t.hi < wo {
+            for out in mid.chunks_exact_mut(wo) {
+                out[..t.lo].fill(pad);
+                out[t.hi..].fill(pad);
+            }
         }
-        let rows = t.oh.1 - t.oh.0;
-        if t.step == 1 && t.src_step == wo && rows > 0 {
-            // Input rows as wide as the output rows and read one after the other (stride 1,
-            // "same" padding): the tap's rows are one run of the input, copied at once; the
-            // columns that hang over an edge read a neighbouring row's end and are padded after.
-            let len = (rows - 1) * wo + (t.hi - t.lo);
-            mid[t.lo..t.lo + len].copy_from_slice(&x[t.src..t.src + len]);
-            if t.lo > 0 || t.hi < wo {
-                for out in mid.chunks_exact_mut(wo) {
-                    out[..t.lo].fill(pad);
-                    out[t.hi..].fill(pad);
+        return;
+    }
+    let span = (t.hi - t.lo - 1) * t.step + 1;
+    for (q, out) in mid.chunks_exact_mut(wo).enumerate() {
+        let from = &x[t.src + q * t.src_step..][..span];
+        out[..t.lo].fill(pad);
+        out[t.hi..].fill(pad);
+        let run = &mut out[t.lo..t.hi];
+        if t.step == 1 {
+            zip_run(run, from, |o, v| *o = v);
+        } else {
+            strided_run(run, from, t.step, |o, v| *o = v);
+        }
+    }
+}
+
+/// A strided window's image split into phases: plane `(a, b)` of channel `c` holds the input's
+/// rows `a, a + sh, …` and, of those, the columns `b, b + sw, …` (`hp × wp`, padded past the
+/// edge), laid out `[c, sh, sw, hp, wp]`. A tap at stride `(sh, sw)` over the image is a tap at
+/// stride 1 over one plane: output `(oh, ow)` reads the plane's `(oh + ri, ow + sj)`. Its runs
+/// are then contiguous, and all of a tap's rows one run of its plane where `wp` is the output's
+/// width (a stride-2 window with "same"-style padding, as a transposed convolution's). Only
+/// im2col reads them: folding into the phases and adding them back measured slower than
+/// col2im's own strided runs.
+struct Phases {
+    hp: usize,
+    wp: usize,
+    len: usize,
+}
+
+impl Phases {
+    /// The split of `win`'s image, for horizontal strides 2 to 4 (a stride past them skips most
+    /// of the image, and one of 1 has contiguous runs already).
+    fn of(win: &Window) -> Option<Phases> {
+        if !(2..=4).contains(&win.sw) || win.sh > 4 {
+            return None;
+        }
+        let (hp, wp) = (win.h.div_ceil(win.sh), win.w.div_ceil(win.sw));
+        let len = win
+            .c
+            .checked_mul(win.sh * win.sw)?
+            .checked_mul(hp)?
+            .checked_mul(wp)?;
+        Some(Phases { hp, wp, len })
+    }
+
+    /// Where plane `(a, b)` of channel `c` starts.
+    fn plane(&self, win: &Window, c: usize, a: usize, b: usize) -> usize {
+        ((c * win.sh + a) * win.sw + b) * self.hp * self.wp
+    }
+
+    /// `f(dst, src, n)` for every row of every plane: where the plane's row starts, where the
+    /// image's row starts at the plane's first column, and how many of the plane row's `wp`
+    /// entries lie inside the image (every `sw`-th element of the image's row from `src`).
+    fn for_each_row(&self, win: &Window, mut f: impl FnMut(usize, usize, usize)) {
+        for c in 0..win.c {
+            for a in 0..win.sh {
+                for i in 0..self.hp {
+                    let row = i * win.sh + a;
+                    if row >= win.h {
+                        break;
+                    }
+                    for b in 0..win.sw.min(win.w) {
+                        let n = (win.w - b).div_ceil(win.sw);
+                        let dst = self.plane(win, c, a, b) + i * self.wp;
+                        f(dst, (c * win.h + row) * win.w + b, n);
+                    }
                 }
             }
-            return;
         }
-        let span = (t.hi - t.lo - 1) * t.step + 1;
-        for (q, out) in mid.chunks_exact_mut(wo).enumerate() {
-            let from = &x[t.src + q * t.src_step..][..span];
-            out[..t.lo].fill(pad);
-            out[t.hi..].fill(pad);
-            let run = &mut out[t.lo..t.hi];
-            if t.step == 1 {
-                zip_run(run, from, |o, v| *o = v);
-            } else {
-                strided_run(run, from, t.step, |o, v| *o = v);
+    }
+
+    /// Fills `planes` (`self.len` long, holding `pad`) from the image `x`.
+    fn split<T: Copy>(&self, x: &[T], win: &Window, planes: &mut [T]) {
+        let step = win.sw;
+        self.for_each_row(win, |dst, src, n| {
+            let from = &x[src..src + (n - 1) * step + 1];
+            strided_run(&mut planes[dst..dst + n], from, step, |o, v| *o = v);
+        });
+    }
+
+    /// Every tap of `win` (output `ho × wo`) as a stride-1 tap over one plane, in the patch
+    /// matrix's row order, as [`for_each_tap`] gives them over the image.
+    fn for_each_tap(&self, win: &Window, ho: usize, wo: usize, mut f: impl FnMut(TapRows)) {
+        // Offsets as isize: `out_hw` keeps the padded extents within it.
+        let split = |shift: usize, pad: usize, stride: usize| {
+            let r = shift as isize - pad as isize;
+            (
+                r.rem_euclid(stride as isize) as usize,
+                r.div_euclid(stride as isize),
+            )
+        };
+        // The output indices q whose plane index q + off lies in [0, extent), within 0..out.
+        let inside = |off: isize, extent: usize, out: usize| {
+            let lo = (-off).max(0) as usize;
+            let hi = (extent as isize - off).max(0) as usize;
+            (lo.min(out), hi.min(out).max(lo.min(out)))
+        };
+        for c in 0..win.c {
+            for ki in 0..win.kh {
+                let (a, ri) = split(ki * win.dh, win.ph, win.sh);
+                let rows = win.h.saturating_sub(a).div_ceil(win.sh);
+                let oh = inside(ri, rows, ho);
+                for kj in 0..win.kw {
+                    let (b, sj) = split(kj * win.dw, win.pw, win.sw);
+                    let cols = win.w.saturating_sub(b).div_ceil(win.sw);
+                    let (lo, hi) = inside(sj, cols, wo);
+                    let src = if oh.0 < oh.1 && lo < hi {
+                        self.plane(win, c, a, b)
+                            + (oh.0 as isize + ri) as usize * self.wp
+                            + (lo as isize + sj) as usize
+                    } else {
+                        0
+                    };
+                    f(TapRows {
+                        row: (c * win.kh + ki) * win.kw + kj,
+                        oh,
+                        lo,
+                        hi,
+                        step: 1,
+                        src,
+                        src_step: self.wp,
+                    });
+                }
             }
         }
-    });
+    }
 }
 
 /// The adjoint of [`im2col`]: `x[src] += cols[row, col]` for every tap that reads `src`.
@@ -289,24 +425,37 @@ fn col2im_ld<S: Copy, T: Float>(
     widen: impl Fn(S) -> T,
 ) {
     let (ho, wo) = win.out_hw().expect("invariant: window checked before use");
-    // The mirror of im2col's runs: each output row of a kernel tap adds into every `step`-th
-    // element of a run of one input row.
-    for_each_tap(win, ho, wo, |t| {
-        if t.lo >= t.hi || t.oh.0 >= t.oh.1 {
-            return;
+    // (Folding into the image's phases and adding them back, as im2col reads them, measured
+    // slower at stride 2: the planes cost a zeroing and a pass of their own.)
+    let cols = &cols[off..];
+    for_each_tap(win, ho, wo, |t| fold_tap(cols, x, ld, (ho, wo), t, &widen));
+}
+
+/// The mirror of [`copy_tap`]: each output row of a kernel tap adds into every `step`-th
+/// element of a run of one input row.
+#[inline(always)]
+fn fold_tap<S: Copy, T: Float>(
+    cols: &[S],
+    x: &mut [T],
+    ld: usize,
+    (_, wo): (usize, usize),
+    t: TapRows,
+    widen: &impl Fn(S) -> T,
+) {
+    if t.lo >= t.hi || t.oh.0 >= t.oh.1 {
+        return;
+    }
+    let span = (t.hi - t.lo - 1) * t.step + 1;
+    let rows = &cols[t.row * ld + t.oh.0 * wo..][..(t.oh.1 - t.oh.0) * wo];
+    for (q, r) in rows.chunks_exact(wo).enumerate() {
+        let to = &mut x[t.src + q * t.src_step..][..span];
+        let run = &r[t.lo..t.hi];
+        if t.step == 1 {
+            zip_run(to, run, |o, v| *o += widen(v));
+        } else {
+            strided_run_mut(to, run, t.step, |o, v| *o += widen(v));
         }
-        let span = (t.hi - t.lo - 1) * t.step + 1;
-        let rows = &cols[off + t.row * ld + t.oh.0 * wo..][..(t.oh.1 - t.oh.0) * wo];
-        for (q, r) in rows.chunks_exact(wo).enumerate() {
-            let to = &mut x[t.src + q * t.src_step..][..span];
-            let run = &r[t.lo..t.hi];
-            if t.step == 1 {
-                zip_run(to, run, |o, v| *o += widen(v));
-            } else {
-                strided_run_mut(to, run, t.step, |o, v| *o += widen(v));
-            }
-        }
-    });
+    }
 }
 
 /// im2col of a batch `[n, c, h, w]` into one matrix with the images side by side:
