@@ -1015,7 +1015,7 @@ pub(crate) fn conv_patches_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Gra
                     if let Some(dx) = dx {
                         let (dxv, [gv, wv]) =
                             i.split_mut::<T, 2>("conv2d", dx, [buf(i, c.gy)?, buf(i, w)?])?;
-                        cpu::fold_products(gv, wv, None, win, d, dxv, threads);
+                        cpu::conv_input_grad(gv, wv, win, d, dxv, threads);
                     }
                     if let Some(dw) = dw {
                         let (dwv, [xv, gv]) =
