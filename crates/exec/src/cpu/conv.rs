@@ -1148,7 +1148,6 @@ pub fn fold_products<T: Float + Gemm>(
 /// over all of them, where folding takes a product over only `o` and a col2im of `k` rows. (With
 /// more output channels, its patches outgrow the fold's, which measured faster.) The diffusion
 /// example's U-Net step measured 4–8% faster this way.
-#[allow(clippy::too_many_arguments)]
 pub fn conv_input_grad<T: Float + Gemm>(
     gy: &[T],
     w: &[T],
