@@ -239,24 +239,16 @@ pub(crate) fn of(op: &Op, s: &Shapes<'_>) -> (u64, u64) {
                 + if needs(2) { f } else { 0 };
             (f + m * n, back)
         }
-        Op::ConvPatches(_) => {
-            // [x, w [o, k], bias?] → [n, o, l]: the product w·patches per image.
-            let w = s.inputs[1].0;
-            let k = w.get(1).copied().unwrap_or(0) as u64;
-            let f = 2 * k * out;
-            let bias = if s.inputs.len() > 2 { out } else { 0 };
-            let back = if needs(0) { f } else { 0 }
-                + if needs(1) { f } else { 0 }
-                + if needs(2) { out } else { 0 };
-            (f + bias, back)
-        }
-        Op::ConvTranspose(_) => {
-            // [x [n, o, h, w], w [o, k], bias?] → [n, c, Ho, Wo]: the product wᵀ·x per image
+        Op::ConvPatches(_) | Op::ConvTranspose(_) => {
+            // [x, w [o, k], bias?]: the product of w (or wᵀ) and each image's patches, over
+            // the [n, o, l] side — a convolution's output, a transposed convolution's input
             // (the fold's additions are not counted, as a convolution's im2col is not).
-            let w = s.inputs[1].0;
-            let (o, k) = (w[0] as u64, w.get(1).copied().unwrap_or(0) as u64);
-            let cols = input(0).checked_div(o).unwrap_or(0);
-            let f = 2 * o * k * cols;
+            let k = s.inputs[1].0.get(1).copied().unwrap_or(0) as u64;
+            let side = match op {
+                Op::ConvPatches(_) => out,
+                _ => input(0),
+            };
+            let f = 2 * k * side;
             let bias = if s.inputs.len() > 2 { out } else { 0 };
             let back = if needs(0) { f } else { 0 }
                 + if needs(1) { f } else { 0 }

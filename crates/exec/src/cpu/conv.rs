@@ -207,10 +207,9 @@ impl Phases {
         ((c * win.sh + a) * win.sw + b) * self.hp * self.wp
     }
 
-    /// `f(dst, src, n)` for every row of every plane: where the plane's row starts, where the
-    /// image's row starts at the plane's first column, and how many of the plane row's `wp`
-    /// entries lie inside the image (every `sw`-th element of the image's row from `src`).
-    fn for_each_row(&self, win: &Window, mut f: impl FnMut(usize, usize, usize)) {
+    /// Fills `planes` (`self.len` long, holding `pad`) from the image `x`: each plane row's
+    /// entries inside the image, every `sw`-th element of an image row.
+    fn split<T: Copy>(&self, x: &[T], win: &Window, planes: &mut [T]) {
         for c in 0..win.c {
             for a in 0..win.sh {
                 for i in 0..self.hp {
@@ -221,20 +220,13 @@ impl Phases {
                     for b in 0..win.sw.min(win.w) {
                         let n = (win.w - b).div_ceil(win.sw);
                         let dst = self.plane(win, c, a, b) + i * self.wp;
-                        f(dst, (c * win.h + row) * win.w + b, n);
+                        let src = (c * win.h + row) * win.w + b;
+                        let from = &x[src..src + (n - 1) * win.sw + 1];
+                        strided_run(&mut planes[dst..dst + n], from, win.sw, |o, v| *o = v);
                     }
                 }
             }
         }
-    }
-
-    /// Fills `planes` (`self.len` long, holding `pad`) from the image `x`.
-    fn split<T: Copy>(&self, x: &[T], win: &Window, planes: &mut [T]) {
-        let step = win.sw;
-        self.for_each_row(win, |dst, src, n| {
-            let from = &x[src..src + (n - 1) * step + 1];
-            strided_run(&mut planes[dst..dst + n], from, step, |o, v| *o = v);
-        });
     }
 
     /// Every tap of `win` (output `ho × wo`) as a stride-1 tap over one plane, in the patch
@@ -314,29 +306,30 @@ fn for_each_tap(win: &Window, ho: usize, wo: usize, mut f: impl FnMut(TapRows)) 
     // `out_hw` bounds every term, so nothing overflows.
     let first_past =
         |edge: usize, shift: usize, stride: usize| edge.saturating_sub(shift).div_ceil(stride);
+    // The input index read at output index `first`: first·stride + shift − pad. It saturates
+    // only where no row or no column lies inside, when it goes unused (a stride wider than the
+    // input, say).
+    let start = |first: usize, stride: usize, shift: usize, pad: usize| {
+        first
+            .saturating_mul(stride)
+            .saturating_add(shift)
+            .saturating_sub(pad)
+    };
     for c in 0..win.c {
         for ki in 0..win.kh {
             let down = ki * win.dh;
             // Output rows oh whose input row oh·sh + ki·dh − ph lies inside [0, h).
             let oh0 = first_past(win.ph, down, win.sh).min(ho);
             let oh1 = first_past(win.h + win.ph, down, win.sh).min(ho).max(oh0);
-            // The first of them reads input row oh0·sh + ki·dh − ph (when there is one). The
-            // offsets below saturate only where no row or no column lies inside, when they go
-            // unused (a stride wider than the input, say).
-            let ih0 = oh0
-                .saturating_mul(win.sh)
-                .saturating_add(down)
-                .saturating_sub(win.ph);
+            // The first of them reads input row oh0·sh + ki·dh − ph (when there is one).
+            let ih0 = start(oh0, win.sh, down, win.ph);
             for kj in 0..win.kw {
                 let row = (c * win.kh + ki) * win.kw + kj;
                 let shift = kj * win.dw;
                 // Output columns ow whose input column ow·sw + kj·dw − pw lies inside [0, w).
                 let lo = first_past(win.pw, shift, win.sw).min(wo);
                 let hi = first_past(win.w + win.pw, shift, win.sw).min(wo).max(lo);
-                let col = lo
-                    .saturating_mul(win.sw)
-                    .saturating_add(shift)
-                    .saturating_sub(win.pw);
+                let col = start(lo, win.sw, shift, win.pw);
                 let src = (c * win.h)
                     .saturating_add(ih0)
                     .saturating_mul(win.w)

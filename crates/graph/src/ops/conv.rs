@@ -226,15 +226,7 @@ impl<'g> Tensor<'g> {
         let len = checked_numel(op, &shape)?;
         let mut guard = self.g.inner();
         let i = &mut *guard;
-        let (dtype, cb) = {
-            let nd = i.node(op, self.id)?;
-            (nd.dtype, nd.buf)
-        };
-        let wb = i.node(op, w.id)?.buf;
-        let bb = match bias {
-            Some(b) => Some(i.node(op, b.id)?.buf),
-            None => None,
-        };
+        let (dtype, [cb, wb], bb) = operand_bufs(i, op, [self, w], bias)?;
         let out = i.alloc(op, dtype, len)?;
         let threads = i.threads;
         let d = cpu::ConvDims { o, k, l, n };
@@ -276,95 +268,32 @@ impl<'g> Tensor<'g> {
         Ok(self.g.handle(id))
     }
 
-    /// The host transposed convolution of f32 or f64 `self` `[n, o, h, w]` (`h·w` the
-    /// window's output positions) by `w` `[o, k]` (`k` its patch length), `bias` `[win.c]`:
-    /// output `[n, win.c, win.h, win.w]`, each image's patches folded from the cache
-    /// ([`cpu::fold_products`]) rather than made batch-wide. The caller has checked
-    /// the shapes and dtypes.
-    fn conv_transpose_fused(
+    /// A host convolution node of f32 or f64 `self` by `w` `[o, k]` (`k` the window's patch
+    /// length) that keeps no patch matrix, and `bias`. Not `transposed`: `self` `[n, c, h, w]`
+    /// is the window's input, the output `[n, o, l]` (`Op::ConvPatches`), each image's patches
+    /// made and multiplied in the cache ([`cpu::patch_products`]) and made again by the
+    /// backward for the weight's gradient. `transposed`: `self` `[n, o, ho, wo]` is over the
+    /// window's output positions, the output `[n, win.c, win.h, win.w]` (`Op::ConvTranspose`),
+    /// each image's patches folded from the cache ([`cpu::fold_products`]). The caller has
+    /// checked the shapes and dtypes.
+    fn host_conv(
         self,
         w: Tensor<'g>,
         bias: Option<Tensor<'g>>,
         win: Window,
-    ) -> Result<Tensor<'g>> {
-        let op = "conv_transpose2d";
-        let xs = self.try_shape()?;
-        let (n, o) = (xs[0], xs[1]);
-        let (ho, wo) = win.out_hw().expect("invariant: checked window");
-        let d = cpu::ConvDims {
-            o,
-            k: win.patch_len(),
-            l: ho * wo,
-            n,
-        };
-        let y_shape: Shape = smallvec![n, win.c, win.h, win.w];
-        let y_len = checked_numel(op, &y_shape)?;
-        let mut guard = self.g.inner();
-        let i = &mut *guard;
-        let (dtype, xb) = {
-            let nd = i.node(op, self.id)?;
-            (nd.dtype, nd.buf)
-        };
-        let wb = i.node(op, w.id)?.buf;
-        let bb = match bias {
-            Some(b) => Some(i.node(op, b.id)?.buf),
-            None => None,
-        };
-        let out = i.alloc(op, dtype, y_len)?;
-        let threads = i.threads;
-        with_float!(dtype, T, {
-            match bb {
-                Some(bb) => {
-                    let (y, [xv, wv, bv]) = i.split_mut::<T, 3>(op, out, [xb, wb, bb])?;
-                    cpu::fold_products(xv, wv, Some(bv), &win, d, y, threads);
-                }
-                None => {
-                    let (y, [xv, wv]) = i.split_mut::<T, 2>(op, out, [xb, wb])?;
-                    cpu::fold_products(xv, wv, None, &win, d, y, threads);
-                }
-            }
-        });
-        let inputs: SmallVec<[NodeId; 3]> = match bias {
-            Some(b) => smallvec![self.id, w.id, b.id],
-            None => smallvec![self.id, w.id],
-        };
-        let id = i.push(
-            y_shape,
-            dtype,
-            out,
-            Op::ConvTranspose(Arc::new(win)),
-            &inputs,
-        );
-        drop(guard);
-        Ok(self.g.handle(id))
-    }
-
-    /// The host convolution of f32 or f64 `self` `[n, c, h, w]` by `w` `[o, k]` (`bias` `[o]`)
-    /// as one node that keeps no patch matrix: output `[n, o, l]`, each image's patches made and
-    /// multiplied in the cache ([`cpu::patch_products`]), and made again by the backward for
-    /// the weight's gradient. The caller has checked the shapes and dtypes.
-    fn conv_patches(
-        self,
-        win: Window,
-        w: Tensor<'g>,
-        bias: Option<Tensor<'g>>,
         d: cpu::ConvDims,
+        transposed: bool,
     ) -> Result<Tensor<'g>> {
-        let op = "conv2d";
         let cpu::ConvDims { o, l, n, .. } = d;
-        let y_shape: Shape = smallvec![n, o, l];
+        let (op, y_shape): (_, Shape) = if transposed {
+            ("conv_transpose2d", smallvec![n, win.c, win.h, win.w])
+        } else {
+            ("conv2d", smallvec![n, o, l])
+        };
         let y_len = checked_numel(op, &y_shape)?;
         let mut guard = self.g.inner();
         let i = &mut *guard;
-        let (dtype, xb) = {
-            let nd = i.node(op, self.id)?;
-            (nd.dtype, nd.buf)
-        };
-        let wb = i.node(op, w.id)?.buf;
-        let bb = match bias {
-            Some(b) => Some(i.node(op, b.id)?.buf),
-            None => None,
-        };
+        let (dtype, [xb, wb], bb) = operand_bufs(i, op, [self, w], bias)?;
         let out = i.alloc(op, dtype, y_len)?;
         let threads = i.threads;
         with_float!(dtype, T, {
@@ -375,22 +304,33 @@ impl<'g> Tensor<'g> {
                     (y, [xv, wv, &[][..]])
                 }
             };
-            let product = cpu::PatchProduct {
-                w: wv,
-                bias: bb.map(|_| bv),
-                out: y,
-            };
-            let outs = cpu::PatchOut {
-                product: Some(product),
-                weight_grad: None,
-            };
-            cpu::patch_products(xv, &win, d, outs, threads);
+            let bias = bb.map(|_| bv);
+            if transposed {
+                cpu::fold_products(xv, wv, bias, &win, d, y, threads);
+            } else {
+                let product = cpu::PatchProduct {
+                    w: wv,
+                    bias,
+                    out: y,
+                };
+                let outs = cpu::PatchOut {
+                    product: Some(product),
+                    weight_grad: None,
+                };
+                cpu::patch_products(xv, &win, d, outs, threads);
+            }
         });
         let inputs: SmallVec<[NodeId; 3]> = match bias {
             Some(b) => smallvec![self.id, w.id, b.id],
             None => smallvec![self.id, w.id],
         };
-        let id = i.push(y_shape, dtype, out, Op::ConvPatches(Arc::new(win)), &inputs);
+        let win = Arc::new(win);
+        let node = if transposed {
+            Op::ConvTranspose(win)
+        } else {
+            Op::ConvPatches(win)
+        };
+        let id = i.push(y_shape, dtype, out, node, &inputs);
         drop(guard);
         Ok(self.g.handle(id))
     }
@@ -504,7 +444,7 @@ impl<'g> Tensor<'g> {
                 n,
             };
             let y = if matches!(self.dtype(), DType::F32 | DType::F64) {
-                self.conv_patches(win, w, bias, d)?
+                self.host_conv(w, bias, win, d, false)?
             } else {
                 self.unfold_batch_win(win, n)?
                     .conv_gemm(w, bias, n, ho * wo)?
@@ -643,7 +583,13 @@ impl<'g> Tensor<'g> {
             && matches!(x.dtype_of(OP)?, DType::F32 | DType::F64)
         {
             let w2 = weight.reshape(&[cin as isize, patch])?;
-            return x.conv_transpose_fused(w2, bias, win);
+            let d = cpu::ConvDims {
+                o: cin,
+                k: win.patch_len(),
+                l: hw * ww,
+                n,
+            };
+            return x.host_conv(w2, bias, win, d, true);
         }
         let y = if groups == 1 && self.device() == Device::Cpu {
             let xp = x
@@ -930,7 +876,7 @@ pub(crate) fn conv_gemm_backward<'g>(n: usize, l: usize, c: &Ctx<'g>) -> Result<
     Ok(grads)
 }
 
-/// [`Tensor::conv_transpose_fused`]'s rule: the input's gradient is the convolution of the
+/// The rule of [`Tensor::host_conv`]'s transposed node: the input's gradient is the convolution of the
 /// output's gradient by the weight, and the weight's the sum over images of the input times
 /// that gradient's patches. On a plain backward both come from one host kernel that makes each
 /// image's patches once, in its cache ([`cpu::patch_products`]); under `create_graph` they are
@@ -974,7 +920,7 @@ pub(crate) fn conv_transpose_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<G
     Ok(grads)
 }
 
-/// [`Tensor::conv_patches`]' rule: the input's gradient is the transposed convolution of the
+/// The rule of [`Tensor::host_conv`]'s convolution node: the input's gradient is the transposed convolution of the
 /// output's gradient ([`cpu::fold_products`]), the weight's the sum over images of that
 /// gradient times the input's patches, made again image by image ([`cpu::patch_products`]).
 /// Under `create_graph`, the batch-wide im2col and products of the convolution's other form.
@@ -1005,21 +951,22 @@ pub(crate) fn conv_patches_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Gra
             l,
             n,
         };
+        const OP: &str = "conv2d";
         let [dx, dw] = host_grads(
             c,
-            "conv2d",
+            OP,
             [x.requires_grad(), w.requires_grad()],
             |[dx, dw], i| {
                 let threads = i.threads;
-                with_float!(i.node("conv2d", x.id)?.dtype, T, {
+                with_float!(i.node(OP, x.id)?.dtype, T, {
                     if let Some(dx) = dx {
-                        let (dxv, [gv, wv]) =
-                            i.split_mut::<T, 2>("conv2d", dx, [buf(i, c.gy)?, buf(i, w)?])?;
+                        let bufs = [buf(i, OP, c.gy)?, buf(i, OP, w)?];
+                        let (dxv, [gv, wv]) = i.split_mut::<T, 2>(OP, dx, bufs)?;
                         cpu::conv_input_grad(gv, wv, win, d, dxv, threads);
                     }
                     if let Some(dw) = dw {
-                        let (dwv, [xv, gv]) =
-                            i.split_mut::<T, 2>("conv2d", dw, [buf(i, x)?, buf(i, c.gy)?])?;
+                        let bufs = [buf(i, OP, x)?, buf(i, OP, c.gy)?];
+                        let (dwv, [xv, gv]) = i.split_mut::<T, 2>(OP, dw, bufs)?;
                         let outs = cpu::PatchOut {
                             product: None,
                             weight_grad: Some(cpu::PatchWeightGrad { a: gv, dw: dwv }),
@@ -1036,9 +983,24 @@ pub(crate) fn conv_patches_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Gra
     Ok(grads)
 }
 
-/// The buffer of `t`'s node.
-fn buf(i: &crate::graph::Inner, t: Tensor<'_>) -> Result<BufId> {
-    Ok(i.node("conv2d", t.id)?.buf)
+/// The buffer of `t`'s node (an error naming `op` if it is gone).
+fn buf(i: &crate::graph::Inner, op: &'static str, t: Tensor<'_>) -> Result<BufId> {
+    Ok(i.node(op, t.id)?.buf)
+}
+
+/// The dtype of a convolution's first operand and the buffers of its operands and its bias.
+fn operand_bufs(
+    i: &crate::graph::Inner,
+    op: &'static str,
+    [x, w]: [Tensor<'_>; 2],
+    bias: Option<Tensor<'_>>,
+) -> Result<(DType, [BufId; 2], Option<BufId>)> {
+    let dtype = i.node(op, x.id)?.dtype;
+    let b = match bias {
+        Some(b) => Some(buf(i, op, b)?),
+        None => None,
+    };
+    Ok((dtype, [buf(i, op, x)?, buf(i, op, w)?], b))
 }
 
 /// The transposed convolution's two gradients from one pass over the images: `src` the
@@ -1053,45 +1015,33 @@ fn patch_grads(
 ) -> Result<()> {
     let op = "conv_transpose2d";
     let dtype = i.node(op, src.id)?.dtype;
-    let (sb, wb, ab) = (buf(i, src)?, buf(i, w)?, buf(i, a)?);
+    let ins = [buf(i, op, src)?, buf(i, op, w)?, buf(i, op, a)?];
     let threads = i.threads;
     with_float!(dtype, T, {
-        match (dx, dw) {
+        let (dxv, dwv, [sv, wv, av]) = match (dx, dw) {
             (Some(dx), Some(dw)) => {
-                let ([dxv, dwv], [sv, wv, av]) =
-                    i.split_two_mut::<T, 3>(op, [dx, dw], [sb, wb, ab])?;
-                let outs = cpu::PatchOut {
-                    product: Some(cpu::PatchProduct {
-                        w: wv,
-                        bias: None,
-                        out: dxv,
-                    }),
-                    weight_grad: Some(cpu::PatchWeightGrad { a: av, dw: dwv }),
-                };
-                cpu::patch_products(sv, &win, d, outs, threads);
+                let ([dxv, dwv], vs) = i.split_two_mut::<T, 3>(op, [dx, dw], ins)?;
+                (Some(dxv), Some(dwv), vs)
             }
             (Some(dx), None) => {
-                let (dxv, [sv, wv]) = i.split_mut::<T, 2>(op, dx, [sb, wb])?;
-                let outs = cpu::PatchOut {
-                    product: Some(cpu::PatchProduct {
-                        w: wv,
-                        bias: None,
-                        out: dxv,
-                    }),
-                    weight_grad: None,
-                };
-                cpu::patch_products(sv, &win, d, outs, threads);
+                let (dxv, vs) = i.split_mut::<T, 3>(op, dx, ins)?;
+                (Some(dxv), None, vs)
             }
             (None, Some(dw)) => {
-                let (dwv, [sv, av]) = i.split_mut::<T, 2>(op, dw, [sb, ab])?;
-                let outs = cpu::PatchOut {
-                    product: None,
-                    weight_grad: Some(cpu::PatchWeightGrad { a: av, dw: dwv }),
-                };
-                cpu::patch_products(sv, &win, d, outs, threads);
+                let (dwv, vs) = i.split_mut::<T, 3>(op, dw, ins)?;
+                (None, Some(dwv), vs)
             }
-            (None, None) => {}
-        }
+            (None, None) => return Ok(()),
+        };
+        let outs = cpu::PatchOut {
+            product: dxv.map(|out| cpu::PatchProduct {
+                w: wv,
+                bias: None,
+                out,
+            }),
+            weight_grad: dwv.map(|dw| cpu::PatchWeightGrad { a: av, dw }),
+        };
+        cpu::patch_products(sv, &win, d, outs, threads);
     });
     Ok(())
 }

@@ -153,10 +153,10 @@ pub(crate) enum Op {
     FoldBatch(Arc<arenagrad_exec::cpu::Window>),
     /// A host transposed convolution in one node: inputs `[x [n, o, h, w], w [o, k], bias?]`,
     /// the window that of the convolution it transposes (over the output); see
-    /// [`conv`]'s `conv_transpose_fused`.
+    /// [`conv`]'s `host_conv`.
     ConvTranspose(Arc<arenagrad_exec::cpu::Window>),
     /// A host convolution in one node that keeps no patch matrix: inputs `[x [n, c, h, w],
-    /// w [o, k], bias?]`, output `[n, o, l]`; see [`conv`]'s `conv_patches`.
+    /// w [o, k], bias?]`, output `[n, o, l]`; see [`conv`]'s `host_conv`.
     ConvPatches(Arc<arenagrad_exec::cpu::Window>),
     /// `out[i] = x[idx[i]]` over flat indices kept in the arena (max pooling), and its adjoint.
     MaxPool2d {
