@@ -187,6 +187,7 @@ pub use host::{HostData, HostDataMut, HostElem, HostTensor};
 pub use ops::attention::AttentionOptions;
 pub use ops::checkpoint::CheckpointFn;
 pub use ops::custom::CustomOp;
+pub use ops::einsum::einsum_shape;
 pub use ops::integer::ScatterReduce;
 pub use ops::rnn::LstmSequenceOptions;
 pub use param::{ParamOutput, Parameter};

@@ -121,3 +121,44 @@ fn unsupported_and_mismatched_subscripts_are_typed_errors() {
     assert!(bad(g.einsum("ij->ik", &[m])), "k names no axis");
     assert!(bad(g.einsum("ij,j", &[m])), "two operands named, one given");
 }
+
+/// `einsum_shape` (what a program's shape rule asks, without a graph) gives the shape `einsum`
+/// makes, and refuses, with the same error, what `einsum` refuses.
+#[test]
+fn einsum_shape_is_the_shape_einsum_makes_and_refuses_alike() {
+    let g = Graph::new();
+    let t = |s: &[usize]| {
+        let n = s.iter().product();
+        g.from_f64(&vals(n, 0.5, -1.0), s, DType::F64).unwrap()
+    };
+    let cases: &[(&str, &[&[usize]])] = &[
+        ("bij,bjk->bik", &[&[2, 3, 4], &[2, 4, 5]]),
+        ("bij,bjk->kbi", &[&[2, 3, 4], &[2, 4, 5]]),
+        ("i,j", &[&[3], &[2]]),
+        ("i,i->", &[&[3], &[3]]),
+        ("ij,k->i", &[&[2, 3], &[4]]),
+        ("ij,jk", &[&[2, 0], &[0, 4]]),
+        ("bij->j", &[&[2, 3, 4]]),
+        ("ij->ji", &[&[2, 3]]),
+        // Refused: extents, ranks, a diagonal, an ellipsis, operand counts, stray letters.
+        ("ij,j->i", &[&[2, 3], &[2]]),
+        ("ijk,jk->i", &[&[2, 3], &[3, 4]]),
+        ("ii->i", &[&[2, 2]]),
+        ("...j->j", &[&[2, 3]]),
+        ("ij,j", &[&[2, 3]]),
+        ("ij->ik", &[&[2, 3]]),
+        ("ij->ii", &[&[2, 3]]),
+        ("i,j,k", &[&[2], &[2], &[2]]),
+        ("", &[&[]]),
+    ];
+    for &(spec, shapes) in cases {
+        let xs: Vec<_> = shapes.iter().map(|s| t(s)).collect();
+        let made = g.einsum(spec, &xs).map(|y| y.shape().to_vec());
+        let said = arenagrad_graph::einsum_shape(spec, shapes);
+        match (&made, &said) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "{spec}"),
+            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{spec}"),
+            _ => panic!("{spec} {shapes:?}: einsum {made:?}, einsum_shape {said:?}"),
+        }
+    }
+}

@@ -25,7 +25,7 @@ use super::generate::{self, all_ops, ByteReader, GenConfig};
 use super::gradcheck::CheckOptions;
 use super::infer::Limits;
 use super::runner::{Overrides, RunOptions, RunResult};
-use super::table::{Param, ParamKind, ParamSpec};
+use super::table::{Param, ParamKind, ParamSpec, Subscripts};
 
 /// What a check made of an input that broke no property.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,6 +178,20 @@ fn dim_attr(r: &mut ByteReader<'_>) -> usize {
     }
 }
 
+/// Subscripts from the bytes: one that random programs draw (which may still misfit the
+/// operands), or up to eight characters of letters, commas, `-` and `>` (mostly malformed).
+fn subscripts_attr(r: &mut ByteReader<'_>) -> Subscripts {
+    let b = r.u8();
+    if b < 128 {
+        return Subscripts::drawn(usize::from(b));
+    }
+    const CHARS: &[u8] = b"ijkb,->Z";
+    let text: String = (0..1 + usize::from(b) % 8)
+        .map(|_| char::from(CHARS[usize::from(r.u8()) % CHARS.len()]))
+        .collect();
+    Subscripts::new(&text).unwrap_or_else(|| Subscripts::drawn(0))
+}
+
 fn float_attr(r: &mut ByteReader<'_>) -> f64 {
     const F: [f64; 16] = [
         0.0,
@@ -255,6 +269,7 @@ pub fn raw_program(data: &[u8]) -> Program {
                 ParamKind::Float => Param::Float(float_attr(r)),
                 ParamKind::Int => Param::Int(int_attr(r)),
                 ParamKind::Count => Param::Count(dim_attr(r)),
+                ParamKind::Subscripts => Param::Subscripts(subscripts_attr(r)),
             };
             let mut params: Vec<Param> = Vec::new();
             if row.params_first() {

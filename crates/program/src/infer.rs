@@ -223,7 +223,7 @@ pub(crate) fn check(p: &Program, limits: &Limits) -> Result<Vec<StmtInfo>, Progr
                         at.shape(r.at, message)
                     }
                 })?;
-                extra_work = op.work.map_or(0, |w| w(&shapes, &out));
+                extra_work = op.work.map_or(0, |w| w(&shapes, &out, params));
                 out
             }
             Expr::User { op, args } => {

@@ -54,6 +54,7 @@
 //! | `gather a i AXIS`, `index_select a i AXIS`, `scatter_add a i s AXIS`, `index_add a i s AXIS`, `scatter_reduce a i s AXIS REDUCE INCLUDE_SELF` | PyTorch's, `i` a tensor of whole numbers (a `const`) read as 64-bit integers, `s` the source; REDUCE 0 sum, 1 mean, 2 amax, 3 amin; INCLUDE_SELF 0 or 1 |
 //! | `mse_loss a b R`, `l1_loss a b R`, `smooth_l1_loss a b R BETA`, `huber_loss a b R DELTA`, `kl_div a b R LOG_TARGET`, `bce a b R`, `bce_with_logits a b R` | PyTorch's losses of `a` against the target `b` (equal shapes); R the reduction: 0 none, 1 mean, 2 sum (`kl_div`: 3 batchmean); `bce`'s `a` and `b` in `[0, 1]` |
 //! | `cross_entropy a t R LABEL_SMOOTHING IGNORE_INDEX`, `nll_loss a t R` | PyTorch's, `a` `[N, C]`, `[N, C, d…]` or `[C]`, `t` class indices (whole numbers, `[N]`, `[N, d…]` or a scalar) read as 64-bit integers |
+//! | `einsum a b SUBSCRIPTS` | PyTorch's `torch.einsum(SUBSCRIPTS, a, b)` for the contractions that are sums and one (batched) matrix product; SUBSCRIPTS one token as PyTorch writes them (`ij,jk->ik`, `bhqd,bhkd->bhqk`; `i,j` without `->`: the letters seen once, in alphabetical order); no ellipsis, no letter twice in one operand, and a shared letter's extents must be equal (1 does not broadcast) |
 //!
 //! From `detach` on, each op is a row of the format's op table ([`table`]), read by every part of
 //! the crate.

@@ -9,7 +9,7 @@ use super::ast::{
     binary_op, is_valid_name, op_names, unary_op, Expr, Program, Stmt, StmtSpan, UnaryOp,
 };
 use super::error::ProgramError;
-use super::table::{op_row, OpRow, Param, ParamKind, ParamSpec};
+use super::table::{op_row, OpRow, Param, ParamKind, ParamSpec, Subscripts};
 
 /// One token: its text and its 1-based column in characters.
 #[derive(Clone, Copy)]
@@ -157,6 +157,21 @@ impl<'a> Line<'a, '_> {
             ParamKind::Int => Param::Int(self.int(&what)?),
             ParamKind::Count => Param::Count(self.uint(&what)?),
             ParamKind::Float => Param::Float(self.float(&what)?),
+            ParamKind::Subscripts => Param::Subscripts(self.subscripts(&what)?),
+        })
+    }
+
+    fn subscripts(&mut self, what: &str) -> Result<Subscripts, ProgramError> {
+        let t = self.take(what)?;
+        Subscripts::new(t.text).ok_or_else(|| {
+            self.err(
+                t.col,
+                format!(
+                    "expected {what}, at most {} characters, found {}",
+                    Subscripts::MAX_LEN,
+                    show(t.text)
+                ),
+            )
         })
     }
 

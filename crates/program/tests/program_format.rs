@@ -132,6 +132,8 @@ l6 = bce_with_logits a pr 1
 tc = const 2 : 2 0
 l7 = cross_entropy a tc 0 0.1 -100
 l8 = nll_loss a tc 2
+l9 = einsum a b ij,j->i
+l10 = einsum a r ij,jk
 o = mul s r3
 ";
 

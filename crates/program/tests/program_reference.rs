@@ -1424,6 +1424,84 @@ fn table_cases() -> Vec<Case> {
     ]
 }
 
+/// `einsum` against `torch.einsum` in f64 (values PyTorch 2.15 printed, each output weighted
+/// by `w` before the sum): a batched product with the output's axes reordered, a letter of one
+/// operand alone summed first, an implicit outer product, and attention scores of one operand
+/// used twice (its gradient the sum of both uses).
+fn einsum_cases() -> Vec<Case> {
+    let a12 = [
+        0.5, -1.0, 2.0, 1.5, 0.25, -2.0, 1.0, 3.0, -0.5, 2.5, -1.5, 0.75,
+    ];
+    let b12 = [
+        1.0, -0.5, 0.25, 2.0, -1.0, 0.5, 1.5, -2.0, 0.75, -0.25, 1.0, 0.5,
+    ];
+    const W8S: [f64; 8] = [0.25, -1.5, 2.0, 0.75, 3.0, -0.5, 1.0, 2.0];
+    vec![
+        Case {
+            name: "einsum_bmm_reordered",
+            text: input("a", &[2, 2, 3], &a12)
+                + &input("b", &[2, 3, 2], &b12)
+                + &constant("w", &[2, 2, 2], &W8S)
+                + "y = einsum a b bij,bjk->kbi\nz = mul y w\n",
+            out_shape: vec![2, 2, 2],
+            out: vec![-0.4375, -5.34375, 6.5, 2.53125, -3.75, 0.625, -3.0, -8.5],
+            grads: vec![
+                (
+                    "a",
+                    vec![
+                        -1.25, 6.0625, 1.25, -1.25, -1.375, 1.25, 1.0, 1.25, 2.5, -2.875, 0.0625,
+                        1.75,
+                    ],
+                ),
+                (
+                    "b",
+                    vec![
+                        -2.125, 0.75, -0.625, -3.125, 3.5, 7.0, 3.875, 6.0, 4.875, 0.0, -0.4375,
+                        1.0,
+                    ],
+                ),
+            ],
+        },
+        Case {
+            name: "einsum_alone_summed",
+            text: input("a", &[2, 3], &a12[..6])
+                + &input("x", &[3], &X)
+                + &constant("w", &[2], &B)
+                + "y = einsum a x ij,k->i\nz = mul y w\n",
+            out_shape: vec![2],
+            out: vec![3.375, 0.75],
+            grads: vec![
+                ("a", vec![2.25, 2.25, 2.25, -3.0, -3.0, -3.0]),
+                ("x", vec![2.75, 2.75, 2.75]),
+            ],
+        },
+        Case {
+            name: "einsum_outer_implicit",
+            text: input("x", &[3], &X)
+                + &input("v", &[2], &B)
+                + &constant("w", &[3, 2], &W6)
+                + "y = einsum x v i,j\nz = mul y w\n",
+            out_shape: vec![3, 2],
+            out: vec![0.1875, 1.5, -3.0, 1.5, 9.0, 2.0],
+            grads: vec![("x", vec![3.375, 1.5, 5.5]), ("v", vec![4.125, -2.5])],
+        },
+        Case {
+            name: "einsum_scores_of_one_operand",
+            text: input("a", &[1, 2, 2, 3], &a12)
+                + &constant("w", &[1, 2, 2, 2], &W8S)
+                + "y = einsum a a bhqd,bhkd->bhqk\nz = mul y w\n",
+            out_shape: vec![1, 2, 2, 2],
+            out: vec![1.3125, 5.25, -7.0, 4.734375, 30.75, 1.1875, -2.375, 18.125],
+            grads: vec![(
+                "a",
+                vec![
+                    1.0, -0.375, 0.0, 2.5, -0.125, -2.0, 7.25, 17.25, -2.625, 10.5, -4.5, 2.75,
+                ],
+            )],
+        },
+    ]
+}
+
 /// The loss rows against PyTorch's `torch.nn.functional` losses, computed in f64 (the values
 /// printed by PyTorch 2.15; class targets as `int64` tensors).
 fn loss_cases() -> Vec<Case> {
@@ -1561,6 +1639,7 @@ fn all_cases() -> Vec<Case> {
     v.extend(leaf_cases());
     v.extend(table_cases());
     v.extend(loss_cases());
+    v.extend(einsum_cases());
     v
 }
 

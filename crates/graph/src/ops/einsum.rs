@@ -99,6 +99,63 @@ fn extent(x: &Tensor<'_>, letters: &[char], c: char) -> usize {
     x.shape()[k]
 }
 
+/// The subscripts of `spec` checked against operands of these shapes: their count, each
+/// operand's rank, and the extents of each letter the two share.
+fn checked(spec: &str, shapes: &[&[usize]]) -> Result<(Vec<Vec<char>>, Vec<char>)> {
+    if !(1..=2).contains(&shapes.len()) {
+        return Err(bad("one or two operands"));
+    }
+    let (inputs, out) = parse(spec, shapes.len())?;
+    for (s, letters) in shapes.iter().zip(&inputs) {
+        if s.len() != letters.len() {
+            return Err(GraphError::ShapeMismatch {
+                op: OP,
+                lhs: s.to_vec(),
+                rhs: vec![letters.len()],
+            });
+        }
+    }
+    if let [a, b] = shapes {
+        let (sa, sb) = (&inputs[0], &inputs[1]);
+        for (ka, c) in sa.iter().enumerate() {
+            if let Some(kb) = sb.iter().position(|x| x == c) {
+                if a[ka] != b[kb] {
+                    return Err(GraphError::ShapeMismatch {
+                        op: OP,
+                        lhs: a.to_vec(),
+                        rhs: b.to_vec(),
+                    });
+                }
+            }
+        }
+    }
+    Ok((inputs, out))
+}
+
+/// The shape [`Graph::einsum`] gives operands of these shapes, or the error it returns for
+/// them (the same refusals, checked without a graph: what a program's shape rule asks).
+///
+/// ```
+/// use arenagrad_graph::einsum_shape;
+/// assert_eq!(einsum_shape("bij,bjk->bik", &[&[2, 3, 4], &[2, 4, 5]])?, [2, 3, 5]);
+/// assert_eq!(einsum_shape("i,j", &[&[3], &[2]])?, [3, 2]);
+/// assert!(einsum_shape("ij,jk->ik", &[&[2, 3], &[4, 5]]).is_err());
+/// # Ok::<(), arenagrad_graph::GraphError>(())
+/// ```
+pub fn einsum_shape(spec: &str, shapes: &[&[usize]]) -> Result<Vec<usize>> {
+    let (inputs, out) = checked(spec, shapes)?;
+    Ok(out
+        .iter()
+        .map(|&c| {
+            inputs
+                .iter()
+                .zip(shapes)
+                .find_map(|(letters, s)| letters.iter().position(|&l| l == c).map(|k| s[k]))
+                .expect("invariant: every output letter names an input axis")
+        })
+        .collect())
+}
+
 impl Graph {
     /// Einstein summation over one or two operands (PyTorch's `torch.einsum` for the forms
     /// that reduce to sums and one matrix product: `"ij,jk->ik"`, `"bhqd,bhkd->bhqk"`,
@@ -119,34 +176,18 @@ impl Graph {
     /// ```
     pub fn einsum<'g>(&'g self, spec: &str, operands: &[Tensor<'g>]) -> Result<Tensor<'g>> {
         self.owns_all(OP, operands)?;
-        if !(1..=2).contains(&operands.len()) {
-            return Err(bad("one or two operands"));
-        }
-        let (inputs, out) = parse(spec, operands.len())?;
-        for (x, s) in operands.iter().zip(&inputs) {
-            if x.try_shape()?.len() != s.len() {
-                return Err(GraphError::ShapeMismatch {
-                    op: OP,
-                    lhs: x.try_shape()?.to_vec(),
-                    rhs: vec![s.len()],
-                });
-            }
-        }
+        let shapes = operands
+            .iter()
+            .map(|x| x.try_shape().map(|s| s.to_vec()))
+            .collect::<Result<Vec<_>>>()?;
+        let views: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+        let (inputs, out) = checked(spec, &views)?;
         if operands.len() == 1 {
             let (x, left) = sum_out(operands[0], &inputs[0], |c| out.contains(&c))?;
             return arrange(x, &left, &out);
         }
         let (a, b) = (operands[0], operands[1]);
         let (sa, sb) = (&inputs[0], &inputs[1]);
-        for &c in sa {
-            if sb.contains(&c) && extent(&a, sa, c) != extent(&b, sb, c) {
-                return Err(GraphError::ShapeMismatch {
-                    op: OP,
-                    lhs: a.try_shape()?.to_vec(),
-                    rhs: b.try_shape()?.to_vec(),
-                });
-            }
-        }
         // A letter of one operand alone that the output drops is summed there first.
         let (a, sa) = sum_out(a, sa, |c| out.contains(&c) || sb.contains(&c))?;
         let (b, sb) = sum_out(b, sb, |c| out.contains(&c) || sa.contains(&c))?;

@@ -1,13 +1,14 @@
 //! Rows that compute new values from several elements or from constants: `matmul`, `clamp`,
 //! `masked_fill`, `layer_norm`, `rms_norm`, `attention`, `one_hot`, `arange`, `conv2d`,
-//! `conv_transpose2d`, `conv1d`, `conv_transpose1d`, `where`.
+//! `conv_transpose2d`, `conv1d`, `conv_transpose1d`, `where`, `einsum`.
 
 use arenagrad_exec::layout::broadcast_shapes;
 use arenagrad_exec::Positive;
-use arenagrad_graph::{AttentionOptions, GraphError, Tensor};
+use arenagrad_graph::{einsum_shape, AttentionOptions, GraphError, Tensor};
 
 use super::{
-    all_ones, count, float, reshape_to, same, Arity, Draw, Drawn, Gen, OpRow, Param, Refusal,
+    all_ones, count, float, reshape_to, same, subscripts, Arity, Draw, Drawn, Gen, OpRow, Param,
+    Refusal, DRAWN_SUBSCRIPTS,
 };
 
 /// numpy's matmul operands: a 1-D left operand is a row `[1, k]`, a 1-D right one a column
@@ -93,7 +94,7 @@ pub(super) const MATMUL: OpRow = OpRow::new(
     },
 )
 .arity(Arity::Exactly(2))
-.work(|s, _| {
+.work(|s, _, _| {
     let Ok((_, batch)) = matmul_shapes(s[0], s[1]) else {
         return 0;
     };
@@ -524,7 +525,7 @@ pub(super) const CONV2D: OpRow = OpRow::new(
 )
 .arity(Arity::Exactly(2))
 .params(CONV_PARAMS)
-.work(|s, out| conv_work(s, out, false))
+.work(|s, out, _| conv_work(s, out, false))
 .gen(Gen::Operands(|d| conv_draw(d, false, 2)));
 
 /// `conv_transpose2d x w STRIDE PADDING OUTPUT_PADDING DILATION GROUPS`: PyTorch's
@@ -542,7 +543,7 @@ pub(super) const CONV_TRANSPOSE2D: OpRow = OpRow::new(
 )
 .arity(Arity::Exactly(2))
 .params(CONV_TRANSPOSE_PARAMS)
-.work(|s, out| conv_work(s, out, true))
+.work(|s, out, _| conv_work(s, out, true))
 .gen(Gen::Operands(|d| conv_draw(d, true, 2)));
 
 /// `conv1d x w STRIDE PADDING DILATION GROUPS`: PyTorch's `F.conv1d` without a bias; `x`
@@ -559,7 +560,7 @@ pub(super) const CONV1D: OpRow = OpRow::new(
 )
 .arity(Arity::Exactly(2))
 .params(CONV_PARAMS)
-.work(|s, out| conv_work(s, out, false))
+.work(|s, out, _| conv_work(s, out, false))
 .gen(Gen::Operands(|d| conv_draw(d, false, 1)));
 
 /// `conv_transpose1d x w STRIDE PADDING OUTPUT_PADDING DILATION GROUPS`: PyTorch's
@@ -577,7 +578,7 @@ pub(super) const CONV_TRANSPOSE1D: OpRow = OpRow::new(
 )
 .arity(Arity::Exactly(2))
 .params(CONV_TRANSPOSE_PARAMS)
-.work(|s, out| conv_work(s, out, true))
+.work(|s, out, _| conv_work(s, out, true))
 .gen(Gen::Operands(|d| conv_draw(d, true, 1)));
 
 /// Multiply-adds of a convolution row: each output element of a convolution, or each input
@@ -665,4 +666,87 @@ pub(super) const WHERE: OpRow = OpRow::new(
         d.attrs[0],
     )?;
     Some((vec![d.a, a, b], Vec::new()))
+}));
+
+/// The subscripts of `einsum`'s one parameter (a statement of the row has one, `accepts`).
+fn subscripts_of(p: &[Param]) -> &str {
+    p.first().and_then(Param::subscripts).unwrap_or("")
+}
+
+/// `einsum a b SUBSCRIPTS`: PyTorch's `torch.einsum(SUBSCRIPTS, a, b)` for the forms that reduce
+/// to sums and one (batched) matrix product.
+pub(super) const EINSUM: OpRow = OpRow::new(
+    "einsum",
+    |s, p| {
+        let spec = subscripts_of(p);
+        einsum_shape(spec, s).map_err(|e| {
+            Refusal::at(
+                2,
+                match e {
+                    GraphError::BadArgument { what, .. } => format!("`{spec}`: {what}"),
+                    _ => format!(
+                        "`{spec}` does not fit operands of shapes {:?} and {:?} (ranks, or the \
+                         extents of a shared letter, differ)",
+                        s[0], s[1]
+                    ),
+                },
+            )
+        })
+    },
+    |g, x, p| g.einsum(subscripts_of(p), x),
+)
+.arity(Arity::Exactly(2))
+.params(&[subscripts("the subscripts", "SUBSCRIPTS")])
+.positive(Positive::IfInput)
+.work(|s, _, p| {
+    // One multiply-add for every combination of the letters' extents.
+    let spec = subscripts_of(p);
+    let lhs = spec.split("->").next().unwrap_or("");
+    let mut seen: Vec<u8> = Vec::new();
+    let mut work: u64 = 1;
+    for (letters, shape) in lhs.split(',').zip(s) {
+        for (c, &d) in letters.bytes().zip(shape.iter()) {
+            if !seen.contains(&c) {
+                seen.push(c);
+                work = work.saturating_mul(u64::try_from(d).unwrap_or(u64::MAX));
+            }
+        }
+    }
+    work
+})
+.gen(Gen::Operands(|d| {
+    let sa = d.shape(d.a).to_vec();
+    let fits_a: Vec<usize> = (0..DRAWN_SUBSCRIPTS.len())
+        .filter(|&k| {
+            DRAWN_SUBSCRIPTS[k]
+                .split(',')
+                .next()
+                .is_some_and(|l| l.len() == sa.len())
+        })
+        .collect();
+    if fits_a.is_empty() {
+        return None;
+    }
+    let k = fits_a[usize::from(d.attrs[0]) % fits_a.len()];
+    let spec = DRAWN_SUBSCRIPTS[k];
+    let lhs = spec.split("->").next()?;
+    let (la, lb) = lhs.split_once(',')?;
+    // The second operand: a letter of the first takes its extent, a new one an extent drawn.
+    let shape: Vec<usize> = lb
+        .bytes()
+        .enumerate()
+        .map(|(j, c)| match la.bytes().position(|x| x == c) {
+            Some(p) => sa[p],
+            None => 1 + usize::from(d.attrs[1 + j % 3]) % d.max_dim.max(1),
+        })
+        .collect();
+    let out = einsum_shape(spec, &[&sa, &shape]).ok()?;
+    if !d.fits(&out) || !d.fits(&shape) {
+        return None;
+    }
+    let b = match d.pick(|s| s == shape.as_slice(), d.b) {
+        Some(b) if d.b % 2 == 1 => b,
+        _ => d.fresh_input(shape),
+    };
+    Some((vec![d.a, b], vec![k as f64]))
 }));

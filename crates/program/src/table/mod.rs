@@ -5,7 +5,8 @@
 //! themselves.
 //!
 //! Every row is written `NAME a [b ...] P...`: the operands by name, then the parameters as
-//! numbers (integers where the row says so), with two variations a row may declare: a variadic
+//! numbers (integers where the row says so; `einsum`'s one parameter is its subscripts, one
+//! token as PyTorch writes them), with two variations a row may declare: a variadic
 //! tail (`sum a AXIS...`, `reshape a D...`: any number of one more kind of parameter) or variadic
 //! operands after the parameters (`concat AXIS a b ...`). [`OpRow::usage`] spells a row's form.
 //!
@@ -49,6 +50,8 @@ pub enum ParamKind {
     Count,
     /// Any number (`inf`, `-inf` and `nan` included).
     Float,
+    /// `einsum` subscripts as PyTorch writes them, one token: `ij,jk->ik` ([`Subscripts`]).
+    Subscripts,
 }
 
 impl ParamKind {
@@ -58,9 +61,80 @@ impl ParamKind {
             ParamKind::Int => "an integer",
             ParamKind::Count => "a non-negative integer",
             ParamKind::Float => "a number",
+            ParamKind::Subscripts => "letters, commas and `->`",
         }
     }
 }
+
+/// `einsum` subscripts, one token of at most [`Subscripts::MAX_LEN`] ASCII letters, commas,
+/// `-` and `>` (`ij,jk->ik`, `bhqd,bhkd->bhqk`, `i,j`). Whether they fit the operands is the
+/// shape rule's question; this is what the tokenizer and the printer agree on.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Subscripts {
+    len: u8,
+    bytes: [u8; Subscripts::MAX_LEN],
+}
+
+impl Subscripts {
+    /// The longest token (two operands of rank 8 and an output of rank 8 need 27).
+    pub const MAX_LEN: usize = 32;
+
+    /// The subscripts written `text`, if it is one token of the allowed characters.
+    pub fn new(text: &str) -> Option<Subscripts> {
+        let ok = |b: u8| b.is_ascii_alphabetic() || matches!(b, b',' | b'-' | b'>');
+        if text.is_empty() || text.len() > Self::MAX_LEN || !text.bytes().all(ok) {
+            return None;
+        }
+        let mut bytes = [0u8; Self::MAX_LEN];
+        bytes[..text.len()].copy_from_slice(text.as_bytes());
+        Some(Subscripts {
+            len: text.len() as u8,
+            bytes,
+        })
+    }
+
+    /// As written.
+    pub fn as_str(&self) -> &str {
+        // Only ASCII bytes are ever stored (`new`), so the prefix is UTF-8.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
+
+    /// The subscripts random programs draw ([`DRAWN_SUBSCRIPTS`]), the `k`-th (modulo their
+    /// number).
+    pub fn drawn(k: usize) -> Subscripts {
+        let text = DRAWN_SUBSCRIPTS[k % DRAWN_SUBSCRIPTS.len()];
+        Subscripts::new(text).expect("invariant: the drawn subscripts are valid tokens")
+    }
+}
+
+impl std::fmt::Debug for Subscripts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
+
+/// The `einsum` subscripts random programs draw: contractions that are matrix products
+/// (batched, transposed on either side, with the output's axes reordered), matrix-vector
+/// products, dots, outer products, and a letter of one operand alone summed first.
+pub const DRAWN_SUBSCRIPTS: &[&str] = &[
+    "i,i->",
+    "i,j->ij",
+    "i,ij->j",
+    "ij,jk->ik",
+    "ij,kj->ik",
+    "ij,ik->jk",
+    "ij,j->i",
+    "ij,ij->i",
+    "ij,jk",
+    "ij,k->i",
+    "bij,bjk->bik",
+    "bij,bkj->bik",
+    "bij,jk->bik",
+    "bij,bjk->kbi",
+    "ijk,jk->i",
+    "bhqd,bhkd->bhqk",
+    "bhqk,bhkd->bhqd",
+];
 
 /// A parameter's value, exactly as written: whole numbers stay whole (an axis of `2^60` is not
 /// rounded to a float).
@@ -72,16 +146,20 @@ pub enum Param {
     Count(usize),
     /// A [`ParamKind::Float`].
     Float(f64),
+    /// A [`ParamKind::Subscripts`].
+    Subscripts(Subscripts),
 }
 
 impl Param {
     /// The value `v` as a parameter of kind `kind` (a whole number is cut toward zero and
-    /// saturates, as `as` does).
+    /// saturates, as `as` does; subscripts are the `v`-th that random programs draw,
+    /// [`Subscripts::drawn`]).
     pub fn of_kind(kind: ParamKind, v: f64) -> Param {
         match kind {
             ParamKind::Int => Param::Int(v as i64),
             ParamKind::Count => Param::Count(v as usize),
             ParamKind::Float => Param::Float(v),
+            ParamKind::Subscripts => Param::Subscripts(Subscripts::drawn(v as usize)),
         }
     }
 
@@ -91,33 +169,46 @@ impl Param {
             Param::Int(_) => ParamKind::Int,
             Param::Count(_) => ParamKind::Count,
             Param::Float(_) => ParamKind::Float,
+            Param::Subscripts(_) => ParamKind::Subscripts,
         }
     }
 
-    /// As a float (a whole number beyond 2^53 rounds).
+    /// As a float (a whole number beyond 2^53 rounds; subscripts are NaN).
     pub fn as_f64(self) -> f64 {
         match self {
             Param::Int(v) => v as f64,
             Param::Count(v) => v as f64,
             Param::Float(v) => v,
+            Param::Subscripts(_) => f64::NAN,
         }
     }
 
-    /// As a signed whole number (saturating; a float is cut toward zero).
+    /// As a signed whole number (saturating; a float is cut toward zero; subscripts are 0).
     pub fn as_i64(self) -> i64 {
         match self {
             Param::Int(v) => v,
             Param::Count(v) => i64::try_from(v).unwrap_or(i64::MAX),
             Param::Float(v) => v as i64,
+            Param::Subscripts(_) => 0,
         }
     }
 
-    /// As a count (a negative number is 0; saturating; a float is cut toward zero).
+    /// As a count (a negative number is 0; saturating; a float is cut toward zero; subscripts
+    /// are 0).
     pub fn as_usize(self) -> usize {
         match self {
             Param::Int(v) => usize::try_from(v).unwrap_or(0),
             Param::Count(v) => v,
             Param::Float(v) => v as usize,
+            Param::Subscripts(_) => 0,
+        }
+    }
+
+    /// The subscripts, if this is a [`ParamKind::Subscripts`] parameter.
+    pub fn subscripts(&self) -> Option<&str> {
+        match self {
+            Param::Subscripts(s) => Some(s.as_str()),
+            _ => None,
         }
     }
 
@@ -130,6 +221,7 @@ impl Param {
             (Param::Float(a), Param::Float(b)) => {
                 a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
             }
+            (Param::Subscripts(a), Param::Subscripts(b)) => a == b,
             _ => false,
         }
     }
@@ -143,6 +235,7 @@ impl std::fmt::Display for Param {
             Param::Int(v) => write!(f, "{v}"),
             Param::Count(v) => write!(f, "{v}"),
             Param::Float(v) => write!(f, "{v:?}"),
+            Param::Subscripts(s) => f.write_str(s.as_str()),
         }
     }
 }
@@ -179,6 +272,14 @@ const fn float(what: &'static str, token: &'static str) -> ParamSpec {
         what,
         token,
         kind: ParamKind::Float,
+    }
+}
+
+const fn subscripts(what: &'static str, token: &'static str) -> ParamSpec {
+    ParamSpec {
+        what,
+        token,
+        kind: ParamKind::Subscripts,
     }
 }
 
@@ -262,8 +363,8 @@ pub type ShapeFn = fn(&[&[usize]], &[Param]) -> Result<Vec<usize>, Refusal>;
 /// The forward, recorded: the output from the operands and the parameters.
 pub type RunFn = for<'g> fn(&'g Graph, &[Tensor<'g>], &[Param]) -> Result<Tensor<'g>, GraphError>;
 /// Work beyond one unit per output element (a matrix product's multiply-adds), from the
-/// operands' shapes and the output's, for [`crate::Limits::max_work`].
-pub type WorkFn = fn(&[&[usize]], &[usize]) -> u64;
+/// operands' shapes, the output's and the parameters, for [`crate::Limits::max_work`].
+pub type WorkFn = fn(&[&[usize]], &[usize], &[Param]) -> u64;
 
 /// What a generator of random programs knows when it draws a row: every value made so far (its
 /// shape, and whether its values are all positive), the operand drawn, and the choice's bytes.
@@ -667,6 +768,7 @@ pub const OPS: &[OpRow] = &[
     loss::BCE_WITH_LOGITS,
     loss::CROSS_ENTROPY,
     loss::NLL_LOSS,
+    compute::EINSUM,
 ];
 
 /// The row called `name`.
@@ -839,6 +941,9 @@ mod tests {
             ParamKind::Int => Param::Int([-1, 2, i64::MIN, 1 << 60][k % 4]),
             ParamKind::Count => Param::Count([0, 3, usize::MAX, (1 << 53) + 1][k % 4]),
             ParamKind::Float => Param::Float([-0.0, 1.5e-7, f64::NAN, f64::NEG_INFINITY][k % 4]),
+            ParamKind::Subscripts => Param::Subscripts(
+                Subscripts::new(["ij,jk->ik", "i,i->", "-", ">,Z"][k % 4]).unwrap(),
+            ),
         }
     }
 
@@ -930,6 +1035,7 @@ mod tests {
         assert_eq!(u("concat"), "concat AXIS A [B ...]");
         assert_eq!(u("matmul"), "matmul A B");
         assert_eq!(u("detach"), "detach A");
+        assert_eq!(u("einsum"), "einsum A B SUBSCRIPTS");
     }
 
     /// The rows' names are distinct, and none is a leaf or an elementwise op.
