@@ -84,18 +84,27 @@ pod!(0 f32, 1 f64, 2 u8, 3 u32, 4 i32, 5 u64, 6 i64, 7 usize, 8 bf16, 9 f16, 10 
 /// exceed the address space, and aborts when the allocator fails.
 pub fn zeroed_vec<T: Pod>(n: usize) -> Vec<T> {
     let layout = std::alloc::Layout::array::<T>(n).expect("capacity overflow");
+    try_zeroed_vec(n).unwrap_or_else(|| std::alloc::handle_alloc_error(layout))
+}
+
+/// [`zeroed_vec`], or `None` where `n` elements exceed the address space or the allocator has
+/// no room for them — the fallible form, in one allocation. (Reserving first to see whether the
+/// memory is there, then allocating zeroed, defeats the point: a block below the allocator's
+/// threshold for fresh pages is the one just released, which `calloc` must then clear.)
+pub fn try_zeroed_vec<T: Pod>(n: usize) -> Option<Vec<T>> {
+    let layout = std::alloc::Layout::array::<T>(n).ok()?;
     if layout.size() == 0 {
-        return Vec::new();
+        return Some(Vec::new());
     }
     // SAFETY: the layout's size is not zero (checked above).
     let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
     if p.is_null() {
-        std::alloc::handle_alloc_error(layout);
+        return None;
     }
     // SAFETY: `p` comes from the global allocator with the layout of `n` elements of `T` (what a
     // `Vec<T>` of capacity `n` holds), and every one of them is zero bits, a valid `T` (`Pod`:
     // every bit pattern is a value).
-    unsafe { Vec::from_raw_parts(p, n, n) }
+    Some(unsafe { Vec::from_raw_parts(p, n, n) })
 }
 
 /// A boolean element stored in one byte: every byte is a valid value (0 is false, anything else

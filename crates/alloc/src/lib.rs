@@ -26,7 +26,8 @@ mod device_arena;
 mod mapped;
 
 pub use arena::{
-    zeroed_vec, AllocSplit, Arena, ArenaMark, ArenaStats, Bool, BufId, MixedSplit, Pod, TwoOuts,
+    try_zeroed_vec, zeroed_vec, AllocSplit, Arena, ArenaMark, ArenaStats, Bool, BufId, MixedSplit,
+    Pod, TwoOuts,
 };
 pub use device_arena::{DeviceArena, DeviceArenaStats};
 pub use mapped::MappedFile;

@@ -171,14 +171,18 @@ pub(crate) fn try_filled<T: Copy>(
 /// `n` zeros (`T::default()`, +0 for every storage type), from the allocator already zeroed
 /// (`calloc`: a large block is fresh pages the system zeroes when first touched, so zeros that
 /// are overwritten before they are read — a model about to load a checkpoint — cost no pass of
-/// their own), once a fallible reservation has shown the memory is there.
+/// their own), fallibly: where the host cannot provide them, [`GraphError::OutOfMemory`] as
+/// [`try_vec`] says it.
 pub(crate) fn try_zeros<T: arenagrad_alloc::Pod>(
     op: &'static str,
     n: usize,
     shape: &[usize],
 ) -> Result<Vec<T>> {
-    drop(try_vec::<T>(op, shape, n)?);
-    Ok(arenagrad_alloc::zeroed_vec(n))
+    arenagrad_alloc::try_zeroed_vec(n).ok_or_else(|| GraphError::OutOfMemory {
+        op,
+        shape: shape.to_vec(),
+        bytes: n.saturating_mul(std::mem::size_of::<T>()),
+    })
 }
 
 /// A tensor's elements borrowed mutably: values can change, their number and dtype cannot (what
