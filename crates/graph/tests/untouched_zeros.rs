@@ -19,10 +19,11 @@ fn large_zero_tensors_leave_their_pages_untouched() {
         return;
     }
     const MB: usize = 1 << 20;
-    // The allocator serves blocks below its (moving) threshold from its heap, where a block
-    // just freed is handed out again and must be cleared: free a large block first, so that
-    // the sizes below are heap blocks. They are kept, as a model keeps its parameters.
-    drop(vec![1u8; 64 * MB]);
+    // glibc serves blocks below its threshold for fresh pages from its heap, where a block
+    // just released is handed out again and must be cleared, and raises the threshold to the
+    // size of a large block released (up to 32 MB): release one of 16 MB first, so that the
+    // smaller sizes below are heap blocks. They are kept, as a model keeps its parameters.
+    drop(std::hint::black_box(vec![1u8; 16 * MB]));
     let mut kept = Vec::new();
     for mb in [2usize, 6, 12, 24, 3, 7] {
         let before = resident().unwrap();
