@@ -102,6 +102,59 @@ fn einsum_gradients_pass_gradcheck() {
     assert!(gradgradcheck(f, &inputs, opts).unwrap().passed);
 }
 
+/// Broadcasting, in values (against PyTorch 2.15's, printed) and in gradients: an ellipsis
+/// against a batch of one, a contracted letter of extent 1 on one side, and a kept one.
+#[test]
+fn ellipses_and_extents_of_one_broadcast_as_pytorch_does() {
+    let g = Graph::new();
+    let a = g
+        .from_f64(&vals(6, 0.5, -1.0), &[1, 2, 3], DType::F64)
+        .unwrap();
+    let b = g
+        .from_f64(&vals(24, 0.25, -2.0), &[2, 3, 4], DType::F64)
+        .unwrap();
+    let y = g.einsum("...ij,...jk->...ik", &[a, b]).unwrap();
+    assert_eq!(y.shape().to_vec(), [2, 2, 4]);
+    // torch.einsum("...ij,...jk->...ik", a, b) for the same values.
+    let want = [
+        2.5, 2.125, 1.75, 1.375, -2.0, -1.25, -0.5, 0.25, -2.0, -2.375, -2.75, -3.125, 7.0, 7.75,
+        8.5, 9.25,
+    ];
+    assert_eq!(y.to_vec::<f64>().unwrap(), want);
+    // A contracted letter of extent 1 on the left: Σ_j a_i0 · b_jk = a_i0 · Σ_j b_jk.
+    let c = g.from_f64(&[2.0, -1.0], &[2, 1], DType::F64).unwrap();
+    let m = g
+        .from_f64(&vals(12, 0.5, -1.0), &[3, 4], DType::F64)
+        .unwrap();
+    let got = g
+        .einsum("ij,jk->ik", &[c, m])
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap();
+    let col: Vec<f64> = (0..4)
+        .map(|k| (0..3).map(|j| vals(12, 0.5, -1.0)[j * 4 + k]).sum())
+        .collect();
+    let expect: Vec<f64> = [2.0, -1.0]
+        .iter()
+        .flat_map(|&x| col.iter().map(move |&s| x * s))
+        .collect();
+    assert_eq!(got, expect);
+    let inputs = [
+        HostTensor::from_f64(&vals(6, 0.2, -0.5), &[1, 2, 3], DType::F64).unwrap(),
+        HostTensor::from_f64(&vals(12, 0.15, -0.8), &[2, 3, 2], DType::F64).unwrap(),
+        HostTensor::from_f64(&[0.5, -1.5], &[2, 1], DType::F64).unwrap(),
+    ];
+    let f = check_fn(|g, x| {
+        let y = g.einsum("...ij,...jk->...ik", &[x[0], x[1]])?;
+        let z = g.einsum("bik,kl->bil", &[y, x[2]])?;
+        let s = g.einsum("i...,i...->...", &[z, z])?;
+        s.sum()
+    });
+    let opts = GradcheckOptions::default();
+    assert!(gradcheck(f, &inputs, opts).unwrap().passed);
+    assert!(gradgradcheck(f, &inputs, opts).unwrap().passed);
+}
+
 #[test]
 fn unsupported_and_mismatched_subscripts_are_typed_errors() {
     let g = Graph::new();
@@ -115,7 +168,15 @@ fn unsupported_and_mismatched_subscripts_are_typed_errors() {
         )
     };
     assert!(bad(g.einsum("ii->i", &[m])), "a diagonal");
-    assert!(bad(g.einsum("...j->j", &[m])), "an ellipsis");
+    assert!(bad(g.einsum("..j->j", &[m])), "a dot outside an ellipsis");
+    assert!(
+        bad(g.einsum("...i...->i", &[m])),
+        "two ellipses in one operand"
+    );
+    assert!(
+        bad(g.einsum("ijk...->i", &[m])),
+        "more letters than axes beside an ellipsis"
+    );
     assert!(bad(g.einsum("ij,j->i", &[m, v])), "j is 3 and 2");
     assert!(bad(g.einsum("ijk->i", &[m])), "three letters for two axes");
     assert!(bad(g.einsum("ij->ik", &[m])), "k names no axis");
@@ -140,11 +201,25 @@ fn einsum_shape_is_the_shape_einsum_makes_and_refuses_alike() {
         ("ij,jk", &[&[2, 0], &[0, 4]]),
         ("bij->j", &[&[2, 3, 4]]),
         ("ij->ji", &[&[2, 3]]),
-        // Refused: extents, ranks, a diagonal, an ellipsis, operand counts, stray letters.
+        // Ellipses (broadcast right-aligned, summed where the output leaves them out) and
+        // extents of 1 that broadcast.
+        ("...ij,...jk->...ik", &[&[2, 3], &[5, 3, 4]]),
+        ("...ij,...jk", &[&[4, 1, 2, 3], &[6, 3, 4]]),
+        ("...ij->ij", &[&[5, 2, 3]]),
+        ("i...->...", &[&[5, 2, 3]]),
+        ("ij...,jk...->ik...", &[&[2, 3, 7], &[3, 4, 1]]),
+        ("...,...->...", &[&[5, 1], &[3]]),
+        ("ij,jk->ik", &[&[2, 1], &[3, 4]]),
+        ("bij,bjk->bik", &[&[1, 2, 3], &[5, 3, 4]]),
+        ("i,i->i", &[&[3], &[1]]),
+        // Refused: extents, ranks, a diagonal, operand counts, stray letters and dots.
         ("ij,j->i", &[&[2, 3], &[2]]),
         ("ijk,jk->i", &[&[2, 3], &[3, 4]]),
         ("ii->i", &[&[2, 2]]),
-        ("...j->j", &[&[2, 3]]),
+        ("..j->j", &[&[2, 3]]),
+        ("...ij,...jk->...ik", &[&[2, 2, 3], &[5, 3, 4]]),
+        ("ijk...->i", &[&[2, 3]]),
+        ("ij->...i", &[&[2, 3]]),
         ("ij,j", &[&[2, 3]]),
         ("ij->ik", &[&[2, 3]]),
         ("ij->ii", &[&[2, 3]]),

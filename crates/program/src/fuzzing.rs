@@ -179,13 +179,14 @@ fn dim_attr(r: &mut ByteReader<'_>) -> usize {
 }
 
 /// Subscripts from the bytes: one that random programs draw (which may still misfit the
-/// operands), or up to eight characters of letters, commas, `-` and `>` (mostly malformed).
+/// operands), or up to eight characters of letters, commas, dots, `-` and `>` (mostly
+/// malformed).
 fn subscripts_attr(r: &mut ByteReader<'_>) -> Subscripts {
     let b = r.u8();
     if b < 128 {
         return Subscripts::drawn(usize::from(b));
     }
-    const CHARS: &[u8] = b"ijkb,->Z";
+    const CHARS: &[u8] = b"ijkb,->Z..";
     let text: String = (0..1 + usize::from(b) % 8)
         .map(|_| char::from(CHARS[usize::from(r.u8()) % CHARS.len()]))
         .collect();

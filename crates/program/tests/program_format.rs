@@ -134,6 +134,7 @@ l7 = cross_entropy a tc 0 0.1 -100
 l8 = nll_loss a tc 2
 l9 = einsum a b ij,j->i
 l10 = einsum a r ij,jk
+l11 = einsum a b ...j,...j->...
 o = mul s r3
 ";
 

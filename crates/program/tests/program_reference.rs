@@ -1426,8 +1426,9 @@ fn table_cases() -> Vec<Case> {
 
 /// `einsum` against `torch.einsum` in f64 (values PyTorch 2.15 printed, each output weighted
 /// by `w` before the sum): a batched product with the output's axes reordered, a letter of one
-/// operand alone summed first, an implicit outer product, and attention scores of one operand
-/// used twice (its gradient the sum of both uses).
+/// operand alone summed first, an implicit outer product, ellipses broadcast (a batch of one)
+/// and summed (with a contracted letter of extent 1 on one side), and attention scores of one
+/// operand used twice (its gradient the sum of both uses).
 fn einsum_cases() -> Vec<Case> {
     let a12 = [
         0.5, -1.0, 2.0, 1.5, 0.25, -2.0, 1.0, 3.0, -0.5, 2.5, -1.5, 0.75,
@@ -1484,6 +1485,42 @@ fn einsum_cases() -> Vec<Case> {
             out_shape: vec![3, 2],
             out: vec![0.1875, 1.5, -3.0, 1.5, 9.0, 2.0],
             grads: vec![("x", vec![3.375, 1.5, 5.5]), ("v", vec![4.125, -2.5])],
+        },
+        Case {
+            name: "einsum_ellipsis_broadcast_batch",
+            text: input("a", &[2, 2, 3], &a12)
+                + &input("b", &[1, 3, 2], &b12[..6])
+                + &constant("w", &[2, 2, 2], &W8S)
+                + "y = einsum a b ...ij,...jk->...ik\nz = mul y w\n",
+            out_shape: vec![2, 2, 2],
+            out: vec![-0.4375, 1.875, 7.125, -0.9375, 6.75, -2.625, 1.375, -7.75],
+            grads: vec![
+                (
+                    "a",
+                    vec![
+                        1.0, -2.9375, -1.0, 1.625, 2.0, -1.625, 3.25, -0.25, -3.25, 0.0, 4.25, 0.0,
+                    ],
+                ),
+                ("b", vec![8.625, 4.875, 7.75, -2.8125, -4.25, -2.75]),
+            ],
+        },
+        Case {
+            name: "einsum_ellipsis_summed_contracted_extent_one",
+            text: input("a", &[2, 3, 2], &a12)
+                + &input("c", &[1, 1, 2], &B)
+                + &constant("w", &[2, 1], &[0.5, -1.0])
+                + "y = einsum a c ij...,jk...->ik\nz = mul y w\n",
+            out_shape: vec![2, 1],
+            out: vec![3.5625, 14.0],
+            grads: vec![
+                (
+                    "a",
+                    vec![
+                        0.75, -1.0, 0.75, -1.0, 0.75, -1.0, -1.5, 2.0, -1.5, 2.0, -1.5, 2.0,
+                    ],
+                ),
+                ("c", vec![2.375, -7.0]),
+            ],
         },
         Case {
             name: "einsum_scores_of_one_operand",

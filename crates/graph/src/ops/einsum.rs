@@ -9,42 +9,135 @@ fn bad(what: &'static str) -> GraphError {
     GraphError::BadArgument { op: OP, what }
 }
 
-/// The subscripts of `spec`: each operand's letters and the output's (implicit output: the
-/// letters seen once, in alphabetical order, as numpy's).
-fn parse(spec: &str, n: usize) -> Result<(Vec<Vec<char>>, Vec<char>)> {
+/// One operand's (or the output's) subscripts as written: its letters, and where among them an
+/// ellipsis (`...`) stands, if it has one.
+struct Written {
+    letters: Vec<char>,
+    ellipsis: Option<usize>,
+}
+
+/// The subscripts `s` of one operand or of the output: letters and at most one `...`.
+fn written(s: &str) -> Result<Written> {
+    let (letters, ellipsis) = match s.find('.') {
+        None => (s.to_string(), None),
+        Some(k) => {
+            let rest = &s[k..];
+            if !rest.starts_with("...") || rest[3..].contains('.') {
+                return Err(bad(
+                    "a `.` that is not part of one ellipsis (`...`, at most one per operand)",
+                ));
+            }
+            (
+                format!("{}{}", &s[..k], &rest[3..]),
+                Some(s[..k].chars().count()),
+            )
+        }
+    };
+    let letters: Vec<char> = letters.chars().collect();
+    if !letters.iter().all(|c| c.is_ascii_alphabetic()) {
+        return Err(bad("subscripts are letters and one ellipsis (`...`)"));
+    }
+    Ok(Written { letters, ellipsis })
+}
+
+/// The label of the `k`-th of the dimensions the ellipses stand for (counted from the left of
+/// their broadcast shape): a character no subscript can be.
+fn ellipsis_label(k: usize) -> char {
+    char::from_u32(0xE000 + k as u32).expect("invariant: fewer ellipsis dimensions than 6400")
+}
+
+/// The subscripts of `spec` against operands of these shapes: each operand's labels, one per
+/// axis (an ellipsis's axes labelled by where they fall in the ellipses' broadcast shape, right
+/// aligned as numpy broadcasts), the output's labels, and each label's extent (a shared
+/// label's extents broadcast: equal, or 1). Without `->`, the output is the ellipsis's axes,
+/// then the letters seen once, in alphabetical order, as numpy's and PyTorch's.
+fn checked(spec: &str, shapes: &[&[usize]]) -> Result<Parsed> {
+    if !(1..=2).contains(&shapes.len()) {
+        return Err(bad("one or two operands"));
+    }
     let spec: String = spec.chars().filter(|c| !c.is_whitespace()).collect();
     let (lhs, out) = match spec.split_once("->") {
-        Some((l, r)) => (l.to_string(), Some(r.to_string())),
-        None => (spec.clone(), None),
+        Some((l, r)) => (l, Some(r)),
+        None => (spec.as_str(), None),
     };
-    let inputs: Vec<Vec<char>> = lhs.split(',').map(|s| s.chars().collect()).collect();
-    if inputs.len() != n {
+    let written_in = lhs.split(',').map(written).collect::<Result<Vec<_>>>()?;
+    if written_in.len() != shapes.len() {
         return Err(bad("the subscripts name a different number of operands"));
     }
-    let letters = |s: &[char]| s.iter().all(|c| c.is_ascii_alphabetic());
-    if !inputs.iter().all(|s| letters(s)) {
-        return Err(bad("subscripts are letters (no ellipsis)"));
-    }
-    for s in &inputs {
-        if (1..s.len()).any(|k| s[..k].contains(&s[k])) {
+    for w in &written_in {
+        let l = &w.letters;
+        if (1..l.len()).any(|k| l[..k].contains(&l[k])) {
             return Err(bad(
                 "a letter repeated within one operand (a diagonal) is not supported",
             ));
         }
     }
+    // How many axes each operand's ellipsis stands for; a rank that the letters do not match
+    // (fewer axes than letters, or other than them without an ellipsis) is refused.
+    let mut spans = Vec::with_capacity(shapes.len());
+    for (w, s) in written_in.iter().zip(shapes) {
+        let m = w.letters.len();
+        let fits = match w.ellipsis {
+            Some(_) => s.len() >= m,
+            None => s.len() == m,
+        };
+        if !fits {
+            return Err(GraphError::ShapeMismatch {
+                op: OP,
+                lhs: s.to_vec(),
+                rhs: vec![m],
+            });
+        }
+        spans.push(s.len() - m);
+    }
+    let e = spans.iter().copied().max().unwrap_or(0);
+    let labelled = |w: &Written, span: usize| -> Vec<char> {
+        match w.ellipsis {
+            None => w.letters.clone(),
+            Some(k) => {
+                let mut v = w.letters[..k].to_vec();
+                v.extend((e - span..e).map(ellipsis_label));
+                v.extend_from_slice(&w.letters[k..]);
+                v
+            }
+        }
+    };
+    let inputs: Vec<Vec<char>> = written_in
+        .iter()
+        .zip(&spans)
+        .map(|(w, &span)| labelled(w, span))
+        .collect();
+    // Each label's extent: where operands disagree, one of them is 1 and broadcasts.
+    let mut extents: Vec<(char, usize)> = Vec::new();
+    for (labels, s) in inputs.iter().zip(shapes) {
+        for (&c, &d) in labels.iter().zip(s.iter()) {
+            match extents.iter_mut().find(|(l, _)| *l == c) {
+                None => extents.push((c, d)),
+                Some((_, have)) if *have == d || d == 1 => {}
+                Some((_, have)) if *have == 1 => *have = d,
+                Some(_) => {
+                    return Err(GraphError::ShapeMismatch {
+                        op: OP,
+                        lhs: shapes[0].to_vec(),
+                        rhs: shapes.get(1).unwrap_or(&shapes[0]).to_vec(),
+                    })
+                }
+            }
+        }
+    }
     let out: Vec<char> = match out {
         Some(o) => {
-            let o: Vec<char> = o.chars().collect();
-            if !letters(&o) {
-                return Err(bad("subscripts are letters (no ellipsis)"));
-            }
-            if (1..o.len()).any(|k| o[..k].contains(&o[k])) {
+            let w = written(o)?;
+            let l = &w.letters;
+            if (1..l.len()).any(|k| l[..k].contains(&l[k])) {
                 return Err(bad("a letter repeated in the output"));
             }
-            if o.iter().any(|c| !inputs.iter().any(|s| s.contains(c))) {
+            if l.iter()
+                .any(|c| !written_in.iter().any(|i| i.letters.contains(c)))
+            {
                 return Err(bad("an output letter names no input axis"));
             }
-            o
+            labelled(&w, e)
         }
         None => {
             let mut once: Vec<char> = ('a'..='z')
@@ -52,10 +145,31 @@ fn parse(spec: &str, n: usize) -> Result<(Vec<Vec<char>>, Vec<char>)> {
                 .filter(|c| inputs.iter().flatten().filter(|x| *x == c).count() == 1)
                 .collect();
             once.sort();
-            once
+            (0..e).map(ellipsis_label).chain(once).collect()
         }
     };
-    Ok((inputs, out))
+    Ok(Parsed {
+        inputs,
+        out,
+        extents,
+    })
+}
+
+/// What [`checked`] makes of the subscripts.
+struct Parsed {
+    inputs: Vec<Vec<char>>,
+    out: Vec<char>,
+    extents: Vec<(char, usize)>,
+}
+
+impl Parsed {
+    fn extent(&self, c: char) -> usize {
+        self.extents
+            .iter()
+            .find(|(l, _)| *l == c)
+            .map(|&(_, d)| d)
+            .expect("invariant: every label has an extent")
+    }
 }
 
 /// `x` summed over the axes whose letters `keep` rejects, returning the letters left.
@@ -91,45 +205,41 @@ fn arrange<'g>(x: Tensor<'g>, from: &[char], to: &[char]) -> Result<Tensor<'g>> 
     x.permute(&perm)
 }
 
+/// `x` with axis `k` (of extent 1) broadcast to `full`.
+fn widen<'g>(x: Tensor<'g>, k: usize, full: usize) -> Result<Tensor<'g>> {
+    let mut shape = x.try_shape()?.to_vec();
+    shape[k] = full;
+    x.broadcast_to(&shape)
+}
+
+/// `x` without its axis labelled `c`: summed along it, or (`unit`, an axis of extent 1)
+/// reshaped away.
+fn drop_label<'g>(
+    x: Tensor<'g>,
+    letters: &[char],
+    c: char,
+    unit: bool,
+) -> Result<(Tensor<'g>, Vec<char>)> {
+    if !unit {
+        return sum_out(x, letters, |l| l != c);
+    }
+    let shape: Vec<isize> = x
+        .try_shape()?
+        .iter()
+        .zip(letters)
+        .filter(|(_, &l)| l != c)
+        .map(|(&d, _)| d as isize)
+        .collect();
+    let left = letters.iter().copied().filter(|&l| l != c).collect();
+    Ok((x.reshape(&shape)?, left))
+}
+
 fn extent(x: &Tensor<'_>, letters: &[char], c: char) -> usize {
     let k = letters
         .iter()
         .position(|&l| l == c)
         .expect("invariant: a letter of x");
     x.shape()[k]
-}
-
-/// The subscripts of `spec` checked against operands of these shapes: their count, each
-/// operand's rank, and the extents of each letter the two share.
-fn checked(spec: &str, shapes: &[&[usize]]) -> Result<(Vec<Vec<char>>, Vec<char>)> {
-    if !(1..=2).contains(&shapes.len()) {
-        return Err(bad("one or two operands"));
-    }
-    let (inputs, out) = parse(spec, shapes.len())?;
-    for (s, letters) in shapes.iter().zip(&inputs) {
-        if s.len() != letters.len() {
-            return Err(GraphError::ShapeMismatch {
-                op: OP,
-                lhs: s.to_vec(),
-                rhs: vec![letters.len()],
-            });
-        }
-    }
-    if let [a, b] = shapes {
-        let (sa, sb) = (&inputs[0], &inputs[1]);
-        for (ka, c) in sa.iter().enumerate() {
-            if let Some(kb) = sb.iter().position(|x| x == c) {
-                if a[ka] != b[kb] {
-                    return Err(GraphError::ShapeMismatch {
-                        op: OP,
-                        lhs: a.to_vec(),
-                        rhs: b.to_vec(),
-                    });
-                }
-            }
-        }
-    }
-    Ok((inputs, out))
 }
 
 /// The shape [`Graph::einsum`] gives operands of these shapes, or the error it returns for
@@ -143,26 +253,21 @@ fn checked(spec: &str, shapes: &[&[usize]]) -> Result<(Vec<Vec<char>>, Vec<char>
 /// # Ok::<(), arenagrad_graph::GraphError>(())
 /// ```
 pub fn einsum_shape(spec: &str, shapes: &[&[usize]]) -> Result<Vec<usize>> {
-    let (inputs, out) = checked(spec, shapes)?;
-    Ok(out
-        .iter()
-        .map(|&c| {
-            inputs
-                .iter()
-                .zip(shapes)
-                .find_map(|(letters, s)| letters.iter().position(|&l| l == c).map(|k| s[k]))
-                .expect("invariant: every output letter names an input axis")
-        })
-        .collect())
+    let p = checked(spec, shapes)?;
+    Ok(p.out.iter().map(|&c| p.extent(c)).collect())
 }
 
 impl Graph {
     /// Einstein summation over one or two operands (PyTorch's `torch.einsum` for the forms
     /// that reduce to sums and one matrix product: `"ij,jk->ik"`, `"bhqd,bhkd->bhqk"`,
-    /// `"i,i->"`, `"i,j->ij"`, `"ij->ji"`, `"ij->"`; without `->`, the output is the letters
-    /// seen once, in alphabetical order). Each letter's extents must agree (1 does not
-    /// broadcast); a letter repeated within one operand (a diagonal) and ellipses are refused.
-    /// Built of permutes, reshapes, sums and a batched product, so the gradient comes with them.
+    /// `"i,i->"`, `"i,j->ij"`, `"ij->ji"`, `"ij->"`, `"...ij,...jk->...ik"`). As in PyTorch, an
+    /// ellipsis (`...`, one per operand) stands for the axes no letter names, the operands'
+    /// ellipses broadcast against each other (right-aligned), and the output drops (sums) them
+    /// when its subscripts leave the ellipsis out; a label's extents must agree or be 1, which
+    /// broadcasts; without `->`, the output is the ellipsis's axes, then the letters seen once,
+    /// in alphabetical order. A letter repeated within one operand (a diagonal) is refused.
+    /// Built of permutes, reshapes, broadcasts, sums and a batched product, so the gradient
+    /// comes with them.
     ///
     /// ```
     /// use arenagrad_graph::{DType, Graph};
@@ -172,6 +277,9 @@ impl Graph {
     /// let y = g.einsum("ij,jk->ik", &[a, b])?;
     /// assert_eq!(y.to_vec::<f64>()?, a.matmul(b)?.to_vec::<f64>()?);
     /// assert_eq!(g.einsum("ij->j", &[a])?.to_vec::<f64>()?, [5.0, 7.0, 9.0]);
+    /// // A batch of one broadcast against the other operand's: [1, 2, 3] · [3, 2] → [1, 2, 2].
+    /// let a1 = a.reshape(&[1, 2, 3])?;
+    /// assert_eq!(g.einsum("...ij,jk->...ik", &[a1, b])?.shape().to_vec(), [1, 2, 2]);
     /// # Ok::<(), arenagrad_graph::GraphError>(())
     /// ```
     pub fn einsum<'g>(&'g self, spec: &str, operands: &[Tensor<'g>]) -> Result<Tensor<'g>> {
@@ -181,16 +289,45 @@ impl Graph {
             .map(|x| x.try_shape().map(|s| s.to_vec()))
             .collect::<Result<Vec<_>>>()?;
         let views: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
-        let (inputs, out) = checked(spec, &views)?;
+        let parsed = checked(spec, &views)?;
+        let (inputs, out) = (&parsed.inputs, &parsed.out);
         if operands.len() == 1 {
             let (x, left) = sum_out(operands[0], &inputs[0], |c| out.contains(&c))?;
-            return arrange(x, &left, &out);
+            return arrange(x, &left, out);
         }
         let (a, b) = (operands[0], operands[1]);
         let (sa, sb) = (&inputs[0], &inputs[1]);
         // A letter of one operand alone that the output drops is summed there first.
-        let (a, sa) = sum_out(a, sa, |c| out.contains(&c) || sb.contains(&c))?;
-        let (b, sb) = sum_out(b, sb, |c| out.contains(&c) || sa.contains(&c))?;
+        let (mut a, mut sa) = sum_out(a, sa, |c| out.contains(&c) || sb.contains(&c))?;
+        let (mut b, mut sb) = sum_out(b, sb, |c| out.contains(&c) || sa.contains(&c))?;
+        // A shared label of extent 1 on one side broadcasts: kept in the output, that side is
+        // expanded along it; summed over, the other side is summed along it first (Σ_j x_j·y =
+        // y·Σ_j x_j) and the label leaves both.
+        for c in sa.clone() {
+            let Some(kb) = sb.iter().position(|&l| l == c) else {
+                continue;
+            };
+            let ka = sa
+                .iter()
+                .position(|&l| l == c)
+                .expect("invariant: a label of a");
+            let (ea, eb) = (a.try_shape()?[ka], b.try_shape()?[kb]);
+            if ea == eb {
+                continue;
+            }
+            if out.contains(&c) {
+                let full = parsed.extent(c);
+                if ea == 1 {
+                    a = widen(a, ka, full)?;
+                } else {
+                    b = widen(b, kb, full)?;
+                }
+            } else {
+                (a, sa) = drop_label(a, &sa, c, ea == 1)?;
+                (b, sb) = drop_label(b, &sb, c, eb == 1)?;
+            }
+        }
+        let (a, sa, b, sb) = (a, sa, b, sb);
         let batch: Vec<char> = sa
             .iter()
             .copied()
@@ -222,6 +359,6 @@ impl Graph {
         dims.extend(right.iter().map(|&c| extent(&b, &sb, c) as isize));
         let y = a3.matmul(b3)?.reshape(&dims)?;
         let have: Vec<char> = [&batch[..], &left, &right].concat();
-        arrange(y, &have, &out)
+        arrange(y, &have, out)
     }
 }

@@ -718,10 +718,8 @@ pub(super) const EINSUM: OpRow = OpRow::new(
     let sa = d.shape(d.a).to_vec();
     let fits_a: Vec<usize> = (0..DRAWN_SUBSCRIPTS.len())
         .filter(|&k| {
-            DRAWN_SUBSCRIPTS[k]
-                .split(',')
-                .next()
-                .is_some_and(|l| l.len() == sa.len())
+            let first = DRAWN_SUBSCRIPTS[k].split(',').next().unwrap_or("");
+            split_ellipsis(first, &sa).is_some()
         })
         .collect();
     if fits_a.is_empty() {
@@ -731,15 +729,30 @@ pub(super) const EINSUM: OpRow = OpRow::new(
     let spec = DRAWN_SUBSCRIPTS[k];
     let lhs = spec.split("->").next()?;
     let (la, lb) = lhs.split_once(',')?;
-    // The second operand: a letter of the first takes its extent, a new one an extent drawn.
-    let shape: Vec<usize> = lb
-        .bytes()
-        .enumerate()
-        .map(|(j, c)| match la.bytes().position(|x| x == c) {
-            Some(p) => sa[p],
-            None => 1 + usize::from(d.attrs[1 + j % 3]) % d.max_dim.max(1),
-        })
-        .collect();
+    let (letters_a, dims_a) = split_ellipsis(la, &sa)?;
+    // The second operand: a letter of the first takes its extent (or, now and then, 1, which
+    // broadcasts), a new one an extent drawn; its ellipsis the first's axes, some of them 1.
+    let (bits, ones) = (d.attrs[2], d.attrs[3]);
+    let mut shape = Vec::new();
+    for (j, part) in lb.split("...").enumerate() {
+        if j == 1 {
+            shape.extend(dims_a.iter().enumerate().map(|(t, &e)| {
+                if (ones >> (t % 7)) & 3 == 3 {
+                    1
+                } else {
+                    e
+                }
+            }));
+        }
+        for c in part.bytes() {
+            let n = shape.len();
+            shape.push(match letters_a.iter().find(|(l, _)| *l == c) {
+                Some(_) if (bits >> (n % 7)) & 3 == 3 => 1,
+                Some(&(_, e)) => e,
+                None => 1 + usize::from(d.attrs[1 + n % 3]) % d.max_dim.max(1),
+            });
+        }
+    }
     let out = einsum_shape(spec, &[&sa, &shape]).ok()?;
     if !d.fits(&out) || !d.fits(&shape) {
         return None;
@@ -750,3 +763,23 @@ pub(super) const EINSUM: OpRow = OpRow::new(
     };
     Some((vec![d.a, b], vec![k as f64]))
 }));
+
+/// One operand's subscripts `sub` against its shape: each letter's extent, and the axes its
+/// ellipsis stands for, or `None` where the rank does not fit the letters.
+#[allow(clippy::type_complexity)]
+fn split_ellipsis(sub: &str, shape: &[usize]) -> Option<(Vec<(u8, usize)>, Vec<usize>)> {
+    let parts: Vec<&str> = sub.split("...").collect();
+    let letters = parts.iter().map(|p| p.len()).sum::<usize>();
+    let span = match parts.len() {
+        1 if shape.len() == letters => 0,
+        2 if shape.len() >= letters => shape.len() - letters,
+        _ => return None,
+    };
+    let (before, rest) = shape.split_at(parts[0].len());
+    let (ell, after) = rest.split_at(span);
+    let mut ext: Vec<(u8, usize)> = parts[0].bytes().zip(before.iter().copied()).collect();
+    if let Some(p) = parts.get(1) {
+        ext.extend(p.bytes().zip(after.iter().copied()));
+    }
+    Some((ext, ell.to_vec()))
+}

@@ -61,13 +61,13 @@ impl ParamKind {
             ParamKind::Int => "an integer",
             ParamKind::Count => "a non-negative integer",
             ParamKind::Float => "a number",
-            ParamKind::Subscripts => "letters, commas and `->`",
+            ParamKind::Subscripts => "letters, commas, `...` and `->`",
         }
     }
 }
 
 /// `einsum` subscripts, one token of at most [`Subscripts::MAX_LEN`] ASCII letters, commas,
-/// `-` and `>` (`ij,jk->ik`, `bhqd,bhkd->bhqk`, `i,j`). Whether they fit the operands is the
+/// dots, `-` and `>` (`ij,jk->ik`, `bhqd,bhkd->bhqk`, `i,j`, `...ij,...jk->...ik`). Whether they fit the operands is the
 /// shape rule's question; this is what the tokenizer and the printer agree on.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Subscripts {
@@ -76,12 +76,13 @@ pub struct Subscripts {
 }
 
 impl Subscripts {
-    /// The longest token (two operands of rank 8 and an output of rank 8 need 27).
+    /// The longest token (two operands of rank 8 and an output of rank 8 need 27, with
+    /// ellipses fewer).
     pub const MAX_LEN: usize = 32;
 
     /// The subscripts written `text`, if it is one token of the allowed characters.
     pub fn new(text: &str) -> Option<Subscripts> {
-        let ok = |b: u8| b.is_ascii_alphabetic() || matches!(b, b',' | b'-' | b'>');
+        let ok = |b: u8| b.is_ascii_alphabetic() || matches!(b, b',' | b'.' | b'-' | b'>');
         if text.is_empty() || text.len() > Self::MAX_LEN || !text.bytes().all(ok) {
             return None;
         }
@@ -115,7 +116,9 @@ impl std::fmt::Debug for Subscripts {
 
 /// The `einsum` subscripts random programs draw: contractions that are matrix products
 /// (batched, transposed on either side, with the output's axes reordered), matrix-vector
-/// products, dots, outer products, and a letter of one operand alone summed first.
+/// products, dots, outer products, a letter of one operand alone summed first, and ellipses
+/// (kept, summed, implicit); the generator gives some shared axes an extent of 1 on one side,
+/// which broadcasts.
 pub const DRAWN_SUBSCRIPTS: &[&str] = &[
     "i,i->",
     "i,j->ij",
@@ -134,6 +137,11 @@ pub const DRAWN_SUBSCRIPTS: &[&str] = &[
     "ijk,jk->i",
     "bhqd,bhkd->bhqk",
     "bhqk,bhkd->bhqd",
+    "...ij,...jk->...ik",
+    "...i,...i->...",
+    "i...,i...->...",
+    "...ij,jk",
+    "ij...,jk...->ik",
 ];
 
 /// A parameter's value, exactly as written: whole numbers stay whole (an axis of `2^60` is not
