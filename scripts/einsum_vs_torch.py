@@ -6,12 +6,13 @@
     python3 scripts/einsum_vs_torch.py [--cases 1500] [--seed 2] [--bin target/debug/arenagrad]
 
 Each case draws one or two operands over up to four letters, an ellipsis now and then (of up
-to two axes, broadcast right-aligned), extents of 1 that broadcast, an output given or implicit,
-and one time in seven an extent or rank that does not fit. Where PyTorch computes, the output
+to two axes, broadcast right-aligned), a letter twice in one operand (a diagonal) now and then,
+extents of 1 that broadcast, an output given or implicit, and one time in seven an extent or
+rank that does not fit. Where PyTorch computes, the output
 (weighted, then summed for the backward) and both gradients must agree to 1e-12; where PyTorch
 refuses, the program must be refused too (exit status 2). One operand is paired with a scalar
-`1` (the row takes two). Letters repeated within one operand (diagonals), which arenagrad
-refuses, are not drawn. Exits non-zero on any disagreement.
+`1` (the row takes two; three or more operands, which `Graph::einsum` takes, are checked by its
+tests). Exits non-zero on any disagreement.
 
 Needs torch (PyPI).
 """
@@ -47,9 +48,16 @@ def draw(rng):
     ell_ext = [rng.randint(1, 3) for _ in range(e)]
     subs, shapes = [], []
     for ls, ell, span in ops:
+        if ls and rng.random() < 0.2:
+            # A letter twice: a diagonal.
+            ls = ls[:]
+            ls.insert(rng.randint(0, len(ls)), rng.choice(ls))
         pos = rng.randint(0, len(ls))
         subs.append("".join(ls[:pos]) + ("..." if ell else "") + "".join(ls[pos:]))
-        one = lambda d: 1 if rng.random() < 0.15 else d
+        # An extent of 1 broadcasts, except for a letter repeated in the operand (its
+        # diagonal needs one extent).
+        rep = len(set(ls)) < len(ls)
+        one = lambda d: 1 if rng.random() < 0.15 and not rep else d
         shape = [one(ext[c]) for c in ls[:pos]]
         shape += [1 if rng.random() < 0.3 else ell_ext[e - span + t] for t in range(span)]
         shape += [one(ext[c]) for c in ls[pos:]]

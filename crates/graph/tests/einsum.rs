@@ -155,6 +155,53 @@ fn ellipses_and_extents_of_one_broadcast_as_pytorch_does() {
     assert!(gradgradcheck(f, &inputs, opts).unwrap().passed);
 }
 
+/// Diagonals and three operands, in values (PyTorch 2.15's, printed) and in gradients: a
+/// trace, a diagonal, and a bilinear form `bn,anm,bm->ba` (PyTorch's `F.bilinear` without its
+/// bias), contracted left to right.
+#[test]
+fn diagonals_and_three_operands_match_pytorch() {
+    let g = Graph::new();
+    let x = g
+        .from_f64(&vals(9, 0.5, -1.0), &[3, 3], DType::F64)
+        .unwrap();
+    assert_eq!(g.einsum("ii", &[x]).unwrap().item().unwrap(), 3.0);
+    assert_eq!(
+        g.einsum("ii->i", &[x]).unwrap().to_vec::<f64>().unwrap(),
+        [-1.0, 1.0, 3.0]
+    );
+    let a = g
+        .from_f64(&vals(6, 0.5, -1.0), &[2, 3], DType::F64)
+        .unwrap();
+    let w = g
+        .from_f64(&vals(24, 0.25, -2.0), &[4, 3, 2], DType::F64)
+        .unwrap();
+    let b = g
+        .from_f64(&vals(4, 0.75, -1.5), &[2, 2], DType::F64)
+        .unwrap();
+    let y = g.einsum("bn,anm,bm->ba", &[a, w, b]).unwrap();
+    assert_eq!(y.shape().to_vec(), [2, 4]);
+    let want = [
+        -5.90625, -0.84375, 4.21875, 9.28125, -2.4375, 0.9375, 4.3125, 7.6875,
+    ];
+    for (got, want) in y.to_vec::<f64>().unwrap().iter().zip(want) {
+        assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+    }
+    let inputs = [
+        HostTensor::from_f64(&vals(6, 0.2, -0.5), &[2, 3], DType::F64).unwrap(),
+        HostTensor::from_f64(&vals(24, 0.05, -0.6), &[4, 3, 2], DType::F64).unwrap(),
+        HostTensor::from_f64(&vals(4, 0.3, -0.4), &[2, 2], DType::F64).unwrap(),
+        HostTensor::from_f64(&vals(18, 0.1, -0.9), &[2, 3, 3], DType::F64).unwrap(),
+    ];
+    let f = check_fn(|g, x| {
+        let y = g.einsum("bn,anm,bm->ba", &[x[0], x[1], x[2]])?;
+        let d = g.einsum("bii,bi->b", &[x[3], x[0]])?;
+        y.sum()?.add(d.mul(d)?.sum()?)
+    });
+    let opts = GradcheckOptions::default();
+    assert!(gradcheck(f, &inputs, opts).unwrap().passed);
+    assert!(gradgradcheck(f, &inputs, opts).unwrap().passed);
+}
+
 #[test]
 fn unsupported_and_mismatched_subscripts_are_typed_errors() {
     let g = Graph::new();
@@ -167,7 +214,12 @@ fn unsupported_and_mismatched_subscripts_are_typed_errors() {
                 | Err(GraphError::ShapeMismatch { op: "einsum", .. })
         )
     };
-    assert!(bad(g.einsum("ii->i", &[m])), "a diagonal");
+    assert!(bad(g.einsum("ii->i", &[m])), "a diagonal of a 2 × 3 matrix");
+    assert!(
+        bad(g.einsum("ij->ii", &[m])),
+        "a letter repeated in the output"
+    );
+    assert!(bad(g.einsum("ij", &[])), "no operand");
     assert!(bad(g.einsum("..j->j", &[m])), "a dot outside an ellipsis");
     assert!(
         bad(g.einsum("...i...->i", &[m])),
@@ -212,10 +264,22 @@ fn einsum_shape_is_the_shape_einsum_makes_and_refuses_alike() {
         ("ij,jk->ik", &[&[2, 1], &[3, 4]]),
         ("bij,bjk->bik", &[&[1, 2, 3], &[5, 3, 4]]),
         ("i,i->i", &[&[3], &[1]]),
-        // Refused: extents, ranks, a diagonal, operand counts, stray letters and dots.
+        // Diagonals (a trace, a diagonal beside an ellipsis, one of three axes) and three
+        // operands.
+        ("ii", &[&[3, 3]]),
+        ("ii->i", &[&[2, 2]]),
+        ("...ii->...i", &[&[4, 2, 2]]),
+        ("iii->i", &[&[2, 2, 2]]),
+        ("iij,j->i", &[&[2, 2, 3], &[3]]),
+        ("ii,i->i", &[&[1, 1], &[3]]),
+        ("i,j,k", &[&[2], &[2], &[2]]),
+        ("bn,anm,bm->ba", &[&[2, 3], &[4, 3, 5], &[2, 5]]),
+        ("ij,jk,kl->il", &[&[2, 3], &[3, 4], &[4, 5]]),
+        // Refused: extents, ranks, a diagonal of unequal extents, operand counts, stray letters
+        // and dots.
         ("ij,j->i", &[&[2, 3], &[2]]),
         ("ijk,jk->i", &[&[2, 3], &[3, 4]]),
-        ("ii->i", &[&[2, 2]]),
+        ("ii->i", &[&[2, 3]]),
         ("..j->j", &[&[2, 3]]),
         ("...ij,...jk->...ik", &[&[2, 2, 3], &[5, 3, 4]]),
         ("ijk...->i", &[&[2, 3]]),
@@ -223,7 +287,8 @@ fn einsum_shape_is_the_shape_einsum_makes_and_refuses_alike() {
         ("ij,j", &[&[2, 3]]),
         ("ij->ik", &[&[2, 3]]),
         ("ij->ii", &[&[2, 3]]),
-        ("i,j,k", &[&[2], &[2], &[2]]),
+        ("i,j,k", &[&[2], &[2]]),
+        ("ij,jk,kl->il", &[&[2, 3], &[3, 4], &[5, 5]]),
         ("", &[&[]]),
     ];
     for &(spec, shapes) in cases {

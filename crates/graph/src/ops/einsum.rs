@@ -1,4 +1,5 @@
-//! `einsum` for one or two operands, as permutes, reshapes, sums and one batched matrix product.
+//! `einsum`, as diagonals, permutes, reshapes, broadcasts, sums and batched matrix products (one
+//! for each operand after the first, left to right).
 
 use crate::error::{GraphError, Result};
 use crate::{Graph, Tensor};
@@ -52,8 +53,8 @@ fn ellipsis_label(k: usize) -> char {
 /// label's extents broadcast: equal, or 1). Without `->`, the output is the ellipsis's axes,
 /// then the letters seen once, in alphabetical order, as numpy's and PyTorch's.
 fn checked(spec: &str, shapes: &[&[usize]]) -> Result<Parsed> {
-    if !(1..=2).contains(&shapes.len()) {
-        return Err(bad("one or two operands"));
+    if shapes.is_empty() {
+        return Err(bad("at least one operand"));
     }
     let spec: String = spec.chars().filter(|c| !c.is_whitespace()).collect();
     let (lhs, out) = match spec.split_once("->") {
@@ -63,14 +64,6 @@ fn checked(spec: &str, shapes: &[&[usize]]) -> Result<Parsed> {
     let written_in = lhs.split(',').map(written).collect::<Result<Vec<_>>>()?;
     if written_in.len() != shapes.len() {
         return Err(bad("the subscripts name a different number of operands"));
-    }
-    for w in &written_in {
-        let l = &w.letters;
-        if (1..l.len()).any(|k| l[..k].contains(&l[k])) {
-            return Err(bad(
-                "a letter repeated within one operand (a diagonal) is not supported",
-            ));
-        }
     }
     // How many axes each operand's ellipsis stands for; a rank that the letters do not match
     // (fewer axes than letters, or other than them without an ellipsis) is refused.
@@ -109,6 +102,22 @@ fn checked(spec: &str, shapes: &[&[usize]]) -> Result<Parsed> {
         .collect();
     // Each label's extent: where operands disagree, one of them is 1 and broadcasts.
     let mut extents: Vec<(char, usize)> = Vec::new();
+    // A letter repeated within one operand (a diagonal) must have one extent there.
+    for (labels, s) in inputs.iter().zip(shapes) {
+        for (k, &c) in labels.iter().enumerate() {
+            if labels[..k]
+                .iter()
+                .zip(s.iter())
+                .any(|(&l, &d)| l == c && d != s[k])
+            {
+                return Err(GraphError::ShapeMismatch {
+                    op: OP,
+                    lhs: s.to_vec(),
+                    rhs: s.to_vec(),
+                });
+            }
+        }
+    }
     for (labels, s) in inputs.iter().zip(shapes) {
         for (&c, &d) in labels.iter().zip(s.iter()) {
             match extents.iter_mut().find(|(l, _)| *l == c) {
@@ -119,7 +128,7 @@ fn checked(spec: &str, shapes: &[&[usize]]) -> Result<Parsed> {
                     return Err(GraphError::ShapeMismatch {
                         op: OP,
                         lhs: shapes[0].to_vec(),
-                        rhs: shapes.get(1).unwrap_or(&shapes[0]).to_vec(),
+                        rhs: s.to_vec(),
                     })
                 }
             }
@@ -258,16 +267,19 @@ pub fn einsum_shape(spec: &str, shapes: &[&[usize]]) -> Result<Vec<usize>> {
 }
 
 impl Graph {
-    /// Einstein summation over one or two operands (PyTorch's `torch.einsum` for the forms
-    /// that reduce to sums and one matrix product: `"ij,jk->ik"`, `"bhqd,bhkd->bhqk"`,
-    /// `"i,i->"`, `"i,j->ij"`, `"ij->ji"`, `"ij->"`, `"...ij,...jk->...ik"`). As in PyTorch, an
-    /// ellipsis (`...`, one per operand) stands for the axes no letter names, the operands'
-    /// ellipses broadcast against each other (right-aligned), and the output drops (sums) them
-    /// when its subscripts leave the ellipsis out; a label's extents must agree or be 1, which
-    /// broadcasts; without `->`, the output is the ellipsis's axes, then the letters seen once,
-    /// in alphabetical order. A letter repeated within one operand (a diagonal) is refused.
-    /// Built of permutes, reshapes, broadcasts, sums and a batched product, so the gradient
-    /// comes with them.
+    /// Einstein summation, PyTorch's `torch.einsum`: `"ij,jk->ik"`, `"bhqd,bhkd->bhqk"`,
+    /// `"i,i->"`, `"i,j->ij"`, `"ij->ji"`, `"ii"` (a trace), `"ii->i"` (a diagonal),
+    /// `"...ij,...jk->...ik"`, `"bn,anm,bm->ba"`. As in PyTorch, an ellipsis (`...`, one per
+    /// operand) stands for the axes no letter names, the operands' ellipses broadcast against
+    /// each other (right-aligned), and the output drops (sums) them when its subscripts leave
+    /// the ellipsis out; a label's extents across operands must agree or be 1, which
+    /// broadcasts; a letter repeated within one operand takes its diagonal (its extents there
+    /// equal); without `->`, the output is the ellipsis's axes, then the letters seen once, in
+    /// alphabetical order. The operands are contracted left to right, each step one batched
+    /// matrix product that keeps the labels the output or a later operand needs (PyTorch
+    /// contracts left to right too unless `opt_einsum` picks an order), so the work is the
+    /// sum of those products. Built of slices, permutes, reshapes, broadcasts, sums and batched
+    /// products, so the gradient (and the second) comes with them.
     ///
     /// ```
     /// use arenagrad_graph::{DType, Graph};
@@ -290,75 +302,137 @@ impl Graph {
             .collect::<Result<Vec<_>>>()?;
         let views: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
         let parsed = checked(spec, &views)?;
-        let (inputs, out) = (&parsed.inputs, &parsed.out);
-        if operands.len() == 1 {
-            let (x, left) = sum_out(operands[0], &inputs[0], |c| out.contains(&c))?;
+        let out = &parsed.out;
+        // Each operand with its diagonals taken (a letter repeated in it appears once after).
+        let mut terms = operands
+            .iter()
+            .zip(&parsed.inputs)
+            .map(|(&x, labels)| diagonals(x, labels))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter();
+        let (mut acc, mut labels) = terms.next().expect("invariant: at least one operand");
+        // The operands contracted left to right, each product keeping the labels that the
+        // output or a later operand still needs.
+        let rest: Vec<(Tensor<'g>, Vec<char>)> = terms.collect();
+        if rest.is_empty() {
+            let (x, left) = sum_out(acc, &labels, |c| out.contains(&c))?;
             return arrange(x, &left, out);
         }
-        let (a, b) = (operands[0], operands[1]);
-        let (sa, sb) = (&inputs[0], &inputs[1]);
-        // A letter of one operand alone that the output drops is summed there first.
-        let (mut a, mut sa) = sum_out(a, sa, |c| out.contains(&c) || sb.contains(&c))?;
-        let (mut b, mut sb) = sum_out(b, sb, |c| out.contains(&c) || sa.contains(&c))?;
-        // A shared label of extent 1 on one side broadcasts: kept in the output, that side is
-        // expanded along it; summed over, the other side is summed along it first (Σ_j x_j·y =
-        // y·Σ_j x_j) and the label leaves both.
-        for c in sa.clone() {
-            let Some(kb) = sb.iter().position(|&l| l == c) else {
-                continue;
-            };
-            let ka = sa
-                .iter()
-                .position(|&l| l == c)
-                .expect("invariant: a label of a");
-            let (ea, eb) = (a.try_shape()?[ka], b.try_shape()?[kb]);
-            if ea == eb {
-                continue;
-            }
-            if out.contains(&c) {
-                let full = parsed.extent(c);
-                if ea == 1 {
-                    a = widen(a, ka, full)?;
-                } else {
-                    b = widen(b, kb, full)?;
-                }
-            } else {
-                (a, sa) = drop_label(a, &sa, c, ea == 1)?;
-                (b, sb) = drop_label(b, &sb, c, eb == 1)?;
-            }
+        for (i, (b, lb)) in rest.iter().enumerate() {
+            let later = &rest[i + 1..];
+            let keep = |c: char| out.contains(&c) || later.iter().any(|(_, l)| l.contains(&c));
+            (acc, labels) = pair(&parsed, (acc, labels), (*b, lb.clone()), keep)?;
         }
-        let (a, sa, b, sb) = (a, sa, b, sb);
-        let batch: Vec<char> = sa
-            .iter()
-            .copied()
-            .filter(|c| sb.contains(c) && out.contains(c))
-            .collect();
-        let contracted: Vec<char> = sa
-            .iter()
-            .copied()
-            .filter(|c| sb.contains(c) && !out.contains(c))
-            .collect();
-        let left: Vec<char> = sa.iter().copied().filter(|c| !sb.contains(c)).collect();
-        let right: Vec<char> = sb.iter().copied().filter(|c| !sa.contains(c)).collect();
-        let size = |x: &Tensor<'_>, s: &[char], of: &[char]| -> usize {
-            of.iter().map(|&c| extent(x, s, c)).product()
-        };
-        let (nb, m, k, n) = (
-            size(&a, &sa, &batch),
-            size(&a, &sa, &left),
-            size(&a, &sa, &contracted),
-            size(&b, &sb, &right),
-        );
-        let order_a: Vec<char> = [&batch[..], &left, &contracted].concat();
-        let order_b: Vec<char> = [&batch[..], &contracted, &right].concat();
-        let a3 = arrange(a, &sa, &order_a)?.reshape(&[nb as isize, m as isize, k as isize])?;
-        let b3 = arrange(b, &sb, &order_b)?.reshape(&[nb as isize, k as isize, n as isize])?;
-        let mut dims: Vec<isize> = Vec::new();
-        dims.extend(batch.iter().map(|&c| extent(&a, &sa, c) as isize));
-        dims.extend(left.iter().map(|&c| extent(&a, &sa, c) as isize));
-        dims.extend(right.iter().map(|&c| extent(&b, &sb, c) as isize));
-        let y = a3.matmul(b3)?.reshape(&dims)?;
-        let have: Vec<char> = [&batch[..], &left, &right].concat();
-        arrange(y, &have, out)
+        arrange(acc, &labels, out)
     }
+}
+
+/// `x` (its axes labelled `labels`) with the diagonal taken for every label that repeats, so
+/// that each appears once, last in the order.
+fn diagonals<'g>(x: Tensor<'g>, labels: &[char]) -> Result<(Tensor<'g>, Vec<char>)> {
+    let (mut x, mut labels) = (x, labels.to_vec());
+    while let Some(q) = (1..labels.len()).find(|&q| labels[..q].contains(&labels[q])) {
+        let p = labels[..q]
+            .iter()
+            .position(|&l| l == labels[q])
+            .expect("invariant: a repeated label");
+        let c = labels[q];
+        // Axes p and q moved last and flattened: the diagonal is every (d + 1)-th element.
+        let d = x.try_shape()?[p];
+        let mut order: Vec<char> = labels
+            .iter()
+            .enumerate()
+            .filter(|&(k, _)| k != p && k != q)
+            .map(|(_, &l)| l)
+            .collect();
+        let perm: Vec<usize> = (0..labels.len())
+            .filter(|&k| k != p && k != q)
+            .chain([p, q])
+            .collect();
+        let moved = if perm.iter().enumerate().all(|(k, &v)| k == v) {
+            x
+        } else {
+            x.permute(&perm)?
+        };
+        let mut flat: Vec<isize> = moved.try_shape()?[..perm.len() - 2]
+            .iter()
+            .map(|&e| e as isize)
+            .collect();
+        flat.push((d * d) as isize);
+        x = moved.reshape(&flat)?.slice_step(-1, 0, d * d, d + 1)?;
+        order.push(c);
+        labels = order;
+    }
+    Ok((x, labels))
+}
+
+/// The product of two terms (each a tensor and its labels, every label once), summed over the
+/// labels `keep` rejects: as one batched matrix product, with the labels of the result.
+fn pair<'g>(
+    parsed: &Parsed,
+    (a, sa): (Tensor<'g>, Vec<char>),
+    (b, sb): (Tensor<'g>, Vec<char>),
+    keep: impl Fn(char) -> bool,
+) -> Result<(Tensor<'g>, Vec<char>)> {
+    // A label of one term alone that the result drops is summed there first.
+    let (mut a, mut sa) = sum_out(a, &sa, |c| keep(c) || sb.contains(&c))?;
+    let (mut b, mut sb) = sum_out(b, &sb, |c| keep(c) || sa.contains(&c))?;
+    // A shared label of extent 1 on one side broadcasts: kept, that side is expanded along it;
+    // summed over, the other side is summed along it first (Σ_j x_j·y = y·Σ_j x_j) and the
+    // label leaves both.
+    for c in sa.clone() {
+        let Some(kb) = sb.iter().position(|&l| l == c) else {
+            continue;
+        };
+        let ka = sa
+            .iter()
+            .position(|&l| l == c)
+            .expect("invariant: a label of a");
+        let (ea, eb) = (a.try_shape()?[ka], b.try_shape()?[kb]);
+        if ea == eb {
+            continue;
+        }
+        if keep(c) {
+            let full = parsed.extent(c);
+            if ea == 1 {
+                a = widen(a, ka, full)?;
+            } else {
+                b = widen(b, kb, full)?;
+            }
+        } else {
+            (a, sa) = drop_label(a, &sa, c, ea == 1)?;
+            (b, sb) = drop_label(b, &sb, c, eb == 1)?;
+        }
+    }
+    let batch: Vec<char> = sa
+        .iter()
+        .copied()
+        .filter(|&c| sb.contains(&c) && keep(c))
+        .collect();
+    let contracted: Vec<char> = sa
+        .iter()
+        .copied()
+        .filter(|&c| sb.contains(&c) && !keep(c))
+        .collect();
+    let left: Vec<char> = sa.iter().copied().filter(|c| !sb.contains(c)).collect();
+    let right: Vec<char> = sb.iter().copied().filter(|c| !sa.contains(c)).collect();
+    let size = |x: &Tensor<'_>, s: &[char], of: &[char]| -> usize {
+        of.iter().map(|&c| extent(x, s, c)).product()
+    };
+    let (nb, m, k, n) = (
+        size(&a, &sa, &batch),
+        size(&a, &sa, &left),
+        size(&a, &sa, &contracted),
+        size(&b, &sb, &right),
+    );
+    let order_a: Vec<char> = [&batch[..], &left, &contracted].concat();
+    let order_b: Vec<char> = [&batch[..], &contracted, &right].concat();
+    let a3 = arrange(a, &sa, &order_a)?.reshape(&[nb as isize, m as isize, k as isize])?;
+    let b3 = arrange(b, &sb, &order_b)?.reshape(&[nb as isize, k as isize, n as isize])?;
+    let mut dims: Vec<isize> = Vec::new();
+    dims.extend(batch.iter().map(|&c| extent(&a, &sa, c) as isize));
+    dims.extend(left.iter().map(|&c| extent(&a, &sa, c) as isize));
+    dims.extend(right.iter().map(|&c| extent(&b, &sb, c) as isize));
+    let y = a3.matmul(b3)?.reshape(&dims)?;
+    Ok((y, [&batch[..], &left, &right].concat()))
 }

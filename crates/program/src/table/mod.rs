@@ -116,8 +116,8 @@ impl std::fmt::Debug for Subscripts {
 
 /// The `einsum` subscripts random programs draw: contractions that are matrix products
 /// (batched, transposed on either side, with the output's axes reordered), matrix-vector
-/// products, dots, outer products, a letter of one operand alone summed first, and ellipses
-/// (kept, summed, implicit); the generator gives some shared axes an extent of 1 on one side,
+/// products, dots, outer products, a letter of one operand alone summed first, ellipses (kept,
+/// summed, implicit) and diagonals; the generator gives some shared axes an extent of 1 on one side,
 /// which broadcasts.
 pub const DRAWN_SUBSCRIPTS: &[&str] = &[
     "i,i->",
@@ -142,6 +142,8 @@ pub const DRAWN_SUBSCRIPTS: &[&str] = &[
     "i...,i...->...",
     "...ij,jk",
     "ij...,jk...->ik",
+    "ij,jj->i",
+    "bij,jj",
 ];
 
 /// A parameter's value, exactly as written: whole numbers stay whole (an axis of `2^60` is not
