@@ -44,7 +44,8 @@ fn written(s: &str) -> Result<Written> {
 /// The label of the `k`-th of the dimensions the ellipses stand for (counted from the left of
 /// their broadcast shape): a character no subscript can be.
 fn ellipsis_label(k: usize) -> char {
-    char::from_u32(0xE000 + k as u32).expect("invariant: fewer ellipsis dimensions than 6400")
+    char::from_u32(0xE000 + k as u32)
+        .expect("invariant: a private-use character for each ellipsis axis")
 }
 
 /// The subscripts of `spec` against operands of these shapes: each operand's labels, one per
