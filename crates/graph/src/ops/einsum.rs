@@ -101,8 +101,6 @@ fn checked(spec: &str, shapes: &[&[usize]]) -> Result<Parsed> {
         .zip(&spans)
         .map(|(w, &span)| labelled(w, span))
         .collect();
-    // Each label's extent: where operands disagree, one of them is 1 and broadcasts.
-    let mut extents: Vec<(char, usize)> = Vec::new();
     // A letter repeated within one operand (a diagonal) must have one extent there.
     for (labels, s) in inputs.iter().zip(shapes) {
         for (k, &c) in labels.iter().enumerate() {
@@ -119,6 +117,8 @@ fn checked(spec: &str, shapes: &[&[usize]]) -> Result<Parsed> {
             }
         }
     }
+    // Each label's extent: where operands disagree, one of them is 1 and broadcasts.
+    let mut extents: Vec<(char, usize)> = Vec::new();
     for (labels, s) in inputs.iter().zip(shapes) {
         for (&c, &d) in labels.iter().zip(s.iter()) {
             match extents.iter_mut().find(|(l, _)| *l == c) {
@@ -340,12 +340,6 @@ fn diagonals<'g>(x: Tensor<'g>, labels: &[char]) -> Result<(Tensor<'g>, Vec<char
         let c = labels[q];
         // Axes p and q moved last and flattened: the diagonal is every (d + 1)-th element.
         let d = x.try_shape()?[p];
-        let mut order: Vec<char> = labels
-            .iter()
-            .enumerate()
-            .filter(|&(k, _)| k != p && k != q)
-            .map(|(_, &l)| l)
-            .collect();
         let perm: Vec<usize> = (0..labels.len())
             .filter(|&k| k != p && k != q)
             .chain([p, q])
@@ -361,8 +355,9 @@ fn diagonals<'g>(x: Tensor<'g>, labels: &[char]) -> Result<(Tensor<'g>, Vec<char
             .collect();
         flat.push((d * d) as isize);
         x = moved.reshape(&flat)?.slice_step(-1, 0, d * d, d + 1)?;
-        order.push(c);
-        labels = order;
+        // The labels in the moved order, the pair now one axis.
+        labels = perm[..perm.len() - 2].iter().map(|&k| labels[k]).collect();
+        labels.push(c);
     }
     Ok((x, labels))
 }
