@@ -715,23 +715,29 @@ fn rows_times_rows_loops<T: crate::Float>(
     }
     let brow = |r: usize| &b.data[b.offset + r * b.rs..][..n];
     let av = |i: usize, r: usize| a.data[a.offset + i * a.rs + r];
-    // Columns in runs of 256 bytes, each run's lines of the rows AHEAD_ROWS further down asked
-    // for first. Measured when the threads split every product's columns, each reading short
-    // parts of every row, too short for the hardware's prefetcher (24 → 26 GB/s over GPT-2's
-    // weights, against 30 for reading them alone); the threads now take whole rows where there
-    // are enough of them (`rows_times_rows_blocks`).
+    // Columns in runs of 256 bytes. The four rows in hand are four streams, each going on in
+    // the row four further down when it ends; each run first asks for the lines its streams
+    // will reach AHEAD_BYTES later. A fixed distance in bytes, not in rows: the rows of a
+    // GPT-2 product are 3 to 12 KB, and 16 rows ahead (up to 196 KB, past the level-1 cache)
+    // read GPT-2's products at 21–22 GB/s on one Zen 5 core, 3 KB at 26–28.
     let run = (256 / std::mem::size_of::<T>()).max(1);
     let line = (64 / std::mem::size_of::<T>()).max(1);
+    let ahead = (AHEAD_BYTES / std::mem::size_of::<T>()).max(1);
     let mut r = 0;
     while r + 4 <= k {
         let (b0, b1, b2, b3) = (brow(r), brow(r + 1), brow(r + 2), brow(r + 3));
         let mut s = 0;
         while s < n {
             let e = (s + run).min(n);
-            if r + AHEAD_ROWS + 4 <= k {
-                for q in 0..4 {
-                    let first = b.offset + (r + AHEAD_ROWS + q) * b.rs + s;
-                    for x in (first..first + (e - s)).step_by(line) {
+            for q in 0..4 {
+                let (row, col) = if s + ahead < n {
+                    (r + q, s + ahead)
+                } else {
+                    (r + q + 4, s + ahead - n)
+                };
+                if row < k && col < n {
+                    let first = b.offset + row * b.rs + col;
+                    for x in (first..first + (e - s).min(n - col)).step_by(line) {
                         super::wide::prefetch(b.data.as_ptr().wrapping_add(x));
                     }
                 }
@@ -760,12 +766,13 @@ fn rows_times_rows_loops<T: crate::Float>(
     }
 }
 
-/// How far ahead (in floats: 2 KB) the dot products of a batch-1 product with a transposed
-/// weight ask for each column's lines.
-const DOT_AHEAD: usize = 512;
+/// How far ahead (in floats: 4 KB) the dot products of a batch-1 product with a transposed
+/// weight ask for each column's lines. GPT-2's output layer (50257 columns of 768) on two Zen 5
+/// threads: 4.8 ms at 2 KB, 4.0 at 4 KB, 4.2 at 8 and 12 KB.
+const DOT_AHEAD: usize = 1024;
 
-/// How many rows ahead [`rows_times_rows`] asks for the weight's lines.
-const AHEAD_ROWS: usize = 16;
+/// How far ahead in each of its four streams [`rows_times_rows`] asks for the weight's lines.
+const AHEAD_BYTES: usize = 3072;
 
 /// The dot product of two runs of one length, summed in eight interleaved lanes, then
 /// pairwise, then the tail.
@@ -806,7 +813,7 @@ unsafe fn dot4_f32_avx2(a: &[f32], cols: [&[f32]; 4]) -> [f32; 4] {
     let mut s = 0;
     while s < body {
         if s % 16 == 0 {
-            // Each column's line 2 KB ahead (past its end, the next columns': the columns of
+            // Each column's line 4 KB ahead (past its end, the next columns': the columns of
             // a transposed weight lie one after the other).
             for col in &cols {
                 super::wide::prefetch(col.as_ptr().wrapping_add(s + DOT_AHEAD));
