@@ -409,7 +409,8 @@ pub fn gemm<T: crate::Float + Gemm>(
 /// Whether `c = a·b` runs as its transpose `cᵀ = bᵀ·aᵀ` ([`transposed_product`]): a few rows
 /// (at most 64) against at least twice as many columns, over a long `k` (4096 or more), `a`'s
 /// rows contiguous and `b` stored transposed — the weight gradient of a convolution with few
-/// output channels, `gout · colsᵀ` (`[32, N·L] · [N·L, 288]`). The kernel is slow on the long,
+/// output channels recorded batch-wide (as a backward under `create_graph` records it, to be
+/// differentiated again), `gout · colsᵀ` (`[32, N·L] · [N·L, 288]`). The kernel is slow on the long,
 /// contiguous rows of such a `b` where they are its columns, and fast where they are its rows:
 /// 32 × 50 176 × 288 on this machine's AVX-512, 45 against 103 GFLOP/s on one thread, 99 against
 /// 250 on two (each thread taking rows of the transpose).
