@@ -720,7 +720,7 @@ fn rows_times_rows_loops<T: crate::Float>(
     // the row four further down when it ends; each run first asks for the lines its streams
     // will reach AHEAD_BYTES later. A fixed distance in bytes, not in rows: the rows of a
     // GPT-2 product are 3 to 12 KB, and 16 rows ahead (up to 196 KB, past the level-1 cache)
-    // read GPT-2's products at 21–22 GB/s on one Zen 5 core, 3 KB at 26–28.
+    // was slower over its products than 3 KB ahead in every round (docs/performance.md).
     let run = (256 / std::mem::size_of::<T>()).max(1);
     let line = (64 / std::mem::size_of::<T>()).max(1);
     let ahead = (AHEAD_BYTES / std::mem::size_of::<T>()).max(1);
@@ -769,7 +769,7 @@ fn rows_times_rows_loops<T: crate::Float>(
 
 /// How far ahead (in floats: 4 KB) the dot products of a batch-1 product with a transposed
 /// weight ask for each column's lines. GPT-2's output layer (50257 columns of 768) on two Zen 5
-/// threads: 4.8 ms at 2 KB, 4.0 at 4 KB, 4.2 at 8 and 12 KB.
+/// threads: 4.7–4.9 ms at 2 KB, 4.0 at 4 KB, 4.0–4.6 at 6 to 12 KB.
 const DOT_AHEAD: usize = 1024;
 
 /// How far ahead in each of its four streams [`rows_times_rows`] asks for the weight's lines.
