@@ -34,6 +34,7 @@ pub use half::bf16;
 
 use super::matmul::{product_output, MatView, Mnk, PAR_MIN_FLOPS};
 
+pub mod conv;
 mod gemv;
 
 /// Rows of a packed panel of `a`, and of the kernel's tile.

@@ -655,6 +655,18 @@ pub fn max_pool_indices<T: Float>(x: &[T], win: &Window, base: usize, idx: &mut 
 fn pool2x2_row<T: Float>(top: &[T], bot: &[T], k0: u32, w: u32, out: &mut [u32]) {
     const L: usize = 8;
     let n = out.len();
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if T::DTYPE == crate::DType::F32 && super::wide::simd() == super::wide::Simd::Avx512 {
+        // SAFETY: `T` is `f32`: its DTYPE says so, and `Float` has only this crate's f32 and
+        // f64 implementations (it requires the sealed `Pod`); the slices reinterpret to `f32`
+        // slices of the same length. The level is AVX-512 only where the CPU reports AVX-512F
+        // (`wide::simd` never reports more than the CPU has).
+        unsafe {
+            let f = |s: &[T]| std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len());
+            pool2x2_row_avx512(f(top), f(bot), k0, w, out);
+        }
+        return;
+    }
     let full = n / L * L;
     for (blk, o) in out[..full].chunks_exact_mut(L).enumerate() {
         let j0 = blk * L;
@@ -691,6 +703,73 @@ fn pool2x2_row<T: Float>(top: &[T], bot: &[T], k0: u32, w: u32, out: &mut [u32])
             bk = if take { kv } else { bk };
         }
         *o = bk;
+    }
+}
+
+/// [`pool2x2_row`] on f32 in AVX-512 registers, sixteen outputs at a time (the last run
+/// masked, so that a short row of a small image, 7 or 14 outputs, is one step rather than a
+/// scalar tail): each row pair's even and odd columns split apart with `vpermt2ps`, then the
+/// same three comparisons in the same order (a larger value or a NaN takes the place).
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx512f")]
+unsafe fn pool2x2_row_avx512(top: &[f32], bot: &[f32], k0: u32, w: u32, out: &mut [u32]) {
+    use std::arch::x86_64::*;
+    let n = out.len();
+    assert!(top.len() >= 2 * n && bot.len() >= 2 * n);
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    let lanes = |c: usize| -> u16 {
+        if c >= 16 {
+            u16::MAX
+        } else {
+            (1u16 << c) - 1
+        }
+    };
+    let mut j = 0;
+    while j < n {
+        let c = (n - j).min(16);
+        let (out_mask, lo, hi) = (lanes(c), lanes(2 * c), lanes((2 * c).saturating_sub(16)));
+        // SAFETY: the masked loads read inputs 2·j .. 2·(j + c) ≤ 2·n of each row (the
+        // assertion; masked-off lanes are not read), the masked store outputs j .. j + c ≤ n.
+        unsafe {
+            let (pt, pb) = (top.as_ptr().add(2 * j), bot.as_ptr().add(2 * j));
+            let (t0, t1) = (
+                _mm512_maskz_loadu_ps(lo, pt),
+                _mm512_maskz_loadu_ps(hi, pt.wrapping_add(16)),
+            );
+            let (b0, b1) = (
+                _mm512_maskz_loadu_ps(lo, pb),
+                _mm512_maskz_loadu_ps(hi, pb.wrapping_add(16)),
+            );
+            let mut bv = _mm512_permutex2var_ps(t0, even, t1);
+            let mut off = _mm512_setzero_si512();
+            for (v, dk) in [
+                (_mm512_permutex2var_ps(t0, odd, t1), 1),
+                (_mm512_permutex2var_ps(b0, even, b1), w),
+                (_mm512_permutex2var_ps(b0, odd, b1), w + 1),
+            ] {
+                let take = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(v, bv)
+                    | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+                bv = _mm512_mask_mov_ps(bv, take, v);
+                off = _mm512_mask_mov_epi32(off, take, _mm512_set1_epi32(dk as i32));
+            }
+            // Output j + q starts at input k0 + 2·(j + q).
+            let first = _mm512_set1_epi32(k0.wrapping_add(2 * j as u32) as i32);
+            let idx = _mm512_add_epi32(
+                _mm512_add_epi32(
+                    first,
+                    _mm512_slli_epi32::<1>(_mm512_setr_epi32(
+                        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+                    )),
+                ),
+                off,
+            );
+            _mm512_mask_storeu_epi32(out.as_mut_ptr().add(j).cast(), out_mask, idx);
+        }
+        j += c;
     }
 }
 
@@ -815,45 +894,6 @@ impl ConvDims {
     }
 }
 
-/// A convolution's output `y` `[n, o, l]` from its products laid out position-major, `rows`
-/// `[n·l, o]` (`colsᵀ·wᵀ`), with `bias` (`[o]`) added and each value rounded once to `H`.
-/// Images split over threads; each image's `[l, o]` block is read a band of positions at a
-/// time, so that its lines stay in the cache while the band's channels are written.
-pub fn conv_out_from_rows<H: Storage + Send>(
-    rows: &[f32],
-    bias: Option<&[f32]>,
-    d: ConvDims,
-    y: &mut [H],
-    threads: usize,
-) {
-    let ConvDims { o, l, n, .. } = d;
-    assert!(
-        rows.len() >= n * l * o && y.len() >= n * o * l && bias.is_none_or(|b| b.len() >= o),
-        "invariant: convolution output out of bounds"
-    );
-    const BAND: usize = 64;
-    super::par::par_rows_mut(
-        &mut y[..n * o * l],
-        o * l,
-        threads,
-        super::par::PAR_MIN_ELEMS,
-        |b, yb| {
-            let src = &rows[b * l * o..(b + 1) * l * o];
-            let mut tmp = [0f32; BAND];
-            for p0 in (0..l).step_by(BAND) {
-                let band = BAND.min(l - p0);
-                for c in 0..o {
-                    let add = bias.map_or(0.0, |bv| bv[c]);
-                    for (q, t) in tmp[..band].iter_mut().enumerate() {
-                        *t = src[(p0 + q) * o + c] + add;
-                    }
-                    H::store_f32(&tmp[..band], &mut yb[c * l + p0..c * l + p0 + band]);
-                }
-            }
-        },
-    );
-}
-
 /// `y[b] = w · cols_b (+ bias)` for each image `b`, written straight into the image-major
 /// output (`cols_b` is columns `b·l..(b+1)·l` of the patch matrix, read in place through its row
 /// stride): no permute after a batch-wide product. Images split over threads.
@@ -891,7 +931,7 @@ pub fn conv_gemm_forward<T: Float + Gemm>(
 /// The fixed number of image blocks whose weight gradients [`patch_products`] sums separately
 /// (then in block order): set by the batch alone, so that the bits do not depend on the thread
 /// count.
-const WEIGHT_GRAD_BLOCKS: usize = 8;
+pub(crate) const WEIGHT_GRAD_BLOCKS: usize = 8;
 
 /// What [`patch_products`] computes from each image's patches `P_b = im2col(src_b)` (`[k, l]`).
 pub struct PatchOut<'a, T> {
@@ -1579,6 +1619,70 @@ mod tests {
             });
             for (a, b) in back.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-12, "col2im {what}");
+            }
+        }
+    }
+
+    /// The 2×2/2 pooling of f32 at every SIMD level (the AVX-512 rows, masked at their ends)
+    /// picks what the definition picks — the first maximum in window order, a NaN wherever
+    /// one is — for every row length from 1 to 40 outputs, ties and NaN included.
+    #[test]
+    fn f32_pooling_picks_the_first_maximum_at_every_level() {
+        use super::super::wide::{level_lock, set_simd, simd, simd_available, Simd};
+        let _levels = level_lock();
+        let before = simd();
+        for wo in 1..=40usize {
+            let (c, h, w) = (3, 6, 2 * wo + wo % 2);
+            // Small integers tie often; every 13th value is a NaN.
+            let x: Vec<f32> = (0..c * h * w)
+                .map(|i| {
+                    if i % 13 == 5 {
+                        f32::NAN
+                    } else {
+                        ((i * 7919) % 5) as f32
+                    }
+                })
+                .collect();
+            let win = Window {
+                c,
+                h,
+                w,
+                kh: 2,
+                kw: 2,
+                sh: 2,
+                sw: 2,
+                ph: 0,
+                pw: 0,
+                dh: 1,
+                dw: 1,
+            };
+            let (ho, wo) = win.out_hw().unwrap();
+            let mut want = vec![0u32; c * ho * wo];
+            for ch in 0..c {
+                for oh in 0..ho {
+                    for ow in 0..wo {
+                        let mut best: Option<(f32, usize)> = None;
+                        for (ki, kj) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                            let at = (ch * h + 2 * oh + ki) * w + 2 * ow + kj;
+                            let v = x[at];
+                            let take = best.is_none_or(|(b, _)| v > b || v.is_nan());
+                            if take {
+                                best = Some((v, at));
+                            }
+                        }
+                        want[(ch * ho + oh) * wo + ow] = 3 + best.unwrap().1 as u32;
+                    }
+                }
+            }
+            for level in [Simd::Baseline, Simd::Avx2, Simd::Avx512] {
+                if level > simd_available() {
+                    continue;
+                }
+                set_simd(level);
+                let mut got = vec![0u32; c * ho * wo];
+                max_pool_indices(&x, &win, 3, &mut got);
+                set_simd(before);
+                assert_eq!(got, want, "{wo} outputs a row, {level:?}");
             }
         }
     }

@@ -24,9 +24,9 @@ pub mod wide;
 
 pub use cast::{cast, Storage};
 pub use conv::{
-    col2im, col2im_batch, conv_gemm_forward, conv_input_grad, conv_out_from_rows, fold_products,
-    im2col, im2col_batch, max_pool_indices, max_pool_indices_half, patch_products, put_add,
-    put_into, take, take_par, ConvDims, PatchOut, PatchProduct, PatchWeightGrad, Window,
+    col2im, col2im_batch, conv_gemm_forward, conv_input_grad, fold_products, im2col, im2col_batch,
+    max_pool_indices, max_pool_indices_half, patch_products, put_add, put_into, take, take_par,
+    ConvDims, PatchOut, PatchProduct, PatchWeightGrad, Window,
 };
 pub use elementwise::{binary, select, unary, unary_grad, unary_grad_in_place};
 pub use matmul::{gemm, gemm_batched, BatchView, Gemm, MatView, Mnk};

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use arenagrad_alloc::BufId;
-use arenagrad_exec::cpu::{self, Mnk, Window};
+use arenagrad_exec::cpu::{self, Window};
 use arenagrad_exec::Float;
 use smallvec::{smallvec, SmallVec};
 
@@ -59,53 +59,35 @@ fn window(
     Ok(win)
 }
 
-/// A bf16 convolution's products as one over the batch, position-major: `[n·l, o]` =
-/// colsᵀ·Wᵀ in f32, then each image's block turned into its `[o, l]` output with the bias
-/// added and rounded once ([`cpu::conv_out_from_rows`]). Read transposed, the patch matrix packs
-/// a panel of positions from consecutive elements of each of its rows, and the product is tall
-/// (one panel of `b`, the weight): measured 1.5–2× faster than one product per image, whose
-/// `[k, l]` panels of `b` are packed pair by pair from rows `n·l` apart for only `o` multiplies
-/// each.
-fn conv_rows_bf16(
+/// A bf16 convolution on the host without a patch matrix ([`cpu::bf16::conv::patch_products`]):
+/// input `xb` `[n, c, h, w]`, weight `wb` `[o, k]`, optional bias `bb` `[o]`, output `out`
+/// `[n, o, l]`.
+fn conv_bf16(
     i: &mut crate::graph::Inner,
-    [wb, cb, out]: [BufId; 3],
-    bias: Option<BufId>,
+    [xb, wb, out]: [BufId; 3],
+    bb: Option<BufId>,
+    win: Window,
     d: cpu::ConvDims,
 ) -> Result<()> {
     use arenagrad_exec::bf16;
     let op = "conv2d";
-    let cpu::ConvDims { o, k, l, n } = d;
     let threads = i.threads;
-    let alloc_err = |source| GraphError::Alloc { op, source };
-    let bias: Option<Vec<f32>> = match bias {
+    let bias = match bb {
         Some(bb) => Some(cpu::cast::widened(
-            i.arena.slice::<bf16>(bb).map_err(alloc_err)?,
+            i.arena
+                .slice::<bf16>(bb)
+                .map_err(|source| GraphError::Alloc { op, source })?,
         )),
         None => None,
     };
-    let rows = i.alloc(op, DType::F32, n * l * o)?;
-    {
-        let (r, w, c) = i
-            .arena
-            .split_mixed::<f32, bf16, bf16>(rows, wb, cb)
-            .map_err(alloc_err)?;
-        cpu::bf16::gemm_bf16(
-            Mnk::new(n * l, k, o),
-            cpu::MatView::row_major(c, 0, n * l, true),
-            cpu::MatView::row_major(w, 0, k, true),
-            r,
-            false,
-            threads,
-        );
-    }
-    {
-        let (y, r, _) = i
-            .arena
-            .split_mixed::<bf16, f32, f32>(out, rows, rows)
-            .map_err(alloc_err)?;
-        cpu::conv_out_from_rows(r, bias.as_deref(), d, y, threads);
-    }
-    i.release_buf(Device::Cpu, rows)
+    let (y, [xv, wv]) = i.split_mut::<bf16, 2>(op, out, [xb, wb])?;
+    let product = cpu::bf16::conv::PatchProduct {
+        w: wv,
+        bias: bias.as_deref(),
+        out: y,
+    };
+    cpu::bf16::conv::patch_products(xv, &win, d, Some(product), None, threads);
+    Ok(())
 }
 
 impl<'g> Tensor<'g> {
@@ -230,35 +212,18 @@ impl<'g> Tensor<'g> {
         let out = i.alloc(op, dtype, len)?;
         let threads = i.threads;
         let d = cpu::ConvDims { o, k, l, n };
-        if dtype == DType::BF16 && o >= cpu::bf16::NR && k >= 16 {
-            conv_rows_bf16(i, [wb, cb, out], bb, d)?;
-        } else if dtype == DType::BF16 {
-            // Image t's product W [o, k] · cols[:, t·l..(t+1)·l] (row stride n·l) into its
-            // [o, l] block, each starting from the bias column.
-            let offs: Vec<usize> = (0..n).map(|t| t * l).collect();
-            super::matmul::product_bf16(
-                i,
-                op,
-                [wb, cb, out],
-                (&vec![0; n], &offs),
-                Mnk::new(o, k, l),
-                [(k, false), (n * l, false)],
-                bb.map(|b| (b, o, 1)),
-            )?;
-        } else {
-            with_float!(dtype, T, {
-                match bb {
-                    Some(bb) => {
-                        let (y, [wv, cv, bv]) = i.split_mut::<T, 3>(op, out, [wb, cb, bb])?;
-                        cpu::conv_gemm_forward(wv, cv, Some(bv), d, y, threads);
-                    }
-                    None => {
-                        let (y, [wv, cv]) = i.split_mut::<T, 2>(op, out, [wb, cb])?;
-                        cpu::conv_gemm_forward(wv, cv, None, d, y, threads);
-                    }
+        with_float!(dtype, T, {
+            match bb {
+                Some(bb) => {
+                    let (y, [wv, cv, bv]) = i.split_mut::<T, 3>(op, out, [wb, cb, bb])?;
+                    cpu::conv_gemm_forward(wv, cv, Some(bv), d, y, threads);
                 }
-            });
-        }
+                None => {
+                    let (y, [wv, cv]) = i.split_mut::<T, 2>(op, out, [wb, cb])?;
+                    cpu::conv_gemm_forward(wv, cv, None, d, y, threads);
+                }
+            }
+        });
         let inputs: SmallVec<[NodeId; 3]> = match bias {
             Some(b) => smallvec![w.id, self.id, b.id],
             None => smallvec![w.id, self.id],
@@ -268,10 +233,11 @@ impl<'g> Tensor<'g> {
         Ok(self.g.handle(id))
     }
 
-    /// A host convolution node of f32 or f64 `self` by `w` `[o, k]` (`k` the window's patch
-    /// length) that keeps no patch matrix, and `bias`. Not `transposed`: `self` `[n, c, h, w]`
-    /// is the window's input, the output `[n, o, l]` (`Op::ConvPatches`), each image's patches
-    /// made and multiplied in the cache ([`cpu::patch_products`]) and made again by the
+    /// A host convolution node of f32, f64 or (not `transposed`) bf16 `self` by `w` `[o, k]`
+    /// (`k` the window's patch length) that keeps no patch matrix, and `bias`. Not
+    /// `transposed`: `self` `[n, c, h, w]` is the window's input, the output `[n, o, l]`
+    /// (`Op::ConvPatches`), each image's patches made and multiplied in the cache
+    /// ([`cpu::patch_products`], [`cpu::bf16::conv::patch_products`]) and made again by the
     /// backward for the weight's gradient. `transposed`: `self` `[n, o, ho, wo]` is over the
     /// window's output positions, the output `[n, win.c, win.h, win.w]` (`Op::ConvTranspose`),
     /// each image's patches folded from the cache ([`cpu::fold_products`]). The caller has
@@ -296,30 +262,34 @@ impl<'g> Tensor<'g> {
         let (dtype, [xb, wb], bb) = operand_bufs(i, op, [self, w], bias)?;
         let out = i.alloc(op, dtype, y_len)?;
         let threads = i.threads;
-        with_float!(dtype, T, {
-            let (y, [xv, wv, bv]) = match bb {
-                Some(bb) => i.split_mut::<T, 3>(op, out, [xb, wb, bb])?,
-                None => {
-                    let (y, [xv, wv]) = i.split_mut::<T, 2>(op, out, [xb, wb])?;
-                    (y, [xv, wv, &[][..]])
+        if dtype == DType::BF16 && !transposed {
+            conv_bf16(i, [xb, wb, out], bb, win, d)?;
+        } else {
+            with_float!(dtype, T, {
+                let (y, [xv, wv, bv]) = match bb {
+                    Some(bb) => i.split_mut::<T, 3>(op, out, [xb, wb, bb])?,
+                    None => {
+                        let (y, [xv, wv]) = i.split_mut::<T, 2>(op, out, [xb, wb])?;
+                        (y, [xv, wv, &[][..]])
+                    }
+                };
+                let bias = bb.map(|_| bv);
+                if transposed {
+                    cpu::fold_products(xv, wv, bias, &win, d, y, threads);
+                } else {
+                    let product = cpu::PatchProduct {
+                        w: wv,
+                        bias,
+                        out: y,
+                    };
+                    let outs = cpu::PatchOut {
+                        product: Some(product),
+                        weight_grad: None,
+                    };
+                    cpu::patch_products(xv, &win, d, outs, threads);
                 }
-            };
-            let bias = bb.map(|_| bv);
-            if transposed {
-                cpu::fold_products(xv, wv, bias, &win, d, y, threads);
-            } else {
-                let product = cpu::PatchProduct {
-                    w: wv,
-                    bias,
-                    out: y,
-                };
-                let outs = cpu::PatchOut {
-                    product: Some(product),
-                    weight_grad: None,
-                };
-                cpu::patch_products(xv, &win, d, outs, threads);
-            }
-        });
+            });
+        }
         let inputs: SmallVec<[NodeId; 3]> = match bias {
             Some(b) => smallvec![self.id, w.id, b.id],
             None => smallvec![self.id, w.id],
@@ -378,8 +348,8 @@ impl<'g> Tensor<'g> {
         {
             return x.conv2d_bias(w, b, stride, padding, dilation, groups);
         }
-        // bf16 on the host takes the batched product below (bf16 pairs, f32 sums from the
-        // bias, rounded once); other 16-bit cases run the f32 convolution on widened copies.
+        // bf16 on the host takes the bf16 product below (bf16 pairs, f32 sums, each result
+        // rounded once); other 16-bit cases run the f32 convolution on widened copies.
         let bf16_host = groups == 1
             && self.device() == Device::Cpu
             && [Some(self), Some(weight), bias]
@@ -432,10 +402,9 @@ impl<'g> Tensor<'g> {
         let g = groups as isize;
         let kk = (ws[1] * ws[2] * ws[3]) as isize;
         if groups == 1 && self.device() == Device::Cpu {
-            // On the host, f32 and f64 in one node that keeps no patches (each image's made and
-            // multiplied in the cache, and made again for the weight's gradient); bf16's
-            // patches sit side by side in one matrix cols [K, N·L], each image's product
-            // W [O, K] · cols_b written straight into its place in the output.
+            // On the host, one node that keeps no patches: each image's made and multiplied in
+            // the cache, and made again for the weight's gradient (bf16 through the bf16
+            // product, f32 sums rounded once).
             let w = weight.reshape(&[o as isize, kk])?;
             let d = cpu::ConvDims {
                 o,
@@ -443,12 +412,7 @@ impl<'g> Tensor<'g> {
                 l: ho * wo,
                 n,
             };
-            let y = if matches!(self.dtype(), DType::F32 | DType::F64) {
-                self.host_conv(w, bias, win, d, false)?
-            } else {
-                self.unfold_batch_win(win, n)?
-                    .conv_gemm(w, bias, n, ho * wo)?
-            };
+            let y = self.host_conv(w, bias, win, d, false)?;
             return y.reshape(&[n as isize, o as isize, ho as isize, wo as isize]);
         }
         let cols = self.unfold_win(win, n)?; // [N, C·kh·kw, L]
@@ -958,6 +922,9 @@ pub(crate) fn conv_patches_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Gra
             [x.requires_grad(), w.requires_grad()],
             |[dx, dw], i| {
                 let threads = i.threads;
+                if i.node(OP, x.id)?.dtype == DType::BF16 {
+                    return conv_grads_bf16(i, win, d, [dx, dw], [x, w, c.gy]);
+                }
                 with_float!(i.node(OP, x.id)?.dtype, T, {
                     if let Some(dx) = dx {
                         let bufs = [buf(i, OP, c.gy)?, buf(i, OP, w)?];
@@ -981,6 +948,33 @@ pub(crate) fn conv_patches_backward<'g>(win: &Window, c: &Ctx<'g>) -> Result<Gra
     }
     grads.extend(bias_grad(c, &[0, 2])?);
     Ok(grads)
+}
+
+/// [`conv_patches_backward`]'s host gradients in bf16: the input's
+/// ([`cpu::bf16::conv::fold_products`]) and the weight's
+/// ([`cpu::bf16::conv::patch_products`]), into `dx` and `dw` where given.
+fn conv_grads_bf16(
+    i: &mut crate::graph::Inner,
+    win: &Window,
+    d: cpu::ConvDims,
+    [dx, dw]: [Option<BufId>; 2],
+    [x, w, gy]: [Tensor<'_>; 3],
+) -> Result<()> {
+    use arenagrad_exec::bf16;
+    const OP: &str = "conv2d";
+    let threads = i.threads;
+    if let Some(dx) = dx {
+        let bufs = [buf(i, OP, gy)?, buf(i, OP, w)?];
+        let (dxv, [gv, wv]) = i.split_mut::<bf16, 2>(OP, dx, bufs)?;
+        cpu::bf16::conv::fold_products(gv, wv, win, d, dxv, threads);
+    }
+    if let Some(dw) = dw {
+        let bufs = [buf(i, OP, x)?, buf(i, OP, gy)?];
+        let (dwv, [xv, gv]) = i.split_mut::<bf16, 2>(OP, dw, bufs)?;
+        let grad = cpu::bf16::conv::PatchWeightGrad { a: gv, dw: dwv };
+        cpu::bf16::conv::patch_products(xv, win, d, None, Some(grad), threads);
+    }
+    Ok(())
 }
 
 /// The buffer of `t`'s node (an error naming `op` if it is gone).
