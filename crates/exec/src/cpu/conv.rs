@@ -1631,7 +1631,9 @@ mod tests {
         use super::super::wide::{level_lock, set_simd, simd, simd_available, Simd};
         let _levels = level_lock();
         let before = simd();
-        for wo in 1..=40usize {
+        // Miri: up to one masked run past a full one.
+        let widest = if cfg!(miri) { 17 } else { 40 };
+        for wo in 1..=widest {
             let (c, h, w) = (3, 6, 2 * wo + wo % 2);
             // Small integers tie often; every 13th value is a NaN.
             let x: Vec<f32> = (0..c * h * w)
