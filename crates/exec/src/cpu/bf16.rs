@@ -692,6 +692,8 @@ fn run_tile(
         unsafe { x86::tile_bf16(kc2, ap, bp, tile.c, tile.ldc, load) };
         return;
     }
+    // (Only the x86 kernels read `normal`.)
+    let _ = normal;
     let mut acc = [[0f32; NR]; MR];
     if load {
         for (r, row) in acc.iter_mut().enumerate().take(tile.rows) {
@@ -803,12 +805,12 @@ mod x86 {
         r0: usize,
         strip: usize,
     ) {
-        debug_assert!(r0 + R <= MR && ap.len() >= kc2 * MR && bp.len() >= kc2 * NR);
+        assert!(r0 + R <= MR && ap.len() >= kc2 * MR && bp.len() >= kc2 * NR);
         let c0 = 16 * strip;
-        // SAFETY: (AVX2 and FMA: the caller's target features.) Row r0 + r's floats c0..c0 + 16
-        // lie in `acc` (r0 + R ≤ MR, c0 + 16 ≤ NR); pair p's entries c0..c0 + 16 of `b` at
-        // p·NR + c0.. and its MR pairs of `a` at p·MR.. lie in the panels (p < kc2, the
-        // caller's assertion).
+        // SAFETY: (AVX2 and FMA: this function's target features.) Row r0 + r's floats
+        // c0..c0 + 16 lie in `acc` (r0 + R ≤ MR, and c0 + 16 ≤ NR for strip < NR / 16, the
+        // caller's range); pair p's entries c0..c0 + 16 of `b` at p·NR + c0.. and its MR pairs
+        // of `a` at p·MR.. lie in the panels (p < kc2; the assertion).
         unsafe {
             let high = _mm256_set1_epi32(0xffff_0000_u32 as i32);
             let mut x = [[_mm256_setzero_ps(); 2]; R];

@@ -731,12 +731,9 @@ fn rows_times_rows_loops<T: crate::Float>(
         while s < n {
             let e = (s + run).min(n);
             for q in 0..4 {
-                let (row, col) = if s + ahead < n {
-                    (r + q, s + ahead)
-                } else {
-                    (r + q + 4, s + ahead - n)
-                };
-                if row < k && col < n {
+                // Stream q's element `ahead` after column s: rows of `n` columns, four apart.
+                let (row, col) = (r + q + 4 * ((s + ahead) / n), (s + ahead) % n);
+                if row < k {
                     let first = b.offset + row * b.rs + col;
                     for x in (first..first + (e - s).min(n - col)).step_by(line) {
                         super::wide::prefetch(b.data.as_ptr().wrapping_add(x));

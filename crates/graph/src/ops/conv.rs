@@ -332,7 +332,8 @@ impl<'g> Tensor<'g> {
     }
 
     /// [`Tensor::conv2d`] plus a per-channel `bias` of shape `[out_channels]`. On the host each
-    /// image's product starts from the bias in the output, so it costs no pass of its own.
+    /// image's product starts from the bias in the output (in bf16, the bias joins the f32 sum
+    /// before it is rounded), so it costs no pass of its own.
     pub fn conv2d_bias(
         self,
         weight: Tensor<'g>,
