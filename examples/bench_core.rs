@@ -22,7 +22,7 @@
 
 use std::time::Instant;
 
-use arenagrad::exec::cpu::bf16::{bf16, gemm_bf16, to_bf16, Bf16Kernel};
+use arenagrad::exec::cpu::bf16::{bf16, gemm_bf16_on, to_bf16, Bf16Kernel};
 use arenagrad::exec::cpu::{gemm, MatView, Mnk};
 use arenagrad::nn::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use arenagrad::nn::{
@@ -112,9 +112,9 @@ fn gemm_gflops(n: usize, reps: usize, mut product: impl FnMut()) -> f64 {
     2.0 * (n as f64).powi(3) / median(t[1..].to_vec()) / 1e9
 }
 
-/// GFLOP/s of the bf16 product `n³` (f32 accumulation), row-split over `threads`, median of
-/// `reps`; with the kernel it ran on.
-fn gemm_bf16_raw(n: usize, threads: usize, reps: usize) -> (f64, Bf16Kernel) {
+/// GFLOP/s of the bf16 product `n³` (f32 accumulation) on `kernel`, row-split over `threads`,
+/// median of `reps`.
+fn gemm_bf16_raw(kernel: Bf16Kernel, n: usize, threads: usize, reps: usize) -> f64 {
     let a: Vec<bf16> = (0..n * n).map(|i| to_bf16((i % 7) as f32 * 0.1)).collect();
     let b = a.clone();
     let mut c = vec![0.0f32; n * n];
@@ -123,21 +123,39 @@ fn gemm_bf16_raw(n: usize, threads: usize, reps: usize) -> (f64, Bf16Kernel) {
             MatView::row_major(&a, 0, n, false),
             MatView::row_major(&b, 0, n, false),
         );
-        gemm_bf16(Mnk::new(n, n, n), a, b, &mut c, false, threads);
+        gemm_bf16_on(kernel, Mnk::new(n, n, n), a, b, &mut c, false, threads);
     });
     std::hint::black_box(&c);
-    (gflops, Bf16Kernel::best())
+    gflops
 }
 
-/// The bf16 product beside the f32 one, 1024³, in the same run.
+/// The bf16 product beside the f32 one, 1024³, in the same run: the kernel in use (see
+/// `ARENAGRAD_BF16`) on one thread and on all, and every other kernel this CPU has on one.
 fn bf16_rows(threads: usize, quick: bool) {
     let reps = if quick { 3 } else { 10 };
+    let kernel = Bf16Kernel::best();
     let f1 = gemm_raw(1024, 1, reps);
-    let (b1, kernel) = gemm_bf16_raw(1024, 1, reps);
+    let b1 = gemm_bf16_raw(kernel, 1024, 1, reps);
     let ft = gemm_raw(1024, threads, reps);
-    let (bt, _) = gemm_bf16_raw(1024, threads, reps);
+    let bt = gemm_bf16_raw(kernel, 1024, threads, reps);
     println!("| bf16 GEMM 1024³ (f32 accumulation), 1 thread, {kernel:?} | {b1:.0} GFLOP/s ({:.2}× f32's {f1:.0}) | |", b1 / f1);
-    println!("| bf16 GEMM 1024³ (f32 accumulation), row-split over {threads} threads | {bt:.0} GFLOP/s ({:.2}× f32's {ft:.0}) | ≥ 1.8× f32 |", bt / ft);
+    println!("| bf16 GEMM 1024³ (f32 accumulation), row-split over {threads} threads, {kernel:?} | {bt:.0} GFLOP/s ({:.2}× f32's {ft:.0}) | ≥ 1.8× f32 |", bt / ft);
+    let others: Vec<String> = [
+        Bf16Kernel::Amx,
+        Bf16Kernel::Avx512Bf16,
+        Bf16Kernel::Avx512,
+        Bf16Kernel::Avx2,
+    ]
+    .into_iter()
+    .filter(|&k| k != kernel && k.available())
+    .map(|k| format!("{k:?} {:.0}", gemm_bf16_raw(k, 1024, 1, reps)))
+    .collect();
+    if !others.is_empty() {
+        println!(
+            "| bf16 GEMM 1024³, 1 thread, the other kernels here | {} GFLOP/s | |",
+            others.join(", ")
+        );
+    }
 }
 
 /// The randn-matmul loop; returns (ms/iter, ms of randn alone, ms of 3 bare GEMMs + randn).

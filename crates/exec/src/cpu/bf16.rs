@@ -33,11 +33,23 @@
 //! `normal_results`), the flushes change nothing, and AVX2 and AVX-512 (without BF16) run tiles
 //! without them that keep their accumulators in registers (1024³ on one Zen 5 core: AVX2 30 → 77
 //! GFLOP/s, AVX-512 64 → 116).
+//!
+//! # AMX, where asked for
+//!
+//! Intel's Xeons since Sapphire Rapids have a tile unit (AMX) whose `tdpbf16ps` multiplies
+//! 16 × 32 by 32 × 16 bf16 tiles into f32 at several times `vdpbf16ps`'s rate, which on those
+//! CPUs retires at a quarter of the f32 fused multiply-add's rate (measured on an Emerald
+//! Rapids core: 1.2 G `vdpbf16ps` against 5.1 G `vfmadd231ps` a second, so the definition's
+//! kernel runs at 0.6× the f32 product there). Its rounding is not the definition's
+//! ([`Bf16Kernel::Amx`]), so it runs only where the process asks for it: [`set_amx`], or
+//! `ARENAGRAD_BF16=amx` in the environment.
 
 pub use half::bf16;
 
 use super::matmul::{product_output, MatView, Mnk, PAR_MIN_FLOPS};
 
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+mod amx;
 pub mod conv;
 mod gemv;
 
@@ -143,6 +155,34 @@ pub enum Bf16Kernel {
     Avx2,
     /// The definition in `f32::mul_add`, compiled for the target's baseline.
     Portable,
+    /// AMX's `tdpbf16ps`, products of 16 rows by 16 columns by 32 of `k` per instruction:
+    /// **not the definition's bits** (within a few units in the last place of them; the same
+    /// on every thread count), so only where asked for ([`set_amx`]). A few rows against a
+    /// matrix read once (a token at a time) still run on `vdpbf16ps`, as without AMX.
+    Amx,
+}
+
+const AMX_UNSET: u8 = u8::MAX;
+/// Whether products may run on AMX: unset (read `ARENAGRAD_BF16` on first use), 0 or 1.
+static AMX: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(AMX_UNSET);
+
+/// Lets [`gemm_bf16`] run on AMX's tile unit where the CPU has it ([`Bf16Kernel::Amx`]), or
+/// stops it, for the whole process; returns whether AMX is now in use. Off by default, and
+/// unless the environment variable `ARENAGRAD_BF16` is `amx`: AMX's products do not give the
+/// bits every other kernel gives (see [`Bf16Kernel::Amx`]), so a process that asks for its
+/// throughput gives up results equal across machines.
+pub fn set_amx(on: bool) -> bool {
+    let on = on && Bf16Kernel::Amx.available();
+    AMX.store(u8::from(on), std::sync::atomic::Ordering::Relaxed);
+    on
+}
+
+/// Whether [`gemm_bf16`] runs on AMX (see [`set_amx`]).
+pub fn amx_in_use() -> bool {
+    match AMX.load(std::sync::atomic::Ordering::Relaxed) {
+        AMX_UNSET => set_amx(std::env::var("ARENAGRAD_BF16").as_deref() == Ok("amx")),
+        v => v == 1,
+    }
 }
 
 impl Bf16Kernel {
@@ -151,6 +191,7 @@ impl Bf16Kernel {
     pub fn best() -> Bf16Kernel {
         use super::wide::{simd, Simd};
         let candidates: &[Bf16Kernel] = match simd() {
+            Simd::Avx512 if amx_in_use() => &[Bf16Kernel::Amx],
             Simd::Avx512 => &[Bf16Kernel::Avx512Bf16, Bf16Kernel::Avx512],
             Simd::Avx2 => &[Bf16Kernel::Avx2],
             Simd::Baseline => &[],
@@ -172,6 +213,7 @@ impl Bf16Kernel {
                 Bf16Kernel::Avx512 => has!("avx512f") && has!("fma"),
                 Bf16Kernel::Avx2 => has!("avx2") && has!("fma"),
                 Bf16Kernel::Portable => true,
+                Bf16Kernel::Amx => has!("avx512bf16") && amx::available(),
             }
         }
         #[cfg(not(all(target_arch = "x86_64", not(miri))))]
@@ -205,7 +247,12 @@ pub fn gemm_bf16_on(
     accumulate: bool,
     threads: usize,
 ) {
-    if gemv::takes(kernel, dims, &a, &b) {
+    // A few rows against a matrix read once: the same `vdpbf16ps` path under AMX.
+    let rows_kernel = match kernel {
+        Bf16Kernel::Amx => Bf16Kernel::Avx512Bf16,
+        k => k,
+    };
+    if gemv::takes(rows_kernel, dims, &a, &b) {
         // A few rows (a token at a time): `b` read once where it lies, nothing packed.
         if product_output(dims, &a, &b, c, accumulate, 0.0).is_some() {
             gemv::gemv(dims, a, b, c, accumulate, threads);
@@ -281,7 +328,10 @@ fn product_on(
         && normal_results(dims, &a, &b, accumulate.then_some(&*c));
     let work = m.saturating_mul(k).saturating_mul(n);
     let parallel = threads > 1 && work >= PAR_MIN_FLOPS;
-    if parallel && n > m && n >= 2 * NR && k >= 2 * m {
+    // AMX reads a k-contiguous `a` where it lies and multiplies faster than `b` packs: columns
+    // to each thread, so that each packs only its own.
+    let amx = kernel == Bf16Kernel::Amx;
+    if parallel && n >= 2 * NR && (amx || (n > m && k >= 2 * m)) {
         // Wider than tall with a long `k` (a weight's gradient, summed over tokens): whole
         // panels of columns to each thread, so that each packs its part of `b` (the larger
         // operand) and all of `a`, not all of `b` as a split by rows would make every thread
@@ -314,8 +364,10 @@ fn product_on(
     } else {
         1
     };
-    // Whole panels of rows to each thread, so that no thread packs a panel another also packs.
-    let rows_per = m.div_ceil(t).div_ceil(MR) * MR;
+    // Whole panels of rows to each thread, so that no thread packs a panel another also packs
+    // (whole blocks of tiles for AMX).
+    let unit = if amx { 32 } else { MR };
+    let rows_per = m.div_ceil(t).div_ceil(unit) * unit;
     let block = |part: usize, c: &mut [f32]| {
         let r0 = part * rows_per;
         let a = MatView {
@@ -383,6 +435,10 @@ fn single_thread(
     c: &mut [f32],
     accumulate: bool,
 ) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if kernel == Bf16Kernel::Amx {
+        return amx::single_thread(dims, a, b, c, accumulate);
+    }
     let Mnk { m, k, n } = dims;
     let k2 = k.div_ceil(2);
     PACKS.with(|packs| {

@@ -1,0 +1,573 @@
+//! The bf16 product on AMX's tile unit (`tdpbf16ps`), where the CPU has it and the process asks
+//! for it ([`super::set_amx`], or `ARENAGRAD_BF16=amx`).
+//!
+//! # Its own bits
+//!
+//! `tdpbf16ps` does not compute the module's definition, and nothing else computes what it does.
+//! Measured on an Intel Xeon of the Emerald Rapids generation against the Intel SDM's
+//! pseudo-code: with one pair of `k` per output, the instruction gives
+//! `round(acc + round(a₀b₀ + a₁b₁))` — the pair's sum rounded once, then added (not two fused
+//! multiply-adds, as `vdpbf16ps`); with more pairs in one instruction, no sequence of
+//! round-to-nearest additions in any order reproduces it (the unit sums the products of an
+//! instruction in its own wider format). Its results lie within a few units in the last place of
+//! the definition's, but not on them, so this kernel is not the default: a process that wants
+//! the throughput asks for it. PyTorch's bf16 `mm` runs here through oneDNN, whose products
+//! differ from its AVX-512 ones in the same way.
+//!
+//! What holds: each output's `k` is taken 32 at a time from its start (16 pairs per
+//! instruction, the accumulator carried in the output between blocks of `k`, `k` padded with
+//! zeros), whatever the thread count or the blocking, so the bits depend only on the operands
+//! and the shapes — the same on every thread count and every run on AMX.
+//!
+//! # The kernel
+//!
+//! Eight tile registers of 16 rows × 64 bytes: a 32 × 32 block of f32 accumulators in four, two
+//! tiles of `a` (16 rows × 16 pairs each) and two of `b` (16 pairs × 16 columns, the pairs
+//! interleaved as the other kernels pack them: `b`'s panels of [`NR`] columns serve as they
+//! are, read 256 bytes a row). `a` is packed row by row, its pairs contiguous.
+
+use std::arch::asm;
+use std::sync::OnceLock;
+
+use half::bf16;
+
+use super::super::matmul::{MatView, Mnk};
+use super::{pack_b, padded, pair, NR, PACKS};
+
+/// Rows and columns of a block of accumulators (two tiles by two).
+const BLOCK: usize = 32;
+/// Pairs of `k` per instruction.
+const STEP: usize = 16;
+/// Rows of `a` packed at a time.
+const MC: usize = 8 * BLOCK;
+/// Pairs of `k` packed at a time (a multiple of [`STEP`]; of 192, 384 and 512, the best at
+/// 1024³ on one Emerald Rapids core: the accumulators go through memory once per block).
+const KC2: usize = 512;
+
+/// Whether the CPU has AMX-TILE and AMX-BF16 and the kernel lets this process use the tile
+/// registers (Linux asks each process to request them: `arch_prctl(ARCH_REQ_XCOMP_PERM)`).
+/// Asked once; false elsewhere.
+pub(super) fn available() -> bool {
+    static GRANTED: OnceLock<bool> = OnceLock::new();
+    *GRANTED.get_or_init(|| {
+        // SAFETY: CPUID leaf 7 exists on every x86-64 CPU that reports AVX-512 (checked first);
+        // the system call only asks the kernel for a permission and touches no memory.
+        std::arch::is_x86_feature_detected!("avx512f")
+            && unsafe {
+                let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+                let (tile, bf16) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 22 & 1 == 1);
+                tile && bf16 && request_tiles()
+            }
+    })
+}
+
+/// Asks Linux for the tile registers' state (`arch_prctl(ARCH_REQ_XCOMP_PERM,
+/// XFEATURE_XTILEDATA)`); true when granted.
+///
+/// # Safety
+/// Only on x86-64 Linux (the system call's number and arguments are that ABI's).
+#[cfg(target_os = "linux")]
+unsafe fn request_tiles() -> bool {
+    const SYS_ARCH_PRCTL: isize = 158;
+    const ARCH_REQ_XCOMP_PERM: usize = 0x1023;
+    const XFEATURE_XTILEDATA: usize = 18;
+    let ret: isize;
+    // SAFETY: the caller's; `syscall` clobbers rcx and r11 and returns in rax.
+    unsafe {
+        asm!(
+            "syscall",
+            inlateout("rax") SYS_ARCH_PRCTL => ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+unsafe fn request_tiles() -> bool {
+    false
+}
+
+/// The tile configuration: palette 1, eight tiles of 16 rows × 64 bytes.
+#[repr(C, align(64))]
+struct Config([u8; 64]);
+
+static CONFIG: Config = {
+    let mut c = [0u8; 64];
+    c[0] = 1;
+    let mut t = 0;
+    while t < 8 {
+        c[16 + 2 * t] = 64;
+        c[48 + t] = 16;
+        t += 1;
+    }
+    Config(c)
+};
+
+/// The tile registers configured for [`tiles`] on this thread (eight tiles of 16 rows × 64
+/// bytes) while one lives; released when the outermost drops. Not `Send`: the tile state is
+/// the thread's.
+struct Configured(std::marker::PhantomData<*const ()>);
+
+thread_local! {
+    /// How many [`Configured`] live on this thread.
+    static DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+impl Configured {
+    fn new() -> Configured {
+        assert!(
+            available(),
+            "the AMX kernel runs only where the tiles are granted"
+        );
+        if DEPTH.get() == 0 {
+            // SAFETY: the tiles are granted (the assertion); the configuration is a 64-byte
+            // aligned static. Only this module's `tiles` reads the tile state; compiled code
+            // never touches it.
+            unsafe {
+                asm!("ldtilecfg [{cfg}]", cfg = in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+            }
+        }
+        DEPTH.set(DEPTH.get() + 1);
+        Configured(std::marker::PhantomData)
+    }
+}
+
+impl Drop for Configured {
+    fn drop(&mut self) {
+        DEPTH.set(DEPTH.get() - 1);
+        if DEPTH.get() == 0 {
+            // SAFETY: the tiles were configured by the outermost `new`; releasing them returns
+            // their state to the initial (empty) one.
+            unsafe { asm!("tilerelease", options(nostack, nomem)) };
+        }
+    }
+}
+
+/// `a` rows `i0..i0 + mc`, pairs `p0..p0 + kp`, row by row (`dst[r·kp + p]`), rows past `mc` up to
+/// a whole block and `k` past its end zeros.
+fn pack_rows(
+    a: MatView<'_, bf16>,
+    k: usize,
+    (i0, mc): (usize, usize),
+    (p0, kp): (usize, usize),
+    dst: &mut [u32],
+) {
+    for (r, out) in dst.chunks_exact_mut(kp).enumerate() {
+        if r >= mc {
+            out.fill(0);
+            continue;
+        }
+        let i = i0 + r;
+        let whole = (2 * (p0 + kp)).min(k).saturating_sub(2 * p0) / 2;
+        if a.cs == 1 {
+            let row = &a.data[a.offset + i * a.rs + 2 * p0..][..2 * whole];
+            for (slot, two) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *slot = pair(two[0], two[1]);
+            }
+        } else {
+            for (p, slot) in out.iter_mut().enumerate().take(whole) {
+                let kk = 2 * (p0 + p);
+                *slot = pair(padded(a, i, kk, true), padded(a, i, kk + 1, true));
+            }
+        }
+        for (p, slot) in out.iter_mut().enumerate().skip(whole) {
+            let kk = 2 * (p0 + p);
+            *slot = pair(padded(a, i, kk, kk < k), padded(a, i, kk + 1, kk + 1 < k));
+        }
+    }
+}
+
+/// The product on this thread, as `super::single_thread` (`c`: m×n, row-major, the starting
+/// accumulators when `accumulate`). Only where [`available`] holds.
+pub(super) fn single_thread(
+    dims: Mnk,
+    a: MatView<'_, bf16>,
+    b: MatView<'_, bf16>,
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    let Mnk { m, k, n } = dims;
+    assert!(a.fits(m, k) && b.fits(k, n) && c.len() >= m * n);
+    let k2 = k.div_ceil(2);
+    let tiles = Configured::new();
+    PACKS.with(|packs| {
+        let mut fresh = (Vec::new(), Vec::new());
+        let mut held = packs.try_borrow_mut();
+        let (pa, pb) = match held.as_deref_mut() {
+            Ok(p) => (&mut p.0, &mut p.1),
+            Err(_) => (&mut fresh.0, &mut fresh.1),
+        };
+        let mut p0 = 0;
+        while p0 < k2 {
+            // KC2 is a multiple of STEP: only the last block of `k` is padded.
+            let kc2 = KC2.min(k2 - p0);
+            let kp = kc2.div_ceil(STEP) * STEP;
+            let bn = n.div_ceil(NR) * NR;
+            pb.resize(kp * bn, 0);
+            pack_b(b, k, p0, kp, n, pb);
+            let load = accumulate || p0 > 0;
+            let mut i0 = 0;
+            while i0 < m {
+                let mc = MC.min(m - i0);
+                let am = mc.div_ceil(BLOCK) * BLOCK;
+                // A k-contiguous `a` is read where it lies, but for a last block of rows or of
+                // `k` that needs padding.
+                let whole_k = a.cs == 1 && 2 * (p0 + kp) <= k;
+                pa.resize(kp * am, 0);
+                if !whole_k || mc % BLOCK != 0 {
+                    pack_rows(a, k, (i0, mc), (p0, kp), pa);
+                }
+                // A block of columns of `b` (32 × kp pairs: 24 KiB) stays in the level-1 cache
+                // while the rows pass it.
+                for j0 in (0..n).step_by(BLOCK) {
+                    let cols = BLOCK.min(n - j0);
+                    let bp = &pb[(j0 / NR) * kp * NR + j0 % NR..];
+                    for (ib, ap) in pa.chunks_exact(BLOCK * kp).enumerate() {
+                        let r0 = i0 + ib * BLOCK;
+                        let rows = BLOCK.min(m - r0);
+                        let rows_of_a = if whole_k && rows == BLOCK {
+                            Rows::InPlace(&a.data[a.offset + r0 * a.rs + 2 * p0..], a.rs)
+                        } else {
+                            Rows::Packed(ap, kp)
+                        };
+                        let out = &mut c[r0 * n + j0..];
+                        let block = (rows_of_a, bp, (out, n));
+                        run_block(&tiles, kp / STEP, block, (rows, cols), load);
+                    }
+                }
+                i0 += mc;
+            }
+            p0 += kc2;
+        }
+    });
+}
+
+/// Where a block's 32 rows of `a` lie: packed (`lda` pairs apart), or in the matrix itself
+/// (k-contiguous, `rs` elements apart, from the block's first pair).
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    Packed(&'a [u32], usize),
+    InPlace(&'a [bf16], usize),
+}
+
+/// One block of accumulators: `rows × cols` (at most 32 × 32) of `c` (row stride `ldc`),
+/// `steps` instructions' worth of pairs from `a`'s 32 rows and `bp` (rows of [`NR`] pairs,
+/// this block's 32 columns first).
+fn run_block(
+    _tiles: &Configured,
+    steps: usize,
+    (a, bp, (c, ldc)): (Rows<'_>, &[u32], (&mut [f32], usize)),
+    (rows, cols): (usize, usize),
+    load: bool,
+) {
+    // `a`'s first byte and the bytes between its rows.
+    let (ap, lda) = match a {
+        Rows::Packed(ap, lda) => {
+            assert!(lda >= steps * STEP && ap.len() >= BLOCK * lda);
+            (ap.as_ptr().cast::<u8>(), 4 * lda)
+        }
+        Rows::InPlace(ap, rs) => {
+            assert!(rs >= 2 * steps * STEP && ap.len() >= (BLOCK - 1) * rs + 2 * steps * STEP);
+            (ap.as_ptr().cast::<u8>(), 2 * rs)
+        }
+    };
+    assert!(steps == 0 || bp.len() >= (steps * STEP - 1) * NR + BLOCK);
+    assert!(rows >= 1 && cols >= 1 && c.len() >= (rows - 1) * ldc + cols);
+    if rows == BLOCK && cols == BLOCK {
+        // SAFETY: the assertions: 32 rows of `c` from its start, 32 floats each, `ldc` apart;
+        // 32 rows of `a`'s `steps·16` pairs (64 bytes a step), `lda` bytes apart; `steps·16`
+        // rows of `b`'s 32 columns, `NR` apart; the tiles are configured (`_tiles` lives).
+        unsafe { tiles(steps, ap, lda, bp.as_ptr(), c.as_mut_ptr(), ldc, load) };
+        return;
+    }
+    // A partial block goes through a whole one of its own.
+    let mut local = [0f32; BLOCK * BLOCK];
+    if load {
+        for r in 0..rows {
+            local[r * BLOCK..][..cols].copy_from_slice(&c[r * ldc..][..cols]);
+        }
+    }
+    // SAFETY: as above, `c` being `local` (32 × 32, stride 32).
+    unsafe { tiles(steps, ap, lda, bp.as_ptr(), local.as_mut_ptr(), BLOCK, true) };
+    for r in 0..rows {
+        c[r * ldc..][..cols].copy_from_slice(&local[r * BLOCK..][..cols]);
+    }
+}
+
+/// The tiles: load (or zero) the four accumulator tiles, `steps` × four `tdpbf16ps`, store.
+///
+/// # Safety
+/// A [`Configured`] lives on this thread; `c` has 32 rows of 32 floats, `ldc` floats apart; `a` 32 rows of
+/// `steps·16` pairs, `lda_bytes` apart; `b` `steps·16` rows of 32 pairs, [`NR`] apart.
+unsafe fn tiles(
+    steps: usize,
+    a: *const u8,
+    lda_bytes: usize,
+    b: *const u32,
+    c: *mut f32,
+    ldc: usize,
+    load: bool,
+) {
+    let ldb_bytes = 4 * NR;
+    let ldc_bytes = 4 * ldc;
+    // SAFETY: the caller's: the tiles are configured, and every tile row read or written lies
+    // in its operand.
+    unsafe {
+        asm!(
+            "test {load:e}, {load:e}",
+            "jz 2f",
+            "tileloadd tmm0, [{c} + {ldc}*1]",
+            "tileloadd tmm1, [{c} + {ldc}*1 + 64]",
+            "lea {t}, [{c} + {ldc}*8]",
+            "lea {t}, [{t} + {ldc}*8]",
+            "tileloadd tmm2, [{t} + {ldc}*1]",
+            "tileloadd tmm3, [{t} + {ldc}*1 + 64]",
+            "jmp 3f",
+            "2:",
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "3:",
+            "test {steps}, {steps}",
+            "jz 5f",
+            "lea {t}, [{a} + {lda}*8]",
+            "lea {t}, [{t} + {lda}*8]",
+            "4:",
+            "tileloadd tmm4, [{a} + {lda}*1]",
+            "tileloadd tmm6, [{b} + {ldb}*1]",
+            "tileloadd tmm7, [{b} + {ldb}*1 + 64]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tileloadd tmm5, [{t} + {lda}*1]",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            "add {a}, 64",
+            "add {t}, 64",
+            "add {b}, {bstep}",
+            "dec {steps}",
+            "jnz 4b",
+            "5:",
+            "tilestored [{c} + {ldc}*1], tmm0",
+            "tilestored [{c} + {ldc}*1 + 64], tmm1",
+            "lea {t}, [{c} + {ldc}*8]",
+            "lea {t}, [{t} + {ldc}*8]",
+            "tilestored [{t} + {ldc}*1], tmm2",
+            "tilestored [{t} + {ldc}*1 + 64], tmm3",
+            load = in(reg) u32::from(load),
+            c = in(reg) c,
+            ldc = in(reg) ldc_bytes,
+            a = inout(reg) a => _,
+            lda = in(reg) lda_bytes,
+            b = inout(reg) b => _,
+            ldb = in(reg) ldb_bytes,
+            bstep = const 4 * STEP * NR,
+            steps = inout(reg) steps => _,
+            t = out(reg) _,
+            options(nostack),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{gemm_bf16_on, to_bf16, Bf16Kernel};
+    use super::*;
+
+    fn values(seed: u64, n: usize) -> Vec<bf16> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                to_bf16(((s >> 33) as f64 / (1u64 << 31) as f64 * 4.0 - 2.0) as f32)
+            })
+            .collect()
+    }
+
+    /// `c0 + a·b` in f64, and `|c0| + Σ|a·b|` for each output (`a` m×k and `b` k×n row-major).
+    fn exact(dims: Mnk, a: &[bf16], b: &[bf16], c0: &[f32]) -> Vec<(f64, f64)> {
+        let Mnk { m, k, n } = dims;
+        let mut out = Vec::with_capacity(m * n);
+        for i in 0..m {
+            for j in 0..n {
+                let (mut sum, mut size) =
+                    (f64::from(c0[i * n + j]), f64::from(c0[i * n + j]).abs());
+                for kk in 0..k {
+                    let t = f64::from(a[i * k + kk].to_f32()) * f64::from(b[kk * n + j].to_f32());
+                    sum += t;
+                    size += t.abs();
+                }
+                out.push((sum, size));
+            }
+        }
+        out
+    }
+
+    /// Whether every output lies within 2⁻²⁰ of its size per instruction along `k` (plus one) of
+    /// the exact value: a few units in the last place for each rounding of the unit.
+    fn within(c: &[f32], want: &[(f64, f64)], k: usize) -> bool {
+        let per = (k.div_ceil(2 * STEP) + 1) as f64 * 2f64.powi(-20);
+        c.iter()
+            .zip(want)
+            .all(|(&x, &(sum, size))| (f64::from(x) - sum).abs() <= per * size)
+    }
+
+    fn same_bits(x: &[f32], y: &[f32]) -> bool {
+        x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+    }
+
+    fn skip() -> bool {
+        if Bf16Kernel::Amx.available() {
+            return false;
+        }
+        eprintln!("skipped: no AMX-BF16 here, or the kernel did not grant the tile registers");
+        true
+    }
+
+    /// `a` (m×k) and `b` (k×n) in the layouts asked for (transposed storage read transposed).
+    fn product(
+        dims: Mnk,
+        (a, b): (&[bf16], &[bf16]),
+        (at, bt): (bool, bool),
+        c: &mut [f32],
+        accumulate: bool,
+        threads: usize,
+    ) {
+        let Mnk { m, k, n } = dims;
+        let transpose = |x: &[bf16], rows: usize, cols: usize| -> Vec<bf16> {
+            (0..cols)
+                .flat_map(|j| (0..rows).map(move |i| x[i * cols + j]))
+                .collect()
+        };
+        let (sa, sb) = (
+            if at { transpose(a, m, k) } else { a.to_vec() },
+            if bt { transpose(b, k, n) } else { b.to_vec() },
+        );
+        let av = if at {
+            MatView::row_major(&sa, 0, m, true)
+        } else {
+            MatView::row_major(&sa, 0, k, false)
+        };
+        let bv = if bt {
+            MatView::row_major(&sb, 0, k, true)
+        } else {
+            MatView::row_major(&sb, 0, n, false)
+        };
+        gemm_bf16_on(Bf16Kernel::Amx, dims, av, bv, c, accumulate, threads);
+    }
+
+    /// At the edges of tiles, blocks of rows and blocks of `k` (odd `k`, `k` over several
+    /// blocks), in every layout, with and without accumulation: within the bound of the exact
+    /// value, and the same bits on one, two and three threads.
+    #[test]
+    fn products_are_near_the_exact_ones_with_the_same_bits_on_every_thread_count() {
+        if skip() {
+            return;
+        }
+        for &(m, k, n) in &[
+            (16, 1, 1),
+            (17, 31, 33),
+            (32, 32, 32),
+            (33, 33, 65),
+            (70, 2 * 2 * KC2 + 37, 100),
+            (300, 96, 40),
+            (64, 2000, 200),
+        ] {
+            let dims = Mnk::new(m, k, n);
+            let (a, b) = (values(1 + m as u64, m * k), values(7 + n as u64, k * n));
+            let c0: Vec<f32> = values(11, m * n).iter().map(|x| x.to_f32()).collect();
+            for accumulate in [false, true] {
+                let zeros = vec![0f32; m * n];
+                let want = exact(dims, &a, &b, if accumulate { &c0 } else { &zeros });
+                for layout in [(false, false), (true, false), (false, true), (true, true)] {
+                    let mut first = None;
+                    for threads in [1, 2, 3] {
+                        let mut c = c0.clone();
+                        product(dims, (&a, &b), layout, &mut c, accumulate, threads);
+                        let what = format!(
+                            "{m}×{k}×{n} {layout:?} threads {threads} accumulate {accumulate}"
+                        );
+                        assert!(within(&c, &want, k), "{what}: off the exact value");
+                        let first = first.get_or_insert_with(|| c.clone());
+                        assert!(
+                            same_bits(&c, first),
+                            "{what}: bits differ from one thread's"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A product split at a block of `k` and accumulated gives the bits of the whole (the
+    /// accumulator carried through the output as between blocks), and the bound catches a
+    /// product with one value of `k` left out.
+    #[test]
+    fn accumulating_across_blocks_of_k_matches_and_the_bound_catches_a_dropped_term() {
+        if skip() {
+            return;
+        }
+        let (m, k, n) = (40, 4 * KC2 + 10, 50);
+        let split = 2 * KC2;
+        let (a, b) = (values(3, m * k), values(5, k * n));
+        let mut whole = vec![0f32; m * n];
+        product(
+            Mnk::new(m, k, n),
+            (&a, &b),
+            (false, false),
+            &mut whole,
+            false,
+            2,
+        );
+        let (a0, a1): (Vec<bf16>, Vec<bf16>) = {
+            let rows = |r: std::ops::Range<usize>| -> Vec<bf16> {
+                (0..m)
+                    .flat_map(|i| a[i * k..][r.clone()].to_vec())
+                    .collect()
+            };
+            (rows(0..split), rows(split..k))
+        };
+        let mut parts = vec![0f32; m * n];
+        product(
+            Mnk::new(m, split, n),
+            (&a0, &b[..split * n]),
+            (false, false),
+            &mut parts,
+            false,
+            1,
+        );
+        product(
+            Mnk::new(m, k - split, n),
+            (&a1, &b[split * n..]),
+            (false, false),
+            &mut parts,
+            true,
+            1,
+        );
+        assert!(same_bits(&whole, &parts));
+        let want = exact(Mnk::new(m, k, n), &a, &b, &vec![0f32; m * n]);
+        assert!(within(&whole, &want, k));
+        let mut dropped = a.clone();
+        dropped[5 * k + 77] = bf16::from_bits(0);
+        let mut c = vec![0f32; m * n];
+        product(
+            Mnk::new(m, k, n),
+            (&dropped, &b),
+            (false, false),
+            &mut c,
+            false,
+            1,
+        );
+        assert!(
+            !within(&c, &want, k),
+            "a product missing a term passes the bound"
+        );
+    }
+}
