@@ -328,10 +328,10 @@ fn product_on(
         && normal_results(dims, &a, &b, accumulate.then_some(&*c));
     let work = m.saturating_mul(k).saturating_mul(n);
     let parallel = threads > 1 && work >= PAR_MIN_FLOPS;
-    // AMX reads a k-contiguous `a` where it lies and multiplies faster than `b` packs: columns
-    // to each thread, so that each packs only its own.
+    // AMX multiplies faster than `b` packs: columns to each thread wherever packing all of
+    // `b` per thread (`k·n`) costs more than copying the output's columns (`m·n`).
     let amx = kernel == Bf16Kernel::Amx;
-    if parallel && n >= 2 * NR && (amx || (n > m && k >= 2 * m)) {
+    if parallel && n >= 2 * NR && (if amx { k >= m } else { n > m && k >= 2 * m }) {
         // Wider than tall with a long `k` (a weight's gradient, summed over tokens): whole
         // panels of columns to each thread, so that each packs its part of `b` (the larger
         // operand) and all of `a`, not all of `b` as a split by rows would make every thread

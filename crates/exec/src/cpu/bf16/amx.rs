@@ -157,19 +157,45 @@ fn pack_rows(
     (p0, kp): (usize, usize),
     dst: &mut [u32],
 ) {
+    // Pairs wholly inside `k`.
+    let whole = (2 * (p0 + kp)).min(k).saturating_sub(2 * p0) / 2;
+    if a.rs == 1 && a.cs != 1 {
+        // Stored transposed (a weight gradient's `xᵀ`): blocks of 16 pairs by 16 rows, each
+        // pair from two runs of contiguous values, turned in a buffer on the stack and written
+        // as whole lines (writing the packed rows a pair at a time, `kp` apart, thrashed the
+        // cache's sets).
+        const T: usize = 16;
+        for pb in (0..whole).step_by(T) {
+            let pn = T.min(whole - pb);
+            for rb in (0..mc).step_by(T) {
+                let rn = T.min(mc - rb);
+                let mut turned = [[0u32; T]; T];
+                for q in 0..pn {
+                    let kk = 2 * (p0 + pb + q);
+                    let lo = &a.data[a.offset + kk * a.cs + i0 + rb..][..rn];
+                    let hi = &a.data[a.offset + (kk + 1) * a.cs + i0 + rb..][..rn];
+                    for (r, (&l, &h)) in lo.iter().zip(hi).enumerate() {
+                        turned[r][q] = pair(l, h);
+                    }
+                }
+                for (r, row) in turned.iter().enumerate().take(rn) {
+                    dst[(rb + r) * kp + pb..][..pn].copy_from_slice(&row[..pn]);
+                }
+            }
+        }
+    }
     for (r, out) in dst.chunks_exact_mut(kp).enumerate() {
         if r >= mc {
             out.fill(0);
             continue;
         }
         let i = i0 + r;
-        let whole = (2 * (p0 + kp)).min(k).saturating_sub(2 * p0) / 2;
         if a.cs == 1 {
             let row = &a.data[a.offset + i * a.rs + 2 * p0..][..2 * whole];
             for (slot, two) in out.iter_mut().zip(row.chunks_exact(2)) {
                 *slot = pair(two[0], two[1]);
             }
-        } else {
+        } else if a.rs != 1 {
             for (p, slot) in out.iter_mut().enumerate().take(whole) {
                 let kk = 2 * (p0 + p);
                 *slot = pair(padded(a, i, kk, true), padded(a, i, kk + 1, true));
@@ -504,6 +530,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Why the kernel is not the default: with one pair of `k`, `tdpbf16ps` rounds the pair's
+    /// sum once and then adds it to the accumulator, where `vdpbf16ps` (the module's
+    /// definition) takes the two products one after the other; over random values the two
+    /// disagree on some outputs.
+    #[test]
+    fn one_pair_is_rounded_once_then_added_unlike_the_definition() {
+        if skip() {
+            return;
+        }
+        let (m, n) = (64, 64);
+        let (a, b) = (values(21, m * 2), values(22, 2 * n));
+        let c0: Vec<f32> = values(23, m * n)
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x.to_f32() * (1 << (i % 9)) as f32)
+            .collect();
+        let mut c = c0.clone();
+        product(Mnk::new(m, 2, n), (&a, &b), (false, false), &mut c, true, 1);
+        let mut differ = 0;
+        for i in 0..m {
+            for j in 0..n {
+                let (a0, a1) = (a[2 * i], a[2 * i + 1]);
+                let (b0, b1) = (b[j], b[n + j]);
+                let sum = a0.to_f32() * b0.to_f32() + a1.to_f32() * b1.to_f32();
+                assert_eq!(c[i * n + j].to_bits(), (c0[i * n + j] + sum).to_bits());
+                let definition = super::super::dot_pair(c0[i * n + j], pair(a0, a1), pair(b0, b1));
+                differ += usize::from(definition.to_bits() != c[i * n + j].to_bits());
+            }
+        }
+        assert!(differ > 0, "AMX gave the definition's bits on every output");
     }
 
     /// A product split at a block of `k` and accumulated gives the bits of the whole (the
