@@ -112,7 +112,7 @@ fn gemm_gflops(n: usize, reps: usize, mut product: impl FnMut()) -> f64 {
     2.0 * (n as f64).powi(3) / median(t[1..].to_vec()) / 1e9
 }
 
-/// GFLOP/s of the bf16 product `n³` (f32 accumulation) on `kernel`, row-split over `threads`,
+/// GFLOP/s of the bf16 product `n³` (f32 accumulation) on `kernel`, over `threads`,
 /// median of `reps`.
 fn gemm_bf16_raw(kernel: Bf16Kernel, n: usize, threads: usize, reps: usize) -> f64 {
     let a: Vec<bf16> = (0..n * n).map(|i| to_bf16((i % 7) as f32 * 0.1)).collect();
@@ -139,7 +139,7 @@ fn bf16_rows(threads: usize, quick: bool) {
     let ft = gemm_raw(1024, threads, reps);
     let bt = gemm_bf16_raw(kernel, 1024, threads, reps);
     println!("| bf16 GEMM 1024³ (f32 accumulation), 1 thread, {kernel:?} | {b1:.0} GFLOP/s ({:.2}× f32's {f1:.0}) | |", b1 / f1);
-    println!("| bf16 GEMM 1024³ (f32 accumulation), row-split over {threads} threads, {kernel:?} | {bt:.0} GFLOP/s ({:.2}× f32's {ft:.0}) | ≥ 1.8× f32 |", bt / ft);
+    println!("| bf16 GEMM 1024³ (f32 accumulation), over {threads} threads, {kernel:?} | {bt:.0} GFLOP/s ({:.2}× f32's {ft:.0}) | ≥ 1.8× f32 |", bt / ft);
     let others: Vec<String> = [
         Bf16Kernel::Amx,
         Bf16Kernel::Avx512Bf16,

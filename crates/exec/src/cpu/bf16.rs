@@ -425,6 +425,20 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
+/// `f` on this thread's packing buffers for `a` and `b` (fresh ones where they are in use
+/// further up this thread's stack).
+fn with_packs<R>(f: impl FnOnce(&mut Vec<u32>, &mut Vec<u32>) -> R) -> R {
+    PACKS.with(|packs| {
+        let mut fresh = (Vec::new(), Vec::new());
+        let mut held = packs.try_borrow_mut();
+        let (pa, pb) = match held.as_deref_mut() {
+            Ok(p) => (&mut p.0, &mut p.1),
+            Err(_) => (&mut fresh.0, &mut fresh.1),
+        };
+        f(pa, pb)
+    })
+}
+
 /// The product on this thread: `c` (m×n, row-major) holds the starting accumulators when
 /// `accumulate`, else they are zeros.
 fn single_thread(
@@ -441,14 +455,7 @@ fn single_thread(
     }
     let Mnk { m, k, n } = dims;
     let k2 = k.div_ceil(2);
-    PACKS.with(|packs| {
-        let mut fresh = (Vec::new(), Vec::new());
-        let mut held = packs.try_borrow_mut();
-        let (pa, pb) = match held.as_deref_mut() {
-            Ok(p) => (&mut p.0, &mut p.1),
-            // In use further up this thread's stack: fresh buffers.
-            Err(_) => (&mut fresh.0, &mut fresh.1),
-        };
+    with_packs(|pa, pb| {
         let mut p0 = 0;
         while p0 < k2 {
             let kc2 = KC2.min(k2 - p0);
@@ -1017,7 +1024,8 @@ mod x86 {
 mod tests {
     use super::*;
 
-    fn bits(seed: u64, n: usize) -> Vec<bf16> {
+    /// `n` pseudo-random bf16 in [−2, 2).
+    pub(super) fn bits(seed: u64, n: usize) -> Vec<bf16> {
         let mut s = seed;
         (0..n)
             .map(|_| {
@@ -1050,7 +1058,7 @@ mod tests {
         out
     }
 
-    fn same_bits(x: &[f32], y: &[f32]) -> bool {
+    pub(super) fn same_bits(x: &[f32], y: &[f32]) -> bool {
         x.len() == y.len()
             && x.iter()
                 .zip(y)

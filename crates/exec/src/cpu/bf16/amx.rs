@@ -32,7 +32,7 @@ use std::sync::OnceLock;
 use half::bf16;
 
 use super::super::matmul::{MatView, Mnk};
-use super::{pack_b, padded, pair, NR, PACKS};
+use super::{pack_b, padded, pair, with_packs, NR};
 
 /// Rows and columns of a block of accumulators (two tiles by two).
 const BLOCK: usize = 32;
@@ -148,8 +148,24 @@ impl Drop for Configured {
     }
 }
 
-/// `a` rows `i0..i0 + mc`, pairs `p0..p0 + kp`, row by row (`dst[r·kp + p]`), rows past `mc` up to
-/// a whole block and `k` past its end zeros.
+/// `u32`s in a tile: 16 rows of 16 pairs (64 bytes).
+const TILE: usize = 16 * STEP;
+
+/// Where pair `p` of packed row `r` lies: blocks of 32 rows (`32·kp` pairs each), each a run of
+/// steps; a step is its two tiles (rows 0–15, then 16–31), each 16 rows of the step's 16 pairs
+/// — a tile's kilobyte contiguous, so that its rows do not share the cache's sets as rows of a
+/// matrix 2ⁿ bytes apart do.
+#[inline(always)]
+fn slot(r: usize, p: usize, kp: usize) -> usize {
+    (r / BLOCK) * BLOCK * kp
+        + (p / STEP) * 2 * TILE
+        + (r % BLOCK / 16) * TILE
+        + (r % 16) * STEP
+        + p % STEP
+}
+
+/// `a` rows `i0..i0 + mc`, pairs `p0..p0 + kp`, into `dst` in tiles ([`slot`]); rows past `mc` up
+/// to a whole block and `k` past its end zeros.
 fn pack_rows(
     a: MatView<'_, bf16>,
     k: usize,
@@ -159,19 +175,17 @@ fn pack_rows(
 ) {
     // Pairs wholly inside `k`.
     let whole = (2 * (p0 + kp)).min(k).saturating_sub(2 * p0) / 2;
+    let rows = dst.len() / kp;
     if a.rs == 1 && a.cs != 1 {
         // Stored transposed (a weight gradient's `xᵀ`): blocks of 16 pairs by 16 rows, each
         // pair from two runs of contiguous values, turned in a buffer on the stack and written
-        // as whole lines (writing the packed rows a pair at a time, `kp` apart, thrashed the
-        // cache's sets).
-        const T: usize = 16;
-        for pb in (0..whole).step_by(T) {
-            let pn = T.min(whole - pb);
-            for rb in (0..mc).step_by(T) {
-                let rn = T.min(mc - rb);
-                let mut turned = [[0u32; T]; T];
-                for q in 0..pn {
-                    let kk = 2 * (p0 + pb + q);
+        // as a tile's rows.
+        for pb in (0..whole).step_by(STEP) {
+            let pn = STEP.min(whole - pb);
+            for rb in (0..mc).step_by(16) {
+                let rn = 16.min(mc - rb);
+                let mut turned = [[0u32; STEP]; 16];
+                for (q, kk) in (0..pn).map(|q| (q, 2 * (p0 + pb + q))) {
                     let lo = &a.data[a.offset + kk * a.cs + i0 + rb..][..rn];
                     let hi = &a.data[a.offset + (kk + 1) * a.cs + i0 + rb..][..rn];
                     for (r, (&l, &h)) in lo.iter().zip(hi).enumerate() {
@@ -179,31 +193,36 @@ fn pack_rows(
                     }
                 }
                 for (r, row) in turned.iter().enumerate().take(rn) {
-                    dst[(rb + r) * kp + pb..][..pn].copy_from_slice(&row[..pn]);
+                    dst[slot(rb + r, pb, kp)..][..pn].copy_from_slice(&row[..pn]);
                 }
             }
         }
     }
-    for (r, out) in dst.chunks_exact_mut(kp).enumerate() {
+    for r in 0..rows {
         if r >= mc {
-            out.fill(0);
+            for pb in (0..kp).step_by(STEP) {
+                dst[slot(r, pb, kp)..][..STEP].fill(0);
+            }
             continue;
         }
         let i = i0 + r;
         if a.cs == 1 {
             let row = &a.data[a.offset + i * a.rs + 2 * p0..][..2 * whole];
-            for (slot, two) in out.iter_mut().zip(row.chunks_exact(2)) {
-                *slot = pair(two[0], two[1]);
+            for (pb, run) in row.chunks(2 * STEP).enumerate() {
+                let out = &mut dst[slot(r, pb * STEP, kp)..][..run.len() / 2];
+                for (o, two) in out.iter_mut().zip(run.chunks_exact(2)) {
+                    *o = pair(two[0], two[1]);
+                }
             }
         } else if a.rs != 1 {
-            for (p, slot) in out.iter_mut().enumerate().take(whole) {
+            for p in 0..whole {
                 let kk = 2 * (p0 + p);
-                *slot = pair(padded(a, i, kk, true), padded(a, i, kk + 1, true));
+                dst[slot(r, p, kp)] = pair(padded(a, i, kk, true), padded(a, i, kk + 1, true));
             }
         }
-        for (p, slot) in out.iter_mut().enumerate().skip(whole) {
+        for p in whole..kp {
             let kk = 2 * (p0 + p);
-            *slot = pair(padded(a, i, kk, kk < k), padded(a, i, kk + 1, kk + 1 < k));
+            dst[slot(r, p, kp)] = pair(padded(a, i, kk, kk < k), padded(a, i, kk + 1, kk + 1 < k));
         }
     }
 }
@@ -221,13 +240,7 @@ pub(super) fn single_thread(
     assert!(a.fits(m, k) && b.fits(k, n) && c.len() >= m * n);
     let k2 = k.div_ceil(2);
     let tiles = Configured::new();
-    PACKS.with(|packs| {
-        let mut fresh = (Vec::new(), Vec::new());
-        let mut held = packs.try_borrow_mut();
-        let (pa, pb) = match held.as_deref_mut() {
-            Ok(p) => (&mut p.0, &mut p.1),
-            Err(_) => (&mut fresh.0, &mut fresh.1),
-        };
+    with_packs(|pa, pb| {
         let mut p0 = 0;
         while p0 < k2 {
             // KC2 is a multiple of STEP: only the last block of `k` is padded.
@@ -241,13 +254,8 @@ pub(super) fn single_thread(
             while i0 < m {
                 let mc = MC.min(m - i0);
                 let am = mc.div_ceil(BLOCK) * BLOCK;
-                // A k-contiguous `a` is read where it lies, but for a last block of rows or of
-                // `k` that needs padding.
-                let whole_k = a.cs == 1 && 2 * (p0 + kp) <= k;
                 pa.resize(kp * am, 0);
-                if !whole_k || mc % BLOCK != 0 {
-                    pack_rows(a, k, (i0, mc), (p0, kp), pa);
-                }
+                pack_rows(a, k, (i0, mc), (p0, kp), pa);
                 // A block of columns of `b` (32 × kp pairs: 24 KiB) stays in the level-1 cache
                 // while the rows pass it.
                 for j0 in (0..n).step_by(BLOCK) {
@@ -256,13 +264,8 @@ pub(super) fn single_thread(
                     for (ib, ap) in pa.chunks_exact(BLOCK * kp).enumerate() {
                         let r0 = i0 + ib * BLOCK;
                         let rows = BLOCK.min(m - r0);
-                        let rows_of_a = if whole_k && rows == BLOCK {
-                            Rows::InPlace(&a.data[a.offset + r0 * a.rs + 2 * p0..], a.rs)
-                        } else {
-                            Rows::Packed(ap, kp)
-                        };
                         let out = &mut c[r0 * n + j0..];
-                        let block = (rows_of_a, bp, (out, n));
+                        let block = (ap, bp, (out, n));
                         run_block(&tiles, kp / STEP, block, (rows, cols), load);
                     }
                 }
@@ -273,42 +276,24 @@ pub(super) fn single_thread(
     });
 }
 
-/// Where a block's 32 rows of `a` lie: packed (`lda` pairs apart), or in the matrix itself
-/// (k-contiguous, `rs` elements apart, from the block's first pair).
-#[derive(Clone, Copy)]
-enum Rows<'a> {
-    Packed(&'a [u32], usize),
-    InPlace(&'a [bf16], usize),
-}
-
 /// One block of accumulators: `rows × cols` (at most 32 × 32) of `c` (row stride `ldc`),
-/// `steps` instructions' worth of pairs from `a`'s 32 rows and `bp` (rows of [`NR`] pairs,
-/// this block's 32 columns first).
+/// `steps` instructions' worth of pairs from `ap` (32 rows packed in tiles, [`slot`]) and `bp`
+/// (rows of [`NR`] pairs, this block's 32 columns first).
 fn run_block(
     _tiles: &Configured,
     steps: usize,
-    (a, bp, (c, ldc)): (Rows<'_>, &[u32], (&mut [f32], usize)),
+    (ap, bp, (c, ldc)): (&[u32], &[u32], (&mut [f32], usize)),
     (rows, cols): (usize, usize),
     load: bool,
 ) {
-    // `a`'s first byte and the bytes between its rows.
-    let (ap, lda) = match a {
-        Rows::Packed(ap, lda) => {
-            assert!(lda >= steps * STEP && ap.len() >= BLOCK * lda);
-            (ap.as_ptr().cast::<u8>(), 4 * lda)
-        }
-        Rows::InPlace(ap, rs) => {
-            assert!(rs >= 2 * steps * STEP && ap.len() >= (BLOCK - 1) * rs + 2 * steps * STEP);
-            (ap.as_ptr().cast::<u8>(), 2 * rs)
-        }
-    };
+    assert!(ap.len() >= steps * 2 * TILE);
     assert!(steps == 0 || bp.len() >= (steps * STEP - 1) * NR + BLOCK);
     assert!(rows >= 1 && cols >= 1 && c.len() >= (rows - 1) * ldc + cols);
     if rows == BLOCK && cols == BLOCK {
         // SAFETY: the assertions: 32 rows of `c` from its start, 32 floats each, `ldc` apart;
-        // 32 rows of `a`'s `steps·16` pairs (64 bytes a step), `lda` bytes apart; `steps·16`
-        // rows of `b`'s 32 columns, `NR` apart; the tiles are configured (`_tiles` lives).
-        unsafe { tiles(steps, ap, lda, bp.as_ptr(), c.as_mut_ptr(), ldc, load) };
+        // `steps` pairs of `a`'s tiles (2 KiB each); `steps·16` rows of `b`'s 32 columns, `NR`
+        // apart; the tiles are configured (`_tiles` lives).
+        unsafe { tiles(steps, ap.as_ptr(), bp.as_ptr(), c.as_mut_ptr(), ldc, load) };
         return;
     }
     // A partial block goes through a whole one of its own.
@@ -319,7 +304,16 @@ fn run_block(
         }
     }
     // SAFETY: as above, `c` being `local` (32 × 32, stride 32).
-    unsafe { tiles(steps, ap, lda, bp.as_ptr(), local.as_mut_ptr(), BLOCK, true) };
+    unsafe {
+        tiles(
+            steps,
+            ap.as_ptr(),
+            bp.as_ptr(),
+            local.as_mut_ptr(),
+            BLOCK,
+            true,
+        )
+    };
     for r in 0..rows {
         c[r * ldc..][..cols].copy_from_slice(&local[r * BLOCK..][..cols]);
     }
@@ -329,16 +323,9 @@ fn run_block(
 ///
 /// # Safety
 /// A [`Configured`] lives on this thread; `c` has 32 rows of 32 floats, `ldc` floats apart; `a` 32 rows of
-/// `steps·16` pairs, `lda_bytes` apart; `b` `steps·16` rows of 32 pairs, [`NR`] apart.
-unsafe fn tiles(
-    steps: usize,
-    a: *const u8,
-    lda_bytes: usize,
-    b: *const u32,
-    c: *mut f32,
-    ldc: usize,
-    load: bool,
-) {
+/// `a` `steps` pairs of tiles (each 16 rows of 64 bytes, the rows 0–15 then 16–31 of step s at
+/// 2 KiB·s); `b` `steps·16` rows of 32 pairs, [`NR`] apart.
+unsafe fn tiles(steps: usize, a: *const u32, b: *const u32, c: *mut f32, ldc: usize, load: bool) {
     let ldb_bytes = 4 * NR;
     let ldc_bytes = 4 * ldc;
     // SAFETY: the caller's: the tiles are configured, and every tile row read or written lies
@@ -362,19 +349,16 @@ unsafe fn tiles(
             "3:",
             "test {steps}, {steps}",
             "jz 5f",
-            "lea {t}, [{a} + {lda}*8]",
-            "lea {t}, [{t} + {lda}*8]",
             "4:",
             "tileloadd tmm4, [{a} + {lda}*1]",
             "tileloadd tmm6, [{b} + {ldb}*1]",
             "tileloadd tmm7, [{b} + {ldb}*1 + 64]",
             "tdpbf16ps tmm0, tmm4, tmm6",
             "tdpbf16ps tmm1, tmm4, tmm7",
-            "tileloadd tmm5, [{t} + {lda}*1]",
+            "tileloadd tmm5, [{a} + {lda}*1 + 1024]",
             "tdpbf16ps tmm2, tmm5, tmm6",
             "tdpbf16ps tmm3, tmm5, tmm7",
-            "add {a}, 64",
-            "add {t}, 64",
+            "add {a}, 2048",
             "add {b}, {bstep}",
             "dec {steps}",
             "jnz 4b",
@@ -389,7 +373,7 @@ unsafe fn tiles(
             c = in(reg) c,
             ldc = in(reg) ldc_bytes,
             a = inout(reg) a => _,
-            lda = in(reg) lda_bytes,
+            lda = in(reg) 64usize,
             b = inout(reg) b => _,
             ldb = in(reg) ldb_bytes,
             bstep = const 4 * STEP * NR,
@@ -402,20 +386,9 @@ unsafe fn tiles(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{gemm_bf16_on, to_bf16, Bf16Kernel};
+    use super::super::tests::{bits as values, same_bits};
+    use super::super::{gemm_bf16_on, Bf16Kernel};
     use super::*;
-
-    fn values(seed: u64, n: usize) -> Vec<bf16> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                to_bf16(((s >> 33) as f64 / (1u64 << 31) as f64 * 4.0 - 2.0) as f32)
-            })
-            .collect()
-    }
 
     /// `c0 + a·b` in f64, and `|c0| + Σ|a·b|` for each output (`a` m×k and `b` k×n row-major).
     fn exact(dims: Mnk, a: &[bf16], b: &[bf16], c0: &[f32]) -> Vec<(f64, f64)> {
@@ -445,15 +418,11 @@ mod tests {
             .all(|(&x, &(sum, size))| (f64::from(x) - sum).abs() <= per * size)
     }
 
-    fn same_bits(x: &[f32], y: &[f32]) -> bool {
-        x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
-    }
-
     fn skip() -> bool {
         if Bf16Kernel::Amx.available() {
             return false;
         }
-        eprintln!("skipped: no AMX-BF16 here, or the kernel did not grant the tile registers");
+        crate::testing::skip("no AMX-BF16 here, or Linux did not grant the tile registers");
         true
     }
 
