@@ -156,7 +156,7 @@ pub enum Bf16Kernel {
     /// The definition in `f32::mul_add`, compiled for the target's baseline.
     Portable,
     /// AMX's `tdpbf16ps`, products of 16 rows by 16 columns by 32 of `k` per instruction:
-    /// **not the definition's bits** (within a few units in the last place of them; the same
+    /// **not the definition's bits** (rounding errors of the same size, other bits; the same
     /// on every thread count), so only where asked for ([`set_amx`]). A few rows against a
     /// matrix read once (a token at a time) still run on `vdpbf16ps`, as without AMX.
     Amx,
@@ -177,7 +177,8 @@ pub fn set_amx(on: bool) -> bool {
     on
 }
 
-/// Whether [`gemm_bf16`] runs on AMX (see [`set_amx`]).
+/// Whether [`gemm_bf16`] may run on AMX (see [`set_amx`]); it does not where the SIMD level is
+/// capped below AVX-512 ([`super::wide::set_simd`]).
 pub fn amx_in_use() -> bool {
     match AMX.load(std::sync::atomic::Ordering::Relaxed) {
         AMX_UNSET => set_amx(std::env::var("ARENAGRAD_BF16").as_deref() == Ok("amx")),
@@ -328,10 +329,18 @@ fn product_on(
         && normal_results(dims, &a, &b, accumulate.then_some(&*c));
     let work = m.saturating_mul(k).saturating_mul(n);
     let parallel = threads > 1 && work >= PAR_MIN_FLOPS;
-    // AMX multiplies faster than `b` packs: columns to each thread wherever packing all of
-    // `b` per thread (`k·n`) costs more than copying the output's columns (`m·n`).
+    // AMX multiplies faster than its operands pack: columns to each thread where packing all
+    // of `b` in every thread (`k·n`) costs more than packing all of `a` (`m·k`) and copying the
+    // output's columns (`m·n`).
     let amx = kernel == Bf16Kernel::Amx;
-    if parallel && n >= 2 * NR && (if amx { k >= m } else { n > m && k >= 2 * m }) {
+    if parallel
+        && n >= 2 * NR
+        && (if amx {
+            n >= m && k >= m
+        } else {
+            n > m && k >= 2 * m
+        })
+    {
         // Wider than tall with a long `k` (a weight's gradient, summed over tokens): whole
         // panels of columns to each thread, so that each packs its part of `b` (the larger
         // operand) and all of `a`, not all of `b` as a split by rows would make every thread

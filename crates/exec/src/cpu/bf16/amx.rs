@@ -9,10 +9,12 @@
 //! `round(acc + round(a₀b₀ + a₁b₁))` — the pair's sum rounded once, then added (not two fused
 //! multiply-adds, as `vdpbf16ps`); with more pairs in one instruction, no sequence of
 //! round-to-nearest additions in any order reproduces it (the unit sums the products of an
-//! instruction in its own wider format). Its results lie within a few units in the last place of
-//! the definition's, but not on them, so this kernel is not the default: a process that wants
-//! the throughput asks for it. PyTorch's bf16 `mm` runs here through oneDNN, whose products
-//! differ from its AVX-512 ones in the same way.
+//! instruction in its own wider format). Its rounding errors are of the definition's size (a few
+//! units in the last place of the running sum per instruction: the tests' bound), but its bits
+//! are not the definition's, so this kernel is not the default: a process that wants the
+//! throughput asks for it. PyTorch's bf16 `mm` runs on AMX through oneDNN, and its bits change
+//! with it too: `scripts/torch_amx_bits.py` found 26 of 65,536 bf16 outputs of a 256 × 4096 × 256
+//! product different between oneDNN on AMX and oneDNN capped at AVX-512 BF16.
 //!
 //! What holds: each output's `k` is taken 32 at a time from its start (16 pairs per
 //! instruction, the accumulator carried in the output between blocks of `k`, `k` padded with
@@ -24,7 +26,7 @@
 //! Eight tile registers of 16 rows × 64 bytes: a 32 × 32 block of f32 accumulators in four, two
 //! tiles of `a` (16 rows × 16 pairs each) and two of `b` (16 pairs × 16 columns, the pairs
 //! interleaved as the other kernels pack them: `b`'s panels of [`NR`] columns serve as they
-//! are, read 256 bytes a row). `a` is packed row by row, its pairs contiguous.
+//! are, their rows 256 bytes apart). `a` is packed in tiles, each tile's kilobyte contiguous.
 
 use std::arch::asm;
 use std::sync::OnceLock;
@@ -256,8 +258,8 @@ pub(super) fn single_thread(
                 let am = mc.div_ceil(BLOCK) * BLOCK;
                 pa.resize(kp * am, 0);
                 pack_rows(a, k, (i0, mc), (p0, kp), pa);
-                // A block of columns of `b` (32 × kp pairs: 24 KiB) stays in the level-1 cache
-                // while the rows pass it.
+                // Each block of `b`'s columns (32 × kp pairs, at most 64 KiB) meets every
+                // block of rows in turn, while it is in the nearer caches.
                 for j0 in (0..n).step_by(BLOCK) {
                     let cols = BLOCK.min(n - j0);
                     let bp = &pb[(j0 / NR) * kp * NR + j0 % NR..];
@@ -286,9 +288,17 @@ fn run_block(
     (rows, cols): (usize, usize),
     load: bool,
 ) {
-    assert!(ap.len() >= steps * 2 * TILE);
-    assert!(steps == 0 || bp.len() >= (steps * STEP - 1) * NR + BLOCK);
-    assert!(rows >= 1 && cols >= 1 && c.len() >= (rows - 1) * ldc + cols);
+    // Checked arithmetic: a wrapped bound would pass and let the tiles stray.
+    let fits = |len: usize, need: Option<usize>| need.is_some_and(|need| len >= need);
+    assert!(fits(ap.len(), steps.checked_mul(2 * TILE)));
+    let b_rows = (steps * STEP)
+        .checked_sub(1)
+        .and_then(|r| r.checked_mul(NR));
+    assert!(steps == 0 || fits(bp.len(), b_rows.and_then(|x| x.checked_add(BLOCK))));
+    let c_need = (rows.max(1) - 1)
+        .checked_mul(ldc)
+        .and_then(|x| x.checked_add(cols));
+    assert!(rows >= 1 && cols >= 1 && fits(c.len(), c_need) && ldc.checked_mul(4).is_some());
     if rows == BLOCK && cols == BLOCK {
         // SAFETY: the assertions: 32 rows of `c` from its start, 32 floats each, `ldc` apart;
         // `steps` pairs of `a`'s tiles (2 KiB each); `steps·16` rows of `b`'s 32 columns, `NR`
@@ -322,9 +332,9 @@ fn run_block(
 /// The tiles: load (or zero) the four accumulator tiles, `steps` × four `tdpbf16ps`, store.
 ///
 /// # Safety
-/// A [`Configured`] lives on this thread; `c` has 32 rows of 32 floats, `ldc` floats apart; `a` 32 rows of
-/// `a` `steps` pairs of tiles (each 16 rows of 64 bytes, the rows 0–15 then 16–31 of step s at
-/// 2 KiB·s); `b` `steps·16` rows of 32 pairs, [`NR`] apart.
+/// A [`Configured`] lives on this thread; `c` has 32 rows of 32 floats, `ldc` floats apart; `a`
+/// holds `steps` pairs of tiles (each 16 rows of 64 bytes: step s's rows 0–15 at 2 KiB·s, its
+/// rows 16–31 1 KiB after); `b` has `steps·16` rows of 32 pairs, [`NR`] apart.
 unsafe fn tiles(steps: usize, a: *const u32, b: *const u32, c: *mut f32, ldc: usize, load: bool) {
     let ldb_bytes = 4 * NR;
     let ldc_bytes = 4 * ldc;
@@ -473,6 +483,9 @@ mod tests {
             (33, 33, 65),
             (70, 2 * 2 * KC2 + 37, 100),
             (300, 96, 40),
+            // Taller than a thread's block of rows (256), not swapped: the second block's
+            // offsets in every layout.
+            (520, 64, 70),
             (64, 2000, 200),
         ] {
             let dims = Mnk::new(m, k, n);
@@ -525,7 +538,12 @@ mod tests {
                 let (a0, a1) = (a[2 * i], a[2 * i + 1]);
                 let (b0, b1) = (b[j], b[n + j]);
                 let sum = a0.to_f32() * b0.to_f32() + a1.to_f32() * b1.to_f32();
-                assert_eq!(c[i * n + j].to_bits(), (c0[i * n + j] + sum).to_bits());
+                assert_eq!(
+                    c[i * n + j].to_bits(),
+                    (c0[i * n + j] + sum).to_bits(),
+                    "measured on Emerald Rapids; does this CPU's AMX round otherwise? (the module \
+                     documentation would need to say so)"
+                );
                 let definition = super::super::dot_pair(c0[i * n + j], pair(a0, a1), pair(b0, b1));
                 differ += usize::from(definition.to_bits() != c[i * n + j].to_bits());
             }
