@@ -37,10 +37,11 @@
 //! # AMX, where asked for
 //!
 //! Intel's Xeons since Sapphire Rapids have a tile unit (AMX) whose `tdpbf16ps` multiplies
-//! 16 × 32 by 32 × 16 bf16 tiles into f32 at several times `vdpbf16ps`'s rate, which on those
-//! CPUs retires at a quarter of the f32 fused multiply-add's rate (measured on an Emerald
-//! Rapids core: 1.2 G `vdpbf16ps` against 5.1 G `vfmadd231ps` a second, so the definition's
-//! kernel runs at 0.6× the f32 product there). Its rounding is not the definition's
+//! 16 × 32 by 32 × 16 bf16 tiles into f32 at several times `vdpbf16ps`'s rate. On those CPUs
+//! `vdpbf16ps` retires a quarter as many instructions a second as the f32 fused multiply-add,
+//! each doing twice its work: half the f32 rate (measured on an Emerald Rapids core: 1.2 G
+//! `vdpbf16ps` against 5.1 G `vfmadd231ps` a second; the definition's kernel ran at 0.55–0.61×
+//! the f32 product there). Its rounding is not the definition's
 //! ([`Bf16Kernel::Amx`]), so it runs only where the process asks for it: [`set_amx`], or
 //! `ARENAGRAD_BF16=amx` in the environment.
 
