@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Packages every published crate (`cargo publish --workspace --dry-run`, which also builds each
-# one from its package) and then compiles each package's own tests and doctests from the packages alone:
+# Packages every published crate (`cargo publish --workspace --dry-run`: the registry's checks)
+# and then compiles each package's own tests and doctests from the packages alone:
 # the .crate files unpacked side by side, their arenagrad dependencies patched to one another,
 # nothing else of the repository in reach.
 #
@@ -15,10 +15,12 @@ export CARGO_PROFILE_DEV_DEBUG=0 CARGO_PROFILE_TEST_DEBUG=0
 # not unpack them again while a directory of that name and version exists: a rerun after a
 # change would verify the old sources. Those directories hold only such local packages.
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-* "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/-*
-# Packages every crate, builds each from its package alone, and runs the registry's checks of a
-# publish (metadata, dependency versions) without uploading.
-cargo publish --workspace --dry-run --allow-dirty
-# The .crate files themselves, for the test builds below (verified just above).
+# Packages every crate and runs the registry's checks of a publish (metadata, dependency
+# versions) without uploading. Not its verification build: the test builds below build every
+# crate from its package too (with all features), and a second build of the workspace took
+# minutes of CI.
+cargo publish --workspace --dry-run --allow-dirty --no-verify
+# The .crate files themselves, for the test builds below.
 cargo package --workspace --allow-dirty --no-verify
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
 crates=(arenagrad-derive arenagrad-alloc arenagrad-exec arenagrad-graph arenagrad-nn arenagrad-program arenagrad-dist arenagrad)

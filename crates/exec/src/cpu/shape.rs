@@ -301,6 +301,8 @@ mod tests {
     use super::*;
 
     #[test]
+    // Not under Miri: safe code (the threads take disjoint slices), four minutes there.
+    #[cfg_attr(miri, ignore)]
     fn threaded_index_ops_equal_the_serial_loops_bit_for_bit() {
         // Large enough to be split; repeated and unordered indices along each axis.
         for (shape, axis) in [
