@@ -291,8 +291,9 @@ fn run_block(
     // Checked arithmetic: a wrapped bound would pass and let the tiles stray.
     let fits = |len: usize, need: Option<usize>| need.is_some_and(|need| len >= need);
     assert!(fits(ap.len(), steps.checked_mul(2 * TILE)));
-    let b_rows = (steps * STEP)
-        .checked_sub(1)
+    let b_rows = steps
+        .checked_mul(STEP)
+        .and_then(|r| r.checked_sub(1))
         .and_then(|r| r.checked_mul(NR));
     assert!(steps == 0 || fits(bp.len(), b_rows.and_then(|x| x.checked_add(BLOCK))));
     let c_need = (rows.max(1) - 1)
