@@ -15,7 +15,10 @@
 //! The convt rows: a U-Net's upsampling, `ConvTranspose2d` 64→32 at 14×14 → 28×28, batch 64,
 //! forward and backward, with kernel 4, stride 2, padding 1 (DDPM's) and kernel 2, stride 2.
 //!
-//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,w5,w6,ckpt,bf16,amp,topk,scatter,convt] [--busy-thread]`
+//! The conv rows: the DDPM U-Net's 3×3 convolutions (padding 1) at its three resolutions,
+//! `Conv2d` 32→32 at 28×28, 64→64 at 14×14 and 64→64 at 7×7, batch 64, forward and backward.
+//!
+//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,w5,w6,ckpt,bf16,amp,topk,scatter,convt,conv] [--busy-thread]`
 //! Threads: `ARENAGRAD_NUM_THREADS` (default: the CPUs this process may use). `--busy-thread`
 //! keeps one more thread of the process busy all along, as an application's own work would
 //! (`scripts/contention.py` measures the slowdown it causes).
@@ -317,7 +320,7 @@ struct Args {
     /// Only these workloads, comma-separated: w1 (randn-matmul loop and GEMM), w2, w3, w4, cnn,
     /// attn, gpt, lstm (W5 and W6, fused and as cells, and a long stream), w5 and w6 (the fused
     /// layer alone), ckpt, bf16 (the bf16 product), amp (the GPT step under bf16 autocast)
-    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "w5", "w6", "ckpt", "bf16", "amp", "topk", "scatter", "convt"])]
+    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "w5", "w6", "ckpt", "bf16", "amp", "topk", "scatter", "convt", "conv"])]
     only: Vec<String>,
     /// Keep one more thread busy (a loop of arithmetic) while the workloads run, as an
     /// application's own thread would
@@ -521,6 +524,15 @@ fn main() {
             convt_ms((2, 0), reps)
         );
     }
+    if run("conv") {
+        let reps = if quick { 3 } else { 20 };
+        for (c, hw) in [(32, 28), (64, 14), (64, 7)] {
+            println!(
+                "| conv: Conv2d {c}→{c} 3×3 p1, {hw}², b64, fwd+bwd | {:.2} ms | |",
+                conv_ms(c, hw, reps)
+            );
+        }
+    }
     if run("scatter") {
         println!(
             "| scatter: index_add of 10^6 edges x 64 into 10^5 nodes, fwd+bwd | {:.1} ms | |",
@@ -566,6 +578,31 @@ fn scatter_ms(reps: usize) -> f64 {
         g.reset();
     }
     median(times[2..].to_vec())
+}
+
+/// Median ms of a 3×3 convolution `c`→`c` with padding 1 on `[64, c, hw, hw]` f32, forward and
+/// `Σ y²` backward to the input and the weights.
+fn conv_ms(c: usize, hw: usize, reps: usize) -> f64 {
+    let mut rng = Rng::seed(3);
+    let cfg = Conv2dConfig::default().padding(1);
+    let layer = Conv2d::with_config(c, c, (3, 3), cfg, &mut rng).expect("layer");
+    let mut g = Graph::new();
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps + 3 {
+        let x = g.randn(&[64, c, hw, hw], DType::F32).expect("x");
+        let x = x.set_requires_grad(true).expect("leaf");
+        let t = Instant::now();
+        let y = layer.forward(&g, x).expect("forward");
+        y.mul(y)
+            .and_then(|s| s.sum())
+            .expect("loss")
+            .backward()
+            .expect("backward");
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        layer.zero_grad();
+        g.reset();
+    }
+    median(times[3..].to_vec())
 }
 
 /// Median ms of a transposed convolution 64→32 (kernel `k`, stride 2, padding `p`) on

@@ -5,7 +5,7 @@ Runs `bench_core` (built first with `cargo build --release --example bench_core`
 workloads in PyTorch in this process, and prints one table with both figures and their ratio.
 The machine's speed drifts between runs; the ratio measured in one run is the figure to compare.
 
-    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,bf16,amp,topk,scatter,convt] [--candle] [--rounds N]
+    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,bf16,amp,topk,scatter,convt,conv] [--candle] [--rounds N]
 
 `--rounds N` alternates the two sides N times (arenagrad's run, then PyTorch's, and again) and
 prints the medians, and the median of each round's ratio: on a machine whose speed drifts over
@@ -29,6 +29,8 @@ Workloads (the same definitions as `examples/bench_core.rs`):
 * topk: the 50 largest of 50,000 random logits at batch 1 (sampling's step), µs.
 * convt: a U-Net's upsampling, ConvTranspose2d 64->32 at 14x14, b64, fwd+bwd, kernel 4 stride 2
   padding 1 and kernel 2 stride 2, ms.
+* conv: the DDPM U-Net's 3x3 convolutions (padding 1) at its three resolutions, Conv2d 32->32 at
+  28x28, 64->64 at 14x14 and 64->64 at 7x7, b64, fwd+bwd, ms.
 * scatter: message passing's sum, 10^6 edge messages x 64 added into 10^5 nodes, fwd+bwd, ms.
 * CNN: the Fashion-MNIST example's net, one Adam step on 64 random images (as
   `scripts/torch_cnn_step.py`).
@@ -195,6 +197,24 @@ def torch_convt(torch, quick):
     return out
 
 
+def torch_conv(torch, quick):
+    """The DDPM U-Net's 3x3 convolutions (padding 1), batch 64, forward and backward of sum(y^2)
+    to the input and the weights: median ms at 28x28 (32 channels), 14x14 and 7x7 (64)."""
+    out = {}
+    torch.manual_seed(3)
+    for c, hw in ((32, 28), (64, 14), (64, 7)):
+        layer = torch.nn.Conv2d(c, c, 3, padding=1)
+        times = []
+        for _ in range(3 + (3 if quick else 20)):
+            x = torch.randn(64, c, hw, hw, requires_grad=True)
+            t0 = time.perf_counter()
+            (layer(x) ** 2).sum().backward()
+            times.append(time.perf_counter() - t0)
+            layer.zero_grad()
+        out[f"conv{hw}"] = median(times[3:]) * 1e3
+    return out
+
+
 def torch_scatter(torch, quick):
     """Message passing's sum: 10^6 edge messages [E, 64] added into 10^5 nodes, forward and
     backward of sum(out^2), median seconds; PyTorch's faster of its two forms, index_add and
@@ -302,6 +322,9 @@ ROWS = [
     ("scatter", "| scatter: index_add of 10^6 edges", "ms"),
     ("convt_k4", "| convt: ConvTranspose2d 64→32 k4 s2 p1", "ms"),
     ("convt_k2", "| convt: ConvTranspose2d 64→32 k2 s2,", "ms"),
+    ("conv28", "| conv: Conv2d 32→32 3×3 p1, 28²", "ms"),
+    ("conv14", "| conv: Conv2d 64→64 3×3 p1, 14²", "ms"),
+    ("conv7", "| conv: Conv2d 64→64 3×3 p1, 7²", "ms"),
     ("gpt", "| char GPT step (", "ms"),
     ("gpt_gen", "| char GPT generation, batch 1", "tokens/s"),
     ("gpt_amp", "| char GPT step under bf16 autocast |", "ms"),
@@ -332,6 +355,9 @@ LABELS = {
     "scatter": "index_add of 10^6 edges x 64 into 10^5 nodes, fwd+bwd (PyTorch's faster of index_add and scatter_add), ms",
     "convt_k4": "ConvTranspose2d 64→32 k4 s2 p1, 14²→28², b64, fwd+bwd, ms",
     "convt_k2": "ConvTranspose2d 64→32 k2 s2, 14²→28², b64, fwd+bwd, ms",
+    "conv28": "Conv2d 32→32 3×3 p1, 28², b64, fwd+bwd (the U-Net's full resolution), ms",
+    "conv14": "Conv2d 64→64 3×3 p1, 14², b64, fwd+bwd, ms",
+    "conv7": "Conv2d 64→64 3×3 p1, 7², b64, fwd+bwd (the U-Net's lowest resolution), ms",
     "gpt": "char GPT training step (4×128, ctx 128, b32, AdamW, clip), ms",
     "gpt_gen": "char GPT generation, batch 1, key/value cache, tokens/s (higher is better)",
     "gpt_amp": "char GPT training step under bf16 autocast (torch.autocast on the CPU), ms",
@@ -415,6 +441,8 @@ def main():
             theirs["scatter"] = torch_scatter(torch, args.quick) * 1e3
         if "convt" in only:
             theirs.update(torch_convt(torch, args.quick))
+        if "conv" in only:
+            theirs.update(torch_conv(torch, args.quick))
         if "gpt" in only:
             step, tps = torch_gpt(torch, args.quick)
             theirs["gpt"], theirs["gpt_gen"] = step * 1e3, tps

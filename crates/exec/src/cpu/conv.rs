@@ -993,7 +993,7 @@ pub fn patch_products<T: Float + Gemm>(
                 .is_none_or(|g| g.a.len() >= n * o * l && g.dw.len() >= o * k),
         "invariant: convolution operand out of bounds"
     );
-    let (dw, a) = match weight_grad {
+    let (mut dw, a) = match weight_grad {
         Some(g) => (Some(&mut g.dw[..o * k]), g.a),
         None => (None, &[][..]),
     };
@@ -1005,6 +1005,19 @@ pub fn patch_products<T: Float + Gemm>(
         if let Some(dw) = dw {
             dw.fill(T::ZERO);
         }
+        return;
+    }
+    // One of the two products alone: without the patches, where the direct kernels run.
+    let direct = match (product.as_mut(), dw.as_deref_mut()) {
+        (Some(p), None) => {
+            super::conv_direct::conv_direct(src, win, p.w, p.bias, d, p.out, threads)
+        }
+        (None, Some(dw)) => {
+            super::conv_direct::conv_weight_grad_direct(src, win, a, d, dw, threads)
+        }
+        _ => false,
+    };
+    if direct {
         return;
     }
     let want_dw = dw.is_some();

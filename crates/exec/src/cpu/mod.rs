@@ -6,6 +6,7 @@ pub mod bf16;
 pub mod cast;
 pub mod chain_gemm;
 pub mod conv;
+pub mod conv_direct;
 pub mod dropout;
 pub mod elementwise;
 pub mod fastmath;
