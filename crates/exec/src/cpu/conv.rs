@@ -353,7 +353,7 @@ fn for_each_tap(win: &Window, ho: usize, wo: usize, mut f: impl FnMut(TapRows)) 
 /// width falls through to the scalar tail, and `copy_from_slice` would call `memcpy`, whose call
 /// costs more than such a copy.
 #[inline(always)]
-fn zip_run<D, S: Copy>(dst: &mut [D], src: &[S], f: impl Fn(&mut D, S)) {
+pub(super) fn zip_run<D, S: Copy>(dst: &mut [D], src: &[S], f: impl Fn(&mut D, S)) {
     let n = dst.len().min(src.len());
     let (dst, src) = (&mut dst[..n], &src[..n]);
     let mut d = dst.chunks_exact_mut(4);

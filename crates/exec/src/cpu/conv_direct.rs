@@ -43,8 +43,8 @@ fn avx512() -> bool {
 
 /// `y_b = w·patches(x_b) + bias` for each image `b` of `x` (`[n, win.c, win.h, win.w]`) under
 /// the window `win`, into `y` (`[n, o, l]`), `w` `[o, k]`, `bias` `[o]`: each output a chain of
-/// fused multiply-adds over its patch in order from zero, then the bias added. Images split over
-/// threads. Returns `false`, and writes nothing, where [`direct_applies`] does not hold.
+/// fused multiply-adds over its patch in order from zero, then the bias added. The threads claim
+/// images one at a time. Returns `false`, and writes nothing, where [`direct_applies`] does not hold.
 pub fn conv_direct<T: Float>(
     x: &[T],
     win: &Window,
@@ -94,7 +94,7 @@ pub fn conv_direct<T: Float>(
     let g = PaddedGeometry::of(win);
     let (koff, pos) = (g.patch_offsets(win), g.position_offsets(win));
     let y = &mut y[..n * o * l];
-    super::par::par_rows_mut(y, o * l, threads, super::par::PAR_MIN_ELEMS, |b, yb| {
+    super::par::par_rows_claimed(y, o * l, threads, super::par::PAR_MIN_ELEMS, |b, yb| {
         f32::with_scratch(g.len + l * op, |s| {
             let (xp, ct) = s.split_at_mut(g.len);
             g.pad(&x[b * plane..(b + 1) * plane], win, xp);
@@ -123,7 +123,7 @@ pub fn conv_direct<T: Float>(
 /// gradient, `x` `[n, win.c, win.h, win.w]`, `dw` `[o, k]`) without the patches: each weight's
 /// sum one chain of fused multiply-adds over a block's images and their positions in order,
 /// the blocks' sums (a number fixed by the batch, as [`super::patch_products`]' are) added in
-/// block order. Blocks split over threads; the bits do not depend on how. Returns `false`, and
+/// block order. The threads claim blocks one at a time; the bits do not depend on which. Returns `false`, and
 /// writes nothing, where [`direct_applies`] does not hold.
 pub fn conv_weight_grad_direct<T: Float>(
     x: &[T],
@@ -167,7 +167,7 @@ pub fn conv_weight_grad_direct<T: Float>(
     } else {
         usize::MAX
     };
-    super::par::par_rows_mut(&mut partials, k * op, threads, min, |blk, part| {
+    super::par::par_rows_claimed(&mut partials, k * op, threads, min, |blk, part| {
         f32::with_scratch(g.len + l * op, |s| {
             let (xp, at) = s.split_at_mut(g.len);
             if op != o {
@@ -246,18 +246,82 @@ impl PaddedGeometry {
     }
 
     /// `xp` = the image `x` (`[c, h, w]`) with `ph` rows of zeros above and below and `pw`
-    /// columns either side.
+    /// columns either side, each element written once: the rows above and below each plane
+    /// cleared at once, then each image row copied and the `2·pw` zeros between it and the
+    /// next (its right border, the next row's left) written in AVX-512 registers, masked at
+    /// their ends. Rows of a small image are a few dozen elements, where `copy_from_slice` and
+    /// `fill` called `memcpy` and `memset` for each (most of the time), and clearing the plane
+    /// first wrote it twice.
     fn pad(&self, x: &[f32], win: &Window, xp: &mut [f32]) {
-        let (h, w, wp) = (win.h, win.w, self.wp);
+        let (h, w, wp, pw, ph) = (win.h, win.w, self.wp, win.pw, win.ph);
+        if h == 0 || w == 0 {
+            // All padding (a window wider than its empty image).
+            xp.fill(0.0);
+            return;
+        }
         for (src, dst) in x.chunks_exact(h * w).zip(xp.chunks_exact_mut(self.hp * wp)) {
-            dst[..win.ph * wp].fill(0.0);
-            dst[(win.ph + h) * wp..].fill(0.0);
-            for (r, row) in src.chunks_exact(w).enumerate() {
-                let out = &mut dst[(win.ph + r) * wp..][..wp];
-                out[..win.pw].fill(0.0);
-                out[win.pw..win.pw + w].copy_from_slice(row);
-                out[win.pw + w..].fill(0.0);
+            let (top, rest) = dst.split_at_mut(ph * wp + pw);
+            top.fill(0.0);
+            let (body, bottom) = rest.split_at_mut(h * wp - pw);
+            bottom.fill(0.0);
+            // `body` starts at the first row's first element: each row, then its gap.
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            {
+                assert!(
+                    avx512(),
+                    "invariant: the direct convolution runs on AVX-512"
+                );
+                // SAFETY: `src` holds `h` rows of `w` and `body` `h·wp − pw` elements, which
+                // `rows_with_gaps` writes exactly (`wp = w + 2·pw`); the CPU has AVX-512F.
+                unsafe { rows_with_gaps(src, body, w, wp) };
             }
+            #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+            for (row, out) in src.chunks_exact(w).zip(body.chunks_mut(wp)) {
+                let (inside, gap) = out.split_at_mut(w);
+                inside.copy_from_slice(row);
+                gap.fill(0.0);
+            }
+        }
+    }
+}
+
+/// `body[r·wp..][..w] = src[r·w..][..w]` and the `wp − w` elements after each such run (fewer
+/// after the last: `body` ends at `h·wp − (wp − w)/2`) set to zero, for the `h` rows of `src`.
+///
+/// # Safety
+/// `src.len() == h·w`, `body.len() == h·wp − (wp − w)/2` with `wp ≥ w` and `wp − w` even;
+/// the CPU must have AVX-512F.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx512f")]
+unsafe fn rows_with_gaps(src: &[f32], body: &mut [f32], w: usize, wp: usize) {
+    use std::arch::x86_64::*;
+    let (s, d) = (src.as_ptr(), body.as_mut_ptr());
+    let len = body.len();
+    for r in 0..src.len() / w {
+        let (from, to) = (r * w, r * wp);
+        let mut i = 0;
+        while i < w {
+            let m: __mmask16 = if w - i >= 16 { !0 } else { (1 << (w - i)) - 1 };
+            // SAFETY: elements from + i.. of `src` and to + i.. of `body` under the mask lie
+            // in row r (w elements), inside both (the caller's contract).
+            unsafe {
+                let v = _mm512_maskz_loadu_ps(m, s.add(from + i));
+                _mm512_mask_storeu_ps(d.add(to + i), m, v);
+            }
+            i += 16;
+        }
+        // The gap: up to the next row's first element, or the end.
+        let end = (to + wp).min(len);
+        let mut j = to + w;
+        while j < end {
+            let m: __mmask16 = if end - j >= 16 {
+                !0
+            } else {
+                (1 << (end - j)) - 1
+            };
+            // SAFETY: the masked elements j.. lie before `end` ≤ `body.len()`.
+            unsafe { _mm512_mask_storeu_ps(d.add(j), m, _mm512_setzero_ps()) };
+            j += 16;
         }
     }
 }
@@ -472,7 +536,8 @@ mod tests {
 
     /// The windows the tests run: `(c, h, w, (kh, kw), (sh, sw), (ph, pw), (dh, dw))` — "same"
     /// 3×3, strided, dilated, padding wider than the kernel's reach, 1×1, a kernel as wide as
-    /// the padded image, and images too small for a whole tile of positions.
+    /// the padded image, images too small for a whole tile of positions, and an empty image
+    /// whose padding alone makes an output.
     /// `(c, h, w, (kh, kw), (sh, sw), (ph, pw), (dh, dw))`.
     type Shape = (
         usize,
@@ -484,7 +549,7 @@ mod tests {
         (usize, usize),
     );
 
-    const WINDOWS: [Shape; 8] = [
+    const WINDOWS: [Shape; 9] = [
         (3, 7, 7, (3, 3), (1, 1), (1, 1), (1, 1)),
         (2, 9, 8, (3, 2), (2, 1), (0, 2), (1, 2)),
         (4, 5, 6, (1, 1), (1, 1), (0, 0), (1, 1)),
@@ -493,6 +558,7 @@ mod tests {
         (2, 6, 7, (3, 2), (1, 1), (4, 3), (2, 3)),
         (3, 2, 3, (4, 5), (1, 1), (1, 1), (1, 1)),
         (5, 1, 2, (1, 2), (1, 1), (0, 0), (1, 1)),
+        (2, 0, 3, (1, 1), (1, 1), (1, 1), (1, 1)),
     ];
 
     fn window(i: usize) -> Window {

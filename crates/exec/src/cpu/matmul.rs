@@ -1188,6 +1188,10 @@ mod tests {
             for threads in [2, 3, 8, 16] {
                 assert_eq!(run(threads), one, "{m}x{k}x{n} on {threads} threads");
             }
+            // Other tests read the level (and the direct convolution's depend on it): change it
+            // only under the lock they hold.
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            let _levels = super::super::wide::level_lock();
             #[cfg(all(target_arch = "x86_64", not(miri)))]
             for level in [
                 super::super::wide::Simd::Baseline,

@@ -74,3 +74,44 @@ pub fn par_rows_mut<T: Send>(
         }
     });
 }
+
+/// [`par_rows_mut`] for rows that each hold much work (the images of a batch): the threads
+/// claim rows one at a time from a shared count, so that a thread slowed by other work on its
+/// core (another process, the application's own threads) takes fewer rows instead of holding
+/// the others up at the end. What `f` computes for a row must not depend on which thread runs
+/// it.
+pub fn par_rows_claimed<T: Send>(
+    out: &mut [T],
+    row_len: usize,
+    threads: usize,
+    min_elems: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    if row_len == 0 {
+        return;
+    }
+    let count = out.len() / row_len;
+    let t = if out.len() >= min_elems {
+        threads.clamp(1, count.max(1))
+    } else {
+        1
+    };
+    if t <= 1 {
+        for (k, r) in out.chunks_mut(row_len).enumerate() {
+            f(k, r);
+        }
+        return;
+    }
+    // Each row behind its own lock, which only the thread that claimed it ever takes.
+    let rows: Vec<std::sync::Mutex<&mut [T]>> =
+        out.chunks_mut(row_len).map(std::sync::Mutex::new).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    super::thread_pool::fork(t, &|_| loop {
+        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some(row) = rows.get(i) else {
+            break;
+        };
+        let mut row = row.lock().unwrap_or_else(|e| e.into_inner());
+        f(i, &mut row);
+    });
+}
