@@ -115,3 +115,24 @@ pub fn par_rows_claimed<T: Send>(
         f(i, &mut row);
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every row is handed to `f` once, with its own index, on one thread or several (more
+    /// threads than rows included); rows too small to split run in line.
+    #[test]
+    fn claimed_rows_each_run_once_with_their_index() {
+        for (rows, threads, min) in [(7, 1, 0), (7, 2, 0), (7, 3, 0), (2, 8, 0), (5, 2, 1 << 20)] {
+            let mut out = vec![0usize; rows * 3];
+            par_rows_claimed(&mut out, 3, threads, min, |i, row| {
+                for v in row.iter_mut() {
+                    *v += i + 1;
+                }
+            });
+            let want: Vec<usize> = (0..rows).flat_map(|i| [i + 1; 3]).collect();
+            assert_eq!(out, want, "{rows} rows on {threads} threads");
+        }
+    }
+}
