@@ -1007,16 +1007,22 @@ pub fn patch_products<T: Float + Gemm>(
         }
         return;
     }
-    // One of the two products alone: without the patches, where the direct kernels run.
-    let direct = match (product.as_mut(), dw.as_deref_mut()) {
-        (Some(p), None) => {
-            super::conv_direct::conv_direct(src, win, p.w, p.bias, d, p.out, threads)
-        }
-        (None, Some(dw)) => {
-            super::conv_direct::conv_weight_grad_direct(src, win, a, d, dw, threads)
-        }
-        _ => false,
-    };
+    // Without the patches where the direct kernels run (both products then read the image
+    // where it lies, one after the other).
+    let direct = super::conv_direct::direct_applies::<T>(o)
+        && match (product.as_mut(), dw.as_deref_mut()) {
+            (Some(p), None) => {
+                super::conv_direct::conv_direct(src, win, p.w, p.bias, d, p.out, threads)
+            }
+            (None, Some(dw)) => {
+                super::conv_direct::conv_weight_grad_direct(src, win, a, d, dw, threads)
+            }
+            (Some(p), Some(dw)) => {
+                super::conv_direct::conv_direct(src, win, p.w, p.bias, d, p.out, threads)
+                    && super::conv_direct::conv_weight_grad_direct(src, win, a, d, dw, threads)
+            }
+            (None, None) => false,
+        };
     if direct {
         return;
     }
@@ -1253,6 +1259,149 @@ pub fn conv_input_grad<T: Float + Gemm>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// In f32 with enough output channels for the direct kernels (AVX-512): the products
+    /// through `patch_products` — the output, the weight gradient, both in one call — and the
+    /// input gradient through `conv_input_grad` against the batch-wide passes in f64, within
+    /// f32 rounding; both in one call give the bits of each alone.
+    #[test]
+    #[cfg_attr(miri, ignore = "the direct kernels never run under Miri")]
+    fn f32_products_through_the_direct_kernels_are_the_batch_wide_passes() {
+        let val = |i: usize, s: f64| ((i as f64 * s).sin() * 8.0).round() / 8.0 + 0.001 * s;
+        let wins = [
+            Window {
+                c: 3,
+                h: 6,
+                w: 7,
+                kh: 3,
+                kw: 3,
+                sh: 1,
+                sw: 1,
+                ph: 1,
+                pw: 1,
+                dh: 1,
+                dw: 1,
+            },
+            Window {
+                c: 2,
+                h: 9,
+                w: 8,
+                kh: 3,
+                kw: 2,
+                sh: 2,
+                sw: 1,
+                ph: 0,
+                pw: 2,
+                dh: 1,
+                dw: 2,
+            },
+            Window {
+                c: 40,
+                h: 5,
+                w: 4,
+                kh: 3,
+                kw: 3,
+                sh: 1,
+                sw: 1,
+                ph: 1,
+                pw: 1,
+                dh: 1,
+                dw: 1,
+            },
+        ];
+        let (n, o) = (3, 40);
+        for win in wins {
+            let (c, h, wd) = (win.c, win.h, win.w);
+            let (ho, wo) = win.out_hw().unwrap();
+            let (k, l) = (win.patch_len(), ho * wo);
+            let d = ConvDims { o, k, l, n };
+            let x: Vec<f64> = (0..n * c * h * wd).map(|i| val(i, 0.37)).collect();
+            let w: Vec<f64> = (0..o * k).map(|i| val(i, 0.53)).collect();
+            let gy: Vec<f64> = (0..n * o * l).map(|i| val(i, 0.29)).collect();
+            let bias: Vec<f64> = (0..o).map(|i| val(i, 1.7)).collect();
+            let mut cols = vec![0.0; k * n * l];
+            im2col_batch(&x, n, &win, 0.0, &mut cols, 1);
+            let mut y_want = vec![0.0; n * o * l];
+            conv_gemm_forward(&w, &cols, Some(&bias), d, &mut y_want, 1);
+            let mut dw_want = vec![0.0; o * k];
+            let mut dcols = vec![0.0; k * n * l];
+            for b in 0..n {
+                for r in 0..o {
+                    for p in 0..l {
+                        let g = gy[(b * o + r) * l + p];
+                        for j in 0..k {
+                            dw_want[r * k + j] += g * cols[j * n * l + b * l + p];
+                            dcols[j * n * l + b * l + p] += w[r * k + j] * g;
+                        }
+                    }
+                }
+            }
+            let mut dx_want = vec![0.0; n * c * h * wd];
+            col2im_batch(&dcols, n, &win, &mut dx_want, 1);
+            let f = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<f32>>();
+            let (xf, wf, gf, bf) = (f(&x), f(&w), f(&gy), f(&bias));
+            let close = |got: &[f32], want: &[f64], what: &str| {
+                for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
+                    assert!(
+                        (a as f64 - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                        "{what}: {a} against {b} at {i}, {win:?}"
+                    );
+                }
+            };
+            for threads in [1, 2] {
+                let (mut y, mut dw) = (vec![f32::NAN; n * o * l], vec![f32::NAN; o * k]);
+                let product = Some(PatchProduct {
+                    w: &wf,
+                    bias: Some(&bf[..]),
+                    out: &mut y,
+                });
+                patch_products(
+                    &xf,
+                    &win,
+                    d,
+                    PatchOut {
+                        product,
+                        weight_grad: None,
+                    },
+                    threads,
+                );
+                let weight_grad = Some(PatchWeightGrad {
+                    a: &gf,
+                    dw: &mut dw,
+                });
+                patch_products(
+                    &xf,
+                    &win,
+                    d,
+                    PatchOut {
+                        product: None,
+                        weight_grad,
+                    },
+                    threads,
+                );
+                close(&y, &y_want, "product");
+                close(&dw, &dw_want, "weight gradient");
+                let (mut y2, mut dw2) = (vec![f32::NAN; n * o * l], vec![f32::NAN; o * k]);
+                let outs = PatchOut {
+                    product: Some(PatchProduct {
+                        w: &wf,
+                        bias: Some(&bf[..]),
+                        out: &mut y2,
+                    }),
+                    weight_grad: Some(PatchWeightGrad {
+                        a: &gf,
+                        dw: &mut dw2,
+                    }),
+                };
+                patch_products(&xf, &win, d, outs, threads);
+                assert!(y2.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()));
+                assert!(dw2.iter().zip(&dw).all(|(a, b)| a.to_bits() == b.to_bits()));
+                let mut dx = vec![f32::NAN; n * c * h * wd];
+                conv_input_grad(&gf, &wf, &win, d, &mut dx, threads);
+                close(&dx, &dx_want, "input gradient");
+            }
+        }
+    }
 
     /// The per-image kernels against the batch-wide passes (im2col of the whole batch, then
     /// one product; col2im of the whole batch): the same values within rounding, and the same
