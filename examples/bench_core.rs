@@ -586,23 +586,7 @@ fn conv_ms(c: usize, hw: usize, reps: usize) -> f64 {
     let mut rng = Rng::seed(3);
     let cfg = Conv2dConfig::default().padding(1);
     let layer = Conv2d::with_config(c, c, (3, 3), cfg, &mut rng).expect("layer");
-    let mut g = Graph::new();
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps + 3 {
-        let x = g.randn(&[64, c, hw, hw], DType::F32).expect("x");
-        let x = x.set_requires_grad(true).expect("leaf");
-        let t = Instant::now();
-        let y = layer.forward(&g, x).expect("forward");
-        y.mul(y)
-            .and_then(|s| s.sum())
-            .expect("loss")
-            .backward()
-            .expect("backward");
-        times.push(t.elapsed().as_secs_f64() * 1e3);
-        layer.zero_grad();
-        g.reset();
-    }
-    median(times[3..].to_vec())
+    layer_step_ms(&layer, &[64, c, hw, hw], reps)
 }
 
 /// Median ms of a transposed convolution 64→32 (kernel `k`, stride 2, padding `p`) on
@@ -616,10 +600,16 @@ fn convt_ms((k, p): (usize, usize), reps: usize) -> f64 {
         ..Default::default()
     };
     let layer = ConvTranspose2d::new(64, 32, (k, k), cfg, &mut rng).expect("layer");
+    layer_step_ms(&layer, &[64, 64, 14, 14], reps)
+}
+
+/// Median ms of `layer` on a random f32 input of `shape` that requires grad, forward and `Σ y²`
+/// backward (the input made outside the timed part, as PyTorch's are), after 3 warm-up steps.
+fn layer_step_ms(layer: &dyn Module, shape: &[usize], reps: usize) -> f64 {
     let mut g = Graph::new();
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps + 3 {
-        let x = g.randn(&[64, 64, 14, 14], DType::F32).expect("x");
+        let x = g.randn(shape, DType::F32).expect("x");
         let x = x.set_requires_grad(true).expect("leaf");
         let t = Instant::now();
         let y = layer.forward(&g, x).expect("forward");

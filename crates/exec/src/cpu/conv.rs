@@ -1260,6 +1260,75 @@ pub fn conv_input_grad<T: Float + Gemm>(
 mod tests {
     use super::*;
 
+    /// Both products in one `patch_products` call (`w`, `bias`, `gy` their operands) give the
+    /// bits each gives alone (`y`, `dw`).
+    fn both_in_one_call<T: Float + Gemm>(
+        x: &[T],
+        win: &Window,
+        d: ConvDims,
+        (w, bias, gy): (&[T], &[T], &[T]),
+        (y, dw): (&[T], &[T]),
+        threads: usize,
+    ) {
+        let (mut y2, mut dw2) = (vec![T::ZERO; y.len()], vec![T::ZERO; dw.len()]);
+        let outs = PatchOut {
+            product: Some(PatchProduct {
+                w,
+                bias: Some(bias),
+                out: &mut y2,
+            }),
+            weight_grad: Some(PatchWeightGrad {
+                a: gy,
+                dw: &mut dw2,
+            }),
+        };
+        patch_products(x, win, d, outs, threads);
+        // Widening to f64 is exact, so equal bits there are equal bits.
+        let same = |a: &[T], b: &[T]| {
+            a.iter()
+                .zip(b)
+                .all(|(p, q)| p.widen().to_bits() == q.widen().to_bits())
+        };
+        assert!(
+            same(&y2, y) && same(&dw2, dw),
+            "{win:?}: both products in one call"
+        );
+    }
+
+    /// The batch-wide references in f64 for the window `win` and sizes `d`: `y = w·cols + bias`,
+    /// `dw = Σ_b gy_b·cols_bᵀ` and `dx = col2im(wᵀ·gy_b)` (also the transposed convolution of
+    /// `gy`), with `cols` the batch's im2col.
+    fn batch_wide(
+        x: &[f64],
+        w: &[f64],
+        gy: &[f64],
+        bias: &[f64],
+        win: &Window,
+        d: ConvDims,
+    ) -> [Vec<f64>; 3] {
+        let ConvDims { o, k, l, n } = d;
+        let mut cols = vec![0.0; k * n * l];
+        im2col_batch(x, n, win, 0.0, &mut cols, 1);
+        let mut y = vec![0.0; n * o * l];
+        conv_gemm_forward(w, &cols, Some(bias), d, &mut y, 1);
+        let mut dw = vec![0.0; o * k];
+        let mut dcols = vec![0.0; k * n * l];
+        for b in 0..n {
+            for r in 0..o {
+                for p in 0..l {
+                    let g = gy[(b * o + r) * l + p];
+                    for j in 0..k {
+                        dw[r * k + j] += g * cols[j * n * l + b * l + p];
+                        dcols[j * n * l + b * l + p] += w[r * k + j] * g;
+                    }
+                }
+            }
+        }
+        let mut dx = vec![0.0; n * win.c * win.h * win.w];
+        col2im_batch(&dcols, n, win, &mut dx, 1);
+        [y, dw, dx]
+    }
+
     /// In f32 with enough output channels for the direct kernels (AVX-512): the products
     /// through `patch_products` — the output, the weight gradient, both in one call — and the
     /// input gradient through `conv_input_grad` against the batch-wide passes in f64, within
@@ -1319,25 +1388,7 @@ mod tests {
             let w: Vec<f64> = (0..o * k).map(|i| val(i, 0.53)).collect();
             let gy: Vec<f64> = (0..n * o * l).map(|i| val(i, 0.29)).collect();
             let bias: Vec<f64> = (0..o).map(|i| val(i, 1.7)).collect();
-            let mut cols = vec![0.0; k * n * l];
-            im2col_batch(&x, n, &win, 0.0, &mut cols, 1);
-            let mut y_want = vec![0.0; n * o * l];
-            conv_gemm_forward(&w, &cols, Some(&bias), d, &mut y_want, 1);
-            let mut dw_want = vec![0.0; o * k];
-            let mut dcols = vec![0.0; k * n * l];
-            for b in 0..n {
-                for r in 0..o {
-                    for p in 0..l {
-                        let g = gy[(b * o + r) * l + p];
-                        for j in 0..k {
-                            dw_want[r * k + j] += g * cols[j * n * l + b * l + p];
-                            dcols[j * n * l + b * l + p] += w[r * k + j] * g;
-                        }
-                    }
-                }
-            }
-            let mut dx_want = vec![0.0; n * c * h * wd];
-            col2im_batch(&dcols, n, &win, &mut dx_want, 1);
+            let [y_want, dw_want, dx_want] = batch_wide(&x, &w, &gy, &bias, &win, d);
             let f = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<f32>>();
             let (xf, wf, gf, bf) = (f(&x), f(&w), f(&gy), f(&bias));
             let close = |got: &[f32], want: &[f64], what: &str| {
@@ -1381,21 +1432,7 @@ mod tests {
                 );
                 close(&y, &y_want, "product");
                 close(&dw, &dw_want, "weight gradient");
-                let (mut y2, mut dw2) = (vec![f32::NAN; n * o * l], vec![f32::NAN; o * k]);
-                let outs = PatchOut {
-                    product: Some(PatchProduct {
-                        w: &wf,
-                        bias: Some(&bf[..]),
-                        out: &mut y2,
-                    }),
-                    weight_grad: Some(PatchWeightGrad {
-                        a: &gf,
-                        dw: &mut dw2,
-                    }),
-                };
-                patch_products(&xf, &win, d, outs, threads);
-                assert!(y2.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()));
-                assert!(dw2.iter().zip(&dw).all(|(a, b)| a.to_bits() == b.to_bits()));
+                both_in_one_call(&xf, &win, d, (&wf, &bf, &gf), (&y, &dw), threads);
                 let mut dx = vec![f32::NAN; n * c * h * wd];
                 conv_input_grad(&gf, &wf, &win, d, &mut dx, threads);
                 close(&dx, &dx_want, "input gradient");
@@ -1448,27 +1485,7 @@ mod tests {
                 let w: Vec<f64> = (0..o * k).map(|i| val(i, 0.53)).collect();
                 let gy: Vec<f64> = (0..n * o * l).map(|i| val(i, 0.29)).collect();
                 let bias: Vec<f64> = (0..o.max(c)).map(|i| val(i, 1.7)).collect();
-                // The batch-wide references: y = w·cols (+ bias), dw = Σ gy_b·cols_bᵀ,
-                // dx = col2im(wᵀ·gy_b), the last also the transposed convolution of gy.
-                let mut cols = vec![0.0; k * n * l];
-                im2col_batch(&x, n, &win, 0.0, &mut cols, 1);
-                let mut y_want = vec![0.0; n * o * l];
-                conv_gemm_forward(&w, &cols, Some(&bias[..o]), d, &mut y_want, 1);
-                let mut dw_want = vec![0.0; o * k];
-                let mut dcols = vec![0.0; k * n * l];
-                for b in 0..n {
-                    for r in 0..o {
-                        for p in 0..l {
-                            let g = gy[(b * o + r) * l + p];
-                            for j in 0..k {
-                                dw_want[r * k + j] += g * cols[j * n * l + b * l + p];
-                                dcols[j * n * l + b * l + p] += w[r * k + j] * g;
-                            }
-                        }
-                    }
-                }
-                let mut dx_want = vec![0.0; n * c * h * wd];
-                col2im_batch(&dcols, n, &win, &mut dx_want, 1);
+                let [y_want, dw_want, dx_want] = batch_wide(&x, &w, &gy, &bias[..o], &win, d);
                 let close = |got: &[f64], want: &[f64], what: &str| {
                     for (i, (a, b)) in got.iter().zip(want).enumerate() {
                         assert!(
@@ -1508,21 +1525,7 @@ mod tests {
                     close(&dw, &dw_want, "weight gradient");
                     close(&dx, &dx_want, "fold");
                     // Both products in one pass give what each gives alone.
-                    let (mut y2, mut dw2) = (vec![f64::NAN; n * o * l], vec![f64::NAN; o * k]);
-                    let outs = PatchOut {
-                        product: Some(PatchProduct {
-                            w: &w,
-                            bias: Some(&bias[..o]),
-                            out: &mut y2,
-                        }),
-                        weight_grad: Some(PatchWeightGrad {
-                            a: &gy,
-                            dw: &mut dw2,
-                        }),
-                    };
-                    patch_products(&x, &win, d, outs, threads);
-                    assert!(y2.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()));
-                    assert!(dw2.iter().zip(&dw).all(|(a, b)| a.to_bits() == b.to_bits()));
+                    both_in_one_call(&x, &win, d, (&w, &bias[..o], &gy), (&y, &dw), threads);
                     // With a bias, the fold starts from it.
                     let mut dxb = vec![f64::NAN; n * c * h * wd];
                     fold_products(&gy, &w, Some(&bias[..c]), &win, d, &mut dxb, threads);

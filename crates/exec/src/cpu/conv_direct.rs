@@ -605,6 +605,23 @@ mod tests {
         None
     }
 
+    /// `run(threads)` on one, two and three threads: the bits must not depend on them.
+    fn on_threads(what: &str, run: impl Fn(usize) -> Vec<f32>) -> Vec<f32> {
+        let one = run(1);
+        for threads in [2, 3] {
+            let again = run(threads);
+            let same = again
+                .iter()
+                .zip(&one)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{what}: the bits on {threads} threads differ from one's"
+            );
+        }
+        one
+    }
+
     /// Each output against the definition summed in f64, within f32 rounding of the sum of the
     /// terms' magnitudes; the same bits on one, two and three threads. Output channel counts
     /// that fill whole wide tiles, leave a narrow one, and pad the last.
@@ -629,19 +646,11 @@ mod tests {
                 let bias = data(o, wi + 2);
                 let bias = with_bias.then_some(&bias[..]);
                 let d = ConvDims { o, k, l, n };
-                let mut runs = Vec::new();
-                for threads in [1, 2, 3] {
+                let got = on_threads(&format!("window {wi}, o {o}"), |threads| {
                     let mut y = vec![f32::NAN; n * o * l];
                     assert!(conv_direct(&x, &win, &w, bias, d, &mut y, threads));
-                    runs.push(y);
-                }
-                for r in &runs[1..] {
-                    let same = r
-                        .iter()
-                        .zip(&runs[0])
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "window {wi}, o {o}: bits depend on the threads");
-                }
+                    y
+                });
                 for b in 0..n {
                     for j in 0..o {
                         for p in 0..l {
@@ -653,7 +662,7 @@ mod tests {
                                     mag += t.abs();
                                 }
                             }
-                            let got = runs[0][(b * o + j) * l + p] as f64;
+                            let got = got[(b * o + j) * l + p] as f64;
                             let tol = 1e-6 * (mag + sum.abs()) + 1e-30;
                             assert!(
                                 (got - sum).abs() <= tol,
@@ -683,22 +692,11 @@ mod tests {
                 let x = data(n * plane, wi + 3);
                 let a = data(n * o * l, wi + 4);
                 let d = ConvDims { o, k, l, n };
-                let mut runs = Vec::new();
-                for threads in [1, 2, 3] {
+                let got = on_threads(&format!("window {wi}, o {o}, n {n}"), |threads| {
                     let mut dw = vec![f32::NAN; o * k];
                     assert!(conv_weight_grad_direct(&x, &win, &a, d, &mut dw, threads));
-                    runs.push(dw);
-                }
-                for r in &runs[1..] {
-                    let same = r
-                        .iter()
-                        .zip(&runs[0])
-                        .all(|(p, q)| p.to_bits() == q.to_bits());
-                    assert!(
-                        same,
-                        "window {wi}, o {o}, n {n}: bits depend on the threads"
-                    );
-                }
+                    dw
+                });
                 for j in 0..o {
                     for kk in 0..k {
                         let (mut sum, mut mag) = (0.0f64, 0.0f64);
@@ -711,7 +709,7 @@ mod tests {
                                 }
                             }
                         }
-                        let got = runs[0][j * k + kk] as f64;
+                        let got = got[j * k + kk] as f64;
                         let tol = 1e-6 * (mag + sum.abs()) + 1e-30;
                         assert!(
                             (got - sum).abs() <= tol,

@@ -51,8 +51,29 @@ pub fn par_rows_mut<T: Send>(
     min_elems: usize,
     f: impl Fn(usize, &mut [T]) + Sync,
 ) {
-    if row_len == 0 {
+    let Some((rows, t)) = row_split(out, row_len, threads, min_elems, &f) else {
         return;
+    };
+    let per = rows.div_ceil(t);
+    let parts: Vec<&mut [T]> = out.chunks_mut(per * row_len).collect();
+    super::thread_pool::for_each_part(parts, |j, chunk| {
+        for (k, r) in chunk.chunks_mut(row_len).enumerate() {
+            f(j * per + k, r);
+        }
+    });
+}
+
+/// How many of `threads` split `out`'s rows (`Some((rows, t))`, `t ≥ 2`); or `None` once the
+/// rows have run in line (one thread, or fewer than `min_elems` elements) or there are none.
+fn row_split<T>(
+    out: &mut [T],
+    row_len: usize,
+    threads: usize,
+    min_elems: usize,
+    f: &impl Fn(usize, &mut [T]),
+) -> Option<(usize, usize)> {
+    if row_len == 0 {
+        return None;
     }
     let rows = out.len() / row_len;
     let t = if out.len() >= min_elems {
@@ -64,15 +85,9 @@ pub fn par_rows_mut<T: Send>(
         for (k, r) in out.chunks_mut(row_len).enumerate() {
             f(k, r);
         }
-        return;
+        return None;
     }
-    let per = rows.div_ceil(t);
-    let parts: Vec<&mut [T]> = out.chunks_mut(per * row_len).collect();
-    super::thread_pool::for_each_part(parts, |j, chunk| {
-        for (k, r) in chunk.chunks_mut(row_len).enumerate() {
-            f(j * per + k, r);
-        }
-    });
+    Some((rows, t))
 }
 
 /// [`par_rows_mut`] for rows that each hold much work (the images of a batch): the threads
@@ -87,21 +102,9 @@ pub fn par_rows_claimed<T: Send>(
     min_elems: usize,
     f: impl Fn(usize, &mut [T]) + Sync,
 ) {
-    if row_len == 0 {
+    let Some((_, t)) = row_split(out, row_len, threads, min_elems, &f) else {
         return;
-    }
-    let count = out.len() / row_len;
-    let t = if out.len() >= min_elems {
-        threads.clamp(1, count.max(1))
-    } else {
-        1
     };
-    if t <= 1 {
-        for (k, r) in out.chunks_mut(row_len).enumerate() {
-            f(k, r);
-        }
-        return;
-    }
     // Each row behind its own lock, which only the thread that claimed it ever takes.
     let rows: Vec<std::sync::Mutex<&mut [T]>> =
         out.chunks_mut(row_len).map(std::sync::Mutex::new).collect();
