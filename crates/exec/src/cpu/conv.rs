@@ -1336,6 +1336,8 @@ mod tests {
     #[test]
     #[cfg_attr(miri, ignore = "the direct kernels never run under Miri")]
     fn f32_products_through_the_direct_kernels_are_the_batch_wide_passes() {
+        // The level decides which kernels run: no other test may change it meanwhile.
+        let _levels = super::super::wide::level_lock();
         let val = |i: usize, s: f64| ((i as f64 * s).sin() * 8.0).round() / 8.0 + 0.001 * s;
         let wins = [
             Window {

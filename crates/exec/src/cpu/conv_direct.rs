@@ -32,6 +32,13 @@ pub fn direct_applies<T: 'static>(o: usize) -> bool {
     std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && o >= NARROW && avx512()
 }
 
+/// Whether the CPU has AVX-512F: what the kernels' `unsafe` needs. (Whether they run is
+/// [`direct_applies`]' choice, made once per call from the level in force, which another
+/// thread may change meanwhile through `set_simd`.)
+fn cpu_has_avx512() -> bool {
+    super::wide::simd_available() == super::wide::Simd::Avx512
+}
+
 /// Whether the AVX-512 build runs.
 fn avx512() -> bool {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
@@ -91,11 +98,14 @@ pub fn conv_direct<T: Float>(
             packed[kk * op + j] = v;
         }
     }
-    let g = PaddedGeometry::of(win);
+    let Some((g, scratch)) = geometry(win, l, op) else {
+        return false;
+    };
     let (koff, pos) = (g.patch_offsets(win), g.position_offsets(win));
     let y = &mut y[..n * o * l];
-    super::par::par_rows_claimed(y, o * l, threads, super::par::PAR_MIN_ELEMS, |b, yb| {
-        f32::with_scratch(g.len + l * op, |s| {
+    let min = split_above(n, plane, o * l);
+    super::par::par_rows_claimed(y, o * l, threads, min, |b, yb| {
+        f32::with_scratch(scratch, |s| {
             let (xp, ct) = s.split_at_mut(g.len);
             g.pad(&x[b * plane..(b + 1) * plane], win, xp);
             let t = Tiles {
@@ -157,18 +167,16 @@ pub fn conv_weight_grad_direct<T: Float>(
     let op = o.div_ceil(NARROW) * NARROW;
     let per = n.div_ceil(super::conv::WEIGHT_GRAD_BLOCKS.min(n));
     let blocks = n.div_ceil(per);
-    let g = PaddedGeometry::of(win);
+    let Some((g, scratch)) = geometry(win, l, op) else {
+        return false;
+    };
     let (koff, pos) = (g.patch_offsets(win), g.position_offsets(win));
     // Each block's sum, `[k, op]`: the patch elements as the tiles' rows, the positions as
     // their steps, the output's gradient transposed (`[l, op]`) as the rows they take.
     let mut partials = vec![0f32; blocks * k * op];
-    let min = if n * (plane + o * l) >= super::par::PAR_MIN_ELEMS {
-        0
-    } else {
-        usize::MAX
-    };
+    let min = split_above(n, plane, o * l);
     super::par::par_rows_claimed(&mut partials, k * op, threads, min, |blk, part| {
-        f32::with_scratch(g.len + l * op, |s| {
+        f32::with_scratch(scratch, |s| {
             let (xp, at) = s.split_at_mut(g.len);
             if op != o {
                 at.fill(0.0);
@@ -207,6 +215,25 @@ pub fn conv_weight_grad_direct<T: Float>(
     true
 }
 
+/// The padded image's geometry and a thread's scratch (the padded image, then `l × op`), or
+/// `None` where a size does not fit a `usize`.
+fn geometry(win: &Window, l: usize, op: usize) -> Option<(PaddedGeometry, usize)> {
+    let g = PaddedGeometry::of(win)?;
+    let scratch = l.checked_mul(op)?.checked_add(g.len)?;
+    Some((g, scratch))
+}
+
+/// The `min_elems` for [`super::par::par_rows_claimed`] that splits a batch of `n` images
+/// (`plane` input and `out` output elements each) over threads where [`super::patch_products`]
+/// would: at [`super::par::PAR_MIN_ELEMS`] elements read and written.
+fn split_above(n: usize, plane: usize, out: usize) -> usize {
+    if n.saturating_mul(plane.saturating_add(out)) >= super::par::PAR_MIN_ELEMS {
+        0
+    } else {
+        usize::MAX
+    }
+}
+
 /// A window's image padded with zeros: `[c, hp, wp]`, `len` elements.
 struct PaddedGeometry {
     hp: usize,
@@ -215,13 +242,13 @@ struct PaddedGeometry {
 }
 
 impl PaddedGeometry {
-    fn of(win: &Window) -> Self {
-        let (hp, wp) = (win.h + 2 * win.ph, win.w + 2 * win.pw);
-        PaddedGeometry {
-            hp,
-            wp,
-            len: win.c * hp * wp,
-        }
+    /// The geometry, or `None` where the padded image's size does not fit a `usize` (the
+    /// callers then decline: the patch path checks its own sizes).
+    fn of(win: &Window) -> Option<Self> {
+        let hp = win.ph.checked_mul(2)?.checked_add(win.h)?;
+        let wp = win.pw.checked_mul(2)?.checked_add(win.w)?;
+        let len = win.c.checked_mul(hp)?.checked_mul(wp)?;
+        Some(PaddedGeometry { hp, wp, len })
     }
 
     /// Each patch element's offset in the padded image from its position's first element.
@@ -268,7 +295,7 @@ impl PaddedGeometry {
             #[cfg(all(target_arch = "x86_64", not(miri)))]
             {
                 assert!(
-                    avx512(),
+                    cpu_has_avx512(),
                     "invariant: the direct convolution runs on AVX-512"
                 );
                 // SAFETY: `src` holds `h` rows of `w` and `body` `h·wp − pw` elements, which
@@ -358,10 +385,17 @@ impl Tiles<'_> {
         if rows == 0 {
             return;
         }
+        if s == 0 {
+            // No steps: each chain is empty, its value zero (or `c`'s own).
+            if !accumulate {
+                self.c[..rows * self.ld].fill(0.0);
+            }
+            return;
+        }
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         {
             assert!(
-                avx512(),
+                cpu_has_avx512(),
                 "invariant: the direct convolution runs on AVX-512"
             );
             let c = self.c.as_mut_ptr();
@@ -375,7 +409,7 @@ impl Tiles<'_> {
             // SAFETY: every read `x[bases[r] + steps[s]]` is in bounds (the largest of each
             // table sums to less than `x.len()`, checked above), as are `w`'s rows `s` and
             // `c`'s rows `r` over `ld` columns; `c` comes from a unique borrow; the CPU has
-            // AVX-512F (`simd` never reports more than it has).
+            // AVX-512F (asserted just above).
             unsafe { drive(&ops, c, accumulate) };
         }
         #[cfg(not(all(target_arch = "x86_64", not(miri))))]
@@ -473,7 +507,7 @@ unsafe fn rows<const MR: usize, const NV: usize>(
 /// Rows `r0..r0 + MR` by channels `j0..j0 + 16·NV`: for each step `s` in order, each row's
 /// element `x[bases[r] + steps[s]]` times `w`'s row `s`, fused into accumulators that start at
 /// zero (or at `c`'s values). `MR·NV` accumulators, `NV` registers of `w` and one broadcast:
-/// at most 27 of the 32 registers, so that none spills.
+/// at most 29 of the 32 registers, so that none spills.
 ///
 /// # Safety
 /// As [`drive`], for the tile's rows and channels.
