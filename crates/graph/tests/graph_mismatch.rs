@@ -118,6 +118,12 @@ fn calls() -> Vec<(&'static str, Call)> {
         ("layer_norm", |_, x, _, fb| {
             x.layer_norm(1, None, Some(fb), 1e-5).map(drop)
         }),
+        ("group_norm", |_, x, _, fb| {
+            x.group_norm(1, Some(fb), None, 1e-5).map(drop)
+        }),
+        ("group_norm", |_, x, _, fb| {
+            x.group_norm(1, None, Some(fb), 1e-5).map(drop)
+        }),
         ("layer_norm_as", |_, x, _, fb| {
             x.layer_norm_as(1, Some(fb), None, 1e-5, DType::BF16)
                 .map(drop)

@@ -345,7 +345,8 @@ pub fn adaptive_avg_pool2d<'g>(x: Tensor<'g>, size: (usize, usize)) -> Result<Te
 
 /// Group normalisation (PyTorch's `F.group_norm`): `x` `[N, C, …]` with its channels in
 /// `groups` groups, each sample's group normalised over its channels and positions (biased
-/// variance, `eps`), then `weight` and `bias` (`[C]`) per channel.
+/// variance, `eps`), then `weight` and `bias` (`[C]`) per channel: [`Tensor::group_norm`], with
+/// an error naming the input's shape when the groups do not divide its channels.
 pub fn group_norm<'g>(
     x: Tensor<'g>,
     groups: usize,
@@ -361,23 +362,7 @@ pub fn group_norm<'g>(
             &s,
         ));
     }
-    let shape: Vec<isize> = s.iter().map(|&d| d as isize).collect();
-    // Each group's extent written out: a `-1` cannot be inferred when the batch is empty.
-    let per_group = s[1] / groups * s[2..].iter().product::<usize>();
-    let normed = x
-        .reshape(&[s[0] as isize, groups as isize, per_group as isize])?
-        .layer_norm(1, None, None, eps)?
-        .reshape(&shape)?;
-    let mut per_channel = vec![1isize; s.len()];
-    per_channel[1] = s[1] as isize;
-    let mut y = normed;
-    if let Some(w) = weight {
-        y = y.mul(w.reshape(&per_channel)?)?;
-    }
-    if let Some(b) = bias {
-        y = y.add(b.reshape(&per_channel)?)?;
-    }
-    Ok(y)
+    Ok(x.group_norm(groups, weight, bias, eps)?)
 }
 
 /// Instance normalisation (PyTorch's `F.instance_norm` without running statistics): each

@@ -1,11 +1,14 @@
 //! Layer and RMS normalisation over rows, fused: one pass for each row's statistics, one for
 //! the output, and for backward one pass for the input's gradient and one for the weight's.
+//! Group normalisation ([`group_norm`]) is the same over a sample's group of channels, with a
+//! weight and bias per channel, each row's passes made while it is in cache.
 //!
 //! A row is the `n` trailing elements being normalised. Statistics are kept per row as
 //! `[mean, rstd]` (mean 0 for RMS), `rstd = 1/√(var + eps)` with the biased variance (the mean
 //! square for RMS), accumulated in f64 whatever the element type.
 
 use super::par::{par_rows_mut, PAR_MIN_ELEMS};
+use super::wide::wide;
 use crate::Float;
 
 /// Rows per thread split, so that a split carries about [`PAR_MIN_ELEMS`] elements of work.
@@ -165,6 +168,207 @@ pub fn norm_grad_bias<T: Float>(gy: &[T], n: usize, db: &mut [T]) {
     }
 }
 
+/// The extents of a group normalisation: `batch` samples of `channels` channels, each of
+/// `positions` elements (`[N, C, …]` contiguous), the channels in `groups` groups of equal
+/// size. A row — what one mean and deviation cover — is a sample's group, `channels / groups ×
+/// positions` contiguous elements; rows are numbered `sample · groups + group`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupSpec {
+    /// Samples (`N`).
+    pub batch: usize,
+    /// Channels (`C`), a multiple of `groups`.
+    pub channels: usize,
+    /// Elements per channel (the product of the axes after the channels).
+    pub positions: usize,
+    /// Groups (at least 1).
+    pub groups: usize,
+}
+
+impl GroupSpec {
+    /// Channels per group.
+    pub fn per_group(&self) -> usize {
+        self.channels / self.groups
+    }
+
+    /// Elements per row (a sample's group).
+    pub fn row_len(&self) -> usize {
+        self.per_group() * self.positions
+    }
+
+    /// Rows (samples × groups).
+    pub fn rows(&self) -> usize {
+        self.batch * self.groups
+    }
+}
+
+/// `Σ f(v)` over `row` in f64, in eight independent lanes joined in pairs (0 with 4, 1 with 5,
+/// …) and the tail in order: the same order at every vector width.
+#[inline(always)]
+fn lane_sum<T: Float>(row: &[T], f: impl Fn(f64) -> f64) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let chunks = row.chunks_exact(8);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += f(c[i].to_f64());
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for v in rem {
+        s += f(v.to_f64());
+    }
+    s
+}
+
+/// `(Σ g, Σ g·x)` over a channel's elements in f64, in [`lane_sum`]'s order.
+#[inline(always)]
+fn lane_sums2<T: Float>(g: &[T], x: &[T]) -> (f64, f64) {
+    let (mut sg, mut sgx) = ([0.0f64; 8], [0.0f64; 8]);
+    let (gc, xc) = (g.chunks_exact(8), x.chunks_exact(8));
+    let (gr, xr) = (gc.remainder(), xc.remainder());
+    for (a, b) in gc.zip(xc) {
+        for i in 0..8 {
+            let v = a[i].to_f64();
+            sg[i] += v;
+            sgx[i] += v * b[i].to_f64();
+        }
+    }
+    let join = |a: [f64; 8]| ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+    let (mut s, mut t) = (join(sg), join(sgx));
+    for (a, b) in gr.iter().zip(xr) {
+        s += a.to_f64();
+        t += a.to_f64() * b.to_f64();
+    }
+    (s, t)
+}
+
+/// Group normalisation (PyTorch's `F.group_norm`): each row's `[mean, rstd]` into `stats` (two
+/// per row) and `y = (x − mean)·rstd·w[c] + b[c]`, computed as `x·a + s` with the channel's
+/// `a = rstd·w[c]` and `s = b[c] − mean·a` (PyTorch's form), `w` and `b` (length `channels`)
+/// optional. The statistics sum in f64 (the mean, then the squared deviations from it); each
+/// row is read from memory once and its output written once.
+pub fn group_norm<T: Float>(
+    spec: GroupSpec,
+    x: &[T],
+    eps: f64,
+    (w, b): (Option<&[T]>, Option<&[T]>),
+    (y, stats): (&mut [T], &mut [T]),
+    threads: usize,
+) {
+    let (m, pos, cpg) = (spec.row_len(), spec.positions, spec.per_group());
+    super::par::par_rows_pair_mut(
+        spec.rows(),
+        (y, m),
+        (stats, 2),
+        threads,
+        PAR_MIN_ELEMS,
+        |r, yr, st| {
+            let row = &x[r * m..(r + 1) * m];
+            let first = (r % spec.groups) * cpg;
+            wide(m, move || {
+                let (mean, rstd) = if m == 0 {
+                    (0.0, 1.0 / eps.sqrt())
+                } else {
+                    let mean = lane_sum(row, |v| v) / m as f64;
+                    let var = lane_sum(row, |v| (v - mean) * (v - mean)) / m as f64;
+                    (mean, 1.0 / (var + eps).sqrt())
+                };
+                st[0] = T::from_f64(mean);
+                st[1] = T::from_f64(rstd);
+                for ci in 0..cpg {
+                    let c = first + ci;
+                    let a = rstd * w.map_or(1.0, |w| w[c].to_f64());
+                    let s = b.map_or(0.0, |b| b[c].to_f64()) - mean * a;
+                    let (a, s) = (T::from_f64(a), T::from_f64(s));
+                    let seg = ci * pos..(ci + 1) * pos;
+                    for (o, &v) in yr[seg.clone()].iter_mut().zip(&row[seg]) {
+                        *o = v * a + s;
+                    }
+                }
+            })
+        },
+    );
+}
+
+/// [`group_norm`]'s gradients from `gy` and the forward's `stats`: the input's always, the
+/// weight's and the bias's (length `channels`) when asked. Each row is read once for its
+/// channels' `Σ g` and `Σ g·x` and once more, from cache, for
+/// `dx = rstd·(g·w − mean(g·w) − x̂·mean(g·w·x̂))`, written as `dx = k₁·g + k₂·x + k₃` with
+/// per-channel `k₁` and per-row `k₂`, `k₃` (PyTorch's form); the parameters' gradients sum
+/// the rows' channel sums over the batch in order, so no result depends on the thread count.
+pub fn group_norm_grad<T: Float>(
+    spec: GroupSpec,
+    (x, gy, stats): (&[T], &[T], &[T]),
+    w: Option<&[T]>,
+    dx: &mut [T],
+    (dw, db): (Option<&mut [T]>, Option<&mut [T]>),
+    threads: usize,
+) {
+    let (m, pos, cpg) = (spec.row_len(), spec.positions, spec.per_group());
+    // Each row's channels' (Σ g, Σ g·x), for the parameters' gradients.
+    let mut sums = vec![0.0f64; spec.rows() * 2 * cpg];
+    super::par::par_rows_pair_mut(
+        spec.rows(),
+        (dx, m),
+        (&mut sums, 2 * cpg),
+        threads,
+        PAR_MIN_ELEMS,
+        |r, dr, sr| {
+            let (xr, gr) = (&x[r * m..(r + 1) * m], &gy[r * m..(r + 1) * m]);
+            let first = (r % spec.groups) * cpg;
+            let (mean, rstd) = (stats[2 * r].to_f64(), stats[2 * r + 1].to_f64());
+            wide(m, move || {
+                let wc = |ci: usize| w.map_or(1.0, |w| w[first + ci].to_f64());
+                // Σ g·w and Σ g·w·x over the row.
+                let (mut a, mut bsum) = (0.0, 0.0);
+                for ci in 0..cpg {
+                    let seg = ci * pos..(ci + 1) * pos;
+                    let (sg, sgx) = lane_sums2(&gr[seg.clone()], &xr[seg]);
+                    sr[2 * ci] = sg;
+                    sr[2 * ci + 1] = sgx;
+                    a += wc(ci) * sg;
+                    bsum += wc(ci) * sgx;
+                }
+                let inv = if m == 0 { 0.0 } else { 1.0 / m as f64 };
+                let k2 = (mean * a - bsum) * rstd * rstd * rstd * inv;
+                let k3 = -k2 * mean - a * rstd * inv;
+                let (k2, k3) = (T::from_f64(k2), T::from_f64(k3));
+                for ci in 0..cpg {
+                    let k1 = T::from_f64(rstd * wc(ci));
+                    let seg = ci * pos..(ci + 1) * pos;
+                    let (g, xs) = (&gr[seg.clone()], &xr[seg.clone()]);
+                    for ((o, &gv), &xv) in dr[seg].iter_mut().zip(g).zip(xs) {
+                        *o = k1 * gv + k2 * xv + k3;
+                    }
+                }
+            })
+        },
+    );
+    let channels = spec.channels;
+    if let Some(dw) = dw {
+        for (c, d) in dw.iter_mut().enumerate().take(channels) {
+            let (grp, ci) = (c / cpg.max(1), c % cpg.max(1));
+            let mut acc = 0.0;
+            for n in 0..spec.batch {
+                let r = n * spec.groups + grp;
+                let (mean, rstd) = (stats[2 * r].to_f64(), stats[2 * r + 1].to_f64());
+                let s = &sums[r * 2 * cpg + 2 * ci..];
+                acc += rstd * (s[1] - mean * s[0]);
+            }
+            *d = T::from_f64(acc);
+        }
+    }
+    if let Some(db) = db {
+        for (c, d) in db.iter_mut().enumerate().take(channels) {
+            let (grp, ci) = (c / cpg.max(1), c % cpg.max(1));
+            let acc: f64 = (0..spec.batch)
+                .map(|n| sums[(n * spec.groups + grp) * 2 * cpg + 2 * ci])
+                .sum();
+            *d = T::from_f64(acc);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,5 +392,163 @@ mod tests {
         assert_eq!(y, [-1.5, 2.5]);
         norm_stats(&x[..2], 2, 0.0, true, &mut st[..2], 1);
         assert_eq!(st[..2], [0.0, 1.0 / 5f64.sqrt()]);
+    }
+
+    /// A small deterministic generator of values in [-2, 2).
+    fn values(n: usize, seed: u64) -> Vec<f64> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// Group normalisation and its gradients by the definition: each row's statistics in
+    /// two passes, `x̂`, and `dx = rstd·(g − mean(g) − x̂·mean(g·x̂))` with `g = gy·w`.
+    #[allow(clippy::type_complexity)]
+    fn group_norm_by_definition(
+        spec: GroupSpec,
+        x: &[f64],
+        gy: &[f64],
+        w: &[f64],
+        b: &[f64],
+        eps: f64,
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+        let (m, pos, cpg) = (spec.row_len(), spec.positions, spec.per_group());
+        let mut y = vec![0.0; x.len()];
+        let mut dx = vec![0.0; x.len()];
+        let (mut dw, mut db) = (vec![0.0; spec.channels], vec![0.0; spec.channels]);
+        for r in 0..spec.rows() {
+            let row = &x[r * m..(r + 1) * m];
+            let mean = row.iter().sum::<f64>() / m as f64;
+            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / m as f64;
+            let rstd = 1.0 / (var + eps).sqrt();
+            let ch = |j: usize| (r % spec.groups) * cpg + j / pos;
+            let xh: Vec<f64> = row.iter().map(|v| (v - mean) * rstd).collect();
+            let g: Vec<f64> = (0..m).map(|j| gy[r * m + j] * w[ch(j)]).collect();
+            let mg = g.iter().sum::<f64>() / m as f64;
+            let mgx = g.iter().zip(&xh).map(|(a, b)| a * b).sum::<f64>() / m as f64;
+            for j in 0..m {
+                y[r * m + j] = xh[j] * w[ch(j)] + b[ch(j)];
+                dx[r * m + j] = rstd * (g[j] - mg - xh[j] * mgx);
+                dw[ch(j)] += gy[r * m + j] * xh[j];
+                db[ch(j)] += gy[r * m + j];
+            }
+        }
+        (y, dx, dw, db)
+    }
+
+    /// The fused group normalisation and its gradients equal the definition (to rounding), on
+    /// one group, several, a group per channel, single positions and odd lengths; the bits
+    /// are the same on one, two and three threads; without weight and bias they are 1 and 0.
+    #[test]
+    fn group_norm_matches_its_definition_on_any_thread_count() {
+        // The last is large enough to be split across threads.
+        let specs = [
+            (2, 6, 37, 3),
+            (3, 4, 1, 1),
+            (1, 8, 64, 8),
+            (5, 2, 300, 1),
+            (4, 6, 9, 2),
+            (5, 8, 2100, 2),
+        ];
+        for (k, &(batch, channels, positions, groups)) in specs.iter().enumerate() {
+            let spec = GroupSpec {
+                batch,
+                channels,
+                positions,
+                groups,
+            };
+            let n = batch * channels * positions;
+            let (x, gy) = (values(n, 2 * k as u64 + 1), values(n, 2 * k as u64 + 2));
+            let (w, b) = (values(channels, 97), values(channels, 98));
+            let want = group_norm_by_definition(spec, &x, &gy, &w, &b, 1e-5);
+            let mut first = None;
+            for threads in [1, 2, 3] {
+                let (mut y, mut st) = (vec![0.0; n], vec![0.0; 2 * spec.rows()]);
+                group_norm(
+                    spec,
+                    &x,
+                    1e-5,
+                    (Some(&w), Some(&b)),
+                    (&mut y, &mut st),
+                    threads,
+                );
+                let mut dx = vec![0.0; n];
+                let (mut dw, mut db) = (vec![0.0; channels], vec![0.0; channels]);
+                group_norm_grad(
+                    spec,
+                    (&x, &gy, &st),
+                    Some(&w),
+                    &mut dx,
+                    (Some(&mut dw), Some(&mut db)),
+                    threads,
+                );
+                for (got, want, what) in [
+                    (&y, &want.0, "y"),
+                    (&dx, &want.1, "dx"),
+                    (&dw, &want.2, "dw"),
+                    (&db, &want.3, "db"),
+                ] {
+                    for (a, b) in got.iter().zip(want.iter()) {
+                        assert!(
+                            (a - b).abs() <= 1e-12 * (1.0 + b.abs()),
+                            "{spec:?} {what}: {a} vs {b}"
+                        );
+                    }
+                }
+                let bits = (y, dx, dw, db);
+                match &first {
+                    None => first = Some(bits),
+                    Some(f) => assert!(*f == bits, "{spec:?}: {threads} threads change the bits"),
+                }
+            }
+            // No weight and no bias: the weight 1 and the bias 0.
+            let (ones, zeros) = (vec![1.0; channels], vec![0.0; channels]);
+            let want = group_norm_by_definition(spec, &x, &gy, &ones, &zeros, 1e-5);
+            let (mut y, mut st) = (vec![0.0; n], vec![0.0; 2 * spec.rows()]);
+            group_norm(spec, &x, 1e-5, (None, None), (&mut y, &mut st), 2);
+            let mut dx = vec![0.0; n];
+            group_norm_grad(spec, (&x, &gy, &st), None, &mut dx, (None, None), 2);
+            for (got, want) in [(&y, &want.0), (&dx, &want.1)] {
+                for (a, b) in got.iter().zip(want.iter()) {
+                    assert!(
+                        (a - b).abs() <= 1e-12 * (1.0 + b.abs()),
+                        "{spec:?}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// No positions or no samples: nothing to write, and the parameters' gradients are zeros
+    /// (PyTorch's for an empty input), never NaN.
+    #[test]
+    fn empty_group_norms_give_zero_parameter_gradients() {
+        for (batch, positions) in [(0, 5), (3, 0)] {
+            let spec = GroupSpec {
+                batch,
+                channels: 4,
+                positions,
+                groups: 2,
+            };
+            let (mut y, mut st) = (vec![], vec![0.0f32; 2 * spec.rows()]);
+            group_norm(spec, &[], 1e-5, (None, None), (&mut y, &mut st), 2);
+            let (mut dw, mut db) = (vec![f32::NAN; 4], vec![f32::NAN; 4]);
+            let w = [1.0f32; 4];
+            group_norm_grad(
+                spec,
+                (&[], &[], &st),
+                Some(&w),
+                &mut [],
+                (Some(&mut dw), Some(&mut db)),
+                2,
+            );
+            assert_eq!((dw, db), (vec![0.0; 4], vec![0.0; 4]));
+        }
     }
 }

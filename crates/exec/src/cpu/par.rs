@@ -63,6 +63,55 @@ pub fn par_rows_mut<T: Send>(
     });
 }
 
+/// [`par_rows_mut`] over two outputs cut at the same rows: `f(index, a_row, b_row)` for each of
+/// `rows` rows, `a`'s of `a_len` elements and `b`'s of `b_len` (a row's results and something
+/// kept per row beside them, say its statistics). Split across up to `threads` threads once `a`
+/// holds at least `min_elems` elements. Either length may be zero.
+pub fn par_rows_pair_mut<A: Send, B: Send>(
+    rows: usize,
+    (a, a_len): (&mut [A], usize),
+    (b, b_len): (&mut [B], usize),
+    threads: usize,
+    min_elems: usize,
+    f: impl Fn(usize, &mut [A], &mut [B]) + Sync,
+) {
+    assert!(
+        a.len() == rows * a_len && b.len() == rows * b_len,
+        "par_rows_pair_mut: outputs of {} and {} elements for {rows} rows of {a_len} and {b_len}",
+        a.len(),
+        b.len()
+    );
+    let run = |start: usize, count: usize, a: &mut [A], b: &mut [B]| {
+        let (mut a, mut b) = (a, b);
+        for i in start..start + count {
+            let (ar, at) = std::mem::take(&mut a).split_at_mut(a_len);
+            let (br, bt) = std::mem::take(&mut b).split_at_mut(b_len);
+            f(i, ar, br);
+            (a, b) = (at, bt);
+        }
+    };
+    let t = if a.len() >= min_elems {
+        threads.clamp(1, rows.max(1))
+    } else {
+        1
+    };
+    if t <= 1 {
+        run(0, rows, a, b);
+        return;
+    }
+    let per = rows.div_ceil(t);
+    let mut parts = Vec::with_capacity(t);
+    let (mut a, mut b, mut start) = (a, b, 0);
+    while start < rows {
+        let count = per.min(rows - start);
+        let (ah, at) = std::mem::take(&mut a).split_at_mut(count * a_len);
+        let (bh, bt) = std::mem::take(&mut b).split_at_mut(count * b_len);
+        parts.push((start, count, ah, bh));
+        (a, b, start) = (at, bt, start + count);
+    }
+    super::thread_pool::for_each_owned(parts, |_, (start, count, a, b)| run(*start, *count, a, b));
+}
+
 /// How many of `threads` split `out`'s rows (`Some((rows, t))`, `t ≥ 2`); or `None` once the
 /// rows have run in line (one thread, or fewer than `min_elems` elements) or there are none.
 fn row_split<T>(

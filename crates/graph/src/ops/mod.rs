@@ -109,8 +109,8 @@ pub(crate) enum Op {
         axis: usize,
         log: bool,
     },
-    /// Layer or RMS normalisation over trailing axes; inputs `[x, weight?, bias?]` (see
-    /// [`norm`]).
+    /// Layer or RMS normalisation over trailing axes, or group normalisation; inputs `[x,
+    /// weight?, bias?]` (see [`norm`]).
     Norm(norm::NormNode),
     /// Scaled dot-product attention; inputs `[q, k, v, mask?]` (see [`attention`]).
     Attention(Arc<attention::AttnNode>),
@@ -260,6 +260,7 @@ impl Op {
             Op::Attention(_) => "scaled_dot_product_attention",
             Op::Dropout { .. } => "dropout",
             Op::Norm(n) if n.rms => "rms_norm",
+            Op::Norm(n) if n.group => "group_norm",
             Op::Norm(_) => "layer_norm",
             Op::LstmCell { .. } => "lstm_cell",
             Op::GruCell { .. } => "gru_cell",

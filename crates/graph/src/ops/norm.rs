@@ -1,4 +1,5 @@
-//! Layer normalisation and RMS normalisation over the trailing axes, each one recorded op.
+//! Layer normalisation and RMS normalisation over the trailing axes, and group normalisation
+//! over each sample's groups of channels, each one recorded op.
 //!
 //! On the host the forward is two passes over each row (its mean and `rstd = 1/√(var + eps)`,
 //! then the output), keeping only the two statistics per row besides the output (and those only
@@ -8,7 +9,9 @@
 //! On a CUDA device the same two passes and backward run as the fused kernels of
 //! `arenagrad_exec::cuda` (`fused.cu`, one thread per row; checked against these CPU kernels on
 //! the host by `crates/exec/tests/cuda_kernels_on_host.rs`, and against the CPU on a device by
-//! the device parity tests).
+//! the device parity tests). A group norm on a CUDA device is a layer norm over each sample's
+//! groups and the per-channel affine in tensor ops; on the host it is fused as the others,
+//! each row's passes made while the row is in cache.
 
 use arenagrad_alloc::BufId;
 use arenagrad_exec::cpu::norm as k;
@@ -28,11 +31,15 @@ use crate::{DType, Device, Tensor};
 pub(crate) struct NormNode {
     pub eps: f64,
     pub stats: Option<BufId>,
-    /// The number of trailing axes normalised (at most the rank: small).
+    /// The number of trailing axes normalised (at most the rank: small); for a group norm
+    /// (`group`), its number of groups.
     pub ndim: u32,
     pub rms: bool,
     pub weight: bool,
     pub bias: bool,
+    /// A group normalisation: its rows are a sample's group of channels, its weight and bias
+    /// per channel ([`Tensor::group_norm`]), and `ndim` counts its groups.
+    pub group: bool,
 }
 
 impl<'g> Tensor<'g> {
@@ -237,11 +244,265 @@ impl<'g> Tensor<'g> {
             weight: weight.is_some(),
             bias: bias.is_some(),
             stats,
+            group: false,
         };
         let id = i.push(copy_of(&shape), out_dtype, out, Op::Norm(node), &inputs);
         drop(guard);
         Ok(self.g.handle(id))
     }
+}
+
+impl<'g> Tensor<'g> {
+    /// Group normalisation, PyTorch's `F.group_norm`: `x` `[N, C, …]` with its `C` channels in
+    /// `groups` groups of equal size, each sample's group normalised over its channels and
+    /// positions (the biased variance), then scaled and shifted per channel by `weight` and
+    /// `bias` (optional, `[C]` each). On the host one recorded op, fused: one pass over each
+    /// row for its statistics and output, two for the backward (see
+    /// `arenagrad_exec::cpu::norm::group_norm`); on a CUDA device, and under `create_graph`,
+    /// the same formula in tensor ops.
+    pub fn group_norm(
+        self,
+        groups: usize,
+        weight: Option<Tensor<'g>>,
+        bias: Option<Tensor<'g>>,
+        eps: f64,
+    ) -> Result<Tensor<'g>> {
+        const OP: &str = "group_norm";
+        if Tensor::any_half(&[Some(self), weight, bias])? {
+            let norm = |x: Tensor<'g>, w, b| x.group_norm(groups, w, b, eps);
+            return match (weight, bias) {
+                (Some(w), Some(b)) => {
+                    Tensor::lower([self, w, b], |[x, w, b]| norm(x, Some(w), Some(b)))
+                }
+                (Some(w), None) => Tensor::lower([self, w], |[x, w]| norm(x, Some(w), None)),
+                (None, Some(b)) => Tensor::lower([self, b], |[x, b]| norm(x, None, Some(b))),
+                (None, None) => Tensor::lower([self], |[x]| norm(x, None, None)),
+            };
+        }
+        let shape = self.try_shape()?;
+        if shape.len() < 2 || groups == 0 || !shape[1].is_multiple_of(groups) {
+            return Err(GraphError::BadArgument {
+                op: OP,
+                what: "expects an input [N, C, …] with C a multiple of groups, and groups ≥ 1",
+            });
+        }
+        if eps.is_nan() || eps < 0.0 {
+            return Err(GraphError::BadArgument {
+                op: OP,
+                what: "eps must be ≥ 0",
+            });
+        }
+        for t in weight.iter().chain(bias.iter()) {
+            check_pair(OP, &self, t)?;
+            let ts = t.try_shape()?;
+            if ts[..] != shape[1..2] {
+                return Err(GraphError::ShapeMismatch {
+                    op: OP,
+                    lhs: shape.to_vec(),
+                    rhs: ts.to_vec(),
+                });
+            }
+        }
+        let spec = k::GroupSpec {
+            batch: shape[0],
+            channels: shape[1],
+            positions: shape[2..].iter().product(),
+            groups,
+        };
+        let Ok(groups_u32) = u32::try_from(groups) else {
+            return Err(GraphError::BadArgument {
+                op: OP,
+                what: "more than 2³² groups",
+            });
+        };
+        if self.device() != Device::Cpu {
+            return group_norm_in_ops(self, spec, (weight, bias), eps);
+        }
+        let numel: usize = shape.iter().product();
+        let mut guard = self.g.inner();
+        let i = &mut *guard;
+        let (dtype, xb) = {
+            let nd = i.node(OP, self.id)?;
+            (nd.dtype, nd.buf)
+        };
+        let wb = weight
+            .map(|w| i.node(OP, w.id).map(|nd| nd.buf))
+            .transpose()?;
+        let bb = bias
+            .map(|b| i.node(OP, b.id).map(|nd| nd.buf))
+            .transpose()?;
+        let mut inputs: SmallVec<[_; 3]> = smallvec![self.id];
+        inputs.extend(weight.map(|w| w.id));
+        inputs.extend(bias.map(|b| b.id));
+        let record = i.records(&inputs);
+        let threads = i.threads;
+        let stats = i.alloc_on(OP, Device::Cpu, dtype, 2 * spec.rows())?;
+        let out = i.alloc_on(OP, Device::Cpu, dtype, numel)?;
+        with_float!(dtype, T, {
+            let ([y, st], [x, w, b]) = i.split_two_mut::<T, 3>(
+                OP,
+                [out, stats],
+                [xb, wb.unwrap_or(xb), bb.unwrap_or(xb)],
+            )?;
+            let (w, b) = (wb.map(|_| w), bb.map(|_| b));
+            k::group_norm(spec, x, eps, (w, b), (y, st), threads);
+        });
+        let stats = if record {
+            Some(stats)
+        } else {
+            i.release_buf(Device::Cpu, stats)?;
+            None
+        };
+        let node = NormNode {
+            rms: false,
+            eps,
+            ndim: groups_u32,
+            weight: weight.is_some(),
+            bias: bias.is_some(),
+            stats,
+            group: true,
+        };
+        let id = i.push(copy_of(&shape), dtype, out, Op::Norm(node), &inputs);
+        drop(guard);
+        Ok(self.g.handle(id))
+    }
+}
+
+/// `[1, C, 1, …]`: a per-channel tensor shaped to broadcast against `[N, C, …]`.
+fn per_channel<'g>(t: Tensor<'g>, rank: usize, channels: usize) -> Result<Tensor<'g>> {
+    let mut s = vec![1isize; rank];
+    s[1] = channels as isize;
+    t.reshape(&s)
+}
+
+/// The input viewed as its rows `[N, groups, C/groups · positions]`.
+fn as_rows<'g>(t: Tensor<'g>, spec: k::GroupSpec) -> Result<Tensor<'g>> {
+    t.reshape(&[
+        spec.batch as isize,
+        spec.groups as isize,
+        spec.row_len() as isize,
+    ])
+}
+
+/// Group normalisation in differentiable tensor ops: a layer norm over each row, then the
+/// per-channel affine (the device's form; the host's fused op computes the same).
+fn group_norm_in_ops<'g>(
+    x: Tensor<'g>,
+    spec: k::GroupSpec,
+    (weight, bias): (Option<Tensor<'g>>, Option<Tensor<'g>>),
+    eps: f64,
+) -> Result<Tensor<'g>> {
+    let shape: Vec<isize> = x.try_shape()?.iter().map(|&d| d as isize).collect();
+    let mut y = as_rows(x, spec)?
+        .layer_norm(1, None, None, eps)?
+        .reshape(&shape)?;
+    if let Some(w) = weight {
+        y = y.mul(per_channel(w, shape.len(), spec.channels)?)?;
+    }
+    if let Some(b) = bias {
+        y = y.add(per_channel(b, shape.len(), spec.channels)?)?;
+    }
+    Ok(y)
+}
+
+/// The fused group norm's backward: the host kernel, or under `create_graph` the rule in
+/// tensor ops (`dx = rstd·(g − mean(g) − x̂·mean(g·x̂))` over each row with `g = gy·w`, the
+/// weight's gradient `Σ gy·x̂` and the bias's `Σ gy` over all but the channel axis).
+fn group_backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    const OP: &str = "group_norm";
+    let x = c.input(0);
+    let w = nd.weight.then(|| c.input(1));
+    let shape = x.try_shape()?;
+    let spec = k::GroupSpec {
+        batch: shape[0],
+        channels: shape[1],
+        positions: shape[2..].iter().product(),
+        groups: nd.ndim as usize,
+    };
+    let gy = c.gy;
+    if c.create_graph {
+        let full: Vec<isize> = shape.iter().map(|&d| d as isize).collect();
+        let (xhat, rstd) = normalized(as_rows(x, spec)?, false, 1, nd.eps)?;
+        let g = match w {
+            Some(w) => gy.mul(per_channel(w, shape.len(), spec.channels)?)?,
+            None => gy,
+        };
+        let g = as_rows(g, spec)?;
+        let inner = g
+            .sub(xhat.mul(g.mul(xhat)?.mean_axes(&[2], true)?)?)?
+            .sub(g.mean_axes(&[2], true)?)?;
+        let mut out: Grads<'g> = smallvec![Some(rstd.mul(inner)?.reshape(&full)?)];
+        let others: Vec<isize> = (0..shape.len() as isize).filter(|&a| a != 1).collect();
+        if nd.weight {
+            let xhat = xhat.reshape(&full)?;
+            out.push(Some(gy.mul(xhat)?.sum_axes(&others, false)?));
+        }
+        if nd.bias {
+            out.push(Some(gy.sum_axes(&others, false)?));
+        }
+        return Ok(out);
+    }
+    if x.device() != Device::Cpu {
+        // The fused op is only made on the host.
+        return Err(GraphError::UnsupportedDType {
+            op: OP,
+            dtype: x.dtype_of(OP)?,
+        });
+    }
+    let numel: usize = shape.iter().product();
+    let mut guard = c.g.inner();
+    let i = &mut *guard;
+    let (dtype, xb) = {
+        let xn = i.node(OP, x.id)?;
+        (xn.dtype, xn.buf)
+    };
+    let gb = i.node(OP, gy.id)?.buf;
+    let wb = w.map(|w| i.node(OP, w.id).map(|wn| wn.buf)).transpose()?;
+    let stats = nd
+        .stats
+        .expect("invariant: a recorded norm keeps its statistics");
+    let threads = i.threads;
+    let dx = i.alloc_on(OP, Device::Cpu, dtype, numel)?;
+    let dw = nd
+        .weight
+        .then(|| i.alloc_on(OP, Device::Cpu, dtype, spec.channels))
+        .transpose()?;
+    let db = nd
+        .bias
+        .then(|| i.alloc_on(OP, Device::Cpu, dtype, spec.channels))
+        .transpose()?;
+    with_float!(dtype, T, {
+        let zero = <T as arenagrad_exec::Float>::ZERO;
+        let (mut gw, mut gbias) = (vec![zero; spec.channels], vec![zero; spec.channels]);
+        {
+            let (d, [xs, gs, st, ws]) =
+                i.split_mut::<T, 4>(OP, dx, [xb, gb, stats, wb.unwrap_or(xb)])?;
+            let (dwv, dbv) = (dw.map(|_| &mut gw[..]), db.map(|_| &mut gbias[..]));
+            k::group_norm_grad(spec, (xs, gs, st), wb.map(|_| ws), d, (dwv, dbv), threads);
+        }
+        for (buf, v) in [(dw, &gw), (db, &gbias)] {
+            if let Some(buf) = buf {
+                let (d, []) = i.split_mut::<T, 0>(OP, buf, [])?;
+                d.copy_from_slice(v);
+            }
+        }
+    });
+    let mut out: Grads<'g> = SmallVec::new();
+    let dx = i.push_on(Device::Cpu, copy_of(&shape), dtype, dx, Op::Leaf, &[]);
+    out.push(Some(c.g.handle(dx)));
+    for buf in [dw, db].into_iter().flatten() {
+        let id = i.push_on(
+            Device::Cpu,
+            copy_of(&shape[1..2]),
+            dtype,
+            buf,
+            Op::Leaf,
+            &[],
+        );
+        out.push(Some(c.g.handle(id)));
+    }
+    drop(guard);
+    Ok(out)
 }
 
 /// `(x̂, rstd)` for the last `ndim` axes, in differentiable ops (rstd keeps those axes as 1s).
@@ -276,6 +537,9 @@ fn over_rows<'g>(t: Tensor<'g>, ndim: usize) -> Result<Tensor<'g>> {
 }
 
 pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
+    if nd.group {
+        return group_backward(nd, c);
+    }
     let x = c.input(0);
     let w = nd.weight.then(|| c.input(1));
     if c.create_graph {
