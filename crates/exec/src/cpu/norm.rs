@@ -27,27 +27,87 @@ pub fn norm_stats<T: Float>(
 ) {
     par_rows_mut(stats, 2, threads, 2 * min_rows(n), |r, st| {
         let row = &x[r * n..(r + 1) * n];
-        let inv = 1.0 / n as f64;
-        let (mean, var) = if rms {
-            (
-                0.0,
-                row.iter().map(|v| v.to_f64() * v.to_f64()).sum::<f64>() * inv,
-            )
-        } else {
-            let mean = row.iter().map(|v| v.to_f64()).sum::<f64>() * inv;
-            let var = row
-                .iter()
-                .map(|v| {
-                    let d = v.to_f64() - mean;
-                    d * d
-                })
-                .sum::<f64>()
-                * inv;
-            (mean, var)
-        };
+        let (mean, rstd) = wide(
+            n,
+            #[inline(always)]
+            move || row_stats(row, eps, rms),
+        );
         st[0] = T::from_f64(mean);
-        st[1] = T::from_f64(1.0 / (var + eps).sqrt());
+        st[1] = T::from_f64(rstd);
     });
+}
+
+/// A row's mean (0 for RMS) and `rstd`: the mean, then the squared deviations from it (the
+/// squares for RMS), each summed in f64 in [`lane_sum`]'s order.
+#[inline(always)]
+fn row_stats<T: Float>(row: &[T], eps: f64, rms: bool) -> (f64, f64) {
+    let inv = 1.0 / row.len() as f64;
+    let (mean, var) = if rms {
+        (0.0, lane_sum(row, |v| v * v) * inv)
+    } else {
+        let mean = lane_sum(row, |v| v) * inv;
+        (mean, lane_sum(row, |v| (v - mean) * (v - mean)) * inv)
+    };
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
+/// `y = (x − mean)·rstd·w + b` for one row, `w` and `b` optional.
+#[inline(always)]
+fn apply_row<T: Float>(row: &[T], (m, s): (T, T), w: Option<&[T]>, b: Option<&[T]>, yr: &mut [T]) {
+    match (w, b) {
+        (Some(w), Some(b)) => {
+            for (((o, &v), &w), &b) in yr.iter_mut().zip(row).zip(w).zip(b) {
+                *o = (v - m) * s * w + b;
+            }
+        }
+        (Some(w), None) => {
+            for ((o, &v), &w) in yr.iter_mut().zip(row).zip(w) {
+                *o = (v - m) * s * w;
+            }
+        }
+        (None, Some(b)) => {
+            for ((o, &v), &b) in yr.iter_mut().zip(row).zip(b) {
+                *o = (v - m) * s + b;
+            }
+        }
+        (None, None) => {
+            for (o, &v) in yr.iter_mut().zip(row) {
+                *o = (v - m) * s;
+            }
+        }
+    }
+}
+
+/// [`norm_stats`] and [`norm_apply`] in one pass over the rows: each row's statistics, then
+/// its output while the row is still in cache. The same values as the two calls.
+pub fn norm_forward<T: Float>(
+    (x, n): (&[T], usize),
+    (eps, rms): (f64, bool),
+    (w, b): (Option<&[T]>, Option<&[T]>),
+    (y, stats): (&mut [T], &mut [T]),
+    threads: usize,
+) {
+    let rows = stats.len() / 2;
+    super::par::par_rows_pair_mut(
+        rows,
+        (y, n),
+        (stats, 2),
+        threads,
+        PAR_MIN_ELEMS,
+        |r, yr, st| {
+            let row = &x[r * n..(r + 1) * n];
+            wide(
+                n,
+                #[inline(always)]
+                move || {
+                    let (mean, rstd) = row_stats(row, eps, rms);
+                    st[0] = T::from_f64(mean);
+                    st[1] = T::from_f64(rstd);
+                    apply_row(row, (st[0], st[1]), w, b, yr);
+                },
+            )
+        },
+    );
 }
 
 /// `y = (x − mean)·rstd·w + b` row by row, `w` and `b` (length `n`) optional.
@@ -62,29 +122,12 @@ pub fn norm_apply<T: Float>(
 ) {
     par_rows_mut(y, n, threads, PAR_MIN_ELEMS, |r, yr| {
         let row = &x[r * n..(r + 1) * n];
-        let (m, s) = (stats[2 * r], stats[2 * r + 1]);
-        match (w, b) {
-            (Some(w), Some(b)) => {
-                for j in 0..n {
-                    yr[j] = (row[j] - m) * s * w[j] + b[j];
-                }
-            }
-            (Some(w), None) => {
-                for j in 0..n {
-                    yr[j] = (row[j] - m) * s * w[j];
-                }
-            }
-            (None, Some(b)) => {
-                for j in 0..n {
-                    yr[j] = (row[j] - m) * s + b[j];
-                }
-            }
-            (None, None) => {
-                for j in 0..n {
-                    yr[j] = (row[j] - m) * s;
-                }
-            }
-        }
+        let ms = (stats[2 * r], stats[2 * r + 1]);
+        wide(
+            n,
+            #[inline(always)]
+            move || apply_row(row, ms, w, b, yr),
+        );
     });
 }
 
@@ -114,24 +157,68 @@ pub fn norm_grad_input<T: Float>(
         let row = &x[r * n..(r + 1) * n];
         let gr = &gy[r * n..(r + 1) * n];
         let (m, s) = (stats[2 * r].to_f64(), stats[2 * r + 1].to_f64());
-        let g = |j: usize| match w {
-            Some(w) => gr[j].to_f64() * w[j].to_f64(),
-            None => gr[j].to_f64(),
-        };
-        let (mut sg, mut sgx) = (0.0, 0.0);
-        for (j, v) in row.iter().enumerate() {
-            let gj = g(j);
-            sg += gj;
-            sgx += gj * (v.to_f64() - m) * s;
-        }
-        let inv = 1.0 / n as f64;
-        let mg = if rms { 0.0 } else { sg * inv };
-        let mgx = sgx * inv;
-        for j in 0..n {
-            let xh = (row[j].to_f64() - m) * s;
-            dr[j] = T::from_f64(s * (g(j) - mg - xh * mgx));
-        }
+        wide(
+            n,
+            #[inline(always)]
+            move || {
+                let (sg, sgx) = match w {
+                    Some(w) => grad_sums(row, gr, w, (m, s)),
+                    None => grad_sums(row, gr, &[], (m, s)),
+                };
+                let inv = 1.0 / n as f64;
+                let mg = if rms { 0.0 } else { sg * inv };
+                let mgx = sgx * inv;
+                match w {
+                    Some(w) => {
+                        for (((d, &v), &gv), &wv) in dr.iter_mut().zip(row).zip(gr).zip(w) {
+                            let xh = (v.to_f64() - m) * s;
+                            *d = T::from_f64(s * (gv.to_f64() * wv.to_f64() - mg - xh * mgx));
+                        }
+                    }
+                    None => {
+                        for ((d, &v), &gv) in dr.iter_mut().zip(row).zip(gr) {
+                            let xh = (v.to_f64() - m) * s;
+                            *d = T::from_f64(s * (gv.to_f64() - mg - xh * mgx));
+                        }
+                    }
+                }
+            },
+        )
     });
+}
+
+/// A row's `Σ g` and `Σ g·x̂` with `g = gy·w` (`w` empty: 1) and `x̂ = (x − m)·s`, in eight
+/// lanes each joined as [`lane_sum`]'s.
+#[inline(always)]
+fn grad_sums<T: Float>(row: &[T], gr: &[T], w: &[T], (m, s): (f64, f64)) -> (f64, f64) {
+    let (mut sg, mut sgx) = ([0.0f64; 8], [0.0f64; 8]);
+    let n = row.len();
+    let body = n - n % 8;
+    let (xs, gs) = (row[..body].chunks_exact(8), gr[..body].chunks_exact(8));
+    if w.is_empty() {
+        for (xc, gc) in xs.zip(gs) {
+            for i in 0..8 {
+                let g = gc[i].to_f64();
+                sg[i] += g;
+                sgx[i] += g * ((xc[i].to_f64() - m) * s);
+            }
+        }
+    } else {
+        for ((xc, gc), wc) in xs.zip(gs).zip(w[..body].chunks_exact(8)) {
+            for i in 0..8 {
+                let g = gc[i].to_f64() * wc[i].to_f64();
+                sg[i] += g;
+                sgx[i] += g * ((xc[i].to_f64() - m) * s);
+            }
+        }
+    }
+    let (mut a, mut b) = (join_lanes(sg), join_lanes(sgx));
+    for j in body..n {
+        let g = gr[j].to_f64() * if w.is_empty() { 1.0 } else { w[j].to_f64() };
+        a += g;
+        b += g * ((row[j].to_f64() - m) * s);
+    }
+    (a, b)
 }
 
 /// The weight's gradient `dw[j] = Σ_rows gy·x̂` (rows of `n`), summed in f64.
@@ -213,11 +300,17 @@ fn lane_sum<T: Float>(row: &[T], f: impl Fn(f64) -> f64) -> f64 {
             acc[i] += f(c[i].to_f64());
         }
     }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    let mut s = join_lanes(acc);
     for v in rem {
         s += f(v.to_f64());
     }
     s
+}
+
+/// Eight lanes joined in pairs: 0 with 4, 1 with 5, …, then the pairs' sums.
+#[inline(always)]
+fn join_lanes(a: [f64; 8]) -> f64 {
+    ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
 }
 
 /// `(Σ g, Σ g·x)` over a channel's elements in f64, in [`lane_sum`]'s order.
@@ -233,8 +326,7 @@ fn lane_sums2<T: Float>(g: &[T], x: &[T]) -> (f64, f64) {
             sgx[i] += v * b[i].to_f64();
         }
     }
-    let join = |a: [f64; 8]| ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-    let (mut s, mut t) = (join(sg), join(sgx));
+    let (mut s, mut t) = (join_lanes(sg), join_lanes(sgx));
     for (a, b) in gr.iter().zip(xr) {
         s += a.to_f64();
         t += a.to_f64() * b.to_f64();
@@ -265,27 +357,31 @@ pub fn group_norm<T: Float>(
         |r, yr, st| {
             let row = &x[r * m..(r + 1) * m];
             let first = (r % spec.groups) * cpg;
-            wide(m, move || {
-                let (mean, rstd) = if m == 0 {
-                    (0.0, 1.0 / eps.sqrt())
-                } else {
-                    let mean = lane_sum(row, |v| v) / m as f64;
-                    let var = lane_sum(row, |v| (v - mean) * (v - mean)) / m as f64;
-                    (mean, 1.0 / (var + eps).sqrt())
-                };
-                st[0] = T::from_f64(mean);
-                st[1] = T::from_f64(rstd);
-                for ci in 0..cpg {
-                    let c = first + ci;
-                    let a = rstd * w.map_or(1.0, |w| w[c].to_f64());
-                    let s = b.map_or(0.0, |b| b[c].to_f64()) - mean * a;
-                    let (a, s) = (T::from_f64(a), T::from_f64(s));
-                    let seg = ci * pos..(ci + 1) * pos;
-                    for (o, &v) in yr[seg.clone()].iter_mut().zip(&row[seg]) {
-                        *o = v * a + s;
+            wide(
+                m,
+                #[inline(always)]
+                move || {
+                    let (mean, rstd) = if m == 0 {
+                        (0.0, 1.0 / eps.sqrt())
+                    } else {
+                        let mean = lane_sum(row, |v| v) / m as f64;
+                        let var = lane_sum(row, |v| (v - mean) * (v - mean)) / m as f64;
+                        (mean, 1.0 / (var + eps).sqrt())
+                    };
+                    st[0] = T::from_f64(mean);
+                    st[1] = T::from_f64(rstd);
+                    for ci in 0..cpg {
+                        let c = first + ci;
+                        let a = rstd * w.map_or(1.0, |w| w[c].to_f64());
+                        let s = b.map_or(0.0, |b| b[c].to_f64()) - mean * a;
+                        let (a, s) = (T::from_f64(a), T::from_f64(s));
+                        let seg = ci * pos..(ci + 1) * pos;
+                        for (o, &v) in yr[seg.clone()].iter_mut().zip(&row[seg]) {
+                            *o = v * a + s;
+                        }
                     }
-                }
-            })
+                },
+            )
         },
     );
 }
@@ -317,31 +413,35 @@ pub fn group_norm_grad<T: Float>(
             let (xr, gr) = (&x[r * m..(r + 1) * m], &gy[r * m..(r + 1) * m]);
             let first = (r % spec.groups) * cpg;
             let (mean, rstd) = (stats[2 * r].to_f64(), stats[2 * r + 1].to_f64());
-            wide(m, move || {
-                let wc = |ci: usize| w.map_or(1.0, |w| w[first + ci].to_f64());
-                // Σ g·w and Σ g·w·x over the row.
-                let (mut a, mut bsum) = (0.0, 0.0);
-                for ci in 0..cpg {
-                    let seg = ci * pos..(ci + 1) * pos;
-                    let (sg, sgx) = lane_sums2(&gr[seg.clone()], &xr[seg]);
-                    sr[2 * ci] = sg;
-                    sr[2 * ci + 1] = sgx;
-                    a += wc(ci) * sg;
-                    bsum += wc(ci) * sgx;
-                }
-                let inv = if m == 0 { 0.0 } else { 1.0 / m as f64 };
-                let k2 = (mean * a - bsum) * rstd * rstd * rstd * inv;
-                let k3 = -k2 * mean - a * rstd * inv;
-                let (k2, k3) = (T::from_f64(k2), T::from_f64(k3));
-                for ci in 0..cpg {
-                    let k1 = T::from_f64(rstd * wc(ci));
-                    let seg = ci * pos..(ci + 1) * pos;
-                    let (g, xs) = (&gr[seg.clone()], &xr[seg.clone()]);
-                    for ((o, &gv), &xv) in dr[seg].iter_mut().zip(g).zip(xs) {
-                        *o = k1 * gv + k2 * xv + k3;
+            wide(
+                m,
+                #[inline(always)]
+                move || {
+                    let wc = |ci: usize| w.map_or(1.0, |w| w[first + ci].to_f64());
+                    // Σ g·w and Σ g·w·x over the row.
+                    let (mut a, mut bsum) = (0.0, 0.0);
+                    for ci in 0..cpg {
+                        let seg = ci * pos..(ci + 1) * pos;
+                        let (sg, sgx) = lane_sums2(&gr[seg.clone()], &xr[seg]);
+                        sr[2 * ci] = sg;
+                        sr[2 * ci + 1] = sgx;
+                        a += wc(ci) * sg;
+                        bsum += wc(ci) * sgx;
                     }
-                }
-            })
+                    let inv = if m == 0 { 0.0 } else { 1.0 / m as f64 };
+                    let k2 = (mean * a - bsum) * rstd * rstd * rstd * inv;
+                    let k3 = -k2 * mean - a * rstd * inv;
+                    let (k2, k3) = (T::from_f64(k2), T::from_f64(k3));
+                    for ci in 0..cpg {
+                        let k1 = T::from_f64(rstd * wc(ci));
+                        let seg = ci * pos..(ci + 1) * pos;
+                        let (g, xs) = (&gr[seg.clone()], &xr[seg.clone()]);
+                        for ((o, &gv), &xv) in dr[seg].iter_mut().zip(g).zip(xs) {
+                            *o = k1 * gv + k2 * xv + k3;
+                        }
+                    }
+                },
+            )
         },
     );
     let channels = spec.channels;
@@ -551,6 +651,41 @@ mod tests {
                 2,
             );
             assert_eq!((dw, db), (vec![0.0; 4], vec![0.0; 4]));
+        }
+    }
+
+    /// The fused forward gives the bits of `norm_stats` then `norm_apply`, for layer and RMS
+    /// norms, with and without weight and bias, on one to three threads (the last rows long
+    /// and many enough to be split).
+    #[test]
+    fn norm_forward_is_norm_stats_then_norm_apply() {
+        for &(rows, n) in &[(3usize, 5usize), (7, 33), (40, 2000)] {
+            let x: Vec<f32> = values(rows * n, 5)
+                .iter()
+                .map(|&v| v as f32 + 0.25)
+                .collect();
+            let w: Vec<f32> = values(n, 6).iter().map(|&v| v as f32).collect();
+            let b: Vec<f32> = values(n, 7).iter().map(|&v| v as f32).collect();
+            for rms in [false, true] {
+                for (wo, bo) in [
+                    (Some(&w[..]), Some(&b[..])),
+                    (None, None),
+                    (Some(&w[..]), None),
+                ] {
+                    let mut st = vec![0.0f32; 2 * rows];
+                    norm_stats(&x, n, 1e-5, rms, &mut st, 1);
+                    let mut want = vec![0.0f32; rows * n];
+                    norm_apply(&x, n, &st, wo, bo, &mut want, 1);
+                    for threads in [1, 2, 3] {
+                        let (mut y, mut st2) = (vec![0.0f32; rows * n], vec![0.0f32; 2 * rows]);
+                        norm_forward((&x, n), (1e-5, rms), (wo, bo), (&mut y, &mut st2), threads);
+                        assert!(
+                            st2 == st && y == want,
+                            "{rows}×{n}, rms {rms}, {threads} threads"
+                        );
+                    }
+                }
+            }
         }
     }
 }

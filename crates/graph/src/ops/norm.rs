@@ -2,7 +2,7 @@
 //! over each sample's groups of channels, each one recorded op.
 //!
 //! On the host the forward is two passes over each row (its mean and `rstd = 1/√(var + eps)`,
-//! then the output), keeping only the two statistics per row besides the output (and those only
+//! then the output, while the row is in cache), keeping only the two statistics per row besides the output (and those only
 //! when the op is recorded: under `no_grad` they are scratch); backward is one
 //! pass for the input's gradient and one each for the weight's and the bias's. Under
 //! `create_graph` the rule is written in tensor ops instead, so it can be differentiated again.
@@ -189,20 +189,20 @@ impl<'g> Tensor<'g> {
                 let out = i.alloc_on(op, dev, dtype, numel)?;
                 let (y, [x, w, b]) =
                     i.split_mut::<T, 3>(op, out, [xb, wb.unwrap_or(xb), bb.unwrap_or(xb)])?;
-                k::norm_stats(x, n, eps, rms, &mut st, threads);
                 let (w, b) = (wb.map(|_| w), bb.map(|_| b));
-                k::norm_apply(x, n, &st, w, b, y, threads);
+                k::norm_forward((x, n), (eps, rms), (w, b), (y, &mut st), threads);
                 (out, None)
             }),
             Device::Cpu => with_float!(dtype, T, {
                 let stats = i.alloc_on(op, dev, dtype, 2 * rows)?;
                 let out = i.alloc_on(op, dev, dtype, numel)?;
-                let (st, [x]) = i.split_mut::<T, 1>(op, stats, [xb])?;
-                k::norm_stats(x, n, eps, rms, st, threads);
-                let (y, [x, st, w, b]) =
-                    i.split_mut::<T, 4>(op, out, [xb, stats, wb.unwrap_or(xb), bb.unwrap_or(xb)])?;
+                let ([y, st], [x, w, b]) = i.split_two_mut::<T, 3>(
+                    op,
+                    [out, stats],
+                    [xb, wb.unwrap_or(xb), bb.unwrap_or(xb)],
+                )?;
                 let (w, b) = (wb.map(|_| w), bb.map(|_| b));
-                k::norm_apply(x, n, st, w, b, y, threads);
+                k::norm_forward((x, n), (eps, rms), (w, b), (y, st), threads);
                 (out, Some(stats))
             }),
             Device::Cuda(_) => {
