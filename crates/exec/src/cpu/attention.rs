@@ -217,7 +217,11 @@ pub fn attention_forward<T: Float + Gemm>(
 ) {
     // Compiled for the widest vector unit: the tiles' elementwise loops (the same operations in
     // the same order at every level).
-    super::wide::wide(o.len(), || forward_heads(dims, inputs, h0, o, lse))
+    super::wide::wide(
+        o.len(),
+        #[inline(always)]
+        || forward_heads(dims, inputs, h0, o, lse),
+    )
 }
 
 #[inline(always)]
@@ -334,9 +338,11 @@ pub fn attention_backward<T: Float + Gemm>(
     grads: AttnGrads<'_, T>,
 ) {
     // As the forward: compiled for the widest vector unit.
-    super::wide::wide(grads.dq.len(), || {
-        backward_heads(dims, inputs, saved, (h0, heads), grads)
-    })
+    super::wide::wide(
+        grads.dq.len(),
+        #[inline(always)]
+        || backward_heads(dims, inputs, saved, (h0, heads), grads),
+    )
 }
 
 #[inline(always)]
@@ -690,40 +696,44 @@ pub fn attend_cache<T: Float>(
     };
     let o = &mut o[..p.batch * heads * new * dv];
     super::par::par_rows_mut(o, new * dv, t, 0, |bh, out| {
-        super::wide::wide(len * (d + dv), || {
-            let (b, h) = (bh / heads, bh % heads);
-            let kvh = b * kv_heads + h / group;
-            let (keys, values) = (&k[kvh * cap * d..], &v[kvh * cap * dv..]);
-            let mut s = vec![T::ZERO; len];
-            let mut tmp = vec![T::ZERO; len];
-            for (i, oi) in out.chunks_exact_mut(dv).enumerate() {
-                let qi = &q[(bh * new + i) * d..][..d];
-                let limit = if p.causal { len - new + i + 1 } else { len };
-                let row = &mut s[..limit];
-                for (j, sj) in row.iter_mut().enumerate() {
-                    *sj = dot_lanes(qi, &keys[j * d..][..d]) * scale;
-                }
-                oi.fill(T::ZERO);
-                let m = row_max(T::neg_infinity(), row);
-                if m == T::neg_infinity() {
-                    // Every key hidden: PyTorch's safe softmax gives weights of 0, so 0 out.
-                    continue;
-                }
-                for (t, &x) in tmp.iter_mut().zip(row.iter()) {
-                    *t = x - m;
-                }
-                T::exp_into(&tmp[..limit], row);
-                let inv = T::from_f64(1.0 / sum_f64(row));
-                for (j, &w) in row.iter().enumerate() {
-                    for (a, &x) in oi.iter_mut().zip(&values[j * dv..][..dv]) {
-                        *a += w * x;
+        super::wide::wide(
+            len * (d + dv),
+            #[inline(always)]
+            || {
+                let (b, h) = (bh / heads, bh % heads);
+                let kvh = b * kv_heads + h / group;
+                let (keys, values) = (&k[kvh * cap * d..], &v[kvh * cap * dv..]);
+                let mut s = vec![T::ZERO; len];
+                let mut tmp = vec![T::ZERO; len];
+                for (i, oi) in out.chunks_exact_mut(dv).enumerate() {
+                    let qi = &q[(bh * new + i) * d..][..d];
+                    let limit = if p.causal { len - new + i + 1 } else { len };
+                    let row = &mut s[..limit];
+                    for (j, sj) in row.iter_mut().enumerate() {
+                        *sj = dot_lanes(qi, &keys[j * d..][..d]) * scale;
+                    }
+                    oi.fill(T::ZERO);
+                    let m = row_max(T::neg_infinity(), row);
+                    if m == T::neg_infinity() {
+                        // Every key hidden: PyTorch's safe softmax gives weights of 0, so 0 out.
+                        continue;
+                    }
+                    for (t, &x) in tmp.iter_mut().zip(row.iter()) {
+                        *t = x - m;
+                    }
+                    T::exp_into(&tmp[..limit], row);
+                    let inv = T::from_f64(1.0 / sum_f64(row));
+                    for (j, &w) in row.iter().enumerate() {
+                        for (a, &x) in oi.iter_mut().zip(&values[j * dv..][..dv]) {
+                            *a += w * x;
+                        }
+                    }
+                    for a in oi.iter_mut() {
+                        *a *= inv;
                     }
                 }
-                for a in oi.iter_mut() {
-                    *a *= inv;
-                }
-            }
-        })
+            },
+        )
     });
 }
 

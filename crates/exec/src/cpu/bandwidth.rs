@@ -24,7 +24,11 @@ pub fn read_once(parts: &[&[u32]], threads: usize) -> u32 {
         for part in parts {
             let per = part.len().div_ceil(t);
             let mine = &part[(k * per).min(part.len())..((k + 1) * per).min(part.len())];
-            total = total.wrapping_add(super::wide::wide(mine.len(), || sum_words(mine)));
+            total = total.wrapping_add(super::wide::wide(
+                mine.len(),
+                #[inline(always)]
+                || sum_words(mine),
+            ));
         }
         sums[k].store(total, std::sync::atomic::Ordering::Relaxed);
     });

@@ -78,20 +78,28 @@ pub fn from_bf16(x: bf16) -> f32 {
 
 /// `src` rounded into `dst` (as [`to_bf16`]).
 pub fn f32_to_bf16(src: &[f32], dst: &mut [bf16]) {
-    super::wide::wide(src.len(), move || {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            *d = round_bits(s);
-        }
-    })
+    super::wide::wide(
+        src.len(),
+        #[inline(always)]
+        move || {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = round_bits(s);
+            }
+        },
+    )
 }
 
 /// `src` widened into `dst` (exact).
 pub fn bf16_to_f32(src: &[bf16], dst: &mut [f32]) {
-    super::wide::wide(src.len(), move || {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
-        }
-    })
+    super::wide::wide(
+        src.len(),
+        #[inline(always)]
+        move || {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+            }
+        },
+    )
 }
 
 /// Round to nearest even on the bits, branch-free (so that the loop vectorises); NaN becomes
@@ -596,7 +604,11 @@ fn pack_a(
 fn pack_b(b: MatView<'_, bf16>, k: usize, p0: usize, kc2: usize, n: usize, dst: &mut [u32]) {
     // Compiled for the widest vector unit: the interleaving and the blocked transposition
     // below vectorise there.
-    super::wide::wide(dst.len(), || pack_b_loops(b, k, (p0, kc2), n, dst))
+    super::wide::wide(
+        dst.len(),
+        #[inline(always)]
+        || pack_b_loops(b, k, (p0, kc2), n, dst),
+    )
 }
 
 #[inline(always)]

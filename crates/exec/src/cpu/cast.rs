@@ -177,18 +177,26 @@ impl Storage for f64 {
         v
     }
     fn load_f32(src: &[f64], dst: &mut [f32]) {
-        super::wide::wide(src.len(), move || {
-            for (d, &s) in dst.iter_mut().zip(src) {
-                *d = s as f32;
-            }
-        })
+        super::wide::wide(
+            src.len(),
+            #[inline(always)]
+            move || {
+                for (d, &s) in dst.iter_mut().zip(src) {
+                    *d = s as f32;
+                }
+            },
+        )
     }
     fn store_f32(src: &[f32], dst: &mut [f64]) {
-        super::wide::wide(src.len(), move || {
-            for (d, &s) in dst.iter_mut().zip(src) {
-                *d = f64::from(s);
-            }
-        })
+        super::wide::wide(
+            src.len(),
+            #[inline(always)]
+            move || {
+                for (d, &s) in dst.iter_mut().zip(src) {
+                    *d = f64::from(s);
+                }
+            },
+        )
     }
     #[inline(always)]
     fn sum_of(a: f64, b: f64) -> f64 {

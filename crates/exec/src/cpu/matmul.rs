@@ -621,11 +621,15 @@ fn add_into<T: crate::Float>(c: &mut [T], part: &[T], overwrite: bool) {
         c.copy_from_slice(part);
         return;
     }
-    super::wide::wide(c.len(), move || {
-        for (o, &x) in c.iter_mut().zip(part) {
-            *o += x;
-        }
-    });
+    super::wide::wide(
+        c.len(),
+        #[inline(always)]
+        move || {
+            for (o, &x) in c.iter_mut().zip(part) {
+                *o += x;
+            }
+        },
+    );
 }
 
 /// [`rows_times_rows`] with the columns split over the threads (each column's sum the same
