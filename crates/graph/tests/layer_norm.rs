@@ -335,7 +335,22 @@ fn group_norm_bad_arguments_are_errors_naming_the_op() {
         })
     ));
     let flat = g.leaf(&X, &[12], DType::F64).unwrap();
-    for (t, groups, eps) in [(x, 2, 1e-5), (x, 0, 1e-5), (flat, 1, 1e-5), (x, 3, -1.0)] {
+    let no_channels = g.leaf(&[], &[2, 0, 3], DType::F64).unwrap();
+    let ints = g.from_f64(&X, &[2, 3, 2], DType::I64).unwrap();
+    assert!(matches!(
+        ints.group_norm(3, None, None, 1e-5),
+        Err(GraphError::UnsupportedDType {
+            op: "group_norm",
+            ..
+        })
+    ));
+    for (t, groups, eps) in [
+        (x, 2, 1e-5),
+        (x, 0, 1e-5),
+        (flat, 1, 1e-5),
+        (x, 3, -1.0),
+        (no_channels, 4, 1e-5),
+    ] {
         assert!(matches!(
             t.group_norm(groups, None, None, eps),
             Err(GraphError::BadArgument {

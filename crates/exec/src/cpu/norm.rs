@@ -347,6 +347,7 @@ pub fn group_norm<T: Float>(
     (y, stats): (&mut [T], &mut [T]),
     threads: usize,
 ) {
+    assert!(spec.groups > 0, "group_norm: {spec:?} has no groups");
     let (m, pos, cpg) = (spec.row_len(), spec.positions, spec.per_group());
     super::par::par_rows_pair_mut(
         spec.rows(),
@@ -400,7 +401,16 @@ pub fn group_norm_grad<T: Float>(
     (dw, db): (Option<&mut [T]>, Option<&mut [T]>),
     threads: usize,
 ) {
+    assert!(spec.groups > 0, "group_norm_grad: {spec:?} has no groups");
     let (m, pos, cpg) = (spec.row_len(), spec.positions, spec.per_group());
+    if m == 0 {
+        // Rows of no elements: nothing reaches the input, and the parameters' gradients are
+        // sums of nothing (whatever the statistics of an empty row, `1/√eps` included).
+        for d in [dw, db].into_iter().flatten() {
+            d.fill(T::ZERO);
+        }
+        return;
+    }
     // Each row's channels' (Σ g, Σ g·x), for the parameters' gradients.
     let mut sums = vec![0.0f64; spec.rows() * 2 * cpg];
     super::par::par_rows_pair_mut(
@@ -494,17 +504,9 @@ mod tests {
         assert_eq!(st[..2], [0.0, 1.0 / 5f64.sqrt()]);
     }
 
-    /// A small deterministic generator of values in [-2, 2).
+    /// `n` values in [-2, 2) from the crate's test generator.
     fn values(n: usize, seed: u64) -> Vec<f64> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0
-            })
-            .collect()
+        crate::cpu::test_data::values(n, seed, 2.0)
     }
 
     /// Group normalisation and its gradients by the definition: each row's statistics in
@@ -638,8 +640,9 @@ mod tests {
                 positions,
                 groups: 2,
             };
+            // eps 0: an empty row's rstd is 1/√0, which must not reach the gradients.
             let (mut y, mut st) = (vec![], vec![0.0f32; 2 * spec.rows()]);
-            group_norm(spec, &[], 1e-5, (None, None), (&mut y, &mut st), 2);
+            group_norm(spec, &[], 0.0, (None, None), (&mut y, &mut st), 2);
             let (mut dw, mut db) = (vec![f32::NAN; 4], vec![f32::NAN; 4]);
             let w = [1.0f32; 4];
             group_norm_grad(

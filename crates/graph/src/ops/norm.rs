@@ -165,19 +165,13 @@ impl<'g> Tensor<'g> {
         let rows = numel.checked_div(n).unwrap_or(0);
         let mut guard = self.g.inner();
         let i = &mut *guard;
-        let (dtype, xb) = {
-            let nd = i.node(op, self.id)?;
-            (nd.dtype, nd.buf)
-        };
-        let wb = weight
-            .map(|w| i.node(op, w.id).map(|nd| nd.buf))
-            .transpose()?;
-        let bb = bias
-            .map(|b| i.node(op, b.id).map(|nd| nd.buf))
-            .transpose()?;
-        let mut inputs: SmallVec<[_; 3]> = smallvec![self.id];
-        inputs.extend(weight.map(|w| w.id));
-        inputs.extend(bias.map(|b| b.id));
+        let NormInputs {
+            dtype,
+            xb,
+            wb,
+            bb,
+            inputs,
+        } = norm_inputs(i, op, self, weight, bias)?;
         // The statistics are kept for backward only when the op is recorded; otherwise they
         // are scratch, let go of before the op returns (on the host, not in the arena at all).
         let record = i.records(&inputs);
@@ -279,11 +273,21 @@ impl<'g> Tensor<'g> {
                 (None, None) => Tensor::lower([self], |[x]| norm(x, None, None)),
             };
         }
+        let dtype = self.dtype_of(OP)?;
+        if !matches!(dtype, DType::F32 | DType::F64) {
+            return Err(GraphError::UnsupportedDType { op: OP, dtype });
+        }
         let shape = self.try_shape()?;
-        if shape.len() < 2 || groups == 0 || !shape[1].is_multiple_of(groups) {
+        // At most one group per channel (one group when there are none: more would only be
+        // empty rows).
+        if shape.len() < 2
+            || groups == 0
+            || groups > shape[1].max(1)
+            || !shape[1].is_multiple_of(groups)
+        {
             return Err(GraphError::BadArgument {
                 op: OP,
-                what: "expects an input [N, C, …] with C a multiple of groups, and groups ≥ 1",
+                what: "expects an input [N, C, …] with C a multiple of groups, and 1 ≤ groups ≤ C",
             });
         }
         if eps.is_nan() || eps < 0.0 {
@@ -312,7 +316,7 @@ impl<'g> Tensor<'g> {
         let Ok(groups_u32) = u32::try_from(groups) else {
             return Err(GraphError::BadArgument {
                 op: OP,
-                what: "more than 2³² groups",
+                what: "2³² groups or more",
             });
         };
         if self.device() != Device::Cpu {
@@ -321,19 +325,13 @@ impl<'g> Tensor<'g> {
         let numel: usize = shape.iter().product();
         let mut guard = self.g.inner();
         let i = &mut *guard;
-        let (dtype, xb) = {
-            let nd = i.node(OP, self.id)?;
-            (nd.dtype, nd.buf)
-        };
-        let wb = weight
-            .map(|w| i.node(OP, w.id).map(|nd| nd.buf))
-            .transpose()?;
-        let bb = bias
-            .map(|b| i.node(OP, b.id).map(|nd| nd.buf))
-            .transpose()?;
-        let mut inputs: SmallVec<[_; 3]> = smallvec![self.id];
-        inputs.extend(weight.map(|w| w.id));
-        inputs.extend(bias.map(|b| b.id));
+        let NormInputs {
+            dtype,
+            xb,
+            wb,
+            bb,
+            inputs,
+        } = norm_inputs(i, OP, self, weight, bias)?;
         let record = i.records(&inputs);
         let threads = i.threads;
         let stats = i.alloc_on(OP, Device::Cpu, dtype, 2 * spec.rows())?;
@@ -366,6 +364,40 @@ impl<'g> Tensor<'g> {
         drop(guard);
         Ok(self.g.handle(id))
     }
+}
+
+/// A norm's operands as the kernels take them: the input's dtype and buffer, the weight's and
+/// bias's buffers, and the node ids the op records.
+struct NormInputs {
+    dtype: DType,
+    xb: BufId,
+    wb: Option<BufId>,
+    bb: Option<BufId>,
+    inputs: SmallVec<[crate::store::NodeId; 3]>,
+}
+
+fn norm_inputs(
+    i: &crate::graph::Inner,
+    op: &'static str,
+    x: Tensor<'_>,
+    weight: Option<Tensor<'_>>,
+    bias: Option<Tensor<'_>>,
+) -> Result<NormInputs> {
+    let (dtype, xb) = {
+        let nd = i.node(op, x.id)?;
+        (nd.dtype, nd.buf)
+    };
+    let buf = |t: Option<Tensor<'_>>| t.map(|t| i.node(op, t.id).map(|nd| nd.buf)).transpose();
+    let mut inputs: SmallVec<[_; 3]> = smallvec![x.id];
+    inputs.extend(weight.map(|w| w.id));
+    inputs.extend(bias.map(|b| b.id));
+    Ok(NormInputs {
+        dtype,
+        xb,
+        wb: buf(weight)?,
+        bb: buf(bias)?,
+        inputs,
+    })
 }
 
 /// `[1, C, 1, …]`: a per-channel tensor shaped to broadcast against `[N, C, …]`.
