@@ -124,15 +124,9 @@ impl<'g> Tensor<'g> {
         out_dtype: DType,
     ) -> Result<Tensor<'g>> {
         if Tensor::any_half(&[Some(self), weight, bias])? {
-            let norm = |x: Tensor<'g>, w, b| x.norm_impl(op, rms, ndim, w, b, eps);
-            return match (weight, bias) {
-                (Some(w), Some(b)) => {
-                    Tensor::lower([self, w, b], |[x, w, b]| norm(x, Some(w), Some(b)))
-                }
-                (Some(w), None) => Tensor::lower([self, w], |[x, w]| norm(x, Some(w), None)),
-                (None, Some(b)) => Tensor::lower([self, b], |[x, b]| norm(x, None, Some(b))),
-                (None, None) => Tensor::lower([self], |[x]| norm(x, None, None)),
-            };
+            return lowered(self, (weight, bias), |x, w, b| {
+                x.norm_impl(op, rms, ndim, w, b, eps)
+            });
         }
         let shape = self.try_shape()?;
         if ndim == 0 || ndim > shape.len() {
@@ -141,24 +135,8 @@ impl<'g> Tensor<'g> {
                 what: "normalized_ndim must be between 1 and the input's rank",
             });
         }
-        if eps.is_nan() || eps < 0.0 {
-            return Err(GraphError::BadArgument {
-                op,
-                what: "eps must be ≥ 0",
-            });
-        }
         let trailing = &shape[shape.len() - ndim..];
-        for t in weight.iter().chain(bias.iter()) {
-            check_pair(op, &self, t)?;
-            let ts = t.try_shape()?;
-            if ts[..] != *trailing {
-                return Err(GraphError::ShapeMismatch {
-                    op,
-                    lhs: shape.to_vec(),
-                    rhs: ts.to_vec(),
-                });
-            }
-        }
+        check_eps_and_affine(op, self, (&shape, trailing), (weight, bias), eps)?;
         let dev = self.device();
         let n: usize = trailing.iter().product();
         let numel: usize = shape.iter().product();
@@ -263,15 +241,9 @@ impl<'g> Tensor<'g> {
     ) -> Result<Tensor<'g>> {
         const OP: &str = "group_norm";
         if Tensor::any_half(&[Some(self), weight, bias])? {
-            let norm = |x: Tensor<'g>, w, b| x.group_norm(groups, w, b, eps);
-            return match (weight, bias) {
-                (Some(w), Some(b)) => {
-                    Tensor::lower([self, w, b], |[x, w, b]| norm(x, Some(w), Some(b)))
-                }
-                (Some(w), None) => Tensor::lower([self, w], |[x, w]| norm(x, Some(w), None)),
-                (None, Some(b)) => Tensor::lower([self, b], |[x, b]| norm(x, None, Some(b))),
-                (None, None) => Tensor::lower([self], |[x]| norm(x, None, None)),
-            };
+            return lowered(self, (weight, bias), |x, w, b| {
+                x.group_norm(groups, w, b, eps)
+            });
         }
         let dtype = self.dtype_of(OP)?;
         if !matches!(dtype, DType::F32 | DType::F64) {
@@ -290,23 +262,7 @@ impl<'g> Tensor<'g> {
                 what: "expects an input [N, C, …] with C a multiple of groups, and 1 ≤ groups ≤ C",
             });
         }
-        if eps.is_nan() || eps < 0.0 {
-            return Err(GraphError::BadArgument {
-                op: OP,
-                what: "eps must be ≥ 0",
-            });
-        }
-        for t in weight.iter().chain(bias.iter()) {
-            check_pair(OP, &self, t)?;
-            let ts = t.try_shape()?;
-            if ts[..] != shape[1..2] {
-                return Err(GraphError::ShapeMismatch {
-                    op: OP,
-                    lhs: shape.to_vec(),
-                    rhs: ts.to_vec(),
-                });
-            }
-        }
+        check_eps_and_affine(OP, self, (&shape, &shape[1..2]), (weight, bias), eps)?;
         let spec = k::GroupSpec {
             batch: shape[0],
             channels: shape[1],
@@ -364,6 +320,50 @@ impl<'g> Tensor<'g> {
         drop(guard);
         Ok(self.g.handle(id))
     }
+}
+
+/// A norm with a 16-bit operand: `norm` run on the operands widened, its result stored in their
+/// promoted dtype ([`Tensor::lower`] over whichever of the weight and bias are given).
+fn lowered<'g>(
+    x: Tensor<'g>,
+    (weight, bias): (Option<Tensor<'g>>, Option<Tensor<'g>>),
+    norm: impl FnOnce(Tensor<'g>, Option<Tensor<'g>>, Option<Tensor<'g>>) -> Result<Tensor<'g>>,
+) -> Result<Tensor<'g>> {
+    match (weight, bias) {
+        (Some(w), Some(b)) => Tensor::lower([x, w, b], |[x, w, b]| norm(x, Some(w), Some(b))),
+        (Some(w), None) => Tensor::lower([x, w], |[x, w]| norm(x, Some(w), None)),
+        (None, Some(b)) => Tensor::lower([x, b], |[x, b]| norm(x, None, Some(b))),
+        (None, None) => Tensor::lower([x], |[x]| norm(x, None, None)),
+    }
+}
+
+/// A norm's `eps` (≥ 0) and its weight and bias: of `x`'s graph, device and dtype, each of
+/// shape `want` (an error names `x`'s `shape` beside theirs).
+fn check_eps_and_affine(
+    op: &'static str,
+    x: Tensor<'_>,
+    (shape, want): (&[usize], &[usize]),
+    (weight, bias): (Option<Tensor<'_>>, Option<Tensor<'_>>),
+    eps: f64,
+) -> Result<()> {
+    if eps.is_nan() || eps < 0.0 {
+        return Err(GraphError::BadArgument {
+            op,
+            what: "eps must be ≥ 0",
+        });
+    }
+    for t in weight.iter().chain(bias.iter()) {
+        check_pair(op, &x, t)?;
+        let ts = t.try_shape()?;
+        if ts[..] != *want {
+            return Err(GraphError::ShapeMismatch {
+                op,
+                lhs: shape.to_vec(),
+                rhs: ts.to_vec(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A norm's operands as the kernels take them: the input's dtype and buffer, the weight's and
