@@ -79,11 +79,18 @@ def torch_w1(torch, quick):
 
 
 def torch_bf16(torch, quick):
-    """bf16 `mm` at 1024³ (f32 accumulation inside oneDNN), and the f32 `mm` in the same run."""
+    """bf16 `mm` at 1024³ (f32 accumulation inside oneDNN) on all the threads and on one, and
+    the f32 `mm` in the same run."""
     n = 1024
     reps = 3 if quick else 10
     out = {}
-    for key, dtype in (("gemm_f32", torch.float32), ("gemm_bf16", torch.bfloat16)):
+    threads = torch.get_num_threads()
+    for key, dtype, nt in (
+        ("gemm_f32", torch.float32, threads),
+        ("gemm_bf16", torch.bfloat16, threads),
+        ("gemm_bf16_1", torch.bfloat16, 1),
+    ):
+        torch.set_num_threads(nt)
         a = (torch.arange(n * n) % 7 * 0.1).reshape(n, n).to(dtype)
         b = a.clone()
         t = []
@@ -92,6 +99,7 @@ def torch_bf16(torch, quick):
             torch.mm(a, b)
             t.append(time.perf_counter() - t0)
         out[key] = 2 * n**3 / median(t[1:]) / 1e9
+    torch.set_num_threads(threads)
     return out
 
 
@@ -311,7 +319,8 @@ def torch_lstm(torch, batch, cells, quick):
 ROWS = [
     ("w1", "| randn-matmul loop 1024²", "ms/iter"),
     ("gemm", "| f32 GEMM 1024³ through the graph", "GFLOP/s"),
-    ("gemm_bf16", "| bf16 GEMM 1024³ (f32 accumulation), row-split", "GFLOP/s"),
+    ("gemm_bf16", "| bf16 GEMM 1024³ (f32 accumulation), over", "GFLOP/s"),
+    ("gemm_bf16_1", "| bf16 GEMM 1024³ (f32 accumulation), 1 thread", "GFLOP/s"),
     ("w2_16", "| W2 tiny-op chain, 16 elements", "ns/op"),
     ("w2_1", "| W2 tiny-op chain, 1 element", "ns/op"),
     ("w3", "| W3 MLP 784-512-512-10", "ms"),
@@ -345,6 +354,7 @@ LABELS = {
     "w1": "W1 randn-matmul loop 1024², ms/iter",
     "gemm": "f32 GEMM 1024³, GFLOP/s (higher is better)",
     "gemm_bf16": "bf16 GEMM 1024³, f32 accumulation, GFLOP/s (higher is better)",
+    "gemm_bf16_1": "bf16 GEMM 1024³, f32 accumulation, 1 thread, GFLOP/s (higher is better)",
     "w2_16": "W2 tiny-op chain, 16 elements, ns/op",
     "w2_1": "W2 tiny-op chain, 1 element, ns/op",
     "w3": "W3 MLP 784-512-512-10 b128 SGD step, ms",
@@ -423,7 +433,9 @@ def main():
         if "w1" in only:
             theirs.update(torch_w1(torch, args.quick))
         if "bf16" in only:
-            theirs["gemm_bf16"] = torch_bf16(torch, args.quick)["gemm_bf16"]
+            bf = torch_bf16(torch, args.quick)
+            theirs["gemm_bf16"] = bf["gemm_bf16"]
+            theirs["gemm_bf16_1"] = bf["gemm_bf16_1"]
         if "w2" in only:
             theirs["w2_16"] = torch_w2(torch, 16, args.quick)
             theirs["w2_1"] = torch_w2(torch, 1, args.quick)
@@ -472,7 +484,7 @@ def main():
     candle = run_candle(threads, args.quick) if args.candle else {}
 
     def ratio(key, a, other):
-        return a / other if key in ("gemm", "gemm_bf16", "gpt_gen") else other / a
+        return a / other if key in ("gemm", "gemm_bf16", "gemm_bf16_1", "gpt_gen") else other / a
 
     head = f"| workload | arenagrad | PyTorch {torch.__version__} | PyTorch ÷ arenagrad |"
     rule = "|---|---|---|---|"

@@ -437,17 +437,37 @@ fn columns_back(parts: &[Vec<f32>], c: &mut [f32], (m, n): (usize, usize), per: 
     }
 }
 
+/// A packing buffer kept and reused, handed out in windows that start on a 64-byte line.
+///
+/// A plain `Vec<u32>` starts where the allocator puts it, 16 bytes past a line for the sizes a
+/// product packs: every 64-byte row the kernels load (a `zmm` register, a tile row) then spans
+/// two lines. On AMX that halved the product's speed at 1024³ (the tile loads stream from the
+/// level-2 cache at half the rate when each row touches two lines).
+#[derive(Default)]
+pub(super) struct PackBuf(Vec<u32>);
+
+impl PackBuf {
+    /// `len` values starting on a 64-byte boundary. The contents are whatever the last use
+    /// left (or zeros): the packing writes every value it hands to a kernel.
+    pub(super) fn window(&mut self, len: usize) -> &mut [u32] {
+        const LINE: usize = 64 / std::mem::size_of::<u32>();
+        self.0.resize(len + LINE - 1, 0);
+        let skip = self.0.as_ptr().align_offset(64).min(LINE - 1);
+        &mut self.0[skip..skip + len]
+    }
+}
+
 thread_local! {
     /// Each thread's packing buffers (`a`'s block, `b`'s block), kept and reused.
-    static PACKS: std::cell::RefCell<(Vec<u32>, Vec<u32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    static PACKS: std::cell::RefCell<(PackBuf, PackBuf)> =
+        const { std::cell::RefCell::new((PackBuf(Vec::new()), PackBuf(Vec::new()))) };
 }
 
 /// `f` on this thread's packing buffers for `a` and `b` (fresh ones where they are in use
 /// further up this thread's stack).
-fn with_packs<R>(f: impl FnOnce(&mut Vec<u32>, &mut Vec<u32>) -> R) -> R {
+fn with_packs<R>(f: impl FnOnce(&mut PackBuf, &mut PackBuf) -> R) -> R {
     PACKS.with(|packs| {
-        let mut fresh = (Vec::new(), Vec::new());
+        let mut fresh = (PackBuf::default(), PackBuf::default());
         let mut held = packs.try_borrow_mut();
         let (pa, pb) = match held.as_deref_mut() {
             Ok(p) => (&mut p.0, &mut p.1),
@@ -473,12 +493,12 @@ fn single_thread(
     }
     let Mnk { m, k, n } = dims;
     let k2 = k.div_ceil(2);
-    with_packs(|pa, pb| {
+    with_packs(|pa_buf, pb_buf| {
         let mut p0 = 0;
         while p0 < k2 {
             let kc2 = KC2.min(k2 - p0);
             let bn = n.div_ceil(NR) * NR;
-            pb.resize(kc2 * bn, 0);
+            let pb = pb_buf.window(kc2 * bn);
             pack_b(b, k, p0, kc2, n, pb);
             // `vdpbf16ps` reads whole panels of a k-contiguous `a` where they lie (its pairs
             // are adjacent already); the others, and panels with padding, are packed.
@@ -487,7 +507,7 @@ fn single_thread(
             while i0 < m {
                 let mc = MC.min(m - i0);
                 let am = mc.div_ceil(MR) * MR;
-                pa.resize(kc2 * am, 0);
+                let pa = pa_buf.window(kc2 * am);
                 if !in_place {
                     pack_a(a, k, i0, mc, p0, kc2, pa);
                 } else if mc % MR != 0 {
@@ -602,17 +622,28 @@ fn pack_a(
 /// Packs pairs `p0..p0 + kc2` of `b` (k×n) into panels of [`NR`] columns: entry
 /// `(panel, p, c)` at `(panel·kc2 + p)·NR + c`; columns past `n` and `k` past its end are 0.
 fn pack_b(b: MatView<'_, bf16>, k: usize, p0: usize, kc2: usize, n: usize, dst: &mut [u32]) {
+    pack_b_panels::<NR>(b, k, (p0, kc2), n, dst)
+}
+
+/// [`pack_b`] into panels of `W` columns (entry `(panel, p, c)` at `(panel·kc2 + p)·W + c`).
+fn pack_b_panels<const W: usize>(
+    b: MatView<'_, bf16>,
+    k: usize,
+    (p0, kc2): (usize, usize),
+    n: usize,
+    dst: &mut [u32],
+) {
     // Compiled for the widest vector unit: the interleaving and the blocked transposition
     // below vectorise there.
     super::wide::wide(
         dst.len(),
         #[inline(always)]
-        || pack_b_loops(b, k, (p0, kc2), n, dst),
+        || pack_b_loops::<W>(b, k, (p0, kc2), n, dst),
     )
 }
 
 #[inline(always)]
-fn pack_b_loops(
+fn pack_b_loops<const W: usize>(
     b: MatView<'_, bf16>,
     k: usize,
     (p0, kc2): (usize, usize),
@@ -620,9 +651,45 @@ fn pack_b_loops(
     dst: &mut [u32],
 ) {
     let at = |kk: usize, j: usize| padded(b, kk, j, kk < k);
-    for (panel, out) in dst.chunks_exact_mut(kc2 * NR).enumerate() {
-        let j0 = panel * NR;
-        let cols = NR.min(n - j0);
+    if b.cs == 1 {
+        // Rows contiguous: each pair of rows read once from end to end, each panel's part
+        // written as one row of the panel (a panel's `W` pairs, whole cache lines for `W` of
+        // 16 and more), rather than each panel walking down all the rows in turn.
+        let panels = dst.len() / (kc2 * W);
+        for p in 0..kc2 {
+            let kk = 2 * (p0 + p);
+            let rows = (kk + 1 < k).then(|| {
+                (
+                    &b.data[b.offset + kk * b.rs..][..n],
+                    &b.data[b.offset + (kk + 1) * b.rs..][..n],
+                )
+            });
+            for panel in 0..panels {
+                let j0 = panel * W;
+                let cols = W.min(n - j0);
+                let o = &mut dst[(panel * kc2 + p) * W..][..W];
+                if let Some((lo, hi)) = rows {
+                    let (lo, hi) = (&lo[j0..j0 + cols], &hi[j0..j0 + cols]);
+                    for ((slot, &l), &h) in o.iter_mut().zip(lo).zip(hi) {
+                        *slot = pair(l, h);
+                    }
+                    o[cols..].fill(0);
+                } else {
+                    for (c, slot) in o.iter_mut().enumerate() {
+                        *slot = if c < cols {
+                            pair(at(kk, j0 + c), at(kk + 1, j0 + c))
+                        } else {
+                            0
+                        };
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (panel, out) in dst.chunks_exact_mut(kc2 * W).enumerate() {
+        let j0 = panel * W;
+        let cols = W.min(n - j0);
         if b.rs == 1 && b.cs != 1 {
             // Read transposed (a column's k entries contiguous).
             let whole = (2 * (p0 + kc2)).min(k).saturating_sub(2 * p0) / 2;
@@ -638,7 +705,7 @@ fn pack_b_loops(
                         std::array::from_fn(|q| pair(col[2 * q], col[2 * q + 1]))
                     });
                     for q in 0..T8 {
-                        let row = &mut out[(pb + q) * NR + c0..][..T8];
+                        let row = &mut out[(pb + q) * W + c0..][..T8];
                         for (c, slot) in row.iter_mut().enumerate() {
                             *slot = block[c][q];
                         }
@@ -649,11 +716,11 @@ fn pack_b_loops(
                 let first = if c < cols8 { whole8 } else { 0 };
                 let base = b.offset + (j0 + c) * b.cs + 2 * p0;
                 for p in first..whole {
-                    out[p * NR + c] = pair(b.data[base + 2 * p], b.data[base + 2 * p + 1]);
+                    out[p * W + c] = pair(b.data[base + 2 * p], b.data[base + 2 * p + 1]);
                 }
             }
             for p in 0..kc2 {
-                let row = &mut out[p * NR..(p + 1) * NR];
+                let row = &mut out[p * W..(p + 1) * W];
                 if p >= whole {
                     let kk = 2 * (p0 + p);
                     for (c, slot) in row.iter_mut().enumerate().take(cols) {
@@ -664,25 +731,16 @@ fn pack_b_loops(
             }
             continue;
         }
+        // Neither way contiguous: element by element.
         for p in 0..kc2 {
             let kk = 2 * (p0 + p);
-            let o = &mut out[p * NR..(p + 1) * NR];
-            if b.cs == 1 && kk + 1 < k {
-                // Two contiguous rows, interleaved (a last, partial panel padded with zeros).
-                let lo = &b.data[b.offset + kk * b.rs + j0..][..cols];
-                let hi = &b.data[b.offset + (kk + 1) * b.rs + j0..][..cols];
-                for ((slot, &l), &h) in o.iter_mut().zip(lo).zip(hi) {
-                    *slot = pair(l, h);
-                }
-                o[cols..].fill(0);
-            } else {
-                for (c, slot) in o.iter_mut().enumerate() {
-                    *slot = if c < cols {
-                        pair(at(kk, j0 + c), at(kk + 1, j0 + c))
-                    } else {
-                        0
-                    };
-                }
+            let o = &mut out[p * W..(p + 1) * W];
+            for (c, slot) in o.iter_mut().enumerate() {
+                *slot = if c < cols {
+                    pair(at(kk, j0 + c), at(kk + 1, j0 + c))
+                } else {
+                    0
+                };
             }
         }
     }

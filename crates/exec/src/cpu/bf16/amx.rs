@@ -25,8 +25,16 @@
 //!
 //! Eight tile registers of 16 rows × 64 bytes: a 32 × 32 block of f32 accumulators in four, two
 //! tiles of `a` (16 rows × 16 pairs each) and two of `b` (16 pairs × 16 columns, the pairs
-//! interleaved as the other kernels pack them: `b`'s panels of [`NR`] columns serve as they
-//! are, their rows 256 bytes apart). `a` is packed in tiles, each tile's kilobyte contiguous.
+//! interleaved as the other kernels pack them, in panels of 16 columns). Both are packed so
+//! that each tile's kilobyte is contiguous and starts on a cache line: `a` in tiles, `b` in
+//! panels one tile wide. A tile whose rows straddle lines, or lie 2ⁿ bytes apart, loads at a
+//! fraction of the rate.
+//!
+//! The order: each block of 32 rows of `a` (256 pairs of `k`, 32 KiB) stays in the level-1
+//! cache while all of `b`'s columns stream past it from the level-2 cache. At 1024³ on one
+//! Emerald Rapids core, that and the aligned, contiguous tiles took the product from 480 to 808
+//! GFLOP/s (medians of five alternating runs of `bench_core --only bf16`): loads of tile rows
+//! that straddle two lines ran at about half the rate.
 
 use std::arch::asm;
 use std::sync::OnceLock;
@@ -34,7 +42,7 @@ use std::sync::OnceLock;
 use half::bf16;
 
 use super::super::matmul::{MatView, Mnk};
-use super::{pack_b, padded, pair, with_packs, NR};
+use super::{pack_b_panels, padded, pair, with_packs};
 
 /// Rows and columns of a block of accumulators (two tiles by two).
 const BLOCK: usize = 32;
@@ -42,9 +50,11 @@ const BLOCK: usize = 32;
 const STEP: usize = 16;
 /// Rows of `a` packed at a time.
 const MC: usize = 8 * BLOCK;
-/// Pairs of `k` packed at a time (a multiple of [`STEP`]; of 192, 384 and 512, the best at
-/// 1024³ on one Emerald Rapids core: the accumulators go through memory once per block).
-const KC2: usize = 512;
+/// Pairs of `k` packed at a time (a multiple of [`STEP`]): a block of 32 rows of `a` is then
+/// 32 KiB, in the level-1 cache while `b` streams past. Of 192, 256 and 512, the best at 1024³
+/// on one Emerald Rapids core (512 keeps the accumulators in their tiles over more of `k`, but
+/// its 64 KiB blocks of `a` do not stay in the cache).
+const KC2: usize = 256;
 
 /// Whether the CPU has AMX-TILE and AMX-BF16 and the kernel lets this process use the tile
 /// registers (Linux asks each process to request them: `arch_prctl(ARCH_REQ_XCOMP_PERM)`).
@@ -171,6 +181,22 @@ fn slot(r: usize, p: usize, kp: usize) -> usize {
 fn pack_rows(
     a: MatView<'_, bf16>,
     k: usize,
+    rows: (usize, usize),
+    pairs: (usize, usize),
+    dst: &mut [u32],
+) {
+    // Compiled for the widest vector unit: a tile row's 64 bytes move in one register.
+    super::super::wide::wide(
+        dst.len(),
+        #[inline(always)]
+        || pack_rows_loops(a, k, rows, pairs, dst),
+    )
+}
+
+#[inline(always)]
+fn pack_rows_loops(
+    a: MatView<'_, bf16>,
+    k: usize,
     (i0, mc): (usize, usize),
     (p0, kp): (usize, usize),
     dst: &mut [u32],
@@ -212,6 +238,17 @@ fn pack_rows(
             let row = &a.data[a.offset + i * a.rs + 2 * p0..][..2 * whole];
             for (pb, run) in row.chunks(2 * STEP).enumerate() {
                 let out = &mut dst[slot(r, pb * STEP, kp)..][..run.len() / 2];
+                if let (Ok(out), Ok(run)) = (
+                    <&mut [u32; STEP]>::try_from(&mut *out),
+                    <&[bf16; 2 * STEP]>::try_from(run),
+                ) {
+                    // A whole tile row of fixed length: moved inline, not through a call to
+                    // `memcpy` per 64 bytes (which took most of the packing's time).
+                    for (q, o) in out.iter_mut().enumerate() {
+                        *o = pair(run[2 * q], run[2 * q + 1]);
+                    }
+                    continue;
+                }
                 for (o, two) in out.iter_mut().zip(run.chunks_exact(2)) {
                     *o = pair(two[0], two[1]);
                 }
@@ -242,32 +279,37 @@ pub(super) fn single_thread(
     assert!(a.fits(m, k) && b.fits(k, n) && c.len() >= m * n);
     let k2 = k.div_ceil(2);
     let tiles = Configured::new();
-    with_packs(|pa, pb| {
+    with_packs(|pa_buf, pb_buf| {
         let mut p0 = 0;
         while p0 < k2 {
             // KC2 is a multiple of STEP: only the last block of `k` is padded.
             let kc2 = KC2.min(k2 - p0);
             let kp = kc2.div_ceil(STEP) * STEP;
-            let bn = n.div_ceil(NR) * NR;
-            pb.resize(kp * bn, 0);
-            pack_b(b, k, p0, kp, n, pb);
+            // Panels of one tile's 16 columns, in pairs: a block's second tile of zeros where
+            // `n` ends in its first.
+            let panels = n.div_ceil(STEP);
+            let pb = pb_buf.window(kp * STEP * panels.next_multiple_of(2));
+            let (packed, spare) = pb.split_at_mut(kp * STEP * panels);
+            pack_b_panels::<STEP>(b, k, (p0, kp), n, packed);
+            spare.fill(0);
+            let pb = &*pb;
             let load = accumulate || p0 > 0;
             let mut i0 = 0;
             while i0 < m {
                 let mc = MC.min(m - i0);
                 let am = mc.div_ceil(BLOCK) * BLOCK;
-                pa.resize(kp * am, 0);
+                let pa = pa_buf.window(kp * am);
                 pack_rows(a, k, (i0, mc), (p0, kp), pa);
-                // Each block of `b`'s columns (32 × kp pairs, at most 64 KiB) meets every
-                // block of rows in turn, while it is in the nearer caches.
-                for j0 in (0..n).step_by(BLOCK) {
-                    let cols = BLOCK.min(n - j0);
-                    let bp = &pb[(j0 / NR) * kp * NR + j0 % NR..];
-                    for (ib, ap) in pa.chunks_exact(BLOCK * kp).enumerate() {
-                        let r0 = i0 + ib * BLOCK;
-                        let rows = BLOCK.min(m - r0);
+                // Each block of 32 rows (32 × kp pairs, 32 KiB) stays in the level-1 cache
+                // while every block of `b`'s columns streams past it from the level-2 cache.
+                for (ib, ap) in pa.chunks_exact(BLOCK * kp).enumerate() {
+                    let r0 = i0 + ib * BLOCK;
+                    let rows = BLOCK.min(m - r0);
+                    for j0 in (0..n).step_by(BLOCK) {
+                        let cols = BLOCK.min(n - j0);
+                        let bp = &pb[j0 * kp..];
                         let out = &mut c[r0 * n + j0..];
-                        let block = (ap, bp, (out, n));
+                        let block = (ap, (bp, kp * STEP), (out, n));
                         run_block(&tiles, kp / STEP, block, (rows, cols), load);
                     }
                 }
@@ -280,35 +322,41 @@ pub(super) fn single_thread(
 
 /// One block of accumulators: `rows × cols` (at most 32 × 32) of `c` (row stride `ldc`),
 /// `steps` instructions' worth of pairs from `ap` (32 rows packed in tiles, [`slot`]) and `bp`
-/// (rows of [`NR`] pairs, this block's 32 columns first).
+/// (two panels of 16 columns, the second `panel` values after the first, each with rows of 16
+/// pairs).
+#[allow(clippy::type_complexity)]
 fn run_block(
     _tiles: &Configured,
     steps: usize,
-    (ap, bp, (c, ldc)): (&[u32], &[u32], (&mut [f32], usize)),
+    (ap, (bp, panel), (c, ldc)): (&[u32], (&[u32], usize), (&mut [f32], usize)),
     (rows, cols): (usize, usize),
     load: bool,
 ) {
     // Checked arithmetic: a wrapped bound would pass and let the tiles stray.
     let fits = |len: usize, need: Option<usize>| need.is_some_and(|need| len >= need);
     assert!(fits(ap.len(), steps.checked_mul(2 * TILE)));
-    let b_rows = steps
-        .checked_mul(STEP)
-        .and_then(|r| r.checked_sub(1))
-        .and_then(|r| r.checked_mul(NR));
-    assert!(steps == 0 || fits(bp.len(), b_rows.and_then(|x| x.checked_add(BLOCK))));
+    assert!(fits(
+        bp.len(),
+        steps.checked_mul(TILE).and_then(|x| x.checked_add(panel))
+    ));
+    assert!(panel.checked_mul(4).is_some());
     let c_need = (rows.max(1) - 1)
         .checked_mul(ldc)
         .and_then(|x| x.checked_add(cols));
     assert!(rows >= 1 && cols >= 1 && fits(c.len(), c_need) && ldc.checked_mul(4).is_some());
     if rows == BLOCK && cols == BLOCK {
+        let b = (bp.as_ptr(), panel);
         // SAFETY: the assertions: 32 rows of `c` from its start, 32 floats each, `ldc` apart;
-        // `steps` pairs of `a`'s tiles (2 KiB each); `steps·16` rows of `b`'s 32 columns, `NR`
-        // apart; the tiles are configured (`_tiles` lives).
-        unsafe { tiles(steps, ap.as_ptr(), bp.as_ptr(), c.as_mut_ptr(), ldc, load) };
+        // `steps` pairs of `a`'s tiles (2 KiB each); `steps` tiles of `b` from its start and
+        // from `panel` values on; the tiles are configured (`_tiles` lives).
+        unsafe { tiles(steps, ap.as_ptr(), b, c.as_mut_ptr(), ldc, load) };
         return;
     }
-    // A partial block goes through a whole one of its own.
-    let mut local = [0f32; BLOCK * BLOCK];
+    // A partial block goes through a whole one of its own, on cache lines.
+    #[repr(C, align(64))]
+    struct Lines([f32; BLOCK * BLOCK]);
+    let mut lines = Lines([0f32; BLOCK * BLOCK]);
+    let local = &mut lines.0;
     if load {
         for r in 0..rows {
             local[r * BLOCK..][..cols].copy_from_slice(&c[r * ldc..][..cols]);
@@ -319,7 +367,7 @@ fn run_block(
         tiles(
             steps,
             ap.as_ptr(),
-            bp.as_ptr(),
+            (bp.as_ptr(), panel),
             local.as_mut_ptr(),
             BLOCK,
             true,
@@ -335,9 +383,17 @@ fn run_block(
 /// # Safety
 /// A [`Configured`] lives on this thread; `c` has 32 rows of 32 floats, `ldc` floats apart; `a`
 /// holds `steps` pairs of tiles (each 16 rows of 64 bytes: step s's rows 0–15 at 2 KiB·s, its
-/// rows 16–31 1 KiB after); `b` has `steps·16` rows of 32 pairs, [`NR`] apart.
-unsafe fn tiles(steps: usize, a: *const u32, b: *const u32, c: *mut f32, ldc: usize, load: bool) {
-    let ldb_bytes = 4 * NR;
+/// rows 16–31 1 KiB after); `b.0` holds `steps` tiles (16 rows of 16 pairs, 1 KiB each, one after
+/// another), and so does `b.0 + b.1`.
+unsafe fn tiles(
+    steps: usize,
+    a: *const u32,
+    (b, panel): (*const u32, usize),
+    c: *mut f32,
+    ldc: usize,
+    load: bool,
+) {
+    let panel_bytes = 4 * panel;
     let ldc_bytes = 4 * ldc;
     // SAFETY: the caller's: the tiles are configured, and every tile row read or written lies
     // in its operand.
@@ -361,16 +417,17 @@ unsafe fn tiles(steps: usize, a: *const u32, b: *const u32, c: *mut f32, ldc: us
             "test {steps}, {steps}",
             "jz 5f",
             "4:",
-            "tileloadd tmm4, [{a} + {lda}*1]",
-            "tileloadd tmm6, [{b} + {ldb}*1]",
-            "tileloadd tmm7, [{b} + {ldb}*1 + 64]",
+            "tileloadd tmm4, [{a} + {l64}*1]",
+            "tileloadd tmm6, [{b} + {l64}*1]",
+            "tileloadd tmm7, [{b2} + {l64}*1]",
             "tdpbf16ps tmm0, tmm4, tmm6",
             "tdpbf16ps tmm1, tmm4, tmm7",
-            "tileloadd tmm5, [{a} + {lda}*1 + 1024]",
+            "tileloadd tmm5, [{a} + {l64}*1 + 1024]",
             "tdpbf16ps tmm2, tmm5, tmm6",
             "tdpbf16ps tmm3, tmm5, tmm7",
             "add {a}, 2048",
-            "add {b}, {bstep}",
+            "add {b}, 1024",
+            "add {b2}, 1024",
             "dec {steps}",
             "jnz 4b",
             "5:",
@@ -384,10 +441,9 @@ unsafe fn tiles(steps: usize, a: *const u32, b: *const u32, c: *mut f32, ldc: us
             c = in(reg) c,
             ldc = in(reg) ldc_bytes,
             a = inout(reg) a => _,
-            lda = in(reg) 64usize,
+            l64 = in(reg) 64usize,
             b = inout(reg) b => _,
-            ldb = in(reg) ldb_bytes,
-            bstep = const 4 * STEP * NR,
+            b2 = inout(reg) b.wrapping_byte_add(panel_bytes) => _,
             steps = inout(reg) steps => _,
             t = out(reg) _,
             options(nostack),
