@@ -247,6 +247,108 @@ pub fn gemm_bf16(
     gemm_bf16_on(Bf16Kernel::best(), dims, a, b, c, accumulate, threads)
 }
 
+/// Where a rounded product starts ([`gemm_bf16_rounded`]): output row `r` starts from row
+/// `r mod rows` of `c` (`rows` × `cols`, row-major), its `n` columns from that row's, or from its
+/// one value where `cols` is 1 (PyTorch's `addmm` with a broadcast bias).
+#[derive(Debug, Clone, Copy)]
+pub struct Start<'a> {
+    /// The starting values.
+    pub c: &'a [bf16],
+    /// `c`'s rows: 1 or the output's.
+    pub rows: usize,
+    /// `c`'s columns: 1 or the output's.
+    pub cols: usize,
+}
+
+/// `out[..m×n] = round(start + a·b)`: [`gemm_bf16`]'s sums, begun from `start` (zeros where
+/// none), rounded once to bf16 as [`f32_to_bf16`] rounds — the bits of [`gemm_bf16`] into an f32
+/// buffer followed by [`f32_to_bf16`], without the f32 buffer: each thread keeps the sums of 32
+/// rows at a time and rounds them while they are in its caches. Only where the product runs on
+/// AMX ([`set_amx`]), `k` is at most 512 and `n` at most `m` (many rows against a weight);
+/// elsewhere it returns false and writes nothing, for the caller to take the f32 route. Panics if a view or `start` does not fit its slice (callers check shapes).
+pub fn gemm_bf16_rounded(
+    dims: Mnk,
+    a: MatView<'_, bf16>,
+    b: MatView<'_, bf16>,
+    start: Option<Start<'_>>,
+    out: &mut [bf16],
+    threads: usize,
+) -> bool {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        let Mnk { m, k, n } = dims;
+        // Where it pays: one block of `k` (the sums never leave the strip between blocks) and
+        // no more columns than rows (each thread packs all of `b`). A weight's gradient, with
+        // a long `k` over the tokens, goes the f32 way, whose blocks of `b` serve many rows.
+        if Bf16Kernel::best() != Bf16Kernel::Amx
+            || m == 0
+            || n == 0
+            || k == 0
+            || k.div_ceil(2) > amx::KC2
+            || n > m
+            || gemv::takes(Bf16Kernel::Avx512Bf16, dims, &a, &b)
+        {
+            return false;
+        }
+        rounded_on_amx(dims, a, b, start, out, threads);
+        true
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    {
+        let _ = (dims, a, b, start, out, threads);
+        false
+    }
+}
+
+/// [`gemm_bf16_rounded`] on AMX, which must be available (not necessarily in use).
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+fn rounded_on_amx(
+    dims: Mnk,
+    a: MatView<'_, bf16>,
+    b: MatView<'_, bf16>,
+    start: Option<Start<'_>>,
+    out: &mut [bf16],
+    threads: usize,
+) {
+    let Mnk { m, k, n } = dims;
+    assert!(a.fits(m, k) && b.fits(k, n) && out.len() >= m * n);
+    if let Some(s) = start {
+        assert!(
+            (s.rows == 1 || s.rows == m)
+                && (s.cols == 1 || s.cols == n)
+                && s.c.len() >= s.rows * s.cols,
+            "invariant: a start that spreads over the output"
+        );
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    let work = m.saturating_mul(k).saturating_mul(n);
+    let t = if threads > 1 && work >= PAR_MIN_FLOPS {
+        threads.clamp(1, m.div_ceil(32))
+    } else {
+        1
+    };
+    // Whole blocks of 32 rows to each thread; each packs all of `b` (the smaller operand
+    // where this pays: many rows against a weight).
+    let rows_per = m.div_ceil(t).div_ceil(32) * 32;
+    let part = |p: usize, o: &mut [bf16]| {
+        let r0 = p * rows_per;
+        let a = MatView {
+            offset: a.offset + r0 * a.rs,
+            ..a
+        };
+        amx::rounded(Mnk::new(o.len() / n, k, n), a, b, start.map(|s| (s, r0)), o);
+    };
+    let out = &mut out[..m * n];
+    if t <= 1 {
+        part(0, out);
+    } else {
+        let parts: Vec<&mut [bf16]> = out.chunks_mut(rows_per * n).collect();
+        super::thread_pool::for_each_part(parts, part);
+    }
+}
+
 /// [`gemm_bf16`] on a given kernel (the portable one where the CPU lacks it).
 pub fn gemm_bf16_on(
     kernel: Bf16Kernel,
@@ -443,16 +545,21 @@ fn columns_back(parts: &[Vec<f32>], c: &mut [f32], (m, n): (usize, usize), per: 
 /// product packs: every 64-byte row the kernels load (a `zmm` register, a tile row) then spans
 /// two lines. On AMX that halved the product's speed at 1024³ (the tile loads stream from the
 /// level-2 cache at half the rate when each row touches two lines).
-#[derive(Default)]
-pub(super) struct PackBuf(Vec<u32>);
+pub(super) struct PackBuf<T = u32>(Vec<T>);
 
-impl PackBuf {
+impl<T> Default for PackBuf<T> {
+    fn default() -> Self {
+        PackBuf(Vec::new())
+    }
+}
+
+impl<T: Copy + Default> PackBuf<T> {
     /// `len` values starting on a 64-byte boundary. The contents are whatever the last use
     /// left (or zeros): the packing writes every value it hands to a kernel.
-    pub(super) fn window(&mut self, len: usize) -> &mut [u32] {
-        const LINE: usize = 64 / std::mem::size_of::<u32>();
-        self.0.resize(len + LINE - 1, 0);
-        let skip = self.0.as_ptr().align_offset(64).min(LINE - 1);
+    pub(super) fn window(&mut self, len: usize) -> &mut [T] {
+        let line = 64 / std::mem::size_of::<T>().max(1);
+        self.0.resize(len + line - 1, T::default());
+        let skip = self.0.as_ptr().align_offset(64).min(line - 1);
         &mut self.0[skip..skip + len]
     }
 }
@@ -1103,6 +1210,24 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every window of a packing buffer starts on a 64-byte line and has the length asked for,
+    /// as the buffer grows, shrinks and grows again (each growth may move it).
+    #[test]
+    fn packing_windows_start_on_cache_lines() {
+        let mut buf = PackBuf::default();
+        let large = if cfg!(miri) { 4000 } else { 1 << 20 };
+        for len in [1, 15, 16, 17, 1000, 3, 70_000 % large, 64, large, 5] {
+            let w = buf.window(len);
+            assert_eq!(w.len(), len);
+            assert_eq!(
+                w.as_ptr() as usize % 64,
+                0,
+                "a window of {len} off its line"
+            );
+            w.fill(7);
+        }
+    }
 
     /// `n` pseudo-random bf16 in [−2, 2).
     pub(super) fn bits(seed: u64, n: usize) -> Vec<bf16> {

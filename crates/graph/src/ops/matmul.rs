@@ -550,6 +550,40 @@ pub(crate) fn product_bf16(
     start: Option<(BufId, usize, usize)>,
 ) -> Result<()> {
     let per = dims.m * dims.n;
+    if a_offs.len() == 1
+        && start.is_none_or(|(_, c_rows, _)| c_rows == 1)
+        && cpu::bf16::amx_in_use()
+    {
+        // One product from nothing or from a row (a layer's bias): on AMX, rounded from each
+        // thread's sums as they are made, without the f32 buffer (the same bits).
+        let alloc = |source| GraphError::Alloc { op: name, source };
+        let row: Option<(Vec<bf16>, usize)> = match start {
+            Some((cb, _, c_cols)) => {
+                Some((i.arena.slice::<bf16>(cb).map_err(alloc)?.to_vec(), c_cols))
+            }
+            None => None,
+        };
+        let threads = i.threads;
+        let (o, x, y) = i
+            .arena
+            .split_mixed::<bf16, bf16, bf16>(out, ab, bb)
+            .map_err(alloc)?;
+        let start = row.as_ref().map(|(c, cols)| cpu::bf16::Start {
+            c,
+            rows: 1,
+            cols: *cols,
+        });
+        if cpu::bf16::gemm_bf16_rounded(
+            dims,
+            MatView::row_major(x, a_offs[0], a_cols, ta),
+            MatView::row_major(y, b_offs[0], b_cols, tb),
+            start,
+            o,
+            threads,
+        ) {
+            return Ok(());
+        }
+    }
     let acc = i.alloc(name, DType::F32, per * a_offs.len())?;
     let threads = i.threads;
     if let Some((cb, c_rows, c_cols)) = start {

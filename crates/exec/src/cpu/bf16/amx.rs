@@ -42,7 +42,7 @@ use std::sync::OnceLock;
 use half::bf16;
 
 use super::super::matmul::{MatView, Mnk};
-use super::{pack_b_panels, padded, pair, with_packs};
+use super::{pack_b_panels, padded, pair, with_packs, PackBuf, Start};
 
 /// Rows and columns of a block of accumulators (two tiles by two).
 const BLOCK: usize = 32;
@@ -54,7 +54,7 @@ const MC: usize = 8 * BLOCK;
 /// 32 KiB, in the level-1 cache while `b` streams past. Of 192, 256 and 512, the best at 1024³
 /// on one Emerald Rapids core (512 keeps the accumulators in their tiles over more of `k`, but
 /// its 64 KiB blocks of `a` do not stay in the cache).
-const KC2: usize = 256;
+pub(super) const KC2: usize = 256;
 
 /// Whether the CPU has AMX-TILE and AMX-BF16 and the kernel lets this process use the tile
 /// registers (Linux asks each process to request them: `arch_prctl(ARCH_REQ_XCOMP_PERM)`).
@@ -320,6 +320,86 @@ pub(super) fn single_thread(
     });
 }
 
+thread_local! {
+    /// Each thread's sums of 32 rows for [`rounded`], kept and reused.
+    static STRIP: std::cell::RefCell<PackBuf<f32>> = std::cell::RefCell::new(PackBuf::default());
+}
+
+/// `out = round(start + a·b)` on this thread ([`super::gemm_bf16_rounded`]; `start` with the
+/// output row its first row is). All of `b` is packed first (every block of `k`, one after
+/// another); then each block of 32 rows takes every block of `k` in turn, its sums kept in a
+/// strip of this thread's (32 rows of `n` floats, rows a line longer than the columns so that
+/// they do not fall 2ⁿ bytes apart), and rounds them into `out` before the next block. The
+/// sums are [`single_thread`]'s, in its order: each output's `k` from its start, 16 pairs per
+/// instruction, the accumulator carried in f32 between blocks of `k`.
+pub(super) fn rounded(
+    dims: Mnk,
+    a: MatView<'_, bf16>,
+    b: MatView<'_, bf16>,
+    start: Option<(Start<'_>, usize)>,
+    out: &mut [bf16],
+) {
+    let Mnk { m, k, n } = dims;
+    assert!(a.fits(m, k) && b.fits(k, n) && out.len() >= m * n);
+    let k2 = k.div_ceil(2);
+    let panels = n.div_ceil(STEP).next_multiple_of(2);
+    let width = panels * STEP;
+    let ldc = width + STEP;
+    // Blocks of `k`: (first pair, pairs padded to whole steps, where its panels start).
+    let mut blocks = Vec::new();
+    let mut packed_len = 0;
+    for p0 in (0..k2).step_by(KC2) {
+        let kp = KC2.min(k2 - p0).div_ceil(STEP) * STEP;
+        blocks.push((p0, kp, packed_len));
+        packed_len += kp * width;
+    }
+    let tiles = Configured::new();
+    // Taken for the call (a nested call, were there one, would start a buffer of its own).
+    let mut held = STRIP.with(|s| s.take());
+    let strip = held.window(BLOCK * ldc);
+    if blocks.is_empty() && start.is_none() {
+        // No `k`: the sums are zeros.
+        strip.fill(0.0);
+    }
+    with_packs(|pa_buf, pb_buf| {
+        let pb = pb_buf.window(packed_len);
+        for &(p0, kp, at) in &blocks {
+            let region = &mut pb[at..at + kp * width];
+            let (packed, spare) = region.split_at_mut(kp * STEP * n.div_ceil(STEP));
+            pack_b_panels::<STEP>(b, k, (p0, kp), n, packed);
+            spare.fill(0);
+        }
+        let pb = &*pb;
+        for i0 in (0..m).step_by(BLOCK) {
+            let rows = BLOCK.min(m - i0);
+            if let Some((s, r0)) = start {
+                for (r, row) in strip.chunks_exact_mut(ldc).enumerate().take(rows) {
+                    let sr = (r0 + i0 + r) % s.rows;
+                    if s.cols == 1 {
+                        row[..n].fill(s.c[sr].to_f32());
+                    } else {
+                        super::bf16_to_f32(&s.c[sr * n..][..n], &mut row[..n]);
+                    }
+                }
+            }
+            for (q, &(p0, kp, at)) in blocks.iter().enumerate() {
+                let pa = pa_buf.window(BLOCK * kp);
+                pack_rows(a, k, (i0, rows), (p0, kp), pa);
+                let load = start.is_some() || q > 0;
+                for j0 in (0..width).step_by(BLOCK) {
+                    let bp = &pb[at + j0 * kp..];
+                    let block = (&*pa, (bp, kp * STEP), (&mut strip[j0..], ldc));
+                    run_block(&tiles, kp / STEP, block, (BLOCK, BLOCK), load);
+                }
+            }
+            for (r, row) in strip.chunks_exact(ldc).enumerate().take(rows) {
+                super::f32_to_bf16(&row[..n], &mut out[(i0 + r) * n..][..n]);
+            }
+        }
+    });
+    STRIP.with(|s| s.replace(held));
+}
+
 /// One block of accumulators: `rows × cols` (at most 32 × 32) of `c` (row stride `ldc`),
 /// `steps` instructions' worth of pairs from `ap` (32 rows packed in tiles, [`slot`]) and `bp`
 /// (two panels of 16 columns, the second `panel` values after the first, each with rows of 16
@@ -569,6 +649,142 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The rounded product gives the bits of the product into f32 (from the start's values,
+    /// where it has one) followed by the rounding, for every kind of start, at the edges of
+    /// blocks of rows, columns and `k`, in every layout, on one to three threads; and a planted
+    /// change (a start taken from the wrong row) is caught.
+    #[test]
+    fn rounded_products_give_the_bits_of_the_product_then_the_rounding() {
+        if skip() {
+            return;
+        }
+        let starts =
+            |m: usize, n: usize| [None, Some((1, n)), Some((1, 1)), Some((m, n)), Some((m, 1))];
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (31, 17, 33),
+            (64, 64, 64),
+            (33, 2 * KC2 + 37, 70),
+            (100, 3 * 2 * KC2 + 2, 48),
+            (70, 0, 20),
+        ] {
+            let (a, b) = (values(3 + m as u64, m * k), values(9 + n as u64, k * n));
+            for start in starts(m, n) {
+                let c = start.map(|(r, c)| values(13, r * c));
+                for layout in [(false, false), (true, true), (false, true), (true, false)] {
+                    let what = format!("{m}×{k}×{n} start {start:?} layout {layout:?}");
+                    let mut keep = None;
+                    let (av, bv) = views(m, k, n, (&a, &b), layout, &mut keep);
+                    // The reference: the f32 product from the start, then the rounding.
+                    let mut f = vec![0f32; m * n];
+                    if let (Some((rows, cols)), Some(c)) = (start, &c) {
+                        for (r, row) in f.chunks_exact_mut(n).enumerate() {
+                            for (j, v) in row.iter_mut().enumerate() {
+                                *v = c[(r % rows) * cols + j % cols].to_f32();
+                            }
+                        }
+                    }
+                    gemm_bf16_on(
+                        Bf16Kernel::Amx,
+                        Mnk::new(m, k, n),
+                        av,
+                        bv,
+                        &mut f,
+                        start.is_some(),
+                        1,
+                    );
+                    let mut want = vec![bf16::ZERO; m * n];
+                    super::super::f32_to_bf16(&f, &mut want);
+                    for threads in [1, 2, 3] {
+                        let mut got = vec![bf16::from_bits(0x7fc1); m * n];
+                        let st = start.zip(c.as_deref()).map(|((rows, cols), c)| Start {
+                            c,
+                            rows,
+                            cols,
+                        });
+                        super::super::rounded_on_amx(
+                            Mnk::new(m, k, n),
+                            av,
+                            bv,
+                            st,
+                            &mut got,
+                            threads,
+                        );
+                        let same = got
+                            .iter()
+                            .zip(&want)
+                            .all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(
+                            same,
+                            "{what} threads {threads}: not the rounded product's bits"
+                        );
+                    }
+                }
+            }
+        }
+        // The check sees a start read from the wrong row.
+        let (m, k, n) = (40, 20, 24);
+        let (a, b) = (values(1, m * k), values(2, k * n));
+        let c = values(4, m * n);
+        let mut keep = None;
+        let (av, bv) = views(m, k, n, (&a, &b), (false, false), &mut keep);
+        let mut right = vec![bf16::ZERO; m * n];
+        let mut wrong = vec![bf16::ZERO; m * n];
+        let st = Start {
+            c: &c,
+            rows: m,
+            cols: n,
+        };
+        super::super::rounded_on_amx(Mnk::new(m, k, n), av, bv, Some(st), &mut right, 1);
+        let shifted = Start {
+            c: &c[n..],
+            rows: m - 1,
+            cols: n,
+        };
+        super::super::rounded_on_amx(
+            Mnk::new(m - 1, k, n),
+            av,
+            bv,
+            Some(shifted),
+            &mut wrong[..(m - 1) * n],
+            1,
+        );
+        assert!(right[..(m - 1) * n]
+            .iter()
+            .zip(&wrong)
+            .any(|(x, y)| x.to_bits() != y.to_bits()));
+    }
+
+    /// `a` (m×k) and `b` (k×n) stored in the layouts asked for, as views (with their storage).
+    fn views<'s>(
+        m: usize,
+        k: usize,
+        n: usize,
+        (a, b): (&[bf16], &[bf16]),
+        (at, bt): (bool, bool),
+        store: &'s mut Option<(Vec<bf16>, Vec<bf16>)>,
+    ) -> (MatView<'s, bf16>, MatView<'s, bf16>) {
+        let transpose = |x: &[bf16], rows: usize, cols: usize| -> Vec<bf16> {
+            (0..cols)
+                .flat_map(|j| (0..rows).map(move |i| x[i * cols + j]))
+                .collect()
+        };
+        let sa = if at { transpose(a, m, k) } else { a.to_vec() };
+        let sb = if bt { transpose(b, k, n) } else { b.to_vec() };
+        let (sa, sb) = store.insert((sa, sb));
+        let av = if at {
+            MatView::row_major(sa, 0, m, true)
+        } else {
+            MatView::row_major(sa, 0, k, false)
+        };
+        let bv = if bt {
+            MatView::row_major(sb, 0, k, true)
+        } else {
+            MatView::row_major(sb, 0, n, false)
+        };
+        (av, bv)
     }
 
     /// Why the kernel is not the default: with one pair of `k`, `tdpbf16ps` rounds the pair's
