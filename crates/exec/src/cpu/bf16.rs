@@ -265,7 +265,8 @@ pub struct Start<'a> {
 /// buffer followed by [`f32_to_bf16`], without the f32 buffer: each thread keeps the sums of 32
 /// rows at a time and rounds them while they are in its caches. Only where the product runs on
 /// AMX ([`set_amx`]), `k` is at most 512 and `n` at most `m` (many rows against a weight);
-/// elsewhere it returns false and writes nothing, for the caller to take the f32 route. Panics if a view or `start` does not fit its slice (callers check shapes).
+/// elsewhere it returns false and writes nothing, for the caller to take the f32 route. Panics
+/// if a view or `start` does not fit its slice (callers check shapes).
 pub fn gemm_bf16_rounded(
     dims: Mnk,
     a: MatView<'_, bf16>,
