@@ -321,6 +321,98 @@ pub(super) fn single_thread(
 }
 
 thread_local! {
+    /// The calling thread's buffer for `b` packed once and shared by [`threaded`]'s threads.
+    static SHARED_B: std::cell::RefCell<PackBuf> = std::cell::RefCell::new(PackBuf::default());
+}
+
+/// The product over up to `threads` threads, as [`single_thread`] (`c`: m×n, row-major, the
+/// starting accumulators when `accumulate`), with its bits. For each block of `k`, the threads
+/// first pack `b`'s panels together into one buffer, each a share of the panels; then each
+/// takes its own rows of `a` against all of them, a block of 32 rows at a time held in the
+/// level-1 cache. So `b` is packed once rather than once per thread, `a` once, and every thread
+/// writes its rows of `c` where they lie (a split by columns packs all of `a` in each thread
+/// and copies each thread's columns back; a split by rows with a `b` of each thread's packs all
+/// of `b` in each).
+pub(super) fn threaded(
+    dims: Mnk,
+    a: MatView<'_, bf16>,
+    b: MatView<'_, bf16>,
+    c: &mut [f32],
+    accumulate: bool,
+    threads: usize,
+) {
+    let Mnk { m, k, n } = dims;
+    assert!(a.fits(m, k) && b.fits(k, n) && c.len() >= m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    let k2 = k.div_ceil(2);
+    let panels = n.div_ceil(STEP).next_multiple_of(2);
+    let t = threads.clamp(1, m.div_ceil(BLOCK));
+    let rows_per = m.div_ceil(t).div_ceil(BLOCK) * BLOCK;
+    let panels_per = panels.div_ceil(t);
+    let c = &mut c[..m * n];
+    if k2 == 0 {
+        if !accumulate {
+            c.fill(0.0);
+        }
+        return;
+    }
+    // Taken for the call (a nested call, were there one, would start a buffer of its own).
+    let mut shared = SHARED_B.with(|s| s.take());
+    let mut p0 = 0;
+    while p0 < k2 {
+        let kc2 = KC2.min(k2 - p0);
+        let kp = kc2.div_ceil(STEP) * STEP;
+        let pb = shared.window(kp * STEP * panels);
+        let parts: Vec<&mut [u32]> = pb.chunks_mut(panels_per * kp * STEP).collect();
+        super::super::thread_pool::for_each_part(parts, |q, dst| {
+            // This thread's panels: columns from j0, zeros past `n`.
+            let j0 = q * panels_per * STEP;
+            let cols = n.saturating_sub(j0).min(dst.len() / kp);
+            let (packed, spare) = dst.split_at_mut(cols.div_ceil(STEP) * kp * STEP);
+            if cols > 0 {
+                let b = MatView {
+                    offset: b.offset + j0 * b.cs,
+                    ..b
+                };
+                pack_b_panels::<STEP>(b, k, (p0, kp), cols, packed);
+            }
+            spare.fill(0);
+        });
+        let pb = &*pb;
+        let load = accumulate || p0 > 0;
+        let parts: Vec<&mut [f32]> = c.chunks_mut(rows_per * n).collect();
+        super::super::thread_pool::for_each_part(parts, |q, part| {
+            let r0 = q * rows_per;
+            let rows_here = part.len() / n;
+            let tiles = Configured::new();
+            with_packs(|pa_buf, _| {
+                let mut i0 = 0;
+                while i0 < rows_here {
+                    let mc = MC.min(rows_here - i0);
+                    let pa = pa_buf.window(kp * mc.div_ceil(BLOCK) * BLOCK);
+                    pack_rows(a, k, (r0 + i0, mc), (p0, kp), pa);
+                    for (ib, ap) in pa.chunks_exact(BLOCK * kp).enumerate() {
+                        let r = i0 + ib * BLOCK;
+                        let rows = BLOCK.min(rows_here - r);
+                        for j0 in (0..n).step_by(BLOCK) {
+                            let cols = BLOCK.min(n - j0);
+                            let bp = &pb[j0 * kp..];
+                            let block = (ap, (bp, kp * STEP), (&mut part[r * n + j0..], n));
+                            run_block(&tiles, kp / STEP, block, (rows, cols), load);
+                        }
+                    }
+                    i0 += mc;
+                }
+            });
+        });
+        p0 += kc2;
+    }
+    SHARED_B.with(|s| s.replace(shared));
+}
+
+thread_local! {
     /// Each thread's sums of 32 rows for [`rounded`], kept and reused.
     static STRIP: std::cell::RefCell<PackBuf<f32>> = std::cell::RefCell::new(PackBuf::default());
 }
@@ -785,6 +877,67 @@ mod tests {
             MatView::row_major(sb, 0, n, false)
         };
         (av, bv)
+    }
+
+    /// `b` packed once by all the threads, then rows to each: the bits of one thread, at the
+    /// edges of blocks of rows, columns (a last panel of zeros past `n`, thread shares of
+    /// panels that end past `n`) and `k`, in every layout, with and without accumulation, on two
+    /// to five threads; and the comparison sees a planted change (a term of `k` left out).
+    #[test]
+    fn shared_packing_over_threads_gives_one_threads_bits() {
+        if skip() {
+            return;
+        }
+        for &(m, k, n) in &[
+            (33, 31, 17),
+            (64, 64, 64),
+            (100, 2 * KC2 + 37, 70),
+            (70, 3 * 2 * KC2 + 2, 130),
+            (300, 96, 40),
+            (97, 1, 5),
+        ] {
+            let (a, b) = (values(5 + m as u64, m * k), values(6 + n as u64, k * n));
+            let c0: Vec<f32> = values(17, m * n).iter().map(|x| x.to_f32()).collect();
+            for accumulate in [false, true] {
+                for layout in [(false, false), (true, false), (false, true), (true, true)] {
+                    let mut keep = None;
+                    let (av, bv) = views(m, k, n, (&a, &b), layout, &mut keep);
+                    let mut one = c0.clone();
+                    single_thread(Mnk::new(m, k, n), av, bv, &mut one, accumulate);
+                    for threads in [2, 3, 5] {
+                        let mut got = c0.clone();
+                        threaded(Mnk::new(m, k, n), av, bv, &mut got, accumulate, threads);
+                        let what =
+                            format!("{m}×{k}×{n} {layout:?} accumulate {accumulate} on {threads}");
+                        assert!(same_bits(&got, &one), "{what}: not one thread's bits");
+                    }
+                }
+            }
+        }
+        let (m, k, n) = (64, 40, 48);
+        let (a, b) = (values(1, m * k), values(2, k * n));
+        let mut keep = None;
+        let (av, bv) = views(m, k, n, (&a, &b), (false, false), &mut keep);
+        let mut whole = vec![0f32; m * n];
+        threaded(Mnk::new(m, k, n), av, bv, &mut whole, false, 2);
+        let (mut keep2, short) = (None, Mnk::new(m, k - 1, n));
+        let a_short: Vec<bf16> = (0..m)
+            .flat_map(|i| a[i * k..i * k + k - 1].to_vec())
+            .collect();
+        let (av2, bv2) = views(
+            m,
+            k - 1,
+            n,
+            (&a_short, &b[..(k - 1) * n]),
+            (false, false),
+            &mut keep2,
+        );
+        let mut fewer = vec![0f32; m * n];
+        threaded(short, av2, bv2, &mut fewer, false, 2);
+        assert!(
+            !same_bits(&whole, &fewer),
+            "the check missed a term left out"
+        );
     }
 
     /// Why the kernel is not the default: with one pair of `k`, `tdpbf16ps` rounds the pair's
