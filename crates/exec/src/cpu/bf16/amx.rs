@@ -41,7 +41,7 @@ use std::sync::OnceLock;
 
 use half::bf16;
 
-use super::super::matmul::{MatView, Mnk};
+use super::super::matmul::{product_output, MatView, Mnk};
 use super::{pack_b_panels, padded, pair, with_packs, PackBuf, Start};
 
 /// Rows and columns of a block of accumulators (two tiles by two).
@@ -275,49 +275,23 @@ pub(super) fn single_thread(
     c: &mut [f32],
     accumulate: bool,
 ) {
-    let Mnk { m, k, n } = dims;
-    assert!(a.fits(m, k) && b.fits(k, n) && c.len() >= m * n);
-    let k2 = k.div_ceil(2);
-    let tiles = Configured::new();
-    with_packs(|pa_buf, pb_buf| {
-        let mut p0 = 0;
-        while p0 < k2 {
-            // KC2 is a multiple of STEP: only the last block of `k` is padded.
-            let kc2 = KC2.min(k2 - p0);
-            let kp = kc2.div_ceil(STEP) * STEP;
-            // Panels of one tile's 16 columns, in pairs: a block's second tile of zeros where
-            // `n` ends in its first.
-            let panels = n.div_ceil(STEP);
-            let pb = pb_buf.window(kp * STEP * panels.next_multiple_of(2));
-            let (packed, spare) = pb.split_at_mut(kp * STEP * panels);
-            pack_b_panels::<STEP>(b, k, (p0, kp), n, packed);
-            spare.fill(0);
-            let pb = &*pb;
-            let load = accumulate || p0 > 0;
-            let mut i0 = 0;
-            while i0 < m {
-                let mc = MC.min(m - i0);
-                let am = mc.div_ceil(BLOCK) * BLOCK;
-                let pa = pa_buf.window(kp * am);
-                pack_rows(a, k, (i0, mc), (p0, kp), pa);
-                // Each block of 32 rows (32 × kp pairs, 32 KiB) stays in the level-1 cache
-                // while every block of `b`'s columns streams past it from the level-2 cache.
-                for (ib, ap) in pa.chunks_exact(BLOCK * kp).enumerate() {
-                    let r0 = i0 + ib * BLOCK;
-                    let rows = BLOCK.min(m - r0);
-                    for j0 in (0..n).step_by(BLOCK) {
-                        let cols = BLOCK.min(n - j0);
-                        let bp = &pb[j0 * kp..];
-                        let out = &mut c[r0 * n + j0..];
-                        let block = (ap, (bp, kp * STEP), (out, n));
-                        run_block(&tiles, kp / STEP, block, (rows, cols), load);
-                    }
-                }
-                i0 += mc;
-            }
-            p0 += kc2;
-        }
-    });
+    threaded(dims, a, b, c, accumulate, 1)
+}
+
+/// `b`'s columns `0..cols`, pairs `p0..p0 + kp`, into `dst` in panels of one tile's 16 columns
+/// (`kp` rows of 16 pairs each); `dst`'s panels past them zeros.
+fn pack_b_tiles(
+    b: MatView<'_, bf16>,
+    k: usize,
+    (p0, kp): (usize, usize),
+    cols: usize,
+    dst: &mut [u32],
+) {
+    let (packed, spare) = dst.split_at_mut(cols.div_ceil(STEP) * kp * STEP);
+    if cols > 0 {
+        pack_b_panels::<STEP>(b, k, (p0, kp), cols, packed);
+    }
+    spare.fill(0);
 }
 
 thread_local! {
@@ -341,23 +315,15 @@ pub(super) fn threaded(
     accumulate: bool,
     threads: usize,
 ) {
-    let Mnk { m, k, n } = dims;
-    assert!(a.fits(m, k) && b.fits(k, n) && c.len() >= m * n);
-    if m == 0 || n == 0 {
+    let Some(c) = product_output(dims, &a, &b, c, accumulate, 0.0) else {
         return;
-    }
+    };
+    let Mnk { m, k, n } = dims;
     let k2 = k.div_ceil(2);
     let panels = n.div_ceil(STEP).next_multiple_of(2);
     let t = threads.clamp(1, m.div_ceil(BLOCK));
     let rows_per = m.div_ceil(t).div_ceil(BLOCK) * BLOCK;
     let panels_per = panels.div_ceil(t);
-    let c = &mut c[..m * n];
-    if k2 == 0 {
-        if !accumulate {
-            c.fill(0.0);
-        }
-        return;
-    }
     // Taken for the call (a nested call, were there one, would start a buffer of its own).
     let mut shared = SHARED_B.with(|s| s.take());
     let mut p0 = 0;
@@ -370,15 +336,11 @@ pub(super) fn threaded(
             // This thread's panels: columns from j0, zeros past `n`.
             let j0 = q * panels_per * STEP;
             let cols = n.saturating_sub(j0).min(dst.len() / kp);
-            let (packed, spare) = dst.split_at_mut(cols.div_ceil(STEP) * kp * STEP);
-            if cols > 0 {
-                let b = MatView {
-                    offset: b.offset + j0 * b.cs,
-                    ..b
-                };
-                pack_b_panels::<STEP>(b, k, (p0, kp), cols, packed);
-            }
-            spare.fill(0);
+            let b = MatView {
+                offset: b.offset + j0 * b.cs,
+                ..b
+            };
+            pack_b_tiles(b, k, (p0, kp), cols, dst);
         });
         let pb = &*pb;
         let load = accumulate || p0 > 0;
@@ -456,10 +418,7 @@ pub(super) fn rounded(
     with_packs(|pa_buf, pb_buf| {
         let pb = pb_buf.window(packed_len);
         for &(p0, kp, at) in &blocks {
-            let region = &mut pb[at..at + kp * width];
-            let (packed, spare) = region.split_at_mut(kp * STEP * n.div_ceil(STEP));
-            pack_b_panels::<STEP>(b, k, (p0, kp), n, packed);
-            spare.fill(0);
+            pack_b_tiles(b, k, (p0, kp), n, &mut pb[at..at + kp * width]);
         }
         let pb = &*pb;
         for i0 in (0..m).step_by(BLOCK) {
