@@ -1,5 +1,7 @@
 //! Reductions over any set of axes, and softmax along one axis.
 
+use super::cast::{Storage, BLOCK};
+use super::par::{par_chunks_mut, PAR_MIN_ELEMS};
 use super::wide::wide;
 use crate::layout::{contiguous_strides, walk};
 use crate::Float;
@@ -11,23 +13,115 @@ pub use crate::ops::ReduceOp;
 /// keep-dim result (reduced axes of extent 1), so its length is the product of the kept extents.
 /// The identity and the step are the op's row of the reduction table ([`ReduceOp`]).
 pub fn reduce<T: Float>(op: ReduceOp, x: &[T], shape: &[usize], reduced: &[bool], out: &mut [T]) {
+    reduce_on(op, x, shape, reduced, out, 1)
+}
+
+/// [`reduce`] over up to `threads` threads, split by outputs: each output combines its values
+/// in the same order on any number of threads, so the bits do not depend on it.
+pub fn reduce_on<T: Float>(
+    op: ReduceOp,
+    x: &[T],
+    shape: &[usize],
+    reduced: &[bool],
+    out: &mut [T],
+    threads: usize,
+) {
     op.with_combine(Reduce {
-        x,
+        x: Plain(x),
         shape,
         reduced,
         out,
+        threads,
     })
 }
 
+/// [`reduce_on`] of `x` in any float storage into f32 sums: `x` is widened a block at a time
+/// as it is read, not copied whole, and the result is what widening all of `x` first and
+/// reducing that gives, bit for bit (a 16-bit tensor's sums accumulate in f32, as PyTorch's).
+pub fn reduce_widened<H: Storage>(
+    op: ReduceOp,
+    x: &[H],
+    shape: &[usize],
+    reduced: &[bool],
+    out: &mut [f32],
+    threads: usize,
+) {
+    match H::as_f32(x) {
+        Some(x) => reduce_on(op, x, shape, reduced, out, threads),
+        None => op.with_combine(Reduce {
+            x: Widened(x),
+            shape,
+            reduced,
+            out,
+            threads,
+        }),
+    }
+}
+
+/// Where a reduction reads its input: runs of `T` values, in order.
+trait Source<T>: Copy + Sync {
+    /// The number of elements.
+    fn len(self) -> usize;
+    /// Calls `f` on `x[at..at + len]` in order, in runs whose lengths are multiples of eight
+    /// but for the last (so that [`Lanes`] fed run by run gives the bits of one whole row).
+    fn runs(self, at: usize, len: usize, f: impl FnMut(&[T]));
+    /// Calls `f` on all of it as `T`.
+    fn whole<R>(self, f: impl FnOnce(&[T]) -> R) -> R;
+}
+
+/// A slice read where it lies.
+#[derive(Clone, Copy)]
+struct Plain<'a, T>(&'a [T]);
+
+impl<T: Float> Source<T> for Plain<'_, T> {
+    #[inline(always)]
+    fn len(self) -> usize {
+        self.0.len()
+    }
+    #[inline(always)]
+    fn runs(self, at: usize, len: usize, mut f: impl FnMut(&[T])) {
+        f(&self.0[at..at + len])
+    }
+    fn whole<R>(self, f: impl FnOnce(&[T]) -> R) -> R {
+        f(self.0)
+    }
+}
+
+/// A slice of another storage type, widened to f32 [`BLOCK`] elements at a time.
+#[derive(Clone, Copy)]
+struct Widened<'a, H>(&'a [H]);
+
+impl<H: Storage + Sync> Source<f32> for Widened<'_, H> {
+    #[inline(always)]
+    fn len(self) -> usize {
+        self.0.len()
+    }
+    #[inline(always)]
+    fn runs(self, at: usize, len: usize, mut f: impl FnMut(&[f32])) {
+        let mut buf = [0f32; BLOCK];
+        for s in self.0[at..at + len].chunks(BLOCK) {
+            let b = &mut buf[..s.len()];
+            H::load_f32(s, b);
+            f(b)
+        }
+    }
+    fn whole<R>(self, f: impl FnOnce(&[f32]) -> R) -> R {
+        let mut w = vec![0f32; self.0.len()];
+        H::load_f32(self.0, &mut w);
+        f(&w)
+    }
+}
+
 /// [`reduce`]'s arguments, run with one row's identity and step.
-struct Reduce<'a, T> {
-    x: &'a [T],
+struct Reduce<'a, S, T> {
+    x: S,
     shape: &'a [usize],
     reduced: &'a [bool],
     out: &'a mut [T],
+    threads: usize,
 }
 
-impl<T: Float> ReduceKernel<T> for Reduce<'_, T> {
+impl<T: Float, S: Source<T>> ReduceKernel<T> for Reduce<'_, S, T> {
     type Out = ();
 
     #[inline(always)]
@@ -37,92 +131,199 @@ impl<T: Float> ReduceKernel<T> for Reduce<'_, T> {
             shape,
             reduced,
             out,
+            threads,
         } = self;
         out.fill(init);
-        if let Some((lead, outer, inner)) = reduced_block(shape, reduced) {
-            // The reduced axes form one leading or one trailing block (a bias gradient, a
-            // loss's mean, a row sum): plain loops over rows, no index bookkeeping.
-            let rows = x.chunks_exact(inner.max(1)).take(outer);
-            wide(
-                x.len(),
-                #[inline(always)]
-                move || {
-                    if lead {
-                        rows.for_each(|r| out.iter_mut().zip(r).for_each(|(o, &v)| *o = f(*o, v)))
-                    } else {
-                        out.iter_mut()
-                            .zip(rows)
-                            .for_each(|(o, r)| *o = fold_row(r, init, f))
-                    }
-                },
-            );
+        if x.len() == 0 {
             return;
         }
-        let out_shape: Vec<usize> = shape
-            .iter()
-            .zip(reduced)
-            .map(|(&d, &r)| if r { 1 } else { d })
-            .collect();
-        let os = contiguous_strides(&out_shape);
-        let os: Vec<usize> = os
-            .iter()
-            .zip(reduced)
-            .map(|(&s, &r)| if r { 0 } else { s })
-            .collect();
-        let xs = contiguous_strides(shape);
-        if x.is_empty() {
-            return;
-        }
-        walk(shape, [&xs, &os], |[ox, oo], n, [ix, io]| {
-            debug_assert!(ix == 1 || n == 1, "the input is contiguous");
-            let row = &x[ox..ox + n];
-            match io {
-                0 => out[oo] = f(out[oo], fold_row(row, init, f)),
-                // Reducing a leading axis: whole rows fold into the output row (vectorises).
-                1 => {
-                    for (o, &v) in out[oo..oo + n].iter_mut().zip(row) {
-                        *o = f(*o, v);
-                    }
-                }
-                _ => {
-                    for (i, &v) in row.iter().enumerate() {
-                        let o = &mut out[oo + i * io];
-                        *o = f(*o, v);
-                    }
-                }
+        // The axes of extent above 1, runs of reduced or kept ones merged: most reductions
+        // are one of two patterns, each a few plain loops with no index bookkeeping.
+        let mut blocks: Vec<(usize, bool)> = Vec::with_capacity(shape.len());
+        for (&d, &r) in shape.iter().zip(reduced).filter(|(&d, _)| d != 1) {
+            match blocks.last_mut() {
+                Some((e, last)) if *last == r => *e *= d,
+                _ => blocks.push((d, r)),
             }
-        });
+        }
+        match blocks[..] {
+            // All of it along one row, the rows of a trailing block (a row sum, a loss's
+            // mean), or whole rows folded into a kept block between reduced ones (the bias of a
+            // convolution: `[n, c, h·w]` over `n` and `h·w`).
+            [] => around_kept(x, (1, 1, 1), true, out, threads, init, f),
+            [(n, true)] => around_kept(x, (1, 1, n), true, out, threads, init, f),
+            [(a, false), (b, true)] => around_kept(x, (1, a, b), true, out, threads, init, f),
+            [(a, true), (b, false), (c, true)] => {
+                around_kept(x, (a, b, c), false, out, threads, init, f)
+            }
+            // Rows added into kept rows: nothing reduced, a leading block (a bias gradient
+            // over a batch's rows), or a block between kept ones.
+            [(n, false)] => between_kept(x, (1, n), out, threads, f),
+            [(a, true), (b, false)] => between_kept(x, (a, b), out, threads, f),
+            [(_, false), (b, true), (c, false)] => between_kept(x, (b, c), out, threads, f),
+            _ => x.whole(|x| general(x, shape, reduced, out, init, f)),
+        }
     }
 }
 
-/// When the reduced axes (of extent above 1) are all before the kept ones or all after them:
-/// `(leading, outer, inner)`, the input seen as `outer` rows of `inner` elements, where the rows
-/// are what a leading block sums over and what a trailing block sums along.
-fn reduced_block(shape: &[usize], reduced: &[bool]) -> Option<(bool, usize, usize)> {
-    let (mut first, mut second, mut switches, mut prev) = (1usize, 1usize, 0, None);
-    let mut leading = false;
-    for (&d, &r) in shape.iter().zip(reduced).filter(|(&d, _)| d != 1) {
-        match prev {
-            None => leading = r,
-            Some(p) if p != r => switches += 1,
-            _ => {}
+/// `x` as `[a, b, c]` reduced over `a` and `c` into `out[b]`: for each `i` in order, each
+/// output combined with the fold of its row of `c` (`first`: the first row's fold is the
+/// output, as for a reduction along rows). Split by outputs over threads.
+#[inline(always)]
+fn around_kept<T: Float, S: Source<T>, F: Fn(T, T) -> T + Sync + Copy>(
+    x: S,
+    (a, b, c): (usize, usize, usize),
+    first: bool,
+    out: &mut [T],
+    threads: usize,
+    init: T,
+    f: F,
+) {
+    let per = PAR_MIN_ELEMS.div_ceil((a * c).max(1));
+    par_chunks_mut(out, threads, per, |j0, o| {
+        wide(
+            a * c * o.len(),
+            #[inline(always)]
+            || {
+                for i in 0..a {
+                    for (j, o) in o.iter_mut().enumerate() {
+                        let s = fold_runs(x, (i * b + j0 + j) * c, c, init, f);
+                        *o = if first && i == 0 { s } else { f(*o, s) };
+                    }
+                }
+            },
+        )
+    });
+}
+
+/// `x` as `[out.len() / c, b, c]` reduced over `b` into `out`: each row of `c` added into its
+/// output row in order of `b`. Split by outputs over threads.
+#[inline(always)]
+fn between_kept<T: Float, S: Source<T>, F: Fn(T, T) -> T + Sync + Copy>(
+    x: S,
+    (b, c): (usize, usize),
+    out: &mut [T],
+    threads: usize,
+    f: F,
+) {
+    par_chunks_mut(out, threads, PAR_MIN_ELEMS.div_ceil(b), |o0, o| {
+        wide(
+            b * o.len(),
+            #[inline(always)]
+            || {
+                // The outputs `o0..o0 + o.len()`, a part of a row of `c` at a time.
+                let (mut at, len) = (0, o.len());
+                while at < len {
+                    let (i, j) = ((o0 + at) / c, (o0 + at) % c);
+                    let part = &mut o[at..(at + c - j).min(len)];
+                    for r in 0..b {
+                        let mut k = 0;
+                        x.runs((i * b + r) * c + j, part.len(), |run| {
+                            for (o, &v) in part[k..k + run.len()].iter_mut().zip(run) {
+                                *o = f(*o, v);
+                            }
+                            k += run.len();
+                        });
+                    }
+                    at += part.len();
+                }
+            },
+        )
+    });
+}
+
+/// Any other set of axes: an odometer over the rows, in memory order, on one thread.
+fn general<T: Float, F: Fn(T, T) -> T + Copy>(
+    x: &[T],
+    shape: &[usize],
+    reduced: &[bool],
+    out: &mut [T],
+    init: T,
+    f: F,
+) {
+    let out_shape: Vec<usize> = shape
+        .iter()
+        .zip(reduced)
+        .map(|(&d, &r)| if r { 1 } else { d })
+        .collect();
+    let os = contiguous_strides(&out_shape);
+    let os: Vec<usize> = os
+        .iter()
+        .zip(reduced)
+        .map(|(&s, &r)| if r { 0 } else { s })
+        .collect();
+    let xs = contiguous_strides(shape);
+    walk(shape, [&xs, &os], |[ox, oo], n, [ix, io]| {
+        debug_assert!(ix == 1 || n == 1, "the input is contiguous");
+        let row = &x[ox..ox + n];
+        match io {
+            0 => out[oo] = f(out[oo], fold_row(row, init, f)),
+            // Reducing a leading axis: whole rows fold into the output row (vectorises).
+            1 => {
+                for (o, &v) in out[oo..oo + n].iter_mut().zip(row) {
+                    *o = f(*o, v);
+                }
+            }
+            _ => {
+                for (i, &v) in row.iter().enumerate() {
+                    let o = &mut out[oo + i * io];
+                    *o = f(*o, v);
+                }
+            }
         }
-        prev = Some(r);
-        if switches == 0 {
-            first *= d;
-        } else {
-            second *= d;
+    });
+}
+
+/// A fold in eight independent lanes (see [`fold_row`]), fed a run at a time.
+struct Lanes<T>([T; 8]);
+
+impl<T: Float> Lanes<T> {
+    /// Folds `run`'s whole groups of eight into the lanes; returns the rest.
+    #[inline(always)]
+    fn feed<'r, F: Fn(T, T) -> T>(&mut self, run: &'r [T], f: F) -> &'r [T] {
+        let chunks = run.chunks_exact(8);
+        let rem = chunks.remainder();
+        for c in chunks {
+            for (a, &v) in self.0.iter_mut().zip(c) {
+                *a = f(*a, v);
+            }
         }
+        rem
     }
-    if shape.contains(&0) || switches > 1 {
-        return None;
+    /// The lanes joined in pairs (0 with 4, 1 with 5, ...), then `tail` folded in order.
+    #[inline(always)]
+    fn finish<F: Fn(T, T) -> T>(&self, tail: &[T], f: F) -> T {
+        let acc = &self.0;
+        let mut s = f(
+            f(f(acc[0], acc[4]), f(acc[1], acc[5])),
+            f(f(acc[2], acc[6]), f(acc[3], acc[7])),
+        );
+        for &v in tail {
+            s = f(s, v);
+        }
+        s
     }
-    // Everything reduced: one row along which to sum.
-    Some(if switches == 0 && leading {
-        (false, 1, first)
-    } else {
-        (leading, first, second)
-    })
+}
+
+/// `x[at..at + len]` folded as [`fold_row`] folds a slice, read run by run.
+#[inline(always)]
+fn fold_runs<T: Float, S: Source<T>, F: Fn(T, T) -> T + Copy>(
+    x: S,
+    at: usize,
+    len: usize,
+    init: T,
+    f: F,
+) -> T {
+    let mut lanes = Lanes([init; 8]);
+    let mut done = None;
+    x.runs(at, len, |run| {
+        let tail = lanes.feed(run, f);
+        // Only the last run can leave a tail.
+        if !tail.is_empty() {
+            done = Some(lanes.finish(tail, f));
+        }
+    });
+    done.unwrap_or_else(|| lanes.finish(&[], f))
 }
 
 /// `row` folded by `f` from `init` in eight independent lanes, the lanes then joined in pairs
@@ -130,22 +331,9 @@ fn reduced_block(shape: &[usize], reduced: &[bool]) -> Option<(bool, usize, usiz
 /// on one another, and a sum loses less precision than one running sum on long rows.
 #[inline(always)]
 fn fold_row<T: Float, F: Fn(T, T) -> T>(row: &[T], init: T, f: F) -> T {
-    let mut acc = [init; 8];
-    let chunks = row.chunks_exact(8);
-    let rem = chunks.remainder();
-    for c in chunks {
-        for i in 0..8 {
-            acc[i] = f(acc[i], c[i]);
-        }
-    }
-    let mut s = f(
-        f(f(acc[0], acc[4]), f(acc[1], acc[5])),
-        f(f(acc[2], acc[6]), f(acc[3], acc[7])),
-    );
-    for &v in rem {
-        s = f(s, v);
-    }
-    s
+    let mut lanes = Lanes([init; 8]);
+    let tail = lanes.feed(row, &f);
+    lanes.finish(tail, &f)
 }
 
 /// Sum with eight independent accumulators (`fold_row` with the sum's row).
@@ -485,6 +673,69 @@ mod tests {
                     }
                     reduce(op, &x, &shape, &reduced, &mut got);
                     assert_eq!(got, want, "{} of {shape:?} over {reduced:?}", op.name());
+                }
+            }
+        }
+    }
+
+    /// Pseudo-random values of mixed sign and magnitude, so that the order of a sum shows in
+    /// its bits.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let m = ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5;
+                m * [1.0, 1e-3, 37.0, 1e4][(s >> 20) as usize % 4]
+            })
+            .collect()
+    }
+
+    /// Every pattern of reduced and kept blocks (and one the odometer takes), at sizes that the
+    /// threads split, with rows that are not whole blocks of widening: one to three threads
+    /// give one thread's bits, and a 16-bit input read block by block gives the bits of
+    /// reducing its f32 widening.
+    #[test]
+    fn threads_and_widening_keep_the_bits() {
+        let big = if cfg!(miri) { 3 } else { 67 };
+        let cases: [(&[usize], &[bool]); 8] = [
+            (&[big * 2003], &[true]),
+            (&[big * 3, 2003], &[false, true]),
+            (&[2003, big * 3], &[true, false]),
+            (&[5, big, 7, 2 * big + 1], &[true, false, true, true]),
+            (&[big, 2 * big + 3, 7], &[false, true, false]),
+            (&[big * 3, 1, 2003], &[false, true, false]),
+            (&[4, 5, 6, 7], &[true, false, true, false]),
+            (&[big * 3, 2003], &[false, false]),
+        ];
+        for (k, &(shape, reduced)) in cases.iter().enumerate() {
+            let n: usize = shape.iter().product();
+            let x = values(n, k as u64);
+            let half: Vec<crate::bf16> = x.iter().map(|&v| crate::bf16::from_f32(v)).collect();
+            let wide: Vec<f32> = half.iter().map(|v| v.to_f32()).collect();
+            let len: usize = shape
+                .iter()
+                .zip(reduced)
+                .map(|(&d, &r)| if r { 1 } else { d })
+                .product();
+            for &op in ReduceOp::KINDS {
+                let mut one = vec![0f32; len];
+                reduce(op, &x, shape, reduced, &mut one);
+                let mut want = vec![0f32; len];
+                reduce(op, &wide, shape, reduced, &mut want);
+                for threads in 1..=3 {
+                    let mut got = vec![0f32; len];
+                    reduce_on(op, &x, shape, reduced, &mut got, threads);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&one), "{shape:?} {reduced:?} on {threads}");
+                    reduce_widened(op, &half, shape, reduced, &mut got, threads);
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "bf16 {shape:?} {reduced:?} on {threads}"
+                    );
                 }
             }
         }

@@ -32,8 +32,7 @@ impl<'g> Tensor<'g> {
             }
             return Tensor::lower([self], |[x]| x.reduce(op, axes, keepdim));
         }
-        // A 16-bit sum runs the f32 kernel on a scratch widening (no recorded f32 copy); the
-        // maximum's backward compares and counts ties, which stays with the f32 rule.
+        // A 16-bit sum on the host accumulates in f32 as it reads (below); the maximum's backward compares and counts ties, which stays with the f32 rule.
         if dtype.is_half() && (op == ReduceOp::Max || dev != Device::Cpu) {
             drop(guard);
             return Tensor::lower([self], |[x]| x.reduce(op, axes, keepdim));
@@ -62,28 +61,18 @@ impl<'g> Tensor<'g> {
         };
         let len = kept.iter().product();
         let out = i.alloc_on(name, dev, dtype, len)?;
-        fn run<T: arenagrad_exec::Float>(
-            op: ReduceOp,
-            x: &[T],
-            shape: &[usize],
-            mask: &[bool],
-            o: &mut [T],
-        ) {
-            if mask.iter().all(|&m| m) && op == ReduceOp::Sum {
-                o[0] = cpu::sum_row(x);
-            } else {
-                cpu::reduce(op, x, shape, mask, o);
-            }
-        }
+        let threads = i.threads;
         match dev {
-            Device::Cpu if dtype.is_half() => {
-                i.in_f32(name, (out, dtype), [(xb, dtype)], |o, [x]| {
-                    run(op, x, &shape, &mask, o)
-                })?
-            }
+            // A 16-bit sum accumulates in f32, its input widened block by block as it is read.
+            Device::Cpu if dtype.is_half() => with_half!(dtype, H, {
+                let (o, [x]) = i.split_mut::<H, 1>(name, out, [xb])?;
+                let mut sums = vec![0f32; o.len()];
+                cpu::reduce::reduce_widened(op, x, &shape, &mask, &mut sums, threads);
+                cpu::cast(&sums, o, 1);
+            }),
             Device::Cpu => with_float!(dtype, T, {
                 let (o, [x]) = i.split_mut::<T, 1>(name, out, [xb])?;
-                run(op, x, &shape, &mask, o);
+                cpu::reduce::reduce_on(op, x, &shape, &mask, o, threads);
             }),
             Device::Cuda(_) => {
                 on_cuda!(i, name, dev, [xb, out], |be, [x, o]| be
