@@ -820,54 +820,50 @@ pub fn take_par<T: Copy + Send + Sync>(x: &[T], idx: &[u32], out: &mut [T], thre
 }
 
 /// `out = 0`, then `out[idx[i]] += g[i]`: the scatter that is a gather's gradient (max pooling's
-/// backward). When the indices of consecutive chunks of `g` fall in ordered, disjoint ranges of
-/// `out` — as pooling's do, window after window — each thread clears and fills its own range
-/// of `out`; otherwise one thread does all of it.
-pub fn put_into<T: Storage>(g: &[T], idx: &[u32], out: &mut [T], threads: usize) {
+/// backward), plane by plane. `g` and `idx` hold planes of `per_g` elements and `out` planes of
+/// `per_out` (a pooling's output and input planes), and the indices of `g`'s plane `p` point
+/// into `out`'s plane `p`: each plane is cleared and filled while it is in the level-1 cache, on
+/// the threads a plane at a time, with the sums of the whole scatter in the same order. An index
+/// outside its plane sends the whole scatter to one thread, plane by plane no more.
+pub fn put_into<T: Storage>(
+    g: &[T],
+    idx: &[u32],
+    (per_g, per_out): (usize, usize),
+    out: &mut [T],
+    threads: usize,
+) {
     let n = g.len().min(idx.len());
-    let t = if n >= super::par::PAR_MIN_ELEMS {
-        threads.clamp(1, n)
+    let zero = T::narrow(0.0);
+    let planes = if per_g == 0 || per_out == 0 {
+        0
     } else {
-        1
+        (n / per_g).min(out.len() / per_out)
     };
-    if t > 1 {
-        let per = n.div_ceil(t);
-        let ranges: Vec<(usize, usize)> = idx[..n]
-            .chunks(per)
-            .map(|c| {
-                let lo = c.iter().copied().min().unwrap_or(0) as usize;
-                let hi = c.iter().copied().max().unwrap_or(0) as usize;
-                (lo, hi)
-            })
-            .collect();
-        let ordered = ranges.windows(2).all(|w| w[0].1 < w[1].0)
-            && ranges.last().is_some_and(|r| r.1 < out.len());
-        if ordered {
-            // Chunk j writes inside [start_j, start_{j+1}): start_0 = 0, start_j = its lowest
-            // index, and the last range runs to the end of `out`.
-            let mut parts = Vec::with_capacity(ranges.len());
-            let mut rest = out;
-            let mut start = 0;
-            for j in 0..ranges.len() {
-                let end = ranges.get(j + 1).map_or(start + rest.len(), |r| r.0);
-                let (part, tail) = rest.split_at_mut(end - start);
-                parts.push((start, part));
-                rest = tail;
-                start = end;
-            }
-            super::thread_pool::for_each_owned(parts, |j, (start, part)| {
-                part.fill(T::narrow(0.0));
-                let (lo, hi) = (j * per, ((j + 1) * per).min(n));
-                for (&v, &k) in g[lo..hi].iter().zip(&idx[lo..hi]) {
-                    let at = k as usize - *start;
-                    part[at] = T::sum_of(part[at], v);
+    let stray = std::sync::atomic::AtomicBool::new(planes * per_g != n);
+    let done = planes * per_out;
+    super::par::par_rows_mut(
+        &mut out[..done],
+        per_out.max(1),
+        threads,
+        super::par::PAR_MIN_ELEMS,
+        |p, o| {
+            o.fill(zero);
+            let base = (p * per_out) as u64;
+            let at = p * per_g;
+            for (&v, &k) in g[at..at + per_g].iter().zip(&idx[at..at + per_g]) {
+                let i = u64::from(k).wrapping_sub(base);
+                if i < per_out as u64 {
+                    o[i as usize] = T::sum_of(o[i as usize], v);
+                } else {
+                    stray.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
-            });
-            return;
-        }
+            }
+        },
+    );
+    if stray.into_inner() || done < out.len() {
+        out.fill(zero);
+        put_add(&g[..n], &idx[..n], out);
     }
-    out.fill(T::narrow(0.0));
-    put_add(&g[..n], &idx[..n], out);
 }
 
 /// The shape of a host convolution's products over a batch: weight `[o, k]`, patch matrix
@@ -1712,18 +1708,23 @@ mod tests {
     #[test]
     #[cfg_attr(miri, ignore)] // large enough to split over threads
     fn put_into_and_take_par_match_the_sequential_loops() {
-        let n = crate::cpu::par::PAR_MIN_ELEMS * 2 + 5;
+        // Planes of 20 gradients into planes of 81 elements, as a 3x3 pooling of 9x9 images
+        // with padding picks them (some elements twice), then indices that leave their plane.
+        let (per_g, per_out) = (20, 81);
+        let planes = crate::cpu::par::PAR_MIN_ELEMS / 10;
+        let n = planes * per_g;
         let g: Vec<f64> = (0..n).map(|i| (i as f64 * 0.7).sin()).collect();
-        // Pooling-like indices (increasing, some gaps) and scattered ones with repeats.
-        let ordered: Vec<u32> = (0..n as u32).map(|i| i * 4 + (i % 3)).collect();
+        let pooled: Vec<u32> = (0..n as u32)
+            .map(|i| (i / 20) * 81 + ((i % 20) * 4 + i % 3) / 2)
+            .collect();
         let scattered: Vec<u32> = (0..n as u32).map(|i| (i * 7919) % (n as u32 / 2)).collect();
-        for idx in [&ordered, &scattered] {
-            let len = *idx.iter().max().unwrap() as usize + 3;
+        for idx in [&pooled, &scattered] {
+            let len = planes * per_out;
             let mut want = vec![0.0; len];
             put_add(&g, idx, &mut want);
             for threads in [1, 2, 3] {
                 let mut got = vec![f64::NAN; len];
-                put_into(&g, idx, &mut got, threads);
+                put_into(&g, idx, (per_g, per_out), &mut got, threads);
                 assert_eq!(got, want, "{threads} threads");
                 let mut t1 = vec![0.0; n];
                 take(&want, idx, &mut t1);

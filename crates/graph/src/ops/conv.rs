@@ -673,17 +673,20 @@ impl<'g> Tensor<'g> {
         let op = if put { "max_pool2d_backward" } else { "take" };
         let mut guard = self.g.inner();
         let i = &mut *guard;
-        let (dtype, dev, xb, xlen) = {
+        let (dtype, dev, xb, xlen, planes) = {
             let nd = i.node(op, self.id)?;
+            // A pooling's planes: the gradient's `[n, c, ho, wo]` and the input's `[n, c, h, w]`.
+            let plane = |s: &[usize]| s.iter().skip(2).product::<usize>();
             (
                 nd.dtype,
                 nd.device(),
                 nd.buf,
                 nd.shape.iter().product::<usize>(),
+                (plane(&nd.shape), plane(&shape)),
             )
         };
         let len = checked_numel(op, &shape)?;
-        // On the host `put_into` clears the output itself (in parallel, range by range).
+        // On the host `put_into` clears the output itself (in parallel, plane by plane).
         let out = if put && dev != Device::Cpu {
             i.alloc_zeroed_on(op, dev, dtype, len)?
         } else {
@@ -699,7 +702,7 @@ impl<'g> Tensor<'g> {
                 // One index per gathered element: the input's for put, the output's for take.
                 debug_assert_eq!(ix.len(), if put { xlen } else { len });
                 if put {
-                    cpu::put_into(x, ix, o, threads);
+                    cpu::put_into(x, ix, planes, o, threads);
                 } else {
                     cpu::take_par(x, ix, o, threads);
                 }
