@@ -176,6 +176,52 @@ fn slot(r: usize, p: usize, kp: usize) -> usize {
         + p % STEP
 }
 
+/// 32 rows of `a` as [`tiles`] reads them: the first tile row's first byte and how many bytes
+/// follow it, the bytes from one tile row to the next, and from one step's 16 pairs to the
+/// next's.
+#[derive(Clone, Copy)]
+struct ARows<'s> {
+    at: std::marker::PhantomData<&'s [u8]>,
+    ptr: *const u8,
+    len: usize,
+    ld: usize,
+    step: usize,
+}
+
+impl<'s> ARows<'s> {
+    /// Packed in tiles ([`slot`]): rows 64 bytes apart, a step's two tiles 2 KiB on.
+    fn packed(ap: &'s [u32]) -> Self {
+        ARows {
+            at: std::marker::PhantomData,
+            ptr: ap.as_ptr().cast(),
+            len: std::mem::size_of_val(ap),
+            ld: 64,
+            step: 2 * TILE * 4,
+        }
+    }
+
+    /// Where they lie: the rows from `i`, pairs from `p0`, of an `a` whose `k` is contiguous
+    /// (pairs are then adjacent values, as a tile row takes them).
+    fn in_place(a: MatView<'s, bf16>, i: usize, p0: usize) -> Self {
+        let from = &a.data[a.offset + i * a.rs + 2 * p0..];
+        ARows {
+            at: std::marker::PhantomData,
+            ptr: from.as_ptr().cast(),
+            len: std::mem::size_of_val(from),
+            ld: 2 * a.rs,
+            step: 4 * STEP,
+        }
+    }
+}
+
+/// Whether whole blocks of 32 rows of `a` can be read where they lie for pairs `p0..p0 + kp`:
+/// `k` contiguous, every pair inside `k`, and rows not a multiple of 2 KiB apart (tile rows
+/// that far apart fall in a few of the level-1 cache's sets and push one another out). Reading
+/// in place saves packing `a`; the sums are the same.
+fn lies_usable(a: &MatView<'_, bf16>, k: usize, (p0, kp): (usize, usize)) -> bool {
+    a.cs == 1 && 2 * (p0 + kp) <= k && !(2 * a.rs).is_multiple_of(2048)
+}
+
 /// `a` rows `i0..i0 + mc`, pairs `p0..p0 + kp`, into `dst` in tiles ([`slot`]); rows past `mc` up
 /// to a whole block and `k` past its end zeros.
 fn pack_rows(
@@ -349,19 +395,31 @@ pub(super) fn threaded(
             let r0 = q * rows_per;
             let rows_here = part.len() / n;
             let tiles = Configured::new();
+            let lie = lies_usable(&a, k, (p0, kp));
             with_packs(|pa_buf, _| {
                 let mut i0 = 0;
                 while i0 < rows_here {
                     let mc = MC.min(rows_here - i0);
-                    let pa = pa_buf.window(kp * mc.div_ceil(BLOCK) * BLOCK);
-                    pack_rows(a, k, (r0 + i0, mc), (p0, kp), pa);
-                    for (ib, ap) in pa.chunks_exact(BLOCK * kp).enumerate() {
-                        let r = i0 + ib * BLOCK;
+                    // Whole blocks of 32 rows read where they lie when they can; the rest
+                    // packed.
+                    let lying = if lie { mc / BLOCK * BLOCK } else { 0 };
+                    let pa = pa_buf.window(kp * (mc - lying).div_ceil(BLOCK) * BLOCK);
+                    if lying < mc {
+                        pack_rows(a, k, (r0 + i0 + lying, mc - lying), (p0, kp), pa);
+                    }
+                    let pa = &*pa;
+                    for rb in (0..mc).step_by(BLOCK) {
+                        let r = i0 + rb;
                         let rows = BLOCK.min(rows_here - r);
+                        let ar = if rb < lying {
+                            ARows::in_place(a, r0 + r, p0)
+                        } else {
+                            ARows::packed(&pa[(rb - lying) * kp..][..BLOCK * kp])
+                        };
                         for j0 in (0..n).step_by(BLOCK) {
                             let cols = BLOCK.min(n - j0);
                             let bp = &pb[j0 * kp..];
-                            let block = (ap, (bp, kp * STEP), (&mut part[r * n + j0..], n));
+                            let block = (ar, (bp, kp * STEP), (&mut part[r * n + j0..], n));
                             run_block(&tiles, kp / STEP, block, (rows, cols), load);
                         }
                     }
@@ -434,12 +492,17 @@ pub(super) fn rounded(
                 }
             }
             for (q, &(p0, kp, at)) in blocks.iter().enumerate() {
-                let pa = pa_buf.window(BLOCK * kp);
-                pack_rows(a, k, (i0, rows), (p0, kp), pa);
+                let ar = if rows == BLOCK && lies_usable(&a, k, (p0, kp)) {
+                    ARows::in_place(a, i0, p0)
+                } else {
+                    let pa = pa_buf.window(BLOCK * kp);
+                    pack_rows(a, k, (i0, rows), (p0, kp), pa);
+                    ARows::packed(pa)
+                };
                 let load = start.is_some() || q > 0;
                 for j0 in (0..width).step_by(BLOCK) {
                     let bp = &pb[at + j0 * kp..];
-                    let block = (&*pa, (bp, kp * STEP), (&mut strip[j0..], ldc));
+                    let block = (ar, (bp, kp * STEP), (&mut strip[j0..], ldc));
                     run_block(&tiles, kp / STEP, block, (BLOCK, BLOCK), load);
                 }
             }
@@ -452,20 +515,28 @@ pub(super) fn rounded(
 }
 
 /// One block of accumulators: `rows × cols` (at most 32 × 32) of `c` (row stride `ldc`),
-/// `steps` instructions' worth of pairs from `ap` (32 rows packed in tiles, [`slot`]) and `bp`
-/// (two panels of 16 columns, the second `panel` values after the first, each with rows of 16
-/// pairs).
+/// `steps` instructions' worth of pairs from `ap` (32 rows, [`ARows`]) and `bp` (two panels of
+/// 16 columns, the second `panel` values after the first, each with rows of 16 pairs).
 #[allow(clippy::type_complexity)]
 fn run_block(
     _tiles: &Configured,
     steps: usize,
-    (ap, (bp, panel), (c, ldc)): (&[u32], (&[u32], usize), (&mut [f32], usize)),
+    (ap, (bp, panel), (c, ldc)): (ARows<'_>, (&[u32], usize), (&mut [f32], usize)),
     (rows, cols): (usize, usize),
     load: bool,
 ) {
     // Checked arithmetic: a wrapped bound would pass and let the tiles stray.
     let fits = |len: usize, need: Option<usize>| need.is_some_and(|need| len >= need);
-    assert!(fits(ap.len(), steps.checked_mul(2 * TILE)));
+    // The last tile row read: row 31 of the last step, 64 bytes.
+    let a_need = match steps {
+        0 => Some(0),
+        s => (s - 1)
+            .checked_mul(ap.step)
+            .zip(ap.ld.checked_mul(BLOCK - 1))
+            .and_then(|(x, y)| x.checked_add(y))
+            .and_then(|x| x.checked_add(64)),
+    };
+    assert!(fits(ap.len, a_need) && ap.ld.checked_mul(16).is_some());
     assert!(fits(
         bp.len(),
         steps.checked_mul(TILE).and_then(|x| x.checked_add(panel))
@@ -478,9 +549,10 @@ fn run_block(
     if rows == BLOCK && cols == BLOCK {
         let b = (bp.as_ptr(), panel);
         // SAFETY: the assertions: 32 rows of `c` from its start, 32 floats each, `ldc` apart;
-        // `steps` pairs of `a`'s tiles (2 KiB each); `steps` tiles of `b` from its start and
-        // from `panel` values on; the tiles are configured (`_tiles` lives).
-        unsafe { tiles(steps, ap.as_ptr(), b, c.as_mut_ptr(), ldc, load) };
+        // `steps` steps of `a`'s 32 tile rows (each 64 bytes, `ap.ld` apart, steps `ap.step`
+        // apart) within `ap`'s bytes; `steps` tiles of `b` from its start and from `panel`
+        // values on; the tiles are configured (`_tiles` lives).
+        unsafe { tiles(steps, ap, b, c.as_mut_ptr(), ldc, load) };
         return;
     }
     // A partial block goes through a whole one of its own, on cache lines.
@@ -497,7 +569,7 @@ fn run_block(
     unsafe {
         tiles(
             steps,
-            ap.as_ptr(),
+            ap,
             (bp.as_ptr(), panel),
             local.as_mut_ptr(),
             BLOCK,
@@ -513,12 +585,12 @@ fn run_block(
 ///
 /// # Safety
 /// A [`Configured`] lives on this thread; `c` has 32 rows of 32 floats, `ldc` floats apart; `a`
-/// holds `steps` pairs of tiles (each 16 rows of 64 bytes: step s's rows 0–15 at 2 KiB·s, its
-/// rows 16–31 1 KiB after); `b.0` holds `steps` tiles (16 rows of 16 pairs, 1 KiB each, one after
-/// another), and so does `b.0 + b.1`.
+/// has `steps` steps of 32 tile rows of 64 bytes (step s's row r at `a.step·s + a.ld·r` bytes
+/// from `a.ptr`, all within `a.len`); `b.0` holds `steps` tiles (16 rows of 16 pairs, 1 KiB
+/// each, one after another), and so does `b.0 + b.1`.
 unsafe fn tiles(
     steps: usize,
-    a: *const u32,
+    a: ARows<'_>,
     (b, panel): (*const u32, usize),
     c: *mut f32,
     ldc: usize,
@@ -526,6 +598,8 @@ unsafe fn tiles(
 ) {
     let panel_bytes = 4 * panel;
     let ldc_bytes = 4 * ldc;
+    let (lda, astep) = (a.ld, a.step);
+    let a2 = a.ptr.wrapping_add(16 * lda);
     // SAFETY: the caller's: the tiles are configured, and every tile row read or written lies
     // in its operand.
     unsafe {
@@ -548,15 +622,16 @@ unsafe fn tiles(
             "test {steps}, {steps}",
             "jz 5f",
             "4:",
-            "tileloadd tmm4, [{a} + {l64}*1]",
+            "tileloadd tmm4, [{a} + {lda}*1]",
             "tileloadd tmm6, [{b} + {l64}*1]",
             "tileloadd tmm7, [{b2} + {l64}*1]",
             "tdpbf16ps tmm0, tmm4, tmm6",
             "tdpbf16ps tmm1, tmm4, tmm7",
-            "tileloadd tmm5, [{a} + {l64}*1 + 1024]",
+            "tileloadd tmm5, [{a2} + {lda}*1]",
             "tdpbf16ps tmm2, tmm5, tmm6",
             "tdpbf16ps tmm3, tmm5, tmm7",
-            "add {a}, 2048",
+            "add {a}, {astep}",
+            "add {a2}, {astep}",
             "add {b}, 1024",
             "add {b2}, 1024",
             "dec {steps}",
@@ -571,7 +646,10 @@ unsafe fn tiles(
             load = in(reg) u32::from(load),
             c = in(reg) c,
             ldc = in(reg) ldc_bytes,
-            a = inout(reg) a => _,
+            a = inout(reg) a.ptr => _,
+            a2 = inout(reg) a2 => _,
+            lda = in(reg) lda,
+            astep = in(reg) astep,
             l64 = in(reg) 64usize,
             b = inout(reg) b => _,
             b2 = inout(reg) b.wrapping_byte_add(panel_bytes) => _,
@@ -836,6 +914,50 @@ mod tests {
             MatView::row_major(sb, 0, n, false)
         };
         (av, bv)
+    }
+
+    /// Blocks of `a` read where they lie (rows 2·k bytes apart, `k` contiguous) give the bits of
+    /// the same `a` packed (rows 2 KiB apart, which are always packed), in the product and in
+    /// the rounded product: whole and partial blocks of rows, a last block of `k` that is not
+    /// whole steps, one and two threads, with and without accumulation.
+    #[test]
+    fn rows_read_where_they_lie_give_the_packed_bits() {
+        if skip() {
+            return;
+        }
+        for &(m, k, n) in &[(96, 1000, 40), (70, 64, 33), (64, 2 * KC2, 64)] {
+            assert!(k <= 1024);
+            let (a, b) = (values(21 + m as u64, m * k), values(22, k * n));
+            // The same rows, 1024 values apart.
+            let mut wide = vec![bf16::from_f32(f32::NAN); m * 1024];
+            for (i, row) in a.chunks(k).enumerate() {
+                wide[i * 1024..][..k].copy_from_slice(row);
+            }
+            let lie = MatView::row_major(&a, 0, k, false);
+            let packed = MatView {
+                data: &wide,
+                offset: 0,
+                rs: 1024,
+                cs: 1,
+            };
+            assert!(lies_usable(&lie, k, (0, STEP)) && !lies_usable(&packed, k, (0, STEP)));
+            let bv = MatView::row_major(&b, 0, n, false);
+            let c0: Vec<f32> = values(23, m * n).iter().map(|x| x.to_f32()).collect();
+            for (accumulate, threads) in [(false, 1), (true, 1), (false, 2), (true, 2)] {
+                let (mut want, mut got) = (c0.clone(), c0.clone());
+                let dims = Mnk::new(m, k, n);
+                threaded(dims, packed, bv, &mut want, accumulate, threads);
+                threaded(dims, lie, bv, &mut got, accumulate, threads);
+                let what = format!("{m}×{k}×{n} accumulate {accumulate} on {threads}");
+                assert!(same_bits(&got, &want), "{what}");
+            }
+            let mut want = vec![bf16::ZERO; m * n];
+            let mut got = want.clone();
+            rounded(Mnk::new(m, k, n), packed, bv, None, &mut want);
+            rounded(Mnk::new(m, k, n), lie, bv, None, &mut got);
+            let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "rounded {m}×{k}×{n}");
+        }
     }
 
     /// `b` packed once by all the threads, then rows to each: the bits of one thread, at the
