@@ -28,7 +28,9 @@
 //! interleaved as the other kernels pack them, in panels of 16 columns). Both are packed so
 //! that each tile's kilobyte is contiguous and starts on a cache line: `a` in tiles, `b` in
 //! panels one tile wide. A tile whose rows straddle lines, or lie 2ⁿ bytes apart, loads at a
-//! fraction of the rate.
+//! fraction of the rate. Where `a`'s `k` is contiguous and its rows are not a multiple of 2 KiB
+//! apart, whole blocks of its rows are read where they lie instead ([`ARows`]): a tile row is
+//! 16 adjacent pairs.
 //!
 //! The order: each block of 32 rows of `a` (256 pairs of `k`, 32 KiB) stays in the level-1
 //! cache while all of `b`'s columns stream past it from the level-2 cache. At 1024³ on one
