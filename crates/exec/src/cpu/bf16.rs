@@ -1216,7 +1216,7 @@ mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Every window of a packing buffer starts on a 64-byte line and has the length asked for,
@@ -1238,7 +1238,7 @@ mod tests {
     }
 
     /// `n` pseudo-random bf16 in [−2, 2).
-    pub(super) fn bits(seed: u64, n: usize) -> Vec<bf16> {
+    pub(crate) fn bits(seed: u64, n: usize) -> Vec<bf16> {
         let mut s = seed;
         (0..n)
             .map(|_| {

@@ -681,15 +681,11 @@ mod tests {
     /// Pseudo-random values of mixed sign and magnitude, so that the order of a sum shows in
     /// its bits.
     fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let m = ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5;
-                m * [1.0, 1e-3, 37.0, 1e4][(s >> 20) as usize % 4]
-            })
+        let bits = crate::cpu::bf16::tests::bits(seed, n);
+        let scale = [1.0, 1e-3, 37.0, 1e4];
+        bits.iter()
+            .enumerate()
+            .map(|(i, v)| v.to_f32() * scale[i * 7 % 4])
             .collect()
     }
 
