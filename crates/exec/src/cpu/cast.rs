@@ -336,6 +336,40 @@ pub fn unary_half<H: Storage>(op: crate::UnaryOp, x: &[H], out: &mut [H], thread
     });
 }
 
+/// `out = op(a, b)` for 16-bit storage and operands of one shape: each block of both widened to
+/// f32, the f32 kernel run on it, the result rounded once — the values of widening both
+/// tensors, running [`super::binary`] and rounding, without f32 copies of them.
+pub fn binary_half<H: Storage>(
+    op: crate::BinaryOp,
+    a: &[H],
+    b: &[H],
+    out: &mut [H],
+    threads: usize,
+) {
+    assert!(
+        a.len() == out.len() && b.len() == out.len(),
+        "invariant: an elementwise op's buffers agree"
+    );
+    super::par::par_chunks_mut(out, threads, super::par::PAR_MIN_ELEMS, |start, o| {
+        let (mut wa, mut wb, mut wo) = ([0f32; BLOCK], [0f32; BLOCK], [0f32; BLOCK]);
+        for (k, ob) in o.chunks_mut(BLOCK).enumerate() {
+            let at = start + k * BLOCK;
+            let n = ob.len();
+            H::load_f32(&a[at..at + n], &mut wa[..n]);
+            H::load_f32(&b[at..at + n], &mut wb[..n]);
+            let shape = [n];
+            super::binary(
+                op,
+                super::Operand::new(&wa[..n], &shape),
+                super::Operand::new(&wb[..n], &shape),
+                super::Operand::new(&mut wo[..n], &shape),
+                1,
+            );
+            H::store_f32(&wo[..n], ob);
+        }
+    });
+}
+
 /// The fused derivative `g = gy · op'(x)` for 16-bit storage, block by block in f32 as
 /// [`unary_half`] computes, rounded once; `x` and `y` are the op's input and output.
 pub fn unary_grad_half<H: Storage>(
@@ -474,6 +508,55 @@ mod tests {
             unary_grad_half(op, &x, &y, &gy, &mut got_g, 2);
             assert_eq!(got_g, want_g, "{op:?}'");
         }
+    }
+
+    /// Every binary op on two 16-bit tensors of one shape, block by block and split over
+    /// threads: the bits of widening both, the f32 kernel and one rounding (zeros of both
+    /// signs, infinities and NaN among the values).
+    #[test]
+    fn half_binary_kernels_equal_widening_the_whole_tensors() {
+        let n = if cfg!(miri) {
+            300
+        } else {
+            2 * super::super::par::PAR_MIN_ELEMS + 77
+        };
+        let special = [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40];
+        let value = |k: usize, m: usize| match k % 97 {
+            j if j < special.len() => special[j],
+            _ => ((k * m) % 1009) as f32 * 0.031 - 15.0,
+        };
+        let (sa, sb): (Vec<f32>, Vec<f32>) =
+            (0..n).map(|k| (value(k, 37), value(k + 3, 53))).unzip();
+        fn check<H: Storage>(sa: &[f32], sb: &[f32], bits: impl Fn(&H) -> u16) {
+            let n = sa.len();
+            let (mut a, mut b) = (vec![H::narrow(0.0); n], vec![H::narrow(0.0); n]);
+            cast(sa, &mut a, 1);
+            cast(sb, &mut b, 1);
+            let (mut wa, mut wb) = (vec![0f32; n], vec![0f32; n]);
+            cast(&a, &mut wa, 1);
+            cast(&b, &mut wb, 1);
+            let shape = [n];
+            for &op in crate::BinaryOp::KINDS {
+                let mut y32 = vec![0f32; n];
+                super::super::binary(
+                    op,
+                    super::super::Operand::new(&wa[..], &shape),
+                    super::super::Operand::new(&wb[..], &shape),
+                    super::super::Operand::new(&mut y32[..], &shape),
+                    1,
+                );
+                let mut want = vec![H::narrow(0.0); n];
+                cast(&y32, &mut want, 1);
+                for threads in [1, 2, 3] {
+                    let mut got = vec![H::narrow(0.0); n];
+                    binary_half(op, &a, &b, &mut got, threads);
+                    let same = got.iter().zip(&want).all(|(g, w)| bits(g) == bits(w));
+                    assert!(same, "{op:?} in {:?} on {threads} threads", H::DTYPE);
+                }
+            }
+        }
+        check::<bf16>(&sa, &sb, |v| v.to_bits());
+        check::<f16>(&sa, &sb, |v| v.to_bits());
     }
 
     #[test]

@@ -69,6 +69,14 @@ impl<'g> Tensor<'g> {
         let len = checked_numel(name, &osh)?;
         let threads = i.threads;
         let out = match dev {
+            // One 16-bit type on both sides, one shape: block by block, no f32 copies.
+            Device::Cpu if half && ash == bsh && da == dtype && db == dtype => {
+                with_half!(dtype, H, {
+                    let (out, o, [a, b]) = i.alloc_split::<H, 2>(name, len, [ab, bb])?;
+                    cpu::cast::binary_half(op, a, b, o, threads);
+                    out
+                })
+            }
             Device::Cpu if half => {
                 let out = i.alloc(name, dtype, len)?;
                 i.in_f32(name, (out, dtype), [(ab, da), (bb, db)], |o, [a, b]| {
