@@ -550,7 +550,18 @@ mod tests {
                 for threads in [1, 2, 3] {
                     let mut got = vec![H::narrow(0.0); n];
                     binary_half(op, &a, &b, &mut got, threads);
-                    let same = got.iter().zip(&want).all(|(g, w)| bits(g) == bits(w));
+                    // Miri picks NaN payloads at random, and adds error of its own to libm's
+                    // results (`powf`): there, any NaN for a NaN and a unit in the last place.
+                    let close = |g: &H, w: &H| {
+                        let (gw, ww) = (g.widen(), w.widen());
+                        cfg!(miri)
+                            && (gw.is_nan() && ww.is_nan()
+                                || (gw - ww).abs() <= ww.abs() * 2f64.powi(-6))
+                    };
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(g, w)| bits(g) == bits(w) || close(g, w));
                     assert!(same, "{op:?} in {:?} on {threads} threads", H::DTYPE);
                 }
             }
