@@ -315,30 +315,43 @@ pub fn update_in_f32<S: Storage, R>(v: &mut [S], f: impl FnOnce(&mut [f32]) -> R
     r
 }
 
-/// `out = op(x)` for 16-bit storage: each block of elements widened to f32, the f32 kernel
-/// run on it, the result rounded once — the same values as widening the whole tensor, running
-/// [`super::unary`] and rounding, without an f32 copy of the tensor.
-pub fn unary_half<H: Storage>(op: crate::UnaryOp, x: &[H], out: &mut [H], threads: usize) {
-    assert_eq!(
-        x.len(),
-        out.len(),
+/// `out` computed a block at a time in f32: each block's part of every input widened on the
+/// stack, `f(at, inputs, result)` run on them (`at` the block's first element; the inputs and
+/// the result the block's length), and the result rounded into `out` once. Split over threads
+/// when large. How the 16-bit elementwise kernels run the f32 ones without f32 copies of their
+/// tensors.
+pub fn blockwise<H: Storage, const N: usize>(
+    ins: [&[H]; N],
+    out: &mut [H],
+    threads: usize,
+    f: impl Fn(usize, [&[f32]; N], &mut [f32]) + Sync,
+) {
+    assert!(
+        ins.iter().all(|x| x.len() == out.len()),
         "invariant: an elementwise op's buffers agree"
     );
     super::par::par_chunks_mut(out, threads, super::par::PAR_MIN_ELEMS, |start, o| {
-        let (mut wx, mut wo) = ([0f32; BLOCK], [0f32; BLOCK]);
+        let (mut wide, mut wo) = ([[0f32; BLOCK]; N], [0f32; BLOCK]);
         for (k, ob) in o.chunks_mut(BLOCK).enumerate() {
             let at = start + k * BLOCK;
             let n = ob.len();
-            H::load_f32(&x[at..at + n], &mut wx[..n]);
-            super::unary(op, &wx[..n], &mut wo[..n], 1);
+            for (w, x) in wide.iter_mut().zip(&ins) {
+                H::load_f32(&x[at..at + n], &mut w[..n]);
+            }
+            f(at, std::array::from_fn(|i| &wide[i][..n]), &mut wo[..n]);
             H::store_f32(&wo[..n], ob);
         }
     });
 }
 
-/// `out = op(a, b)` for 16-bit storage and operands of one shape: each block of both widened to
-/// f32, the f32 kernel run on it, the result rounded once — the values of widening both
-/// tensors, running [`super::binary`] and rounding, without f32 copies of them.
+/// `out = op(x)` for 16-bit storage ([`blockwise`]): the same values as widening the whole
+/// tensor, running [`super::unary`] and rounding, without an f32 copy of the tensor.
+pub fn unary_half<H: Storage>(op: crate::UnaryOp, x: &[H], out: &mut [H], threads: usize) {
+    blockwise([x], out, threads, |_, [x], o| super::unary(op, x, o, 1));
+}
+
+/// `out = op(a, b)` for 16-bit storage and operands of one shape ([`blockwise`]): the values
+/// of widening both tensors, running [`super::binary`] and rounding, without f32 copies of them.
 pub fn binary_half<H: Storage>(
     op: crate::BinaryOp,
     a: &[H],
@@ -346,27 +359,15 @@ pub fn binary_half<H: Storage>(
     out: &mut [H],
     threads: usize,
 ) {
-    assert!(
-        a.len() == out.len() && b.len() == out.len(),
-        "invariant: an elementwise op's buffers agree"
-    );
-    super::par::par_chunks_mut(out, threads, super::par::PAR_MIN_ELEMS, |start, o| {
-        let (mut wa, mut wb, mut wo) = ([0f32; BLOCK], [0f32; BLOCK], [0f32; BLOCK]);
-        for (k, ob) in o.chunks_mut(BLOCK).enumerate() {
-            let at = start + k * BLOCK;
-            let n = ob.len();
-            H::load_f32(&a[at..at + n], &mut wa[..n]);
-            H::load_f32(&b[at..at + n], &mut wb[..n]);
-            let shape = [n];
-            super::binary(
-                op,
-                super::Operand::new(&wa[..n], &shape),
-                super::Operand::new(&wb[..n], &shape),
-                super::Operand::new(&mut wo[..n], &shape),
-                1,
-            );
-            H::store_f32(&wo[..n], ob);
-        }
+    blockwise([a, b], out, threads, |_, [a, b], o| {
+        let shape = [o.len()];
+        super::binary(
+            op,
+            super::Operand::new(a, &shape),
+            super::Operand::new(b, &shape),
+            super::Operand::new(o, &shape),
+            1,
+        )
     });
 }
 
@@ -380,21 +381,9 @@ pub fn unary_grad_half<H: Storage>(
     out: &mut [H],
     threads: usize,
 ) {
-    assert!(
-        x.len() == out.len() && y.len() == out.len() && gy.len() == out.len(),
-        "invariant: an elementwise op's buffers agree"
-    );
-    super::par::par_chunks_mut(out, threads, super::par::PAR_MIN_ELEMS, |start, o| {
-        let (mut wx, mut wy, mut wg) = ([0f32; BLOCK], [0f32; BLOCK], [0f32; BLOCK]);
-        for (k, ob) in o.chunks_mut(BLOCK).enumerate() {
-            let at = start + k * BLOCK;
-            let n = ob.len();
-            H::load_f32(&x[at..at + n], &mut wx[..n]);
-            H::load_f32(&y[at..at + n], &mut wy[..n]);
-            H::load_f32(&gy[at..at + n], &mut wg[..n]);
-            super::unary_grad_in_place(op, &wx[..n], &wy[..n], &mut wg[..n], 1);
-            H::store_f32(&wg[..n], ob);
-        }
+    blockwise([x, y, gy], out, threads, |_, [x, y, gy], o| {
+        o.copy_from_slice(gy);
+        super::unary_grad_in_place(op, x, y, o, 1)
     });
 }
 

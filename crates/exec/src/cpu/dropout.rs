@@ -6,7 +6,7 @@
 //! decisions from `(s, i)`, in any order and on any thread. (A 64-bit SplitMix finaliser cost a
 //! fifth of the character GPT's step in forward and backward together; this one a few percent.)
 
-use super::cast::{Storage, BLOCK};
+use super::cast::Storage;
 use super::par::{par_chunks_mut, PAR_MIN_ELEMS};
 use crate::Float;
 
@@ -109,20 +109,14 @@ fn dropout_serial<T: Float>(x: &[T], (seed, at): (u64, usize), t: u64, scale: T,
     )
 }
 
-/// [`dropout`] for 16-bit storage: each block widened to f32, scaled there and rounded once —
-/// the values of the f32 kernel on the widened tensor, rounded, without an f32 copy of it.
+/// [`dropout`] for 16-bit storage ([`super::cast::blockwise`]): each block widened to f32,
+/// scaled there and rounded once — the values of the f32 kernel on the widened tensor,
+/// rounded, without an f32 copy of it.
 pub fn dropout_half<H: Storage>(x: &[H], seed: u64, p: f64, out: &mut [H], threads: usize) {
     let t = threshold(p);
     let scale = (1.0 / (1.0 - p)) as f32;
-    par_chunks_mut(out, threads, PAR_MIN_ELEMS, |start, o| {
-        let (mut wx, mut wo) = ([0f32; BLOCK], [0f32; BLOCK]);
-        for (k, ob) in o.chunks_mut(BLOCK).enumerate() {
-            let at = start + k * BLOCK;
-            let n = ob.len();
-            H::load_f32(&x[at..at + n], &mut wx[..n]);
-            dropout_serial(&wx[..n], (seed, at), t, scale, &mut wo[..n]);
-            H::store_f32(&wo[..n], ob);
-        }
+    super::cast::blockwise([x], out, threads, |at, [x], o| {
+        dropout_serial(x, (seed, at), t, scale, o)
     });
 }
 
