@@ -200,9 +200,76 @@ fn agrees_with_the_composition_across_tiles_masks_and_causal() {
         true,
         None,
     );
+    // More queries than one tile of 128 against one block of keys.
+    agree(&[1, 2, 150, 8], &[1, 2, 100, 8], 4, None, false, None);
     // Rank 3 (no head axis) and rank 2.
     agree(&[3, 5, 4], &[3, 7, 4], 2, Some(&[1, 7]), false, None);
     agree(&[5, 4], &[7, 4], 3, None, true, None);
+}
+
+/// Without a causal mask the forward takes up to 128 queries at a time against a short run of
+/// keys (32 otherwise): a query's output and log-sum-exp must not depend on the tile it falls
+/// in. The whole problem and its queries 32 at a time give the same bits, with a key-padding
+/// mask (the kernel's contiguous mask loop), with a full mask, with one broadcast over the keys
+/// (its strided loop) and without one; each is also the composition's value.
+#[test]
+fn a_querys_output_does_not_depend_on_its_tile() {
+    let g = Graph::new();
+    let (h, lq, lk, d) = (2, 150, 100, 8);
+    let f32s = |n: usize, seed: u64, shape: &[usize]| {
+        let v: Vec<f32> = vals(n, seed).iter().map(|&x| x as f32).collect();
+        g.from_slice(&v, shape).unwrap()
+    };
+    let (q, k, v) = (
+        f32s(h * lq * d, 1, &[h, lq, d]),
+        f32s(h * lk * d, 2, &[h, lk, d]),
+        f32s(h * lk * d, 3, &[h, lk, d]),
+    );
+    let hidden = |x: f64| if x > 1.2 { f32::NEG_INFINITY } else { x as f32 };
+    let padding: Vec<f32> = vals(lk, 4).into_iter().map(hidden).collect();
+    let full: Vec<f32> = vals(lq * lk, 5).into_iter().map(hidden).collect();
+    let shift: Vec<f32> = vals(lq, 6).iter().map(|&x| x as f32).collect();
+    let masks = [
+        None,
+        Some((g.from_slice(&padding, &[1, lk]).unwrap(), false)),
+        Some((g.from_slice(&full, &[lq, lk]).unwrap(), true)),
+        Some((g.from_slice(&shift, &[lq, 1]).unwrap(), true)),
+    ];
+    for mask in masks {
+        let opts = |m| AttentionOptions {
+            mask: m,
+            ..Default::default()
+        };
+        let whole = q
+            .scaled_dot_product_attention(k, v, opts(mask.map(|m| m.0)))
+            .unwrap();
+        let reference = naive(&g, q, k, v, opts(mask.map(|m| m.0))).unwrap();
+        close(
+            &whole.to_vec_f64().unwrap(),
+            &reference.to_vec_f64().unwrap(),
+            1e-5,
+            &format!("mask {mask:?}"),
+        );
+        for i0 in (0..lq).step_by(32) {
+            let n = 32.min(lq - i0);
+            let m = mask.map(|(m, per_query)| {
+                if per_query {
+                    m.narrow(0, i0, n).unwrap()
+                } else {
+                    m
+                }
+            });
+            let part = q
+                .narrow(1, i0, n)
+                .unwrap()
+                .scaled_dot_product_attention(k, v, opts(m))
+                .unwrap();
+            let want = whole.narrow(1, i0, n).unwrap().to_vec::<f32>().unwrap();
+            let got = part.to_vec::<f32>().unwrap();
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "queries {i0}.. mask {mask:?}");
+        }
+    }
 }
 
 #[test]
