@@ -3,8 +3,8 @@
 //! the other `sentence-transformers` encoders built on `BertModel`.
 //!
 //! ```text
-//! cargo run --release --example embed -- --model DIR [--sentence TEXT]...
-//! cargo run --release --example embed -- --model DIR --bench 4x128 [--runs 20]
+//! cargo run --release --example embed -- --model DIR [--sentence TEXT]... [--dtype f32|bf16|f16]
+//! cargo run --release --example embed -- --model DIR --bench 4x128 [--runs 20] [--dtype ...]
 //! ```
 //!
 //! The sentences (a few built-in ones without `--sentence`) are tokenized by the directory's
@@ -12,13 +12,14 @@
 //! each sentence's tokens and scaled to unit length — what `sentence-transformers` computes.
 //! It prints each sentence's first values and the cosine similarity of every pair. `--bench
 //! BATCHxLEN` instead times encoding a batch of random token ids of that shape (no padding)
-//! and prints the median and best of `--runs`.
+//! and prints the median and best of `--runs`. `--dtype bf16` (or `f16`) converts the weights
+//! as they load and runs the encoder in that dtype; the embeddings print in f32.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use arenagrad::nn::{Bert, BertInput, Module, Rng};
-use arenagrad::Graph;
+use arenagrad::{DType, Graph};
 
 #[path = "common/setup.rs"]
 mod setup;
@@ -41,6 +42,9 @@ struct Args {
     /// Timed runs for --bench
     #[arg(long, default_value_t = 20, value_parser = positive)]
     runs: usize,
+    /// The weights' dtype: f32, bf16 or f16 (converted as they load)
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "f16"])]
+    dtype: String,
 }
 
 fn batch_by_len(s: &str) -> Result<(usize, usize), String> {
@@ -70,14 +74,20 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             args.model.display()
         )));
     }
+    let dtype = match args.dtype.as_str() {
+        "bf16" => DType::BF16,
+        "f16" => DType::F16,
+        _ => DType::F32,
+    };
     let t0 = Instant::now();
-    let model = Bert::from_pretrained(&args.model)?;
+    let model = Bert::from_pretrained_as(&args.model, dtype)?;
     let loaded = t0.elapsed().as_secs_f64();
     let c = model.config();
     println!(
-        "BERT: {} parameters, {} layers of width {}, {} heads, vocabulary {} (loaded from {} in \
-         {loaded:.2} s)",
+        "BERT: {} parameters in {}, {} layers of width {}, {} heads, vocabulary {} (loaded from \
+         {} in {loaded:.2} s)",
         model.num_parameters(),
+        args.dtype,
         c.num_hidden_layers,
         c.hidden_size,
         c.num_attention_heads,
@@ -204,7 +214,7 @@ fn bench(
         let t = Instant::now();
         g.try_scope(|g| -> arenagrad::nn::Result<()> {
             let e = model.sentence_embeddings(g, &input)?;
-            std::hint::black_box(e.to_vec::<f32>()?);
+            std::hint::black_box(e.to_vec_f64()?);
             Ok(())
         })?;
         // The first run warms the caches and the memory pool: not counted.

@@ -5,6 +5,7 @@ alternating rounds:
 
     cargo build --release --example embed
     python3 scripts/bert_embed_bench.py [--dir /tmp/minilm-l6] [--rounds 3] [--threads 2]
+        [--dtype f32|bf16]
 
 The model directory is made first if missing (`BertModel(BertConfig(hidden_size=384,
 num_hidden_layers=6, intermediate_size=1536))` seeded, saved by `save_pretrained`: about 90 MB).
@@ -12,6 +13,8 @@ Each round runs `examples/embed --bench 4x128` (the median of 20 runs after a wa
 the same shape through `transformers`' `BertModel` under `torch.inference_mode()` with the same
 pooling (median of 20 after a warm-up), and the table gives the medians over rounds. (That the two
 compute the same embeddings is checked by the tests, on a small model `transformers` wrote.)
+With `--dtype bf16` both sides convert the f32 checkpoint to bf16 as they load and encode in
+bf16 (`from_pretrained(dir, dtype=torch.bfloat16)` there, `embed --dtype bf16` here).
 
 Needs torch and transformers (PyPI).
 """
@@ -37,9 +40,9 @@ def make(dir):
     BertModel(cfg).eval().save_pretrained(dir, safe_serialization=True)
 
 
-def ours(dir, threads, shape):
+def ours(dir, threads, shape, dtype):
     env = dict(os.environ, ARENAGRAD_NUM_THREADS=str(threads))
-    out = subprocess.run([EXE, "--model", dir, "--bench", shape, "--runs", "20"],
+    out = subprocess.run([EXE, "--model", dir, "--bench", shape, "--runs", "20", "--dtype", dtype],
                          capture_output=True, text=True, env=env, check=True).stdout
     return float(re.search(r"median ([0-9.]+) ms", out).group(1))
 
@@ -76,19 +79,22 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--shape", default="4x128")
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     args = ap.parse_args()
     if not os.path.exists(EXE):
         sys.exit(f"{EXE} is missing: cargo build --release --example embed")
     if not os.path.exists(os.path.join(args.dir, "config.json")):
         print(f"# making {args.dir} (random BERT of all-MiniLM-L6-v2's shape)", file=sys.stderr)
         make(args.dir)
+    import torch
     from transformers import BertModel
 
-    model = BertModel.from_pretrained(args.dir).eval()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    model = BertModel.from_pretrained(args.dir, dtype=dtype).eval()
     batch, length = map(int, args.shape.split("x"))
     rows = []
     for r in range(args.rounds):
-        a = ours(args.dir, args.threads, args.shape)
+        a = ours(args.dir, args.threads, args.shape, args.dtype)
         b = theirs(model, batch, length, args.threads)
         rows.append((a, b))
         print(f"# round {r + 1}: ours {a:.2f} ms, transformers {b:.2f} ms", file=sys.stderr)
@@ -96,7 +102,7 @@ def main():
     print(f"| MiniLM-L6 shape, batch {batch} × {length}, {args.threads} threads | arenagrad | "
           f"transformers | ratio |")
     print("|---|---|---|---|")
-    print(f"| sentence embeddings, ms | {a:.2f} | {b:.2f} | {a / b:.2f}× |")
+    print(f"| sentence embeddings in {args.dtype}, ms | {a:.2f} | {b:.2f} | {a / b:.2f}× |")
     print(f"(medians of {args.rounds} alternating rounds, each the median of 20 runs)")
 
 

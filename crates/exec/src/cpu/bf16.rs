@@ -405,14 +405,23 @@ pub fn gemm_bf16_on(
 /// Whether [`gemm_bf16_on`] computes `c` as `(bᵀ·aᵀ)ᵀ`: when `b` has fewer columns than `a`
 /// rows and than a panel (most of each panel would be padding), or when `b` is read
 /// transposed (k contiguous, packed a column at a time) and has more columns than `a` rows
-/// while `a` is k-contiguous (its transpose packs as fast as `b` would).
+/// while `a` is k-contiguous (its transpose packs as fast as `b` would), by enough over a long
+/// enough `k` that packing the smaller operand saves more than transposing the output costs.
 fn swaps(dims: Mnk, a: &MatView<'_, bf16>, b: &MatView<'_, bf16>) -> bool {
     let Mnk { m, k, n } = dims;
     if m == 0 || n == 0 || k == 0 {
         return false;
     }
     let narrow = n < m && n < NR;
-    let transposed_b = b.rs == 1 && b.cs != 1 && a.cs == 1 && m < n;
+    // Swapped, every thread packs `a` (k × m) instead of `b` (k × n), but one thread then
+    // transposes the f32 output (m × n). That pays for a long `k` (a convolution's weight
+    // gradient, 64 × 12544 × 288), not for a linear layer's forward (`x·Wᵀ`, 512 × 384 × 1152:
+    // 464 GFLOP/s swapped on AMX against 991 as given).
+    let transposed_b = b.rs == 1
+        && b.cs != 1
+        && a.cs == 1
+        && m < n
+        && k.saturating_mul(n - m) > m.saturating_mul(n).saturating_mul(4);
     narrow || transposed_b
 }
 

@@ -574,8 +574,18 @@ impl Bert {
     /// an error listing them all, and nothing is loaded then.
     #[cfg(feature = "checkpoint")]
     pub fn from_pretrained(dir: impl AsRef<std::path::Path>) -> Result<Self> {
+        Self::from_pretrained_as(dir, DType::F32)
+    }
+
+    /// [`Bert::from_pretrained`] with parameters of `dtype` (f32, f64, bf16 or f16): the
+    /// checkpoint's values are converted as they load (rounded to nearest even where the dtype
+    /// is narrower), and the model runs in that dtype, as `BertModel.from_pretrained(dir,
+    /// dtype=...)` does.
+    #[cfg(feature = "checkpoint")]
+    pub fn from_pretrained_as(dir: impl AsRef<std::path::Path>, dtype: DType) -> Result<Self> {
         let dir = dir.as_ref();
         let mut cfg = BertConfig::from_hf(&super::hf::HfJson::read("BertConfig", dir)?)?;
+        cfg.dtype = super::hf::parameter_dtype("Bert::from_pretrained_as", dtype)?;
         let tensors = Self::hf_names().read(dir)?;
         cfg.add_pooling_layer = tensors.iter().any(|(n, _)| n.starts_with("pooler."));
         let mut model = Bert::build(cfg, None)?;
