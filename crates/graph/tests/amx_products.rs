@@ -40,14 +40,18 @@ fn rounded_products_on_amx_give_the_bits_of_the_f32_route() {
         );
         return;
     }
-    // Rows, `k` and columns at and off the blocks' edges; `k` of 600 takes the f32 route both
-    // ways (two blocks of `k`), as a check on the check.
+    // Rows, `k` and columns at and off the blocks' edges, up to four times as many columns as
+    // rows; `k` of 600 and five times as many columns as rows take the f32 route both ways
+    // (two blocks of `k`; every thread would pack too wide a `b`), as checks on the check.
     for &(m, k, n) in &[
         (70, 48, 33),
         (256, 128, 96),
         (64, 512, 64),
         (33, 7, 1),
+        (40, 64, 150),
+        (32, 96, 128),
         (40, 600, 24),
+        (16, 32, 80),
     ] {
         for threads in [1, 2, 3] {
             let g = Graph::new();
