@@ -328,29 +328,8 @@ fn rounded_on_amx(
         return;
     }
     let work = m.saturating_mul(k).saturating_mul(n);
-    let t = if threads > 1 && work >= PAR_MIN_FLOPS {
-        threads.clamp(1, m.div_ceil(32))
-    } else {
-        1
-    };
-    // Whole blocks of 32 rows to each thread; each packs all of `b` (the smaller operand
-    // where this pays: many rows against a weight).
-    let rows_per = m.div_ceil(t).div_ceil(32) * 32;
-    let part = |p: usize, o: &mut [bf16]| {
-        let r0 = p * rows_per;
-        let a = MatView {
-            offset: a.offset + r0 * a.rs,
-            ..a
-        };
-        amx::rounded(Mnk::new(o.len() / n, k, n), a, b, start.map(|s| (s, r0)), o);
-    };
-    let out = &mut out[..m * n];
-    if t <= 1 {
-        part(0, out);
-    } else {
-        let parts: Vec<&mut [bf16]> = out.chunks_mut(rows_per * n).collect();
-        super::thread_pool::for_each_part(parts, part);
-    }
+    let t = if work >= PAR_MIN_FLOPS { threads } else { 1 };
+    amx::rounded_threaded(dims, a, b, start, out, t);
 }
 
 /// [`gemm_bf16`] on a given kernel (the portable one where the CPU lacks it).

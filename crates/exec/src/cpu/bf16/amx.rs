@@ -439,26 +439,37 @@ thread_local! {
     static STRIP: std::cell::RefCell<PackBuf<f32>> = std::cell::RefCell::new(PackBuf::default());
 }
 
-/// `out = round(start + a·b)` on this thread ([`super::gemm_bf16_rounded`]; `start` with the
-/// output row its first row is). All of `b` is packed first (every block of `k`, one after
-/// another); then each block of 32 rows takes every block of `k` in turn, its sums kept in a
-/// strip of this thread's (32 rows of `n` floats, rows a line longer than the columns so that
-/// they do not fall 2ⁿ bytes apart), and rounds them into `out` before the next block. The
-/// sums are [`single_thread`]'s, in its order: each output's `k` from its start, 16 pairs per
-/// instruction, the accumulator carried in f32 between blocks of `k`.
-pub(super) fn rounded(
+/// `out = round(a·b)` on this thread ([`rounded_threaded`] on one thread).
+#[cfg(test)]
+fn rounded(dims: Mnk, a: MatView<'_, bf16>, b: MatView<'_, bf16>, out: &mut [bf16]) {
+    rounded_threaded(dims, a, b, None, out, 1);
+}
+
+/// `out = round(start + a·b)` ([`super::gemm_bf16_rounded`]) over up to `threads` threads,
+/// whole blocks of 32 rows to each. All of `b` is packed first (every block of `k`, one after
+/// another), each thread packing a share of every block's panels into one buffer that all of
+/// them then read; then each thread takes its rows, a block of 32 at a time, through every
+/// block of `k` in turn, its sums kept in a strip of its own (32 rows of `n` floats, rows a
+/// line longer than the columns so that they do not fall 2ⁿ bytes apart), and rounds them into
+/// `out` before the next block. The sums are [`single_thread`]'s, in its order: each output's
+/// `k` from its start, 16 pairs per instruction, the accumulator carried in f32 between blocks
+/// of `k`; so the bits do not depend on the threads.
+pub(super) fn rounded_threaded(
     dims: Mnk,
     a: MatView<'_, bf16>,
     b: MatView<'_, bf16>,
-    start: Option<(Start<'_>, usize)>,
+    start: Option<Start<'_>>,
     out: &mut [bf16],
+    threads: usize,
 ) {
     let Mnk { m, k, n } = dims;
     assert!(a.fits(m, k) && b.fits(k, n) && out.len() >= m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
     let k2 = k.div_ceil(2);
     let panels = n.div_ceil(STEP).next_multiple_of(2);
     let width = panels * STEP;
-    let ldc = width + STEP;
     // Blocks of `k`: (first pair, pairs padded to whole steps, where its panels start).
     let mut blocks = Vec::new();
     let mut packed_len = 0;
@@ -467,6 +478,61 @@ pub(super) fn rounded(
         blocks.push((p0, kp, packed_len));
         packed_len += kp * width;
     }
+    let t = threads.clamp(1, m.div_ceil(BLOCK));
+    let rows_per = m.div_ceil(t).div_ceil(BLOCK) * BLOCK;
+    let panels_per = panels.div_ceil(t);
+    // Taken for the call (a nested call, were there one, would start a buffer of its own).
+    let mut shared = SHARED_B.with(|s| s.take());
+    let pb = shared.window(packed_len);
+    {
+        // Each thread's share of every block's panels: (where, first pair, pairs, first column).
+        type Share<'p> = Vec<(&'p mut [u32], usize, usize, usize)>;
+        let mut shares: Vec<Share<'_>> = (0..t).map(|_| Vec::new()).collect();
+        let mut rest = &mut pb[..];
+        for &(p0, kp, _) in &blocks {
+            let (block, after) = rest.split_at_mut(kp * width);
+            rest = after;
+            for (q, dst) in block.chunks_mut(panels_per * kp * STEP).enumerate() {
+                shares[q].push((dst, p0, kp, q * panels_per * STEP));
+            }
+        }
+        super::super::thread_pool::for_each_owned(shares, |_, share| {
+            for (dst, p0, kp, j0) in share.iter_mut() {
+                let cols = n.saturating_sub(*j0).min(dst.len() / *kp);
+                let b = MatView {
+                    offset: b.offset + *j0 * b.cs,
+                    ..b
+                };
+                pack_b_tiles(b, k, (*p0, *kp), cols, dst);
+            }
+        });
+    }
+    let pb = &*pb;
+    let parts: Vec<&mut [bf16]> = out[..m * n].chunks_mut(rows_per * n).collect();
+    super::super::thread_pool::for_each_part(parts, |q, part| {
+        let r0 = q * rows_per;
+        let a = MatView {
+            offset: a.offset + r0 * a.rs,
+            ..a
+        };
+        let rows = Mnk::new(part.len() / n, k, n);
+        rounded_rows(rows, a, (pb, &blocks, width), start.map(|s| (s, r0)), part);
+    });
+    SHARED_B.with(|s| s.replace(shared));
+}
+
+/// [`rounded_threaded`]'s rows on one thread, against `b` packed (its blocks of `k`, and the
+/// panels' width).
+#[allow(clippy::type_complexity)]
+fn rounded_rows(
+    dims: Mnk,
+    a: MatView<'_, bf16>,
+    (pb, blocks, width): (&[u32], &[(usize, usize, usize)], usize),
+    start: Option<(Start<'_>, usize)>,
+    out: &mut [bf16],
+) {
+    let Mnk { m, k, n } = dims;
+    let ldc = width + STEP;
     let tiles = Configured::new();
     // Taken for the call (a nested call, were there one, would start a buffer of its own).
     let mut held = STRIP.with(|s| s.take());
@@ -475,12 +541,7 @@ pub(super) fn rounded(
         // No `k`: the sums are zeros.
         strip.fill(0.0);
     }
-    with_packs(|pa_buf, pb_buf| {
-        let pb = pb_buf.window(packed_len);
-        for &(p0, kp, at) in &blocks {
-            pack_b_tiles(b, k, (p0, kp), n, &mut pb[at..at + kp * width]);
-        }
-        let pb = &*pb;
+    with_packs(|pa_buf, _| {
         for i0 in (0..m).step_by(BLOCK) {
             let rows = BLOCK.min(m - i0);
             if let Some((s, r0)) = start {
@@ -955,8 +1016,8 @@ mod tests {
             }
             let mut want = vec![bf16::ZERO; m * n];
             let mut got = want.clone();
-            rounded(Mnk::new(m, k, n), packed, bv, None, &mut want);
-            rounded(Mnk::new(m, k, n), lie, bv, None, &mut got);
+            rounded(Mnk::new(m, k, n), packed, bv, &mut want);
+            rounded(Mnk::new(m, k, n), lie, bv, &mut got);
             let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "rounded {m}×{k}×{n}");
         }
