@@ -803,6 +803,33 @@ fn pack_b_loops<const W: usize>(
             // read, 8 rows of the panel written), then the ragged columns and pairs one by one.
             const T8: usize = 8;
             let (whole8, cols8) = (whole / T8 * T8, cols / T8 * T8);
+            // A pair is the 32-bit word `pair(lo, hi)` where it lies (little-endian) when every
+            // column starts at an even element: then the blocks are 8×8 transposes of 32-bit
+            // words, done by moves in AVX registers (no arithmetic: the bits are kept).
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            if b.offset % 2 == 0 && b.cs % 2 == 0 && std::arch::is_x86_feature_detected!("avx") {
+                let words = b.data.as_ptr().cast::<f32>();
+                for pb in (0..whole8).step_by(T8) {
+                    for c0 in (0..cols8).step_by(T8) {
+                        let first = (b.offset + (j0 + c0) * b.cs) / 2 + p0 + pb;
+                        let dst = out[pb * W + c0..].as_mut_ptr().cast::<f32>();
+                        // SAFETY: the CPU has AVX (detected above). Source row c (column
+                        // j0 + c0 + c of `b`, c < 8) is the 16 elements from `b.offset +
+                        // (j0 + c0 + c)·b.cs + 2·(p0 + pb)`, all inside `b.data`: that column
+                        // is below `n` (c0 + 8 ≤ cols8 ≤ cols), those pairs below `k` (pb + 8 ≤
+                        // whole8 ≤ whole), and `b` fits k×n; the offset and stride are even, so
+                        // word `first + c·(b.cs / 2) + q` is elements `2·first + c·b.cs + 2q`
+                        // and `+ 1`. Destination row q (q < 8) is `out[(pb + q)·W + c0..][..8]`,
+                        // inside `out` (pb + 8 ≤ kc2, c0 + 8 ≤ W); `out` is a `&mut` slice
+                        // apart from `b.data`. Loads and stores are unaligned ones.
+                        unsafe {
+                            super::transpose::avx::transpose8x8(words.add(first), b.cs / 2, dst, W)
+                        };
+                    }
+                }
+                pack_b_edges::<W>((b, k), (p0, kc2, whole), (j0, cols), (whole8, cols8), out);
+                continue;
+            }
             for pb in (0..whole8).step_by(T8) {
                 for c0 in (0..cols8).step_by(T8) {
                     let block: [[u32; T8]; T8] = std::array::from_fn(|c| {
@@ -818,23 +845,7 @@ fn pack_b_loops<const W: usize>(
                     }
                 }
             }
-            for c in 0..cols {
-                let first = if c < cols8 { whole8 } else { 0 };
-                let base = b.offset + (j0 + c) * b.cs + 2 * p0;
-                for p in first..whole {
-                    out[p * W + c] = pair(b.data[base + 2 * p], b.data[base + 2 * p + 1]);
-                }
-            }
-            for p in 0..kc2 {
-                let row = &mut out[p * W..(p + 1) * W];
-                if p >= whole {
-                    let kk = 2 * (p0 + p);
-                    for (c, slot) in row.iter_mut().enumerate().take(cols) {
-                        *slot = pair(at(kk, j0 + c), at(kk + 1, j0 + c));
-                    }
-                }
-                row[cols..].fill(0);
-            }
+            pack_b_edges::<W>((b, k), (p0, kc2, whole), (j0, cols), (whole8, cols8), out);
             continue;
         }
         // Neither way contiguous: element by element.
@@ -849,6 +860,40 @@ fn pack_b_loops<const W: usize>(
                 };
             }
         }
+    }
+}
+
+/// The parts of a panel of `b` read transposed that its 8×8 blocks leave ([`pack_b_loops`]):
+/// the pairs past `whole8` of the blocked columns, every pair of the columns past `cols8`, the
+/// pairs past `whole` (the last one half past `k` when it is odd, its high half zero; those
+/// wholly past it zero), and zeros past column `cols`. `(p0, kc2, whole)`: the first pair, the
+/// pairs packed and those wholly inside `k`; `(j0, cols)`: the panel's first column and its
+/// columns inside `n`.
+#[inline(always)]
+fn pack_b_edges<const W: usize>(
+    (b, k): (MatView<'_, bf16>, usize),
+    (p0, kc2, whole): (usize, usize, usize),
+    (j0, cols): (usize, usize),
+    (whole8, cols8): (usize, usize),
+    out: &mut [u32],
+) {
+    let at = |kk: usize, j: usize| padded(b, kk, j, kk < k);
+    for c in 0..cols {
+        let first = if c < cols8 { whole8 } else { 0 };
+        let base = b.offset + (j0 + c) * b.cs + 2 * p0;
+        for p in first..whole {
+            out[p * W + c] = pair(b.data[base + 2 * p], b.data[base + 2 * p + 1]);
+        }
+    }
+    for p in 0..kc2 {
+        let row = &mut out[p * W..(p + 1) * W];
+        if p >= whole {
+            let kk = 2 * (p0 + p);
+            for (c, slot) in row.iter_mut().enumerate().take(cols) {
+                *slot = pair(at(kk, j0 + c), at(kk + 1, j0 + c));
+            }
+        }
+        row[cols..].fill(0);
     }
 }
 

@@ -71,7 +71,7 @@ pub fn transpose_f32(src: &[f32], rows: usize, cols: usize, ld: usize, dst: &mut
 }
 
 #[cfg(all(target_arch = "x86_64", not(miri)))]
-mod avx {
+pub(super) mod avx {
     use std::arch::x86_64::*;
 
     /// Transposes the 8×8 block at `src` (row stride `ls`) into `dst` (row stride `ld`).
@@ -80,7 +80,12 @@ mod avx {
     /// The CPU must have AVX; `src + i·ls + j` must be readable and `dst + j·ld + i` writable for
     /// all i, j in 0..8, and the two blocks must not overlap.
     #[target_feature(enable = "avx")]
-    pub(super) unsafe fn transpose8x8(src: *const f32, ls: usize, dst: *mut f32, ld: usize) {
+    pub(in crate::cpu) unsafe fn transpose8x8(
+        src: *const f32,
+        ls: usize,
+        dst: *mut f32,
+        ld: usize,
+    ) {
         // Each register holds a 4-column half row of row i (low lane) and of row i + 4 (high
         // lane), loaded straight into place: the lane crossing costs loads, not shuffles.
         let half = |i: usize, h: usize| {
