@@ -128,13 +128,16 @@ fn embed(model: &Bert, args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     if sentences.len() > 1 {
         println!("cosine similarity:");
+        // Over the norms as printed: in bf16 or f16 a unit vector's length is 1 only to the
+        // dtype's precision.
+        let row = |i: usize| &values[i * width..(i + 1) * width];
+        let dot =
+            |i: usize, j: usize| -> f64 { row(i).iter().zip(row(j)).map(|(a, b)| a * b).sum() };
         let mut best = (f64::MIN, 0, 0);
         for i in 0..sentences.len() {
             let cells: Vec<String> = (0..sentences.len())
                 .map(|j| {
-                    let dot: f64 = (0..width)
-                        .map(|k| values[i * width + k] * values[j * width + k])
-                        .sum();
+                    let dot = dot(i, j) / (dot(i, i) * dot(j, j)).sqrt();
                     if i < j && dot > best.0 {
                         best = (dot, i, j);
                     }

@@ -471,6 +471,48 @@ fn bert_matches_transformers() {
     }
 }
 
+/// Loaded as bf16 (`from_pretrained_as`, as `from_pretrained(dir, dtype=torch.bfloat16)`), every
+/// parameter is bf16 and the sentence embeddings (unit vectors) stay within bf16's tolerances
+/// (PyTorch's: 1e-2 absolute, 1.6e-2 relative) of `transformers`' f32 ones; a dtype that is not
+/// a float is refused.
+#[test]
+fn bert_loads_as_bf16_and_stays_near_the_f32_embeddings() {
+    let model = Bert::from_pretrained_as(data("bert"), DType::BF16).unwrap();
+    assert!(model.parameters().iter().all(|p| p.dtype() == DType::BF16));
+    let r = Reference::open("bert");
+    let g = Graph::new();
+    for key in ["1x7", "2x16", "3x33"] {
+        let (ids, (b, l), mask, types) = bert_case(&r, key);
+        let input = BertInput::new(&ids, b, l)
+            .attention_mask(&mask)
+            .token_type_ids(&types);
+        let got = model.sentence_embeddings(&g, &input).unwrap();
+        assert_eq!(got.dtype(), DType::BF16, "{key}");
+        let got: Vec<f32> = got
+            .to_vec_f64()
+            .unwrap()
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
+        let (_, want) = r.floats(&format!("embeddings/{key}"));
+        let worst = worst_gap(&got, &want);
+        eprintln!("bert bf16 {key}: embeddings within {worst} of transformers' f32");
+        for (x, y) in got.iter().zip(&want) {
+            assert!(
+                (x - y).abs() <= 1e-2 + 1.6e-2 * y.abs(),
+                "{key}: bf16 embedding {x} against f32 {y}"
+            );
+        }
+    }
+    let err = Bert::from_pretrained_as(data("bert"), DType::I64)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("from_pretrained_as") && err.contains("I64"),
+        "{err}"
+    );
+}
+
 /// Sentences through the model's own `tokenizer.json` (WordPiece trained on the fortunes,
 /// saved by `transformers`), padded to the longest: the same ids and mask as `transformers`'
 /// tokenizer, and the same sentence embeddings.
