@@ -807,7 +807,10 @@ fn pack_b_loops<const W: usize>(
             // column starts at an even element: then the blocks are 8×8 transposes of 32-bit
             // words, done by moves in AVX registers (no arithmetic: the bits are kept).
             #[cfg(all(target_arch = "x86_64", not(miri)))]
-            if b.offset % 2 == 0 && b.cs % 2 == 0 && std::arch::is_x86_feature_detected!("avx") {
+            if b.offset.is_multiple_of(2)
+                && b.cs.is_multiple_of(2)
+                && std::arch::is_x86_feature_detected!("avx")
+            {
                 let words = b.data.as_ptr().cast::<f32>();
                 for pb in (0..whole8).step_by(T8) {
                     for c0 in (0..cols8).step_by(T8) {
