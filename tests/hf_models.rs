@@ -504,11 +504,20 @@ fn bert_loads_as_bf16_and_stays_near_the_f32_embeddings() {
             );
         }
     }
-    let err = Bert::from_pretrained_as(data("bert"), DType::I64)
-        .unwrap_err()
+    refuses_dtype(
+        Bert::from_pretrained_as(data("bert"), DType::I64).err(),
+        "I64",
+    );
+}
+
+/// `from_pretrained_as` refused a dtype that is not a float, with an error naming itself and
+/// the dtype.
+fn refuses_dtype(err: Option<impl std::fmt::Display>, dtype: &str) {
+    let err = err
+        .expect("a dtype that is not a float is refused")
         .to_string();
     assert!(
-        err.contains("from_pretrained_as") && err.contains("I64"),
+        err.contains("from_pretrained_as") && err.contains(dtype),
         "{err}"
     );
 }
@@ -838,18 +847,12 @@ fn gpt2_and_llama_load_as_bf16_and_the_cache_agrees_with_the_full_forward() {
         "llama",
         1.106,
     );
-    let err = Gpt2::from_pretrained_as(data("gpt2"), DType::I64)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("from_pretrained_as") && err.contains("I64"),
-        "{err}"
+    refuses_dtype(
+        Gpt2::from_pretrained_as(data("gpt2"), DType::I64).err(),
+        "I64",
     );
-    let err = Llama::from_pretrained_as(data("llama"), DType::U8)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("from_pretrained_as") && err.contains("U8"),
-        "{err}"
+    refuses_dtype(
+        Llama::from_pretrained_as(data("llama"), DType::U8).err(),
+        "U8",
     );
 }
