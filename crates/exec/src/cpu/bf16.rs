@@ -279,7 +279,7 @@ pub fn gemm_bf16_rounded(
     {
         let Mnk { m, k, n } = dims;
         // Where it pays: one block of `k` (the sums never leave the strip between blocks) and
-        // no more than four times as many columns as rows (each thread packs all of `b`; a
+        // no more than four times as many columns as rows (every thread reads all of `b`; a
         // linear layer's forward over 512 tokens, 512 × 384 × 1536, ran at 411-527 GFLOP/s on
         // two threads here against 319-328 by the f32 buffer, 64 × 256 × 2048 at 140-213
         // against 180-225). A weight's gradient, with a long `k` over the tokens, goes the f32
