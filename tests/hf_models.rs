@@ -72,6 +72,11 @@ impl Reference {
     }
 }
 
+/// A tensor of any float dtype's values as f32 (exact for bf16 and f16).
+fn widened(t: arenagrad::Tensor<'_>) -> Vec<f32> {
+    t.to_vec_f64().unwrap().iter().map(|&v| v as f32).collect()
+}
+
 /// The largest absolute difference between two equally long lists.
 fn worst_gap(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
@@ -488,12 +493,7 @@ fn bert_loads_as_bf16_and_stays_near_the_f32_embeddings() {
             .token_type_ids(&types);
         let got = model.sentence_embeddings(&g, &input).unwrap();
         assert_eq!(got.dtype(), DType::BF16, "{key}");
-        let got: Vec<f32> = got
-            .to_vec_f64()
-            .unwrap()
-            .iter()
-            .map(|&v| v as f32)
-            .collect();
+        let got = widened(got);
         let (_, want) = r.floats(&format!("embeddings/{key}"));
         let worst = worst_gap(&got, &want);
         eprintln!("bert bf16 {key}: embeddings within {worst} of transformers' f32");
@@ -805,8 +805,7 @@ fn gpt2_and_llama_load_as_bf16_and_the_cache_agrees_with_the_full_forward() {
         let (_, want) = r.floats("logits/2x16");
         let full = model.logits(&g, &ids, shape[0], shape[1]).unwrap();
         assert_eq!(full.dtype(), DType::BF16, "{name}");
-        let got = full.to_vec_f64().unwrap();
-        let got: Vec<f32> = got.iter().map(|&v| v as f32).collect();
+        let got = widened(full);
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         let worst = worst_gap(&got, &want);
         eprintln!("{name} bf16: worst gap {worst} against logits up to {scale}");
@@ -818,20 +817,8 @@ fn gpt2_and_llama_load_as_bf16_and_the_cache_agrees_with_the_full_forward() {
         let (head, tail) = split_2x16(&ids);
         model.forward_cached(&g, &head, 2, &mut caches).unwrap();
         let late = model.forward_cached(&g, &tail, 2, &mut caches).unwrap();
-        let late: Vec<f32> = late
-            .to_vec_f64()
-            .unwrap()
-            .iter()
-            .map(|&v| v as f32)
-            .collect();
-        let full: Vec<f32> = full
-            .slice(1, 9, 16)
-            .unwrap()
-            .to_vec_f64()
-            .unwrap()
-            .iter()
-            .map(|&v| v as f32)
-            .collect();
+        let late = widened(late);
+        let full = widened(full.slice(1, 9, 16).unwrap());
         let worst = worst_gap(&late, &full);
         eprintln!("{name} bf16: cached continuation within {worst} of the full forward");
         assert!(

@@ -593,21 +593,12 @@ pub(crate) fn product_bf16(
             .map_err(|source| GraphError::Alloc { op: name, source })?;
         let n = dims.n;
         // Every product of the batch starts from `c` (a product's row `r` is row `r mod m`),
-        // written by the threads; a single row (a layer's bias) is widened once.
-        let first: Vec<f32> = if c_rows == 1 && c_cols == n {
-            let mut w = vec![0f32; n];
-            cpu::cast(&c[..n], &mut w, 1);
-            w
-        } else {
-            Vec::new()
-        };
+        // written by the threads.
         if n > 0 {
             cpu::par::par_rows_mut(o, n, threads, cpu::par::PAR_MIN_ELEMS, |r, row| {
                 let cr = if c_rows == 1 { 0 } else { r % c_rows };
                 if c_cols == 1 {
                     row.fill(c[cr].to_f32());
-                } else if c_rows == 1 {
-                    row.copy_from_slice(&first);
                 } else {
                     cpu::cast(&c[cr * n..(cr + 1) * n], row, 1);
                 }
