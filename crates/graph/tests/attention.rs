@@ -272,6 +272,55 @@ fn a_querys_output_does_not_depend_on_its_tile() {
     }
 }
 
+/// The heads go in parts that the threads claim (several parts a thread, a part's heads
+/// starting anywhere): outputs and gradients have the same bits on one, two and three threads,
+/// with a mask whose rows differ by batch, causal, and dropout (whose draw depends on the head).
+#[test]
+fn the_heads_give_the_same_bits_on_any_number_of_threads() {
+    let (b, h, l, d) = (2, 19, 40, 8);
+    let hidden = |x: f64| if x > 1.2 { f64::NEG_INFINITY } else { x };
+    let padding: Vec<f64> = vals(b * l, 4).into_iter().map(hidden).collect();
+    let run = |threads: usize, dtype: DType, causal: bool, dropout_p: f64| {
+        let g = Graph::with_threads(threads);
+        g.seed(3);
+        let leaf = |seed| {
+            g.leaf(&vals(b * h * l * d, seed), &[b, h, l, d], dtype)
+                .unwrap()
+        };
+        let (q, k, v) = (leaf(1), leaf(2), leaf(3));
+        let mask = g.from_f64(&padding, &[b, 1, 1, l], dtype).unwrap();
+        let opts = AttentionOptions {
+            mask: Some(mask),
+            causal,
+            dropout_p,
+            ..Default::default()
+        };
+        let o = q.scaled_dot_product_attention(k, v, opts).unwrap();
+        let w = g
+            .from_f64(&vals(b * h * l * d, 5), &[b, h, l, d], dtype)
+            .unwrap();
+        let loss = o.mul(w).unwrap().sum().unwrap();
+        let gr = grad(loss, &[q, k, v], BackwardOptions::default()).unwrap();
+        let mut all = o.to_vec_f64().unwrap();
+        for x in gr {
+            all.extend(x.unwrap().to_vec_f64().unwrap());
+        }
+        all.iter().map(|x| x.to_bits()).collect::<Vec<u64>>()
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        for (causal, dropout_p) in [(false, 0.0), (true, 0.0), (true, 0.25)] {
+            let one = run(1, dtype, causal, dropout_p);
+            for threads in [2, 3] {
+                let many = run(threads, dtype, causal, dropout_p);
+                assert!(
+                    one == many,
+                    "{dtype:?} causal {causal} dropout {dropout_p}: {threads} threads differ"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn rows_with_every_key_hidden_are_zero_as_pytorchs_and_no_keys_give_zeros() {
     // PyTorch 2.15's scaled_dot_product_attention gives 0 for a query whose every key is

@@ -154,17 +154,29 @@ pub fn par_rows_claimed<T: Send>(
     let Some((_, t)) = row_split(out, row_len, threads, min_elems, &f) else {
         return;
     };
-    // Each row behind its own lock, which only the thread that claimed it ever takes.
-    let rows: Vec<std::sync::Mutex<&mut [T]>> =
-        out.chunks_mut(row_len).map(std::sync::Mutex::new).collect();
+    claim_each(
+        out.chunks_mut(row_len).collect(),
+        t,
+        |i, row: &mut &mut [T]| f(i, row),
+    );
+}
+
+/// Runs `f(i, &mut parts[i])` for every part on up to `threads` threads, which claim parts one
+/// at a time from a shared count: a thread slowed by other work on its core takes fewer parts
+/// instead of holding the others up at the end. What `f` computes for a part must not depend
+/// on which thread runs it.
+pub fn claim_each<P: Send>(parts: Vec<P>, threads: usize, f: impl Fn(usize, &mut P) + Sync) {
+    let t = threads.clamp(1, parts.len().max(1));
+    // Each part behind its own lock, which only the thread that claimed it ever takes.
+    let parts: Vec<std::sync::Mutex<P>> = parts.into_iter().map(std::sync::Mutex::new).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     super::thread_pool::fork(t, &|_| loop {
         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let Some(row) = rows.get(i) else {
+        let Some(part) = parts.get(i) else {
             break;
         };
-        let mut row = row.lock().unwrap_or_else(|e| e.into_inner());
-        f(i, &mut row);
+        let mut part = part.lock().unwrap_or_else(|e| e.into_inner());
+        f(i, &mut part);
     });
 }
 

@@ -17,7 +17,7 @@ use arenagrad_exec::cpu::attention::{
     self as k, AttnDims, AttnGrads, AttnInputs, AttnMask, AttnSaved,
 };
 use arenagrad_exec::cpu::cast::Storage;
-use arenagrad_exec::cpu::thread_pool::for_each_owned;
+use arenagrad_exec::cpu::par::claim_each;
 use arenagrad_exec::layout::broadcast_strides;
 use arenagrad_exec::{bf16, f16, DType, Float};
 use smallvec::{smallvec, SmallVec};
@@ -738,8 +738,8 @@ fn mask_view(ms: &[usize], full: &[usize], dims: &AttnDims) -> (Vec<usize>, usiz
     (offsets, st[r - 2], st[r - 1])
 }
 
-/// Splits the heads into one run of the forward `kernel` (`(first head, output part, lse
-/// part)`) per thread.
+/// Splits the heads into parts ([`split_heads`]), each one run of the forward `kernel`
+/// (`(first head, output part, lse part)`) on whichever thread claims it.
 fn forward_threads<T: Send, L: Send>(
     dims: &AttnDims,
     o: &mut [T],
@@ -758,11 +758,13 @@ fn forward_threads<T: Send, L: Send>(
         .enumerate()
         .map(|(j, (o, l))| (j * per, o, l))
         .collect();
-    for_each_owned(parts, |_, (h0, o, l)| kernel(*h0, o, l));
+    claim_each(parts, t, |_, (h0, o, l)| kernel(*h0, o, l));
 }
 
-/// Heads per thread and the number of threads: all heads on one thread unless there are
-/// several heads of enough work each.
+/// Heads per part and the number of threads that claim the parts: all heads in one part on
+/// one thread unless there are several heads of enough work each, and then about
+/// [`PARTS_PER_THREAD`] parts a thread, so that a thread slowed by other work on its core
+/// takes fewer (a head's results do not depend on its part or thread).
 fn split_heads(dims: &AttnDims, threads: usize) -> (usize, usize) {
     let work = dims
         .lq
@@ -774,10 +776,13 @@ fn split_heads(dims: &AttnDims, threads: usize) -> (usize, usize) {
     } else {
         1
     };
+    let parts = if t <= 1 { 1 } else { t * PARTS_PER_THREAD };
     // At least one head per part: an empty batch is one (empty) part.
-    let per = dims.bh.div_ceil(t).max(1);
-    (per, dims.bh.div_ceil(per))
+    (dims.bh.div_ceil(parts).max(1), t)
 }
+
+/// The parts of the heads per thread (when they are split at all).
+const PARTS_PER_THREAD: usize = 16;
 
 /// The dropout decisions as a 0/1 tensor of shape `full` ([`k::keeps`], the fused kernels'
 /// mask), for the composed paths.
@@ -1147,7 +1152,7 @@ fn backward_in<T: Storage + Send + Sync, L: Storage + Float>(
             .enumerate()
             .map(|(j, ((a, b), c))| (j * per, a, b, c))
             .collect();
-        for_each_owned(parts, |_, (h0, a, b, c)| run(*h0, a, b, c));
+        claim_each(parts, t, |_, (h0, a, b, c)| run(*h0, a, b, c));
     }
     Ok(all)
 }
