@@ -290,8 +290,7 @@ fn norm_check<T: Float>(exe: &Path, rows: usize, n: usize, rms: bool, w: bool, b
     let spec = norm::NormSpec { n, rms };
     norm::norm_grad_input(spec, &x, &gy, &st, w.then_some(&wv[..]), &mut dx, 1);
     let (mut dw, mut db) = (vec![T::ZERO; n], vec![T::ZERO; n]);
-    norm::norm_grad_weight(&x, &gy, &st, n, &mut dw);
-    norm::norm_grad_bias(&gy, n, &mut db);
+    norm::norm_grad_params((&x, &gy, &st), n, Some(&mut dw), Some(&mut db), 1);
     let what = format!("{} {rows}×{n} rms {rms} w {w} b {b}", T::DTYPE);
     for (grid, block) in SHAPES {
         let mut input = header::<T>(1, grid, block);

@@ -1,5 +1,6 @@
 //! Layer and RMS normalisation over rows, fused: one pass for each row's statistics, one for
-//! the output, and for backward one pass for the input's gradient and one for the weight's.
+//! the output, and for backward one pass for the input's gradient and one for the weight's and
+//! the bias's.
 //! Group normalisation ([`group_norm`]) is the same over a sample's group of channels, with a
 //! weight and bias per channel, each row's passes made while it is in cache.
 //!
@@ -221,37 +222,98 @@ fn grad_sums<T: Float>(row: &[T], gr: &[T], w: &[T], (m, s): (f64, f64)) -> (f64
     (a, b)
 }
 
-/// The weight's gradient `dw[j] = Σ_rows gy·x̂` (rows of `n`), summed in f64.
-pub fn norm_grad_weight<T: Float>(x: &[T], gy: &[T], stats: &[T], n: usize, dw: &mut [T]) {
-    if n == 0 {
-        // Rows of no elements: an empty weight, an empty gradient.
+/// The affine parameters' gradients in one pass over the rows of `n`: `dw[j] = Σ_rows gy·x̂`
+/// and `db[j] = Σ_rows gy`, each summed in f64 in the rows' order. Threads take blocks of
+/// columns (each reads its block of every row), so every sum runs in the same order on any
+/// number of threads.
+pub fn norm_grad_params<T: Float>(
+    (x, gy, stats): (&[T], &[T], &[T]),
+    n: usize,
+    dw: Option<&mut [T]>,
+    db: Option<&mut [T]>,
+    threads: usize,
+) {
+    if n == 0 || (dw.is_none() && db.is_none()) {
+        // Rows of no elements: empty parameters, empty gradients.
         return;
     }
-    let mut acc = vec![0.0f64; n];
-    for (r, (row, gr)) in x.chunks_exact(n).zip(gy.chunks_exact(n)).enumerate() {
-        let (m, s) = (stats[2 * r].to_f64(), stats[2 * r + 1].to_f64());
-        for j in 0..n {
-            acc[j] += gr[j].to_f64() * (row[j].to_f64() - m) * s;
+    // Blocks of whole cache lines of f64 sums, at least two of them per thread.
+    const LINE: usize = 8;
+    let t = if gy.len() >= PAR_MIN_ELEMS {
+        threads.clamp(1, (n / (2 * LINE)).max(1))
+    } else {
+        1
+    };
+    let block = n.div_ceil(t).next_multiple_of(LINE).min(n);
+    let mut parts: Vec<ParamsPart<'_, T>> = (0..n.div_ceil(block))
+        .map(|b| (b * block, None, None))
+        .collect();
+    if let Some(dw) = dw {
+        for (p, c) in parts.iter_mut().zip(dw.chunks_mut(block)) {
+            p.1 = Some(c);
         }
     }
-    for (d, a) in dw.iter_mut().zip(acc) {
-        *d = T::from_f64(a);
+    if let Some(db) = db {
+        for (p, c) in parts.iter_mut().zip(db.chunks_mut(block)) {
+            p.2 = Some(c);
+        }
+    }
+    let run = |(j0, dw, db): &mut ParamsPart<'_, T>| {
+        let w = dw.as_ref().or(db.as_ref()).map_or(0, |d| d.len());
+        wide(
+            w * gy.len() / n,
+            #[inline(always)]
+            || {
+                param_sums(
+                    (x, gy, stats),
+                    (n, *j0),
+                    dw.as_deref_mut(),
+                    db.as_deref_mut(),
+                )
+            },
+        )
+    };
+    if parts.len() == 1 {
+        run(&mut parts[0]);
+    } else {
+        super::thread_pool::for_each_owned(parts, |_, p| run(p));
     }
 }
 
-/// The bias's gradient `db[j] = Σ_rows gy` (rows of `n`), summed in f64.
-pub fn norm_grad_bias<T: Float>(gy: &[T], n: usize, db: &mut [T]) {
-    if n == 0 {
-        return;
-    }
-    let mut acc = vec![0.0f64; n];
-    for gr in gy.chunks_exact(n) {
-        for j in 0..n {
-            acc[j] += gr[j].to_f64();
+/// A block of columns of [`norm_grad_params`]: its first column and its parts of the weight's
+/// and the bias's gradients.
+type ParamsPart<'a, T> = (usize, Option<&'a mut [T]>, Option<&'a mut [T]>);
+
+/// [`norm_grad_params`] for the columns `j0..` that its outputs cover.
+#[inline(always)]
+fn param_sums<T: Float>(
+    (x, gy, stats): (&[T], &[T], &[T]),
+    (n, j0): (usize, usize),
+    dw: Option<&mut [T]>,
+    db: Option<&mut [T]>,
+) {
+    let w = dw.as_ref().or(db.as_ref()).map_or(0, |d| d.len());
+    let (mut aw, mut ab) = (vec![0.0f64; w], vec![0.0f64; w]);
+    for (r, (row, gr)) in x.chunks_exact(n).zip(gy.chunks_exact(n)).enumerate() {
+        let (row, gr) = (&row[j0..j0 + w], &gr[j0..j0 + w]);
+        if dw.is_some() {
+            let (m, s) = (stats[2 * r].to_f64(), stats[2 * r + 1].to_f64());
+            for ((a, &g), &v) in aw.iter_mut().zip(gr).zip(row) {
+                *a += g.to_f64() * (v.to_f64() - m) * s;
+            }
+        }
+        if db.is_some() {
+            for (a, &g) in ab.iter_mut().zip(gr) {
+                *a += g.to_f64();
+            }
         }
     }
-    for (d, a) in db.iter_mut().zip(acc) {
-        *d = T::from_f64(a);
+    for (d, acc) in [(dw, aw), (db, ab)] {
+        if let Some(d) = d {
+            for (d, a) in d.iter_mut().zip(acc) {
+                *d = T::from_f64(a);
+            }
+        }
     }
 }
 
@@ -502,6 +564,38 @@ mod tests {
         assert_eq!(y, [-1.5, 2.5]);
         norm_stats(&x[..2], 2, 0.0, true, &mut st[..2], 1);
         assert_eq!(st[..2], [0.0, 1.0 / 5f64.sqrt()]);
+    }
+
+    /// The parameters' gradients by their definition (each column summed over the rows in
+    /// order, in f64) equal the kernel's bits on one thread and several, each gradient alone
+    /// or both, at widths that fill no whole block of columns and sizes that split.
+    #[test]
+    fn parameter_gradients_are_the_column_sums_on_any_thread_count() {
+        for (rows, n) in [(700, 100), (100, 1000), (9, 1000), (40, 7)] {
+            let (x, gy) = (values(rows * n, 1), values(rows * n, 2));
+            let mut st = vec![0.0; 2 * rows];
+            norm_stats(&x, n, 1e-5, false, &mut st, 1);
+            let (mut want_w, mut want_b) = (vec![0.0f64; n], vec![0.0f64; n]);
+            for r in 0..rows {
+                let (m, s) = (st[2 * r], st[2 * r + 1]);
+                for j in 0..n {
+                    let (v, g) = (x[r * n + j], gy[r * n + j]);
+                    want_w[j] += g * (v - m) * s;
+                    want_b[j] += g;
+                }
+            }
+            for threads in [1, 2, 3] {
+                let (mut dw, mut db) = (vec![0.0; n], vec![0.0; n]);
+                let what = format!("{rows}×{n} on {threads} threads");
+                norm_grad_params((&x, &gy, &st), n, Some(&mut dw), Some(&mut db), threads);
+                assert_eq!((&dw, &db), (&want_w, &want_b), "{what}");
+                let mut alone = vec![0.0; n];
+                norm_grad_params((&x, &gy, &st), n, Some(&mut alone), None, threads);
+                assert_eq!(alone, want_w, "{what}: the weight's alone");
+                norm_grad_params((&x, &gy, &st), n, None, Some(&mut alone), threads);
+                assert_eq!(alone, want_b, "{what}: the bias's alone");
+            }
+        }
     }
 
     /// `n` values in [-2, 2) from the crate's test generator.

@@ -106,8 +106,7 @@ impl CudaBackend {
     }
 
     /// The weight's and the bias's gradients (`n` each, either optional): `Σ_rows gy·x̂` and
-    /// `Σ_rows gy`, as [`crate::cpu::norm::norm_grad_weight`] and
-    /// [`crate::cpu::norm::norm_grad_bias`]; `(x, stats)` are the forward's input (`rows × n`)
+    /// `Σ_rows gy`, as [`crate::cpu::norm::norm_grad_params`]; `(x, stats)` are the forward's input (`rows × n`)
     /// and statistics.
     pub fn norm_grad_params(
         &self,

@@ -647,13 +647,21 @@ pub(crate) fn backward<'g>(nd: &NormNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
                 i.split_mut::<T, 4>(op, dx, [xb, gb, stats, wb.unwrap_or(xb)])?;
             let spec = k::NormSpec { n, rms: nd.rms };
             k::norm_grad_input(spec, xs, gs, st, wb.map(|_| ws), d, threads);
-            if let Some(dw) = dw {
-                let (d, [xs, gs, st]) = i.split_mut::<T, 3>(op, dw, [xb, gb, stats])?;
-                k::norm_grad_weight(xs, gs, st, n, d);
-            }
-            if let Some(db) = db {
-                let (d, [gs]) = i.split_mut::<T, 1>(op, db, [gb])?;
-                k::norm_grad_bias(gs, n, d);
+            let ins = [xb, gb, stats];
+            match (dw, db) {
+                (Some(dw), Some(db)) => {
+                    let ([dw, db], [xs, gs, st]) = i.split_two_mut::<T, 3>(op, [dw, db], ins)?;
+                    k::norm_grad_params((xs, gs, st), n, Some(dw), Some(db), threads);
+                }
+                (Some(dw), None) => {
+                    let (dw, [xs, gs, st]) = i.split_mut::<T, 3>(op, dw, ins)?;
+                    k::norm_grad_params((xs, gs, st), n, Some(dw), None, threads);
+                }
+                (None, Some(db)) => {
+                    let (db, [xs, gs, st]) = i.split_mut::<T, 3>(op, db, ins)?;
+                    k::norm_grad_params((xs, gs, st), n, None, Some(db), threads);
+                }
+                (None, None) => {}
             }
         }),
         Device::Cuda(_) => {
