@@ -401,14 +401,20 @@ fn backward_heads<T: Float + Gemm>(
     for hl in 0..heads {
         let h = h0 + hl;
         let hx = h - inputs.first;
-        // D_i = Σ dO_i·O_i.
-        for (i, di) in delta.iter_mut().enumerate() {
-            let at = (hx * lq + i) * dv;
-            let mut acc = 0.0f64;
+        // D_i = Σ dO_i·O_i, each row's sum in order; eight rows at a time, whose sums are
+        // independent chains of additions (one row's chain waits on each addition).
+        for (i0, ds) in (0..lq).step_by(8).zip(delta.chunks_mut(8)) {
+            let mut acc = [0.0f64; 8];
+            let rows = &go[(hx * lq + i0) * dv..(hx * lq + i0 + ds.len()) * dv];
+            let outs = &o[(hx * lq + i0) * dv..(hx * lq + i0 + ds.len()) * dv];
             for c in 0..dv {
-                acc += (go[at + c] * o[at + c]).to_f64();
+                for (r, a) in acc[..ds.len()].iter_mut().enumerate() {
+                    *a += (rows[r * dv + c] * outs[r * dv + c]).to_f64();
+                }
             }
-            *di = T::from_f64(acc);
+            for (di, a) in ds.iter_mut().zip(acc) {
+                *di = T::from_f64(a);
+            }
         }
         let dq_h = &mut dq[hl * lq * d..(hl + 1) * lq * d];
         let dk_h = &mut dk[hl * lk * d..(hl + 1) * lk * d];
