@@ -7,7 +7,8 @@
 /// Below this many elements an elementwise kernel runs on the calling thread.
 pub const PAR_MIN_ELEMS: usize = 1 << 16;
 
-/// Runs `f(start, out_chunk)` over `out` split into up to `threads` contiguous chunks.
+/// Runs `f(start, out_chunk)` over `out` split into contiguous chunks, run by up to `threads`
+/// threads. What `f` computes for an element must not depend on the chunk it comes in.
 ///
 /// Work too small to split (nearly every call) runs `f` in line, decided without a division:
 /// a chain of tiny tensors pays no call and no split logic per kernel.
@@ -37,10 +38,22 @@ fn split_chunks_mut<T: Send>(
         f(0, out);
         return;
     }
-    let chunk = n.div_ceil(t);
+    // A few chunks a thread (each at least `min`), claimed one at a time: a thread slowed by
+    // other work on its core takes fewer. Large chunks in whole cache lines (of any element
+    // type), so that no two threads write one.
+    let parts = (t * CHUNKS_PER_THREAD).min(n / min.max(1)).max(t);
+    let chunk = n.div_ceil(parts);
+    let chunk = if chunk >= 4096 {
+        chunk.next_multiple_of(64)
+    } else {
+        chunk
+    };
     let parts: Vec<&mut [T]> = out.chunks_mut(chunk).collect();
-    super::thread_pool::for_each_part(parts, |j, part| f(j * chunk, part));
+    claim_each(parts, t, |j, part| f(j * chunk, part));
 }
+
+/// How many chunks [`par_chunks_mut`] makes per thread where the work allows.
+const CHUNKS_PER_THREAD: usize = 4;
 
 /// Runs `f(index, row)` for every `row_len`-sized row of `out`, splitting whole rows across up
 /// to `threads` threads once there are at least `min_elems` elements (images of a batch, say).
@@ -183,6 +196,31 @@ pub fn claim_each<P: Send>(parts: Vec<P>, threads: usize, f: impl Fn(usize, &mut
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every element is handed to `f` once, in a chunk whose start is its own: sizes too small
+    /// to split, sizes split into more chunks than threads (small and whole-line chunks), and
+    /// a few outputs of much work each (`min` 1).
+    #[test]
+    fn chunks_cover_every_element_once_at_their_start() {
+        for (n, threads, min) in [
+            (1000, 2, 1 << 16),
+            (300_001, 2, 1000),
+            (300_001, 3, 1 << 16),
+            (5, 2, 1),
+            (40_000, 3, 1),
+        ] {
+            let mut out = vec![0usize; n];
+            par_chunks_mut(&mut out, threads, min, |start, o| {
+                for (k, v) in o.iter_mut().enumerate() {
+                    *v += start + k + 1;
+                }
+            });
+            assert!(
+                out.iter().enumerate().all(|(i, &v)| v == i + 1),
+                "{n} on {threads} threads, min {min}"
+            );
+        }
+    }
 
     /// Every row is handed to `f` once, with its own index, on one thread or several (more
     /// threads than rows included); rows too small to split run in line.
