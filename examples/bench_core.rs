@@ -18,7 +18,10 @@
 //! The conv rows: the DDPM U-Net's 3×3 convolutions (padding 1) at its three resolutions,
 //! `Conv2d` 32→32 at 28×28, 64→64 at 14×14 and 64→64 at 7×7, batch 64, forward and backward.
 //!
-//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,w5,w6,ckpt,bf16,amp,topk,scatter,convt,conv] [--busy-thread]`
+//! The ew rows: elementwise ops at the char GPT's MLP size, GELU and dropout (p = 0.1) on
+//! `[4096, 512]` in f32 and bf16, forward and backward (of the output's sum).
+//!
+//! `cargo run --release --example bench_core [-- --quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,w5,w6,ckpt,bf16,amp,topk,scatter,convt,conv,ew] [--busy-thread]`
 //! Threads: `ARENAGRAD_NUM_THREADS` (default: the CPUs this process may use). `--busy-thread`
 //! keeps one more thread of the process busy all along, as an application's own work would
 //! (`scripts/contention.py` measures the slowdown it causes).
@@ -320,7 +323,7 @@ struct Args {
     /// Only these workloads, comma-separated: w1 (randn-matmul loop and GEMM), w2, w3, w4, cnn,
     /// attn, gpt, lstm (W5 and W6, fused and as cells, and a long stream), w5 and w6 (the fused
     /// layer alone), ckpt, bf16 (the bf16 product), amp (the GPT step under bf16 autocast)
-    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "w5", "w6", "ckpt", "bf16", "amp", "topk", "scatter", "convt", "conv"])]
+    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "cnn", "attn", "gpt", "lstm", "w5", "w6", "ckpt", "bf16", "amp", "topk", "scatter", "convt", "conv", "ew"])]
     only: Vec<String>,
     /// Keep one more thread busy (a loop of arithmetic) while the workloads run, as an
     /// application's own thread would
@@ -538,6 +541,15 @@ fn main() {
             "| scatter: index_add of 10^6 edges x 64 into 10^5 nodes, fwd+bwd | {:.1} ms | |",
             scatter_ms(if quick { 3 } else { 10 })
         );
+    }
+    if run("ew") {
+        let reps = if quick { 10 } else { 60 };
+        for dtype in [DType::F32, DType::BF16] {
+            for (op, dropout) in [("GELU", false), ("dropout 0.1", true)] {
+                let ms = elementwise_ms(dtype, dropout, reps);
+                println!("| ew: {op} [4096, 512] {dtype:?} fwd+bwd | {ms:.2} ms | |");
+            }
+        }
     }
     if run("attn") {
         let reps = if quick { 5 } else { 30 };
@@ -889,6 +901,30 @@ fn gpt_generate(n: usize) -> (f64, usize, usize) {
     let out = model.generate(&g, &prompt, n, sampling, &mut rng).unwrap();
     let tps = out.len() as f64 / t0.elapsed().as_secs_f64();
     (tps, before, rss("VmRSS:").unwrap_or(0))
+}
+
+/// Median ms of `op(x).sum()` forward and backward for `x` of `[4096, 512]` in `dtype`
+/// (requiring grad; made outside the timed part), `op` GELU or dropout with p = 0.1.
+fn elementwise_ms(dtype: DType, dropout: bool, reps: usize) -> f64 {
+    let mut g = Graph::new();
+    let mut times = Vec::with_capacity(reps);
+    for rep in 0..reps + 3 {
+        let x = g.randn(&[4096, 512], DType::F32).expect("x");
+        let x = x.to_dtype(dtype).expect("cast").detach().expect("detach");
+        let x = x.set_requires_grad(true).expect("leaf");
+        let t = Instant::now();
+        let y = if dropout {
+            x.dropout(0.1, true).expect("dropout")
+        } else {
+            x.gelu().expect("gelu")
+        };
+        y.sum().expect("sum").backward().expect("backward");
+        if rep >= 3 {
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        g.reset();
+    }
+    median(times)
 }
 
 /// Median ms of forward + backward of causal self-attention, `[32, 4, 128, 32]` f32 (fused or

@@ -5,7 +5,7 @@ Runs `bench_core` (built first with `cargo build --release --example bench_core`
 workloads in PyTorch in this process, and prints one table with both figures and their ratio.
 The machine's speed drifts between runs; the ratio measured in one run is the figure to compare.
 
-    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,bf16,amp,topk,scatter,convt,conv] [--candle] [--rounds N]
+    python3 scripts/compare_torch.py [--quick] [--only w1,w2,w3,w4,cnn,attn,gpt,lstm,bf16,amp,topk,scatter,convt,conv,ew] [--candle] [--rounds N]
 
 `--rounds N` alternates the two sides N times (arenagrad's run, then PyTorch's, and again) and
 prints the medians, and the median of each round's ratio: on a machine whose speed drifts over
@@ -32,6 +32,8 @@ Workloads (the same definitions as `examples/bench_core.rs`):
 * conv: the DDPM U-Net's 3x3 convolutions (padding 1) at its three resolutions, Conv2d 32->32 at
   28x28, 64->64 at 14x14 and 64->64 at 7x7, b64, fwd+bwd, ms.
 * scatter: message passing's sum, 10^6 edge messages x 64 added into 10^5 nodes, fwd+bwd, ms.
+* ew: GELU and dropout (p = 0.1) on [4096, 512] (the char GPT's MLP activations) in f32 and
+  bf16, forward and backward of the output's sum, ms.
 * CNN: the Fashion-MNIST example's net, one Adam step on 64 random images (as
   `scripts/torch_cnn_step.py`).
 
@@ -250,6 +252,26 @@ def torch_scatter(torch, quick):
     return best
 
 
+def torch_ew(torch, quick):
+    """GELU and dropout (p = 0.1) on [4096, 512] in f32 and bf16, forward and backward of the
+    output's sum, median ms each (the input made outside the timed part, as bench_core's)."""
+    out = {}
+    for dtype, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
+        for op in ("gelu", "drop"):
+            times = []
+            for _ in range(3 + (10 if quick else 60)):
+                x = torch.randn(4096, 512).to(dtype).requires_grad_()
+                t0 = time.perf_counter()
+                if op == "gelu":
+                    y = torch.nn.functional.gelu(x)
+                else:
+                    y = torch.nn.functional.dropout(x, 0.1, training=True)
+                y.sum().backward()
+                times.append(time.perf_counter() - t0)
+            out[f"ew_{op}_{name}"] = median(times[3:]) * 1e3
+    return out
+
+
 def gpt_step_seconds(torch, quick, amp):
     """The char GPT of scripts/torch_char_gpt.py: median seconds of a training step (batch 32 of
     random bytes, AdamW with decay groups, clipping); with amp, the forward and the loss under
@@ -334,6 +356,10 @@ ROWS = [
     ("conv28", "| conv: Conv2d 32→32 3×3 p1, 28²", "ms"),
     ("conv14", "| conv: Conv2d 64→64 3×3 p1, 14²", "ms"),
     ("conv7", "| conv: Conv2d 64→64 3×3 p1, 7²", "ms"),
+    ("ew_gelu_f32", "| ew: GELU [4096, 512] F32", "ms"),
+    ("ew_drop_f32", "| ew: dropout 0.1 [4096, 512] F32", "ms"),
+    ("ew_gelu_bf16", "| ew: GELU [4096, 512] BF16", "ms"),
+    ("ew_drop_bf16", "| ew: dropout 0.1 [4096, 512] BF16", "ms"),
     ("gpt", "| char GPT step (", "ms"),
     ("gpt_gen", "| char GPT generation, batch 1", "tokens/s"),
     ("gpt_amp", "| char GPT step under bf16 autocast |", "ms"),
@@ -368,6 +394,10 @@ LABELS = {
     "conv28": "Conv2d 32→32 3×3 p1, 28², b64, fwd+bwd (the U-Net's full resolution), ms",
     "conv14": "Conv2d 64→64 3×3 p1, 14², b64, fwd+bwd, ms",
     "conv7": "Conv2d 64→64 3×3 p1, 7², b64, fwd+bwd (the U-Net's lowest resolution), ms",
+    "ew_gelu_f32": "GELU [4096, 512] f32, fwd+bwd (of the sum), ms",
+    "ew_drop_f32": "dropout p=0.1 [4096, 512] f32, fwd+bwd (of the sum), ms",
+    "ew_gelu_bf16": "GELU [4096, 512] bf16, fwd+bwd (of the sum), ms",
+    "ew_drop_bf16": "dropout p=0.1 [4096, 512] bf16, fwd+bwd (of the sum), ms",
     "gpt": "char GPT training step (4×128, ctx 128, b32, AdamW, clip), ms",
     "gpt_gen": "char GPT generation, batch 1, key/value cache, tokens/s (higher is better)",
     "gpt_amp": "char GPT training step under bf16 autocast (torch.autocast on the CPU), ms",
@@ -455,6 +485,8 @@ def main():
             theirs.update(torch_convt(torch, args.quick))
         if "conv" in only:
             theirs.update(torch_conv(torch, args.quick))
+        if "ew" in only:
+            theirs.update(torch_ew(torch, args.quick))
         if "gpt" in only:
             step, tps = torch_gpt(torch, args.quick)
             theirs["gpt"], theirs["gpt_gen"] = step * 1e3, tps
