@@ -571,7 +571,13 @@ mod tests {
     /// or both, at widths that fill no whole block of columns and sizes that split.
     #[test]
     fn parameter_gradients_are_the_column_sums_on_any_thread_count() {
-        for (rows, n) in [(700, 100), (100, 1000), (9, 1000), (40, 7)] {
+        // Under Miri (interpreted: minutes at the sizes that split) the sizes that do not.
+        let shapes: &[(usize, usize)] = if cfg!(miri) {
+            &[(9, 100), (40, 7)]
+        } else {
+            &[(700, 100), (100, 1000), (9, 1000), (40, 7)]
+        };
+        for &(rows, n) in shapes {
             let (x, gy) = (values(rows * n, 1), values(rows * n, 2));
             let mut st = vec![0.0; 2 * rows];
             norm_stats(&x, n, 1e-5, false, &mut st, 1);

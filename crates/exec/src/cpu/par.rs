@@ -202,13 +202,25 @@ mod tests {
     /// a few outputs of much work each (`min` 1).
     #[test]
     fn chunks_cover_every_element_once_at_their_start() {
-        for (n, threads, min) in [
-            (1000, 2, 1 << 16),
-            (300_001, 2, 1000),
-            (300_001, 3, 1 << 16),
-            (5, 2, 1),
-            (40_000, 3, 1),
-        ] {
+        // Under Miri (interpreted) smaller sizes of the same kinds: one whole-line chunk size
+        // (33,001 in chunks of 4,160, the last shorter) and the rest small.
+        let cases: &[(usize, usize, usize)] = if cfg!(miri) {
+            &[
+                (1000, 2, 1 << 16),
+                (33_001, 2, 4000),
+                (3_001, 3, 10),
+                (5, 2, 1),
+            ]
+        } else {
+            &[
+                (1000, 2, 1 << 16),
+                (300_001, 2, 1000),
+                (300_001, 3, 1 << 16),
+                (5, 2, 1),
+                (40_000, 3, 1),
+            ]
+        };
+        for &(n, threads, min) in cases {
             let mut out = vec![0usize; n];
             par_chunks_mut(&mut out, threads, min, |start, o| {
                 for (k, v) in o.iter_mut().enumerate() {
