@@ -245,23 +245,19 @@ pub fn norm_grad_params<T: Float>(
         1
     };
     let block = n.div_ceil(t).next_multiple_of(LINE).min(n);
+    let (mut dws, mut dbs) = (
+        dw.map(|d| d.chunks_mut(block)),
+        db.map(|d| d.chunks_mut(block)),
+    );
     let mut parts: Vec<ParamsPart<'_, T>> = (0..n.div_ceil(block))
-        .map(|b| (b * block, None, None))
+        .map(|b| {
+            let dw = dws.as_mut().and_then(Iterator::next);
+            (b * block, dw, dbs.as_mut().and_then(Iterator::next))
+        })
         .collect();
-    if let Some(dw) = dw {
-        for (p, c) in parts.iter_mut().zip(dw.chunks_mut(block)) {
-            p.1 = Some(c);
-        }
-    }
-    if let Some(db) = db {
-        for (p, c) in parts.iter_mut().zip(db.chunks_mut(block)) {
-            p.2 = Some(c);
-        }
-    }
     let run = |(j0, dw, db): &mut ParamsPart<'_, T>| {
-        let w = dw.as_ref().or(db.as_ref()).map_or(0, |d| d.len());
         wide(
-            w * gy.len() / n,
+            block * gy.len() / n,
             #[inline(always)]
             || {
                 param_sums(
