@@ -204,6 +204,11 @@ pub trait Float:
     /// The error function: libm's for `f64`; for `f32` a branch-free version within a few ulp
     /// of libm's `erff` that vectorises (`cpu::fastmath`).
     fn erf(self) -> Self;
+    /// (Φ(x), e^(−x²/2)): the standard normal's distribution function and its density's shape
+    /// (the density is e^(−x²/2)/√(2π)), for exact GELU and its derivative. For `f64`
+    /// ½(1 + erf(x/√2)) through libm; for `f32` a branch-free formula that vectorises and keeps
+    /// the left tail's relative accuracy (`cpu::fastmath`).
+    fn normal_cdf_lanes(self) -> (Self, Self);
     /// Sine.
     fn sin(self) -> Self;
     /// Cosine.
@@ -224,7 +229,7 @@ pub trait Float:
 }
 
 macro_rules! float_impl {
-    ($t:ty, $erf:path, $exp_lanes:path, $tanh_lanes:path) => {
+    ($t:ty, $erf:path, $exp_lanes:path, $tanh_lanes:path, $normal_cdf:path) => {
         impl Float for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -267,6 +272,10 @@ macro_rules! float_impl {
             #[inline(always)]
             fn erf(self) -> Self {
                 $erf(self)
+            }
+            #[inline(always)]
+            fn normal_cdf_lanes(self) -> (Self, Self) {
+                $normal_cdf(self)
             }
             #[inline(always)]
             fn sin(self) -> Self {
@@ -315,6 +324,14 @@ float_impl!(
     f32,
     crate::cpu::fastmath::erf_f32,
     crate::cpu::fastmath::exp_full_f32,
-    crate::cpu::fastmath::tanh_f32
+    crate::cpu::fastmath::tanh_f32,
+    crate::cpu::fastmath::normal_cdf_f32
 );
-float_impl!(f64, libm::erf, f64::exp, f64::tanh);
+float_impl!(f64, libm::erf, f64::exp, f64::tanh, normal_cdf_f64);
+
+/// [`Float::normal_cdf_lanes`] for `f64`: ½(1 + erf(x/√2)) and e^(−x²/2) through libm.
+#[inline(always)]
+fn normal_cdf_f64(x: f64) -> (f64, f64) {
+    let cdf = 0.5 * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2));
+    (cdf, (-0.5 * x * x).exp())
+}

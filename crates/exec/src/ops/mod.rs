@@ -129,14 +129,14 @@ pub(crate) fn sigmoid<T: Float>(x: T) -> T {
 /// Exact GELU, `x·Φ(x)`.
 #[inline(always)]
 fn gelu_erf<T: Float>(x: T) -> T {
-    T::from_f64(0.5) * x * (T::ONE + (x * T::from_f64(FRAC_1_SQRT_2)).erf())
+    x * x.normal_cdf_lanes().0
 }
 
 /// Exact GELU's derivative, `Φ(x) + x·φ(x)`.
 #[inline(always)]
 fn gelu_erf_grad<T: Float>(x: T) -> T {
-    let cdf = T::from_f64(0.5) * (T::ONE + (x * T::from_f64(FRAC_1_SQRT_2)).erf());
-    cdf + x * T::from_f64(FRAC_1_SQRT_2PI) * (T::from_f64(-0.5) * x * x).exp_lanes()
+    let (cdf, e) = x.normal_cdf_lanes();
+    cdf + x * T::from_f64(FRAC_1_SQRT_2PI) * e
 }
 
 #[inline(always)]
