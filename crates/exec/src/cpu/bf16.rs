@@ -81,12 +81,16 @@ pub fn f32_to_bf16(src: &[f32], dst: &mut [bf16]) {
     super::wide::wide(
         src.len(),
         #[inline(always)]
-        move || {
-            for (d, &s) in dst.iter_mut().zip(src) {
-                *d = round_bits(s);
-            }
-        },
+        move || f32_to_bf16_lanes(src, dst),
     )
+}
+
+/// [`f32_to_bf16`]'s loop, to inline in a caller's vectorised loop.
+#[inline(always)]
+pub(crate) fn f32_to_bf16_lanes(src: &[f32], dst: &mut [bf16]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = round_bits(s);
+    }
 }
 
 /// `src` widened into `dst` (exact).
@@ -94,12 +98,16 @@ pub fn bf16_to_f32(src: &[bf16], dst: &mut [f32]) {
     super::wide::wide(
         src.len(),
         #[inline(always)]
-        move || {
-            for (d, &s) in dst.iter_mut().zip(src) {
-                *d = f32::from_bits(u32::from(s.to_bits()) << 16);
-            }
-        },
+        move || bf16_to_f32_lanes(src, dst),
     )
+}
+
+/// [`bf16_to_f32`]'s loop, to inline in a caller's vectorised loop.
+#[inline(always)]
+pub(crate) fn bf16_to_f32_lanes(src: &[bf16], dst: &mut [f32]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+    }
 }
 
 /// Round to nearest even on the bits, branch-free (so that the loop vectorises); NaN becomes

@@ -12,7 +12,8 @@ pub use arenagrad_alloc::Bool;
 use arenagrad_alloc::Pod;
 pub use half::{bf16, f16};
 
-use crate::DType;
+use crate::ops::{UnaryGradKernel, UnaryKernel};
+use crate::{DType, Float, UnaryOp};
 
 /// Elements rounded per block when a conversion goes through `f32`.
 pub(crate) const BLOCK: usize = 256;
@@ -29,6 +30,18 @@ pub trait Storage: Pod + PartialEq + std::fmt::Debug {
     fn load_f32(src: &[Self], dst: &mut [f32]);
     /// `src` rounded into `dst`.
     fn store_f32(src: &[f32], dst: &mut [Self]);
+    /// [`Storage::load_f32`] for a block inside a caller's vectorised loop ([`blockwise`]): a
+    /// plain loop inlined there, at the caller's vector width, where the conversion is
+    /// arithmetic on lanes (`bf16`); otherwise `load_f32` itself.
+    #[inline(always)]
+    fn load_block(src: &[Self], dst: &mut [f32]) {
+        Self::load_f32(src, dst)
+    }
+    /// [`Storage::store_f32`] for a block (see [`Storage::load_block`]).
+    #[inline(always)]
+    fn store_block(src: &[f32], dst: &mut [Self]) {
+        Self::store_f32(src, dst)
+    }
     /// `a + b` correctly rounded to this type. The 16-bit types add in `f32` and round again,
     /// which gives the same answer: f32's 24 significant bits are at least twice theirs plus
     /// two (bf16 has 8, f16 11), where rounding twice cannot differ from rounding once.
@@ -221,6 +234,14 @@ impl Storage for bf16 {
         super::bf16::f32_to_bf16(src, dst)
     }
     #[inline(always)]
+    fn load_block(src: &[bf16], dst: &mut [f32]) {
+        super::bf16::bf16_to_f32_lanes(src, dst)
+    }
+    #[inline(always)]
+    fn store_block(src: &[f32], dst: &mut [bf16]) {
+        super::bf16::f32_to_bf16_lanes(src, dst)
+    }
+    #[inline(always)]
     fn sum_of(a: bf16, b: bf16) -> bf16 {
         super::bf16::to_bf16(a.to_f32() + b.to_f32())
     }
@@ -320,6 +341,11 @@ pub fn update_in_f32<S: Storage, R>(v: &mut [S], f: impl FnOnce(&mut [f32]) -> R
 /// the result the block's length), and the result rounded into `out` once. Split over threads
 /// when large. How the 16-bit elementwise kernels run the f32 ones without f32 copies of their
 /// tensors.
+///
+/// Each thread's blocks run in one loop compiled for the widest vector unit, the conversions
+/// (and `f`, where it is inlined) in it: a block's calls through the width dispatch cost as much
+/// as GELU's arithmetic on it.
+#[inline(always)]
 pub fn blockwise<H: Storage, const N: usize>(
     ins: [&[H]; N],
     out: &mut [H],
@@ -331,23 +357,61 @@ pub fn blockwise<H: Storage, const N: usize>(
         "invariant: an elementwise op's buffers agree"
     );
     super::par::par_chunks_mut(out, threads, super::par::PAR_MIN_ELEMS, |start, o| {
-        let (mut wide, mut wo) = ([[0f32; BLOCK]; N], [0f32; BLOCK]);
-        for (k, ob) in o.chunks_mut(BLOCK).enumerate() {
-            let at = start + k * BLOCK;
-            let n = ob.len();
-            for (w, x) in wide.iter_mut().zip(&ins) {
-                H::load_f32(&x[at..at + n], &mut w[..n]);
-            }
-            f(at, std::array::from_fn(|i| &wide[i][..n]), &mut wo[..n]);
-            H::store_f32(&wo[..n], ob);
-        }
+        super::wide::wide(
+            o.len(),
+            #[inline(always)]
+            || {
+                let (mut wide, mut wo) = ([[0f32; BLOCK]; N], [0f32; BLOCK]);
+                for (k, ob) in o.chunks_mut(BLOCK).enumerate() {
+                    let at = start + k * BLOCK;
+                    let n = ob.len();
+                    for (w, x) in wide.iter_mut().zip(&ins) {
+                        H::load_block(&x[at..at + n], &mut w[..n]);
+                    }
+                    f(at, std::array::from_fn(|i| &wide[i][..n]), &mut wo[..n]);
+                    H::store_block(&wo[..n], ob);
+                }
+            },
+        )
     });
+}
+
+/// [`blockwise`] over one input, with the op's function, as a [`UnaryKernel`]: the function is
+/// inlined in the blocks' loop.
+struct HalfMap<'a, H> {
+    x: &'a [H],
+    out: &'a mut [H],
+    threads: usize,
+}
+
+impl<H: Storage> UnaryKernel<f32> for HalfMap<'_, H> {
+    type Out = ();
+    #[inline(always)]
+    fn run<F: Fn(f32) -> f32 + Sync + Copy>(self, f: F) {
+        blockwise(
+            [self.x],
+            self.out,
+            self.threads,
+            #[inline(always)]
+            |_, [x], o| {
+                for (o, &v) in o.iter_mut().zip(x) {
+                    *o = f(v);
+                }
+            },
+        )
+    }
 }
 
 /// `out = op(x)` for 16-bit storage ([`blockwise`]): the same values as widening the whole
 /// tensor, running [`super::unary`] and rounding, without an f32 copy of the tensor.
-pub fn unary_half<H: Storage>(op: crate::UnaryOp, x: &[H], out: &mut [H], threads: usize) {
-    blockwise([x], out, threads, |_, [x], o| super::unary(op, x, o, 1));
+pub fn unary_half<H: Storage>(op: UnaryOp, x: &[H], out: &mut [H], threads: usize) {
+    let k = HalfMap { x, out, threads };
+    match op {
+        // The f32 kernel's own paths for these two (the rows write libm's `exp` and `tanh`).
+        UnaryOp::Exp => k.run(|v: f32| v.exp_lanes()),
+        UnaryOp::Tanh => k.run(|v: f32| v.tanh_lanes()),
+        _ => op.with_forward(k),
+    }
 }
 
 /// `out = op(a, b)` for 16-bit storage and operands of one shape ([`blockwise`]): the values
@@ -374,17 +438,63 @@ pub fn binary_half<H: Storage>(
 /// The fused derivative `g = gy · op'(x)` for 16-bit storage, block by block in f32 as
 /// [`unary_half`] computes, rounded once; `x` and `y` are the op's input and output.
 pub fn unary_grad_half<H: Storage>(
-    op: crate::UnaryOp,
+    op: UnaryOp,
     x: &[H],
     y: &[H],
     gy: &[H],
     out: &mut [H],
     threads: usize,
 ) {
-    blockwise([x, y, gy], out, threads, |_, [x, y, gy], o| {
-        o.copy_from_slice(gy);
-        super::unary_grad_in_place(op, x, y, o, 1)
-    });
+    op.with_grad(HalfZip3 {
+        x,
+        y,
+        gy,
+        out,
+        threads,
+        reads: (op.grad_reads_input(), op.grad_reads_output()),
+    })
+}
+
+/// [`blockwise`] over `x`, `y` and `gy` with the op's derivative, as a [`UnaryGradKernel`]:
+/// the derivative is inlined in the blocks' loop, and an operand it does not read is not
+/// widened (the other's block stands in for it, unread).
+struct HalfZip3<'a, H> {
+    x: &'a [H],
+    y: &'a [H],
+    gy: &'a [H],
+    out: &'a mut [H],
+    threads: usize,
+    /// Whether the derivative reads `x`, `y`.
+    reads: (bool, bool),
+}
+
+impl<H: Storage> UnaryGradKernel<f32> for HalfZip3<'_, H> {
+    type Out = ();
+    #[inline(always)]
+    fn run<F: Fn(f32, f32, f32) -> f32 + Sync + Copy>(self, f: F) {
+        let Self {
+            x,
+            y,
+            gy,
+            out,
+            threads,
+            reads,
+        } = self;
+        #[inline(always)]
+        fn zip<F: Fn(f32, f32, f32) -> f32>(f: F, x: &[f32], y: &[f32], gy: &[f32], o: &mut [f32]) {
+            for (((o, &xv), &yv), &g) in o.iter_mut().zip(x).zip(y).zip(gy) {
+                *o = f(xv, yv, g);
+            }
+        }
+        match reads {
+            (true, true) => blockwise([x, y, gy], out, threads, |_, [x, y, gy], o| {
+                zip(f, x, y, gy, o)
+            }),
+            (true, false) => blockwise([x, gy], out, threads, |_, [x, gy], o| zip(f, x, x, gy, o)),
+            (false, true) => blockwise([y, gy], out, threads, |_, [y, gy], o| zip(f, y, y, gy, o)),
+            (false, false) => blockwise([gy], out, threads, |_, [gy], o| zip(f, gy, gy, gy, o)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -457,7 +567,6 @@ mod tests {
 
     #[test]
     fn half_elementwise_kernels_equal_widening_the_whole_tensor() {
-        use crate::UnaryOp;
         // Past three times the size from which kernels split (so that three threads take a
         // part each, cut off the blocks' edges).
         let n = if cfg!(miri) {
@@ -465,43 +574,65 @@ mod tests {
         } else {
             3 * super::super::par::PAR_MIN_ELEMS + 11
         };
+        let special = [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40];
         let src: Vec<f32> = (0..n)
-            .map(|k| ((k * 37) % 1001) as f32 * 0.013 - 6.0)
+            .map(|k| match k % 89 {
+                j if j < special.len() => special[j],
+                _ => ((k * 37) % 1001) as f32 * 0.013 - 6.0,
+            })
             .collect();
-        let mut x = vec![bf16::ZERO; n];
-        cast(&src, &mut x, 1);
-        for op in [
-            UnaryOp::Tanh,
-            UnaryOp::Gelu,
-            UnaryOp::Exp,
-            UnaryOp::Scale(0.3),
-        ] {
+        // Every row of the table (each derivative reads some of x, y and g: the kernel widens
+        // only those), and the f32 kernel's own paths for exp and tanh; under Miri a few.
+        let ops: &[UnaryOp] = if cfg!(miri) {
+            &[
+                UnaryOp::Tanh,
+                UnaryOp::Gelu,
+                UnaryOp::Exp,
+                UnaryOp::Scale(0.3),
+            ]
+        } else {
+            UnaryOp::SAMPLES
+        };
+        fn check<H: Storage>(src: &[f32], ops: &[UnaryOp], bits: impl Fn(&H) -> u16) {
+            let n = src.len();
+            let same = |got: &[H], want: &[H], what: &str| {
+                for (k, (a, b)) in got.iter().zip(want).enumerate() {
+                    assert_eq!(bits(a), bits(b), "{what}, element {k} ({})", src[k]);
+                }
+            };
+            let mut x = vec![H::narrow(0.0); n];
+            cast(src, &mut x, 1);
             let mut wide = vec![0f32; n];
             cast(&x, &mut wide, 1);
-            let mut y32 = vec![0f32; n];
-            super::super::unary(op, &wide, &mut y32, 1);
-            let mut want = vec![bf16::ZERO; n];
-            cast(&y32, &mut want, 1);
-            for threads in [1, 3] {
-                let mut got = vec![bf16::ZERO; n];
-                unary_half(op, &x, &mut got, threads);
-                assert_eq!(got, want, "{op:?}, {threads} threads");
+            for &op in ops {
+                let mut y32 = vec![0f32; n];
+                super::super::unary(op, &wide, &mut y32, 1);
+                let mut want = vec![H::narrow(0.0); n];
+                cast(&y32, &mut want, 1);
+                for threads in [1, 3] {
+                    let mut got = vec![H::narrow(0.0); n];
+                    unary_half(op, &x, &mut got, threads);
+                    same(&got, &want, &format!("{op:?}, {threads} threads"));
+                }
+                // The derivative, against the f32 one on the widened values, rounded.
+                let y = want;
+                let (mut yw, mut g32) = (vec![0f32; n], vec![0f32; n]);
+                cast(&y, &mut yw, 1);
+                let gy: Vec<H> = (0..n)
+                    .map(|k| H::narrow(1.0 + (k % 7) as f64 * 0.25))
+                    .collect();
+                cast(&gy, &mut g32, 1);
+                super::super::unary_grad_in_place(op, &wide, &yw, &mut g32, 1);
+                let mut want_g = vec![H::narrow(0.0); n];
+                cast(&g32, &mut want_g, 1);
+                let mut got_g = vec![H::narrow(0.0); n];
+                unary_grad_half(op, &x, &y, &gy, &mut got_g, 2);
+                same(&got_g, &want_g, &format!("{op:?}'"));
             }
-            // The derivative, against the f32 one on the widened values, rounded.
-            let mut y = vec![bf16::ZERO; n];
-            cast(&y32, &mut y, 1);
-            let (mut yw, mut g32) = (vec![0f32; n], vec![0f32; n]);
-            cast(&y, &mut yw, 1);
-            let gy: Vec<bf16> = (0..n)
-                .map(|k| bf16::from_f32(1.0 + (k % 7) as f32 * 0.25))
-                .collect();
-            cast(&gy, &mut g32, 1);
-            super::super::unary_grad_in_place(op, &wide, &yw, &mut g32, 1);
-            let mut want_g = vec![bf16::ZERO; n];
-            cast(&g32, &mut want_g, 1);
-            let mut got_g = vec![bf16::ZERO; n];
-            unary_grad_half(op, &x, &y, &gy, &mut got_g, 2);
-            assert_eq!(got_g, want_g, "{op:?}'");
+        }
+        check::<bf16>(&src, ops, |v| v.to_bits());
+        if !cfg!(miri) {
+            check::<f16>(&src, ops, |v| v.to_bits());
         }
     }
 

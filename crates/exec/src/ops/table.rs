@@ -132,6 +132,22 @@ macro_rules! unary_table {
                 }
             }
 
+            /// Whether the row's derivative reads the op's input `x` (its `grad` column names
+            /// it rather than `_`): kernels that widen or load operands skip what it ignores.
+            pub fn grad_reads_input(self) -> bool {
+                match self {
+                    $(UnaryOp::$var { .. } => unary_table!(@reads $gx),)*
+                }
+            }
+
+            /// Whether the row's derivative reads the op's output `y` (see
+            /// [`UnaryOp::grad_reads_input`]).
+            pub fn grad_reads_output(self) -> bool {
+                match self {
+                    $(UnaryOp::$var { .. } => unary_table!(@reads $gy),)*
+                }
+            }
+
             /// Calls `k` with the row's derivative `(x, y, g) ↦ g · f'(x)` as a closure.
             #[inline(always)]
             #[allow(unused_variables)]
@@ -150,6 +166,8 @@ macro_rules! unary_table {
         pub(crate) const UNARY_CUDA: &[(&str, &str, &str)] = &[$(($name, $cuda, $cuda_grad),)*];
     };
     (@f64 $p:ident) => { f64 };
+    (@reads _) => { false };
+    (@reads $v:ident) => { true };
     (@some) => { None };
     (@some $p:ident) => { Some($p) };
     (@id $v:ident $p:ident) => { $v };
