@@ -12,7 +12,7 @@ pub use arenagrad_alloc::Bool;
 use arenagrad_alloc::Pod;
 pub use half::{bf16, f16};
 
-use crate::ops::{UnaryGradKernel, UnaryKernel};
+use crate::ops::{BinaryKernel, UnaryGradKernel, UnaryKernel};
 use crate::{DType, Float, UnaryOp};
 
 /// Elements rounded per block when a conversion goes through `f32`.
@@ -423,16 +423,35 @@ pub fn binary_half<H: Storage>(
     out: &mut [H],
     threads: usize,
 ) {
-    blockwise([a, b], out, threads, |_, [a, b], o| {
-        let shape = [o.len()];
-        super::binary(
-            op,
-            super::Operand::new(a, &shape),
-            super::Operand::new(b, &shape),
-            super::Operand::new(o, &shape),
-            1,
+    op.with_fn(HalfZip { a, b, out, threads })
+}
+
+/// [`blockwise`] over two operands of one shape with the op's function (the table's row, as
+/// [`super::binary`] runs it), as a [`BinaryKernel`]: the function is inlined in the blocks'
+/// loop.
+struct HalfZip<'a, H> {
+    a: &'a [H],
+    b: &'a [H],
+    out: &'a mut [H],
+    threads: usize,
+}
+
+impl<H: Storage> BinaryKernel<f32> for HalfZip<'_, H> {
+    type Out = ();
+    #[inline(always)]
+    fn run<F: Fn(f32, f32) -> f32 + Sync + Copy>(self, f: F) {
+        blockwise(
+            [self.a, self.b],
+            self.out,
+            self.threads,
+            #[inline(always)]
+            |_, [a, b], o| {
+                for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
+                    *o = f(x, y);
+                }
+            },
         )
-    });
+    }
 }
 
 /// The fused derivative `g = gy · op'(x)` for 16-bit storage, block by block in f32 as
