@@ -87,7 +87,9 @@ impl<T: Float> Source<T> for Plain<'_, T> {
     }
 }
 
-/// A slice of another storage type, widened to f32 [`BLOCK`] elements at a time.
+/// A slice of another storage type, widened to f32 [`BLOCK`] elements at a time (in the
+/// caller's vectorised loop: [`Storage::load_block`]; the reductions read runs only inside
+/// [`wide`]).
 #[derive(Clone, Copy)]
 struct Widened<'a, H>(&'a [H]);
 
@@ -98,10 +100,19 @@ impl<H: Storage + Sync> Source<f32> for Widened<'_, H> {
     }
     #[inline(always)]
     fn runs(self, at: usize, len: usize, mut f: impl FnMut(&[f32])) {
+        let x = &self.0[at..at + len];
+        // A short run (a thread's columns of a bias gradient's row, say) in a buffer of its
+        // size: clearing the whole block for it cost more than widening and adding it.
+        if len <= SHORT_RUN {
+            let mut buf = [0f32; SHORT_RUN];
+            let b = &mut buf[..len];
+            H::load_block(x, b);
+            return f(b);
+        }
         let mut buf = [0f32; BLOCK];
-        for s in self.0[at..at + len].chunks(BLOCK) {
+        for s in x.chunks(BLOCK) {
             let b = &mut buf[..s.len()];
-            H::load_f32(s, b);
+            H::load_block(s, b);
             f(b)
         }
     }
@@ -111,6 +122,9 @@ impl<H: Storage + Sync> Source<f32> for Widened<'_, H> {
         f(&w)
     }
 }
+
+/// The longest run [`Widened`] widens into a buffer of this size rather than a whole block.
+const SHORT_RUN: usize = 64;
 
 /// [`reduce`]'s arguments, run with one row's identity and step.
 struct Reduce<'a, S, T> {
@@ -197,7 +211,9 @@ fn around_kept<T: Float, S: Source<T>, F: Fn(T, T) -> T + Sync + Copy>(
 }
 
 /// `x` as `[out.len() / c, b, c]` reduced over `b` into `out`: each row of `c` added into its
-/// output row in order of `b`. Split by outputs over threads.
+/// output row in order of `b`, or, for many rows into few outputs ([`kept_row_blocks`]), each
+/// of a few fixed blocks of rows so, and the blocks' results combined into `out` in block
+/// order. Split by outputs or by blocks over threads; the bits are the same on any number.
 #[inline(always)]
 fn between_kept<T: Float, S: Source<T>, F: Fn(T, T) -> T + Sync + Copy>(
     x: S,
@@ -206,6 +222,10 @@ fn between_kept<T: Float, S: Source<T>, F: Fn(T, T) -> T + Sync + Copy>(
     threads: usize,
     f: F,
 ) {
+    let blocks = kept_row_blocks(b, out.len());
+    if blocks > 1 {
+        return row_blocks_kept(x, (b, c), blocks, out, threads, f);
+    }
     par_chunks_mut(out, threads, PAR_MIN_ELEMS.div_ceil(b), |o0, o| {
         wide(
             b * o.len(),
@@ -230,6 +250,79 @@ fn between_kept<T: Float, S: Source<T>, F: Fn(T, T) -> T + Sync + Copy>(
             },
         )
     });
+}
+
+/// How many blocks of rows [`between_kept`] folds separately: one (every output's rows in
+/// order) but for a tall reduction into few outputs (a bias gradient: `[4096, 384]` over its
+/// rows), where splitting the outputs over threads gives each a narrow strip of every row, read
+/// row by row: two threads took longer than one. Then up to [`KEPT_ROW_BLOCKS`] blocks of at
+/// least [`KEPT_BLOCK_ROWS`] rows, each a contiguous run of memory. A function of the sizes
+/// alone, so that every thread count sums in the same order.
+fn kept_row_blocks(b: usize, outputs: usize) -> usize {
+    if outputs > KEPT_MAX_OUTPUTS || b.saturating_mul(outputs) < PAR_MIN_ELEMS {
+        return 1;
+    }
+    (b / KEPT_BLOCK_ROWS).clamp(1, KEPT_ROW_BLOCKS)
+}
+
+/// The most blocks [`kept_row_blocks`] makes.
+const KEPT_ROW_BLOCKS: usize = 8;
+/// The fewest rows in a block of [`kept_row_blocks`].
+const KEPT_BLOCK_ROWS: usize = 64;
+/// Above this many outputs the blocks' partial results (one set each) would be large, and the
+/// outputs alone split well: no blocks.
+const KEPT_MAX_OUTPUTS: usize = 1 << 14;
+
+/// [`between_kept`] in `blocks` blocks of rows: block `j` folds rows `j·b/blocks..(j+1)·b/blocks`
+/// of every `[b, c]` slab into a set of partial results of its own (from the identity, which
+/// `out` holds), the threads claiming blocks; then `out` combines the blocks' sets in order.
+#[inline(always)]
+fn row_blocks_kept<T: Float, S: Source<T>, F: Fn(T, T) -> T + Sync + Copy>(
+    x: S,
+    (b, c): (usize, usize),
+    blocks: usize,
+    out: &mut [T],
+    threads: usize,
+    f: F,
+) {
+    let len = out.len();
+    let mut partial = out.repeat(blocks);
+    let parts: Vec<&mut [T]> = partial.chunks_mut(len).collect();
+    super::par::claim_each(parts, threads, |j, part| {
+        let (r0, r1) = (j * b / blocks, (j + 1) * b / blocks);
+        wide(
+            (r1 - r0) * len,
+            #[inline(always)]
+            || {
+                for (i, part) in part.chunks_mut(c).enumerate() {
+                    // Rows r0..r1 of slab i lie one after another: read as one run, each piece
+                    // of it added into the columns it covers.
+                    let mut col = 0;
+                    x.runs((i * b + r0) * c, (r1 - r0) * c, |mut run| {
+                        while !run.is_empty() {
+                            let take = run.len().min(c - col);
+                            for (o, &v) in part[col..col + take].iter_mut().zip(&run[..take]) {
+                                *o = f(*o, v);
+                            }
+                            run = &run[take..];
+                            col = if col + take == c { 0 } else { col + take };
+                        }
+                    });
+                }
+            },
+        )
+    });
+    for part in partial.chunks_exact(len) {
+        wide(
+            len,
+            #[inline(always)]
+            || {
+                for (o, &v) in out.iter_mut().zip(part) {
+                    *o = f(*o, v);
+                }
+            },
+        );
+    }
 }
 
 /// Any other set of axes: an odometer over the rows, in memory order, on one thread.
@@ -733,6 +826,47 @@ mod tests {
                         bits(&want),
                         "bf16 {shape:?} {reduced:?} on {threads}"
                     );
+                }
+            }
+        }
+    }
+
+    /// Tall reductions into few outputs (a bias gradient's shape), which fold blocks of rows
+    /// separately: against an element-by-element reduction (small integers, exact in any
+    /// order), on one to three threads, from f32 and from bf16, with every row of the table.
+    /// (Not under Miri: the blocks start at 2¹⁶ elements, minutes there; the code is safe Rust
+    /// on `claim_each`, which Miri checks through the other split tests.)
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn tall_reductions_match_an_index_by_index_reduction() {
+        let cases: [(&[usize], &[bool]); 3] = [
+            (&[4099, 37], &[true, false]),
+            (&[3, 1500, 29], &[false, true, false]),
+            (&[1, 70_000, 3], &[false, true, false]),
+        ];
+        for (shape, reduced) in cases {
+            let n: usize = shape.iter().product();
+            let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 23) as f32 - 11.0).collect();
+            let half: Vec<crate::bf16> = x.iter().map(|&v| crate::bf16::from_f32(v)).collect();
+            let c = *shape.last().unwrap();
+            let b = shape[shape.len() - 2];
+            let len = n / b;
+            assert!(
+                kept_row_blocks(b, len) > 1,
+                "{shape:?} takes the row blocks"
+            );
+            for &op in ReduceOp::KINDS {
+                let mut want = vec![op.identity::<f32>(); len];
+                for (i, &v) in x.iter().enumerate() {
+                    let o = i / (b * c) * c + i % c;
+                    want[o] = op.combine(want[o], v);
+                }
+                for threads in 1..=3 {
+                    let mut got = vec![0f32; len];
+                    reduce_on(op, &x, shape, reduced, &mut got, threads);
+                    assert_eq!(got, want, "{} of {shape:?} on {threads}", op.name());
+                    reduce_widened(op, &half, shape, reduced, &mut got, threads);
+                    assert_eq!(got, want, "bf16 {} of {shape:?} on {threads}", op.name());
                 }
             }
         }
