@@ -376,26 +376,46 @@ pub fn blockwise<H: Storage, const N: usize>(
     });
 }
 
-/// [`blockwise`] over one input, with the op's function, as a [`UnaryKernel`]: the function is
-/// inlined in the blocks' loop.
-struct HalfMap<'a, H> {
-    x: &'a [H],
+/// [`blockwise`] over `N` inputs of one shape with an op's function, as a [`UnaryKernel`] (one
+/// input) or a [`BinaryKernel`] (two): the function is inlined in the blocks' loop.
+struct HalfBlocks<'a, H, const N: usize> {
+    ins: [&'a [H]; N],
     out: &'a mut [H],
     threads: usize,
 }
 
-impl<H: Storage> UnaryKernel<f32> for HalfMap<'_, H> {
+impl<H: Storage, const N: usize> HalfBlocks<'_, H, N> {
+    /// [`blockwise`] with `loop_` over each block's widened inputs and result.
+    #[inline(always)]
+    fn each(self, loop_: impl Fn([&[f32]; N], &mut [f32]) + Sync) {
+        blockwise(self.ins, self.out, self.threads, |_, ins, o| loop_(ins, o))
+    }
+}
+
+impl<H: Storage> UnaryKernel<f32> for HalfBlocks<'_, H, 1> {
     type Out = ();
     #[inline(always)]
     fn run<F: Fn(f32) -> f32 + Sync + Copy>(self, f: F) {
-        blockwise(
-            [self.x],
-            self.out,
-            self.threads,
+        self.each(
             #[inline(always)]
-            |_, [x], o| {
+            |[x], o| {
                 for (o, &v) in o.iter_mut().zip(x) {
                     *o = f(v);
+                }
+            },
+        )
+    }
+}
+
+impl<H: Storage> BinaryKernel<f32> for HalfBlocks<'_, H, 2> {
+    type Out = ();
+    #[inline(always)]
+    fn run<F: Fn(f32, f32) -> f32 + Sync + Copy>(self, f: F) {
+        self.each(
+            #[inline(always)]
+            |[a, b], o| {
+                for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
+                    *o = f(x, y);
                 }
             },
         )
@@ -405,7 +425,11 @@ impl<H: Storage> UnaryKernel<f32> for HalfMap<'_, H> {
 /// `out = op(x)` for 16-bit storage ([`blockwise`]): the same values as widening the whole
 /// tensor, running [`super::unary`] and rounding, without an f32 copy of the tensor.
 pub fn unary_half<H: Storage>(op: UnaryOp, x: &[H], out: &mut [H], threads: usize) {
-    let k = HalfMap { x, out, threads };
+    let k = HalfBlocks {
+        ins: [x],
+        out,
+        threads,
+    };
     match op {
         // The f32 kernel's own paths for these two (the rows write libm's `exp` and `tanh`).
         UnaryOp::Exp => k.run(|v: f32| v.exp_lanes()),
@@ -423,35 +447,11 @@ pub fn binary_half<H: Storage>(
     out: &mut [H],
     threads: usize,
 ) {
-    op.with_fn(HalfZip { a, b, out, threads })
-}
-
-/// [`blockwise`] over two operands of one shape with the op's function (the table's row, as
-/// [`super::binary`] runs it), as a [`BinaryKernel`]: the function is inlined in the blocks'
-/// loop.
-struct HalfZip<'a, H> {
-    a: &'a [H],
-    b: &'a [H],
-    out: &'a mut [H],
-    threads: usize,
-}
-
-impl<H: Storage> BinaryKernel<f32> for HalfZip<'_, H> {
-    type Out = ();
-    #[inline(always)]
-    fn run<F: Fn(f32, f32) -> f32 + Sync + Copy>(self, f: F) {
-        blockwise(
-            [self.a, self.b],
-            self.out,
-            self.threads,
-            #[inline(always)]
-            |_, [a, b], o| {
-                for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
-                    *o = f(x, y);
-                }
-            },
-        )
-    }
+    op.with_fn(HalfBlocks {
+        ins: [a, b],
+        out,
+        threads,
+    })
 }
 
 /// The fused derivative `g = gy · op'(x)` for 16-bit storage, block by block in f32 as
