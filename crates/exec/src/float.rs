@@ -206,7 +206,7 @@ pub trait Float:
     fn erf(self) -> Self;
     /// (Φ(x), e^(−x²/2)): the standard normal's distribution function and its density's shape
     /// (the density is e^(−x²/2)/√(2π)), for exact GELU and its derivative. For `f64`
-    /// ½(1 + erf(x/√2)) through libm; for `f32` a branch-free formula that vectorises and keeps
+    /// ½·erfc(−x/√2) through libm; for `f32` a branch-free formula that vectorises; both keep
     /// the left tail's relative accuracy (`cpu::fastmath`).
     fn normal_cdf_lanes(self) -> (Self, Self);
     /// Sine.
@@ -329,9 +329,11 @@ float_impl!(
 );
 float_impl!(f64, libm::erf, f64::exp, f64::tanh, normal_cdf_f64);
 
-/// [`Float::normal_cdf_lanes`] for `f64`: ½(1 + erf(x/√2)) and e^(−x²/2) through libm.
+/// [`Float::normal_cdf_lanes`] for `f64`: ½·erfc(−x/√2) and e^(−x²/2) through libm. (PyTorch's
+/// ½(1 + erf(x/√2)) is the same within an ulp or two near the middle, and 0 from x ≈ −8.3 on,
+/// where erfc keeps the left tail's relative accuracy.)
 #[inline(always)]
 fn normal_cdf_f64(x: f64) -> (f64, f64) {
-    let cdf = 0.5 * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2));
+    let cdf = 0.5 * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2);
     (cdf, (-0.5 * x * x).exp())
 }

@@ -593,7 +593,16 @@ mod tests {
         } else {
             3 * super::super::par::PAR_MIN_ELEMS + 11
         };
-        let special = [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40];
+        // 1e-40 is subnormal in bf16 (and 0 in f16), 3e-6 subnormal in f16.
+        let special = [
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e-40,
+            3e-6,
+        ];
         let src: Vec<f32> = (0..n)
             .map(|k| match k % 89 {
                 j if j < special.len() => special[j],

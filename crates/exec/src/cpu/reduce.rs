@@ -16,8 +16,10 @@ pub fn reduce<T: Float>(op: ReduceOp, x: &[T], shape: &[usize], reduced: &[bool]
     reduce_on(op, x, shape, reduced, out, 1)
 }
 
-/// [`reduce`] over up to `threads` threads, split by outputs: each output combines its values
-/// in the same order on any number of threads, so the bits do not depend on it.
+/// [`reduce`] over up to `threads` threads, split by outputs or, for a tall reduction into few
+/// outputs, by fixed blocks of rows whose results are combined in block order: each output
+/// combines its values in the same order on any number of threads, so the bits do not depend
+/// on it.
 pub fn reduce_on<T: Float>(
     op: ReduceOp,
     x: &[T],
@@ -259,19 +261,23 @@ fn between_kept<T: Float, S: Source<T>, F: Fn(T, T) -> T + Sync + Copy>(
 /// least [`KEPT_BLOCK_ROWS`] rows, each a contiguous run of memory. A function of the sizes
 /// alone, so that every thread count sums in the same order.
 fn kept_row_blocks(b: usize, outputs: usize) -> usize {
-    if outputs > KEPT_MAX_OUTPUTS || b.saturating_mul(outputs) < PAR_MIN_ELEMS {
+    if outputs > KEPT_MAX_OUTPUTS
+        || b < 2 * KEPT_BLOCK_ROWS
+        || b.saturating_mul(outputs) < PAR_MIN_ELEMS
+    {
         return 1;
     }
-    (b / KEPT_BLOCK_ROWS).clamp(1, KEPT_ROW_BLOCKS)
+    (b / KEPT_BLOCK_ROWS).min(KEPT_ROW_BLOCKS)
 }
 
-/// The most blocks [`kept_row_blocks`] makes.
-const KEPT_ROW_BLOCKS: usize = 8;
+/// The most blocks [`kept_row_blocks`] makes (and so the most threads that share a tall
+/// reduction).
+const KEPT_ROW_BLOCKS: usize = 16;
 /// The fewest rows in a block of [`kept_row_blocks`].
 const KEPT_BLOCK_ROWS: usize = 64;
-/// Above this many outputs the blocks' partial results (one set each) would be large, and the
-/// outputs alone split well: no blocks.
-const KEPT_MAX_OUTPUTS: usize = 1 << 14;
+/// Above this many outputs the outputs alone split into strips wide enough to read well (and
+/// the blocks' partial results, one set each, would grow): no blocks.
+const KEPT_MAX_OUTPUTS: usize = 2048;
 
 /// [`between_kept`] in `blocks` blocks of rows: block `j` folds rows `j·b/blocks..(j+1)·b/blocks`
 /// of every `[b, c]` slab into a set of partial results of its own (from the identity, which
@@ -790,8 +796,10 @@ mod tests {
     fn threads_and_widening_keep_the_bits() {
         // Under Miri, small enough to finish (the thread splits need the full sizes).
         let (big, row) = if cfg!(miri) { (1, 261) } else { (67, 2003) };
-        let cases: [(&[usize], &[bool]); 8] = [
+        let cases: [(&[usize], &[bool]); 9] = [
             (&[big * row], &[true]),
+            // Past the size where a tall reduction folds blocks of rows (not under Miri).
+            (&[3, 24 * big, 29], &[false, true, false]),
             (&[big * 3, row], &[false, true]),
             (&[row, big * 3], &[true, false]),
             (&[5, big, 7, 2 * big + 1], &[true, false, true, true]),
