@@ -625,6 +625,10 @@ mod tests {
             let n = src.len();
             let same = |got: &[H], want: &[H], what: &str| {
                 for (k, (a, b)) in got.iter().zip(want).enumerate() {
+                    // Miri makes up a NaN's sign and payload afresh for each operation.
+                    if cfg!(miri) && a.widen().is_nan() && b.widen().is_nan() {
+                        continue;
+                    }
                     assert_eq!(bits(a), bits(b), "{what}, element {k} ({})", src[k]);
                 }
             };

@@ -387,7 +387,12 @@ mod tests {
             let (cdf, e) = <f64 as Float>::normal_cdf_lanes(x);
             let tol = (2.0 + x * x) * f64::EPSILON * want;
             assert!((cdf - want).abs() <= tol, "Φ({x}) = {cdf:e}");
-            assert_eq!(e, (-0.5 * x * x).exp());
+            // (Within a few ulp of exp: Miri perturbs libm's results call by call.)
+            let e_want = (-0.5 * x * x).exp();
+            assert!(
+                (e - e_want).abs() <= 4.0 * f64::EPSILON * e_want,
+                "e at {x}"
+            );
         }
     }
 
