@@ -491,6 +491,62 @@ fn bf16_products_round_the_f32_sum_once_in_every_layout() {
     }
 }
 
+/// A bf16 product of many rows (a linear layer over a batch's tokens) is made in blocks of rows,
+/// each rounded from the thread's scratch: bit for bit the whole product's f32 sums rounded
+/// once (`exec`'s `gemm_bf16`, then the cast), from nothing, from a bias row and from a bias
+/// value, with either operand transposed, on one to three threads, with a last block short.
+#[test]
+fn bf16_products_of_many_rows_round_in_blocks_to_the_whole_products_bits() {
+    use arenagrad_graph::exec::cpu::{self, MatView, Mnk};
+    let g = Graph::new();
+    let (m, k, n) = (301, 37, 1100);
+    let vals = |len: usize, s: f64| -> Vec<f64> {
+        (0..len)
+            .map(|i| ((i as f64 * 0.37 + s).sin() * 3.0 * 64.0).round() / 64.0)
+            .collect()
+    };
+    for (ta, tb) in [(false, false), (true, false), (false, true)] {
+        let sa = if ta { [k, m] } else { [m, k] };
+        let sb = if tb { [n, k] } else { [k, n] };
+        let (av, bv) = (vals(m * k, 0.4), vals(k * n, 1.9));
+        let a = g.leaf(&av, &sa, DType::BF16).unwrap();
+        let b = g.leaf(&bv, &sb, DType::BF16).unwrap();
+        let (a16, b16) = (a.to_vec::<bf16>().unwrap(), b.to_vec::<bf16>().unwrap());
+        for bias in [None, Some(vec![n]), Some(vec![1])] {
+            // The definition: the f32 sums of the whole product (from the bias), then rounded.
+            let mut acc = vec![0f32; m * n];
+            let c = bias.as_ref().map(|shape| {
+                let len: usize = shape.iter().product();
+                g.leaf(&vals(len, 3.1), shape, DType::BF16).unwrap()
+            });
+            if let Some(c) = c {
+                let cv = c.to_vec::<bf16>().unwrap();
+                for (j, v) in acc.iter_mut().enumerate() {
+                    *v = cv[if cv.len() == 1 { 0 } else { j % n }].to_f32();
+                }
+            }
+            cpu::bf16::gemm_bf16(
+                Mnk::new(m, k, n),
+                MatView::row_major(&a16, 0, if ta { m } else { k }, ta),
+                MatView::row_major(&b16, 0, if tb { k } else { n }, tb),
+                &mut acc,
+                c.is_some(),
+                1,
+            );
+            let want: Vec<bf16> = acc.iter().map(|&v| cpu::bf16::to_bf16(v)).collect();
+            for threads in 1..=3 {
+                g.set_threads(threads);
+                let got = match c {
+                    Some(c) => c.addmm_t(a, b, ta, tb).unwrap(),
+                    None => a.matmul_t(b, ta, tb).unwrap(),
+                };
+                let what = format!("ta={ta} tb={tb} bias {bias:?}, {threads} threads");
+                assert_eq!(got.to_vec::<bf16>().unwrap(), want, "{what}");
+            }
+        }
+    }
+}
+
 /// The ops that run 16-bit tensors through f32 scratch instead of recorded f32 copies
 /// (attention in groups of heads, dropout and sums block by block) give, forward and backward,
 /// bit for bit what the op gives on f32 copies rounded back: that is their contract.

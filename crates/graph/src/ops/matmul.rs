@@ -584,6 +584,23 @@ pub(crate) fn product_bf16(
             return Ok(());
         }
     }
+    if a_offs.len() == 1
+        && start.is_none_or(|(_, c_rows, _)| c_rows == 1)
+        && !cpu::bf16::amx_in_use()
+        && dims.k > 0
+        && dims.n > 0
+        && dims.m >= 2 * rounded_rows(dims.n)
+    {
+        return rounded_in_blocks(
+            i,
+            name,
+            [ab, bb, out],
+            (a_offs[0], b_offs[0]),
+            dims,
+            [(a_cols, ta), (b_cols, tb)],
+            start,
+        );
+    }
     let acc = i.alloc(name, DType::F32, per * a_offs.len())?;
     let threads = i.threads;
     if let Some((cb, c_rows, c_cols)) = start {
@@ -640,6 +657,66 @@ pub(crate) fn product_bf16(
         cpu::cast(w, o, threads);
     }
     i.release_buf(Device::Cpu, acc)
+}
+
+/// The rows of a block of [`rounded_in_blocks`] for a product of `n` columns: about 2¹⁷ f32
+/// sums (512 KB, within a core's level-2 cache), at least 64 rows (each block packs all of `b`
+/// again) and at most 1024.
+fn rounded_rows(n: usize) -> usize {
+    ((1 << 17) / n.max(1)).clamp(64, 1024)
+}
+
+/// [`product_bf16`] for one product of many rows off AMX (a linear layer over a batch's tokens),
+/// from nothing or from a row: blocks of [`rounded_rows`] rows to the threads, each block's f32
+/// sums made in the thread's scratch and rounded into `out` from there. The whole product's
+/// sums had gone through an f32 buffer in memory and been cast after. The same bits: an
+/// output's sum does not depend on the rows around it.
+fn rounded_in_blocks(
+    i: &mut crate::graph::Inner,
+    name: &'static str,
+    [ab, bb, out]: [BufId; 3],
+    (a_off, b_off): (usize, usize),
+    dims: Mnk,
+    [(a_cols, ta), (b_cols, tb)]: [(usize, bool); 2],
+    start: Option<(BufId, usize, usize)>,
+) -> Result<()> {
+    use cpu::Gemm;
+    let alloc = |source| GraphError::Alloc { op: name, source };
+    let row: Option<(Vec<bf16>, usize)> = match start {
+        Some((cb, _, c_cols)) => Some((i.arena.slice::<bf16>(cb).map_err(alloc)?.to_vec(), c_cols)),
+        None => None,
+    };
+    let threads = i.threads;
+    let (o, x, y) = i
+        .arena
+        .split_mixed::<bf16, bf16, bf16>(out, ab, bb)
+        .map_err(alloc)?;
+    let Mnk { m, k, n } = dims;
+    let a = MatView::row_major(x, a_off, a_cols, ta);
+    let b = MatView::row_major(y, b_off, b_cols, tb);
+    let rows = rounded_rows(n);
+    let parts: Vec<&mut [bf16]> = o[..m * n].chunks_mut(rows * n).collect();
+    cpu::par::claim_each(parts, threads, |p, part| {
+        let r = part.len() / n;
+        let a = MatView {
+            offset: a.offset + p * rows * a.rs,
+            ..a
+        };
+        f32::with_scratch(r * n, |acc| {
+            if let Some((c, cols)) = &row {
+                for out_row in acc.chunks_exact_mut(n) {
+                    if *cols == 1 {
+                        out_row.fill(c[0].to_f32());
+                    } else {
+                        cpu::cast(&c[..n], out_row, 1);
+                    }
+                }
+            }
+            cpu::bf16::gemm_bf16(Mnk::new(r, k, n), a, b, acc, row.is_some(), 1);
+            cpu::cast(acc, part, 1);
+        });
+    });
+    Ok(())
 }
 
 /// `(m, k, n, c_rows, c_cols)` for `c + op(a)·op(b)` with matrices `a` and `b` whose inner
