@@ -268,6 +268,20 @@ pub struct Start<'a> {
     pub cols: usize,
 }
 
+impl Start<'_> {
+    /// The values output row `r` starts from, widened into `row` (the output's columns): row
+    /// `r mod rows` of `c`, or its one value where `cols` is 1. Panics if `c` is too short.
+    pub fn row_into(&self, r: usize, row: &mut [f32]) {
+        let sr = r % self.rows.max(1);
+        if self.cols == 1 {
+            row.fill(self.c[sr].to_f32());
+        } else {
+            let n = row.len();
+            bf16_to_f32(&self.c[sr * n..][..n], row);
+        }
+    }
+}
+
 /// `out[..m×n] = round(start + a·b)`: [`gemm_bf16`]'s sums, begun from `start` (zeros where
 /// none), rounded once to bf16 as [`f32_to_bf16`] rounds — the bits of [`gemm_bf16`] into an f32
 /// buffer followed by [`f32_to_bf16`], without the f32 buffer: each thread keeps the sums of 32

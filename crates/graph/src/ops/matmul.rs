@@ -550,56 +550,40 @@ pub(crate) fn product_bf16(
     start: Option<(BufId, usize, usize)>,
 ) -> Result<()> {
     let per = dims.m * dims.n;
-    if a_offs.len() == 1
-        && start.is_none_or(|(_, c_rows, _)| c_rows == 1)
-        && cpu::bf16::amx_in_use()
-    {
-        // One product from nothing or from a row (a layer's bias): on AMX, rounded from each
-        // thread's sums as they are made, without the f32 buffer (the same bits).
-        let alloc = |source| GraphError::Alloc { op: name, source };
-        let row: Option<(Vec<bf16>, usize)> = match start {
-            Some((cb, _, c_cols)) => {
-                Some((i.arena.slice::<bf16>(cb).map_err(alloc)?.to_vec(), c_cols))
+    if a_offs.len() == 1 && start.is_none_or(|(_, c_rows, _)| c_rows == 1) {
+        // One product from nothing or from a row (a layer's bias), rounded without the f32
+        // buffer below (the same bits): on AMX from each thread's sums as they are made; off
+        // it, for many rows, block by block from each thread's scratch.
+        let amx = cpu::bf16::amx_in_use();
+        let blocks = !amx && dims.k > 0 && dims.n > 0 && dims.m >= 2 * rounded_rows(dims.n);
+        if amx || blocks {
+            let alloc = |source| GraphError::Alloc { op: name, source };
+            let row: Option<(Vec<bf16>, usize)> = match start {
+                Some((cb, _, c_cols)) => {
+                    Some((i.arena.slice::<bf16>(cb).map_err(alloc)?.to_vec(), c_cols))
+                }
+                None => None,
+            };
+            let threads = i.threads;
+            let (o, x, y) = i
+                .arena
+                .split_mixed::<bf16, bf16, bf16>(out, ab, bb)
+                .map_err(alloc)?;
+            let start = row.as_ref().map(|(c, cols)| cpu::bf16::Start {
+                c,
+                rows: 1,
+                cols: *cols,
+            });
+            let a = MatView::row_major(x, a_offs[0], a_cols, ta);
+            let b = MatView::row_major(y, b_offs[0], b_cols, tb);
+            if blocks {
+                rounded_in_blocks(dims, a, b, start, o, threads);
+                return Ok(());
             }
-            None => None,
-        };
-        let threads = i.threads;
-        let (o, x, y) = i
-            .arena
-            .split_mixed::<bf16, bf16, bf16>(out, ab, bb)
-            .map_err(alloc)?;
-        let start = row.as_ref().map(|(c, cols)| cpu::bf16::Start {
-            c,
-            rows: 1,
-            cols: *cols,
-        });
-        if cpu::bf16::gemm_bf16_rounded(
-            dims,
-            MatView::row_major(x, a_offs[0], a_cols, ta),
-            MatView::row_major(y, b_offs[0], b_cols, tb),
-            start,
-            o,
-            threads,
-        ) {
-            return Ok(());
+            if cpu::bf16::gemm_bf16_rounded(dims, a, b, start, o, threads) {
+                return Ok(());
+            }
         }
-    }
-    if a_offs.len() == 1
-        && start.is_none_or(|(_, c_rows, _)| c_rows == 1)
-        && !cpu::bf16::amx_in_use()
-        && dims.k > 0
-        && dims.n > 0
-        && dims.m >= 2 * rounded_rows(dims.n)
-    {
-        return rounded_in_blocks(
-            i,
-            name,
-            [ab, bb, out],
-            (a_offs[0], b_offs[0]),
-            dims,
-            [(a_cols, ta), (b_cols, tb)],
-            start,
-        );
     }
     let acc = i.alloc(name, DType::F32, per * a_offs.len())?;
     let threads = i.threads;
@@ -612,13 +596,13 @@ pub(crate) fn product_bf16(
         // Every product of the batch starts from `c` (a product's row `r` is row `r mod m`),
         // written by the threads.
         if n > 0 {
+            let start = cpu::bf16::Start {
+                c,
+                rows: c_rows,
+                cols: c_cols,
+            };
             cpu::par::par_rows_mut(o, n, threads, cpu::par::PAR_MIN_ELEMS, |r, row| {
-                let cr = if c_rows == 1 { 0 } else { r % c_rows };
-                if c_cols == 1 {
-                    row.fill(c[cr].to_f32());
-                } else {
-                    cpu::cast(&c[cr * n..(cr + 1) * n], row, 1);
-                }
+                start.row_into(r, row)
             });
         }
     }
@@ -666,36 +650,23 @@ fn rounded_rows(n: usize) -> usize {
     ((1 << 17) / n.max(1)).clamp(64, 1024)
 }
 
-/// [`product_bf16`] for one product of many rows off AMX (a linear layer over a batch's tokens),
-/// from nothing or from a row: blocks of [`rounded_rows`] rows to the threads, each block's f32
+/// [`product_bf16`]'s `out = round(start + a·b)` for one product of many rows off AMX (a linear
+/// layer over a batch's tokens): blocks of [`rounded_rows`] rows to the threads, each block's f32
 /// sums made in the thread's scratch and rounded into `out` from there. The whole product's
 /// sums had gone through an f32 buffer in memory and been cast after. The same bits: an
 /// output's sum does not depend on the rows around it.
 fn rounded_in_blocks(
-    i: &mut crate::graph::Inner,
-    name: &'static str,
-    [ab, bb, out]: [BufId; 3],
-    (a_off, b_off): (usize, usize),
     dims: Mnk,
-    [(a_cols, ta), (b_cols, tb)]: [(usize, bool); 2],
-    start: Option<(BufId, usize, usize)>,
-) -> Result<()> {
+    a: MatView<'_, bf16>,
+    b: MatView<'_, bf16>,
+    start: Option<cpu::bf16::Start<'_>>,
+    out: &mut [bf16],
+    threads: usize,
+) {
     use cpu::Gemm;
-    let alloc = |source| GraphError::Alloc { op: name, source };
-    let row: Option<(Vec<bf16>, usize)> = match start {
-        Some((cb, _, c_cols)) => Some((i.arena.slice::<bf16>(cb).map_err(alloc)?.to_vec(), c_cols)),
-        None => None,
-    };
-    let threads = i.threads;
-    let (o, x, y) = i
-        .arena
-        .split_mixed::<bf16, bf16, bf16>(out, ab, bb)
-        .map_err(alloc)?;
     let Mnk { m, k, n } = dims;
-    let a = MatView::row_major(x, a_off, a_cols, ta);
-    let b = MatView::row_major(y, b_off, b_cols, tb);
     let rows = rounded_rows(n);
-    let parts: Vec<&mut [bf16]> = o[..m * n].chunks_mut(rows * n).collect();
+    let parts: Vec<&mut [bf16]> = out[..m * n].chunks_mut(rows * n).collect();
     cpu::par::claim_each(parts, threads, |p, part| {
         let r = part.len() / n;
         let a = MatView {
@@ -703,20 +674,15 @@ fn rounded_in_blocks(
             ..a
         };
         f32::with_scratch(r * n, |acc| {
-            if let Some((c, cols)) = &row {
-                for out_row in acc.chunks_exact_mut(n) {
-                    if *cols == 1 {
-                        out_row.fill(c[0].to_f32());
-                    } else {
-                        cpu::cast(&c[..n], out_row, 1);
-                    }
+            if let Some(s) = &start {
+                for (q, row) in acc.chunks_exact_mut(n).enumerate() {
+                    s.row_into(q, row);
                 }
             }
-            cpu::bf16::gemm_bf16(Mnk::new(r, k, n), a, b, acc, row.is_some(), 1);
+            cpu::bf16::gemm_bf16(Mnk::new(r, k, n), a, b, acc, start.is_some(), 1);
             cpu::cast(acc, part, 1);
         });
     });
-    Ok(())
 }
 
 /// `(m, k, n, c_rows, c_cols)` for `c + op(a)·op(b)` with matrices `a` and `b` whose inner

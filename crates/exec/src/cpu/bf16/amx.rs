@@ -546,12 +546,7 @@ fn rounded_rows(
             let rows = BLOCK.min(m - i0);
             if let Some((s, r0)) = start {
                 for (r, row) in strip.chunks_exact_mut(ldc).enumerate().take(rows) {
-                    let sr = (r0 + i0 + r) % s.rows;
-                    if s.cols == 1 {
-                        row[..n].fill(s.c[sr].to_f32());
-                    } else {
-                        super::bf16_to_f32(&s.c[sr * n..][..n], &mut row[..n]);
-                    }
+                    s.row_into(r0 + i0 + r, &mut row[..n]);
                 }
             }
             for (q, &(p0, kp, at)) in blocks.iter().enumerate() {
