@@ -202,6 +202,10 @@ fn agrees_with_the_composition_across_tiles_masks_and_causal() {
     );
     // More queries than one tile of 128 against one block of keys.
     agree(&[1, 2, 150, 8], &[1, 2, 100, 8], 4, None, false, None);
+    // More keys than one block (256): tiles of keys with the online softmax, each tile's keys
+    // a view into the head's keys transposed once.
+    agree(&[1, 2, 40, 8], &[1, 2, 300, 8], 4, None, false, None);
+    agree(&[1, 1, 300, 8], &[1, 1, 300, 8], 4, None, true, Some(0.2));
     // Rank 3 (no head axis) and rank 2.
     agree(&[3, 5, 4], &[3, 7, 4], 2, Some(&[1, 7]), false, None);
     agree(&[5, 4], &[7, 4], 3, None, true, None);

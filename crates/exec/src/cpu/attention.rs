@@ -110,7 +110,8 @@ pub fn keeps(dims: &AttnDims, h: usize, i: usize, j: usize) -> bool {
 }
 
 /// Scores of one tile into `s` (`bq × bk`, row-major): `q·kᵀ·scale + mask`, −∞ where causal
-/// hides a key.
+/// hides a key. `kt` is the tile's keys transposed (`d × bk`), made once by the caller for
+/// every query tile that meets them: the product would otherwise transpose them for each.
 #[inline(always)]
 fn scores<T: Float + Gemm>(
     dims: &AttnDims,
@@ -118,15 +119,16 @@ fn scores<T: Float + Gemm>(
     h: usize,
     (i0, bq): (usize, usize),
     (j0, bk): (usize, usize),
+    kt: MatView<'_, T>,
     s: &mut [T],
 ) {
-    let AttnInputs { q, k, mask, .. } = *inputs;
-    let (d, lq, lk) = (dims.d, dims.lq, dims.lk);
+    let AttnInputs { q, mask, .. } = *inputs;
+    let (d, lq) = (dims.d, dims.lq);
     let hx = h - inputs.first;
     gemm(
         Mnk::new(bq, d, bk),
         MatView::row_major(q, (hx * lq + i0) * d, d, false),
-        MatView::row_major(k, (hx * lk + j0) * d, d, true),
+        kt,
         s,
         false,
         1,
@@ -155,6 +157,20 @@ fn scores<T: Float + Gemm>(
             row[first_hidden..].fill(T::neg_infinity());
         }
     }
+}
+
+/// Rows `j0..j0 + bk` of head `hx`'s `[l, w]` block of `x` transposed into `out` (`w × bk`,
+/// row-major), returned as the product's view of them.
+#[inline(always)]
+fn transposed_rows<'o, T: Float + Gemm>(
+    x: &[T],
+    (hx, l, w): (usize, usize, usize),
+    (j0, bk): (usize, usize),
+    out: &'o mut Vec<T>,
+) -> MatView<'o, T> {
+    out.resize(w * bk, T::ZERO);
+    T::transpose(&x[(hx * l + j0) * w..], bk, w, w, &mut out[..w * bk]);
+    MatView::row_major(&out[..w * bk], 0, bk, false)
 }
 
 /// Tiles `(start, len)` of `0..n`.
@@ -280,9 +296,12 @@ fn forward_heads<T: Float + Gemm>(
     let mut kept = vec![T::ZERO; kb];
     let mut m = vec![T::ZERO; qt];
     let mut l = vec![0.0f64; qt];
+    let mut kt = Vec::new();
     for hl in 0..heads {
         let h = h0 + hl;
         let hx = h - inputs.first;
+        // The head's keys transposed once (`d × lk`), for every tile of queries.
+        let keys = transposed_rows(inputs.k, (hx, lk, dims.d), (0, lk), &mut kt);
         for (i0, bq) in blocks(lq, qt) {
             let acc = &mut o[(hl * lq + i0) * dv..(hl * lq + i0 + bq) * dv];
             acc.fill(T::ZERO);
@@ -299,7 +318,8 @@ fn forward_heads<T: Float + Gemm>(
                     bk
                 };
                 let st = &mut s[..bq * bk];
-                scores(dims, inputs, h, (i0, bq), (j0, bk), st);
+                let kt = MatView { offset: j0, ..keys };
+                scores(dims, inputs, h, (i0, bq), (j0, bk), kt, st);
                 for r in 0..bq {
                     let row = &mut st[r * bk..(r + 1) * bk];
                     let mt = row_max(m[r], row);
@@ -398,6 +418,7 @@ fn backward_heads<T: Float + Gemm>(
     let mut pd = [T::ZERO; TILE * TILE];
     let mut dp = [T::ZERO; TILE * TILE];
     let mut delta = vec![T::ZERO; lq];
+    let (mut kt, mut vt) = (Vec::new(), Vec::new());
     for hl in 0..heads {
         let h = h0 + hl;
         let hx = h - inputs.first;
@@ -420,12 +441,15 @@ fn backward_heads<T: Float + Gemm>(
         let dk_h = &mut dk[hl * lk * d..(hl + 1) * lk * d];
         let dv_h = &mut dv_out[hl * lk * dv..(hl + 1) * lk * dv];
         for (j0, bk) in tiles(lk) {
+            // The tile's keys and values transposed once, for every tile of queries.
+            let keys = transposed_rows(k, (hx, lk, d), (j0, bk), &mut kt);
+            let values = transposed_rows(v, (hx, lk, dv), (j0, bk), &mut vt);
             for (i0, bq) in tiles(lq) {
                 if dims.causal && j0 > i0 + bq - 1 {
                     continue;
                 }
                 let pt = &mut p[..bq * bk];
-                scores(dims, inputs, h, (i0, bq), (j0, bk), pt);
+                scores(dims, inputs, h, (i0, bq), (j0, bk), keys, pt);
                 let pdt = &mut pd[..bq * bk];
                 for r in 0..bq {
                     let l = lse[hx * lq + i0 + r];
@@ -467,29 +491,28 @@ fn backward_heads<T: Float + Gemm>(
                 gemm(
                     Mnk::new(bq, dv, bk),
                     MatView::row_major(go, (hx * lq + i0) * dv, dv, false),
-                    MatView::row_major(v, (hx * lk + j0) * dv, dv, true),
+                    values,
                     dpt,
                     false,
                     1,
                 );
-                // dS = P∘(dP − D)·scale, with dP the dropout mask applied to dP̃.
-                for r in 0..bq {
+                // dS = P∘(dP − D)·scale, with dP the dropout mask applied to dP̃: row by row
+                // over zipped slices, selects rather than branches (one vector loop; indexing
+                // the three tiles element by element kept it scalar).
+                let rows = dpt.chunks_exact_mut(bk).zip(pt.chunks_exact(bk));
+                for (r, (drow, prow)) in rows.enumerate() {
                     let di = delta[i0 + r];
-                    for c in 0..bk {
-                        let at = r * bk + c;
-                        let g = if dims.dropout == 0.0 {
-                            dpt[at]
-                        } else if kept[at] != T::ZERO {
-                            dpt[at] * kept[at]
-                        } else {
-                            T::ZERO
-                        };
-                        let pv = pt[at];
+                    if dims.dropout != 0.0 {
+                        for (g, &k) in drow.iter_mut().zip(&kept[r * bk..(r + 1) * bk]) {
+                            *g = if k != T::ZERO { *g * k } else { T::ZERO };
+                        }
+                    }
+                    for (g, &pv) in drow.iter_mut().zip(prow) {
                         // A hidden key's weight is exactly 0, and so is its gradient.
-                        dpt[at] = if pv == T::ZERO {
+                        *g = if pv == T::ZERO {
                             T::ZERO
                         } else {
-                            pv * (g - di) * scale
+                            pv * (*g - di) * scale
                         };
                     }
                 }

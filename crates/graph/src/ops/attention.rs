@@ -517,10 +517,9 @@ fn gather_parts(
             let row = l * d;
             cpu::par::par_rows_mut(dst, row, threads, cpu::par::PAR_MIN_ELEMS, |bh, blk| {
                 let (bi, hi) = (bh / h, bh % h);
-                for (li, r) in blk.chunks_exact_mut(d).enumerate() {
-                    let at = ((bi * l + li) * parts + part) * h * d + hi * d;
-                    r.copy_from_slice(&s[at..at + d]);
-                }
+                cpu::shape::fill_runs(blk, d, s, |li| {
+                    ((bi * l + li) * parts + part) * h * d + hi * d
+                });
             });
         });
         out.push(buf);
@@ -549,11 +548,10 @@ fn merge_parts(
             cpu::par::PAR_MIN_ELEMS,
             |bl, row| {
                 let (bi, li) = (bl / l, bl % l);
-                for (ph, r) in row.chunks_exact_mut(d).enumerate() {
+                cpu::shape::fill_runs(row, d, s, |ph| {
                     let (p, hi) = (ph / h, ph % h);
-                    let at = p * n + ((bi * h + hi) * l + li) * d;
-                    r.copy_from_slice(&s[at..at + d]);
-                }
+                    p * n + ((bi * h + hi) * l + li) * d
+                });
             },
         );
     });
