@@ -176,40 +176,68 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         1.0 / per_token
     );
     if args.floor {
-        // This machine's memory bandwidth drifts by tens of percent within seconds (other
-        // tenants), so the floor is read between repeated generations and each generation is
-        // compared with the floor read beside it.
-        let copy = Weights::copy(&model);
-        let mut ratios = Vec::new();
-        let mut best = f64::MAX;
-        for _ in 0..5 {
-            let t = Instant::now();
-            let again = model.lm().generate(
-                &g,
-                &prompt,
-                args.tokens,
-                sampling,
-                &mut Rng::seed(args.seed),
-            )?;
-            let token = t.elapsed().as_secs_f64() / again.len().max(1) as f64;
-            let floor = copy.read_time(5);
-            best = best.min(floor);
-            ratios.push(token / floor);
-        }
-        ratios.sort_by(f64::total_cmp);
-        let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
-        println!(
-            "reading the {:.0} MB of weights once takes {:.1} ms here at best ({:.1} GB/s on {} \
-             threads); over 5 rounds of generating again and reading them once, a token took \
-             {}× the read beside it (median {:.2}×)",
-            copy.bytes as f64 / 1e6,
-            best * 1e3,
-            copy.bytes as f64 / best / 1e9,
-            threads(),
-            shown.join(", "),
-            ratios[2]
-        );
+        floor(&model, &g, &prompt, args.tokens, sampling, args.seed)?;
     }
+    Ok(())
+}
+
+/// Times each token of a new greedy or sampled run against one read of the weights made just
+/// after it, and prints the ratios. This machine's bandwidth moves by a factor of two and more
+/// between seconds (other tenants), while a token and the read after it lie 20 ms apart and
+/// see the same machine: each token's ratio to its own read, and their median, compare like
+/// with like. (Timing whole generations against reads made after them had put the same build
+/// anywhere from 0.9 to 2.3 times the read.)
+fn floor(
+    model: &Model,
+    g: &Graph,
+    prompt: &[usize],
+    tokens: usize,
+    sampling: Sampling,
+    seed: u64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let copy = Weights::copy(model);
+    let lm = model.lm();
+    let mut rng = Rng::seed(seed);
+    let mut caches = lm.new_caches(g, 1)?;
+    let room = lm.context().saturating_sub(prompt.len());
+    let mut pending = prompt.to_vec();
+    // (token, read) times, in seconds.
+    let mut pairs = Vec::new();
+    // The first step reads the prompt; untimed, as is a warm-up read.
+    for step in 0..=tokens.min(room) {
+        let t = Instant::now();
+        let row = g.try_scope(|g| -> arenagrad::nn::Result<Vec<f64>> {
+            let logits = lm.forward_cached(g, &pending, 1, &mut caches)?;
+            let last = logits.shape()[1] - 1;
+            Ok(logits.slice(1, last, last + 1)?.to_vec_f64()?)
+        })?;
+        pending = vec![sampling.sample(&row, &mut rng)];
+        let token = t.elapsed().as_secs_f64();
+        let read = copy.read_time(1);
+        if step > 0 {
+            pairs.push((token, read));
+        }
+    }
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[v.len() / 10], v[v.len() * 9 / 10])
+    };
+    let (ratio, low, high) = median(pairs.iter().map(|(t, r)| t / r).collect());
+    let (read, ..) = median(pairs.iter().map(|p| p.1).collect());
+    let best = pairs.iter().map(|p| p.1).fold(f64::MAX, f64::min);
+    println!(
+        "reading the {:.0} MB of weights once took {:.1} ms (median; {:.1} GB/s at best on {} \
+         threads); each of {} tokens against the read made just after it: {ratio:.2}× the read \
+         (median; {low:.2}–{high:.2}× from the 10th to the 90th percentile)",
+        copy.bytes as f64 / 1e6,
+        read * 1e3,
+        copy.bytes as f64 / best / 1e9,
+        threads(),
+        pairs.len(),
+    );
     Ok(())
 }
 

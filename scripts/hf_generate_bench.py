@@ -9,9 +9,9 @@ checkpoint, in alternating rounds:
 
 The model directory is made first if missing (`GPT2LMHeadModel(GPT2Config())` seeded, saved by
 `save_pretrained`: about 500 MB). For each round it runs `examples/generate --floor` (which also
-compares a token's time with reading the weights once, read between repeated generations: at
-batch 1 every token reads every weight, so that is the floor of a token's time) and then `transformers`' `generate` with the same prompt, and prints
-the medians. Loading is compared with reading the file once. With `--dtype bf16` both sides
+compares each token's time with one read of the weights made just after it: at batch 1 every
+token reads every weight, so that is the floor of a token's time) and then `transformers`'
+`generate` with the same prompt, and prints the medians. Loading is compared with reading the file once. With `--dtype bf16` both sides
 convert the f32 checkpoint to bf16 as they load and generate in bf16; the greedy tokens must
 then agree only as far as two implementations' bf16 roundings let them (the run reports how
 many of the 64 do, from the start); in f32 they must be the same.
@@ -52,7 +52,7 @@ def ours(dir, threads, dtype):
     ).stdout
     load = float(re.search(r"in ([0-9.]+) s\)", out).group(1))
     rate = float(re.search(r"([0-9.]+) tokens/s", out).group(1))
-    floor = float(re.search(r"\(median ([0-9.]+)×\)", out).group(1))
+    floor = float(re.search(r"([0-9.]+)× the read \(median", out).group(1))
     tokens = re.search(r"generated: ([0-9,]+)", out).group(1)
     return load, rate, floor, tokens
 
