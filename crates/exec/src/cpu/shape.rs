@@ -115,7 +115,7 @@ pub fn fill_runs<T: Copy>(dst: &mut [T], len: usize, src: &[T], at: impl Fn(usiz
         return;
     }
     assert!(
-        len > 0 && dst.len() % len == 0,
+        len > 0 && dst.len().is_multiple_of(len),
         "fill_runs: {} elements in runs of {len}",
         dst.len()
     );
