@@ -836,6 +836,55 @@ fn attend_cache_reads_the_cache_where_it_lies() {
     }
 }
 
+/// A cache long enough for `attend_cache` to split its key/value heads over threads (each
+/// thread widening its own heads in 16-bit storage): the values of attention written out in
+/// f64, on one and three threads, with grouped-query heads.
+#[test]
+fn long_caches_split_over_threads_give_the_written_out_values() {
+    let (b, heads, kv, new, len, cap, d, dv) = (2, 4, 2, 2, 600, 640, 8, 8);
+    let vals = |n: usize, seed: usize| -> Vec<f64> {
+        (0..n)
+            .map(|i| (((i * 7919 + seed * 104_729) % 2003) as f64 / 1001.5) - 1.0)
+            .collect()
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
+        for threads in [1, 3] {
+            let g = Graph::with_threads(threads);
+            let k = g
+                .from_f64(&vals(b * kv * cap * d, 1), &[b, kv, cap, d], dtype)
+                .unwrap();
+            let v = g
+                .from_f64(&vals(b * kv * cap * dv, 2), &[b, kv, cap, dv], dtype)
+                .unwrap();
+            let q = g
+                .from_f64(&vals(b * heads * new * d, 3), &[b, heads, new, d], dtype)
+                .unwrap();
+            let want = naive_cache_attention(
+                &q.to_vec_f64().unwrap(),
+                &k.to_vec_f64().unwrap(),
+                &v.to_vec_f64().unwrap(),
+                [b, heads, kv, new, len, cap, d, dv],
+                true,
+            );
+            let got = q
+                .attend_cache(k, v, len, true)
+                .unwrap()
+                .to_vec_f64()
+                .unwrap();
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max);
+            assert!(
+                worst <= tol,
+                "{dtype:?} on {threads} threads: off by {worst}"
+            );
+        }
+    }
+}
+
 /// `attend_cache` refuses a cache shorter than `len`, fewer positions than new queries, heads
 /// that do not divide, shapes of another rank and mixed dtypes, naming the op.
 #[test]

@@ -718,7 +718,8 @@ const CACHE_PAR_MIN: usize = 1 << 16;
 /// Attention of `q` (`[batch, heads, new, d]`) over the first `len` positions of the cache `k`
 /// (`[batch, kv_heads, cap, d]`) and `v` (`[batch, kv_heads, cap, dv]`), read where they lie:
 /// `o` (`[batch, heads, new, dv]`) gets softmax(scale·q·kᵀ)·v per head, a row whose keys are all
-/// hidden (−∞ scores) 0, a NaN score NaN. Positions past `len` are never read.
+/// hidden (−∞ scores) 0, a NaN score NaN. Positions past `len` are never read. The threads take
+/// key/value heads, each with the query heads that read it.
 pub fn attend_cache<T: Float>(
     p: &CacheDims,
     q: &[T],
@@ -727,9 +728,10 @@ pub fn attend_cache<T: Float>(
     o: &mut [T],
     threads: usize,
 ) {
+    let Some(group) = cache_checks(p, q.len(), (k.len(), v.len()), o.len()) else {
+        return;
+    };
     let CacheDims {
-        heads,
-        kv_heads,
         new,
         len,
         cap,
@@ -737,72 +739,30 @@ pub fn attend_cache<T: Float>(
         dv,
         ..
     } = *p;
-    assert!(kv_heads > 0 && heads % kv_heads == 0 && new <= len && len <= cap);
-    assert!(q.len() >= p.batch * heads * new * d && o.len() >= p.batch * heads * new * dv);
-    assert!(k.len() >= p.batch * kv_heads * cap * d && v.len() >= p.batch * kv_heads * cap * dv);
-    if new == 0 || dv == 0 {
-        return;
-    }
-    let group = heads / kv_heads;
-    let scale = T::from_f64(p.scale);
-    let t = if p.work() >= CACHE_PAR_MIN {
-        threads
-    } else {
-        1
-    };
-    let o = &mut o[..p.batch * heads * new * dv];
-    super::par::par_rows_mut(o, new * dv, t, 0, |bh, out| {
-        super::wide::wide(
-            len * (d + dv),
-            #[inline(always)]
-            || {
-                let (b, h) = (bh / heads, bh % heads);
-                let kvh = b * kv_heads + h / group;
-                let (keys, values) = (&k[kvh * cap * d..], &v[kvh * cap * dv..]);
-                let mut s = vec![T::ZERO; len];
-                let mut tmp = vec![T::ZERO; len];
-                for (i, oi) in out.chunks_exact_mut(dv).enumerate() {
-                    let qi = &q[(bh * new + i) * d..][..d];
-                    let limit = if p.causal { len - new + i + 1 } else { len };
-                    let row = &mut s[..limit];
-                    for (j, sj) in row.iter_mut().enumerate() {
-                        *sj = dot_lanes(qi, &keys[j * d..][..d]) * scale;
-                    }
-                    oi.fill(T::ZERO);
-                    let m = row_max(T::neg_infinity(), row);
-                    if m == T::neg_infinity() {
-                        // Every key hidden: PyTorch's safe softmax gives weights of 0, so 0 out.
-                        continue;
-                    }
-                    for (t, &x) in tmp.iter_mut().zip(row.iter()) {
-                        *t = x - m;
-                    }
-                    T::exp_into(&tmp[..limit], row);
-                    let inv = T::from_f64(1.0 / sum_f64(row));
-                    for (j, &w) in row.iter().enumerate() {
-                        for (a, &x) in oi.iter_mut().zip(&values[j * dv..][..dv]) {
-                            *a += w * x;
-                        }
-                    }
-                    for a in oi.iter_mut() {
-                        *a *= inv;
-                    }
-                }
-            },
-        )
-    });
+    let o = &mut o[..p.batch * p.heads * new * dv];
+    super::par::par_rows_mut(
+        o,
+        group * new * dv,
+        cache_threads(p, threads),
+        0,
+        |kvh, out| {
+            super::wide::wide(
+                len * (d + dv),
+                #[inline(always)]
+                || {
+                    let qs = &q[kvh * group * new * d..][..group * new * d];
+                    let keys = Direct(&k[kvh * cap * d..][..len * d]);
+                    let values = Direct(&v[kvh * cap * dv..][..len * dv]);
+                    attend_kv_head(p, qs, (keys, values), out);
+                },
+            )
+        },
+    );
 }
 
-/// [`attend_cache`] for 16-bit storage: the queries and each key/value head's first `len`
-/// positions widened to f32, the f32 kernel, and the output rounded once.
-pub fn attend_cache_half<H: Storage>(
-    p: &CacheDims,
-    q: &[H],
-    k: &[H],
-    v: &[H],
-    o: &mut [H],
-    threads: usize,
-) {
+/// The checks of [`attend_cache`] on the problem and its operands' lengths; the query heads per
+/// key/value head, or `None` when there is nothing to compute.
+fn cache_checks(p: &CacheDims, q: usize, (k, v): (usize, usize), o: usize) -> Option<usize> {
     let CacheDims {
         batch,
         heads,
@@ -814,25 +774,141 @@ pub fn attend_cache_half<H: Storage>(
         dv,
         ..
     } = *p;
-    assert!(len <= cap);
-    let mut qw = vec![0f32; batch * heads * new * d];
-    H::load_f32(&q[..qw.len()], &mut qw);
-    let widen = |x: &[H], w: usize| {
-        let mut out = vec![0f32; batch * kv_heads * len * w];
-        for (kvh, dst) in out.chunks_exact_mut(len * w).enumerate() {
-            H::load_f32(&x[kvh * cap * w..][..len * w], dst);
+    assert!(kv_heads > 0 && heads % kv_heads == 0 && new <= len && len <= cap);
+    assert!(q >= batch * heads * new * d && o >= batch * heads * new * dv);
+    assert!(k >= batch * kv_heads * cap * d && v >= batch * kv_heads * cap * dv);
+    (new > 0 && dv > 0).then_some(heads / kv_heads)
+}
+
+/// The threads [`attend_cache`] splits a problem over.
+fn cache_threads(p: &CacheDims, threads: usize) -> usize {
+    if p.work() >= CACHE_PAR_MIN {
+        threads
+    } else {
+        1
+    }
+}
+
+/// The rows of a key/value head as [`attend_kv_head`] reads them: row `j` (of `w` elements) in
+/// `T`, where it lies or converted into `buf`.
+trait Rows<T> {
+    fn row<'s>(&'s self, j: usize, w: usize, buf: &'s mut [T]) -> &'s [T];
+}
+
+/// Rows stored in the kernel's type, read where they lie.
+struct Direct<'a, T>(&'a [T]);
+
+impl<T: Copy> Rows<T> for Direct<'_, T> {
+    #[inline(always)]
+    fn row<'s>(&'s self, j: usize, w: usize, _buf: &'s mut [T]) -> &'s [T] {
+        &self.0[j * w..][..w]
+    }
+}
+
+/// 16-bit rows, each widened to f32 as it is read (in the kernel's vector loop for bf16): the
+/// cache is read once, in its own bytes, with no f32 copy of it.
+struct Widened<'a, H>(&'a [H]);
+
+impl<H: Storage> Rows<f32> for Widened<'_, H> {
+    #[inline(always)]
+    fn row<'s>(&'s self, j: usize, w: usize, buf: &'s mut [f32]) -> &'s [f32] {
+        let buf = &mut buf[..w];
+        H::load_block(&self.0[j * w..][..w], buf);
+        buf
+    }
+}
+
+/// One key/value head's part of [`attend_cache`]: the queries `qs` of the query heads that read
+/// it (`[group, new, d]`) over its first `len` keys and values (`[len, d]`, `[len, dv]`), into
+/// `out` (`[group, new, dv]`).
+#[inline(always)]
+fn attend_kv_head<T: Float>(
+    p: &CacheDims,
+    qs: &[T],
+    (keys, values): (impl Rows<T>, impl Rows<T>),
+    out: &mut [T],
+) {
+    let CacheDims {
+        new, len, d, dv, ..
+    } = *p;
+    let scale = T::from_f64(p.scale);
+    let mut s = vec![T::ZERO; len];
+    let mut tmp = vec![T::ZERO; len];
+    let mut buf = vec![T::ZERO; d.max(dv)];
+    for (r, oi) in out.chunks_exact_mut(dv).enumerate() {
+        // Row r is query r % new of its head.
+        let i = r % new;
+        let qi = &qs[r * d..][..d];
+        let limit = if p.causal { len - new + i + 1 } else { len };
+        let row = &mut s[..limit];
+        for (j, sj) in row.iter_mut().enumerate() {
+            *sj = dot_lanes(qi, keys.row(j, d, &mut buf)) * scale;
         }
-        out
+        oi.fill(T::ZERO);
+        let m = row_max(T::neg_infinity(), row);
+        if m == T::neg_infinity() {
+            // Every key hidden: PyTorch's safe softmax gives weights of 0, so 0 out.
+            continue;
+        }
+        for (t, &x) in tmp.iter_mut().zip(row.iter()) {
+            *t = x - m;
+        }
+        T::exp_into(&tmp[..limit], row);
+        let inv = T::from_f64(1.0 / sum_f64(row));
+        for (j, &w) in row.iter().enumerate() {
+            for (a, &x) in oi.iter_mut().zip(values.row(j, dv, &mut buf)) {
+                *a += w * x;
+            }
+        }
+        for a in oi.iter_mut() {
+            *a *= inv;
+        }
+    }
+}
+
+/// [`attend_cache`] for 16-bit storage: each thread widens its queries to f32 and reads its
+/// key/value head's rows widening each as it goes ([`Widened`]), runs the f32 kernel's
+/// arithmetic on them and rounds its outputs once — the values of the f32 kernel on the widened
+/// tensors, rounded. (Widening every head's cache into f32 copies on the calling thread before
+/// the kernel took a tenth of a bf16 GPT-2 token there, the other thread waiting.)
+pub fn attend_cache_half<H: Storage>(
+    p: &CacheDims,
+    q: &[H],
+    k: &[H],
+    v: &[H],
+    o: &mut [H],
+    threads: usize,
+) {
+    let Some(group) = cache_checks(p, q.len(), (k.len(), v.len()), o.len()) else {
+        return;
     };
-    let (kw, vw) = (widen(k, d), widen(v, dv));
-    let mut ow = vec![0f32; batch * heads * new * dv];
-    attend_cache(
-        &CacheDims { cap: len, ..*p },
-        &qw,
-        &kw,
-        &vw,
-        &mut ow,
-        threads,
+    let CacheDims {
+        new,
+        len,
+        cap,
+        d,
+        dv,
+        ..
+    } = *p;
+    let o = &mut o[..p.batch * p.heads * new * dv];
+    super::par::par_rows_mut(
+        o,
+        group * new * dv,
+        cache_threads(p, threads),
+        0,
+        |kvh, out| {
+            let part = &q[kvh * group * new * d..][..group * new * d];
+            let mut qs = vec![0f32; part.len()];
+            H::load_f32(part, &mut qs);
+            let keys = Widened(&k[kvh * cap * d..][..len * d]);
+            let values = Widened(&v[kvh * cap * dv..][..len * dv]);
+            let mut ow = vec![0f32; out.len()];
+            super::wide::wide(
+                len * (d + dv),
+                #[inline(always)]
+                || attend_kv_head(p, &qs, (keys, values), &mut ow),
+            );
+            H::store_f32(&ow, out);
+        },
     );
-    H::store_f32(&ow, &mut o[..ow.len()]);
 }
