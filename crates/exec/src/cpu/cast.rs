@@ -243,6 +243,9 @@ impl Storage for bf16 {
     }
     #[inline(always)]
     fn sum_of(a: bf16, b: bf16) -> bf16 {
+        if zero_plus_is_itself(a.to_bits(), b.to_bits(), b.is_nan()) {
+            return b;
+        }
         super::bf16::to_bf16(a.to_f32() + b.to_f32())
     }
 }
@@ -267,8 +270,20 @@ impl Storage for f16 {
     }
     #[inline(always)]
     fn sum_of(a: f16, b: f16) -> f16 {
+        if zero_plus_is_itself(a.to_bits(), b.to_bits(), b.is_nan()) {
+            return b;
+        }
         f16::from_f32(a.to_f32() + b.to_f32())
     }
+}
+
+/// Whether `a + b` of two 16-bit floats (their bits) is `b` itself because `a` is +0: for
+/// every `b` but −0 (+0 + −0 is +0) and NaN (which the f32 addition may quiet). A scatter into
+/// zeros (a max pooling's backward: each input element receives at most one gradient) then
+/// copies instead of widening, adding and rounding each element.
+#[inline(always)]
+fn zero_plus_is_itself(a: u16, b: u16, b_nan: bool) -> bool {
+    a == 0 && b != 0x8000 && !b_nan
 }
 
 /// `src` converted into `dst` (same length): exact when `D` is at least as wide, else rounded
@@ -519,6 +534,32 @@ impl<H: Storage> UnaryGradKernel<f32> for HalfZip3<'_, H> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `sum_of` with either operand ±0 is the f32 sum rounded, for every 16-bit `b`: the +0
+    /// shortcut keeps −0 + +0's sign rule and NaN's quieting to the full route.
+    #[test]
+    // Not under Miri: it makes up each NaN's bits per operation (and 2^18 sums take minutes).
+    #[cfg_attr(miri, ignore)]
+    fn sums_with_a_zero_are_the_rounded_f32_sums() {
+        for zero in [0u16, 0x8000] {
+            for bits in 0..=u16::MAX {
+                let (a, b) = (bf16::from_bits(zero), bf16::from_bits(bits));
+                let want = crate::cpu::bf16::to_bf16(a.to_f32() + b.to_f32());
+                assert_eq!(
+                    bf16::sum_of(a, b).to_bits(),
+                    want.to_bits(),
+                    "bf16 {zero:#x} + {bits:#x}"
+                );
+                let (a, b) = (f16::from_bits(zero), f16::from_bits(bits));
+                let want = f16::from_f32(a.to_f32() + b.to_f32());
+                assert_eq!(
+                    f16::sum_of(a, b).to_bits(),
+                    want.to_bits(),
+                    "f16 {zero:#x} + {bits:#x}"
+                );
+            }
+        }
+    }
 
     fn all_bits_round_trip<T: Storage>(from_bits: impl Fn(u16) -> T, to_bits: impl Fn(T) -> u16) {
         let src: Vec<T> = (0..=u16::MAX).map(&from_bits).collect();
