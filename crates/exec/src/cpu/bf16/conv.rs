@@ -140,17 +140,22 @@ pub fn patch_products(
                             false,
                             1,
                         );
-                        for (c, (row, y)) in sums
-                            .chunks_exact_mut(l)
-                            .zip(out_b.chunks_exact_mut(l))
-                            .enumerate()
-                        {
-                            if let Some(bias) = bias {
-                                let add = bias[c];
-                                row.iter_mut().for_each(|v| *v += add);
-                            }
-                            bf16::store_f32(row, y);
-                        }
+                        // Each channel's row plus its bias, rounded, in one pass at the
+                        // widest vector level (the bias loop alone had run at the baseline's).
+                        let rows = sums.chunks_exact_mut(l).zip(out_b.chunks_exact_mut(l));
+                        crate::cpu::wide::wide(
+                            o * l,
+                            #[inline(always)]
+                            move || {
+                                for (c, (row, y)) in rows.enumerate() {
+                                    if let Some(bias) = bias {
+                                        let add = bias[c];
+                                        row.iter_mut().for_each(|v| *v += add);
+                                    }
+                                    bf16::store_block(row, y);
+                                }
+                            },
+                        );
                     }
                     if want_dw {
                         let part = &mut job.3[(blk - b0) * o * k..][..o * k];
