@@ -199,11 +199,14 @@ fn floor(
     let lm = model.lm();
     let mut rng = Rng::seed(seed);
     let mut caches = lm.new_caches(g, 1)?;
-    let room = lm.context().saturating_sub(prompt.len());
-    let mut pending = prompt.to_vec();
+    // As `generate`: the prompt's last `context` tokens; each step then adds one position.
+    let ctx = lm.context();
+    let mut pending = prompt[prompt.len().saturating_sub(ctx)..].to_vec();
+    let room = ctx - pending.len();
     // (token, read) times, in seconds.
     let mut pairs = Vec::new();
-    // The first step reads the prompt; untimed, as is a warm-up read.
+    // The first step reads the prompt (untimed, as is the read after it); each later step one
+    // token, `tokens` of them as far as the context has room.
     for step in 0..=tokens.min(room) {
         let t = Instant::now();
         let row = g.try_scope(|g| -> arenagrad::nn::Result<Vec<f64>> {
@@ -219,6 +222,7 @@ fn floor(
         }
     }
     if pairs.is_empty() {
+        println!("no room in the context of {ctx} positions after the prompt to time a token");
         return Ok(());
     }
     let median = |mut v: Vec<f64>| {

@@ -17,7 +17,7 @@
 //! order without storing it.
 
 use super::cast::Storage;
-use super::matmul::{dot_lanes, gemm, Gemm, MatView, Mnk};
+use super::matmul::{dot_lanes, gemm, Gemm, MatView, Mnk, SMALL_M};
 use crate::Float;
 
 /// Queries and keys per tile.
@@ -173,6 +173,29 @@ fn transposed_rows<'o, T: Float + Gemm>(
     MatView::row_major(&out[..w * bk], 0, bk, false)
 }
 
+/// The largest head (`d · lk` elements) whose keys the forward transposes whole, once: 4 MiB of
+/// f32 per thread.
+const TRANSPOSED_HEAD_MAX: usize = 1 << 20;
+
+/// Rows `j0..` of head `hx`'s `[l, w]` block of `x` as a product reads them transposed, for a
+/// tile of `bq` queries: `pre`, those rows transposed once by the caller, for a tile of more than
+/// [`SMALL_M`] queries; otherwise the rows where they lie, read transposed, as before the
+/// transposes left the loop (a product of so few rows takes its dot-product path on them, and
+/// keeps the sums it had).
+#[inline(always)]
+fn tile_rows<'a, T>(
+    pre: Option<MatView<'a, T>>,
+    x: &'a [T],
+    (hx, l, w): (usize, usize, usize),
+    j0: usize,
+    bq: usize,
+) -> MatView<'a, T> {
+    match pre {
+        Some(v) if bq > SMALL_M => v,
+        _ => MatView::row_major(x, (hx * l + j0) * w, w, true),
+    }
+}
+
 /// Tiles `(start, len)` of `0..n`.
 fn tiles(n: usize) -> impl Iterator<Item = (usize, usize)> {
     blocks(n, TILE)
@@ -300,8 +323,10 @@ fn forward_heads<T: Float + Gemm>(
     for hl in 0..heads {
         let h = h0 + hl;
         let hx = h - inputs.first;
-        // The head's keys transposed once (`d × lk`), for every tile of queries.
-        let keys = transposed_rows(inputs.k, (hx, lk, dims.d), (0, lk), &mut kt);
+        // The head's keys transposed once (`d × lk`), for every tile of queries (not for a few
+        // queries, nor for a head too large to copy).
+        let keys = (lq > SMALL_M && dims.d * lk <= TRANSPOSED_HEAD_MAX)
+            .then(|| transposed_rows(inputs.k, (hx, lk, dims.d), (0, lk), &mut kt));
         for (i0, bq) in blocks(lq, qt) {
             let acc = &mut o[(hl * lq + i0) * dv..(hl * lq + i0 + bq) * dv];
             acc.fill(T::ZERO);
@@ -318,7 +343,8 @@ fn forward_heads<T: Float + Gemm>(
                     bk
                 };
                 let st = &mut s[..bq * bk];
-                let kt = MatView { offset: j0, ..keys };
+                let pre = keys.map(|k| MatView { offset: j0, ..k });
+                let kt = tile_rows(pre, inputs.k, (hx, lk, dims.d), j0, bq);
                 scores(dims, inputs, h, (i0, bq), (j0, bk), kt, st);
                 for r in 0..bq {
                     let row = &mut st[r * bk..(r + 1) * bk];
@@ -442,14 +468,16 @@ fn backward_heads<T: Float + Gemm>(
         let dv_h = &mut dv_out[hl * lk * dv..(hl + 1) * lk * dv];
         for (j0, bk) in tiles(lk) {
             // The tile's keys and values transposed once, for every tile of queries.
-            let keys = transposed_rows(k, (hx, lk, d), (j0, bk), &mut kt);
-            let values = transposed_rows(v, (hx, lk, dv), (j0, bk), &mut vt);
+            let many = lq > SMALL_M;
+            let keys = many.then(|| transposed_rows(k, (hx, lk, d), (j0, bk), &mut kt));
+            let values = many.then(|| transposed_rows(v, (hx, lk, dv), (j0, bk), &mut vt));
             for (i0, bq) in tiles(lq) {
                 if dims.causal && j0 > i0 + bq - 1 {
                     continue;
                 }
                 let pt = &mut p[..bq * bk];
-                scores(dims, inputs, h, (i0, bq), (j0, bk), keys, pt);
+                let keys_t = tile_rows(keys, k, (hx, lk, d), j0, bq);
+                scores(dims, inputs, h, (i0, bq), (j0, bk), keys_t, pt);
                 let pdt = &mut pd[..bq * bk];
                 for r in 0..bq {
                     let l = lse[hx * lq + i0 + r];
@@ -491,13 +519,13 @@ fn backward_heads<T: Float + Gemm>(
                 gemm(
                     Mnk::new(bq, dv, bk),
                     MatView::row_major(go, (hx * lq + i0) * dv, dv, false),
-                    values,
+                    tile_rows(values, v, (hx, lk, dv), j0, bq),
                     dpt,
                     false,
                     1,
                 );
                 // dS = P∘(dP − D)·scale, with dP the dropout mask applied to dP̃: row by row
-                // over zipped slices, selects rather than branches (one vector loop; indexing
+                // over zipped slices, selects rather than branches (vector loops; indexing
                 // the three tiles element by element kept it scalar).
                 let rows = dpt.chunks_exact_mut(bk).zip(pt.chunks_exact(bk));
                 for (r, (drow, prow)) in rows.enumerate() {
@@ -719,7 +747,7 @@ const CACHE_PAR_MIN: usize = 1 << 16;
 /// (`[batch, kv_heads, cap, d]`) and `v` (`[batch, kv_heads, cap, dv]`), read where they lie:
 /// `o` (`[batch, heads, new, dv]`) gets softmax(scale·q·kᵀ)·v per head, a row whose keys are all
 /// hidden (−∞ scores) 0, a NaN score NaN. Positions past `len` are never read. The threads take
-/// key/value heads, each with the query heads that read it.
+/// query heads, each reading the key/value head it attends to.
 pub fn attend_cache<T: Float>(
     p: &CacheDims,
     q: &[T],
@@ -740,24 +768,25 @@ pub fn attend_cache<T: Float>(
         ..
     } = *p;
     let o = &mut o[..p.batch * p.heads * new * dv];
-    super::par::par_rows_mut(
-        o,
-        group * new * dv,
-        cache_threads(p, threads),
-        0,
-        |kvh, out| {
-            super::wide::wide(
-                len * (d + dv),
-                #[inline(always)]
-                || {
-                    let qs = &q[kvh * group * new * d..][..group * new * d];
-                    let keys = Direct(&k[kvh * cap * d..][..len * d]);
-                    let values = Direct(&v[kvh * cap * dv..][..len * dv]);
-                    attend_kv_head(p, qs, (keys, values), out);
-                },
-            )
-        },
-    );
+    super::par::par_rows_mut(o, new * dv, cache_threads(p, threads), 0, |bh, out| {
+        super::wide::wide(
+            len * (d + dv),
+            #[inline(always)]
+            || {
+                let kvh = kv_head(p, group, bh);
+                let qs = &q[bh * new * d..][..new * d];
+                let keys = Direct(&k[kvh * cap * d..][..len * d]);
+                let values = Direct(&v[kvh * cap * dv..][..len * dv]);
+                attend_kv_head(p, qs, (keys, values), out);
+            },
+        )
+    });
+}
+
+/// The key/value head (over the batch) that query head `bh` (over the batch) attends to.
+fn kv_head(p: &CacheDims, group: usize, bh: usize) -> usize {
+    let (b, h) = (bh / p.heads, bh % p.heads);
+    b * p.kv_heads + h / group
 }
 
 /// The checks of [`attend_cache`] on the problem and its operands' lengths; the query heads per
@@ -818,9 +847,8 @@ impl<H: Storage> Rows<f32> for Widened<'_, H> {
     }
 }
 
-/// One key/value head's part of [`attend_cache`]: the queries `qs` of the query heads that read
-/// it (`[group, new, d]`) over its first `len` keys and values (`[len, d]`, `[len, dv]`), into
-/// `out` (`[group, new, dv]`).
+/// One query head's part of [`attend_cache`]: its queries `qs` (`[new, d]`) over the first `len`
+/// keys and values of its key/value head (`[len, d]`, `[len, dv]`), into `out` (`[new, dv]`).
 #[inline(always)]
 fn attend_kv_head<T: Float>(
     p: &CacheDims,
@@ -835,10 +863,8 @@ fn attend_kv_head<T: Float>(
     let mut s = vec![T::ZERO; len];
     let mut tmp = vec![T::ZERO; len];
     let mut buf = vec![T::ZERO; d.max(dv)];
-    for (r, oi) in out.chunks_exact_mut(dv).enumerate() {
-        // Row r is query r % new of its head.
-        let i = r % new;
-        let qi = &qs[r * d..][..d];
+    for (i, oi) in out.chunks_exact_mut(dv).enumerate() {
+        let qi = &qs[i * d..][..d];
         let limit = if p.causal { len - new + i + 1 } else { len };
         let row = &mut s[..limit];
         for (j, sj) in row.iter_mut().enumerate() {
@@ -866,11 +892,17 @@ fn attend_kv_head<T: Float>(
     }
 }
 
-/// [`attend_cache`] for 16-bit storage: each thread widens its queries to f32 and reads its
-/// key/value head's rows widening each as it goes ([`Widened`]), runs the f32 kernel's
-/// arithmetic on them and rounds its outputs once — the values of the f32 kernel on the widened
-/// tensors, rounded. (Widening every head's cache into f32 copies on the calling thread before
-/// the kernel took a tenth of a bf16 GPT-2 token there, the other thread waiting.)
+/// Up to this many new queries, [`attend_cache_half`] widens each cached row as it reads it
+/// (a token's step reads each row once per query); past it, it widens its key/value head's
+/// rows once into f32 copies first (a prompt's step would widen every row once per query).
+const WIDEN_AS_READ_MAX: usize = 4;
+
+/// [`attend_cache`] for 16-bit storage: each thread widens its query head's queries to f32 and
+/// its key/value head's cached rows — each as it reads it for a few new queries ([`Widened`]),
+/// once into f32 copies for more ([`WIDEN_AS_READ_MAX`]) — runs the f32 kernel's arithmetic on
+/// them and rounds its outputs once: the values of the f32 kernel on the widened tensors,
+/// rounded. (Widening every head's cache into f32 copies on the calling thread before the kernel
+/// took a tenth of a bf16 GPT-2 token there, the other thread waiting.)
 pub fn attend_cache_half<H: Storage>(
     p: &CacheDims,
     q: &[H],
@@ -891,24 +923,33 @@ pub fn attend_cache_half<H: Storage>(
         ..
     } = *p;
     let o = &mut o[..p.batch * p.heads * new * dv];
-    super::par::par_rows_mut(
-        o,
-        group * new * dv,
-        cache_threads(p, threads),
-        0,
-        |kvh, out| {
-            let part = &q[kvh * group * new * d..][..group * new * d];
-            let mut qs = vec![0f32; part.len()];
-            H::load_f32(part, &mut qs);
-            let keys = Widened(&k[kvh * cap * d..][..len * d]);
-            let values = Widened(&v[kvh * cap * dv..][..len * dv]);
-            let mut ow = vec![0f32; out.len()];
+    let widen = |x: &[H]| {
+        let mut w = vec![0f32; x.len()];
+        H::load_f32(x, &mut w);
+        w
+    };
+    super::par::par_rows_mut(o, new * dv, cache_threads(p, threads), 0, |bh, out| {
+        let kvh = kv_head(p, group, bh);
+        let qs = widen(&q[bh * new * d..][..new * d]);
+        let (keys, values) = (
+            &k[kvh * cap * d..][..len * d],
+            &v[kvh * cap * dv..][..len * dv],
+        );
+        let mut ow = vec![0f32; out.len()];
+        if new <= WIDEN_AS_READ_MAX {
             super::wide::wide(
                 len * (d + dv),
                 #[inline(always)]
-                || attend_kv_head(p, &qs, (keys, values), &mut ow),
+                || attend_kv_head(p, &qs, (Widened(keys), Widened(values)), &mut ow),
             );
-            H::store_f32(&ow, out);
-        },
-    );
+        } else {
+            let (kw, vw) = (widen(keys), widen(values));
+            super::wide::wide(
+                len * (d + dv),
+                #[inline(always)]
+                || attend_kv_head(p, &qs, (Direct(&kw), Direct(&vw)), &mut ow),
+            );
+        }
+        H::store_f32(&ow, out);
+    });
 }

@@ -535,8 +535,8 @@ impl<H: Storage> UnaryGradKernel<f32> for HalfZip3<'_, H> {
 mod tests {
     use super::*;
 
-    /// `sum_of` with either operand ±0 is the f32 sum rounded, for every 16-bit `b`: the +0
-    /// shortcut keeps −0 + +0's sign rule and NaN's quieting to the full route.
+    /// `sum_of(±0, b)` is the f32 sum rounded, for every 16-bit `b`: the +0 shortcut leaves
+    /// +0 + −0's sign rule and NaN's quieting to the full route.
     #[test]
     // Not under Miri: it makes up each NaN's bits per operation (and 2^18 sums take minutes).
     #[cfg_attr(miri, ignore)]

@@ -513,7 +513,7 @@ fn rows_dot_columns<T: crate::Float>(
                 // CPU has AVX2: detected just above.
                 let sums = unsafe {
                     let f = |s: &[T]| std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len());
-                    dot4_f32_avx2(f(ar), cols.map(f))
+                    dot4_f32_avx2(f(ar), cols.map(f), b.cs)
                 };
                 for (q, s) in sums.into_iter().enumerate() {
                     let o = &mut row[j + q];
@@ -768,15 +768,28 @@ fn rows_times_rows_loops<T: crate::Float>(
     }
 }
 
-/// The farthest ahead (in floats: 16 KB) the dot products of a batch-1 product with a
-/// transposed weight ask for each column's lines. The four columns in hand lie one after the
-/// other, so `4·k` ahead of each is the same line of the next four: the next group is asked for
-/// whole while this one is read. GPT-2's output layer (50257 columns of 768) on two Zen 5
-/// threads: 4.7–4.9 ms at 2 KB ahead, 4.0 at 4 KB, where a column's request fell in the next
-/// column of the group and three of the next group's four columns started unasked; at 12 KB
-/// (`4·k`), 1.20 against 1.23 times a read of the same bytes (medians of 40 alternating rounds
-/// of a probe of that product beside the read).
-const DOT_AHEAD: usize = 4096;
+/// How far ahead (in floats) the dot products of a batch-1 product with a transposed weight ask
+/// for each column's lines: four columns on (the same line of the next four, which lie after
+/// the four in hand: the next group is asked for whole while this one is read) where that is at
+/// most [`DOT_AHEAD_GROUP_MAX`] floats, otherwise [`DOT_AHEAD`]. GPT-2's output layer (50257
+/// columns of 768) on two Zen 5 threads: 4.7–4.9 ms at 2 KB ahead, 4.0 at 4 KB, where a
+/// column's request fell in the next column of the group and three of the next group's four
+/// columns started unasked; four columns (12 KB) on, 1.20 against 1.23 times a read of the same
+/// bytes (medians of 40 alternating rounds of a probe of that product beside the read).
+fn dot_ahead(column_stride: usize) -> usize {
+    if 4 * column_stride <= DOT_AHEAD_GROUP_MAX {
+        4 * column_stride
+    } else {
+        DOT_AHEAD
+    }
+}
+
+/// The longest distance (16 KB) [`dot_ahead`] asks four columns on; longer columns (only 768
+/// was measured) keep [`DOT_AHEAD`].
+const DOT_AHEAD_GROUP_MAX: usize = 4096;
+
+/// [`dot_ahead`]'s distance for long columns (4 KB).
+const DOT_AHEAD: usize = 1024;
 
 /// How far ahead in each of its four streams [`rows_times_rows`] asks for the weight's lines.
 const AHEAD_BYTES: usize = 3072;
@@ -803,13 +816,14 @@ pub(crate) fn dot_lanes<T: crate::Float>(ar: &[T], bc: &[T]) -> T {
         + tail
 }
 
-/// [`dot_lanes`] of `a` with four columns at once (each `a`'s length), in AVX registers.
+/// [`dot_lanes`] of `a` with four columns at once (each `a`'s length), in AVX registers; the
+/// weight's columns lie `stride` floats apart (where its lines are asked for ahead only).
 ///
 /// # Safety
 /// The CPU must have AVX2.
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 #[target_feature(enable = "avx2")]
-unsafe fn dot4_f32_avx2(a: &[f32], cols: [&[f32]; 4]) -> [f32; 4] {
+unsafe fn dot4_f32_avx2(a: &[f32], cols: [&[f32]; 4], stride: usize) -> [f32; 4] {
     use std::arch::x86_64::{
         _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
     };
@@ -817,9 +831,8 @@ unsafe fn dot4_f32_avx2(a: &[f32], cols: [&[f32]; 4]) -> [f32; 4] {
     let body = k - k % 8;
     debug_assert!(cols.iter().all(|c| c.len() == k));
     let mut acc = [_mm256_setzero_ps(); 4];
-    // The same line of the next four columns (the columns of a transposed weight lie one after
-    // the other), at most DOT_AHEAD on.
-    let ahead = (4 * k).min(DOT_AHEAD);
+    // The columns of a transposed weight lie one after the other, `stride` apart.
+    let ahead = dot_ahead(stride);
     let mut s = 0;
     while s < body {
         if s % 16 == 0 {

@@ -87,10 +87,11 @@ fn permute_block<T: Copy + Send + Sync>(
 
 /// `dst`'s runs of `len` elements, in order, copied from `src`: run `r` from `src[at(r)..][..len]`
 /// (a gather of heads' rows, or their merge back). Runs of 8, 16, 32, 64 or 128 elements are
-/// copied as fixed-size arrays, a few vector moves in place, by a loop made for that length;
-/// `copy_from_slice` calls `memcpy`, whose call and size dispatch cost more than a short run's
-/// copy (attention's gathers of 64-byte head rows took twice as long through it). Other
-/// lengths take `copy_from_slice`.
+/// copied as fixed-size arrays by a loop made for that length, which the compiler turns into a
+/// few vector moves in place for the shorter ones (the longest copies may still call `memcpy`);
+/// `copy_from_slice` calls `memcpy` for each run, whose call and size dispatch cost more than a
+/// short run's copy (attention's gathers of 64-byte head rows took twice as long through it, in
+/// a probe from the cache). Other lengths take `copy_from_slice`.
 ///
 /// # Panics
 /// If `len` is 0 while `dst` is not empty, or if `len` does not divide `dst.len()`, or a run
