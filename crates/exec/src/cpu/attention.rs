@@ -898,10 +898,9 @@ fn attend_kv_head<T: Float>(
 const WIDEN_AS_READ_MAX: usize = 4;
 
 /// [`attend_cache`] for 16-bit storage: each thread widens its query head's queries to f32 and
-/// its key/value head's cached rows — each as it reads it for a few new queries ([`Widened`]),
-/// once into f32 copies for more ([`WIDEN_AS_READ_MAX`]) — runs the f32 kernel's arithmetic on
-/// them and rounds its outputs once: the values of the f32 kernel on the widened tensors,
-/// rounded. (Widening every head's cache into f32 copies on the calling thread before the kernel
+/// its key/value head's cached rows — each as it reads it for a few new queries (up to four),
+/// once into f32 copies for more — runs the f32 kernel's arithmetic on them and rounds its
+/// outputs once: the values of the f32 kernel on the widened tensors, rounded. (Widening every head's cache into f32 copies on the calling thread before the kernel
 /// took a tenth of a bf16 GPT-2 token there, the other thread waiting.)
 pub fn attend_cache_half<H: Storage>(
     p: &CacheDims,
