@@ -286,7 +286,20 @@ impl PaddedGeometry {
             xp.fill(0.0);
             return;
         }
-        for (src, dst) in x.chunks_exact(h * w).zip(xp.chunks_exact_mut(self.hp * wp)) {
+        // Elements of `x` whose lines have been asked for: each plane's copy waited on its
+        // reads from memory (a convolution's input is the batch's activation, megabytes), so
+        // the lines PAD_AHEAD elements past each plane's end are asked for before it is copied.
+        let mut asked = 0;
+        for (p, (src, dst)) in x
+            .chunks_exact(h * w)
+            .zip(xp.chunks_exact_mut(self.hp * wp))
+            .enumerate()
+        {
+            let want = ((p + 1) * h * w + PAD_AHEAD).min(x.len());
+            while asked < want {
+                super::wide::prefetch(x.as_ptr().wrapping_add(asked));
+                asked += 16;
+            }
             let (top, rest) = dst.split_at_mut(ph * wp + pw);
             top.fill(0.0);
             let (body, bottom) = rest.split_at_mut(h * wp - pw);
@@ -311,6 +324,11 @@ impl PaddedGeometry {
         }
     }
 }
+
+/// How far past the plane it copies [`PaddedGeometry::pad`] asks for the image's lines, in f32
+/// elements (8 KB). Padding 64 images of `[32, 28, 28]` from memory, in a probe: 1.10 → 0.57 ms
+/// (4 KB ahead: 0.90; 16 KB: as 8); `[64, 14, 14]` 0.82 → 0.40 ms; `[64, 7, 7]` alike.
+const PAD_AHEAD: usize = 2048;
 
 /// `body[r·wp..][..w] = src[r·w..][..w]` and the `wp − w` elements after each such run (fewer
 /// after the last: `body` ends at `h·wp − (wp − w)/2`) set to zero, for the `h` rows of `src`.
