@@ -777,7 +777,7 @@ pub fn attend_cache<T: Float>(
                 let qs = &q[bh * new * d..][..new * d];
                 let keys = Direct(&k[kvh * cap * d..][..len * d]);
                 let values = Direct(&v[kvh * cap * dv..][..len * dv]);
-                attend_kv_head(p, qs, (keys, values), out);
+                attend_head(p, qs, (keys, values), out);
             },
         )
     });
@@ -818,7 +818,7 @@ fn cache_threads(p: &CacheDims, threads: usize) -> usize {
     }
 }
 
-/// The rows of a key/value head as [`attend_kv_head`] reads them: row `j` (of `w` elements) in
+/// The rows of a key/value head as [`attend_head`] reads them: row `j` (of `w` elements) in
 /// `T`, where it lies or converted into `buf`.
 trait Rows<T> {
     fn row<'s>(&'s self, j: usize, w: usize, buf: &'s mut [T]) -> &'s [T];
@@ -850,7 +850,7 @@ impl<H: Storage> Rows<f32> for Widened<'_, H> {
 /// One query head's part of [`attend_cache`]: its queries `qs` (`[new, d]`) over the first `len`
 /// keys and values of its key/value head (`[len, d]`, `[len, dv]`), into `out` (`[new, dv]`).
 #[inline(always)]
-fn attend_kv_head<T: Float>(
+fn attend_head<T: Float>(
     p: &CacheDims,
     qs: &[T],
     (keys, values): (impl Rows<T>, impl Rows<T>),
@@ -900,8 +900,9 @@ const WIDEN_AS_READ_MAX: usize = 4;
 /// [`attend_cache`] for 16-bit storage: each thread widens its query head's queries to f32 and
 /// its key/value head's cached rows — each as it reads it for a few new queries (up to four),
 /// once into f32 copies for more — runs the f32 kernel's arithmetic on them and rounds its
-/// outputs once: the values of the f32 kernel on the widened tensors, rounded. (Widening every head's cache into f32 copies on the calling thread before the kernel
-/// took a tenth of a bf16 GPT-2 token there, the other thread waiting.)
+/// outputs once: the values of the f32 kernel on the widened tensors, rounded. (Widening every
+/// head's cache into f32 copies on the calling thread before the kernel took a tenth of a bf16
+/// GPT-2 token there, the other thread waiting.)
 pub fn attend_cache_half<H: Storage>(
     p: &CacheDims,
     q: &[H],
@@ -939,14 +940,14 @@ pub fn attend_cache_half<H: Storage>(
             super::wide::wide(
                 len * (d + dv),
                 #[inline(always)]
-                || attend_kv_head(p, &qs, (Widened(keys), Widened(values)), &mut ow),
+                || attend_head(p, &qs, (Widened(keys), Widened(values)), &mut ow),
             );
         } else {
             let (kw, vw) = (widen(keys), widen(values));
             super::wide::wide(
                 len * (d + dv),
                 #[inline(always)]
-                || attend_kv_head(p, &qs, (Direct(&kw), Direct(&vw)), &mut ow),
+                || attend_head(p, &qs, (Direct(&kw), Direct(&vw)), &mut ow),
             );
         }
         H::store_f32(&ow, out);
