@@ -293,6 +293,66 @@ fn adam_l2_weight_decay_and_amsgrad() {
     assert!(value(&q) > value(&r));
 }
 
+/// A parameter large enough for its update to be split across threads, next to the same values
+/// and gradients as parameters too small to split: AdamW (with weight decay) and Adam with L2
+/// decay give them the same bits, step after step. On one thread too the check runs, and the
+/// chunks' offsets of values, gradients and moments must agree for it to pass.
+#[test]
+fn a_large_parameter_updated_on_threads_has_the_bits_of_small_ones() {
+    let (n, small) = (300_007usize, 997usize);
+    let values: Vec<f32> = (0..n)
+        .map(|i| ((i * 37 % 1001) as f32 - 500.0) * 1e-3)
+        .collect();
+    let grads: Vec<f32> = (0..n)
+        .map(|i| ((i * 53 % 997) as f32 - 498.0) * 1e-4)
+        .collect();
+    let pieces = |v: &[f32]| -> Vec<HostTensor> {
+        v.chunks(small)
+            .map(|c| HostTensor::new(c.to_vec(), &[c.len()]).unwrap())
+            .collect()
+    };
+    for decoupled in [true, false] {
+        let big = Parameter::new("big", HostTensor::new(values.clone(), &[n]).unwrap());
+        let parts: Vec<Parameter> = pieces(&values)
+            .into_iter()
+            .map(|t| Parameter::new("part", t))
+            .collect();
+        let cfg = AdamConfig::new(1e-2).weight_decay(0.1);
+        let (mut a, mut b): (Box<dyn Optimizer>, Box<dyn Optimizer>) = if decoupled {
+            (
+                Box::new(AdamW::new([big.clone()], cfg).unwrap()),
+                Box::new(AdamW::new(parts.clone(), cfg).unwrap()),
+            )
+        } else {
+            (
+                Box::new(Adam::new([big.clone()], cfg).unwrap()),
+                Box::new(Adam::new(parts.clone(), cfg).unwrap()),
+            )
+        };
+        for step in 0..3 {
+            // A gradient that changes from step to step.
+            let g: Vec<f32> = grads.iter().map(|&x| x * (step + 1) as f32).collect();
+            big.set_grad(Some(HostTensor::new(g.clone(), &[n]).unwrap()))
+                .unwrap();
+            for (p, t) in parts.iter().zip(pieces(&g)) {
+                p.set_grad(Some(t)).unwrap();
+            }
+            a.step().unwrap();
+            b.step().unwrap();
+        }
+        let got = big.value().to_f64_vec();
+        let want: Vec<f64> = parts.iter().flat_map(|p| p.value().to_f64_vec()).collect();
+        assert_eq!(got.len(), want.len());
+        let differ = got
+            .iter()
+            .zip(&want)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(differ, 0, "decoupled {decoupled}: {differ} values differ");
+        assert!(got.iter().zip(&values).any(|(x, &v)| *x != f64::from(v)));
+    }
+}
+
 #[test]
 fn adamw_by_hand() {
     let p = scalar(1.0);
