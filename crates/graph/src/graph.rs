@@ -548,10 +548,40 @@ pub fn default_threads() -> usize {
 /// assert!(w.iter().all(|&v| v == 1.0 - 0.1 * 0.5));
 /// ```
 pub fn update_in_chunks<T: Send>(values: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
-    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let threads = *THREADS.get_or_init(default_threads);
     use arenagrad_exec::cpu::par;
-    par::par_chunks_mut(values, threads, par::PAR_MIN_ELEMS, f);
+    par::par_chunks_mut(values, update_threads(), par::PAR_MIN_ELEMS, f);
+}
+
+/// [`default_threads`], read once for the optimisers' updates.
+fn update_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(default_threads)
+}
+
+/// Runs `f(i, &mut parts[i])` for every part of an update outside any graph (an optimiser's
+/// chunks of values with their gradients and state), the parts claimed one at a time by up to
+/// [`default_threads`] threads, the calling thread among them: a thread slowed by other work on
+/// its core takes fewer. What `f` computes for a part must not depend on the thread that runs it.
+/// Returns the number of threads that could take parts (1: all ran on the calling thread).
+///
+/// # Examples
+///
+/// ```
+/// let mut w = vec![1.0f32; 100_000];
+/// let mut m = vec![0.0f32; 100_000];
+/// let parts: Vec<_> = w.chunks_mut(25_000).zip(m.chunks_mut(25_000)).collect();
+/// arenagrad_graph::update_parts(parts, |_, (w, m)| {
+///     for (w, m) in w.iter_mut().zip(m.iter_mut()) {
+///         *m = 0.5 * *w;
+///         *w -= *m;
+///     }
+/// });
+/// assert!(w.iter().all(|&v| v == 0.5) && m.iter().all(|&v| v == 0.5));
+/// ```
+pub fn update_parts<P: Send>(parts: Vec<P>, f: impl Fn(usize, &mut P) + Sync) -> usize {
+    let threads = update_threads().clamp(1, parts.len().max(1));
+    arenagrad_exec::cpu::par::claim_each(parts, threads, f);
+    threads
 }
 
 impl Graph {

@@ -180,8 +180,8 @@ pub use device::{
 pub use error::{GraphError, Result, ShapeVec};
 pub use flops::{FlopStats, OpFlops};
 pub use graph::{
-    default_threads, update_in_chunks, Device, GradModeGuard, Graph, GraphStats, IterationId,
-    NodeId,
+    default_threads, update_in_chunks, update_parts, Device, GradModeGuard, Graph, GraphStats,
+    IterationId, NodeId,
 };
 pub use host::{HostData, HostDataMut, HostElem, HostTensor};
 pub use ops::attention::AttentionOptions;

@@ -186,9 +186,8 @@ fn adam_kernel<T: Elem>(p: &mut [T], g: &[T], st: &mut AdamState, c: &AdamConfig
 }
 
 /// `f` over the parameter's values `p`, gradient `g` and moments `m` and `v` (each `n` long):
-/// on the calling thread up to [`CHUNK_MIN`] values, otherwise in contiguous chunks of at least
-/// that many, claimed by [`arenagrad_graph::default_threads`] threads (the calling thread among
-/// them). Each value's update reads and writes only its own position, so the split never
+/// on the calling thread below twice [`CHUNK_MIN`] values, otherwise in contiguous chunks of at
+/// least that many, claimed by the threads ([`arenagrad_graph::update_parts`]). Each value's update reads and writes only its own position, so the split never
 /// changes a bit. PyTorch's Adam runs its per-element updates on its intra-op threads too; on
 /// one thread the update of a 400k-value layer was 4–5% of a small CNN's training step here.
 fn in_chunks<T: Send + Sync>(
@@ -196,12 +195,10 @@ fn in_chunks<T: Send + Sync>(
     (p, g, m, v): (&mut [T], &[T], &mut [T], &mut [T]),
     f: impl Fn(&mut [T], &[T], &mut [T], &mut [T]) + Sync,
 ) {
-    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let threads = *THREADS.get_or_init(arenagrad_graph::default_threads);
-    if threads <= 1 || n < 2 * CHUNK_MIN {
+    if n < 2 * CHUNK_MIN {
         return f(p, g, m, v);
     }
-    let per = n.div_ceil(threads * CHUNKS_PER_THREAD).max(CHUNK_MIN);
+    let per = n.div_ceil(CHUNKS).max(CHUNK_MIN);
     let parts: Vec<_> = p
         .chunks_mut(per)
         .zip(g.chunks(per))
@@ -209,16 +206,16 @@ fn in_chunks<T: Send + Sync>(
         .zip(v.chunks_mut(per))
         .map(|(((p, g), m), v)| (p, g, m, v))
         .collect();
-    arenagrad_graph::exec::cpu::par::claim_each(parts, threads, |_, (p, g, m, v)| f(p, g, m, v));
+    arenagrad_graph::update_parts(parts, |_, (p, g, m, v)| f(p, g, m, v));
 }
 
 /// The fewest values [`in_chunks`] hands a thread at once (a fork costs a few microseconds;
 /// this many updates take tens).
 const CHUNK_MIN: usize = 1 << 15;
 
-/// Chunks per thread in [`in_chunks`], so that a thread slowed by other work on its core takes
-/// fewer of them.
-const CHUNKS_PER_THREAD: usize = 4;
+/// The most chunks [`in_chunks`] makes (a function of the size alone): several per thread, so
+/// that a thread slowed by other work on its core takes fewer of them.
+const CHUNKS: usize = 16;
 
 fn step_all(
     params: &[Parameter],
