@@ -597,17 +597,27 @@ fn passes_both_orders(f: impl CheckFn + Copy, xs: &[HostTensor], what: &str) {
 }
 
 /// The packed form against the ops it stands for (reshape to `[b, l, 3, h, d]`, the parts as
-/// `[b, h, l, d]`, attention, the heads merged back): the same values and gradients in f64, f32
-/// and bf16, causal or not, with dropout (the same draw from the graph's stream), on one and two
-/// threads; and to second order through `create_graph`.
+/// `[b, h, l, d]`, attention, the heads merged back): the same values and gradients in f64, f32,
+/// bf16 and f16, causal or not, with dropout (the same draw from the graph's stream), on one and
+/// two threads; and to second order through `create_graph`. The second shape has more keys than
+/// one block and heads too long for the 16-bit kernels to widen more than a few at a time (they
+/// read them where they lie in the packed input, group by group).
 #[test]
 fn packed_attention_is_the_ops_it_stands_for() {
-    let (b, l, h, d) = (2, 37, 3, 4);
+    for (b, l, h, d) in [(2, 37, 3, 4), (2, 300, 3, 16)] {
+        packed_against_the_ops((b, l, h, d));
+    }
+    packed_to_second_order();
+}
+
+fn packed_against_the_ops((b, l, h, d): (usize, usize, usize, usize)) {
     for threads in [1, 2] {
-        for dtype in [DType::F64, DType::F32, DType::BF16] {
+        for dtype in [DType::F64, DType::F32, DType::BF16, DType::F16] {
             for (causal, dropout_p) in [(false, 0.0), (true, 0.0), (true, 0.25)] {
-                let what =
-                    format!("{dtype:?} causal {causal} dropout {dropout_p} threads {threads}");
+                let what = format!(
+                    "[{b}, {l}, {h}, {d}] {dtype:?} causal {causal} dropout {dropout_p} \
+                     threads {threads}"
+                );
                 let opts = AttentionOptions {
                     causal,
                     dropout_p,
@@ -641,7 +651,10 @@ fn packed_attention_is_the_ops_it_stands_for() {
             }
         }
     }
-    // Second order, through the rule in tensor ops.
+}
+
+/// Second order, through the rule in tensor ops.
+fn packed_to_second_order() {
     let xs = [HostTensor::from_f64(&vals(2 * 3 * 12, 1), &[2, 3, 12], DType::F64).unwrap()];
     for causal in [false, true] {
         let f = check_fn(move |_, x| {

@@ -587,6 +587,60 @@ fn widen_heads<'b, H: Storage>(
     buf
 }
 
+/// Where the 16-bit kernels read their operands' heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HalfLayout {
+    /// Each operand its own `[heads, rows, width]` slice, head after head from
+    /// [`AttnInputs::first`].
+    Heads,
+    /// `q`, `k` and `v` are one packed `[b, l, 3, heads, d]` buffer (a fused projection's
+    /// output, `lq == lk == l`, `d == dv`) and backward's `o` and `go` are `[b, l, heads, d]`
+    /// (the heads merged back): each head's rows read where they lie, with no copy of the
+    /// heads gathered first. `first` is 0: head `g` is sequence `g / heads`, head `g % heads`.
+    Packed {
+        /// Heads per position.
+        heads: usize,
+    },
+}
+
+impl HalfLayout {
+    /// `x`'s heads `first..first + n` of `rows` rows of `width` values each, widened into
+    /// `buf` as `[n, rows, width]` (which is returned, resized): `part` of `parts` at each
+    /// position of a packed layout (0 of 3 for the queries, 1 for the keys, 2 for the values,
+    /// 0 of 1 for a merged output), or the heads' own slice.
+    fn widen<'b, H: Storage>(
+        self,
+        x: &[H],
+        (part, parts): (usize, usize),
+        (first, n, rows, width): (usize, usize, usize, usize),
+        buf: &'b mut Vec<f32>,
+    ) -> &'b [f32] {
+        let heads = match self {
+            HalfLayout::Heads => return widen_heads(x, (first, n, rows * width), buf),
+            HalfLayout::Packed { heads } => heads,
+        };
+        buf.resize(n * rows * width, 0.0);
+        if buf.is_empty() {
+            return buf;
+        }
+        // Compiled for the widest vector unit: bf16's widening inlines into the row loop.
+        super::wide::wide(
+            buf.len(),
+            #[inline(always)]
+            || {
+                for (hl, dst) in buf.chunks_exact_mut(rows * width).enumerate() {
+                    let (b, h) = ((first + hl) / heads, (first + hl) % heads);
+                    for (r, row) in dst.chunks_exact_mut(width).enumerate() {
+                        let at = (((b * rows + r) * parts + part) * heads + h) * width;
+                        H::load_block(&x[at..at + width], row);
+                    }
+                }
+            },
+        );
+        buf
+    }
+}
+
 /// A 16-bit mask widened whole (masks are broadcast: any head may read any element).
 fn widen_mask<'a, H: Storage>(
     mask: Option<&AttnMask<'a, H>>,
@@ -618,6 +672,19 @@ pub fn attention_forward_half<H: Storage>(
     o: &mut [H],
     lse: &mut [f32],
 ) {
+    attention_forward_half_in(dims, inputs, HalfLayout::Heads, h0, o, lse)
+}
+
+/// [`attention_forward_half`] with the operands laid out as `layout` says; `o` and `lse` are
+/// the heads' parts as there (`[heads, lq, dv]` from `h0`).
+pub fn attention_forward_half_in<H: Storage>(
+    dims: &AttnDims,
+    inputs: &AttnInputs<'_, H>,
+    layout: HalfLayout,
+    h0: usize,
+    o: &mut [H],
+    lse: &mut [f32],
+) {
     let (lq, lk, d, dv) = (dims.lq, dims.lk, dims.d, dims.dv);
     if lq == 0 {
         return;
@@ -630,10 +697,11 @@ pub fn attention_forward_half<H: Storage>(
     for g0 in (0..heads).step_by(group) {
         let n = group.min(heads - g0);
         let first = h0 + g0;
+        let at = first - inputs.first;
         let wide = AttnInputs {
-            q: widen_heads(inputs.q, (first - inputs.first, n, lq * d), &mut qw),
-            k: widen_heads(inputs.k, (first - inputs.first, n, lk * d), &mut kw),
-            v: widen_heads(inputs.v, (first - inputs.first, n, lk * dv), &mut vw),
+            q: layout.widen(inputs.q, (0, 3), (at, n, lq, d), &mut qw),
+            k: layout.widen(inputs.k, (1, 3), (at, n, lk, d), &mut kw),
+            v: layout.widen(inputs.v, (2, 3), (at, n, lk, dv), &mut vw),
             mask: mask.as_ref(),
             first,
         };
@@ -659,6 +727,19 @@ pub fn attention_backward_half<H: Storage>(
     (h0, heads): (usize, usize),
     grads: AttnGrads<'_, H>,
 ) {
+    attention_backward_half_in(dims, inputs, saved, HalfLayout::Heads, (h0, heads), grads)
+}
+
+/// [`attention_backward_half`] with the operands and the saved output and its gradient laid
+/// out as `layout` says; `grads` are the heads' parts as there (`[heads, l, width]` from `h0`).
+pub fn attention_backward_half_in<H: Storage>(
+    dims: &AttnDims,
+    inputs: &AttnInputs<'_, H>,
+    saved: &AttnSaved<'_, H, f32>,
+    layout: HalfLayout,
+    (h0, heads): (usize, usize),
+    grads: AttnGrads<'_, H>,
+) {
     let (lq, lk, d, dv) = (dims.lq, dims.lk, dims.d, dims.dv);
     if lq == 0 || lk == 0 {
         // No weights: every gradient is 0 (the run's parts, whatever its head count).
@@ -679,16 +760,16 @@ pub fn attention_backward_half<H: Storage>(
         let at = first - inputs.first;
         let [qw, kw, vw, ow, gw] = &mut w;
         let wide = AttnInputs {
-            q: widen_heads(inputs.q, (at, n, lq * d), qw),
-            k: widen_heads(inputs.k, (at, n, lk * d), kw),
-            v: widen_heads(inputs.v, (at, n, lk * dv), vw),
+            q: layout.widen(inputs.q, (0, 3), (at, n, lq, d), qw),
+            k: layout.widen(inputs.k, (1, 3), (at, n, lk, d), kw),
+            v: layout.widen(inputs.v, (2, 3), (at, n, lk, dv), vw),
             mask: mask.as_ref(),
             first,
         };
         let kept = AttnSaved {
-            o: widen_heads(saved.o, (at, n, lq * dv), ow),
+            o: layout.widen(saved.o, (0, 1), (at, n, lq, dv), ow),
             lse: &saved.lse[at * lq..(at + n) * lq],
-            go: widen_heads(saved.go, (at, n, lq * dv), gw),
+            go: layout.widen(saved.go, (0, 1), (at, n, lq, dv), gw),
         };
         dq.resize(n * lq * d, 0.0);
         dk.resize(n * lk * d, 0.0);

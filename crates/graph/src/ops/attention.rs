@@ -14,7 +14,7 @@
 use arenagrad_alloc::BufId;
 use arenagrad_exec::cpu;
 use arenagrad_exec::cpu::attention::{
-    self as k, AttnDims, AttnGrads, AttnInputs, AttnMask, AttnSaved,
+    self as k, AttnDims, AttnGrads, AttnInputs, AttnMask, AttnSaved, HalfLayout,
 };
 use arenagrad_exec::cpu::cast::Storage;
 use arenagrad_exec::cpu::par::claim_each;
@@ -144,7 +144,14 @@ impl<'g> Tensor<'g> {
         // The rows' log-sum-exp is kept for backward only when the op is recorded.
         let record = i.records(&inputs);
         let (o, lse) = match dev {
-            Device::Cpu => host_forward(i, &dims, &bufs, mask.as_ref(), &full, dtype, record)?,
+            Device::Cpu => {
+                let p = HostProblem {
+                    dims: &dims,
+                    mask: mask.as_ref(),
+                    full: &full,
+                };
+                host_forward(i, (p, &bufs, record), dtype, HalfLayout::Heads)?
+            }
             Device::Cuda(_) => {
                 let o = i.alloc_on(OP, dev, dtype, o_len)?;
                 let lse = i.alloc_on(OP, dev, dtype, lse_len)?;
@@ -444,13 +451,26 @@ impl<'g> Tensor<'g> {
             let nd = i.node(OP, self.id)?;
             (nd.dtype, nd.buf)
         };
-        let parts = gather_parts(i, src, dtype, layout, 3)?;
+        // 16-bit heads are widened group by group where they lie in the packed input; f32
+        // and f64 heads are gathered first (their kernel reads each head whole).
+        let (parts, half) = if dtype.is_half() {
+            (smallvec![src, src, src], HalfLayout::Packed { heads })
+        } else {
+            (gather_parts(i, src, dtype, layout, 3)?, HalfLayout::Heads)
+        };
         let record = i.records(&[self.id]);
         let full = [dims.bh, l, l];
-        let (heads_out, lse) = host_forward(i, &dims, &parts, None, &full, dtype, record)?;
+        let p = HostProblem {
+            dims: &dims,
+            mask: None,
+            full: &full,
+        };
+        let (heads_out, lse) = host_forward(i, (p, &parts, record), dtype, half)?;
         // The parts go back before the output is made, which may reuse one's memory.
-        for part in parts {
-            i.release_buf(Device::Cpu, part)?;
+        if half == HalfLayout::Heads {
+            for part in parts {
+                i.release_buf(Device::Cpu, part)?;
+            }
         }
         let out = i.alloc(OP, dtype, b * l * heads * d)?;
         merge_parts(i, heads_out, out, dtype, layout, 1)?;
@@ -620,26 +640,30 @@ impl HostProblem<'_> {
 }
 
 /// A host forward kernel for storage `T` whose rows' log-sum-exp is `L`.
-type ForwardKernel<T, L> = fn(&AttnDims, &AttnInputs<'_, T>, usize, &mut [T], &mut [L]);
+type ForwardKernel<'k, T, L> =
+    &'k (dyn Fn(&AttnDims, &AttnInputs<'_, T>, usize, &mut [T], &mut [L]) + Sync);
 
 /// The host's forward: the output buffer, and the log-sum-exp's when `record` (it is scratch
 /// otherwise). 16-bit operands run the f32 kernel on groups of heads widened on the fly
-/// ([`k::attention_forward_half`]), their log-sum-exp kept in f32.
+/// ([`k::attention_forward_half_in`]), read as `half` lays them out, their log-sum-exp kept in
+/// f32. f32 and f64 operands are whole heads one after the other (`half` is
+/// [`HalfLayout::Heads`] for them).
 fn host_forward(
     i: &mut Inner,
-    dims: &AttnDims,
-    bufs: &[BufId],
-    mask: Option<&(BufId, Shape)>,
-    full: &[usize],
+    args: (HostProblem<'_>, &[BufId], bool),
     dtype: DType,
-    record: bool,
+    half: HalfLayout,
 ) -> Result<(BufId, Option<BufId>)> {
-    let args = (HostProblem { dims, mask, full }, bufs, record);
+    debug_assert!(dtype.is_half() || half == HalfLayout::Heads);
     match dtype {
-        DType::F64 => host_forward_in::<f64, f64>(i, args, k::attention_forward),
-        DType::BF16 => host_forward_in::<bf16, f32>(i, args, k::attention_forward_half),
-        DType::F16 => host_forward_in::<f16, f32>(i, args, k::attention_forward_half),
-        _ => host_forward_in::<f32, f32>(i, args, k::attention_forward),
+        DType::F64 => host_forward_in::<f64, f64>(i, args, &k::attention_forward),
+        DType::BF16 => host_forward_in::<bf16, f32>(i, args, &|d, x, h0, o, l| {
+            k::attention_forward_half_in(d, x, half, h0, o, l)
+        }),
+        DType::F16 => host_forward_in::<f16, f32>(i, args, &|d, x, h0, o, l| {
+            k::attention_forward_half_in(d, x, half, h0, o, l)
+        }),
+        _ => host_forward_in::<f32, f32>(i, args, &k::attention_forward),
     }
 }
 
@@ -913,18 +937,27 @@ fn packed_backward<'g>(nd: &AttnNode, heads: usize, c: &Ctx<'g>) -> Result<Grads
     let i = &mut *guard;
     let dtype = i.node(OP, qkv.id)?.dtype;
     let [src, ob, gb] = bufs_of(i, [qkv, c.out, c.gy])?;
-    let mut scratch = gather_parts(i, src, dtype, layout, 3)?;
-    scratch.extend(gather_parts(i, ob, dtype, layout, 1)?);
-    scratch.extend(gather_parts(i, gb, dtype, layout, 1)?);
+    // As the forward: 16-bit heads widened where they lie, f32 and f64 heads gathered.
+    let (scratch, half) = if dtype.is_half() {
+        (SmallVec::new(), HalfLayout::Packed { heads })
+    } else {
+        let mut s = gather_parts(i, src, dtype, layout, 3)?;
+        s.extend(gather_parts(i, ob, dtype, layout, 1)?);
+        s.extend(gather_parts(i, gb, dtype, layout, 1)?);
+        (s, HalfLayout::Heads)
+    };
     let full = [dims.bh, dims.lq, dims.lk];
     let p = HostProblem {
         dims: &dims,
         mask: None,
         full: &full,
     };
-    let bufs = [scratch[0], scratch[1], scratch[2], scratch[3], scratch[4]];
+    let bufs = match half {
+        HalfLayout::Packed { .. } => [src, src, src, ob, gb],
+        HalfLayout::Heads => [scratch[0], scratch[1], scratch[2], scratch[3], scratch[4]],
+    };
     let args = (p, bufs, nd.kept_lse());
-    let all = host_backward(i, args, dtype)?;
+    let all = host_backward(i, args, dtype, half)?;
     let grad = i.alloc(OP, dtype, s.iter().product())?;
     merge_parts(i, all, grad, dtype, layout, 3)?;
     for b in scratch.into_iter().chain([all]) {
@@ -1035,8 +1068,8 @@ fn device_backward<'g>(
 type HeadGrads<'a, T> = (usize, &'a mut [T], &'a mut [T], &'a mut [T]);
 
 /// A host backward kernel for storage `T` whose rows' log-sum-exp is `L`.
-type BackwardKernel<T, L> =
-    fn(&AttnDims, &AttnInputs<'_, T>, &AttnSaved<'_, T, L>, (usize, usize), AttnGrads<'_, T>);
+type BackwardKernel<'k, T, L> = &'k (dyn Fn(&AttnDims, &AttnInputs<'_, T>, &AttnSaved<'_, T, L>, (usize, usize), AttnGrads<'_, T>)
+         + Sync);
 
 fn fused_backward<'g>(
     nd: &AttnNode,
@@ -1064,7 +1097,7 @@ fn fused_backward<'g>(
         full: &full,
     };
     let args = (p, bufs, nd.kept_lse());
-    let all = host_backward(i, args, dtype)?;
+    let all = host_backward(i, args, dtype, HalfLayout::Heads)?;
     let (nq, nk, nv) = (
         dims.bh * dims.lq * dims.d,
         dims.bh * dims.lk * dims.d,
@@ -1076,17 +1109,24 @@ fn fused_backward<'g>(
 }
 
 /// The host's backward in `dtype`: [`backward_in`] with the kernel for it (16-bit operands on
-/// groups of heads widened on the fly, their log-sum-exp f32).
+/// groups of heads widened on the fly, read as `half` lays them out, their log-sum-exp f32;
+/// `half` is [`HalfLayout::Heads`] for f32 and f64).
 fn host_backward(
     i: &mut Inner,
     args: (HostProblem<'_>, [BufId; 5], BufId),
     dtype: DType,
+    half: HalfLayout,
 ) -> Result<BufId> {
+    debug_assert!(dtype.is_half() || half == HalfLayout::Heads);
     match dtype {
-        DType::F64 => backward_in::<f64, f64>(i, args, k::attention_backward),
-        DType::BF16 => backward_in::<bf16, f32>(i, args, k::attention_backward_half),
-        DType::F16 => backward_in::<f16, f32>(i, args, k::attention_backward_half),
-        _ => backward_in::<f32, f32>(i, args, k::attention_backward),
+        DType::F64 => backward_in::<f64, f64>(i, args, &k::attention_backward),
+        DType::BF16 => backward_in::<bf16, f32>(i, args, &|d, x, s, h, g| {
+            k::attention_backward_half_in(d, x, s, half, h, g)
+        }),
+        DType::F16 => backward_in::<f16, f32>(i, args, &|d, x, s, h, g| {
+            k::attention_backward_half_in(d, x, s, half, h, g)
+        }),
+        _ => backward_in::<f32, f32>(i, args, &k::attention_backward),
     }
 }
 
