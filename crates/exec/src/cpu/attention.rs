@@ -641,6 +641,17 @@ impl HalfLayout {
     }
 }
 
+/// The packed layout's terms: every head from the first (`inputs.first` is 0), as many keys as
+/// queries, values as wide as keys, and at least one head per position.
+fn packed_checks<H>(dims: &AttnDims, inputs: &AttnInputs<'_, H>, layout: HalfLayout) {
+    if let HalfLayout::Packed { heads } = layout {
+        assert!(
+            heads > 0 && inputs.first == 0 && dims.lq == dims.lk && dims.d == dims.dv,
+            "invariant: a packed layout holds all of a self-attention's heads, d == dv"
+        );
+    }
+}
+
 /// A 16-bit mask widened whole (masks are broadcast: any head may read any element).
 fn widen_mask<'a, H: Storage>(
     mask: Option<&AttnMask<'a, H>>,
@@ -686,6 +697,7 @@ pub fn attention_forward_half_in<H: Storage>(
     lse: &mut [f32],
 ) {
     let (lq, lk, d, dv) = (dims.lq, dims.lk, dims.d, dims.dv);
+    packed_checks(dims, inputs, layout);
     if lq == 0 {
         return;
     }
@@ -741,6 +753,7 @@ pub fn attention_backward_half_in<H: Storage>(
     grads: AttnGrads<'_, H>,
 ) {
     let (lq, lk, d, dv) = (dims.lq, dims.lk, dims.d, dims.dv);
+    packed_checks(dims, inputs, layout);
     if lq == 0 || lk == 0 {
         // No weights: every gradient is 0 (the run's parts, whatever its head count).
         let zero = H::narrow(0.0);

@@ -912,8 +912,9 @@ pub(crate) fn backward<'g>(nd: &AttnNode, c: &Ctx<'g>) -> Result<Grads<'g>> {
 }
 
 /// [`Tensor::attention_packed`]'s rule: the host kernels on the parts gathered again (and the
-/// output and its gradient as heads), the three gradients packed into one in the input's
-/// layout; in tensor ops under `create_graph`.
+/// output and its gradient as heads) in f32 and f64, read where they lie in the packed input,
+/// output and gradient in the 16-bit dtypes ([`HalfLayout::Packed`]); the three gradients
+/// packed into one in the input's layout; in tensor ops under `create_graph`.
 fn packed_backward<'g>(nd: &AttnNode, heads: usize, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let qkv = c.input(0);
     let s = qkv.try_shape()?;
@@ -1068,8 +1069,14 @@ fn device_backward<'g>(
 type HeadGrads<'a, T> = (usize, &'a mut [T], &'a mut [T], &'a mut [T]);
 
 /// A host backward kernel for storage `T` whose rows' log-sum-exp is `L`.
-type BackwardKernel<'k, T, L> = &'k (dyn Fn(&AttnDims, &AttnInputs<'_, T>, &AttnSaved<'_, T, L>, (usize, usize), AttnGrads<'_, T>)
-         + Sync);
+#[rustfmt::skip] // rustfmt keeps the signature on one line of 130 columns
+type BackwardKernel<'k, T, L> = &'k (dyn Fn(
+    &AttnDims,
+    &AttnInputs<'_, T>,
+    &AttnSaved<'_, T, L>,
+    (usize, usize),
+    AttnGrads<'_, T>,
+) + Sync);
 
 fn fused_backward<'g>(
     nd: &AttnNode,

@@ -186,9 +186,10 @@ fn adam_kernel<T: Elem>(p: &mut [T], g: &[T], st: &mut AdamState, c: &AdamConfig
 }
 
 /// `f` over the parameter's values `p`, gradient `g` and moments `m` and `v` (each `n` long):
-/// on the calling thread below twice [`CHUNK_MIN`] values, otherwise in contiguous chunks of at
-/// least that many, claimed by the threads ([`arenagrad_graph::update_parts`]). Each value's update reads and writes only its own position, so the split never
-/// changes a bit. PyTorch's Adam runs its per-element updates on its intra-op threads too; on
+/// on the calling thread below twice [`CHUNK_MIN`] values, otherwise in contiguous chunks of
+/// at least that many (at most [`CHUNKS`], of nearly equal sizes), claimed by
+/// the threads ([`arenagrad_graph::update_parts`]). Each value's update reads and writes only
+/// its own position, so the split never changes a bit. PyTorch's Adam runs its per-element updates on its intra-op threads too; on
 /// one thread the update of a 400k-value layer was 4–5% of a small CNN's training step here.
 fn in_chunks<T: Send + Sync>(
     n: usize,
@@ -198,7 +199,7 @@ fn in_chunks<T: Send + Sync>(
     if n < 2 * CHUNK_MIN {
         return f(p, g, m, v);
     }
-    let per = n.div_ceil(CHUNKS).max(CHUNK_MIN);
+    let per = n.div_ceil((n / CHUNK_MIN).min(CHUNKS));
     let parts: Vec<_> = p
         .chunks_mut(per)
         .zip(g.chunks(per))
