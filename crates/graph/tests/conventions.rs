@@ -153,6 +153,56 @@ fn unary_table_wide() -> Vec<UnaryCase<9>> {
 }
 
 /// silu, softplus and erf at the edges and around softplus's threshold, by both backward paths.
+/// Small integer powers in f32 as PyTorch's CPU kernel computes them, not through `pow`:
+/// `x³` is `(x·x)·x` and `x⁻²` is `1/(x·x)`, which differ from the correctly rounded power in
+/// the last bit for about a quarter of the values (PyTorch 2.15's `t ** 3` and `t ** -2` on
+/// these inputs); `x²` is `x·x` and `x¹` is `x` itself. Backward takes the same products
+/// (`g·p·x^(p−1)`).
+#[test]
+fn small_integer_powers_are_pytorchs_products_in_f32() {
+    let g = Graph::new();
+    let bits = |t: Tensor<'_>| -> Vec<u32> {
+        t.to_vec_f64()
+            .unwrap()
+            .iter()
+            .map(|&v| (v as f32).to_bits())
+            .collect()
+    };
+    let f32s = |v: &[f32]| -> Vec<u32> { v.iter().map(|x| x.to_bits()).collect() };
+    let wide = |v: &[f32]| -> Vec<f64> { v.iter().map(|&x| f64::from(x)).collect() };
+    let cube_in = [0.561_460_26_f32, 1.902_608_6, 1.723_780_3];
+    let x = g.from_f64(&wide(&cube_in), &[3], DType::F32).unwrap();
+    // torch.tensor(cube_in) ** 3
+    let want = [0.176_993_38_f32, 6.887_29, 5.122_072];
+    assert_eq!(bits(x.powf(3.0).unwrap()), f32s(&want), "x³");
+    // The correctly rounded cubes, which `pow` gives, are one bit above in each case.
+    let rounded: Vec<u32> = cube_in
+        .iter()
+        .map(|&v| ((v as f64).powi(3) as f32).to_bits())
+        .collect();
+    assert_ne!(rounded, f32s(&want));
+    let inv_in = [1.636_318_2_f32, 1.927_992_3];
+    let x = g.from_f64(&wide(&inv_in), &[2], DType::F32).unwrap();
+    // torch.tensor(inv_in) ** -2
+    let want = [0.373_477_55_f32, 0.269_022_97];
+    assert_eq!(bits(x.powf(-2.0).unwrap()), f32s(&want), "x⁻²");
+    let sq: Vec<f32> = cube_in.iter().map(|&v| v * v).collect();
+    let x = g.from_f64(&wide(&cube_in), &[3], DType::F32).unwrap();
+    assert_eq!(bits(x.powf(2.0).unwrap()), f32s(&sq), "x²");
+    assert_eq!(bits(x.powf(1.0).unwrap()), f32s(&cube_in), "x¹");
+    // d/dx x³ = 3·x², as g·3·(x·x) with g = 1.
+    let x = g.leaf(&wide(&cube_in), &[3], DType::F32).unwrap();
+    let dx = grad(
+        x.powf(3.0).unwrap().sum().unwrap(),
+        &[x],
+        BackwardOptions::default(),
+    )
+    .unwrap()[0]
+        .unwrap();
+    let want: Vec<f32> = cube_in.iter().map(|&v| 3.0 * (v * v)).collect();
+    assert_eq!(bits(dx), f32s(&want), "d x³");
+}
+
 #[test]
 fn silu_softplus_erf_match_pytorch() {
     for (name, f, want_y, want_g) in unary_table_wide() {

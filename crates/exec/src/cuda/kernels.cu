@@ -43,9 +43,15 @@ __device__ __forceinline__ void atomic_add(double* p, double v) {
 #endif
 }
 
-// x^p as PyTorch computes a scalar power (and as cpu::elementwise's pow_scalar): ±0.5 through
-// the square root, so (-inf)^0.5 is NaN rather than pow's +inf.
+// x^p as PyTorch computes a scalar power (and as the host's ops::pow_scalar): x for 1, products
+// for 2 and 3, reciprocals for -1 and -2, ±0.5 through the square root (so (-inf)^0.5 is NaN
+// rather than pow's +inf), pow otherwise.
 template <typename T> __device__ __forceinline__ T pow_scalar_(T x, double p) {
+    if (p == 1.0) return x;
+    if (p == 2.0) return x * x;
+    if (p == 3.0) return x * x * x;
+    if (p == -1.0) return (T)1 / x;
+    if (p == -2.0) return (T)1 / (x * x);
     if (p == 0.5) return M<T>::sqrt_(x);
     if (p == -0.5) return (T)1 / M<T>::sqrt_(x);
     return M<T>::pow_(x, (T)p);
