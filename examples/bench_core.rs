@@ -617,6 +617,8 @@ fn convt_ms((k, p): (usize, usize), reps: usize) -> f64 {
 
 /// Median ms of `layer` on a random f32 input of `shape` that requires grad, forward and `Σ y²`
 /// backward (the input made outside the timed part, as PyTorch's are), after 3 warm-up steps.
+/// `y²` is `square`, the op of PyTorch's `y ** 2` on the other side (`y·y` is a product of two
+/// operands, whose backward makes two gradients and adds them).
 fn layer_step_ms(layer: &dyn Module, shape: &[usize], reps: usize) -> f64 {
     let mut g = Graph::new();
     let mut times = Vec::with_capacity(reps);
@@ -625,7 +627,7 @@ fn layer_step_ms(layer: &dyn Module, shape: &[usize], reps: usize) -> f64 {
         let x = x.set_requires_grad(true).expect("leaf");
         let t = Instant::now();
         let y = layer.forward(&g, x).expect("forward");
-        y.mul(y)
+        y.square()
             .and_then(|s| s.sum())
             .expect("loss")
             .backward()
