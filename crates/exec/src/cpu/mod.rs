@@ -36,8 +36,8 @@ pub use reduce::{
     cumsum, nll_mean, nll_mean_grad, reduce, softmax, softmax_grad, sum_row, ReduceOp,
 };
 pub use shape::{
-    broadcast_to, gather, index_add, index_add_par, index_select, index_select_par, narrow,
-    permute, permute_par, place_along, scatter_add,
+    broadcast_to, broadcast_to_par, gather, index_add, index_add_par, index_select,
+    index_select_par, narrow, permute, permute_par, place_along, scatter_add,
 };
 pub use wide::{prefetch, set_simd, simd, simd_available, wide, Simd};
 

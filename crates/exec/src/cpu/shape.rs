@@ -152,6 +152,24 @@ pub fn repeat_rows<T: Copy>(row: &[T], out: &mut [T]) {
     }
 }
 
+/// [`broadcast_to`] on up to `threads` threads where `x` is one value (a sum's gradient spread
+/// back over its input): a fill in chunks. A walk of the output's innermost runs (28 floats
+/// each for a `[64, 32, 28, 28]` gradient) on one thread was 5.6% of a transposed
+/// convolution's training step.
+pub fn broadcast_to_par<T: Copy + Send + Sync>(
+    x: &[T],
+    from: &[usize],
+    to: &[usize],
+    out: &mut [T],
+    threads: usize,
+) {
+    if let [v] = *x {
+        super::par::par_chunks_mut(out, threads, super::par::PAR_MIN_ELEMS, |_, c| c.fill(v));
+        return;
+    }
+    broadcast_to(x, from, to, out)
+}
+
 /// `out` (shape `to`) = `x` (shape `from`) broadcast.
 pub fn broadcast_to<T: Copy + Send + Sync>(x: &[T], from: &[usize], to: &[usize], out: &mut [T]) {
     let src = broadcast_strides(from, to);
@@ -349,6 +367,39 @@ pub fn scatter_add<T: Float>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One value broadcast on threads fills every element of any shape (large enough to split,
+    /// and empty); other sources take the walk, the same as on one thread.
+    #[test]
+    fn broadcast_on_threads_is_the_walk() {
+        let big: usize = if cfg!(miri) {
+            40
+        } else {
+            3 * super::super::par::PAR_MIN_ELEMS + 5
+        };
+        for (x, from, to) in [
+            (vec![2.5f32], vec![], vec![big]),
+            (vec![-1.0], vec![1, 1], vec![3, big / 3]),
+            (vec![7.0], vec![1], vec![0, 4]),
+            (
+                (0..6).map(|v| v as f32).collect(),
+                vec![2, 1, 3],
+                vec![2, 5, 3],
+            ),
+        ] {
+            let n: usize = to.iter().product();
+            let mut want = vec![f32::NAN; n];
+            broadcast_to(&x, &from, &to, &mut want);
+            for threads in [1, 2, 3] {
+                let mut got = vec![f32::NAN; n];
+                broadcast_to_par(&x, &from, &to, &mut got, threads);
+                assert_eq!(got, want, "{from:?} -> {to:?} on {threads} threads");
+            }
+            if let [v] = *x {
+                assert!(want.iter().all(|&w| w == v));
+            }
+        }
+    }
 
     /// Every run length, those with a loop of their own (8–128) and others, copies each run
     /// from where `at` says, in order; an empty destination copies nothing.

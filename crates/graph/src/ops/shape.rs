@@ -181,7 +181,10 @@ impl<'g> Tensor<'g> {
         }
         let to = copy_of(shape);
         let tk = to.clone();
-        self.data_op(op, to, Op::BroadcastTo, false, move |a| a.broadcast(&tk))
+        let threads = self.g.threads();
+        self.data_op(op, to, Op::BroadcastTo, false, move |a| {
+            a.broadcast(&tk, threads)
+        })
     }
 
     /// Elements `start..end` along `axis`.
@@ -847,8 +850,8 @@ impl KernelArgs<'_> {
     fn permute(self, perm: &[usize], threads: usize) {
         moves!(self, x, o, s => cpu::permute_par(x, s, perm, o, threads))
     }
-    fn broadcast(self, to: &[usize]) {
-        moves!(self, x, o, s => cpu::broadcast_to(x, s, to, o))
+    fn broadcast(self, to: &[usize], threads: usize) {
+        moves!(self, x, o, s => cpu::broadcast_to_par(x, s, to, o, threads))
     }
     fn narrow(self, axis: usize, start: usize, len: usize) {
         moves!(self, x, o, s => cpu::narrow(x, s, axis, start, len, o))
