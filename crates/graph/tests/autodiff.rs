@@ -724,3 +724,45 @@ fn slice_gradients_add_into_the_gradient_already_there() {
         g.reset();
     }
 }
+
+/// `x·x` with one tensor on both sides: its gradient is PyTorch's `g·x + g·x` (two edges into
+/// `x`, accumulated), bit for bit, also where `g·x` is subnormal or near overflow, in f32 and
+/// bf16; and the same as multiplying `x` by a second leaf holding its values.
+#[test]
+fn a_square_by_mul_has_the_gradient_of_its_two_edges() {
+    let xs = [1.5, -3.25, 1e-20, 3.0e38, -0.0, 7.0, 1e-30, -2.5e-3];
+    let ws = [0.7, 1.3, 1e-25, 1.0, 2.0, -0.1, 3.0e-9, 11.0];
+    for dtype in [DType::F32, DType::BF16] {
+        let g = Graph::new();
+        let x = g.leaf(&xs, &[8], dtype).unwrap();
+        let w = g.from_f64(&ws, &[8], dtype).unwrap();
+        let loss = x.mul(x).unwrap().mul(w).unwrap().sum().unwrap();
+        let got = grad(loss, &[x], BackwardOptions::default()).unwrap()[0]
+            .unwrap()
+            .to_vec_f64()
+            .unwrap();
+        // By hand: each edge's g·x rounded to the dtype, then their sum rounded.
+        let (wr, xr) = (w.to_vec_f64().unwrap(), x.to_vec_f64().unwrap());
+        let round = |v: f64| match dtype {
+            DType::BF16 => f64::from(arenagrad_graph::bf16::from_f32(v as f32).to_f32()),
+            _ => f64::from(v as f32),
+        };
+        let want: Vec<f64> = wr
+            .iter()
+            .zip(&xr)
+            .map(|(&w, &x)| {
+                let e = round(w * x);
+                round(e + e)
+            })
+            .collect();
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "{dtype:?}");
+        // The same values through two leaves: each gets one edge, `g·x`.
+        let y = g.leaf(&xs, &[8], dtype).unwrap();
+        let loss = x.mul(y).unwrap().mul(w).unwrap().sum().unwrap();
+        let gs = grad(loss, &[x, y], BackwardOptions::default()).unwrap();
+        let (gx, gy) = (gs[0].unwrap(), gs[1].unwrap());
+        let two = gx.add(gy).unwrap().to_vec_f64().unwrap();
+        assert_eq!(bits(&two), bits(&got), "{dtype:?}, two leaves");
+    }
+}

@@ -422,6 +422,13 @@ pub(crate) fn backward<'g>(op: BinaryOp, c: &Ctx<'g>) -> Result<Grads<'g>> {
     let (ga, gb) = match op {
         BinaryOp::Add => (Some(gy), Some(gy)),
         BinaryOp::Sub => (Some(gy), if need_b { Some(gy.neg()?) } else { None }),
+        // `x·x`: both gradients are `g·x`, and their sum `g·x + g·x` is `(g·x)·2` exactly; made
+        // once and doubled, it is one product and one sum, where two products and their sum
+        // had been (the same bits).
+        BinaryOp::Mul if a.id == b.id && need_a => {
+            let half = gy.mul(a)?;
+            (Some(half.add(half)?), None)
+        }
         BinaryOp::Mul => (
             if need_a { Some(gy.mul(b)?) } else { None },
             if need_b { Some(gy.mul(a)?) } else { None },
