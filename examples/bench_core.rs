@@ -617,8 +617,7 @@ fn convt_ms((k, p): (usize, usize), reps: usize) -> f64 {
 
 /// Median ms of `layer` on a random f32 input of `shape` that requires grad, forward and `Σ y²`
 /// backward (the input made outside the timed part, as PyTorch's are), after 3 warm-up steps.
-/// `y²` is `square`, the op of PyTorch's `y ** 2` on the other side (`y·y` is a product of two
-/// operands, whose backward makes two gradients and adds them).
+/// `y²` is `square`, the op of PyTorch's `y ** 2` on the other side.
 fn layer_step_ms(layer: &dyn Module, shape: &[usize], reps: usize) -> f64 {
     let mut g = Graph::new();
     let mut times = Vec::with_capacity(reps);

@@ -562,7 +562,6 @@ fn update_threads() -> usize {
 /// chunks of values with their gradients and state), the parts claimed one at a time by up to
 /// [`default_threads`] threads, the calling thread among them: a thread slowed by other work on
 /// its core takes fewer. What `f` computes for a part must not depend on the thread that runs it.
-/// Returns the number of threads that could take parts (1: all ran on the calling thread).
 ///
 /// # Examples
 ///
@@ -578,10 +577,8 @@ fn update_threads() -> usize {
 /// });
 /// assert!(w.iter().all(|&v| v == 0.5) && m.iter().all(|&v| v == 0.5));
 /// ```
-pub fn update_parts<P: Send>(parts: Vec<P>, f: impl Fn(usize, &mut P) + Sync) -> usize {
-    let threads = update_threads().clamp(1, parts.len().max(1));
-    arenagrad_exec::cpu::par::claim_each(parts, threads, f);
-    threads
+pub fn update_parts<P: Send>(parts: Vec<P>, f: impl Fn(usize, &mut P) + Sync) {
+    arenagrad_exec::cpu::par::claim_each(parts, update_threads(), f);
 }
 
 impl Graph {

@@ -676,19 +676,9 @@ fn widened_view<'w, H>(wm: &'w Option<(Vec<f32>, AttnMask<'w, H>)>) -> Option<At
 /// [`attention_forward`] for 16-bit storage: heads `h0..h0 + o.len()/(lq·dv)` in groups, each
 /// group's queries, keys and values widened to f32, run by the f32 kernel, and its output
 /// rounded once; `lse` stays f32. The values of the f32 kernel on the widened tensors, rounded.
+/// The operands lie as `layout` says; `o` and `lse` are the heads' parts (`[heads, lq, dv]`
+/// from `h0`) either way.
 pub fn attention_forward_half<H: Storage>(
-    dims: &AttnDims,
-    inputs: &AttnInputs<'_, H>,
-    h0: usize,
-    o: &mut [H],
-    lse: &mut [f32],
-) {
-    attention_forward_half_in(dims, inputs, HalfLayout::Heads, h0, o, lse)
-}
-
-/// [`attention_forward_half`] with the operands laid out as `layout` says; `o` and `lse` are
-/// the heads' parts as there (`[heads, lq, dv]` from `h0`).
-pub fn attention_forward_half_in<H: Storage>(
     dims: &AttnDims,
     inputs: &AttnInputs<'_, H>,
     layout: HalfLayout,
@@ -731,20 +721,9 @@ pub fn attention_forward_half_in<H: Storage>(
 
 /// [`attention_backward`] for 16-bit storage: heads in groups, each group's operands and saved
 /// tensors widened to f32 (the log-sum-exp is f32 already), run by the f32 kernel, and its
-/// gradients rounded once.
+/// gradients rounded once. The operands and the saved output and its gradient lie as `layout`
+/// says; `grads` are the heads' parts (`[heads, l, width]` from `h0`) either way.
 pub fn attention_backward_half<H: Storage>(
-    dims: &AttnDims,
-    inputs: &AttnInputs<'_, H>,
-    saved: &AttnSaved<'_, H, f32>,
-    (h0, heads): (usize, usize),
-    grads: AttnGrads<'_, H>,
-) {
-    attention_backward_half_in(dims, inputs, saved, HalfLayout::Heads, (h0, heads), grads)
-}
-
-/// [`attention_backward_half`] with the operands and the saved output and its gradient laid
-/// out as `layout` says; `grads` are the heads' parts as there (`[heads, l, width]` from `h0`).
-pub fn attention_backward_half_in<H: Storage>(
     dims: &AttnDims,
     inputs: &AttnInputs<'_, H>,
     saved: &AttnSaved<'_, H, f32>,

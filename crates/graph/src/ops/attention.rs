@@ -645,7 +645,7 @@ type ForwardKernel<'k, T, L> =
 
 /// The host's forward: the output buffer, and the log-sum-exp's when `record` (it is scratch
 /// otherwise). 16-bit operands run the f32 kernel on groups of heads widened on the fly
-/// ([`k::attention_forward_half_in`]), read as `half` lays them out, their log-sum-exp kept in
+/// ([`k::attention_forward_half`]), read as `half` lays them out, their log-sum-exp kept in
 /// f32. f32 and f64 operands are whole heads one after the other (`half` is
 /// [`HalfLayout::Heads`] for them).
 fn host_forward(
@@ -658,10 +658,10 @@ fn host_forward(
     match dtype {
         DType::F64 => host_forward_in::<f64, f64>(i, args, &k::attention_forward),
         DType::BF16 => host_forward_in::<bf16, f32>(i, args, &|d, x, h0, o, l| {
-            k::attention_forward_half_in(d, x, half, h0, o, l)
+            k::attention_forward_half(d, x, half, h0, o, l)
         }),
         DType::F16 => host_forward_in::<f16, f32>(i, args, &|d, x, h0, o, l| {
-            k::attention_forward_half_in(d, x, half, h0, o, l)
+            k::attention_forward_half(d, x, half, h0, o, l)
         }),
         _ => host_forward_in::<f32, f32>(i, args, &k::attention_forward),
     }
@@ -1128,10 +1128,10 @@ fn host_backward(
     match dtype {
         DType::F64 => backward_in::<f64, f64>(i, args, &k::attention_backward),
         DType::BF16 => backward_in::<bf16, f32>(i, args, &|d, x, s, h, g| {
-            k::attention_backward_half_in(d, x, s, half, h, g)
+            k::attention_backward_half(d, x, s, half, h, g)
         }),
         DType::F16 => backward_in::<f16, f32>(i, args, &|d, x, s, h, g| {
-            k::attention_backward_half_in(d, x, s, half, h, g)
+            k::attention_backward_half(d, x, s, half, h, g)
         }),
         _ => backward_in::<f32, f32>(i, args, &k::attention_backward),
     }

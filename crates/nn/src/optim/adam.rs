@@ -105,7 +105,6 @@ fn lerp<T: Elem>(a: T, b: T, w: T, w_small: bool, one_minus_w: T) -> T {
 }
 
 fn adam_kernel<T: Elem>(p: &mut [T], g: &[T], st: &mut AdamState, c: &AdamConfig, decoupled: bool) {
-    let n = p.len();
     st.step += 1;
     let t = st.step as f64;
     let (b1, b2) = c.betas;
@@ -162,7 +161,7 @@ fn adam_kernel<T: Elem>(p: &mut [T], g: &[T], st: &mut AdamState, c: &AdamConfig
                     },
                 )
             };
-            in_chunks(n, (p, g, m, v), chunk);
+            in_chunks((p, g, m, v), chunk);
         }
         Some(vmax) => {
             for ((((p, &g), m), v), vm) in p
@@ -185,17 +184,18 @@ fn adam_kernel<T: Elem>(p: &mut [T], g: &[T], st: &mut AdamState, c: &AdamConfig
     }
 }
 
-/// `f` over the parameter's values `p`, gradient `g` and moments `m` and `v` (each `n` long):
-/// on the calling thread below twice [`CHUNK_MIN`] values, otherwise in contiguous chunks of
-/// at least that many (at most [`CHUNKS`], of nearly equal sizes), claimed by
-/// the threads ([`arenagrad_graph::update_parts`]). Each value's update reads and writes only
-/// its own position, so the split never changes a bit. PyTorch's Adam runs its per-element updates on its intra-op threads too; on
-/// one thread the update of a 400k-value layer was 4–5% of a small CNN's training step here.
+/// `f` over the parameter's values `p`, gradient `g` and moments `m` and `v` (all as long as
+/// `p`): on the calling thread below twice [`CHUNK_MIN`] values, otherwise in contiguous chunks
+/// of at least that many (at most [`CHUNKS`], of nearly equal sizes), claimed by the threads
+/// ([`arenagrad_graph::update_parts`]). Each value's update reads and writes only its own
+/// position, so the split never changes a bit. PyTorch's Adam runs its per-element updates on
+/// its intra-op threads too; on one thread the update of a 400k-value layer was 4–5% of a small
+/// CNN's training step here.
 fn in_chunks<T: Send + Sync>(
-    n: usize,
     (p, g, m, v): (&mut [T], &[T], &mut [T], &mut [T]),
     f: impl Fn(&mut [T], &[T], &mut [T], &mut [T]) + Sync,
 ) {
+    let n = p.len();
     if n < 2 * CHUNK_MIN {
         return f(p, g, m, v);
     }
