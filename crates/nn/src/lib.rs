@@ -112,8 +112,9 @@ pub use models::resnet::ResNet;
 pub use models::{generate, Activation, CausalLm};
 pub use module::{Module, Slot, Visitor};
 pub use spatial::{
-    AdaptiveAvgPool2d, AdaptiveMaxPool2d, Conv1d, ConvTranspose2d, ConvTransposeConfig, GroupNorm,
-    InstanceNorm2d, Interpolation, Upsample,
+    AdaptiveAvgPool2d, AdaptiveMaxPool2d, Conv1d, ConvTranspose1d, ConvTranspose1dConfig,
+    ConvTranspose2d, ConvTransposeConfig, GroupNorm, InstanceNorm2d, Interpolation, Resize,
+    Upsample,
 };
 
 // The derive's generated code names this crate `::arenagrad_nn`, here as in other crates.

@@ -123,11 +123,13 @@ pub fn pad<'g>(x: Tensor<'g>, pads: &[(usize, usize)], mode: PadMode) -> Result<
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Interpolation {
     /// The nearest input entry below (PyTorch's `"nearest"`: source index
-    /// `⌊dst·in/out⌋` with the scale in the input's precision).
+    /// `⌊dst·scale⌋`, `scale` = `in/out` or `1/scale_factor`, in f32 whatever the input's
+    /// dtype, as PyTorch computes it; an axis kept or doubled is copied or halved exactly).
     Nearest,
     /// Linear in each axis (`"bilinear"`), with PyTorch's `align_corners` (false: pixel
-    /// centres, `src = (dst + 0.5)·in/out − 0.5` clamped at 0; true: corners,
-    /// `src = dst·(in − 1)/(out − 1)`).
+    /// centres, `src = (dst + 0.5)·scale − 0.5` clamped at 0, `scale` = `in/out` or
+    /// `1/scale_factor`, an axis of unchanged size copied; true: corners,
+    /// `src = dst·(in − 1)/(out − 1)`), in the input's precision (f32 for the 16-bit dtypes).
     Bilinear {
         /// The corners of input and output aligned.
         align_corners: bool,
@@ -135,44 +137,61 @@ pub enum Interpolation {
 }
 
 /// For each output position along an axis of `n_in` resampled to `n_out`: the two source
-/// indices and the second one's weight.
+/// indices and the second one's weight. `factor` is the scale factor a caller gave (PyTorch
+/// then maps positions by `1/factor`, not by `in/out`); `f32_math` rounds the arithmetic to
+/// f32 as PyTorch's kernels do for every dtype but f64 (nearest rounds it for f64 too).
 fn sources(
     n_in: usize,
     n_out: usize,
     mode: Interpolation,
-    f32_scale: bool,
-) -> Vec<(usize, usize, f64)> {
-    let round = |v: f64| if f32_scale { f64::from(v as f32) } else { v };
-    (0..n_out)
-        .map(|d| match mode {
-            Interpolation::Nearest => {
-                let i = if n_out == n_in {
-                    d
-                } else if n_out == 2 * n_in {
-                    d >> 1
+    f32_math: bool,
+    factor: Option<f64>,
+) -> Result<Vec<(usize, usize, f64)>> {
+    let f32_round = |v: f64| f64::from(v as f32);
+    let round = |v: f64| if f32_math { f32_round(v) } else { v };
+    // PyTorch's `compute_scales_value`: `1/factor` (in f64, then the kernel's precision) where
+    // a factor was given, the sizes' ratio where not.
+    let scale = |round: &dyn Fn(f64) -> f64| match factor {
+        Some(f) => round(1.0 / f),
+        None => round(n_in as f64 / n_out as f64),
+    };
+    let mut out = Vec::new();
+    if out.try_reserve_exact(n_out).is_err() {
+        return Err(arenagrad_graph::GraphError::TooLarge {
+            op: "interpolate",
+            shape: vec![n_out],
+        }
+        .into());
+    }
+    out.extend((0..n_out).map(|d| match mode {
+        Interpolation::Nearest => {
+            let i = if n_out == n_in {
+                d
+            } else if n_out == 2 * n_in {
+                d >> 1
+            } else {
+                // `nearest_idx`: a float scale and `floorf(dst·scale)`, f64 inputs too.
+                let scale = scale(&f32_round);
+                (f32_round(d as f64 * scale).floor() as usize).min(n_in - 1)
+            };
+            (i, i, 0.0)
+        }
+        Interpolation::Bilinear { align_corners } => {
+            let src = if align_corners {
+                if n_out > 1 {
+                    round(round((n_in - 1) as f64 / (n_out - 1) as f64) * d as f64)
                 } else {
-                    let scale = round(n_in as f64 / n_out as f64);
-                    (round(d as f64 * scale).floor() as usize).min(n_in - 1)
-                };
-                (i, i, 0.0)
-            }
-            Interpolation::Bilinear { align_corners } => {
-                let src = if align_corners {
-                    if n_out > 1 {
-                        round(round((n_in - 1) as f64 / (n_out - 1) as f64) * d as f64)
-                    } else {
-                        0.0
-                    }
-                } else {
-                    let scale = round(n_in as f64 / n_out as f64);
-                    round(round(scale * (d as f64 + 0.5)) - 0.5).max(0.0)
-                };
-                let i0 = (src.floor() as usize).min(n_in - 1);
-                let i1 = (i0 + 1).min(n_in - 1);
-                (i0, i1, round(src - i0 as f64))
-            }
-        })
-        .collect()
+                    0.0
+                }
+            } else {
+                round(round(scale(&round) * (d as f64 + 0.5)) - 0.5).max(0.0)
+            };
+            let i0 = (src.floor() as usize).min(n_in - 1);
+            let i1 = (i0 + 1).min(n_in - 1);
+            (i0, i1, round(src - i0 as f64))
+        }
+    }));
+    Ok(out)
 }
 
 /// Images `x` (`[N, C, H, W]`) resampled to `size` (height, width), as PyTorch's
@@ -196,28 +215,93 @@ pub fn interpolate<'g>(
     size: (usize, usize),
     mode: Interpolation,
 ) -> Result<Tensor<'g>> {
-    let s = x.try_shape()?;
-    let [_, _, h, w] = s[..] else {
-        return Err(input_shape("interpolate", "[N, C, H, W]", &s));
-    };
+    let [h, w] = image_size("interpolate", x)?;
     if size.0 == 0 || size.1 == 0 || h == 0 || w == 0 {
         return Err(config(
             "interpolate",
             format!("cannot resample {h}×{w} to {}×{}", size.0, size.1),
         ));
     }
-    let f32_scale = x.dtype() != DType::F64;
+    resample(x, [(h, size.0, None), (w, size.1, None)], mode)
+}
+
+/// Images `x` (`[N, C, H, W]`) resampled by `scale_factor` (height, width), as PyTorch's
+/// `F.interpolate(x, scale_factor=(sh, sw), mode)`: the output is `⌊H·sh⌋ × ⌊W·sw⌋`, and its
+/// positions map back to the input's by the factors themselves (`src = dst/s`, not
+/// `dst·H/⌊H·s⌋`), so a fractional factor reads the entries PyTorch's does. (PyTorch's
+/// `recompute_scale_factor=True` maps by the sizes: that is [`interpolate`] to the computed
+/// size.) A factor must be positive and finite and leave each axis at least one entry.
+///
+/// ```
+/// use arenagrad_nn::spatial::{interpolate_scale, Interpolation};
+/// use arenagrad_nn::{DType, Graph};
+/// let g = Graph::new();
+/// let x = g.from_f64(&[1.0, 2.0, 3.0, 4.0, 5.0], &[1, 1, 1, 5], DType::F32)?;
+/// let y = interpolate_scale(x, (1.0, 1.5), Interpolation::Bilinear { align_corners: false })?;
+/// assert_eq!(y.shape()[3], 7); // ⌊5·1.5⌋
+/// assert_eq!(y.to_vec::<f32>()?[1], 1.5); // src = (1 + 0.5)/1.5 − 0.5 = 0.5
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+pub fn interpolate_scale<'g>(
+    x: Tensor<'g>,
+    scale_factor: (f64, f64),
+    mode: Interpolation,
+) -> Result<Tensor<'g>> {
+    let [h, w] = image_size("interpolate", x)?;
+    let out = |n: usize, f: f64| (f.is_finite() && f > 0.0).then(|| (n as f64 * f).floor());
+    match (out(h, scale_factor.0), out(w, scale_factor.1)) {
+        (Some(oh), Some(ow)) if oh >= 1.0 && ow >= 1.0 && oh.max(ow) <= isize::MAX as f64 => {
+            resample(
+                x,
+                [
+                    (h, oh as usize, Some(scale_factor.0)),
+                    (w, ow as usize, Some(scale_factor.1)),
+                ],
+                mode,
+            )
+        }
+        _ => Err(config(
+            "interpolate",
+            format!(
+                "cannot resample {h}×{w} by the factors {scale_factor:?}: each must be positive \
+                 and finite and leave each axis at least one entry"
+            ),
+        )),
+    }
+}
+
+/// The height and width of an `[N, C, H, W]` operand of `op`.
+fn image_size(op: &'static str, x: Tensor<'_>) -> Result<[usize; 2]> {
+    let s = x.try_shape()?;
+    match s[..] {
+        [_, _, h, w] => Ok([h, w]),
+        _ => Err(input_shape(op, "[N, C, H, W]", &s)),
+    }
+}
+
+/// `x` resampled along its height and width, each axis's `(in, out, the factor given)`;
+/// sizes checked by the caller.
+fn resample<'g>(
+    x: Tensor<'g>,
+    [(h, oh, fh), (w, ow, fw)]: [(usize, usize, Option<f64>); 2],
+    mode: Interpolation,
+) -> Result<Tensor<'g>> {
+    let f32_math = x.dtype() != DType::F64;
     let mut y = x;
     // One axis at a time, the one whose resampled intermediate is smaller first (rows first on
     // a tie): the intermediate is then no larger than the input or the output, whatever the
     // sizes (rows first, a 1 × 4096 image became 4096 × 4096 on its way to 4096 × 1).
-    let axes = if size.0 * w <= h * size.1 {
-        [(2usize, h, size.0), (3, w, size.1)]
+    let axes = if oh * w <= h * ow {
+        [(2usize, h, oh, fh), (3, w, ow, fw)]
     } else {
-        [(3, w, size.1), (2usize, h, size.0)]
+        [(3, w, ow, fw), (2usize, h, oh, fh)]
     };
-    for (axis, n_in, n_out) in axes {
-        let src = sources(n_in, n_out, mode, f32_scale);
+    for (axis, n_in, n_out, factor) in axes {
+        if n_out == n_in {
+            // Copied by either mode, whatever the factor (PyTorch's rules above).
+            continue;
+        }
+        let src = sources(n_in, n_out, mode, f32_math, factor)?;
         let lo: Vec<usize> = src.iter().map(|s| s.0).collect();
         let a = y.index_select(axis as isize, &lo)?;
         y = match mode {
@@ -642,23 +726,63 @@ impl Module for AdaptiveMaxPool2d {
     }
 }
 
-/// Resampling of images by a whole factor (PyTorch's `nn.Upsample(scale_factor, mode)`);
-/// see [`interpolate`].
-#[derive(Debug, Clone, Copy)]
+/// What an [`Upsample`] resamples to: PyTorch's `size` or its `scale_factor`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Resize {
+    /// A fixed output `(height, width)`; see [`interpolate`].
+    Size(usize, usize),
+    /// Factors on height and width, the output `⌊H·sh⌋ × ⌊W·sw⌋`; see [`interpolate_scale`].
+    Scale(f64, f64),
+}
+
+/// Resampling of images as a layer (PyTorch's `nn.Upsample(size=…)` or
+/// `nn.Upsample(scale_factor=…)`, with `mode` and `align_corners`).
+///
+/// ```
+/// use arenagrad_nn::spatial::{Interpolation, Upsample};
+/// use arenagrad_nn::{DType, Graph, Module};
+/// let g = Graph::new();
+/// let x = g.zeros(&[1, 3, 8, 8], DType::F32)?;
+/// let up = Upsample::scale(2.0, Interpolation::Nearest);
+/// assert_eq!(up.forward(&g, x)?.shape()[..], [1, 3, 16, 16]);
+/// let down = Upsample::scale(0.75, Interpolation::Bilinear { align_corners: false });
+/// assert_eq!(down.forward(&g, x)?.shape()[..], [1, 3, 6, 6]);
+/// let fixed = Upsample::size((5, 7), Interpolation::Nearest);
+/// assert_eq!(fixed.forward(&g, x)?.shape()[..], [1, 3, 5, 7]);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Upsample {
-    /// The factor on height and width.
-    pub scale: usize,
+    /// The output size or the factors.
+    pub to: Resize,
     /// Nearest or bilinear.
     pub mode: Interpolation,
 }
 
+impl Upsample {
+    /// By one factor on both axes (PyTorch's `nn.Upsample(scale_factor=factor, mode=…)`).
+    pub fn scale(factor: f64, mode: Interpolation) -> Self {
+        Upsample {
+            to: Resize::Scale(factor, factor),
+            mode,
+        }
+    }
+
+    /// To a fixed `(height, width)` (PyTorch's `nn.Upsample(size=…, mode=…)`).
+    pub fn size(size: (usize, usize), mode: Interpolation) -> Self {
+        Upsample {
+            to: Resize::Size(size.0, size.1),
+            mode,
+        }
+    }
+}
+
 impl Module for Upsample {
     fn forward<'g>(&self, _g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
-        let s = x.try_shape()?;
-        let [_, _, h, w] = s[..] else {
-            return Err(input_shape("Upsample", "[N, C, H, W]", &s));
-        };
-        interpolate(x, (h * self.scale, w * self.scale), self.mode)
+        match self.to {
+            Resize::Size(h, w) => interpolate(x, (h, w), self.mode),
+            Resize::Scale(sh, sw) => interpolate_scale(x, (sh, sw), self.mode),
+        }
     }
 }
 
@@ -805,42 +929,13 @@ impl ConvTranspose2d {
         cfg: ConvTransposeConfig,
         rng: &mut Rng,
     ) -> Result<Self> {
-        let g = cfg.groups;
-        if g == 0
-            || !in_channels.is_multiple_of(g)
-            || !out_channels.is_multiple_of(g)
-            || kernel.0 == 0
-            || kernel.1 == 0
-        {
-            return Err(config(
-                "ConvTranspose2d",
-                format!(
-                    "{in_channels} → {out_channels} channels in {g} groups with kernel \
-                     {kernel:?}: the channels must split into the groups"
-                ),
-            ));
-        }
-        // PyTorch draws both from the weight's fans, read from its [in, out/g, kh, kw]
-        // layout; the bias has the output's channels.
-        let shape = [in_channels, out_channels / g, kernel.0, kernel.1];
-        let (weight, _) = crate::init::weight_and_bias(
-            &shape,
-            (Init::PYTORCH_DEFAULT, Init::PYTORCH_DEFAULT),
-            false,
-            DType::F32,
+        let (weight, bias) = transposed_weights(
+            "ConvTranspose2d",
+            (in_channels, out_channels),
+            &[kernel.0, kernel.1],
+            (cfg.groups, cfg.bias),
             rng,
         )?;
-        let bias = if cfg.bias {
-            let b = Init::PYTORCH_DEFAULT.tensor_with_fans(
-                &[out_channels],
-                crate::init::fans(&shape),
-                DType::F32,
-                rng,
-            )?;
-            Some(Parameter::new("bias", b))
-        } else {
-            None
-        };
         Ok(ConvTranspose2d {
             weight,
             bias,
@@ -848,9 +943,56 @@ impl ConvTranspose2d {
             padding: cfg.padding,
             output_padding: cfg.output_padding,
             dilation: cfg.dilation,
-            groups: g,
+            groups: cfg.groups,
         })
     }
+}
+
+/// A transposed convolution's weight `[in, out/groups, kernel…]` and bias `[out]`, both drawn
+/// as PyTorch draws them: from the weight's fans, read from that layout (its fan-in is
+/// `out/groups · Πkernel`).
+fn transposed_weights(
+    op: &'static str,
+    (in_channels, out_channels): (usize, usize),
+    kernel: &[usize],
+    (groups, bias): (usize, bool),
+    rng: &mut Rng,
+) -> Result<(Parameter, Option<Parameter>)> {
+    let g = groups;
+    if g == 0
+        || !in_channels.is_multiple_of(g)
+        || !out_channels.is_multiple_of(g)
+        || kernel.contains(&0)
+    {
+        return Err(config(
+            op,
+            format!(
+                "{in_channels} → {out_channels} channels in {g} groups with kernel {kernel:?}: \
+                 the channels must split into the groups and the kernel be positive"
+            ),
+        ));
+    }
+    let mut shape = vec![in_channels, out_channels / g];
+    shape.extend_from_slice(kernel);
+    let (weight, _) = crate::init::weight_and_bias(
+        &shape,
+        (Init::PYTORCH_DEFAULT, Init::PYTORCH_DEFAULT),
+        false,
+        DType::F32,
+        rng,
+    )?;
+    let bias = if bias {
+        let b = Init::PYTORCH_DEFAULT.tensor_with_fans(
+            &[out_channels],
+            crate::init::fans(&shape),
+            DType::F32,
+            rng,
+        )?;
+        Some(Parameter::new("bias", b))
+    } else {
+        None
+    };
+    Ok((weight, bias))
 }
 
 impl Module for ConvTranspose2d {
@@ -865,6 +1007,103 @@ impl Module for ConvTranspose2d {
             self.output_padding,
             self.dilation,
             self.groups,
+        )
+    }
+
+    fn visit(&self, v: &mut Visitor<'_>) {
+        v.param("weight", &self.weight);
+        if let Some(b) = &self.bias {
+            v.param("bias", b);
+        }
+    }
+}
+
+/// Options of a [`ConvTranspose1d`] (PyTorch's defaults by [`Default`]: stride 1, no padding,
+/// dilation 1, one group, a bias).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvTranspose1dConfig {
+    /// The stride.
+    pub stride: usize,
+    /// The padding taken off each end.
+    pub padding: usize,
+    /// Added to the output's end.
+    pub output_padding: usize,
+    /// The kernel's dilation.
+    pub dilation: usize,
+    /// Channel groups.
+    pub groups: usize,
+    /// Whether there is a bias.
+    pub bias: bool,
+}
+
+impl Default for ConvTranspose1dConfig {
+    fn default() -> Self {
+        ConvTranspose1dConfig {
+            stride: 1,
+            padding: 0,
+            output_padding: 0,
+            dilation: 1,
+            groups: 1,
+            bias: true,
+        }
+    }
+}
+
+/// A 1-D transposed convolution layer (PyTorch's `nn.ConvTranspose1d`): `weight`
+/// `[in, out/groups, kernel]` and `bias` `[out]`, drawn as PyTorch draws them; see
+/// [`conv_transpose1d`]. It takes `[N, C_in, L]` to `[N, C_out, L']`,
+/// `L' = (L − 1)·stride − 2·padding + dilation·(kernel − 1) + output_padding + 1`.
+///
+/// ```
+/// use arenagrad_nn::spatial::{ConvTranspose1d, ConvTranspose1dConfig};
+/// use arenagrad_nn::{DType, Graph, Module, Rng};
+/// let cfg = ConvTranspose1dConfig { stride: 2, padding: 1, ..Default::default() };
+/// let up = ConvTranspose1d::new(8, 4, 4, cfg, &mut Rng::seed(0))?;
+/// let g = Graph::new();
+/// let x = g.randn(&[2, 8, 100], DType::F32)?;
+/// assert_eq!(up.forward(&g, x)?.shape()[..], [2, 4, 200]);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+#[derive(Debug)]
+pub struct ConvTranspose1d {
+    weight: Parameter,
+    bias: Option<Parameter>,
+    cfg: ConvTranspose1dConfig,
+}
+
+impl ConvTranspose1d {
+    /// `in_channels` → `out_channels` with a `kernel`, options `cfg`, in f32.
+    pub fn new(
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        cfg: ConvTranspose1dConfig,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        let (weight, bias) = transposed_weights(
+            "ConvTranspose1d",
+            (in_channels, out_channels),
+            &[kernel],
+            (cfg.groups, cfg.bias),
+            rng,
+        )?;
+        Ok(ConvTranspose1d { weight, bias, cfg })
+    }
+}
+
+impl Module for ConvTranspose1d {
+    fn forward<'g>(&self, g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let b = self.bias.as_ref().map(|p| g.param(p)).transpose()?;
+        let c = self.cfg;
+        conv_transpose1d(
+            x,
+            g.param(&self.weight)?,
+            b,
+            c.stride,
+            c.padding,
+            c.output_padding,
+            c.dilation,
+            c.groups,
         )
     }
 

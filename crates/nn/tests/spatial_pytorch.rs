@@ -3926,6 +3926,23 @@ fn long_rows_pool_and_resample_without_square_intermediates() {
     assert_eq!(t.to_vec::<f64>().unwrap(), [1.0; 4]);
 }
 
+/// Nearest resampling maps positions in f32 whatever the dtype, as PyTorch's `nearest_idx`
+/// does (a float scale, `floorf(dst·scale)`): an f64 image of width 2 resampled to 82 reads
+/// column 0 at output 41 (`41·f32(2/82)` rounds below 1), to 98 column 1 at output 49
+/// (`49·f32(2/98)` rounds to 1); f64 arithmetic read the other column at both, unlike
+/// `F.interpolate(x.double(), size=(1, n), mode="nearest")`.
+#[test]
+fn nearest_maps_positions_in_f32_for_f64_images() {
+    let g = Graph::new();
+    let x = g
+        .from_f64(&[10.0, 20.0], &[1, 1, 1, 2], DType::F64)
+        .unwrap();
+    for (n, at, want) in [(82, 41, 10.0), (98, 49, 20.0)] {
+        let y = spatial::interpolate(x, (1, n), Interpolation::Nearest).unwrap();
+        assert_eq!(y.to_vec::<f64>().unwrap()[at], want, "2 → {n}, output {at}");
+    }
+}
+
 /// The layers carry PyTorch's names and shapes, and run their functions.
 #[test]
 fn layers_have_pytorch_names_and_run() {
@@ -3959,10 +3976,7 @@ fn layers_have_pytorch_names_and_run() {
     );
     let pooled = AdaptiveAvgPool2d((2, 3)).forward(&g, img).unwrap();
     assert_eq!(pooled.shape().as_slice(), &[1, 4, 2, 3]);
-    let up = Upsample {
-        scale: 2,
-        mode: Interpolation::Nearest,
-    };
+    let up = Upsample::scale(2.0, Interpolation::Nearest);
     assert_eq!(
         up.forward(&g, img).unwrap().shape().as_slice(),
         &[1, 4, 10, 12]
