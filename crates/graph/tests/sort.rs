@@ -1699,3 +1699,43 @@ fn topk_takes_every_dtype_and_empty_tensors_with_huge_extents() {
     assert_eq!(v.shape().to_vec(), [1 << 40, 0]);
     assert!(i.is_empty());
 }
+
+/// Distinct values (gaps of 0.1 or more, far wider than the finite differences' steps), so
+/// that the order does not change under the perturbations: sort, topk and max_dim/min_dim
+/// pass gradcheck and gradgradcheck in f64 along either axis, and the checker catches a
+/// gathered value whose gradient is doubled.
+#[test]
+fn sort_topk_and_extremes_pass_gradcheck_to_second_order() {
+    use arenagrad_graph::check::{check_fn, gradcheck, gradgradcheck, GradcheckOptions};
+    use arenagrad_graph::{HostTensor, Tensor};
+    let x: Vec<f64> = (0..15).map(|k| ((k * 7) % 15) as f64 * 0.3 - 2.0).collect();
+    let inputs = [HostTensor::from_f64(&x, &[3, 5], DType::F64).unwrap()];
+    let opts = GradcheckOptions::default();
+    // Each value times itself and a fixed weight, so that the second derivative is not zero.
+    fn squared(y: Tensor<'_>) -> arenagrad_graph::Result<Tensor<'_>> {
+        let w: Vec<f64> = (0..y.numel()).map(|k| 0.5 + k as f64 * 0.25).collect();
+        let w = y.graph().from_f64(&w, &y.shape(), DType::F64)?;
+        y.mul(y)?.mul(w)?.sum()
+    }
+    let cases: [(&str, fn(Tensor<'_>) -> arenagrad_graph::Result<Tensor<'_>>); 6] = [
+        ("sort rows descending", |x| Ok(x.sort(1, true)?.0)),
+        ("sort columns", |x| Ok(x.sort(0, false)?.0)),
+        ("topk 3 largest", |x| Ok(x.topk(3, -1, true)?.0)),
+        ("topk 2 smallest of columns", |x| Ok(x.topk(2, 0, false)?.0)),
+        ("max_dim", |x| Ok(x.max_dim(1, false)?.0)),
+        ("min_dim keepdim", |x| Ok(x.min_dim(0, true)?.0)),
+    ];
+    for (what, op) in cases {
+        let f = check_fn(move |_g, xs| squared(op(xs[0])?));
+        let r = gradcheck(f, &inputs, opts).unwrap();
+        assert!(r.passed, "{what}: {r}");
+        let r = gradgradcheck(f, &inputs, opts).unwrap();
+        assert!(r.passed, "{what} (second order): {r}");
+    }
+    let wrong = check_fn(move |_g, xs| {
+        let (v, _) = xs[0].topk(3, -1, true)?;
+        v.register_hook(|gv| Ok(Some(gv.scale(2.0)?)))?;
+        squared(v)
+    });
+    assert!(!gradcheck(wrong, &inputs, opts).unwrap().passed);
+}
