@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the PyTorch reference the spatial layers are tested against
-(`tests/spatial_modules.rs`): PyTorch's own `nn.Conv1d`, `nn.ConvTranspose1d`,
+(`tests/spatial_modules.rs`): PyTorch's own `nn.Conv1d`, depthwise `nn.Conv2d`, `nn.ConvTranspose1d`,
 `nn.ConvTranspose2d`, `nn.GroupNorm`, `nn.InstanceNorm2d`, `nn.AdaptiveAvgPool2d` and
 `nn.Upsample` (by size and by fractional factors), their state dict as PyTorch saves it, and what
 each computes:
@@ -43,6 +43,10 @@ class Net(nn.Module):
             dilation=(1, 2),
             groups=2,
         )
+        self.depthwise = nn.Conv2d(6, 6, 3, padding=1, groups=6)
+        self.depthwise_x2 = nn.Conv2d(
+            4, 8, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=4
+        )
         self.gn = nn.GroupNorm(2, 6)
         self.inorm = nn.InstanceNorm2d(3)
         self.pool = nn.AdaptiveAvgPool2d((2, 3))
@@ -57,6 +61,8 @@ CASES = [
     ("convt1d", (2, 6, 7)),
     ("convt1d_plain", (1, 3, 9)),
     ("convt2d", (2, 4, 5, 6)),
+    ("depthwise", (2, 6, 7, 6)),
+    ("depthwise_x2", (2, 4, 9, 8)),
     ("gn", (2, 6, 4, 5)),
     ("inorm", (2, 3, 4, 5)),
     ("pool", (2, 3, 7, 8)),

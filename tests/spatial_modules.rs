@@ -1,4 +1,4 @@
-//! The spatial layers against PyTorch's own (`nn.Conv1d`, `nn.ConvTranspose1d`,
+//! The spatial layers against PyTorch's own (`nn.Conv1d`, depthwise `nn.Conv2d`, `nn.ConvTranspose1d`,
 //! `nn.ConvTranspose2d`, `nn.GroupNorm`, `nn.InstanceNorm2d`, `nn.AdaptiveAvgPool2d`,
 //! `nn.Upsample` by size and by fractional factors): a state dict PyTorch 2.15 saved loads by its
 //! names, strictly, and each layer then computes PyTorch's values and gradients; fresh layers draw
@@ -17,7 +17,7 @@ use arenagrad::nn::spatial::{
     ConvTranspose2d, ConvTransposeConfig, GroupNorm, InstanceNorm2d, Interpolation, Resize,
     Upsample,
 };
-use arenagrad::nn::{Module, Rng};
+use arenagrad::nn::{Conv2d, Conv2dConfig, Module, Rng};
 use arenagrad::{DType, Graph, HostTensor, Tensor};
 
 fn data(file: &str) -> PathBuf {
@@ -34,6 +34,8 @@ struct Net {
     convt1d: ConvTranspose1d,
     convt1d_plain: ConvTranspose1d,
     convt2d: ConvTranspose2d,
+    depthwise: Conv2d,
+    depthwise_x2: Conv2d,
     gn: GroupNorm,
     inorm: InstanceNorm2d,
     pool: AdaptiveAvgPool2d,
@@ -95,6 +97,32 @@ impl Net {
                 rng,
             )
             .unwrap(),
+            depthwise: Conv2d::with_config(
+                6,
+                6,
+                (3, 3),
+                Conv2dConfig {
+                    padding: (1, 1),
+                    groups: 6,
+                    ..Default::default()
+                },
+                rng,
+            )
+            .unwrap(),
+            depthwise_x2: Conv2d::with_config(
+                4,
+                8,
+                (3, 2),
+                Conv2dConfig {
+                    stride: (2, 1),
+                    padding: (1, 0),
+                    dilation: (1, 2),
+                    groups: 4,
+                    ..Default::default()
+                },
+                rng,
+            )
+            .unwrap(),
             gn: GroupNorm::new(2, 6).unwrap(),
             inorm: InstanceNorm2d::new(3).unwrap(),
             pool: AdaptiveAvgPool2d((2, 3)),
@@ -112,12 +140,14 @@ impl Net {
         }
     }
 
-    fn layers(&self) -> [(&'static str, &dyn Module); 10] {
+    fn layers(&self) -> [(&'static str, &dyn Module); 12] {
         [
             ("conv1d", &self.conv1d),
             ("convt1d", &self.convt1d),
             ("convt1d_plain", &self.convt1d_plain),
             ("convt2d", &self.convt2d),
+            ("depthwise", &self.depthwise),
+            ("depthwise_x2", &self.depthwise_x2),
             ("gn", &self.gn),
             ("inorm", &self.inorm),
             ("pool", &self.pool),

@@ -153,6 +153,25 @@ fn conv2d_grads(dev) {
     )
     .unwrap();
     assert!(r.passed, "{r}");
+    // Second derivatives with groups: two groups of two channels (stride and dilation), and
+    // depthwise (a group per channel, two outputs each) with a bias and padding.
+    let r = gradgradcheck(
+        check_fn(|_, x| x[0].conv2d(x[1], (2, 1), (0, 1), (1, 2), 2)?.tanh()),
+        &[ht(&[1, 4, 5, 5], 15), ht(&[2, 2, 2, 2], 16)],
+        o,
+    )
+    .unwrap();
+    assert!(r.passed, "{r}");
+    let r = gradgradcheck(
+        check_fn(|_, x| {
+            x[0].conv2d_bias(x[1], Some(x[2]), (1, 1), (1, 1), (1, 1), 3)?
+                .tanh()
+        }),
+        &[ht(&[2, 3, 3, 3], 17), ht(&[6, 1, 2, 2], 18), ht(&[6], 19)],
+        o,
+    )
+    .unwrap();
+    assert!(r.passed, "{r}");
 }
 }
 
@@ -272,6 +291,17 @@ fn conv_transpose2d_grads(dev) {
                 .tanh()
         }),
         &[ht(&[1, 2, 2, 2], 8), ht(&[2, 1, 3, 3], 9), ht(&[1], 10)],
+        o,
+    )
+    .unwrap();
+    assert!(r.passed, "{r}");
+    // Second derivatives with two groups, dilation and an output padding.
+    let r = gradgradcheck(
+        check_fn(|_, x| {
+            x[0].conv_transpose2d(x[1], Some(x[2]), (2, 1), (0, 1), (1, 0), (1, 2), 2)?
+                .tanh()
+        }),
+        &[ht(&[1, 4, 2, 3], 11), ht(&[4, 1, 2, 2], 12), ht(&[2], 13)],
         o,
     )
     .unwrap();
