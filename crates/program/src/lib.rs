@@ -49,6 +49,7 @@
 //! | `conv1d x w STRIDE PADDING DILATION GROUPS`, `conv_transpose1d x w STRIDE PADDING OUTPUT_PADDING DILATION GROUPS` | PyTorch's `F.conv1d` and `F.conv_transpose1d` without a bias; `x` `[N, C, L]` or unbatched `[C, L]` |
 //! | `pad a VALUE P...`, `pad_reflect a P...`, `pad_replicate a P...`, `pad_circular a P...` | PyTorch's `F.pad` (a constant VALUE, or the mode in the name); the pads flat as PyTorch takes them, last axis first (`before after` pairs) |
 //! | `interpolate_nearest a H W`, `interpolate_bilinear a H W ALIGN_CORNERS` | PyTorch's `F.interpolate` to `size=(H, W)` of `a` `[N, C, H, W]` (ALIGN_CORNERS 0 or 1) |
+//! | `interpolate_nearest_scale a SH SW`, `interpolate_bilinear_scale a SH SW ALIGN_CORNERS` | PyTorch's `F.interpolate` by `scale_factor=(SH, SW)`: `⌊H·SH⌋ × ⌊W·SW⌋`, positions mapped by the factors |
 //! | `adaptive_avg_pool2d a H W`, `adaptive_max_pool2d a H W` | PyTorch's, into `H × W` windows; `a` `[N, C, H, W]` or `[C, H, W]` |
 //! | `group_norm a GROUPS EPS`, `instance_norm a EPS` | PyTorch's `F.group_norm` and `F.instance_norm` without weight, bias or running statistics; `a` `[N, C, …]` |
 //! | `gather a i AXIS`, `index_select a i AXIS`, `scatter_add a i s AXIS`, `index_add a i s AXIS`, `scatter_reduce a i s AXIS REDUCE INCLUDE_SELF` | PyTorch's, `i` a tensor of whole numbers (a `const`) read as 64-bit integers, `s` the source; REDUCE 0 sum, 1 mean, 2 amax, 3 amin; INCLUDE_SELF 0 or 1 |

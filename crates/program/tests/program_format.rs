@@ -110,6 +110,8 @@ e36 = pad_circular a 3 1
 im4 = unsqueeze im 0
 e37 = interpolate_nearest im4 3 5
 e38 = interpolate_bilinear im4 4 2 1
+e38n = interpolate_nearest_scale im4 1.5 0.75
+e38b = interpolate_bilinear_scale im4 2.5 1.25 0
 e39 = adaptive_avg_pool2d im 2 2
 e40 = adaptive_max_pool2d im4 1 2
 e41 = group_norm im4 2 1e-5
@@ -198,6 +200,8 @@ fn shapes_of_every_op() {
         ("e36", &[2, 7]),
         ("e37", &[1, 2, 3, 5]),
         ("e38", &[1, 2, 4, 2]),
+        ("e38n", &[1, 2, 3, 2]),
+        ("e38b", &[1, 2, 5, 3]),
         ("e39", &[2, 2, 2]),
         ("e40", &[1, 2, 1, 2]),
         ("e41", &[1, 2, 2, 3]),

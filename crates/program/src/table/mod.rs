@@ -760,6 +760,8 @@ pub const OPS: &[OpRow] = &[
     spatial::PAD_CIRCULAR,
     spatial::INTERPOLATE_NEAREST,
     spatial::INTERPOLATE_BILINEAR,
+    spatial::INTERPOLATE_NEAREST_SCALE,
+    spatial::INTERPOLATE_BILINEAR_SCALE,
     spatial::ADAPTIVE_AVG_POOL2D,
     spatial::ADAPTIVE_MAX_POOL2D,
     spatial::GROUP_NORM,

@@ -232,6 +232,105 @@ pub(super) const INTERPOLATE_BILINEAR: OpRow = OpRow::new(
 .positive(Positive::IfInput)
 .gen(Gen::Operands(|d| gen_resample(d, true)));
 
+/// An `[N, C, H, W]` operand resampled by the factors in parameters 0 and 1 (PyTorch's
+/// `⌊H·sh⌋ × ⌊W·sw⌋`), or why not.
+fn rescale_shape(s: &[usize], p: &[Param]) -> Result<Vec<usize>, Refusal> {
+    let [n, c, h, w] = *s else {
+        return Err(Refusal::at(
+            0,
+            format!("expected [N, C, H, W], found {s:?}"),
+        ));
+    };
+    if h == 0 || w == 0 {
+        return Err(Refusal::at(
+            0,
+            format!("cannot resample the empty image {s:?}"),
+        ));
+    }
+    let mut out = [0usize; 2];
+    for (k, (extent, f)) in [(h, p[0].as_f64()), (w, p[1].as_f64())]
+        .into_iter()
+        .enumerate()
+    {
+        let o = (extent as f64 * f).floor();
+        // Up to 2⁵³, where a float still counts exactly; the limits refuse far less.
+        if !(f.is_finite() && f > 0.0 && o >= 1.0 && o <= 9_007_199_254_740_992.0) {
+            return Err(Refusal::at(
+                1 + k,
+                format!(
+                    "the factor {f} leaves {o} of an axis of {extent}: a factor must be \
+                     positive and finite and leave at least one entry"
+                ),
+            ));
+        }
+        out[k] = o as usize;
+    }
+    Ok(vec![n, c, out[0], out[1]])
+}
+
+/// Random resampling by factors: as [`gen_resample`], the factors drawn from a few PyTorch
+/// users write (up and down, whole and fractional).
+fn gen_rescale(d: &mut Draw<'_>, align: bool) -> Option<Drawn> {
+    const FACTORS: [f64; 8] = [0.5, 0.6, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5];
+    let (x, mut params) = gen_resample(d, align)?;
+    let s = d.shape(x[0]).to_vec();
+    let t = d.attrs;
+    let (fh, fw) = (
+        FACTORS[usize::from(t[0]) % FACTORS.len()],
+        FACTORS[usize::from(t[1]) % FACTORS.len()],
+    );
+    let (oh, ow) = ((s[2] as f64 * fh).floor(), (s[3] as f64 * fw).floor());
+    if oh < 1.0 || ow < 1.0 || !d.fits(&[s[0], s[1], oh as usize, ow as usize]) {
+        return None;
+    }
+    params[0] = fh;
+    params[1] = fw;
+    Some((x, params))
+}
+
+const FACTORS: [ParamSpec; 2] = [
+    float("the rows' factor", "SH"),
+    float("the columns' factor", "SW"),
+];
+
+/// `interpolate_nearest_scale a SH SW`: `F.interpolate(a, scale_factor=(SH, SW),
+/// mode="nearest")` of an `[N, C, H, W]` operand (positions mapped by the factors).
+pub(super) const INTERPOLATE_NEAREST_SCALE: OpRow = OpRow::new(
+    "interpolate_nearest_scale",
+    |s, p| rescale_shape(s[0], p),
+    |_, x, p| {
+        let f = (p[0].as_f64(), p[1].as_f64());
+        spatial::interpolate_scale(x[0], f, Interpolation::Nearest).map_err(from_nn)
+    },
+)
+.params(&FACTORS)
+.positive(Positive::IfInput)
+.gen(Gen::Operands(|d| gen_rescale(d, false)));
+
+/// `interpolate_bilinear_scale a SH SW ALIGN_CORNERS`: `F.interpolate(a, scale_factor=(SH,
+/// SW), mode="bilinear", align_corners=ALIGN_CORNERS)` (0 or 1).
+pub(super) const INTERPOLATE_BILINEAR_SCALE: OpRow = OpRow::new(
+    "interpolate_bilinear_scale",
+    |s, p| {
+        flag_at(p[2], 3, "align_corners")?;
+        rescale_shape(s[0], p)
+    },
+    |_, x, p| {
+        let f = (p[0].as_f64(), p[1].as_f64());
+        let mode = Interpolation::Bilinear {
+            align_corners: p[2].as_usize() == 1,
+        };
+        spatial::interpolate_scale(x[0], f, mode).map_err(from_nn)
+    },
+)
+.params(&[
+    FACTORS[0],
+    FACTORS[1],
+    count("align_corners", "ALIGN_CORNERS"),
+])
+.positive(Positive::IfInput)
+.gen(Gen::Operands(|d| gen_rescale(d, true)));
+
 /// An adaptive pooling's output: `[N, C, H, W]` or unbatched `[C, H, W]` (as PyTorch takes
 /// both) pooled into `H × W` windows.
 fn adaptive_shape(s: &[usize], p: &[Param]) -> Result<Vec<usize>, Refusal> {
