@@ -1717,7 +1717,8 @@ fn sort_topk_and_extremes_pass_gradcheck_to_second_order() {
         let w = y.graph().from_f64(&w, &y.shape(), DType::F64)?;
         y.mul(y)?.mul(w)?.sum()
     }
-    let cases: [(&str, fn(Tensor<'_>) -> arenagrad_graph::Result<Tensor<'_>>); 6] = [
+    type Values = fn(Tensor<'_>) -> arenagrad_graph::Result<Tensor<'_>>;
+    let cases: [(&str, Values); 6] = [
         ("sort rows descending", |x| Ok(x.sort(1, true)?.0)),
         ("sort columns", |x| Ok(x.sort(0, false)?.0)),
         ("topk 3 largest", |x| Ok(x.topk(3, -1, true)?.0)),

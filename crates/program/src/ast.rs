@@ -2,6 +2,7 @@
 
 use super::error::ProgramError;
 use super::table::Param;
+use arenagrad_exec::DType;
 
 pub use arenagrad_exec::{BinaryOp, UnaryOp};
 
@@ -17,6 +18,11 @@ pub enum Expr {
         shape: Vec<usize>,
         /// The values, if given.
         values: Option<Vec<f64>>,
+        /// `None`: the run's floating dtype. An integer or boolean dtype (`const i64 …`,
+        /// `i32`, `u8`, `bool`): a `const` whose values are given and fit it
+        /// ([`leaf_dtype_problem`]), taken only where a row says an operand may be one
+        /// ([`crate::table::OpRow::integer_operands`]).
+        dtype: Option<DType>,
     },
     /// A broadcasting binary op: a public row of the binary op table
     /// ([`BinaryOp::is_public`]), `add a b`.
@@ -96,6 +102,17 @@ impl Expr {
             requires_grad,
             shape,
             values: None,
+            dtype: None,
+        }
+    }
+
+    /// A `const` of an integer or boolean dtype holding `values` (`const i64 2 : 0 3`).
+    pub fn typed_const(dtype: DType, shape: Vec<usize>, values: Vec<f64>) -> Expr {
+        Expr::Leaf {
+            requires_grad: false,
+            shape,
+            values: Some(values),
+            dtype: Some(dtype),
         }
     }
 
@@ -179,15 +196,18 @@ impl PartialEq for Expr {
                     requires_grad: r1,
                     shape: s1,
                     values: v1,
+                    dtype: d1,
                 },
                 Leaf {
                     requires_grad: r2,
                     shape: s2,
                     values: v2,
+                    dtype: d2,
                 },
             ) => {
                 r1 == r2
                     && s1 == s2
+                    && d1 == d2
                     && match (v1, v2) {
                         (None, None) => true,
                         (Some(a), Some(b)) => {
@@ -362,7 +382,16 @@ impl Program {
         if let Expr::Op { op, args, params } = &expr {
             op.accepts(args.len(), params).map_err(err)?;
         }
-        if let Expr::Leaf { shape, values, .. } = &expr {
+        if let Expr::Leaf {
+            requires_grad,
+            shape,
+            values,
+            dtype,
+        } = &expr
+        {
+            if let Some(problem) = leaf_dtype_problem(*requires_grad, *dtype, values.as_deref()) {
+                return Err(err(problem));
+            }
             let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
             let Some(n) = n else {
                 return Err(ProgramError::TooLarge {
@@ -385,4 +414,53 @@ impl Program {
         self.spans.clear();
         Ok(self.stmts.len() - 1)
     }
+}
+
+/// Why a leaf of `dtype` cannot be (`None`: it can). A leaf without a dtype is the run's float;
+/// one with a dtype must be an integer or boolean `const` (no gradient flows through those)
+/// whose values are given (nothing draws integers) and each fits the dtype: whole numbers in
+/// its range, 0 or 1 for `bool`.
+pub fn leaf_dtype_problem(
+    requires_grad: bool,
+    dtype: Option<DType>,
+    values: Option<&[f64]>,
+) -> Option<String> {
+    let d = dtype?;
+    if d.is_float() {
+        return Some(format!(
+            "a leaf takes an integer or boolean dtype (i64, i32, u8, bool), not {}: a program's \
+             floating values all have the run's dtype",
+            d.name()
+        ));
+    }
+    if requires_grad {
+        return Some(format!(
+            "an `input` cannot be {}: no gradient flows through integers and booleans (write \
+             `const {} …`)",
+            d.name(),
+            d.name()
+        ));
+    }
+    let Some(v) = values else {
+        return Some(format!(
+            "a `const {}` gives its values after `:` (nothing draws them)",
+            d.name()
+        ));
+    };
+    let (lo, hi) = match d {
+        DType::Bool => (0.0, 1.0),
+        DType::U8 => (0.0, 255.0),
+        DType::I32 => (f64::from(i32::MIN), f64::from(i32::MAX)),
+        // Whole numbers an f64 holds exactly.
+        _ => (-9_007_199_254_740_992.0, 9_007_199_254_740_992.0),
+    };
+    v.iter()
+        .position(|&x| !(x.fract() == 0.0 && (lo..=hi).contains(&x)))
+        .map(|k| {
+            format!(
+                "value {k} of a `const {}`, {}, is not a whole number in {lo}..={hi}",
+                d.name(),
+                crate::printer::float(v[k])
+            )
+        })
 }

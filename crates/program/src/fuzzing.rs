@@ -242,14 +242,11 @@ pub fn raw_program(data: &[u8]) -> Program {
             requires_grad: flags & 1 == 0,
             shape,
             values,
+            dtype: None,
         };
         if p.push(&format!("l{k}"), e).is_err() {
             // An overflowing shape cannot be a leaf (the parser refuses it too): a scalar instead.
-            let scalar = Expr::Leaf {
-                requires_grad: true,
-                shape: Vec::new(),
-                values: None,
-            };
+            let scalar = Expr::leaf(true, Vec::new());
             let _ = p.push(&format!("l{k}"), scalar);
         }
     }
@@ -356,7 +353,7 @@ pub fn check_grad_with(data: &[u8], cfg: &GenConfig) -> Result<Outcome, Violatio
         let mut leaves = Vec::new();
         for (&i, v) in p.leaves().iter().zip(&values) {
             let t = g
-                .from_f64(v, &infos[i].shape, DType::F64)
+                .from_f64(v, &infos[i].shape, infos[i].dtype.unwrap_or(DType::F64))
                 .map_err(|e| violation(&e.to_string(), &p))?;
             leaves.push(t);
         }

@@ -11,7 +11,7 @@
 
 use super::ast::{binary_op, binary_ops, op_names, unary_op, unary_ops, Expr, Program, UnaryOp};
 use super::table::{self, Draw, FreshKind, OpRow, Param};
-use arenagrad_exec::{BinaryOp, Domain, Positive};
+use arenagrad_exec::{BinaryOp, DType, Domain, Positive};
 
 /// Ops whose derivatives exist everywhere on the values generated (no kinks, no `detach`): what
 /// a gradient check can use. The smooth public rows of the op tables, then the smooth rows of the
@@ -163,6 +163,8 @@ struct Gen<'c> {
     /// Each value's shape, and whether its values are all positive.
     shapes: Vec<Vec<usize>>,
     pos: Vec<bool>,
+    /// Whether each value is an integer `const` (indices), which only index operands take.
+    typed: Vec<bool>,
 }
 
 const SCALES: [f64; 8] = [0.5, -0.5, 2.0, -2.0, 1.5, -1.25, 3.0, 0.25];
@@ -176,6 +178,8 @@ impl Gen<'_> {
     }
 
     fn push(&mut self, e: Expr, shape: Vec<usize>, pos: bool) -> usize {
+        self.typed
+            .push(matches!(e, Expr::Leaf { dtype: Some(_), .. }));
         self.exprs.push(e);
         self.shapes.push(shape);
         self.pos.push(pos);
@@ -206,6 +210,7 @@ impl Gen<'_> {
             requires_grad: c.kind & 1 == 0,
             shape: shape.clone(),
             values: Some(values(c.seed, n, positive)),
+            dtype: None,
         };
         self.push(e, shape, positive)
     }
@@ -231,6 +236,7 @@ impl Gen<'_> {
         for k in 1..u.arity() {
             let sel = c.attrs[(k - 1) % 4].wrapping_add(c.b);
             let cands: Vec<usize> = (0..n)
+                .filter(|&j| !self.typed[j])
                 .filter(|&j| {
                     let mut shapes: Vec<&[usize]> =
                         args.iter().map(|&i| self.shapes[i].as_slice()).collect();
@@ -275,12 +281,17 @@ impl Gen<'_> {
         } else {
             usize::from(c.a >> 2) % n
         };
+        if self.typed[a] {
+            // Integer indices feed only the ops that read them: the newest floating value
+            // instead (the first leaves are floating).
+            a = (0..n).rev().find(|&j| !self.typed[j]).unwrap_or(0);
+        }
         let name = if self.cfg.ops.is_empty() {
             "neg"
         } else {
             self.cfg.ops[usize::from(c.op) % self.cfg.ops.len()]
         };
-        let positives: Vec<usize> = (0..n).filter(|&i| self.pos[i]).collect();
+        let positives: Vec<usize> = (0..n).filter(|&i| self.pos[i] && !self.typed[i]).collect();
         let t0 = c.attrs[0];
         let pa = self.pos[a];
         if let Some(k) = binary_op(name) {
@@ -298,7 +309,8 @@ impl Gen<'_> {
             let exponent = k == BinaryOp::Pow;
             let cands: Vec<usize> = (0..n)
                 .filter(|&j| {
-                    (db != Domain::Positive || self.pos[j])
+                    !self.typed[j]
+                        && (db != Domain::Positive || self.pos[j])
                         && (!exponent || matches!(self.exprs[j], Expr::Leaf { .. }))
                         && broadcast(&sa, &self.shapes[j]).is_some_and(|s| self.fits(&s))
                 })
@@ -360,8 +372,7 @@ impl Gen<'_> {
     fn row(&mut self, row: &'static OpRow, a: usize, c: &OpChoice) -> usize {
         let fits = |s: &[usize]| self.fits(s);
         let mut draw = Draw::new(
-            &self.shapes,
-            &self.pos,
+            (&self.shapes, &self.pos, &self.typed),
             (a, c.b, c.attrs),
             self.cfg.max_dim,
             &fits,
@@ -406,6 +417,7 @@ impl Gen<'_> {
                         requires_grad: true,
                         shape: f.shape.clone(),
                         values: Some(values(seed, n, pa)),
+                        dtype: None,
                     },
                     pa,
                 ),
@@ -414,6 +426,7 @@ impl Gen<'_> {
                         requires_grad: true,
                         shape: f.shape.clone(),
                         values: Some(probabilities(seed, n)),
+                        dtype: None,
                     },
                     true,
                 ),
@@ -422,6 +435,14 @@ impl Gen<'_> {
                         requires_grad: false,
                         shape: f.shape.clone(),
                         values: Some(index_values(seed, n, bound)),
+                        // Of the run's float dtype, or typed as PyTorch's indices are (u8
+                        // where the indices fit it).
+                        dtype: match (c.attrs[3] >> 6, bound <= 256) {
+                            (1, _) => Some(DType::I64),
+                            (2, _) => Some(DType::I32),
+                            (3, true) => Some(DType::U8),
+                            _ => None,
+                        },
                     },
                     false,
                 ),
@@ -456,6 +477,7 @@ pub fn well_typed(leaves: &[LeafChoice], ops: &[OpChoice], cfg: &GenConfig) -> P
         exprs: Vec::new(),
         shapes: Vec::new(),
         pos: Vec::new(),
+        typed: Vec::new(),
     };
     if leaves.is_empty() {
         g.leaf(&LeafChoice {

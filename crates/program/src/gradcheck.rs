@@ -176,7 +176,9 @@ impl Program {
                         })?);
                         k += 1;
                     }
-                    Expr::Leaf { shape, .. } => leaves.push(g.from_f64(v, shape, DType::F64)?),
+                    Expr::Leaf { shape, dtype, .. } => {
+                        leaves.push(g.from_f64(v, shape, dtype.unwrap_or(DType::F64))?)
+                    }
                     _ => {}
                 }
             }

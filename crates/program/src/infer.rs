@@ -3,6 +3,7 @@
 //! any tensor is allocated.
 
 use arenagrad_exec::layout::broadcast_shapes;
+use arenagrad_exec::DType;
 
 use super::ast::{Expr, Program};
 use super::error::ProgramError;
@@ -61,6 +62,8 @@ pub struct StmtInfo {
     pub shape: Vec<usize>,
     /// Whether gradients flow through it (an `input`, or an op on one, except `detach`).
     pub requires_grad: bool,
+    /// `None`: the run's floating dtype; an integer or boolean `const`'s dtype.
+    pub dtype: Option<DType>,
     /// The forward work it does (its elements, plus multiply-adds for a matmul).
     pub work: u64,
 }
@@ -167,9 +170,44 @@ pub(crate) fn check(p: &Program, limits: &Limits) -> Result<Vec<StmtInfo>, Progr
             ));
         }
         let sh = |k: usize| -> &[usize] { &infos[ops[k]].shape };
+        // An integer or boolean operand only where the row takes one.
+        let (takes, first_operand) = match expr {
+            Expr::Op { op, params, .. } => (
+                op.integer_operands,
+                if op.params_first() { params.len() } else { 0 },
+            ),
+            _ => (&[][..], 0),
+        };
+        for (k, &o) in ops.iter().enumerate() {
+            if let Some(d) = infos[o].dtype {
+                if !takes.contains(&k) {
+                    return Err(at.shape(
+                        Some(first_operand + k),
+                        format!(
+                            "`{}` takes a floating operand here, and `{}` is a `const {}` (an \
+                             integer or boolean tensor goes only where an op reads indices, \
+                             targets or a mask)",
+                            expr.op_name(),
+                            p.stmts[o].name,
+                            d.name()
+                        ),
+                    ));
+                }
+            }
+        }
         let mut extra_work: u64 = 0;
         let shape: Vec<usize> = match expr {
-            Expr::Leaf { shape, values, .. } => {
+            Expr::Leaf {
+                requires_grad,
+                shape,
+                values,
+                dtype,
+            } => {
+                if let Some(problem) =
+                    crate::ast::leaf_dtype_problem(*requires_grad, *dtype, values.as_deref())
+                {
+                    return Err(at.shape(None, problem));
+                }
                 if shape.len() > limits.max_rank {
                     return Err(at.large(
                         None,
@@ -317,9 +355,14 @@ pub(crate) fn check(p: &Program, limits: &Limits) -> Result<Vec<StmtInfo>, Progr
             Expr::Op { op, .. } if op.detaches => false,
             _ => ops.iter().any(|&o| infos[o].requires_grad),
         };
+        let dtype = match expr {
+            Expr::Leaf { dtype, .. } => *dtype,
+            _ => None,
+        };
         infos.push(StmtInfo {
             shape,
             requires_grad,
+            dtype,
             work: u64::try_from(n)
                 .unwrap_or(u64::MAX)
                 .saturating_add(extra_work),

@@ -21,6 +21,7 @@
 //! | `x = input D0 D1 ...` | a leaf that requires grad (no dims: a scalar) |
 //! | `x = const D0 D1 ...` | a leaf that does not |
 //! | `x = input 2 2 : 0.5 -1 2 3.25` | values given, row-major (else standard normal draws from the seeded RNG) |
+//! | `i = const i64 2 : 3 0`, `const i32`, `const u8`, `m = const bool 2 : 1 0` | an integer or boolean leaf (no gradient; values given, whole and within the dtype): only where an op reads indices, class targets or a mask (`gather`, `index_select`, the scatters, `index_add`, `cross_entropy`/`nll_loss` targets, `masked_fill`'s mask, `where`'s condition); every other value has the run's floating dtype |
 //! | `add a b`, `sub`, `mul`, `div`, `pow`, `maximum`, `minimum` | elementwise, numpy broadcasting |
 //! | `eq a b`, `ne`, `lt`, `le`, `gt`, `ge` | comparisons as 0/1 masks (NaN compares false but for `ne`), broadcasting; no gradient |
 //! | `neg a`, `exp`, `log`, `sqrt`, `abs`, `sin`, `cos`, `tanh`, `sigmoid`, `relu`, `gelu`, `gelu_tanh`, `silu`, `softplus`, `erf` | elementwise (`gelu` exact, `gelu_tanh` its tanh approximation) |
@@ -92,8 +93,8 @@ pub mod table;
 mod user;
 
 pub use ast::{
-    binary_op, binary_ops, is_valid_name, op_names, unary_op, unary_ops, BinaryOp, Expr, Program,
-    Stmt, UnaryOp,
+    binary_op, binary_ops, is_valid_name, leaf_dtype_problem, op_names, unary_op, unary_ops,
+    BinaryOp, Expr, Program, Stmt, UnaryOp,
 };
 pub use error::ProgramError;
 pub use gradcheck::{CheckOptions, InputCheck, ProgramCheckReport};

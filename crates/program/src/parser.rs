@@ -10,6 +10,7 @@ use super::ast::{
 };
 use super::error::ProgramError;
 use super::table::{op_row, OpRow, Param, ParamKind, ParamSpec, Subscripts};
+use arenagrad_exec::DType;
 
 /// One token: its text and its 1-based column in characters.
 #[derive(Clone, Copy)]
@@ -65,7 +66,11 @@ fn usage(op: &str) -> String {
         return row.usage();
     }
     match op {
-        "input" | "const" => "NAME = input|const [D0 D1 ...] [: V0 V1 ...]".into(),
+        "input" | "const" => {
+            "NAME = input|const [D0 D1 ...] [: V0 V1 ...], or NAME = const i64|i32|u8|bool \
+             [D0 D1 ...] : V0 V1 ..."
+                .into()
+        }
         _ if binary_op(op).is_some() => format!("{op} A B"),
         _ if unary_op(op).is_some_and(|u| u.param().is_some()) => format!("{op} A FLOAT"),
         _ => format!("{op} A"),
@@ -441,6 +446,26 @@ fn row_args(l: &mut Line<'_, '_>, row: &'static OpRow) -> Result<Expr, ProgramEr
 }
 
 fn leaf(l: &mut Line<'_, '_>, requires_grad: bool) -> Result<Expr, ProgramError> {
+    // An integer or boolean dtype names itself first (`const i64 2 : 0 1`); a dimension is a
+    // number, so the two cannot be confused.
+    let dtype = match l.peek() {
+        Some(t) if t.text.starts_with(|c: char| c.is_ascii_alphabetic()) => {
+            l.at += 1;
+            match DType::parse(t.text) {
+                Some(d) => Some((d, t.col)),
+                None => {
+                    return Err(l.err(
+                        t.col,
+                        format!(
+                            "expected a dimension or a dtype (i64, i32, u8, bool), found {}",
+                            show(t.text)
+                        ),
+                    ))
+                }
+            }
+        }
+        _ => None,
+    };
     let mut shape = Vec::new();
     let mut numel: Option<usize> = Some(1);
     while let Some(t) = l.peek() {
@@ -494,10 +519,18 @@ fn leaf(l: &mut Line<'_, '_>, requires_grad: bool) -> Result<Expr, ProgramError>
         }
         _ => None,
     };
+    if let Some((d, col)) = dtype {
+        if let Some(problem) =
+            crate::ast::leaf_dtype_problem(requires_grad, Some(d), values.as_deref())
+        {
+            return Err(l.err(col, problem));
+        }
+    }
     Ok(Expr::Leaf {
         requires_grad,
         shape,
         values,
+        dtype: dtype.map(|(d, _)| d),
     })
 }
 

@@ -23,7 +23,13 @@ pub(crate) fn tokens(p: &Program, i: usize) -> Vec<String> {
         s.expr.op_name().to_string(),
     ];
     match &s.expr {
-        Expr::Leaf { shape, values, .. } => {
+        Expr::Leaf {
+            shape,
+            values,
+            dtype,
+            ..
+        } => {
+            t.extend(dtype.map(|d| d.name().to_string()));
             t.extend(shape.iter().map(|d| d.to_string()));
             if let Some(v) = values {
                 t.push(":".into());

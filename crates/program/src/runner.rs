@@ -437,10 +437,11 @@ impl Program {
                 Expr::Leaf {
                     requires_grad,
                     shape,
+                    dtype,
                     ..
                 } => {
                     let t = g
-                        .from_f64(v, shape, opts.dtype)
+                        .from_f64(v, shape, dtype.unwrap_or(opts.dtype))
                         .map_err(|e| self.engine_err(i, e))?;
                     if *requires_grad {
                         t.set_requires_grad(true)

@@ -261,6 +261,7 @@ fn numbers_round_trip_bit_for_bit() {
             requires_grad: true,
             shape: vec![values.len()],
             values: Some(values.to_vec()),
+            dtype: None,
         },
     )
     .unwrap();
@@ -535,6 +536,7 @@ fn programs_built_in_code() {
                 requires_grad: true,
                 shape: vec![2],
                 values: Some(vec![1.0, -2.0]),
+                dtype: None,
             },
         )
         .unwrap();
@@ -817,4 +819,101 @@ fn losses_refuse_values_outside_their_domain() {
         .unwrap()
         .run(&RunOptions::default())
         .is_ok());
+}
+
+/// Integer and boolean `const`s: they print and parse back; the parser refuses a float or
+/// unknown dtype, a typed `input`, missing values and values that do not fit, at the dtype's
+/// column; the shape check refuses one where an op reads a float, at the operand; random
+/// programs make their indices `i64`, `i32` and `u8` too, and those programs check and run.
+#[test]
+fn integer_and_boolean_consts() {
+    let text = "i = const i64 2 2 : 2 0 1 1\nm = const bool 2 1 : 1 0\n\
+                t = const u8 2 : 1 2\nk = const i32 : 3\na = input 2 3\n\
+                g = gather a i 1\nf = masked_fill a m -1.5\ns = index_select a t 1\n\
+                y = where m g s\nz = slice f 1 0 2\nout = add y z\n";
+    let p = Program::parse(text).unwrap();
+    assert_eq!(Program::parse(&p.to_string()).unwrap(), p);
+    assert!(p.to_string().contains("m = const bool 2 1 : 1.0 0.0"));
+    let infos = p.check(&Limits::default()).unwrap();
+    assert_eq!(infos[0].dtype, Some(arenagrad_graph::DType::I64));
+    assert_eq!(infos[4].dtype, None);
+    let r = p.run(&RunOptions::default()).unwrap();
+    assert_eq!(r.output.tensor.shape(), [2, 2]);
+    assert!(r.grad("a").is_some());
+    let refused = [
+        ("x = const f32 2 : 1 2\n", 1, 11, "integer or boolean dtype"),
+        ("x = const int8 2 : 1 2\n", 1, 11, "a dtype"),
+        ("x = input i64 2 : 1 2\n", 1, 11, "cannot be i64"),
+        ("x = const i64 2\n", 1, 11, "gives its values"),
+        ("x = const u8 2 : 1 256\n", 1, 11, "0..=255"),
+        ("x = const bool 2 : 0 2\n", 1, 11, "0..=1"),
+        ("x = const i32 2 : 0.5 1\n", 1, 11, "not a whole number"),
+        ("x = const i64 : NaN\n", 1, 11, "not a whole number"),
+        ("i = const i64 2 : 0 1\ny = exp i\n", 2, 9, "`const i64`"),
+        (
+            "a = input 2\ni = const i32 2 : 0 1\ny = add a i\n",
+            3,
+            11,
+            "`const i32`",
+        ),
+        (
+            "a = input 3 2\ni = const i64 2 : 0 1\ny = gather i a 0\n",
+            3,
+            12,
+            "`const i64`",
+        ),
+    ];
+    for &(text, line, col, what) in &refused {
+        let e = err(text);
+        assert_eq!((e.line(), e.column()), (line, col), "{text:?}: {e}");
+        assert!(e.to_string().contains(what), "{text:?}: {e}");
+    }
+    // Built in code: the same rules.
+    let mut q = Program::new();
+    assert!(q
+        .push(
+            "x",
+            Expr::Leaf {
+                requires_grad: true,
+                shape: vec![1],
+                values: Some(vec![1.0]),
+                dtype: Some(arenagrad_graph::DType::U8),
+            },
+        )
+        .is_err());
+    q.push(
+        "x",
+        Expr::typed_const(arenagrad_graph::DType::U8, vec![2], vec![0.0, 7.0]),
+    )
+    .unwrap();
+    // Random programs draw typed indices; each such program checks and runs.
+    use arenagrad_program::generate::{decode, well_typed, GenConfig};
+    let mut seen = std::collections::BTreeSet::new();
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    for _ in 0..3000 {
+        let bytes: Vec<u8> = (0..64)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (state >> 56) as u8
+            })
+            .collect();
+        let (leaves, ops) = decode(&bytes, 3, 6);
+        let p = well_typed(&leaves, &ops, &GenConfig::all());
+        let text = p.to_string();
+        let typed: Vec<&str> = ["const i64", "const i32", "const u8"]
+            .into_iter()
+            .filter(|d| text.contains(d))
+            .collect();
+        if typed.is_empty() {
+            continue;
+        }
+        p.check(&Limits::small())
+            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        p.run(&RunOptions::default())
+            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        seen.extend(typed);
+    }
+    assert_eq!(seen.len(), 3, "typed index consts drawn: {seen:?}");
 }

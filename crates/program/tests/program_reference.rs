@@ -98,7 +98,12 @@ fn numbers(v: &Value) -> Vec<f64> {
     v.as_array()
         .expect("an array")
         .iter()
-        .map(|x| x.as_f64().expect("a number"))
+        // A bool tensor's values are JSON's booleans.
+        .map(|x| {
+            x.as_f64()
+                .or_else(|| x.as_bool().map(f64::from))
+                .expect("a number")
+        })
         .collect()
 }
 
@@ -1795,5 +1800,92 @@ fn random_leaves_are_reported_as_used() {
             .unwrap();
         assert_eq!(r.value("x").unwrap().to_f64_vec(), x);
         assert!(j["grads"].get("c").is_none(), "consts have no gradient");
+    }
+}
+
+/// Every case's `const` of whole numbers, declared `i64`, `i32`, `u8` or `bool` (where its
+/// values fit), gives the same output and gradients wherever the shape rules accept it there
+/// (an index, a class target, a mask); through the library and the binary. Every row that
+/// reads indices, targets or a mask is reached; `where` with a boolean condition too.
+#[test]
+fn integer_and_boolean_consts_give_the_same_results() {
+    use arenagrad_program::table::op_row;
+    use arenagrad_program::Limits;
+    let mut cases = all_cases();
+    // `where`'s condition: 0 and a non-zero number as a float const, false and true as a bool.
+    let w = cases.iter().find(|c| c.name == "where").unwrap();
+    let bool_where = Case {
+        name: "where with a bool condition",
+        text: w
+            .text
+            .replace("c = const 2 1 : 0.0 1.5", "c = const bool 2 1 : 0 1"),
+        out_shape: w.out_shape.clone(),
+        out: w.out.clone(),
+        grads: w.grads.clone(),
+    };
+    assert_ne!(bool_where.text, w.text);
+    check_library(&bool_where);
+    check_binary(&bool_where);
+    let mut reached = std::collections::BTreeSet::new();
+    reached.insert("where");
+    for c in cases.drain(..) {
+        let lines: Vec<&str> = c.text.lines().collect();
+        for (k, line) in lines.iter().enumerate() {
+            let Some((name, rest)) = line.split_once(" = const ") else {
+                continue;
+            };
+            let Some((_, vals)) = rest.split_once(':') else {
+                continue;
+            };
+            let v: Vec<f64> = vals
+                .split_whitespace()
+                .map(|t| t.parse().unwrap())
+                .collect();
+            if !v.iter().all(|x| x.fract() == 0.0) {
+                continue;
+            }
+            let mut dtypes = vec!["i64", "i32"];
+            if v.iter().all(|&x| (0.0..=255.0).contains(&x)) {
+                dtypes.push("u8");
+            }
+            if v.iter().all(|&x| x == 0.0 || x == 1.0) {
+                dtypes.push("bool");
+            }
+            for d in dtypes {
+                let mut typed: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+                typed[k] = format!("{name} = const {d} {rest}");
+                let text = typed.join("\n") + "\n";
+                let p = Program::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", c.name));
+                if p.check(&Limits::default()).is_err() {
+                    // Read as a float somewhere (a weight, a matrix): refused, as it should be.
+                    continue;
+                }
+                let typed_case = Case {
+                    name: c.name,
+                    text,
+                    out_shape: c.out_shape.clone(),
+                    out: c.out.clone(),
+                    grads: c.grads.clone(),
+                };
+                check_library(&typed_case);
+                if d == "i32" {
+                    check_binary(&typed_case);
+                }
+                for s in p.statements() {
+                    if op_row(s.expr.op_name()).is_some_and(|r| !r.integer_operands.is_empty()) {
+                        reached.insert(s.expr.op_name());
+                    }
+                }
+            }
+        }
+    }
+    for row in arenagrad_program::table::OPS {
+        if !row.integer_operands.is_empty() {
+            assert!(
+                reached.contains(row.name),
+                "no typed const reached `{}`",
+                row.name
+            );
+        }
     }
 }

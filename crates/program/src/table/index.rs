@@ -1,8 +1,8 @@
 //! Rows whose second operand holds indices: `gather`, `index_select`, `scatter_add`,
-//! `index_add`, `scatter_reduce`. A program has one floating dtype, so an index operand is a
-//! tensor of whole numbers (a `const`, as random programs make it), read as the `i64` tensor
-//! PyTorch's ops take; a value that is not a whole number, or is out of range, is refused when
-//! the statement runs, naming the op.
+//! `index_add`, `scatter_reduce`. An index operand is an integer `const` (`const i64 …`, `i32`,
+//! `u8`) or a tensor of whole numbers of the program's floating dtype, either read as the `i64`
+//! tensor PyTorch's ops take; a value that is not a whole number, or is out of range, is refused
+//! when the statement runs, naming the op.
 
 use arenagrad_graph::{Graph, GraphError, ScatterReduce, Tensor};
 
@@ -62,6 +62,7 @@ pub(super) const GATHER: OpRow = OpRow::new(
     },
     |g, x, p| x[0].gather_by(ax(p[0]), as_index(g, x[1], "gather")?),
 )
+.integers(&[1])
 .arity(Arity::Exactly(2))
 .params(&[int("the axis", "AXIS")])
 .gen(Gen::Operands(|d| {
@@ -115,6 +116,7 @@ pub(super) const INDEX_SELECT: OpRow = OpRow::new(
     },
     |g, x, p| x[0].index_select_by(ax(p[0]), as_index(g, x[1], "index_select")?),
 )
+.integers(&[1])
 .arity(Arity::Exactly(2))
 .params(&[int("the axis", "AXIS")])
 .gen(Gen::Operands(|d| {
@@ -172,6 +174,7 @@ fn scatter_draw(d: &mut Draw<'_>, extra: Vec<f64>) -> Option<Drawn> {
 pub(super) const SCATTER_ADD: OpRow = OpRow::new("scatter_add", scatter_shape, |g, x, p| {
     x[0].scatter_add(ax(p[0]), as_index(g, x[1], "scatter_add")?, x[2])
 })
+.integers(&[1])
 .arity(Arity::Exactly(3))
 .params(&[int("the axis", "AXIS")])
 .gen(Gen::Operands(|d| scatter_draw(d, Vec::new())));
@@ -205,6 +208,7 @@ pub(super) const SCATTER_REDUCE: OpRow = OpRow::new(
         x[0].scatter_reduce(ax(p[0]), idx, x[2], reduce, p[2].as_usize() == 1)
     },
 )
+.integers(&[1])
 .arity(Arity::Exactly(3))
 .params(&[
     int("the axis", "AXIS"),
@@ -239,6 +243,7 @@ pub(super) const INDEX_ADD: OpRow = OpRow::new(
     },
     |g, x, p| x[0].index_add(ax(p[0]), as_index(g, x[1], "index_add")?, x[2]),
 )
+.integers(&[1])
 .arity(Arity::Exactly(3))
 .params(&[int("the axis", "AXIS")])
 .gen(Gen::Operands(|d| {

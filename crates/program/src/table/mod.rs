@@ -381,6 +381,8 @@ pub type WorkFn = fn(&[&[usize]], &[usize], &[Param]) -> u64;
 pub struct Draw<'a> {
     shapes: &'a [Vec<usize>],
     positive: &'a [bool],
+    /// Which values are integer or boolean `const`s (operands only where a row takes them).
+    typed: &'a [bool],
     /// The operand drawn (an index into the values made so far).
     pub a: usize,
     /// A byte for choosing a second operand.
@@ -409,14 +411,14 @@ pub(crate) enum FreshKind {
     Input,
     /// An `input` of values strictly between 0 and 1 (probabilities).
     Probabilities,
-    /// A `const` of whole numbers in `0..n` (indices).
+    /// A `const` of whole numbers in `0..n` (indices): of the run's float dtype or, as the
+    /// choice's bytes say, an `i64`, `i32` or `u8` one.
     Indices(usize),
 }
 
 impl<'a> Draw<'a> {
     pub(crate) fn new(
-        shapes: &'a [Vec<usize>],
-        positive: &'a [bool],
+        (shapes, positive, typed): (&'a [Vec<usize>], &'a [bool], &'a [bool]),
         (a, b, attrs): (usize, u8, [u8; 4]),
         max_dim: usize,
         fits: &'a dyn Fn(&[usize]) -> bool,
@@ -424,6 +426,7 @@ impl<'a> Draw<'a> {
         Draw {
             shapes,
             positive,
+            typed,
             a,
             b,
             attrs,
@@ -454,10 +457,10 @@ impl<'a> Draw<'a> {
         (self.fits)(shape)
     }
 
-    /// Among the values made so far whose shapes `ok` accepts, the one `sel` selects.
+    /// Among the floating values made so far whose shapes `ok` accepts, the one `sel` selects.
     pub fn pick(&self, ok: impl Fn(&[usize]) -> bool, sel: u8) -> Option<usize> {
         let cands: Vec<usize> = (0..self.shapes.len())
-            .filter(|&j| ok(&self.shapes[j]))
+            .filter(|&j| !self.typed.get(j).copied().unwrap_or(false) && ok(&self.shapes[j]))
             .collect();
         (!cands.is_empty()).then(|| cands[usize::from(sel) % cands.len()])
     }
@@ -533,6 +536,9 @@ pub struct OpRow {
     pub run: RunFn,
     /// See [`Gen`]; `None`: random programs do not draw the op.
     pub gen: Option<Gen>,
+    /// The operands (by position among the operands) that may be an integer or boolean
+    /// `const` (`const i64 …`): indices, class targets, masks. Every other operand is floating.
+    pub integer_operands: &'static [usize],
 }
 
 impl OpRow {
@@ -551,6 +557,16 @@ impl OpRow {
             work: None,
             run,
             gen: None,
+            integer_operands: &[],
+        }
+    }
+
+    /// With these operands (positions among the operands) taking integer or boolean `const`s
+    /// as well as floating values.
+    pub const fn integers(self, integer_operands: &'static [usize]) -> OpRow {
+        OpRow {
+            integer_operands,
+            ..self
         }
     }
 

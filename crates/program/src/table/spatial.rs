@@ -254,7 +254,7 @@ fn rescale_shape(s: &[usize], p: &[Param]) -> Result<Vec<usize>, Refusal> {
     {
         let o = (extent as f64 * f).floor();
         // Up to 2⁵³, where a float still counts exactly; the limits refuse far less.
-        if !(f.is_finite() && f > 0.0 && o >= 1.0 && o <= 9_007_199_254_740_992.0) {
+        if !(f.is_finite() && f > 0.0 && (1.0..=9_007_199_254_740_992.0).contains(&o)) {
             return Err(Refusal::at(
                 1 + k,
                 format!(
