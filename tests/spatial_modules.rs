@@ -388,16 +388,18 @@ fn upsample_sizes_and_refusals() {
         .unwrap(),
         [1, 2, 1, 21]
     );
-    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 0.1, 1e300] {
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 0.1, 1e300, 1e18] {
         let err = shape(Upsample::scale(bad, Interpolation::Nearest))
             .unwrap_err()
             .to_string();
         assert!(err.contains("interpolate"), "{bad}: {err}");
     }
-    let err = shape(Upsample::size((0, 3), Interpolation::Nearest))
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("interpolate"), "{err}");
+    for size in [(0, 3), (1 << 40, 1 << 40)] {
+        let err = shape(Upsample::size(size, Interpolation::Nearest))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("interpolate"), "{size:?}: {err}");
+    }
     let flat = g.zeros(&[2, 5, 7], DType::F32).unwrap();
     let err = Upsample::scale(2.0, Interpolation::Nearest)
         .forward(&g, flat)

@@ -122,9 +122,14 @@ pub fn pad<'g>(x: Tensor<'g>, pads: &[(usize, usize)], mode: PadMode) -> Result<
 /// How [`interpolate`] resamples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Interpolation {
-    /// The nearest input entry below (PyTorch's `"nearest"`: source index
-    /// `⌊dst·scale⌋`, `scale` = `in/out` or `1/scale_factor`, in f32 whatever the input's
-    /// dtype, as PyTorch computes it; an axis kept or doubled is copied or halved exactly).
+    /// The nearest input entry below (PyTorch's `"nearest"`): source index `⌊dst·scale⌋`,
+    /// `scale` = `in/out` or `1/scale_factor`, as PyTorch's forward computes it, which depends
+    /// on the output's size: up to 128 for height plus width, in f32 whatever the dtype, an
+    /// axis kept or doubled copied or halved exactly (`nearest_idx`); above, in the input's
+    /// precision and by the formula alone (a factor of 1.1 that keeps 5 rows reads rows
+    /// 0, 0, 1, 2, 3). PyTorch's backward takes the first rule at every size, so above 128 its
+    /// gradient can give an entry's share to the neighbour its forward did not read; ours is
+    /// the gradient of the forward.
     Nearest,
     /// Linear in each axis (`"bilinear"`), with PyTorch's `align_corners` (false: pixel
     /// centres, `src = (dst + 0.5)·scale − 0.5` clamped at 0, `scale` = `in/out` or
@@ -136,19 +141,34 @@ pub enum Interpolation {
     },
 }
 
+/// How [`sources`] computes: the mode, whether the arithmetic rounds to f32 (every dtype but
+/// f64, as PyTorch's kernels compute), and whether the output is large (height plus width
+/// above 128, where PyTorch's nearest forward takes its other path).
+#[derive(Clone, Copy)]
+struct Rule {
+    mode: Interpolation,
+    f32_math: bool,
+    large: bool,
+}
+
+impl Rule {
+    /// Whether an axis of `n` resampled to `n` (by `factor`, if given) is a copy.
+    fn copies(self, factor: Option<f64>) -> bool {
+        !(self.large && factor.is_some() && self.mode == Interpolation::Nearest)
+    }
+}
+
 /// For each output position along an axis of `n_in` resampled to `n_out`: the two source
 /// indices and the second one's weight. `factor` is the scale factor a caller gave (PyTorch
-/// then maps positions by `1/factor`, not by `in/out`); `f32_math` rounds the arithmetic to
-/// f32 as PyTorch's kernels do for every dtype but f64 (nearest rounds it for f64 too).
+/// then maps positions by `1/factor`, not by `in/out`).
 fn sources(
     n_in: usize,
     n_out: usize,
-    mode: Interpolation,
-    f32_math: bool,
+    rule: Rule,
     factor: Option<f64>,
 ) -> Result<Vec<(usize, usize, f64)>> {
     let f32_round = |v: f64| f64::from(v as f32);
-    let round = |v: f64| if f32_math { f32_round(v) } else { v };
+    let round = |v: f64| if rule.f32_math { f32_round(v) } else { v };
     // PyTorch's `compute_scales_value`: `1/factor` (in f64, then the kernel's precision) where
     // a factor was given, the sizes' ratio where not.
     let scale = |round: &dyn Fn(f64) -> f64| match factor {
@@ -163,9 +183,12 @@ fn sources(
         }
         .into());
     }
-    out.extend((0..n_out).map(|d| match mode {
+    out.extend((0..n_out).map(|d| match rule.mode {
         Interpolation::Nearest => {
-            let i = if n_out == n_in {
+            let i = if rule.large {
+                // The large-output forward: the input's precision, the formula alone.
+                (round(d as f64 * scale(&round)).floor() as usize).min(n_in - 1)
+            } else if n_out == n_in {
                 d
             } else if n_out == 2 * n_in {
                 d >> 1
@@ -286,22 +309,40 @@ fn resample<'g>(
     [(h, oh, fh), (w, ow, fw)]: [(usize, usize, Option<f64>); 2],
     mode: Interpolation,
 ) -> Result<Tensor<'g>> {
-    let f32_math = x.dtype() != DType::F64;
+    let s = x.try_shape()?;
+    // The output must be addressable before any position is computed (a factor of 10¹⁸ asks
+    // for far more than memory holds): the graph's own bound on a tensor's size.
+    let numel = [s[0], s[1], oh, ow]
+        .iter()
+        .try_fold(1u128, |a, &d| a.checked_mul(d.max(1) as u128));
+    if numel.is_none_or(|n| n.saturating_mul(8) > isize::MAX as u128) {
+        return Err(arenagrad_graph::GraphError::TooLarge {
+            op: "interpolate",
+            shape: vec![s[0], s[1], oh, ow],
+        }
+        .into());
+    }
+    let rule = Rule {
+        mode,
+        f32_math: x.dtype() != DType::F64,
+        large: oh.saturating_add(ow) > 128,
+    };
     let mut y = x;
     // One axis at a time, the one whose resampled intermediate is smaller first (rows first on
     // a tie): the intermediate is then no larger than the input or the output, whatever the
-    // sizes (rows first, a 1 × 4096 image became 4096 × 4096 on its way to 4096 × 1).
-    let axes = if oh * w <= h * ow {
+    // sizes (rows first, a 1 × 4096 image became 4096 × 4096 on its way to 4096 × 1). Products
+    // of sizes bounded above fit in u128.
+    let axes = if oh as u128 * w as u128 <= h as u128 * ow as u128 {
         [(2usize, h, oh, fh), (3, w, ow, fw)]
     } else {
         [(3, w, ow, fw), (2usize, h, oh, fh)]
     };
     for (axis, n_in, n_out, factor) in axes {
-        if n_out == n_in {
-            // Copied by either mode, whatever the factor (PyTorch's rules above).
+        if n_out == n_in && rule.copies(factor) {
+            // A copy (PyTorch's rules above).
             continue;
         }
-        let src = sources(n_in, n_out, mode, f32_math, factor)?;
+        let src = sources(n_in, n_out, rule, factor)?;
         let lo: Vec<usize> = src.iter().map(|s| s.0).collect();
         let a = y.index_select(axis as isize, &lo)?;
         y = match mode {

@@ -3926,20 +3926,43 @@ fn long_rows_pool_and_resample_without_square_intermediates() {
     assert_eq!(t.to_vec::<f64>().unwrap(), [1.0; 4]);
 }
 
-/// Nearest resampling maps positions in f32 whatever the dtype, as PyTorch's `nearest_idx`
-/// does (a float scale, `floorf(dst·scale)`): an f64 image of width 2 resampled to 82 reads
-/// column 0 at output 41 (`41·f32(2/82)` rounds below 1), to 98 column 1 at output 49
-/// (`49·f32(2/98)` rounds to 1); f64 arithmetic read the other column at both, unlike
-/// `F.interpolate(x.double(), size=(1, n), mode="nearest")`.
+/// Nearest resampling maps positions as PyTorch's forward does, whose rule depends on the
+/// output's size. Up to 128 for height plus width (`nearest_idx`), in f32 whatever the dtype:
+/// an f64 image of width 2 resampled to 82 reads column 0 at output 41 (`41·f32(2/82)` rounds
+/// below 1), to 98 column 1 at output 49; and an axis a factor keeps is copied. Above 128, in
+/// the input's precision by the formula alone: to 164 it reads column 1 at output 82, and a
+/// factor of 1.1 that keeps 5 rows reads rows 0, 0, 1, 2, 3. (Values printed by
+/// `F.interpolate` in PyTorch 2.15; f64 arithmetic everywhere read the other column at 82
+/// and 98, and the f32 rule everywhere the other at 164.)
 #[test]
-fn nearest_maps_positions_in_f32_for_f64_images() {
+fn nearest_maps_positions_as_pytorchs_forward_at_every_size() {
     let g = Graph::new();
     let x = g
         .from_f64(&[10.0, 20.0], &[1, 1, 1, 2], DType::F64)
         .unwrap();
-    for (n, at, want) in [(82, 41, 10.0), (98, 49, 20.0)] {
+    for (n, at, want) in [(82, 41, 10.0), (98, 49, 20.0), (164, 82, 20.0)] {
         let y = spatial::interpolate(x, (1, n), Interpolation::Nearest).unwrap();
         assert_eq!(y.to_vec::<f64>().unwrap()[at], want, "2 → {n}, output {at}");
+    }
+    // Height plus width 128 and 129: the two rules.
+    let tall = x.broadcast_to(&[1, 1, 47, 2]).unwrap();
+    for (h, want) in [(46, 10.0), (47, 20.0)] {
+        let y = spatial::interpolate(tall, (h, 82), Interpolation::Nearest).unwrap();
+        assert_eq!(y.to_vec::<f64>().unwrap()[41], want, "{h} + 82");
+    }
+    for (w, rows) in [
+        (20, [0.0, 1.0, 2.0, 3.0, 4.0]),
+        (200, [0.0, 0.0, 1.0, 2.0, 3.0]),
+    ] {
+        let r = g
+            .from_f64(&[0.0, 1.0, 2.0, 3.0, 4.0], &[1, 1, 5, 1], DType::F32)
+            .unwrap()
+            .broadcast_to(&[1, 1, 5, w])
+            .unwrap();
+        let y = spatial::interpolate_scale(r, (1.1, 1.0), Interpolation::Nearest).unwrap();
+        assert_eq!(y.shape()[..], [1, 1, 5, w]);
+        let first: Vec<f64> = y.to_vec_f64().unwrap().iter().step_by(w).copied().collect();
+        assert_eq!(first, rows, "5 × {w} by (1.1, 1)");
     }
 }
 

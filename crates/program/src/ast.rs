@@ -451,8 +451,8 @@ pub fn leaf_dtype_problem(
         DType::Bool => (0.0, 1.0),
         DType::U8 => (0.0, 255.0),
         DType::I32 => (f64::from(i32::MIN), f64::from(i32::MAX)),
-        // Whole numbers an f64 holds exactly.
-        _ => (-9_007_199_254_740_992.0, 9_007_199_254_740_992.0),
+        // Whole numbers an f64 holds exactly, as the index ops read them: below 2⁵³.
+        _ => (-9_007_199_254_740_991.0, 9_007_199_254_740_991.0),
     };
     v.iter()
         .position(|&x| !(x.fract() == 0.0 && (lo..=hi).contains(&x)))

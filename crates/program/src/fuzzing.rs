@@ -238,11 +238,19 @@ pub fn raw_program(data: &[u8]) -> Program {
             }
             _ => None,
         };
+        // Flag 8: an integer or boolean `const` of whole values (which ops then refuse or take).
+        let dtype = (flags & 8 != 0)
+            .then(|| [DType::I64, DType::I32, DType::U8, DType::Bool][usize::from(flags >> 4) % 4]);
+        let values = match dtype {
+            Some(DType::Bool) => values.map(|v| v.iter().map(|x| f64::from(*x > 0.0)).collect()),
+            Some(_) => values.map(|v| v.iter().map(|x| x.abs().floor()).collect()),
+            None => values,
+        };
         let e = Expr::Leaf {
-            requires_grad: flags & 1 == 0,
+            requires_grad: flags & 1 == 0 && dtype.is_none(),
             shape,
             values,
-            dtype: None,
+            dtype,
         };
         if p.push(&format!("l{k}"), e).is_err() {
             // An overflowing shape cannot be a leaf (the parser refuses it too): a scalar instead.

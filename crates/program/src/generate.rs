@@ -406,6 +406,11 @@ impl Gen<'_> {
         };
         let pa = self.pos[a];
         for (k, f) in fresh.into_iter().enumerate() {
+            // The operand this leaf becomes (its index is the next value's).
+            let takes = args
+                .iter()
+                .position(|&x| x == self.shapes.len())
+                .map_or(&[][..], |j| row.integer_dtypes(j));
             // A fresh leaf to take part (a matrix to multiply by, a gather's indices): values
             // from the choice.
             let [t0, t1, t2, t3] = c.attrs;
@@ -435,13 +440,14 @@ impl Gen<'_> {
                         requires_grad: false,
                         shape: f.shape.clone(),
                         values: Some(index_values(seed, n, bound)),
-                        // Of the run's float dtype, or typed as PyTorch's indices are (u8
-                        // where the indices fit it).
-                        dtype: match (c.attrs[3] >> 6, bound <= 256) {
-                            (1, _) => Some(DType::I64),
-                            (2, _) => Some(DType::I32),
-                            (3, true) => Some(DType::U8),
-                            _ => None,
+                        // Of the run's float dtype, or of a dtype PyTorch's op takes there
+                        // (u8 where the indices fit it).
+                        dtype: match c.attrs[3] >> 6 {
+                            0 => None,
+                            t => takes
+                                .get(usize::from(t - 1) % takes.len().max(1))
+                                .copied()
+                                .filter(|&d| d != DType::U8 || bound <= 256),
                         },
                     },
                     false,

@@ -170,29 +170,38 @@ pub(crate) fn check(p: &Program, limits: &Limits) -> Result<Vec<StmtInfo>, Progr
             ));
         }
         let sh = |k: usize| -> &[usize] { &infos[ops[k]].shape };
-        // An integer or boolean operand only where the row takes one.
-        let (takes, first_operand) = match expr {
-            Expr::Op { op, params, .. } => (
-                op.integer_operands,
-                if op.params_first() { params.len() } else { 0 },
-            ),
-            _ => (&[][..], 0),
+        // An integer or boolean operand only where the row takes one, of a dtype PyTorch's op
+        // takes there.
+        let first_operand = match expr {
+            Expr::Op { op, params, .. } if op.params_first() => params.len(),
+            _ => 0,
         };
         for (k, &o) in ops.iter().enumerate() {
-            if let Some(d) = infos[o].dtype {
-                if !takes.contains(&k) {
-                    return Err(at.shape(
-                        Some(first_operand + k),
-                        format!(
-                            "`{}` takes a floating operand here, and `{}` is a `const {}` (an \
-                             integer or boolean tensor goes only where an op reads indices, \
-                             targets or a mask)",
-                            expr.op_name(),
-                            p.stmts[o].name,
-                            d.name()
-                        ),
-                    ));
-                }
+            let Some(d) = infos[o].dtype else {
+                continue;
+            };
+            let takes = match expr {
+                Expr::Op { op, .. } => op.integer_dtypes(k),
+                _ => &[],
+            };
+            if !takes.contains(&d) {
+                let wanted = if takes.is_empty() {
+                    "a floating operand".to_string()
+                } else {
+                    let names: Vec<&str> = takes.iter().map(|t| t.name()).collect();
+                    format!("a floating or {} operand", names.join(" or "))
+                };
+                return Err(at.shape(
+                    Some(first_operand + k),
+                    format!(
+                        "`{}` takes {wanted} here, as PyTorch's does, and `{}` is a `const {}` \
+                         (an integer or boolean tensor goes only where an op reads indices, \
+                         targets or a mask)",
+                        expr.op_name(),
+                        p.stmts[o].name,
+                        d.name()
+                    ),
+                ));
             }
         }
         let mut extra_work: u64 = 0;

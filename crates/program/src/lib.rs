@@ -21,7 +21,7 @@
 //! | `x = input D0 D1 ...` | a leaf that requires grad (no dims: a scalar) |
 //! | `x = const D0 D1 ...` | a leaf that does not |
 //! | `x = input 2 2 : 0.5 -1 2 3.25` | values given, row-major (else standard normal draws from the seeded RNG) |
-//! | `i = const i64 2 : 3 0`, `const i32`, `const u8`, `m = const bool 2 : 1 0` | an integer or boolean leaf (no gradient; values given, whole and within the dtype): only where an op reads indices, class targets or a mask (`gather`, `index_select`, the scatters, `index_add`, `cross_entropy`/`nll_loss` targets, `masked_fill`'s mask, `where`'s condition); every other value has the run's floating dtype |
+//! | `i = const i64 2 : 3 0`, `const i32`, `const u8`, `m = const bool 2 : 1 0` | an integer or boolean leaf (no gradient; values given, whole and within the dtype): only where an op reads indices, class targets or a mask, of a dtype PyTorch's op takes there (`i64` or `i32` indices for `gather`, `index_select`, the scatters and `index_add`; `i64` or `u8` targets for `cross_entropy` and `nll_loss`; a `bool` mask for `masked_fill`, a `bool` or `u8` condition for `where`); every other value has the run's floating dtype |
 //! | `add a b`, `sub`, `mul`, `div`, `pow`, `maximum`, `minimum` | elementwise, numpy broadcasting |
 //! | `eq a b`, `ne`, `lt`, `le`, `gt`, `ge` | comparisons as 0/1 masks (NaN compares false but for `ne`), broadcasting; no gradient |
 //! | `neg a`, `exp`, `log`, `sqrt`, `abs`, `sin`, `cos`, `tanh`, `sigmoid`, `relu`, `gelu`, `gelu_tanh`, `silu`, `softplus`, `erf` | elementwise (`gelu` exact, `gelu_tanh` its tanh approximation) |
@@ -53,9 +53,9 @@
 //! | `interpolate_nearest_scale a SH SW`, `interpolate_bilinear_scale a SH SW ALIGN_CORNERS` | PyTorch's `F.interpolate` by `scale_factor=(SH, SW)`: `⌊H·SH⌋ × ⌊W·SW⌋`, positions mapped by the factors |
 //! | `adaptive_avg_pool2d a H W`, `adaptive_max_pool2d a H W` | PyTorch's, into `H × W` windows; `a` `[N, C, H, W]` or `[C, H, W]` |
 //! | `group_norm a GROUPS EPS`, `instance_norm a EPS` | PyTorch's `F.group_norm` and `F.instance_norm` without weight, bias or running statistics; `a` `[N, C, …]` |
-//! | `gather a i AXIS`, `index_select a i AXIS`, `scatter_add a i s AXIS`, `index_add a i s AXIS`, `scatter_reduce a i s AXIS REDUCE INCLUDE_SELF` | PyTorch's, `i` a tensor of whole numbers (a `const`) read as 64-bit integers, `s` the source; REDUCE 0 sum, 1 mean, 2 amax, 3 amin; INCLUDE_SELF 0 or 1 |
+//! | `gather a i AXIS`, `index_select a i AXIS`, `scatter_add a i s AXIS`, `index_add a i s AXIS`, `scatter_reduce a i s AXIS REDUCE INCLUDE_SELF` | PyTorch's, `i` a `const i64` or `i32`, or a tensor of whole numbers (a `const`) read as 64-bit integers, `s` the source; REDUCE 0 sum, 1 mean, 2 amax, 3 amin; INCLUDE_SELF 0 or 1 |
 //! | `mse_loss a b R`, `l1_loss a b R`, `smooth_l1_loss a b R BETA`, `huber_loss a b R DELTA`, `kl_div a b R LOG_TARGET`, `bce a b R`, `bce_with_logits a b R` | PyTorch's losses of `a` against the target `b` (equal shapes); R the reduction: 0 none, 1 mean, 2 sum (`kl_div`: 3 batchmean); `bce`'s `a` and `b` in `[0, 1]` |
-//! | `cross_entropy a t R LABEL_SMOOTHING IGNORE_INDEX`, `nll_loss a t R` | PyTorch's, `a` `[N, C]`, `[N, C, d…]` or `[C]`, `t` class indices (whole numbers, `[N]`, `[N, d…]` or a scalar) read as 64-bit integers |
+//! | `cross_entropy a t R LABEL_SMOOTHING IGNORE_INDEX`, `nll_loss a t R` | PyTorch's, `a` `[N, C]`, `[N, C, d…]` or `[C]`, `t` class indices (a `const i64` or `u8`, or whole numbers; `[N]`, `[N, d…]` or a scalar) read as 64-bit integers |
 //! | `einsum a b SUBSCRIPTS` | PyTorch's `torch.einsum(SUBSCRIPTS, a, b)` for the contractions that are sums and one (batched) matrix product; SUBSCRIPTS one token as PyTorch writes them (`ij,jk->ik`, `bhqd,bhkd->bhqk`, `...ij,...jk->...ik`; `i,j` without `->`: the ellipsis's axes, then the letters seen once, in alphabetical order); as in PyTorch, ellipses broadcast right-aligned, an extent of 1 broadcasts, and a letter twice in one operand takes its diagonal |
 //!
 //! From `detach` on, each op is a row of the format's op table ([`table`]), read by every part of

@@ -828,7 +828,7 @@ fn losses_refuse_values_outside_their_domain() {
 #[test]
 fn integer_and_boolean_consts() {
     let text = "i = const i64 2 2 : 2 0 1 1\nm = const bool 2 1 : 1 0\n\
-                t = const u8 2 : 1 2\nk = const i32 : 3\na = input 2 3\n\
+                t = const i32 2 : 1 2\nk = const u8 : 3\na = input 2 3\n\
                 g = gather a i 1\nf = masked_fill a m -1.5\ns = index_select a t 1\n\
                 y = where m g s\nz = slice f 1 0 2\nout = add y z\n";
     let p = Program::parse(text).unwrap();
@@ -861,6 +861,25 @@ fn integer_and_boolean_consts() {
             3,
             12,
             "`const i64`",
+        ),
+        // PyTorch's dtypes: no u8 or bool indices, no i32 targets, no integer mask.
+        (
+            "a = input 3 2\ni = const u8 2 1 : 0 1\ny = gather a i 0\n",
+            3,
+            14,
+            "a floating or i64 or i32 operand",
+        ),
+        (
+            "a = input 2 3\nt = const i32 2 : 0 1\ny = cross_entropy a t 1 0 -100\n",
+            3,
+            21,
+            "i64 or u8",
+        ),
+        (
+            "a = input 2 3\nm = const u8 2 1 : 0 1\ny = masked_fill a m 0\n",
+            3,
+            19,
+            "a floating or bool operand",
         ),
     ];
     for &(text, line, col, what) in &refused {

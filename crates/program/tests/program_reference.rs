@@ -1871,8 +1871,11 @@ fn integer_and_boolean_consts_give_the_same_results() {
                 if d == "i32" {
                     check_binary(&typed_case);
                 }
+                // The rows the typed const (statement k) feeds.
                 for s in p.statements() {
-                    if op_row(s.expr.op_name()).is_some_and(|r| !r.integer_operands.is_empty()) {
+                    if s.expr.operands().contains(&k)
+                        && op_row(s.expr.op_name()).is_some_and(|r| !r.integer_operands.is_empty())
+                    {
                         reached.insert(s.expr.op_name());
                     }
                 }

@@ -153,7 +153,7 @@ pub(super) const MASKED_FILL: OpRow = OpRow::new(
     },
     |_, x, p| x[0].masked_fill(x[1].detach()?, p[0].as_f64()),
 )
-.integers(&[1])
+.integers(&[(1, super::MASK)])
 .arity(Arity::Exactly(2))
 .params(&[float("the fill value", "VALUE")])
 .kinked()
@@ -653,7 +653,7 @@ pub(super) const WHERE: OpRow = OpRow::new(
     },
     |g, x, _| g.where_cond(x[0], x[1], x[2]),
 )
-.integers(&[0])
+.integers(&[(0, super::CONDITION)])
 .arity(Arity::Exactly(3))
 .kinked()
 .gen(Gen::Operands(|d| {

@@ -62,7 +62,7 @@ pub(super) const GATHER: OpRow = OpRow::new(
     },
     |g, x, p| x[0].gather_by(ax(p[0]), as_index(g, x[1], "gather")?),
 )
-.integers(&[1])
+.integers(&[(1, super::INDEX)])
 .arity(Arity::Exactly(2))
 .params(&[int("the axis", "AXIS")])
 .gen(Gen::Operands(|d| {
@@ -116,7 +116,7 @@ pub(super) const INDEX_SELECT: OpRow = OpRow::new(
     },
     |g, x, p| x[0].index_select_by(ax(p[0]), as_index(g, x[1], "index_select")?),
 )
-.integers(&[1])
+.integers(&[(1, super::INDEX)])
 .arity(Arity::Exactly(2))
 .params(&[int("the axis", "AXIS")])
 .gen(Gen::Operands(|d| {
@@ -174,7 +174,7 @@ fn scatter_draw(d: &mut Draw<'_>, extra: Vec<f64>) -> Option<Drawn> {
 pub(super) const SCATTER_ADD: OpRow = OpRow::new("scatter_add", scatter_shape, |g, x, p| {
     x[0].scatter_add(ax(p[0]), as_index(g, x[1], "scatter_add")?, x[2])
 })
-.integers(&[1])
+.integers(&[(1, super::INDEX)])
 .arity(Arity::Exactly(3))
 .params(&[int("the axis", "AXIS")])
 .gen(Gen::Operands(|d| scatter_draw(d, Vec::new())));
@@ -208,7 +208,7 @@ pub(super) const SCATTER_REDUCE: OpRow = OpRow::new(
         x[0].scatter_reduce(ax(p[0]), idx, x[2], reduce, p[2].as_usize() == 1)
     },
 )
-.integers(&[1])
+.integers(&[(1, super::INDEX)])
 .arity(Arity::Exactly(3))
 .params(&[
     int("the axis", "AXIS"),
@@ -243,7 +243,7 @@ pub(super) const INDEX_ADD: OpRow = OpRow::new(
     },
     |g, x, p| x[0].index_add(ax(p[0]), as_index(g, x[1], "index_add")?, x[2]),
 )
-.integers(&[1])
+.integers(&[(1, super::INDEX)])
 .arity(Arity::Exactly(3))
 .params(&[int("the axis", "AXIS")])
 .gen(Gen::Operands(|d| {

@@ -340,7 +340,7 @@ pub(super) const CROSS_ENTROPY: OpRow = OpRow::new(
         loss::cross_entropy_by(x[0], t, opts).map_err(|e| target_error("cross_entropy", true, e))
     },
 )
-.integers(&[1])
+.integers(&[(1, super::TARGET)])
 .arity(Arity::Exactly(2))
 .params(&[
     count("the reduction", "REDUCTION"),
@@ -367,7 +367,7 @@ pub(super) const NLL_LOSS: OpRow = OpRow::new(
         loss::nll_loss_by(x[0], t, reduction(p[0])).map_err(|e| target_error("nll_loss", false, e))
     },
 )
-.integers(&[1])
+.integers(&[(1, super::TARGET)])
 .arity(Arity::Exactly(2))
 .params(&[count("the reduction", "REDUCTION")])
 .gen(Gen::Operands(|d| {

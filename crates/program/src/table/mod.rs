@@ -38,8 +38,18 @@ mod rearrange;
 mod reduce;
 mod spatial;
 
-use arenagrad_exec::Positive;
+use arenagrad_exec::{DType, Positive};
 use arenagrad_graph::{Graph, GraphError, Tensor};
+
+// The integer and boolean dtypes PyTorch 2.15's ops take (it refuses the others, naming them).
+/// Indices (`gather`, `index_select`, the scatters, `index_add`).
+const INDEX: &[DType] = &[DType::I64, DType::I32];
+/// Class targets (`cross_entropy`, `nll_loss`: "Long or Byte").
+const TARGET: &[DType] = &[DType::I64, DType::U8];
+/// `masked_fill`'s mask.
+const MASK: &[DType] = &[DType::Bool];
+/// `where`'s condition.
+const CONDITION: &[DType] = &[DType::Bool, DType::U8];
 
 /// What kind of number a parameter is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -537,8 +547,9 @@ pub struct OpRow {
     /// See [`Gen`]; `None`: random programs do not draw the op.
     pub gen: Option<Gen>,
     /// The operands (by position among the operands) that may be an integer or boolean
-    /// `const` (`const i64 …`): indices, class targets, masks. Every other operand is floating.
-    pub integer_operands: &'static [usize],
+    /// `const` (`const i64 …`), each with the dtypes PyTorch's op takes there: indices, class
+    /// targets, masks. Every other operand is floating.
+    pub integer_operands: &'static [(usize, &'static [DType])],
 }
 
 impl OpRow {
@@ -562,8 +573,8 @@ impl OpRow {
     }
 
     /// With these operands (positions among the operands) taking integer or boolean `const`s
-    /// as well as floating values.
-    pub const fn integers(self, integer_operands: &'static [usize]) -> OpRow {
+    /// of the dtypes listed, as well as floating values.
+    pub const fn integers(self, integer_operands: &'static [(usize, &'static [DType])]) -> OpRow {
         OpRow {
             integer_operands,
             ..self
@@ -629,6 +640,14 @@ impl OpRow {
     /// Whether the parameters come before the operands (variadic operands: `concat AXIS a b`).
     pub fn params_first(&self) -> bool {
         matches!(self.arity, Arity::AtLeast(_))
+    }
+
+    /// The integer or boolean dtypes operand `k` may have (none: floating only).
+    pub fn integer_dtypes(&self, k: usize) -> &'static [DType] {
+        self.integer_operands
+            .iter()
+            .find(|(j, _)| *j == k)
+            .map_or(&[], |(_, d)| d)
     }
 
     /// The kind of parameter `k` (of the fixed ones, then of the tail), if it may have one.
@@ -840,8 +859,8 @@ fn flag_at(p: Param, k: usize, what: &str) -> Result<bool, Refusal> {
 }
 
 /// `t`'s values as `i64`s, for `op`: each a whole number of magnitude below 2⁵³ (and not
-/// negative unless `negative_ok`), else `what` is the error. A program has one floating dtype,
-/// so its indices and class targets are tensors of whole numbers.
+/// negative unless `negative_ok`), else `what` is the error. Indices and class targets are
+/// integer `const`s or tensors of whole numbers of the run's floating dtype: both read here.
 fn whole_values(
     t: Tensor<'_>,
     op: &'static str,
