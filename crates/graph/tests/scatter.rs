@@ -570,3 +570,77 @@ fn an_index_larger_than_src_or_self_is_refused() {
         assert_eq!(g.stats().nodes, before, "a refusal records nothing");
     }
 }
+
+/// An index the same all across each slice off the scatter's axis (PyTorch's
+/// `dst.unsqueeze(1).expand(-1, F)`, message passing's sum) takes the slice path; its values
+/// and gradients are the definition's, along either axis, as are those of the same index with
+/// one entry changed (the element path); such an index with a row out of range, or negative,
+/// is still refused naming `scatter_add`, and nothing changes.
+#[test]
+fn an_index_constant_off_the_axis_scatters_whole_slices() {
+    let (e, n, f) = (7usize, 4usize, 3usize);
+    let dst = [2usize, 0, 3, 2, 2, 1, 0];
+    let src_v: Vec<f64> = (0..e * f).map(|k| (k as f64) * 0.25 - 1.5).collect();
+    let self_v: Vec<f64> = (0..n * f).map(|k| (k as f64) * 0.5 + 0.125).collect();
+    let w: Vec<f64> = (0..n * f).map(|k| ((k * 5) % 7) as f64 - 3.0).collect();
+    for changed in [false, true] {
+        // Axis 0: self [n, f], src and index [e, f].
+        let mut idx: Vec<i64> = (0..e * f).map(|k| dst[k / f] as i64).collect();
+        if changed {
+            idx[4] = 1;
+        }
+        let mut want = self_v.clone();
+        for (k, &i) in idx.iter().enumerate() {
+            want[i as usize * f + k % f] += src_v[k];
+        }
+        let g = Graph::new();
+        let s = g.leaf(&self_v, &[n, f], DType::F64).unwrap();
+        let src = g.leaf(&src_v, &[e, f], DType::F64).unwrap();
+        let i = g.from_slice(&idx, &[e, f]).unwrap();
+        let y = s.scatter_add(0, i, src).unwrap();
+        assert_eq!(y.to_vec::<f64>().unwrap(), want, "changed {changed}");
+        let wt = g.from_f64(&w, &[n, f], DType::F64).unwrap();
+        y.mul(wt).unwrap().sum().unwrap().backward().unwrap();
+        let gsrc: Vec<f64> = (0..e * f).map(|k| w[idx[k] as usize * f + k % f]).collect();
+        assert_eq!(src.grad().unwrap().unwrap().to_vec::<f64>().unwrap(), gsrc);
+        assert_eq!(s.grad().unwrap().unwrap().to_vec::<f64>().unwrap(), w);
+        // Axis 1: the transposed layout, self [f, n], src and index [f, e].
+        let idx_t: Vec<i64> = (0..f * e).map(|k| idx[(k % e) * f + k / e]).collect();
+        let src_t: Vec<f64> = (0..f * e).map(|k| src_v[(k % e) * f + k / e]).collect();
+        let self_t: Vec<f64> = (0..f * n).map(|k| self_v[(k % n) * f + k / n]).collect();
+        let want_t: Vec<f64> = (0..f * n).map(|k| want[(k % n) * f + k / n]).collect();
+        let st = g.leaf(&self_t, &[f, n], DType::F64).unwrap();
+        let it = g.from_slice(&idx_t, &[f, e]).unwrap();
+        let srct = g.leaf(&src_t, &[f, e], DType::F64).unwrap();
+        let yt = st.scatter_add(1, it, srct).unwrap();
+        assert_eq!(
+            yt.to_vec::<f64>().unwrap(),
+            want_t,
+            "axis 1, changed {changed}"
+        );
+    }
+    let g = Graph::new();
+    let s = g.leaf(&self_v, &[n, f], DType::F64).unwrap();
+    let src = g.leaf(&src_v, &[e, f], DType::F64).unwrap();
+    for (bad, refused) in [(4i64, "out of range"), (-1, "negative")] {
+        let idx: Vec<i64> = (0..e * f)
+            .map(|k| if k / f == 3 { bad } else { dst[k / f] as i64 })
+            .collect();
+        let i = g.from_slice(&idx, &[e, f]).unwrap();
+        let err = s.scatter_add(0, i, src).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                GraphError::IndexOutOfRange {
+                    op: "scatter_add",
+                    ..
+                } | GraphError::BadArgument {
+                    op: "scatter_add",
+                    ..
+                }
+            ),
+            "{refused}: {err:?}"
+        );
+    }
+    assert_eq!(s.to_vec::<f64>().unwrap(), self_v);
+}

@@ -282,8 +282,40 @@ impl<'g> Tensor<'g> {
         })? {
             return Ok(r);
         }
+        let shape = self.try_shape()?;
+        if let Some((ax, rows)) = self.constant_rows(OP, axis, index, src)? {
+            // An index constant off `axis` (message passing's `dst.unsqueeze(1).expand(-1, F)`):
+            // whole slices added at the rows it names, which is `index_add`, whose kernel and
+            // backward move slices rather than single elements.
+            return self.add(src.index_add_into(ax, rows, shape[ax])?);
+        }
         let (ax, idx) = self.scatter_indices(OP, axis, index, src)?;
-        self.add(src.scatter_add_into(ax, idx, crate::shape::copy_of(&self.try_shape()?))?)
+        self.add(src.scatter_add_into(ax, idx, crate::shape::copy_of(&shape))?)
+    }
+
+    /// For a scatter whose `i64` index has `src`'s shape, self's off `axis`, and is the same
+    /// all across every slice off `axis`, each within self's extent: the axis and the index of
+    /// each slice, read in place (an expanded index of 10⁶ × 64 is not copied out). `None`
+    /// where any of that fails; the general path then checks and refuses as it does.
+    fn constant_rows(
+        self,
+        op: &'static str,
+        axis: isize,
+        index: Tensor<'g>,
+        src: Tensor<'g>,
+    ) -> Result<Option<(usize, std::sync::Arc<[usize]>)>> {
+        let shape = self.try_shape()?;
+        let ax = crate::shape::norm_axis(op, axis, &shape)?;
+        let (ishape, sshape) = (index.try_shape()?, src.try_shape()?);
+        if ishape != sshape
+            || super::shape::same_but_axis(op, &shape, &sshape, ax).is_err()
+            || index.dtype_of(op)? != DType::I64
+        {
+            return Ok(None);
+        }
+        let inner = self.g.inner.borrow();
+        let idx = inner.read::<i64>(op, index.id)?;
+        Ok(rows_of(&idx, &sshape, ax, shape[ax]).map(|rows| (ax, rows)))
     }
 
     /// A scatter whose `index` is smaller than `src`, or than self off `axis` (PyTorch takes
@@ -510,4 +542,30 @@ impl<'g> Tensor<'g> {
         let r = g.from_f64(&result, &full, dt)?.to_device(dev)?;
         r.add(shared.sub(shared.detach()?)?)
     }
+}
+
+/// The index along `axis` of each slice, where a scatter's `idx` (row-major in `shape`) is the
+/// same all across every slice (constant off `axis`) and each within `0..extent`; `None` where
+/// it is not, or where `shape` has nothing off `axis` to be constant across.
+fn rows_of(
+    idx: &[i64],
+    shape: &[usize],
+    axis: usize,
+    extent: usize,
+) -> Option<std::sync::Arc<[usize]>> {
+    let outer: usize = shape[..axis].iter().product();
+    let n = shape[axis];
+    let inner: usize = shape[axis + 1..].iter().product();
+    if outer * inner <= 1 || idx.len() != outer * n * inner {
+        return None;
+    }
+    let rows: Vec<i64> = (0..n).map(|k| idx[k * inner]).collect();
+    let constant = idx
+        .chunks_exact(inner)
+        .enumerate()
+        .all(|(j, slice)| slice.iter().all(|&v| v == rows[j % n]));
+    let within = rows
+        .iter()
+        .all(|&r| usize::try_from(r).is_ok_and(|r| r < extent));
+    (constant && within).then(|| rows.iter().map(|&r| r as usize).collect())
 }
