@@ -537,9 +537,14 @@ fn main() {
         }
     }
     if run("scatter") {
+        let reps = if quick { 3 } else { 10 };
         println!(
             "| scatter: index_add of 10^6 edges x 64 into 10^5 nodes, fwd+bwd | {:.1} ms | |",
-            scatter_ms(if quick { 3 } else { 10 })
+            scatter_ms(reps, false)
+        );
+        println!(
+            "| scatter_add of the same, the index expanded to [10^6, 64], fwd+bwd | {:.1} ms | |",
+            scatter_ms(reps, true)
         );
     }
     if run("ew") {
@@ -567,9 +572,10 @@ fn main() {
 }
 
 /// Median ms of message passing's sum: `zeros[N, 64].index_add(0, dst, msgs)` for 10⁶ random
-/// destinations among 10⁵ nodes and messages `[10⁶, 64]` (f32, requiring grad), then
-/// `Σ out²` backward (so the gradient is not a constant), the graph reset after each.
-fn scatter_ms(reps: usize) -> f64 {
+/// destinations among 10⁵ nodes and messages `[10⁶, 64]` (f32, requiring grad), or with
+/// `expanded` the same as `scatter_add(0, dst expanded to [10⁶, 64], msgs)`, then `Σ out²`
+/// backward (so the gradient is not a constant), the graph reset after each.
+fn scatter_ms(reps: usize, expanded: bool) -> f64 {
     let (e, n, f) = (1_000_000usize, 100_000usize, 64usize);
     let mut g = Graph::new();
     let mut rng = Rng::seed(7);
@@ -580,9 +586,18 @@ fn scatter_ms(reps: usize) -> f64 {
         let idx = g.from_slice(&dst, &[e]).expect("dst");
         let msgs = g.randn(&[e, f], DType::F32).expect("msgs");
         let msgs = msgs.set_requires_grad(true).expect("leaf");
+        // PyTorch's `dst.unsqueeze(1).expand(-1, F)` (a view there, made outside its timing).
+        let wide = expanded.then(|| {
+            idx.reshape(&[e as isize, 1])
+                .and_then(|i| i.broadcast_to(&[e, f]))
+                .expect("expand")
+        });
         let t = Instant::now();
         let nodes = g.zeros(&[n, f], DType::F32).expect("nodes");
-        let out = nodes.index_add(0, idx, msgs).expect("index_add");
+        let out = match wide {
+            Some(w) => nodes.scatter_add(0, w, msgs).expect("scatter_add"),
+            None => nodes.index_add(0, idx, msgs).expect("index_add"),
+        };
         let l = out.mul(out).and_then(|o| o.sum()).expect("loss");
         l.backward().expect("backward");
         std::hint::black_box(msgs.grad().expect("grad"));
