@@ -148,21 +148,28 @@ pub(super) const PAD_CIRCULAR: OpRow = OpRow::new(
 .positive(Positive::IfInput)
 .gen(Gen::Params(|s, t| gen_pads(s, t, Border::Circular)));
 
-/// An `[N, C, H, W]` operand resampled to `H × W` (parameters 0 and 1), or why not.
-fn resample_shape(s: &[usize], p: &[Param]) -> Result<Vec<usize>, Refusal> {
+/// The extents of an `[N, C, H, W]` operand with a non-empty image, or why a resampling
+/// refuses it.
+fn image_to_resample(s: &[usize]) -> Result<[usize; 4], Refusal> {
     let [n, c, h, w] = *s else {
         return Err(Refusal::at(
             0,
             format!("expected [N, C, H, W], found {s:?}"),
         ));
     };
-    let (oh, ow) = (p[0].as_usize(), p[1].as_usize());
     if h == 0 || w == 0 {
         return Err(Refusal::at(
             0,
             format!("cannot resample the empty image {s:?}"),
         ));
     }
+    Ok([n, c, h, w])
+}
+
+/// An `[N, C, H, W]` operand resampled to `H × W` (parameters 0 and 1), or why not.
+fn resample_shape(s: &[usize], p: &[Param]) -> Result<Vec<usize>, Refusal> {
+    let [n, c, _, _] = image_to_resample(s)?;
+    let (oh, ow) = (p[0].as_usize(), p[1].as_usize());
     if oh == 0 || ow == 0 {
         return Err(Refusal::at(
             if oh == 0 { 1 } else { 2 },
@@ -235,18 +242,7 @@ pub(super) const INTERPOLATE_BILINEAR: OpRow = OpRow::new(
 /// An `[N, C, H, W]` operand resampled by the factors in parameters 0 and 1 (PyTorch's
 /// `⌊H·sh⌋ × ⌊W·sw⌋`), or why not.
 fn rescale_shape(s: &[usize], p: &[Param]) -> Result<Vec<usize>, Refusal> {
-    let [n, c, h, w] = *s else {
-        return Err(Refusal::at(
-            0,
-            format!("expected [N, C, H, W], found {s:?}"),
-        ));
-    };
-    if h == 0 || w == 0 {
-        return Err(Refusal::at(
-            0,
-            format!("cannot resample the empty image {s:?}"),
-        ));
-    }
+    let [n, c, h, w] = image_to_resample(s)?;
     let mut out = [0usize; 2];
     for (k, (extent, f)) in [(h, p[0].as_f64()), (w, p[1].as_f64())]
         .into_iter()
