@@ -321,6 +321,57 @@ pub fn index_add_par<T: Float>(
     );
 }
 
+/// Whether `idx` (row-major, of `shape`) is the same all across every slice off `axis`: each
+/// `idx[.., k, ..]` equal to the first, `idx[0, .., 0, k, 0, .., 0]` (a scatter's index expanded
+/// from one value per row, as `dst.unsqueeze(1).expand(-1, F)`). Read on up to `threads`
+/// threads, in cache-sized runs compared without a branch per element; the answer does not
+/// depend on the threads.
+pub fn constant_off_axis<T: Copy + Eq + Send + Sync>(
+    idx: &[T],
+    shape: &[usize],
+    axis: usize,
+    threads: usize,
+) -> bool {
+    let (outer, n, inner) = super::reduce::around_axis(shape, axis);
+    let numel = outer * n * inner;
+    if idx.len() != numel {
+        return false;
+    }
+    if numel == 0 {
+        return true;
+    }
+    let first = |k: usize| idx[k * inner];
+    // The flat index space in runs of whole `inner` slices, each run checked by one task.
+    let slices = outer * n;
+    let per = (super::par::PAR_MIN_ELEMS / inner).max(1);
+    let runs = slices.div_ceil(per);
+    let threads = if numel >= 2 * super::par::PAR_MIN_ELEMS {
+        threads
+    } else {
+        1
+    };
+    let differs = std::sync::atomic::AtomicBool::new(false);
+    let run = |r: usize| {
+        if differs.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let (lo, hi) = (r * per, ((r + 1) * per).min(slices));
+        let (mut same, mut k) = (true, lo % n);
+        for slice in idx[lo * inner..hi * inner].chunks_exact(inner) {
+            let v = first(k);
+            // `&` over the slice, not `all`: no early exit inside it, so it vectorises.
+            same &= slice.iter().fold(true, |acc, &x| acc & (x == v));
+            k = if k + 1 == n { 0 } else { k + 1 };
+        }
+        if !same {
+            differs.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
+    let tasks: Vec<usize> = (0..runs).collect();
+    super::par::claim_each(tasks, threads, |_, &mut r| run(r));
+    !differs.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// PyTorch's gather: `out[p] = x[p with coordinate axis replaced by idx[p]]`, where `idx` and `out`
 /// have shape `ishape` (equal to `shape` except possibly at `axis`).
 pub fn gather<T: Copy + Send + Sync>(
@@ -367,6 +418,43 @@ pub fn scatter_add<T: Float>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An index expanded off its axis is found constant on any thread count, at any size (one
+    /// run and many); a single entry changed anywhere — first slice, last, a middle run — is
+    /// found, as is a length that does not match the shape.
+    #[test]
+    fn constant_off_axis_finds_any_difference() {
+        let rows = if cfg!(miri) { 5 } else { 3 * 65_536 / 8 + 3 };
+        for (shape, axis) in [
+            (vec![rows, 8], 0),
+            (vec![3, rows, 2], 1),
+            (vec![4, 7], 1),
+            (vec![2, 3, 0], 1),
+        ] {
+            let (outer, n, inner) = super::super::reduce::around_axis(&shape, axis);
+            let base: Vec<i64> = (0..n as i64).map(|k| (k * 7919) % 1000).collect();
+            let idx: Vec<i64> = (0..outer * n * inner)
+                .map(|p| base[(p / inner) % n])
+                .collect();
+            for threads in [1, 2, 3] {
+                assert!(constant_off_axis(&idx, &shape, axis, threads), "{shape:?}");
+                if idx.is_empty() {
+                    assert!(!constant_off_axis(&[0], &shape, axis, threads));
+                    continue;
+                }
+                assert!(!constant_off_axis(&idx[1..], &shape, axis, threads));
+                for at in [1, idx.len() / 2, idx.len() - 1] {
+                    // Changed where the reference is read too: then the other copies differ.
+                    let mut bad = idx.clone();
+                    bad[at] += 1;
+                    assert!(
+                        !constant_off_axis(&bad, &shape, axis, threads),
+                        "{shape:?} {at}"
+                    );
+                }
+            }
+        }
+    }
 
     /// One value broadcast on threads fills every element of any shape (large enough to split,
     /// and empty); other sources take the walk, the same as on one thread.

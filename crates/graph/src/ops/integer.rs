@@ -283,39 +283,35 @@ impl<'g> Tensor<'g> {
             return Ok(r);
         }
         let shape = self.try_shape()?;
-        if let Some((ax, rows)) = self.constant_rows(OP, axis, index, src)? {
+        let ax = self.scatter_checked(OP, axis, index, src)?;
+        if let Some(rows) = self.constant_rows(OP, index, ax, shape[ax])? {
             // An index constant off `axis` (message passing's `dst.unsqueeze(1).expand(-1, F)`):
             // whole slices added at the rows it names, which is `index_add`, whose kernel and
             // backward move slices rather than single elements.
             return self.add(src.index_add_into(ax, rows, shape[ax])?);
         }
-        let (ax, idx) = self.scatter_indices(OP, axis, index, src)?;
+        let idx = self.checked_indices(OP, index, ax, &shape)?;
         self.add(src.scatter_add_into(ax, idx, crate::shape::copy_of(&shape))?)
     }
 
-    /// For a scatter whose `i64` index has `src`'s shape, self's off `axis`, and is the same
-    /// all across every slice off `axis`, each within self's extent: the axis and the index of
-    /// each slice, read in place (an expanded index of 10⁶ × 64 is not copied out). `None`
-    /// where any of that fails; the general path then checks and refuses as it does.
+    /// For a checked scatter ([`Tensor::scatter_checked`]) whose `i64` index is the same all
+    /// across every slice off `axis`, each within `extent`: the index of each slice, read in
+    /// place (an expanded index of 10⁶ × 64 is not copied out). `None` where it is not; the
+    /// element path then reads the index (and refuses an entry out of range).
     fn constant_rows(
         self,
         op: &'static str,
-        axis: isize,
         index: Tensor<'g>,
-        src: Tensor<'g>,
-    ) -> Result<Option<(usize, std::sync::Arc<[usize]>)>> {
-        let shape = self.try_shape()?;
-        let ax = crate::shape::norm_axis(op, axis, &shape)?;
-        let (ishape, sshape) = (index.try_shape()?, src.try_shape()?);
-        if ishape != sshape
-            || super::shape::same_but_axis(op, &shape, &sshape, ax).is_err()
-            || index.dtype_of(op)? != DType::I64
-        {
+        ax: usize,
+        extent: usize,
+    ) -> Result<Option<std::sync::Arc<[usize]>>> {
+        if index.dtype_of(op)? != DType::I64 {
             return Ok(None);
         }
+        let ishape = index.try_shape()?;
         let inner = self.g.inner.borrow();
         let idx = inner.read::<i64>(op, index.id)?;
-        Ok(rows_of(&idx, &sshape, ax, shape[ax]).map(|rows| (ax, rows)))
+        Ok(rows_of(&idx, &ishape, ax, extent, self.g.threads()))
     }
 
     /// A scatter whose `index` is smaller than `src`, or than self off `axis` (PyTorch takes
@@ -373,13 +369,15 @@ impl<'g> Tensor<'g> {
         Ok(Some(self.g.where_cond(mask, placed, self)?))
     }
 
-    fn scatter_indices(
+    /// The axis of a scatter into self of `src` at `index`, once both are this graph's, the
+    /// index has `src`'s shape and both have self's off `axis` (the index's values unread).
+    fn scatter_checked(
         self,
         op: &'static str,
         axis: isize,
         index: Tensor<'g>,
         src: Tensor<'g>,
-    ) -> Result<(usize, std::sync::Arc<[usize]>)> {
+    ) -> Result<usize> {
         self.g.owns(op, &src)?;
         self.g.owns(op, &index)?;
         let shape = self.try_shape()?;
@@ -393,6 +391,19 @@ impl<'g> Tensor<'g> {
             });
         }
         super::shape::same_but_axis(op, &shape, &sshape, ax)?;
+        Ok(ax)
+    }
+
+    /// [`Tensor::scatter_checked`], then the index's values, each within self along the axis.
+    fn scatter_indices(
+        self,
+        op: &'static str,
+        axis: isize,
+        index: Tensor<'g>,
+        src: Tensor<'g>,
+    ) -> Result<(usize, std::sync::Arc<[usize]>)> {
+        let ax = self.scatter_checked(op, axis, index, src)?;
+        let shape = self.try_shape()?;
         Ok((ax, self.checked_indices(op, index, ax, &shape)?))
     }
 
@@ -552,6 +563,7 @@ fn rows_of(
     shape: &[usize],
     axis: usize,
     extent: usize,
+    threads: usize,
 ) -> Option<std::sync::Arc<[usize]>> {
     let outer: usize = shape[..axis].iter().product();
     let n = shape[axis];
@@ -559,13 +571,9 @@ fn rows_of(
     if outer * inner <= 1 || idx.len() != outer * n * inner {
         return None;
     }
-    let rows: Vec<i64> = (0..n).map(|k| idx[k * inner]).collect();
-    let constant = idx
-        .chunks_exact(inner)
-        .enumerate()
-        .all(|(j, slice)| slice.iter().all(|&v| v == rows[j % n]));
-    let within = rows
-        .iter()
-        .all(|&r| usize::try_from(r).is_ok_and(|r| r < extent));
-    (constant && within).then(|| rows.iter().map(|&r| r as usize).collect())
+    // The first slice's values, each checked in range, before the whole index is read.
+    let rows = (0..n)
+        .map(|k| usize::try_from(idx[k * inner]).ok().filter(|&r| r < extent))
+        .collect::<Option<Vec<usize>>>()?;
+    arenagrad_exec::cpu::shape::constant_off_axis(idx, shape, axis, threads).then(|| rows.into())
 }
