@@ -2,7 +2,7 @@
 """Writes the PyTorch reference the spatial layers are tested against
 (`tests/spatial_modules.rs`): PyTorch's own `nn.Conv1d`, depthwise `nn.Conv2d`, `nn.ConvTranspose1d`,
 `nn.ConvTranspose2d`, `nn.GroupNorm`, `nn.InstanceNorm2d`, `nn.AdaptiveAvgPool2d` and
-`nn.Upsample` (by size and by fractional factors), their state dict as PyTorch saves it, and what
+`nn.Upsample` (by size and by fractional factors, on images and on sound), their state dict as PyTorch saves it, and what
 each computes:
 
     python3 scripts/torch_spatial_modules.py tests/data/spatial
@@ -11,7 +11,7 @@ Writes `modules.safetensors` (`Net().state_dict()` through `safetensors.torch.sa
 names a PyTorch checkpoint of these layers carries) and `reference.safetensors`, for each case
 `{case}/input`, `{case}/output`, `{case}/w` (the fixed weights of the loss `Σ w·y`),
 `{case}/grad/input` and `{case}/grad/{parameter}` (the loss's gradients); `f64/…` cases run
-`F.interpolate` by factors in float64; `init/…` holds freshly initialised layers (PyTorch's
+`F.interpolate` by factors in float64 (images and `[N, C, L]` sound); `init/…` holds freshly initialised layers (PyTorch's
 own draws, for their bounds).
 
 Needs torch and safetensors (PyPI). Deterministic (seeded).
@@ -53,6 +53,8 @@ class Net(nn.Module):
         self.up_nearest = nn.Upsample(scale_factor=1.5, mode="nearest")
         self.up_bilinear = nn.Upsample(scale_factor=(0.6, 1.75), mode="bilinear")
         self.up_corners = nn.Upsample(size=(9, 4), mode="bilinear", align_corners=True)
+        self.up_sound_nearest = nn.Upsample(scale_factor=2.5, mode="nearest")
+        self.up_sound_linear = nn.Upsample(size=23, mode="linear")
 
 
 # The case, its input's shape.
@@ -69,6 +71,8 @@ CASES = [
     ("up_nearest", (1, 2, 5, 7)),
     ("up_bilinear", (2, 2, 7, 6)),
     ("up_corners", (1, 2, 5, 7)),
+    ("up_sound_nearest", (2, 3, 9)),
+    ("up_sound_linear", (2, 2, 9)),
 ]
 
 # F.interpolate by factors in float64: (case, input shape, factors, mode, align_corners).
@@ -79,6 +83,13 @@ F64_CASES = [
     ("bilinear_down", (1, 2, 13, 11), (0.35, 0.8), "bilinear", False),
     ("bilinear_corners", (1, 1, 6, 5), (1.5, 2.5), "bilinear", True),
     ("bilinear_same_height", (1, 1, 5, 6), (1.1, 1.5), "bilinear", False),
+    ("sound_nearest_up", (1, 2, 13), 2.3, "nearest", None),
+    ("sound_nearest_down", (2, 1, 17), 0.45, "nearest", None),
+    ("sound_nearest_kept", (1, 1, 5), 1.1, "nearest", None),
+    ("sound_linear_up", (2, 1, 9), 1.7, "linear", False),
+    ("sound_linear_down", (1, 2, 19), 0.45, "linear", False),
+    ("sound_linear_corners", (1, 1, 6), 2.5, "linear", True),
+    ("sound_linear_kept", (1, 1, 5), 1.1, "linear", False),
 ]
 
 

@@ -1,8 +1,9 @@
-//! The spatial layers against PyTorch's own (`nn.Conv1d`, depthwise `nn.Conv2d`, `nn.ConvTranspose1d`,
-//! `nn.ConvTranspose2d`, `nn.GroupNorm`, `nn.InstanceNorm2d`, `nn.AdaptiveAvgPool2d`,
-//! `nn.Upsample` by size and by fractional factors): a state dict PyTorch 2.15 saved loads by its
-//! names, strictly, and each layer then computes PyTorch's values and gradients; fresh layers draw
-//! from PyTorch's bounds. `tests/data/spatial` is made by
+//! The spatial layers against PyTorch's own (`nn.Conv1d`, depthwise `nn.Conv2d`,
+//! `nn.ConvTranspose1d`, `nn.ConvTranspose2d`, `nn.GroupNorm`, `nn.InstanceNorm2d`,
+//! `nn.AdaptiveAvgPool2d`, `nn.Upsample` by size and by fractional factors, on images and
+//! sound): a state dict PyTorch 2.15 saved loads by its names, strictly, and each layer then
+//! computes PyTorch's values and gradients; fresh layers draw from PyTorch's bounds.
+//! `tests/data/spatial` is made by
 //!
 //! ```text
 //! python3 scripts/torch_spatial_modules.py tests/data/spatial
@@ -13,9 +14,9 @@ use std::path::{Path, PathBuf};
 
 use arenagrad::nn::checkpoint::{load_state_dict, load_tensors};
 use arenagrad::nn::spatial::{
-    interpolate_scale, AdaptiveAvgPool2d, Conv1d, ConvTranspose1d, ConvTranspose1dConfig,
-    ConvTranspose2d, ConvTransposeConfig, GroupNorm, InstanceNorm2d, Interpolation, Resize,
-    Upsample,
+    interpolate1d_scale, interpolate_scale, AdaptiveAvgPool2d, Conv1d, ConvTranspose1d,
+    ConvTranspose1dConfig, ConvTranspose2d, ConvTransposeConfig, GroupNorm, InstanceNorm2d,
+    Interpolation, Resize, Upsample,
 };
 use arenagrad::nn::{Conv2d, Conv2dConfig, Module, Rng};
 use arenagrad::{DType, Graph, HostTensor, Tensor};
@@ -42,6 +43,8 @@ struct Net {
     up_nearest: Upsample,
     up_bilinear: Upsample,
     up_corners: Upsample,
+    up_sound_nearest: Upsample,
+    up_sound_linear: Upsample,
 }
 
 impl Net {
@@ -137,10 +140,17 @@ impl Net {
                     align_corners: true,
                 },
             ),
+            up_sound_nearest: Upsample::scale(2.5, Interpolation::Nearest),
+            up_sound_linear: Upsample::length(
+                23,
+                Interpolation::Linear {
+                    align_corners: false,
+                },
+            ),
         }
     }
 
-    fn layers(&self) -> [(&'static str, &dyn Module); 12] {
+    fn layers(&self) -> [(&'static str, &dyn Module); 14] {
         [
             ("conv1d", &self.conv1d),
             ("convt1d", &self.convt1d),
@@ -154,6 +164,8 @@ impl Net {
             ("up_nearest", &self.up_nearest),
             ("up_bilinear", &self.up_bilinear),
             ("up_corners", &self.up_corners),
+            ("up_sound_nearest", &self.up_sound_nearest),
+            ("up_sound_linear", &self.up_sound_linear),
         ]
     }
 }
@@ -313,6 +325,42 @@ fn interpolation_by_factors_is_pytorchs_in_f64() {
             &[],
         );
     }
+    // Sound, `[N, C, L]`: PyTorch's 1-D kernels (nearest by its generic rule at every size:
+    // a factor of 1.1 that keeps 5 entries reads 0, 0, 1, 2, 3; linear copies a kept length).
+    let linear = |align_corners| Interpolation::Linear { align_corners };
+    let sound: [(&str, f64, Interpolation); 6] = [
+        ("sound_nearest_up", 2.3, Interpolation::Nearest),
+        ("sound_nearest_down", 0.45, Interpolation::Nearest),
+        ("sound_linear_up", 1.7, linear(false)),
+        ("sound_linear_down", 0.45, linear(false)),
+        ("sound_linear_corners", 2.5, linear(true)),
+        ("sound_linear_kept", 1.1, linear(false)),
+    ];
+    for (case, factor, mode) in sound {
+        r.check(
+            &format!("f64/{case}"),
+            DType::F64,
+            1e-12,
+            &|_, x| interpolate1d_scale(x, factor, mode).unwrap(),
+            &[],
+        );
+    }
+    // A kept length by 1.1: PyTorch's forward reads 0, 0, 1, 2, 3, its backward (the other
+    // rule) credits 0, 1, 2, 3, 4; ours is the gradient of the forward.
+    let case = "f64/sound_nearest_kept";
+    let g = Graph::new();
+    let input = r.get(&format!("{case}/input"));
+    let x = g
+        .leaf(&input.data().to_f64_vec(), &[1, 1, 5], DType::F64)
+        .unwrap();
+    let y = interpolate1d_scale(x, 1.1, Interpolation::Nearest).unwrap();
+    let want = r.get(&format!("{case}/output")).data().to_f64_vec();
+    close(case, &y.to_vec_f64().unwrap(), &want, 0.0);
+    let w = r.get(&format!("{case}/w")).data().to_f64_vec();
+    let wt = g.from_f64(&w, &[1, 1, 5], DType::F64).unwrap();
+    y.mul(wt).unwrap().sum().unwrap().backward().unwrap();
+    let grad = x.grad().unwrap().unwrap().to_vec_f64().unwrap();
+    close(case, &grad, &[w[0] + w[1], w[2], w[3], w[4], 0.0], 1e-15);
 }
 
 /// Fresh layers draw weights and biases uniformly within `±1/√fan_in`, the fan read from the
@@ -400,13 +448,46 @@ fn upsample_sizes_and_refusals() {
             .to_string();
         assert!(err.contains("interpolate"), "{size:?}: {err}");
     }
-    let flat = g.zeros(&[2, 5, 7], DType::F32).unwrap();
-    let err = Upsample::scale(2.0, Interpolation::Nearest)
-        .forward(&g, flat)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("interpolate") && err.contains("[2, 5, 7]"),
-        "{err}"
-    );
+    for shape in [vec![2, 5], vec![1, 2, 3, 5, 7]] {
+        let other = g.zeros(&shape, DType::F32).unwrap();
+        let err = Upsample::scale(2.0, Interpolation::Nearest)
+            .forward(&g, other)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("interpolate") && err.contains(&format!("{shape:?}")),
+            "{err}"
+        );
+    }
+    // Sound takes a length or one factor, images a size or two factors; linear is for sound
+    // and bilinear for images, as PyTorch's modes are.
+    let sound = g.zeros(&[2, 5, 7], DType::F32).unwrap();
+    let linear = Interpolation::Linear {
+        align_corners: false,
+    };
+    let bilinear = Interpolation::Bilinear {
+        align_corners: false,
+    };
+    let on = |m: Upsample, x| m.forward(&g, x).map(|y| y.shape().to_vec());
+    assert_eq!(on(Upsample::scale(2.0, linear), sound).unwrap(), [2, 5, 14]);
+    assert_eq!(on(Upsample::length(3, linear), sound).unwrap(), [2, 5, 3]);
+    for (m, x, words) in [
+        (Upsample::size((3, 4), linear), sound, "Size"),
+        (Upsample::length(3, Interpolation::Nearest), x, "Length"),
+        (
+            Upsample {
+                to: Resize::Scale(2.0, 3.0),
+                mode: linear,
+            },
+            sound,
+            "Scale",
+        ),
+        (Upsample::scale(2.0, bilinear), sound, "bilinear"),
+        (Upsample::scale(2.0, linear), x, "linear"),
+        (Upsample::length(0, linear), sound, "interpolate"),
+        (Upsample::scale(0.1, linear), sound, "interpolate"),
+    ] {
+        let err = on(m, x).unwrap_err().to_string();
+        assert!(err.contains(words), "{m:?}: {err}");
+    }
 }

@@ -119,22 +119,32 @@ pub fn pad<'g>(x: Tensor<'g>, pads: &[(usize, usize)], mode: PadMode) -> Result<
     Ok(y)
 }
 
-/// How [`interpolate`] resamples.
+/// How [`interpolate`] and [`interpolate1d`] resample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Interpolation {
     /// The nearest input entry below (PyTorch's `"nearest"`): source index `⌊dst·scale⌋`,
     /// `scale` = `in/out` or `1/scale_factor`, as PyTorch's forward computes it, which depends
-    /// on the output's size: up to 128 for height plus width, in f32 whatever the dtype, an
-    /// axis kept or doubled copied or halved exactly (`nearest_idx`); above, in the input's
-    /// precision and by the formula alone (a factor of 1.1 that keeps 5 rows reads rows
-    /// 0, 0, 1, 2, 3). PyTorch's backward takes the first rule at every size, so above 128 its
-    /// gradient can give an entry's share to the neighbour its forward did not read; ours is
-    /// the gradient of the forward.
+    /// on the output's size: for images up to 128 for height plus width, in f32 whatever the
+    /// dtype, an axis kept or doubled copied or halved exactly (`nearest_idx`); for larger
+    /// images and for sound at every size, the product `dst·scale` in the input's precision,
+    /// rounded to f32 before the floor (`floorf`), by the formula alone (a factor of 1.1 that
+    /// keeps 5 rows reads rows 0, 0, 1, 2, 3). PyTorch's backward takes the first rule at
+    /// every size, so for large images its gradient can give an entry's share to the
+    /// neighbour its forward did not read; ours is the gradient of the forward.
     Nearest,
-    /// Linear in each axis (`"bilinear"`), with PyTorch's `align_corners` (false: pixel
-    /// centres, `src = (dst + 0.5)·scale − 0.5` clamped at 0, `scale` = `in/out` or
-    /// `1/scale_factor`, an axis of unchanged size copied; true: corners,
-    /// `src = dst·(in − 1)/(out − 1)`), in the input's precision (f32 for the 16-bit dtypes).
+    /// Linear along the one axis of `[N, C, L]` sound (PyTorch's `"linear"`), with
+    /// `align_corners` as [`Interpolation::Bilinear`]'s; for [`interpolate1d`] alone, as
+    /// PyTorch takes `"linear"` for 3-D inputs only.
+    Linear {
+        /// The first and last entries of input and output aligned.
+        align_corners: bool,
+    },
+    /// Linear in each axis of `[N, C, H, W]` images (`"bilinear"`), with PyTorch's
+    /// `align_corners` (false: pixel centres, `src = (dst + 0.5)·scale − 0.5` clamped at 0,
+    /// `scale` = `in/out` or `1/scale_factor`, an axis of unchanged size copied; true:
+    /// corners, `src = dst·(in − 1)/(out − 1)`), in the input's precision (f32 for the 16-bit
+    /// dtypes); the lower entry `⌊src⌋` taken of `src` rounded to f32 (PyTorch's `floorf`),
+    /// the weight `src − ⌊src⌋` clamped to `[0, 1]`.
     Bilinear {
         /// The corners of input and output aligned.
         align_corners: bool,
@@ -142,8 +152,8 @@ pub enum Interpolation {
 }
 
 /// How [`sources`] computes: the mode, whether the arithmetic rounds to f32 (every dtype but
-/// f64, as PyTorch's kernels compute), and whether the output is large (height plus width
-/// above 128, where PyTorch's nearest forward takes its other path).
+/// f64, as PyTorch's kernels compute), and whether PyTorch's nearest forward takes its generic
+/// path (images whose height plus width is above 128, and sound).
 #[derive(Clone, Copy)]
 struct Rule {
     mode: Interpolation,
@@ -186,8 +196,10 @@ fn sources(
     out.extend((0..n_out).map(|d| match rule.mode {
         Interpolation::Nearest => {
             let i = if rule.large {
-                // The large-output forward: the input's precision, the formula alone.
-                (round(d as f64 * scale(&round)).floor() as usize).min(n_in - 1)
+                // The generic forward: the input's precision, the formula alone, and the
+                // product rounded to f32 before `floorf` (an f64 `98·(2/196)` a hair under 1
+                // reads entry 1).
+                (f32_round(round(d as f64 * scale(&round))).floor() as usize).min(n_in - 1)
             } else if n_out == n_in {
                 d
             } else if n_out == 2 * n_in {
@@ -199,7 +211,7 @@ fn sources(
             };
             (i, i, 0.0)
         }
-        Interpolation::Bilinear { align_corners } => {
+        Interpolation::Bilinear { align_corners } | Interpolation::Linear { align_corners } => {
             let src = if align_corners {
                 if n_out > 1 {
                     round(round((n_in - 1) as f64 / (n_out - 1) as f64) * d as f64)
@@ -209,9 +221,11 @@ fn sources(
             } else {
                 round(round(scale(&round) * (d as f64 + 0.5)) - 0.5).max(0.0)
             };
-            let i0 = (src.floor() as usize).min(n_in - 1);
+            // PyTorch's `guard_index_and_lambda`: `floorf` (an f64 source a hair under an
+            // integer takes that integer, its weight clamped to 0), the weight clamped.
+            let i0 = (f32_round(src).floor() as usize).min(n_in - 1);
             let i1 = (i0 + 1).min(n_in - 1);
-            (i0, i1, round(src - i0 as f64))
+            (i0, i1, round((src - i0 as f64).clamp(0.0, 1.0)))
         }
     }));
     Ok(out)
@@ -238,14 +252,15 @@ pub fn interpolate<'g>(
     size: (usize, usize),
     mode: Interpolation,
 ) -> Result<Tensor<'g>> {
-    let [h, w] = image_size("interpolate", x)?;
+    let [h, w] = image_size("interpolate", x, mode)?;
     if size.0 == 0 || size.1 == 0 || h == 0 || w == 0 {
         return Err(config(
             "interpolate",
             format!("cannot resample {h}×{w} to {}×{}", size.0, size.1),
         ));
     }
-    resample(x, [(h, size.0, None), (w, size.1, None)], mode)
+    let large = size.0.saturating_add(size.1) > 128;
+    resample(x, [(h, size.0, None), (w, size.1, None)], mode, large)
 }
 
 /// Images `x` (`[N, C, H, W]`) resampled by `scale_factor` (height, width), as PyTorch's
@@ -270,19 +285,14 @@ pub fn interpolate_scale<'g>(
     scale_factor: (f64, f64),
     mode: Interpolation,
 ) -> Result<Tensor<'g>> {
-    let [h, w] = image_size("interpolate", x)?;
-    let out = |n: usize, f: f64| (f.is_finite() && f > 0.0).then(|| (n as f64 * f).floor());
-    match (out(h, scale_factor.0), out(w, scale_factor.1)) {
-        (Some(oh), Some(ow)) if oh >= 1.0 && ow >= 1.0 && oh.max(ow) <= isize::MAX as f64 => {
-            resample(
-                x,
-                [
-                    (h, oh as usize, Some(scale_factor.0)),
-                    (w, ow as usize, Some(scale_factor.1)),
-                ],
-                mode,
-            )
-        }
+    let [h, w] = image_size("interpolate", x, mode)?;
+    match (scaled(h, scale_factor.0), scaled(w, scale_factor.1)) {
+        (Some(oh), Some(ow)) => resample(
+            x,
+            [(h, oh, Some(scale_factor.0)), (w, ow, Some(scale_factor.1))],
+            mode,
+            oh.saturating_add(ow) > 128,
+        ),
         _ => Err(config(
             "interpolate",
             format!(
@@ -293,21 +303,128 @@ pub fn interpolate_scale<'g>(
     }
 }
 
-/// The height and width of an `[N, C, H, W]` operand of `op`.
-fn image_size(op: &'static str, x: Tensor<'_>) -> Result<[usize; 2]> {
+/// `⌊n·f⌋` for a positive finite factor `f` that leaves at least one entry and an addressable
+/// count; `None` otherwise.
+fn scaled(n: usize, f: f64) -> Option<usize> {
+    let out = (f.is_finite() && f > 0.0).then(|| (n as f64 * f).floor())?;
+    (out >= 1.0 && out <= isize::MAX as f64).then_some(out as usize)
+}
+
+/// The height and width of an `[N, C, H, W]` operand of `op`, resampled by `mode` (nearest or
+/// bilinear: PyTorch takes `"linear"` for 3-D inputs only).
+fn image_size(op: &'static str, x: Tensor<'_>, mode: Interpolation) -> Result<[usize; 2]> {
     let s = x.try_shape()?;
-    match s[..] {
-        [_, _, h, w] => Ok([h, w]),
+    match (&s[..], mode) {
+        (_, Interpolation::Linear { .. }) => Err(config(
+            op,
+            format!(
+                "linear resampling is for [N, C, L] sound (interpolate1d); an input of shape \
+                 {s:?} takes Nearest or Bilinear"
+            ),
+        )),
+        (&[_, _, h, w], _) => Ok([h, w]),
         _ => Err(input_shape(op, "[N, C, H, W]", &s)),
     }
 }
 
-/// `x` resampled along its height and width, each axis's `(in, out, the factor given)`;
-/// sizes checked by the caller.
+/// The length of an `[N, C, L]` operand of `op`, resampled by `mode` (nearest or linear).
+fn sound_length(op: &'static str, x: Tensor<'_>, mode: Interpolation) -> Result<usize> {
+    let s = x.try_shape()?;
+    match (&s[..], mode) {
+        (_, Interpolation::Bilinear { .. }) => Err(config(
+            op,
+            format!(
+                "bilinear resampling is for [N, C, H, W] images (interpolate); an input of \
+                 shape {s:?} takes Nearest or Linear"
+            ),
+        )),
+        (&[_, _, l], _) => Ok(l),
+        _ => Err(input_shape(op, "[N, C, L]", &s)),
+    }
+}
+
+/// Sound `x` (`[N, C, L]`) resampled to `len` entries, as PyTorch's
+/// `F.interpolate(x, size=len, mode)` with `mode` `"nearest"` or `"linear"`
+/// ([`Interpolation::Nearest`] or [`Interpolation::Linear`]): PyTorch's index rules for 3-D
+/// inputs (nearest by its generic path at every size), the gradient flowing back to the
+/// entries each output read.
+///
+/// ```
+/// use arenagrad_nn::spatial::{interpolate1d, Interpolation};
+/// use arenagrad_nn::{DType, Graph};
+/// let g = Graph::new();
+/// let x = g.from_f64(&[1.0, 2.0, 4.0], &[1, 1, 3], DType::F32)?;
+/// let y = interpolate1d(x, 5, Interpolation::Linear { align_corners: true })?;
+/// assert_eq!(y.to_vec::<f32>()?, [1.0, 1.5, 2.0, 3.0, 4.0]);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+pub fn interpolate1d<'g>(x: Tensor<'g>, len: usize, mode: Interpolation) -> Result<Tensor<'g>> {
+    let l = sound_length("interpolate", x, mode)?;
+    if len == 0 || l == 0 {
+        return Err(config(
+            "interpolate",
+            format!("cannot resample a length of {l} to {len}"),
+        ));
+    }
+    resample_sound(x, l, len, None, mode)
+}
+
+/// Sound `x` (`[N, C, L]`) resampled by `scale_factor`, as PyTorch's
+/// `F.interpolate(x, scale_factor=s, mode)` (`"nearest"` or `"linear"`): the output is
+/// `⌊L·s⌋` long and its positions map back by the factor itself, as
+/// [`interpolate_scale`]'s. The factor must be positive and finite and leave at least one
+/// entry.
+///
+/// ```
+/// use arenagrad_nn::spatial::{interpolate1d_scale, Interpolation};
+/// use arenagrad_nn::{DType, Graph};
+/// let g = Graph::new();
+/// let x = g.from_f64(&[0.0, 1.0, 2.0, 3.0, 4.0], &[1, 1, 5], DType::F32)?;
+/// // A factor of 1.1 keeps 5 entries; nearest maps them back by 1/1.1, as PyTorch does.
+/// let y = interpolate1d_scale(x, 1.1, Interpolation::Nearest)?;
+/// assert_eq!(y.to_vec::<f32>()?, [0.0, 0.0, 1.0, 2.0, 3.0]);
+/// # Ok::<(), arenagrad_nn::NnError>(())
+/// ```
+pub fn interpolate1d_scale<'g>(
+    x: Tensor<'g>,
+    scale_factor: f64,
+    mode: Interpolation,
+) -> Result<Tensor<'g>> {
+    let l = sound_length("interpolate", x, mode)?;
+    match scaled(l, scale_factor) {
+        Some(len) => resample_sound(x, l, len, Some(scale_factor), mode),
+        None => Err(config(
+            "interpolate",
+            format!(
+                "cannot resample a length of {l} by the factor {scale_factor}: it must be \
+                 positive and finite and leave at least one entry"
+            ),
+        )),
+    }
+}
+
+/// `[N, C, L]` sound resampled along its length as an image one entry high: PyTorch's 1-D
+/// kernels take the generic path at every size.
+fn resample_sound<'g>(
+    x: Tensor<'g>,
+    l: usize,
+    len: usize,
+    factor: Option<f64>,
+    mode: Interpolation,
+) -> Result<Tensor<'g>> {
+    let s = x.try_shape()?;
+    let image = x.reshape(&[s[0] as isize, s[1] as isize, 1, l as isize])?;
+    let y = resample(image, [(1, 1, None), (l, len, factor)], mode, true)?;
+    Ok(y.reshape(&[s[0] as isize, s[1] as isize, len as isize])?)
+}
+
+/// `x` resampled along its height and width, each axis's `(in, out, the factor given)`, by
+/// PyTorch's generic nearest path where `large`; sizes checked by the caller.
 fn resample<'g>(
     x: Tensor<'g>,
     [(h, oh, fh), (w, ow, fw)]: [(usize, usize, Option<f64>); 2],
     mode: Interpolation,
+    large: bool,
 ) -> Result<Tensor<'g>> {
     let s = x.try_shape()?;
     // The output must be addressable before any position is computed (a factor of 10¹⁸ asks
@@ -325,7 +442,7 @@ fn resample<'g>(
     let rule = Rule {
         mode,
         f32_math: x.dtype() != DType::F64,
-        large: oh.saturating_add(ow) > 128,
+        large,
     };
     let mut y = x;
     // One axis at a time, the one whose resampled intermediate is smaller first (rows first on
@@ -347,7 +464,7 @@ fn resample<'g>(
         let a = y.index_select(axis as isize, &lo)?;
         y = match mode {
             Interpolation::Nearest => a,
-            Interpolation::Bilinear { .. } => {
+            Interpolation::Bilinear { .. } | Interpolation::Linear { .. } => {
                 let hi: Vec<usize> = src.iter().map(|s| s.1).collect();
                 let b = y.index_select(axis as isize, &hi)?;
                 let lam: Vec<f64> = src.iter().map(|s| s.2).collect();
@@ -770,14 +887,19 @@ impl Module for AdaptiveMaxPool2d {
 /// What an [`Upsample`] resamples to: PyTorch's `size` or its `scale_factor`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Resize {
-    /// A fixed output `(height, width)`; see [`interpolate`].
+    /// A fixed output `(height, width)` for images; see [`interpolate`].
     Size(usize, usize),
+    /// A fixed output length for `[N, C, L]` sound; see [`interpolate1d`].
+    Length(usize),
     /// Factors on height and width, the output `⌊H·sh⌋ × ⌊W·sw⌋`; see [`interpolate_scale`].
+    /// Sound takes one factor (the two equal, as [`Upsample::scale`] makes them); see
+    /// [`interpolate1d_scale`].
     Scale(f64, f64),
 }
 
-/// Resampling of images as a layer (PyTorch's `nn.Upsample(size=…)` or
-/// `nn.Upsample(scale_factor=…)`, with `mode` and `align_corners`).
+/// Resampling of images or sound as a layer (PyTorch's `nn.Upsample(size=…)` or
+/// `nn.Upsample(scale_factor=…)`, with `mode` and `align_corners`): `[N, C, H, W]` images
+/// by [`interpolate`], `[N, C, L]` sound by [`interpolate1d`].
 ///
 /// ```
 /// use arenagrad_nn::spatial::{Interpolation, Upsample};
@@ -790,13 +912,16 @@ pub enum Resize {
 /// assert_eq!(down.forward(&g, x)?.shape()[..], [1, 3, 6, 6]);
 /// let fixed = Upsample::size((5, 7), Interpolation::Nearest);
 /// assert_eq!(fixed.forward(&g, x)?.shape()[..], [1, 3, 5, 7]);
+/// let sound = g.zeros(&[2, 1, 100], DType::F32)?;
+/// let linear = Upsample::scale(1.5, Interpolation::Linear { align_corners: false });
+/// assert_eq!(linear.forward(&g, sound)?.shape()[..], [2, 1, 150]);
 /// # Ok::<(), arenagrad_nn::NnError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Upsample {
     /// The output size or the factors.
     pub to: Resize,
-    /// Nearest or bilinear.
+    /// Nearest, or bilinear for images, linear for sound.
     pub mode: Interpolation,
 }
 
@@ -818,11 +943,33 @@ impl Upsample {
     }
 }
 
+impl Upsample {
+    /// To a fixed length for `[N, C, L]` sound (PyTorch's `nn.Upsample(size=len, mode=…)` on
+    /// a 3-D input).
+    pub fn length(len: usize, mode: Interpolation) -> Self {
+        Upsample {
+            to: Resize::Length(len),
+            mode,
+        }
+    }
+}
+
 impl Module for Upsample {
     fn forward<'g>(&self, _g: &'g Graph, x: Tensor<'g>) -> Result<Tensor<'g>> {
-        match self.to {
-            Resize::Size(h, w) => interpolate(x, (h, w), self.mode),
-            Resize::Scale(sh, sw) => interpolate_scale(x, (sh, sw), self.mode),
+        let sound = x.try_shape()?.len() == 3;
+        match (self.to, sound) {
+            (Resize::Size(h, w), false) => interpolate(x, (h, w), self.mode),
+            (Resize::Scale(sh, sw), false) => interpolate_scale(x, (sh, sw), self.mode),
+            (Resize::Length(len), true) => interpolate1d(x, len, self.mode),
+            (Resize::Scale(s, t), true) if s == t => interpolate1d_scale(x, s, self.mode),
+            (to, _) => Err(config(
+                "Upsample",
+                format!(
+                    "{to:?} does not fit an input of shape {:?}: images [N, C, H, W] take a \
+                     size (height, width) or two factors, sound [N, C, L] a length or one factor",
+                    x.try_shape()?
+                ),
+            )),
         }
     }
 }

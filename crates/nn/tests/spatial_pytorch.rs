@@ -3940,9 +3940,23 @@ fn nearest_maps_positions_as_pytorchs_forward_at_every_size() {
     let x = g
         .from_f64(&[10.0, 20.0], &[1, 1, 1, 2], DType::F64)
         .unwrap();
-    for (n, at, want) in [(82, 41, 10.0), (98, 49, 20.0), (164, 82, 20.0)] {
+    // Above 128 the f64 product is rounded to f32 before the floor: 98·(2/196) is a hair
+    // under 1 in f64, and PyTorch reads entry 1.
+    for (n, at, want) in [
+        (82, 41, 10.0),
+        (98, 49, 20.0),
+        (164, 82, 20.0),
+        (196, 98, 20.0),
+        (206, 103, 20.0),
+    ] {
         let y = spatial::interpolate(x, (1, n), Interpolation::Nearest).unwrap();
         assert_eq!(y.to_vec::<f64>().unwrap()[at], want, "2 → {n}, output {at}");
+    }
+    // Sound takes the generic rule at every length (PyTorch's values).
+    let sound = x.reshape(&[1, 1, 2]).unwrap();
+    for (n, at) in [(82, 41), (98, 49), (196, 98)] {
+        let y = spatial::interpolate1d(sound, n, Interpolation::Nearest).unwrap();
+        assert_eq!(y.to_vec::<f64>().unwrap()[at], 20.0, "2 → {n}, output {at}");
     }
     // Height plus width 128 and 129: the two rules.
     let tall = x.broadcast_to(&[1, 1, 47, 2]).unwrap();
@@ -9216,7 +9230,7 @@ fn composite_ops_pass_gradcheck_to_second_order() {
     let inputs = [HostTensor::from_f64(&img, &[2, 2, 4, 5], DType::F64).unwrap()];
     let opts = GradcheckOptions::default();
     type Spatial = for<'g> fn(Tensor<'g>) -> arenagrad_nn::Result<Tensor<'g>>;
-    let cases: [(&str, Spatial); 11] = [
+    let cases: [(&str, Spatial); 13] = [
         ("pad constant", |x| {
             spatial::pad(x, &[(1, 2), (2, 0)], PadMode::Constant(0.5))
         }),
@@ -9249,6 +9263,16 @@ fn composite_ops_pass_gradcheck_to_second_order() {
                     align_corners: true,
                 },
             )
+        }),
+        ("linear (sound) by a factor", |x| {
+            let sound = x.reshape(&[2, 2, 20])?;
+            let mode = Interpolation::Linear {
+                align_corners: false,
+            };
+            spatial::interpolate1d_scale(sound, 0.65, mode)
+        }),
+        ("nearest (sound)", |x| {
+            spatial::interpolate1d(x.reshape(&[2, 2, 20])?, 31, Interpolation::Nearest)
         }),
         ("adaptive avg", |x| spatial::adaptive_avg_pool2d(x, (3, 2))),
         ("adaptive max", |x| spatial::adaptive_max_pool2d(x, (2, 3))),
