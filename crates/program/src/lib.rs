@@ -51,6 +51,7 @@
 //! | `pad a VALUE P...`, `pad_reflect a P...`, `pad_replicate a P...`, `pad_circular a P...` | PyTorch's `F.pad` (a constant VALUE, or the mode in the name); the pads flat as PyTorch takes them, last axis first (`before after` pairs) |
 //! | `interpolate_nearest a H W`, `interpolate_bilinear a H W ALIGN_CORNERS` | PyTorch's `F.interpolate` to `size=(H, W)` of `a` `[N, C, H, W]` (ALIGN_CORNERS 0 or 1) |
 //! | `interpolate_nearest_scale a SH SW`, `interpolate_bilinear_scale a SH SW ALIGN_CORNERS` | PyTorch's `F.interpolate` by `scale_factor=(SH, SW)`: `⌊H·SH⌋ × ⌊W·SW⌋`, positions mapped by the factors |
+//! | `interpolate_nearest1d a L`, `interpolate_linear a L ALIGN_CORNERS`, `interpolate_nearest1d_scale a S`, `interpolate_linear_scale a S ALIGN_CORNERS` | PyTorch's `F.interpolate` of `a` `[N, C, L]` (sound) to `size=L` or by `scale_factor=S` (`⌊L·S⌋`), `mode="nearest"` or `"linear"` |
 //! | `adaptive_avg_pool2d a H W`, `adaptive_max_pool2d a H W` | PyTorch's, into `H × W` windows; `a` `[N, C, H, W]` or `[C, H, W]` |
 //! | `group_norm a GROUPS EPS`, `instance_norm a EPS` | PyTorch's `F.group_norm` and `F.instance_norm` without weight, bias or running statistics; `a` `[N, C, …]` |
 //! | `gather a i AXIS`, `index_select a i AXIS`, `scatter_add a i s AXIS`, `index_add a i s AXIS`, `scatter_reduce a i s AXIS REDUCE INCLUDE_SELF` | PyTorch's, `i` a `const i64` or `i32`, or a tensor of whole numbers (a `const`) read as 64-bit integers, `s` the source; REDUCE 0 sum, 1 mean, 2 amax, 3 amin; INCLUDE_SELF 0 or 1 |

@@ -112,6 +112,10 @@ e37 = interpolate_nearest im4 3 5
 e38 = interpolate_bilinear im4 4 2 1
 e38n = interpolate_nearest_scale im4 1.5 0.75
 e38b = interpolate_bilinear_scale im4 2.5 1.25 0
+e38s = interpolate_nearest1d im 5
+e38l = interpolate_linear im 4 1
+e38t = interpolate_nearest1d_scale im 1.5
+e38u = interpolate_linear_scale im 2.5 0
 e39 = adaptive_avg_pool2d im 2 2
 e40 = adaptive_max_pool2d im4 1 2
 e41 = group_norm im4 2 1e-5
@@ -202,6 +206,10 @@ fn shapes_of_every_op() {
         ("e38", &[1, 2, 4, 2]),
         ("e38n", &[1, 2, 3, 2]),
         ("e38b", &[1, 2, 5, 3]),
+        ("e38s", &[2, 2, 5]),
+        ("e38l", &[2, 2, 4]),
+        ("e38t", &[2, 2, 4]),
+        ("e38u", &[2, 2, 7]),
         ("e39", &[2, 2, 2]),
         ("e40", &[1, 2, 1, 2]),
         ("e41", &[1, 2, 2, 3]),

@@ -148,55 +148,66 @@ pub(super) const PAD_CIRCULAR: OpRow = OpRow::new(
 .positive(Positive::IfInput)
 .gen(Gen::Params(|s, t| gen_pads(s, t, Border::Circular)));
 
-/// The extents of an `[N, C, H, W]` operand with a non-empty image, or why a resampling
-/// refuses it.
-fn image_to_resample(s: &[usize]) -> Result<[usize; 4], Refusal> {
-    let [n, c, h, w] = *s else {
-        return Err(Refusal::at(
-            0,
-            format!("expected [N, C, H, W], found {s:?}"),
-        ));
-    };
-    if h == 0 || w == 0 {
-        return Err(Refusal::at(
-            0,
-            format!("cannot resample the empty image {s:?}"),
-        ));
-    }
-    Ok([n, c, h, w])
-}
-
-/// An `[N, C, H, W]` operand resampled to `H × W` (parameters 0 and 1), or why not.
-fn resample_shape(s: &[usize], p: &[Param]) -> Result<Vec<usize>, Refusal> {
-    let [n, c, _, _] = image_to_resample(s)?;
-    let (oh, ow) = (p[0].as_usize(), p[1].as_usize());
-    if oh == 0 || ow == 0 {
-        return Err(Refusal::at(
-            if oh == 0 { 1 } else { 2 },
-            format!("cannot resample to {oh}×{ow}"),
-        ));
-    }
-    Ok(vec![n, c, oh, ow])
-}
-
-/// Random resampling: a rank-4 value with a non-empty image (the operand drawn, else one made
-/// so far, else a fresh `[1, 2, 3, 3]` input), to 1 to 5 rows and columns.
-fn gen_resample(d: &mut Draw<'_>, align: bool) -> Option<Drawn> {
-    let image = |s: &[usize]| s.len() == 4 && s[2] > 0 && s[3] > 0;
-    let x = if image(d.shape(d.a)) {
-        d.a
-    } else if let Some(i) = d.pick(image, d.b) {
-        i
+/// What a resampling takes: `[N, C, H, W]` images (`axes` 2) or `[N, C, L]` sound (1).
+fn layout(axes: usize) -> &'static str {
+    if axes == 2 {
+        "[N, C, H, W]"
     } else {
+        "[N, C, L]"
+    }
+}
+
+/// An operand with `axes` non-empty resampled axes after `[N, C]` ([`layout`]), or why a
+/// resampling refuses it.
+fn to_resample(s: &[usize], axes: usize) -> Result<(), Refusal> {
+    if s.len() != 2 + axes {
+        return Err(Refusal::at(
+            0,
+            format!("expected {}, found {s:?}", layout(axes)),
+        ));
+    }
+    if s[2..].contains(&0) {
+        return Err(Refusal::at(0, format!("cannot resample the empty {s:?}")));
+    }
+    Ok(())
+}
+
+/// An operand with `axes` resampled axes ([`layout`]) resampled to the sizes in the first
+/// `axes` parameters, or why not.
+fn resample_shape(s: &[usize], p: &[Param], axes: usize) -> Result<Vec<usize>, Refusal> {
+    to_resample(s, axes)?;
+    let size: Vec<usize> = p[..axes].iter().map(|q| q.as_usize()).collect();
+    if let Some(k) = size.iter().position(|&o| o == 0) {
+        return Err(Refusal::at(1 + k, format!("cannot resample to {size:?}")));
+    }
+    Ok([&s[..2], &size[..]].concat())
+}
+
+/// Random resampling: a value of [`layout`]`(axes)` with non-empty resampled axes (the operand
+/// drawn, else one made so far, else a fresh `[1, 2, 3, 3]` or `[1, 2, 5]` input), to 1 to 5
+/// entries an axis (1 to 9 for sound).
+fn gen_resample(d: &mut Draw<'_>, align: bool, axes: usize) -> Option<Drawn> {
+    let fits = |s: &[usize]| s.len() == 2 + axes && !s[2..].contains(&0);
+    let x = if fits(d.shape(d.a)) {
+        d.a
+    } else if let Some(i) = d.pick(fits, d.b) {
+        i
+    } else if axes == 2 {
         d.fresh_input(vec![1, 2, 3, 3])
+    } else {
+        d.fresh_input(vec![1, 2, 5])
     };
     let t = d.attrs;
-    let (oh, ow) = (1 + usize::from(t[0]) % 5, 1 + usize::from(t[1]) % 5);
-    let s = d.shape(x);
-    if !d.fits(&[s[0], s[1], oh, ow]) {
+    let most = if axes == 2 { 5 } else { 9 };
+    let size: Vec<usize> = t[..axes]
+        .iter()
+        .map(|&a| 1 + usize::from(a) % most)
+        .collect();
+    let out = [&d.shape(x)[..2], &size[..]].concat();
+    if !d.fits(&out) {
         return None;
     }
-    let mut params = vec![oh as f64, ow as f64];
+    let mut params: Vec<f64> = size.iter().map(|&o| o as f64).collect();
     if align {
         params.push(f64::from(t[2] & 1));
     }
@@ -209,7 +220,7 @@ const SIZE: [ParamSpec; 2] = [count("the rows", "H"), count("the columns", "W")]
 /// `[N, C, H, W]` operand.
 pub(super) const INTERPOLATE_NEAREST: OpRow = OpRow::new(
     "interpolate_nearest",
-    |s, p| resample_shape(s[0], p),
+    |s, p| resample_shape(s[0], p, 2),
     |_, x, p| {
         let size = (p[0].as_usize(), p[1].as_usize());
         spatial::interpolate(x[0], size, Interpolation::Nearest).map_err(from_nn)
@@ -217,7 +228,7 @@ pub(super) const INTERPOLATE_NEAREST: OpRow = OpRow::new(
 )
 .params(&SIZE)
 .positive(Positive::IfInput)
-.gen(Gen::Operands(|d| gen_resample(d, false)));
+.gen(Gen::Operands(|d| gen_resample(d, false, 2)));
 
 /// `interpolate_bilinear a H W ALIGN_CORNERS`: `F.interpolate(a, size=(H, W),
 /// mode="bilinear", align_corners=ALIGN_CORNERS)` (0 or 1).
@@ -225,7 +236,7 @@ pub(super) const INTERPOLATE_BILINEAR: OpRow = OpRow::new(
     "interpolate_bilinear",
     |s, p| {
         flag_at(p[2], 3, "align_corners")?;
-        resample_shape(s[0], p)
+        resample_shape(s[0], p, 2)
     },
     |_, x, p| {
         let size = (p[0].as_usize(), p[1].as_usize());
@@ -237,17 +248,14 @@ pub(super) const INTERPOLATE_BILINEAR: OpRow = OpRow::new(
 )
 .params(&[SIZE[0], SIZE[1], count("align_corners", "ALIGN_CORNERS")])
 .positive(Positive::IfInput)
-.gen(Gen::Operands(|d| gen_resample(d, true)));
+.gen(Gen::Operands(|d| gen_resample(d, true, 2)));
 
-/// An `[N, C, H, W]` operand resampled by the factors in parameters 0 and 1 (PyTorch's
-/// `⌊H·sh⌋ × ⌊W·sw⌋`), or why not.
-fn rescale_shape(s: &[usize], p: &[Param]) -> Result<Vec<usize>, Refusal> {
-    let [n, c, h, w] = image_to_resample(s)?;
-    let mut out = [0usize; 2];
-    for (k, (extent, f)) in [(h, p[0].as_f64()), (w, p[1].as_f64())]
-        .into_iter()
-        .enumerate()
-    {
+/// An operand with `axes` resampled axes ([`layout`]) resampled by the factors in the first
+/// `axes` parameters (PyTorch's `⌊n·s⌋` each), or why not.
+fn rescale_shape(s: &[usize], p: &[Param], axes: usize) -> Result<Vec<usize>, Refusal> {
+    to_resample(s, axes)?;
+    let mut out = s[..2].to_vec();
+    for (k, (&extent, f)) in s[2..].iter().zip(p.iter().map(|q| q.as_f64())).enumerate() {
         let o = (extent as f64 * f).floor();
         // Up to 2⁵³, where a float still counts exactly; the limits refuse far less.
         if !(f.is_finite() && f > 0.0 && (1.0..=9_007_199_254_740_992.0).contains(&o)) {
@@ -259,29 +267,29 @@ fn rescale_shape(s: &[usize], p: &[Param]) -> Result<Vec<usize>, Refusal> {
                 ),
             ));
         }
-        out[k] = o as usize;
+        out.push(o as usize);
     }
-    Ok(vec![n, c, out[0], out[1]])
+    Ok(out)
 }
 
 /// Random resampling by factors: as [`gen_resample`], the factors drawn from a few PyTorch
 /// users write (up and down, whole and fractional).
-fn gen_rescale(d: &mut Draw<'_>, align: bool) -> Option<Drawn> {
+fn gen_rescale(d: &mut Draw<'_>, align: bool, axes: usize) -> Option<Drawn> {
     const FACTORS: [f64; 8] = [0.5, 0.6, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5];
-    let (x, mut params) = gen_resample(d, align)?;
+    let (x, mut params) = gen_resample(d, align, axes)?;
     let s = d.shape(x[0]).to_vec();
     let t = d.attrs;
-    let (fh, fw) = (
-        FACTORS[usize::from(t[0]) % FACTORS.len()],
-        FACTORS[usize::from(t[1]) % FACTORS.len()],
-    );
-    let (oh, ow) = ((s[2] as f64 * fh).floor(), (s[3] as f64 * fw).floor());
-    if oh < 1.0 || ow < 1.0 || !d.fits(&[s[0], s[1], oh as usize, ow as usize]) {
-        return None;
+    let mut out = s[..2].to_vec();
+    for k in 0..axes {
+        let f = FACTORS[usize::from(t[k]) % FACTORS.len()];
+        let o = (s[2 + k] as f64 * f).floor();
+        if o < 1.0 {
+            return None;
+        }
+        out.push(o as usize);
+        params[k] = f;
     }
-    params[0] = fh;
-    params[1] = fw;
-    Some((x, params))
+    d.fits(&out).then_some((x, params))
 }
 
 const FACTORS: [ParamSpec; 2] = [
@@ -293,7 +301,7 @@ const FACTORS: [ParamSpec; 2] = [
 /// mode="nearest")` of an `[N, C, H, W]` operand (positions mapped by the factors).
 pub(super) const INTERPOLATE_NEAREST_SCALE: OpRow = OpRow::new(
     "interpolate_nearest_scale",
-    |s, p| rescale_shape(s[0], p),
+    |s, p| rescale_shape(s[0], p, 2),
     |_, x, p| {
         let f = (p[0].as_f64(), p[1].as_f64());
         spatial::interpolate_scale(x[0], f, Interpolation::Nearest).map_err(from_nn)
@@ -301,7 +309,7 @@ pub(super) const INTERPOLATE_NEAREST_SCALE: OpRow = OpRow::new(
 )
 .params(&FACTORS)
 .positive(Positive::IfInput)
-.gen(Gen::Operands(|d| gen_rescale(d, false)));
+.gen(Gen::Operands(|d| gen_rescale(d, false, 2)));
 
 /// `interpolate_bilinear_scale a SH SW ALIGN_CORNERS`: `F.interpolate(a, scale_factor=(SH,
 /// SW), mode="bilinear", align_corners=ALIGN_CORNERS)` (0 or 1).
@@ -309,7 +317,7 @@ pub(super) const INTERPOLATE_BILINEAR_SCALE: OpRow = OpRow::new(
     "interpolate_bilinear_scale",
     |s, p| {
         flag_at(p[2], 3, "align_corners")?;
-        rescale_shape(s[0], p)
+        rescale_shape(s[0], p, 2)
     },
     |_, x, p| {
         let f = (p[0].as_f64(), p[1].as_f64());
@@ -325,7 +333,74 @@ pub(super) const INTERPOLATE_BILINEAR_SCALE: OpRow = OpRow::new(
     count("align_corners", "ALIGN_CORNERS"),
 ])
 .positive(Positive::IfInput)
-.gen(Gen::Operands(|d| gen_rescale(d, true)));
+.gen(Gen::Operands(|d| gen_rescale(d, true, 2)));
+
+const LENGTH: ParamSpec = count("the length", "L");
+const FACTOR: ParamSpec = float("the factor", "S");
+
+/// `interpolate_nearest1d a L`: `F.interpolate(a, size=L, mode="nearest")` of `[N, C, L]`
+/// sound.
+pub(super) const INTERPOLATE_NEAREST1D: OpRow = OpRow::new(
+    "interpolate_nearest1d",
+    |s, p| resample_shape(s[0], p, 1),
+    |_, x, p| {
+        spatial::interpolate1d(x[0], p[0].as_usize(), Interpolation::Nearest).map_err(from_nn)
+    },
+)
+.params(&[LENGTH])
+.positive(Positive::IfInput)
+.gen(Gen::Operands(|d| gen_resample(d, false, 1)));
+
+/// `interpolate_linear a L ALIGN_CORNERS`: `F.interpolate(a, size=L, mode="linear",
+/// align_corners=ALIGN_CORNERS)` (0 or 1) of `[N, C, L]` sound.
+pub(super) const INTERPOLATE_LINEAR: OpRow = OpRow::new(
+    "interpolate_linear",
+    |s, p| {
+        flag_at(p[1], 2, "align_corners")?;
+        resample_shape(s[0], p, 1)
+    },
+    |_, x, p| {
+        let mode = Interpolation::Linear {
+            align_corners: p[1].as_usize() == 1,
+        };
+        spatial::interpolate1d(x[0], p[0].as_usize(), mode).map_err(from_nn)
+    },
+)
+.params(&[LENGTH, count("align_corners", "ALIGN_CORNERS")])
+.positive(Positive::IfInput)
+.gen(Gen::Operands(|d| gen_resample(d, true, 1)));
+
+/// `interpolate_nearest1d_scale a S`: `F.interpolate(a, scale_factor=S, mode="nearest")` of
+/// `[N, C, L]` sound (positions mapped by the factor).
+pub(super) const INTERPOLATE_NEAREST1D_SCALE: OpRow = OpRow::new(
+    "interpolate_nearest1d_scale",
+    |s, p| rescale_shape(s[0], p, 1),
+    |_, x, p| {
+        spatial::interpolate1d_scale(x[0], p[0].as_f64(), Interpolation::Nearest).map_err(from_nn)
+    },
+)
+.params(&[FACTOR])
+.positive(Positive::IfInput)
+.gen(Gen::Operands(|d| gen_rescale(d, false, 1)));
+
+/// `interpolate_linear_scale a S ALIGN_CORNERS`: `F.interpolate(a, scale_factor=S,
+/// mode="linear", align_corners=ALIGN_CORNERS)` (0 or 1) of `[N, C, L]` sound.
+pub(super) const INTERPOLATE_LINEAR_SCALE: OpRow = OpRow::new(
+    "interpolate_linear_scale",
+    |s, p| {
+        flag_at(p[1], 2, "align_corners")?;
+        rescale_shape(s[0], p, 1)
+    },
+    |_, x, p| {
+        let mode = Interpolation::Linear {
+            align_corners: p[1].as_usize() == 1,
+        };
+        spatial::interpolate1d_scale(x[0], p[0].as_f64(), mode).map_err(from_nn)
+    },
+)
+.params(&[FACTOR, count("align_corners", "ALIGN_CORNERS")])
+.positive(Positive::IfInput)
+.gen(Gen::Operands(|d| gen_rescale(d, true, 1)));
 
 /// An adaptive pooling's output: `[N, C, H, W]` or unbatched `[C, H, W]` (as PyTorch takes
 /// both) pooled into `H × W` windows.
