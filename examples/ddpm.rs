@@ -25,7 +25,6 @@ use arenagrad::nn::{
     MultiheadAttention, NnError, Rng,
 };
 use arenagrad::prelude::*;
-use arenagrad::HostData;
 
 #[path = "common/fashion.rs"]
 #[allow(dead_code)]
@@ -242,30 +241,40 @@ impl Schedule {
     }
 }
 
-/// One training step on images `x0` (`[B, 1, 28, 28]` in `[−1, 1]`): the loss.
+/// A batch of images as the U-Net takes them, `[B, 1, 28, 28]` f32 in `[−1, 1]`: `u8` pixels
+/// (a dataset's batch as stored) cast on the graph and scaled, `p/127.5 − 1`; f32 images
+/// taken as they are.
+pub fn pixels<'g>(g: &'g Graph, images: &HostTensor) -> Res<Tensor<'g>> {
+    let b = images.shape().first().copied().unwrap_or(0);
+    let x = g.from_host(images)?.reshape(&[b as isize, 1, 28, 28])?;
+    Ok(match images.dtype() {
+        DType::U8 => x.to_dtype(DType::F32)?.scale(1.0 / 127.5)?.shift(-1.0)?,
+        _ => x,
+    })
+}
+
+/// One training step on `images` (`[B, 28, 28]` or `[B, 1, 28, 28]`, `u8` pixels or f32 in
+/// `[−1, 1]`; see [`pixels`]): each image noised to a random step `t` on the graph,
+/// `√ᾱ_t·x₀ + √(1 − ᾱ_t)·ε`, and the loss of the noise the model predicts.
 pub fn train_step(
     g: &mut Graph,
     model: &UNet,
     opt: &mut Adam,
     sched: &Schedule,
-    x0: &[f32],
+    images: &HostTensor,
     rng: &mut Rng,
 ) -> Res<f64> {
-    let b = x0.len() / 784;
+    let x0 = pixels(g, images)?;
+    let b = x0.shape()[0];
     let t: Vec<usize> = (0..b).map(|_| rng.below(T)).collect();
-    let eps: Vec<f32> = (0..x0.len()).map(|_| rng.normal() as f32).collect();
-    let noisy: Vec<f32> = x0
-        .iter()
-        .zip(&eps)
-        .enumerate()
-        .map(|(k, (&x, &e))| {
-            let ab = sched.alpha_bar[t[k / 784]];
-            (ab.sqrt() * f64::from(x) + (1.0 - ab).sqrt() * f64::from(e)) as f32
-        })
-        .collect();
-    let shape = [b, 1, 28, 28];
-    let xt = g.from_slice(&noisy, &shape)?;
-    let target = g.from_slice(&eps, &shape)?;
+    let eps: Vec<f32> = (0..b * 784).map(|_| rng.normal() as f32).collect();
+    let per_image = |f: &dyn Fn(f64) -> f64| -> Vec<f32> {
+        t.iter().map(|&s| f(sched.alpha_bar[s]) as f32).collect()
+    };
+    let keep = g.from_slice(&per_image(&|ab| ab.sqrt()), &[b, 1, 1, 1])?;
+    let noise = g.from_slice(&per_image(&|ab| (1.0 - ab).sqrt()), &[b, 1, 1, 1])?;
+    let target = g.from_slice(&eps, &[b, 1, 28, 28])?;
+    let xt = x0.mul(keep)?.add(target.mul(noise)?)?;
     let l = loss::mse_loss(model.predict_noise(g, xt, &t)?, target)?;
     let value = l.item()?;
     opt.zero_grad();
@@ -458,6 +467,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let x: Vec<f32> = (0..args.batch * 784)
             .map(|_| rng.uniform() as f32 * 2.0 - 1.0)
             .collect();
+        let x = HostTensor::new(x, &[args.batch, 1, 28, 28])?;
         let mut times = Vec::new();
         for _ in 0..steps + 2 {
             let t0 = Instant::now();
@@ -501,11 +511,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         let (images, _) = train.batch_raw(&order[at..at + args.batch])?;
         at += args.batch;
-        let HostData::U8(bytes) = images.data() else {
-            unreachable!("Fashion-MNIST images are bytes")
-        };
-        let x0: Vec<f32> = bytes.iter().map(|&b| f32::from(b) / 127.5 - 1.0).collect();
-        let l = train_step(&mut g, &model, &mut opt, &sched, &x0, &mut rng)?;
+        let l = train_step(&mut g, &model, &mut opt, &sched, &images, &mut rng)?;
         losses.push(l);
         ema.update(&model);
         if step % every == 0 || step == args.steps {
