@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds, here, what scripts/gpu-check.sh runs on a GPU machine that has no Rust toolchain and no
-# network: the release test binaries of arenagrad-exec and arenagrad-graph that hold the CUDA tests
-# (built with the `cuda` feature) and the `gpu_bench` example, stripped of debug info, in
+# network: the release test binaries of arenagrad-exec, arenagrad-graph and arenagrad-nn that hold
+# the CUDA tests (built with the `cuda` feature) and the `gpu_bench` example, stripped of debug info, in
 # gpu-bundle/ (git-ignored). cudarc loads the driver, cuBLAS and NVRTC at run time, so nothing CUDA
 # is needed to build them. Carry the folder to the GPU machine and run scripts/gpu-check.sh there:
 # it uses the bundle instead of cargo.
@@ -19,11 +19,12 @@ rm -rf "$out"
 mkdir -p "$out/tests" "$out/bin"
 
 # The test binaries with CUDA tests in them: exec's and graph's library tests and graph's
-# device-parametrised integration tests.
-# And the data-parallel crate's NCCL test (a world of one on GPU 0).
-wanted=" arenagrad_exec arenagrad_graph ops_grad conv device_parity nccl "
-cargo test --release -p arenagrad-exec -p arenagrad-graph -p arenagrad-dist \
-    --features arenagrad-exec/cuda,arenagrad-graph/cuda,arenagrad-dist/nccl --no-run \
+# device-parametrised integration tests; the spatial ops against PyTorch's values (nn), which run
+# on the GPU too where there is one. And the data-parallel crate's NCCL test (a world of one on
+# GPU 0).
+wanted=" arenagrad_exec arenagrad_graph ops_grad conv device_parity spatial_pytorch nccl "
+cargo test --release -p arenagrad-exec -p arenagrad-graph -p arenagrad-nn -p arenagrad-dist \
+    --features arenagrad-exec/cuda,arenagrad-graph/cuda,arenagrad-nn/cuda,arenagrad-dist/nccl --no-run \
     --message-format=json-render-diagnostics 2>/dev/null |
     python3 -c '
 import json, sys

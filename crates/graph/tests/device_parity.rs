@@ -4,7 +4,9 @@
 
 use arenagrad_graph::exec::Domain;
 use arenagrad_graph::testing::{cuda_test_device, skip};
-use arenagrad_graph::{AttentionOptions, BinaryOp, DType, Device, Graph, Result, Tensor, UnaryOp};
+use arenagrad_graph::{
+    AttentionOptions, BinaryOp, DType, Device, Graph, Result, ScatterReduce, Tensor, UnaryOp,
+};
 
 mod common;
 
@@ -237,6 +239,41 @@ parity_tests! {
     max_pool2d: &[&[2, 3, 6, 6]], false, |g, x| x[0].max_pool2d((2, 2), (2, 2), (0, 0));
     max_pool2d_padded: &[&[1, 2, 5, 5]], false, |g, x| x[0].max_pool2d((3, 3), (2, 2), (1, 1));
     avg_pool2d: &[&[2, 3, 6, 6]], false, |g, x| x[0].avg_pool2d((3, 3), (1, 1), (1, 1));
+    // The ops of images, sound and graphs, composed on the device of the kernels above.
+    conv_transpose2d_groups: &[&[2, 4, 3, 4], &[4, 3, 3, 2], &[6]], false, |g, x| {
+        x[0].conv_transpose2d(x[1], Some(x[2]), (2, 1), (1, 0), (1, 0), (1, 2), 2)
+    };
+    group_norm: &[&[2, 6, 3, 4], &[6], &[6]], false, |g, x| {
+        x[0].group_norm(3, Some(x[1]), Some(x[2]), 1e-5)?.mul(x[0])
+    };
+    sort_values: &[&[3, 7]], false, |g, x| Ok(x[0].sort(1, true)?.0);
+    topk_smallest: &[&[6, 4]], false, |g, x| Ok(x[0].topk(3, 0, false)?.0);
+    rearranged: &[&[3, 4]], false, |g, x| {
+        x[0].flip(&[0, -1])?.roll(2, 1)?.repeat(&[2, 1])?.repeat_interleave(2, 0)
+    };
+    einsum_batched: &[&[2, 3, 4], &[2, 4, 5]], false, |g, x| g.einsum("bij,bjk->bik", &[x[0], x[1]]);
+    gather_by_index_tensor: &[&[3, 4]], false, |g, x| {
+        let i = g.from_slice(&[3i64, 0, 0, 1, 2, 2], &[3, 2])?;
+        x[0].gather_by(1, i)
+    };
+    scatter_add_index_tensor: &[&[4, 3], &[5, 3]], false, |g, x| {
+        let i = g.from_slice(&[3i64, 0, 1, 0, 0, 2, 3, 3, 3, 1, 2, 0, 2, 1, 1], &[5, 3])?;
+        x[0].scatter_add(0, i, x[1])?.mul(x[0])
+    };
+    scatter_add_expanded_index: &[&[4, 3], &[5, 3]], false, |g, x| {
+        // Constant along the rows' other axis: the slice path.
+        let i = g.from_slice(&[2i64, 0, 2, 3, 1], &[5, 1])?.broadcast_to(&[5, 3])?;
+        x[0].scatter_add(0, i, x[1])?.mul(x[0])
+    };
+    index_add_index_tensor: &[&[4, 3], &[5, 3]], false, |g, x| {
+        let i = g.from_slice(&[2i64, 0, 2, 3, 1], &[5])?;
+        x[0].index_add(0, i, x[1])?.mul(x[0])
+    };
+    scatter_reduce_amax_mean: &[&[4, 3], &[5, 3]], false, |g, x| {
+        let i = g.from_slice(&[3i64, 0, 1, 0, 0, 2, 3, 3, 3, 1, 2, 0, 2, 1, 1], &[5, 3])?;
+        let m = x[0].scatter_reduce(0, i, x[1], ScatterReduce::Amax, true)?;
+        m.add(x[0].scatter_reduce(0, i, x[1], ScatterReduce::Mean, false)?)
+    };
     to_host_and_back: &[&[3, 4]], false, |g, x| {
         let d = x[0].device();
         x[0].to_device(Device::Cpu)?.exp()?.to_device(d)

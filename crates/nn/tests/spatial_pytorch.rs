@@ -5,13 +5,24 @@
 
 #![allow(clippy::approx_constant)]
 
+use arenagrad_graph::Device;
 use arenagrad_nn::spatial::{self, Interpolation, PadMode};
 use arenagrad_nn::{DType, Graph, Tensor};
 
 type Op = for<'g> fn(&[Tensor<'g>]) -> arenagrad_nn::Result<Tensor<'g>>;
 
-/// Runs `op` on `inputs` (values, shapes), checks the output's shape and values and each input's
-/// gradient of `Σ w·y`.
+/// The devices every case runs on: the CPU, and `cuda:0` where one can be used
+/// ([`cases_run_on_the_gpu_where_there_is_one`] reports, or fails, when none can).
+fn devices() -> Vec<Device> {
+    let mut d = vec![Device::Cpu];
+    if arenagrad_graph::check_device(Device::Cuda(0)).is_ok() {
+        d.push(Device::Cuda(0));
+    }
+    d
+}
+
+/// Runs `op` on `inputs` (values, shapes) on each of [`devices`], checks the output's shape
+/// and values and each input's gradient of `Σ w·y`.
 fn check(
     name: &str,
     dtype: DType,
@@ -20,19 +31,34 @@ fn check(
     want: (&[usize], &[f64]),
     w: &[f64],
 ) {
+    for dev in devices() {
+        check_on(dev, name, dtype, op, inputs, want, w);
+    }
+}
+
+fn check_on(
+    dev: Device,
+    name: &str,
+    dtype: DType,
+    op: Op,
+    inputs: &[(&[f64], &[usize], &[f64])],
+    want: (&[usize], &[f64]),
+    w: &[f64],
+) {
     let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
-    let g = Graph::new();
+    let g = Graph::on(dev).unwrap();
     let ts: Vec<Tensor<'_>> = inputs
         .iter()
         .map(|(v, s, _)| g.leaf(v, s, dtype).unwrap())
         .collect();
     let y = op(&ts).unwrap();
+    assert_eq!(y.device(), dev, "{name}: device");
     assert_eq!(y.shape().as_slice(), want.0, "{name}: shape");
     let got = y.to_vec_f64().unwrap();
     for (k, (a, b)) in got.iter().zip(want.1).enumerate() {
         assert!(
             (a - b).abs() <= tol * (1.0 + b.abs()),
-            "{name}: y[{k}] {a} vs {b}"
+            "{name} on {dev:?}: y[{k}] {a} vs {b}"
         );
     }
     let wt = g.from_f64(w, want.0, dtype).unwrap();
@@ -42,9 +68,18 @@ fn check(
         for (k, (a, b)) in gg.iter().zip(gw.iter()).enumerate() {
             assert!(
                 (a - b).abs() <= tol * (1.0 + b.abs()),
-                "{name}: input {i} grad[{k}] {a} vs {b}"
+                "{name} on {dev:?}: input {i} grad[{k}] {a} vs {b}"
             );
         }
+    }
+}
+
+/// Every case above runs on `cuda:0` too where one can be used; here that is reported when
+/// none can (and is a failure under `ARENAGRAD_TEST_CUDA=1`, as on a GPU machine's check).
+#[test]
+fn cases_run_on_the_gpu_where_there_is_one() {
+    if let Some(dev) = arenagrad_graph::testing::cuda_test_device() {
+        assert!(devices().contains(&dev));
     }
 }
 
