@@ -43,7 +43,7 @@
 //! | `stack a b AXIS`, `slice_step a AXIS START END STEP`, `chunk a N AXIS K`, `split a SIZE AXIS K`, `unbind a AXIS K` | joining, strided slicing, the K-th piece |
 //! | `one_hot a CLASSES`, `arange a START END STEP` | constants: a's values as indices; a range in a's dtype |
 //! | `flip a AXIS...`, `roll a SHIFT AXIS`, `repeat a R...` | reversed, shifted with wrap-around, tiled |
-//! | `sort a AXIS DESC`, `topk a K AXIS` | the values in order (stable; DESC 0 or 1), the K largest |
+//! | `sort a AXIS DESC`, `topk a K AXIS LARGEST` | the values in order (stable; DESC 0 or 1), the K largest (LARGEST 1) or smallest (0) in order |
 //! | `repeat_interleave a R AXIS`, `unsqueeze a AXIS`, `squeeze a AXIS` | each element R times in a row; a new axis of extent 1; AXIS removed when its extent is 1 |
 //! | `where c a b` | a where c ≠ 0, b elsewhere, broadcast together (PyTorch's `torch.where`; no gradient to c) |
 //! | `conv2d x w STRIDE PADDING DILATION GROUPS`, `conv_transpose2d x w STRIDE PADDING OUTPUT_PADDING DILATION GROUPS` | PyTorch's `F.conv2d` and `F.conv_transpose2d` without a bias, the same numbers along both axes; `x` `[N, C, H, W]` or unbatched `[C, H, W]` |

@@ -1059,10 +1059,18 @@ fn table_cases() -> Vec<Case> {
         },
         Case {
             name: "topk",
-            text: format!("{m}{wa}y = topk m 2 1\nz = mul y w\n"),
+            text: format!("{m}{wa}y = topk m 2 1 1\nz = mul y w\n"),
             out_shape: vec![2, 2],
             out: vec![2.5, -3.0, 12.0, 13.0],
             grads: vec![("m", vec![0.0, 0.5, -1.0, 3.25, 0.0, 2.0])],
+        },
+        // PyTorch's `torch.topk(m, 2, 1, largest=False)`: the smallest first.
+        Case {
+            name: "topk_smallest",
+            text: format!("{m}{wa}y = topk m 2 1 0\nz = mul y w\n"),
+            out_shape: vec![2, 2],
+            out: vec![0.5, -3.0, -4.0, 13.0],
+            grads: vec![("m", vec![0.5, 0.0, -1.0, 3.25, 2.0, 0.0])],
         },
         Case {
             name: "arange",

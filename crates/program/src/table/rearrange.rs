@@ -4,7 +4,8 @@
 use arenagrad_exec::Positive;
 
 use super::{
-    ax, axis_and_extent, axis_at, count, gen_axis, int, norm_axis, same, Gen, OpRow, Refusal,
+    ax, axis_and_extent, axis_at, count, flag_at, gen_axis, int, norm_axis, same, Gen, OpRow,
+    Refusal,
 };
 
 /// `flip a AXIS...`: reversed along each axis (an axis given twice flips back).
@@ -107,11 +108,14 @@ pub(super) const SORT: OpRow = OpRow::new(
     Some(vec![gen_axis(s, t[0])?, f64::from(t[1] & 1)])
 }));
 
-/// `topk a K AXIS`: the `K` largest values along the axis, largest first.
+/// `topk a K AXIS LARGEST`: the `K` largest values along the axis, largest first (LARGEST 1),
+/// or the `K` smallest, smallest first (LARGEST 0), as PyTorch's `torch.topk(a, K, AXIS,
+/// largest)`.
 pub(super) const TOPK: OpRow = OpRow::new(
     "topk",
     |s, p| {
         let d = axis_at(s[0], p[1], 2)?;
+        flag_at(p[2], 3, "LARGEST")?;
         let k = p[0].as_usize();
         if k > s[0][d] {
             return Err(Refusal::at(
@@ -126,14 +130,27 @@ pub(super) const TOPK: OpRow = OpRow::new(
         out[d] = k;
         Ok(out)
     },
-    |_, x, p| Ok(x[0].topk(p[0].as_usize(), ax(p[1]), true)?.0),
+    |_, x, p| {
+        Ok(x[0]
+            .topk(p[0].as_usize(), ax(p[1]), p[2].as_usize() == 1)?
+            .0)
+    },
 )
-.params(&[count("how many", "K"), int("the axis", "AXIS")])
+.params(&[
+    count("how many", "K"),
+    int("the axis", "AXIS"),
+    count("largest (0 or 1)", "LARGEST"),
+])
 .kinked()
 .positive(Positive::IfInput)
 .gen(Gen::Params(|s, [t0, t1, t2, _]| {
     let (axis, ext) = axis_and_extent(s, t0, t2 & 1 == 1)?;
-    Some(vec![(usize::from(t1) % (ext + 1)) as f64, axis as f64])
+    let largest = if t2 & 2 == 0 { 1.0 } else { 0.0 };
+    Some(vec![
+        (usize::from(t1) % (ext + 1)) as f64,
+        axis as f64,
+        largest,
+    ])
 }));
 
 /// `repeat_interleave a R AXIS`: each element `R` times in a row along the axis.
