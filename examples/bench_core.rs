@@ -9,8 +9,9 @@
 //! of cells; gradient checkpointing on an 8-block residual MLP; the bf16 matrix product beside the
 //! f32 one.
 //!
-//! The scatter row: message passing's sum, `index_add` of 10⁶ edge messages `[E, 64]` into 10⁵
-//! nodes, forward and backward.
+//! The scatter rows: message passing's sum, `index_add` of 10⁶ edge messages `[E, 64]` into 10⁵
+//! nodes, forward and backward; the same by `scatter_add` over the index expanded to `[E, 64]`;
+//! and the mean aggregation, `scatter_reduce` "mean" over that index.
 //!
 //! The convt rows: a U-Net's upsampling, `ConvTranspose2d` 64→32 at 14×14 → 28×28, batch 64,
 //! forward and backward, with kernel 4, stride 2, padding 1 (DDPM's) and kernel 2, stride 2.
@@ -540,11 +541,15 @@ fn main() {
         let reps = if quick { 3 } else { 10 };
         println!(
             "| scatter: index_add of 10^6 edges x 64 into 10^5 nodes, fwd+bwd | {:.1} ms | |",
-            scatter_ms(reps, false)
+            scatter_ms(reps, Scatter::IndexAdd)
         );
         println!(
             "| scatter_add of the same, the index expanded to [10^6, 64], fwd+bwd | {:.1} ms | |",
-            scatter_ms(reps, true)
+            scatter_ms(reps, Scatter::Add)
+        );
+        println!(
+            "| scatter_reduce mean of the same (include_self false), fwd+bwd | {:.1} ms | |",
+            scatter_ms(reps, Scatter::Mean)
         );
     }
     if run("ew") {
@@ -571,11 +576,25 @@ fn main() {
     }
 }
 
+/// How [`scatter_ms`] adds the messages into the nodes.
+#[derive(Clone, Copy, PartialEq)]
+enum Scatter {
+    /// `index_add(0, dst, msgs)`.
+    IndexAdd,
+    /// `scatter_add(0, dst expanded to [10⁶, 64], msgs)`.
+    Add,
+    /// `scatter_reduce(0, dst expanded, msgs, "mean", include_self=False)` (message passing's
+    /// mean aggregation).
+    Mean,
+}
+
 /// Median ms of message passing's sum: `zeros[N, 64].index_add(0, dst, msgs)` for 10⁶ random
-/// destinations among 10⁵ nodes and messages `[10⁶, 64]` (f32, requiring grad), or with
-/// `expanded` the same as `scatter_add(0, dst expanded to [10⁶, 64], msgs)`, then `Σ out²`
-/// backward (so the gradient is not a constant), the graph reset after each.
-fn scatter_ms(reps: usize, expanded: bool) -> f64 {
+/// destinations among 10⁵ nodes and messages `[10⁶, 64]` (f32, requiring grad), or the same
+/// through `scatter_add` or `scatter_reduce`'s mean over `dst` expanded to `[10⁶, 64]`
+/// ([`Scatter`]), then `Σ out²` backward (so the gradient is not a constant), the graph reset
+/// after each.
+fn scatter_ms(reps: usize, how: Scatter) -> f64 {
+    use arenagrad::graph::ScatterReduce;
     let (e, n, f) = (1_000_000usize, 100_000usize, 64usize);
     let mut g = Graph::new();
     let mut rng = Rng::seed(7);
@@ -587,16 +606,19 @@ fn scatter_ms(reps: usize, expanded: bool) -> f64 {
         let msgs = g.randn(&[e, f], DType::F32).expect("msgs");
         let msgs = msgs.set_requires_grad(true).expect("leaf");
         // PyTorch's `dst.unsqueeze(1).expand(-1, F)` (a view there, made outside its timing).
-        let wide = expanded.then(|| {
+        let wide = (how != Scatter::IndexAdd).then(|| {
             idx.reshape(&[e as isize, 1])
                 .and_then(|i| i.broadcast_to(&[e, f]))
                 .expect("expand")
         });
         let t = Instant::now();
         let nodes = g.zeros(&[n, f], DType::F32).expect("nodes");
-        let out = match wide {
-            Some(w) => nodes.scatter_add(0, w, msgs).expect("scatter_add"),
-            None => nodes.index_add(0, idx, msgs).expect("index_add"),
+        let out = match (how, wide) {
+            (Scatter::Add, Some(w)) => nodes.scatter_add(0, w, msgs).expect("scatter_add"),
+            (Scatter::Mean, Some(w)) => nodes
+                .scatter_reduce(0, w, msgs, ScatterReduce::Mean, false)
+                .expect("scatter_reduce"),
+            _ => nodes.index_add(0, idx, msgs).expect("index_add"),
         };
         let l = out.mul(out).and_then(|o| o.sum()).expect("loss");
         l.backward().expect("backward");

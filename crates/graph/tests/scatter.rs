@@ -644,3 +644,81 @@ fn an_index_constant_off_the_axis_scatters_whole_slices() {
     }
     assert_eq!(s.to_vec::<f64>().unwrap(), self_v);
 }
+
+/// `scatter_reduce`'s sum and mean over an index constant off the axis (the slice path, as
+/// `scatter_add`'s) give the values and gradients of the same index read element by element
+/// (as `i32`, which takes the element path), with and without self, along either axis; a row
+/// nothing lands on keeps self's value. An index with a row out of range is still refused.
+#[test]
+fn scatter_reduce_over_an_index_constant_off_the_axis_is_the_element_path() {
+    let (e, n, f) = (6usize, 5usize, 3usize);
+    let dst = [2i64, 0, 3, 2, 2, 0]; // row 1 and 4 receive nothing
+    let src_v: Vec<f64> = (0..e * f).map(|k| (k as f64) * 0.25 - 1.5).collect();
+    let self_v: Vec<f64> = (0..n * f).map(|k| (k as f64) * 0.5 + 0.125).collect();
+    let w: Vec<f64> = (0..n * f).map(|k| ((k * 5) % 7) as f64 - 3.0).collect();
+    for axis in [0usize, 1] {
+        // Along axis 1 the transposed layout: self [f, n], src and index [f, e].
+        let (sshape, ishape) = if axis == 0 {
+            ([n, f], [e, f])
+        } else {
+            ([f, n], [f, e])
+        };
+        let idx: Vec<i64> = (0..e * f)
+            .map(|k| if axis == 0 { dst[k / f] } else { dst[k % e] })
+            .collect();
+        for reduce in [ScatterReduce::Sum, ScatterReduce::Mean] {
+            for include_self in [true, false] {
+                let run = |narrow: bool| {
+                    let g = Graph::new();
+                    let s = g.leaf(&self_v, &sshape, DType::F64).unwrap();
+                    let src = g.leaf(&src_v, &ishape, DType::F64).unwrap();
+                    let i = if narrow {
+                        let v: Vec<i32> = idx.iter().map(|&k| k as i32).collect();
+                        g.from_slice(&v, &ishape).unwrap()
+                    } else {
+                        g.from_slice(&idx, &ishape).unwrap()
+                    };
+                    let y = s
+                        .scatter_reduce(axis as isize, i, src, reduce, include_self)
+                        .unwrap();
+                    let wt = g.from_f64(&w, &sshape, DType::F64).unwrap();
+                    y.mul(wt).unwrap().sum().unwrap().backward().unwrap();
+                    let grad = |t: Tensor<'_>| t.grad().unwrap().unwrap().to_vec::<f64>().unwrap();
+                    (y.to_vec::<f64>().unwrap(), grad(s), grad(src))
+                };
+                let (slices, elements) = (run(false), run(true));
+                let what = format!("axis {axis} {reduce:?} include_self {include_self}");
+                close(&format!("{what} values"), &slices.0, &elements.0);
+                close(&format!("{what} self grad"), &slices.1, &elements.1);
+                close(&format!("{what} src grad"), &slices.2, &elements.2);
+                // Rows 1 and 4 keep self's values.
+                for row in [1usize, 4] {
+                    for c in 0..f {
+                        let at = if axis == 0 { row * f + c } else { c * n + row };
+                        assert_eq!(slices.0[at], self_v[at], "{what}: row {row}");
+                    }
+                }
+            }
+        }
+    }
+    let g = Graph::new();
+    let s = g.leaf(&self_v, &[n, f], DType::F64).unwrap();
+    let src = g.leaf(&src_v, &[e, f], DType::F64).unwrap();
+    let bad: Vec<i64> = (0..e * f)
+        .map(|k| if k / f == 2 { 5 } else { dst[k / f] })
+        .collect();
+    let i = g.from_slice(&bad, &[e, f]).unwrap();
+    let err = s
+        .scatter_reduce(0, i, src, ScatterReduce::Mean, false)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GraphError::IndexOutOfRange {
+                op: "scatter_reduce",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}

@@ -427,21 +427,43 @@ impl<'g> Tensor<'g> {
         })? {
             return Ok(r);
         }
-        let (ax, idx) = self.scatter_indices(OP, axis, index, src)?;
         let full = crate::shape::copy_of(&self.try_shape()?);
         if matches!(reduce, ScatterReduce::Amax | ScatterReduce::Amin) {
+            let (ax, idx) = self.scatter_indices(OP, axis, index, src)?;
             return self.scatter_extreme((ax, idx, full), src, reduce, include_self);
         }
+        let ax = self.scatter_checked(OP, axis, index, src)?;
+        let sshape = src.try_shape()?;
+        // Each source slice or element added where it lands: whole slices where the index is
+        // constant off `axis` (as `scatter_add`'s), and then the counts from one value a slice.
+        let (landed, ones_shape, add): (
+            _,
+            Vec<usize>,
+            Box<dyn Fn(Tensor<'g>) -> Result<Tensor<'g>>>,
+        ) = match self.constant_rows(OP, index, ax, full[ax])? {
+            Some(rows) => {
+                let extent = full[ax];
+                let mut one_a_slice = vec![1; sshape.len()];
+                one_a_slice[ax] = sshape[ax];
+                let add = move |t: Tensor<'g>| t.index_add_into(ax, rows.clone(), extent);
+                (add(src)?, one_a_slice, Box::new(add))
+            }
+            None => {
+                let idx = self.checked_indices(OP, index, ax, &full)?;
+                let to = full.clone();
+                let add = move |t: Tensor<'g>| t.scatter_add_into(ax, idx.clone(), to.clone());
+                (add(src)?, sshape.to_vec(), Box::new(add))
+            }
+        };
         // How many values land on each position: needed by the mean, and without self by both
-        // (self is kept only where nothing lands). Made once, outside the recording.
+        // (self is kept only where nothing lands). Made outside the recording.
         let landed_count = if reduce == ScatterReduce::Mean || !include_self {
             let _no_grad = self.g.no_grad();
-            let ones = self.g.ones(&src.try_shape()?, src.dtype())?;
-            Some(ones.scatter_add_into(ax, idx.clone(), full.clone())?)
+            let ones = self.g.ones(&ones_shape, src.dtype())?;
+            Some(add(ones)?.broadcast_to(&full)?)
         } else {
             None
         };
-        let landed = src.scatter_add_into(ax, idx, full)?;
         let base = match landed_count {
             Some(counts) if !include_self => {
                 let zero = self.g.scalar(0.0, self.dtype())?;
