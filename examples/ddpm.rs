@@ -242,8 +242,8 @@ impl Schedule {
 }
 
 /// A batch of images as the U-Net takes them, `[B, 1, 28, 28]` f32 in `[−1, 1]`: `u8` pixels
-/// (a dataset's batch as stored) cast on the graph and scaled, `p/127.5 − 1`; f32 images
-/// taken as they are.
+/// (a dataset's batch as stored) cast on the graph and scaled, `p/127.5 − 1`; images of any
+/// other dtype taken as they are (the benchmark's f32 ones, already in `[−1, 1]`).
 pub fn pixels<'g>(g: &'g Graph, images: &HostTensor) -> Res<Tensor<'g>> {
     let b = images.shape().first().copied().unwrap_or(0);
     let x = g.from_host(images)?.reshape(&[b as isize, 1, 28, 28])?;

@@ -486,8 +486,27 @@ fn upsample_sizes_and_refusals() {
         (Upsample::scale(2.0, linear), x, "linear"),
         (Upsample::length(0, linear), sound, "interpolate"),
         (Upsample::scale(0.1, linear), sound, "interpolate"),
+        (Upsample::scale(f64::NAN, linear), sound, "finite"),
     ] {
         let err = on(m, x).unwrap_err().to_string();
         assert!(err.contains(words), "{m:?}: {err}");
+    }
+    // Integer inputs: nearest picks entries as PyTorch's does; linear and bilinear, which
+    // weigh them, are refused (PyTorch refuses linear on integer sound).
+    let bytes = g.from_slice(&[0u8, 100, 200], &[1, 1, 3]).unwrap();
+    let up = Upsample::length(5, Interpolation::Nearest)
+        .forward(&g, bytes)
+        .unwrap();
+    assert_eq!(up.to_vec::<u8>().unwrap(), [0, 0, 100, 100, 200]);
+    let image = bytes.reshape(&[1, 1, 1, 3]).unwrap();
+    for (m, x) in [
+        (Upsample::length(5, linear), bytes),
+        (Upsample::size((1, 5), bilinear), image),
+    ] {
+        let err = on(m, x).unwrap_err().to_string();
+        assert!(
+            err.contains("interpolate") && err.contains("u8"),
+            "{m:?}: {err}"
+        );
     }
 }

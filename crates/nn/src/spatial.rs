@@ -119,8 +119,10 @@ pub fn pad<'g>(x: Tensor<'g>, pads: &[(usize, usize)], mode: PadMode) -> Result<
     Ok(y)
 }
 
-/// How [`interpolate`] and [`interpolate1d`] resample.
+/// How [`interpolate`] and [`interpolate1d`] resample. Linear and bilinear take floating
+/// inputs (an integer one is an `UnsupportedDType` naming `interpolate`); nearest any dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Interpolation {
     /// The nearest input entry below (PyTorch's `"nearest"`): source index `⌊dst·scale⌋`,
     /// `scale` = `in/out` or `1/scale_factor`, as PyTorch's forward computes it, which depends
@@ -129,8 +131,8 @@ pub enum Interpolation {
     /// images and for sound at every size, the product `dst·scale` in the input's precision,
     /// rounded to f32 before the floor (`floorf`), by the formula alone (a factor of 1.1 that
     /// keeps 5 rows reads rows 0, 0, 1, 2, 3). PyTorch's backward takes the first rule at
-    /// every size, so for large images its gradient can give an entry's share to the
-    /// neighbour its forward did not read; ours is the gradient of the forward.
+    /// every size, so for large images and for sound its gradient can give an entry's share to
+    /// the neighbour its forward did not read; ours is the gradient of the forward.
     Nearest,
     /// Linear along the one axis of `[N, C, L]` sound (PyTorch's `"linear"`), with
     /// `align_corners` as [`Interpolation::Bilinear`]'s; for [`interpolate1d`] alone, as
@@ -436,6 +438,15 @@ fn resample<'g>(
         return Err(arenagrad_graph::GraphError::TooLarge {
             op: "interpolate",
             shape: vec![s[0], s[1], oh, ow],
+        }
+        .into());
+    }
+    if mode != Interpolation::Nearest && !x.dtype().is_float() {
+        // Weights between entries need a floating dtype: PyTorch refuses linear resampling of
+        // integer sound, and its rounded u8 bilinear is not reproduced (cast to a float first).
+        return Err(arenagrad_graph::GraphError::UnsupportedDType {
+            op: "interpolate",
+            dtype: x.dtype(),
         }
         .into());
     }
@@ -886,6 +897,7 @@ impl Module for AdaptiveMaxPool2d {
 
 /// What an [`Upsample`] resamples to: PyTorch's `size` or its `scale_factor`.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub enum Resize {
     /// A fixed output `(height, width)` for images; see [`interpolate`].
     Size(usize, usize),
@@ -961,7 +973,10 @@ impl Module for Upsample {
             (Resize::Size(h, w), false) => interpolate(x, (h, w), self.mode),
             (Resize::Scale(sh, sw), false) => interpolate_scale(x, (sh, sw), self.mode),
             (Resize::Length(len), true) => interpolate1d(x, len, self.mode),
-            (Resize::Scale(s, t), true) if s == t => interpolate1d_scale(x, s, self.mode),
+            // One factor, NaN included (refused there as a factor).
+            (Resize::Scale(s, t), true) if s.to_bits() == t.to_bits() => {
+                interpolate1d_scale(x, s, self.mode)
+            }
             (to, _) => Err(config(
                 "Upsample",
                 format!(

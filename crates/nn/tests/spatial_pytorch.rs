@@ -76,10 +76,38 @@ fn check_on(
 
 /// Every case above runs on `cuda:0` too where one can be used; here that is reported when
 /// none can (and is a failure under `ARENAGRAD_TEST_CUDA=1`, as on a GPU machine's check).
+/// On a GPU, sound resampled by a factor, padded and group-normalised there equals the CPU's,
+/// values and gradients.
 #[test]
 fn cases_run_on_the_gpu_where_there_is_one() {
-    if let Some(dev) = arenagrad_graph::testing::cuda_test_device() {
-        assert!(devices().contains(&dev));
+    let Some(dev) = arenagrad_graph::testing::cuda_test_device() else {
+        return;
+    };
+    assert!(devices().contains(&dev));
+    let values: Vec<f64> = (0..2 * 4 * 9)
+        .map(|k| ((k * 37) % 23) as f64 / 7.0 - 1.5)
+        .collect();
+    let run = |dev: Device| {
+        let g = Graph::on(dev).unwrap();
+        let x = g.leaf(&values, &[2, 4, 9], DType::F64).unwrap();
+        let mode = Interpolation::Linear {
+            align_corners: false,
+        };
+        let y = spatial::interpolate1d_scale(x, 1.7, mode).unwrap();
+        let y = spatial::pad(y, &[(2, 1)], PadMode::Reflect).unwrap();
+        let y = spatial::group_norm(y, 2, None, None, 1e-5).unwrap();
+        y.tanh().unwrap().sum().unwrap().backward().unwrap();
+        let grad = x.grad().unwrap().unwrap().to_vec_f64().unwrap();
+        (y.to_vec_f64().unwrap(), grad)
+    };
+    let (cpu, gpu) = (run(Device::Cpu), run(dev));
+    for (what, a, b) in [("values", &gpu.0, &cpu.0), ("gradient", &gpu.1, &cpu.1)] {
+        for (k, (x, y)) in a.iter().zip(b.iter()).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-10 * (1.0 + y.abs()),
+                "{what}[{k}]: {x} vs {y}"
+            );
+        }
     }
 }
 
