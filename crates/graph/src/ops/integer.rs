@@ -436,25 +436,27 @@ impl<'g> Tensor<'g> {
         let sshape = src.try_shape()?;
         // Each source slice or element added where it lands: whole slices where the index is
         // constant off `axis` (as `scatter_add`'s), and then the counts from one value a slice.
-        let (landed, ones_shape, add): (
-            _,
-            Vec<usize>,
-            Box<dyn Fn(Tensor<'g>) -> Result<Tensor<'g>>>,
-        ) = match self.constant_rows(OP, index, ax, full[ax])? {
-            Some(rows) => {
-                let extent = full[ax];
+        enum Landing {
+            Slices(std::sync::Arc<[usize]>),
+            Elements(std::sync::Arc<[usize]>),
+        }
+        let landing = match self.constant_rows(OP, index, ax, full[ax])? {
+            Some(rows) => Landing::Slices(rows),
+            None => Landing::Elements(self.checked_indices(OP, index, ax, &full)?),
+        };
+        let add = |t: Tensor<'g>| match &landing {
+            Landing::Slices(r) => t.index_add_into(ax, r.clone(), full[ax]),
+            Landing::Elements(i) => t.scatter_add_into(ax, i.clone(), full.clone()),
+        };
+        let ones_shape: Vec<usize> = match landing {
+            Landing::Slices(_) => {
                 let mut one_a_slice = vec![1; sshape.len()];
                 one_a_slice[ax] = sshape[ax];
-                let add = move |t: Tensor<'g>| t.index_add_into(ax, rows.clone(), extent);
-                (add(src)?, one_a_slice, Box::new(add))
+                one_a_slice
             }
-            None => {
-                let idx = self.checked_indices(OP, index, ax, &full)?;
-                let to = full.clone();
-                let add = move |t: Tensor<'g>| t.scatter_add_into(ax, idx.clone(), to.clone());
-                (add(src)?, sshape.to_vec(), Box::new(add))
-            }
+            Landing::Elements(_) => sshape.to_vec(),
         };
+        let landed = add(src)?;
         // How many values land on each position: needed by the mean, and without self by both
         // (self is kept only where nothing lands). Made outside the recording.
         let landed_count = if reduce == ScatterReduce::Mean || !include_self {
