@@ -31,45 +31,33 @@ fn check(
     want: (&[usize], &[f64]),
     w: &[f64],
 ) {
-    for dev in devices() {
-        check_on(dev, name, dtype, op, inputs, want, w);
-    }
-}
-
-fn check_on(
-    dev: Device,
-    name: &str,
-    dtype: DType,
-    op: Op,
-    inputs: &[(&[f64], &[usize], &[f64])],
-    want: (&[usize], &[f64]),
-    w: &[f64],
-) {
     let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
-    let g = Graph::on(dev).unwrap();
-    let ts: Vec<Tensor<'_>> = inputs
-        .iter()
-        .map(|(v, s, _)| g.leaf(v, s, dtype).unwrap())
-        .collect();
-    let y = op(&ts).unwrap();
-    assert_eq!(y.device(), dev, "{name}: device");
-    assert_eq!(y.shape().as_slice(), want.0, "{name}: shape");
-    let got = y.to_vec_f64().unwrap();
-    for (k, (a, b)) in got.iter().zip(want.1).enumerate() {
-        assert!(
-            (a - b).abs() <= tol * (1.0 + b.abs()),
-            "{name} on {dev:?}: y[{k}] {a} vs {b}"
-        );
-    }
-    let wt = g.from_f64(w, want.0, dtype).unwrap();
-    y.mul(wt).unwrap().sum().unwrap().backward().unwrap();
-    for (i, (t, (_, _, gw))) in ts.iter().zip(inputs).enumerate() {
-        let gg = t.grad().unwrap().unwrap().to_vec_f64().unwrap();
-        for (k, (a, b)) in gg.iter().zip(gw.iter()).enumerate() {
+    for dev in devices() {
+        let g = Graph::on(dev).unwrap();
+        let ts: Vec<Tensor<'_>> = inputs
+            .iter()
+            .map(|(v, s, _)| g.leaf(v, s, dtype).unwrap())
+            .collect();
+        let y = op(&ts).unwrap();
+        assert_eq!(y.device(), dev, "{name}: device");
+        assert_eq!(y.shape().as_slice(), want.0, "{name}: shape");
+        let got = y.to_vec_f64().unwrap();
+        for (k, (a, b)) in got.iter().zip(want.1).enumerate() {
             assert!(
                 (a - b).abs() <= tol * (1.0 + b.abs()),
-                "{name} on {dev:?}: input {i} grad[{k}] {a} vs {b}"
+                "{name} on {dev:?}: y[{k}] {a} vs {b}"
             );
+        }
+        let wt = g.from_f64(w, want.0, dtype).unwrap();
+        y.mul(wt).unwrap().sum().unwrap().backward().unwrap();
+        for (i, (t, (_, _, gw))) in ts.iter().zip(inputs).enumerate() {
+            let gg = t.grad().unwrap().unwrap().to_vec_f64().unwrap();
+            for (k, (a, b)) in gg.iter().zip(gw.iter()).enumerate() {
+                assert!(
+                    (a - b).abs() <= tol * (1.0 + b.abs()),
+                    "{name} on {dev:?}: input {i} grad[{k}] {a} vs {b}"
+                );
+            }
         }
     }
 }
