@@ -938,7 +938,8 @@ pub struct Upsample {
 }
 
 impl Upsample {
-    /// By one factor on both axes (PyTorch's `nn.Upsample(scale_factor=factor, mode=…)`).
+    /// By one factor on every axis, an image's two or sound's one (PyTorch's
+    /// `nn.Upsample(scale_factor=factor, mode=…)`).
     pub fn scale(factor: f64, mode: Interpolation) -> Self {
         Upsample {
             to: Resize::Scale(factor, factor),
@@ -953,9 +954,7 @@ impl Upsample {
             mode,
         }
     }
-}
 
-impl Upsample {
     /// To a fixed length for `[N, C, L]` sound (PyTorch's `nn.Upsample(size=len, mode=…)` on
     /// a 3-D input).
     pub fn length(len: usize, mode: Interpolation) -> Self {

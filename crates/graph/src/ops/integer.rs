@@ -282,16 +282,29 @@ impl<'g> Tensor<'g> {
         })? {
             return Ok(r);
         }
+        let (ax, landing) = self.scatter_landing(OP, axis, index, src)?;
+        let full = crate::shape::copy_of(&self.try_shape()?);
+        self.add(landing.add(src, ax, &full)?)
+    }
+
+    /// A scatter's checked axis ([`Tensor::scatter_checked`]) and where `src` lands: whole
+    /// slices at the rows an index constant off `axis` names (message passing's
+    /// `dst.unsqueeze(1).expand(-1, F)`: `index_add`'s kernel and backward, which move slices
+    /// rather than single elements), else each element at its index, every one checked.
+    fn scatter_landing(
+        self,
+        op: &'static str,
+        axis: isize,
+        index: Tensor<'g>,
+        src: Tensor<'g>,
+    ) -> Result<(usize, Landing)> {
+        let ax = self.scatter_checked(op, axis, index, src)?;
         let shape = self.try_shape()?;
-        let ax = self.scatter_checked(OP, axis, index, src)?;
-        if let Some(rows) = self.constant_rows(OP, index, ax, shape[ax])? {
-            // An index constant off `axis` (message passing's `dst.unsqueeze(1).expand(-1, F)`):
-            // whole slices added at the rows it names, which is `index_add`, whose kernel and
-            // backward move slices rather than single elements.
-            return self.add(src.index_add_into(ax, rows, shape[ax])?);
-        }
-        let idx = self.checked_indices(OP, index, ax, &shape)?;
-        self.add(src.scatter_add_into(ax, idx, crate::shape::copy_of(&shape))?)
+        let landing = match self.constant_rows(op, index, ax, shape[ax])? {
+            Some(rows) => Landing::Slices(rows),
+            None => Landing::Elements(self.checked_indices(op, index, ax, &shape)?),
+        };
+        Ok((ax, landing))
     }
 
     /// For a checked scatter ([`Tensor::scatter_checked`]) whose `i64` index is the same all
@@ -432,22 +445,10 @@ impl<'g> Tensor<'g> {
             let (ax, idx) = self.scatter_indices(OP, axis, index, src)?;
             return self.scatter_extreme((ax, idx, full), src, reduce, include_self);
         }
-        let ax = self.scatter_checked(OP, axis, index, src)?;
+        // Each source slice or element added where it lands (as `scatter_add`'s), and the
+        // counts from one value a slice where whole slices land.
+        let (ax, landing) = self.scatter_landing(OP, axis, index, src)?;
         let sshape = src.try_shape()?;
-        // Each source slice or element added where it lands: whole slices where the index is
-        // constant off `axis` (as `scatter_add`'s), and then the counts from one value a slice.
-        enum Landing {
-            Slices(std::sync::Arc<[usize]>),
-            Elements(std::sync::Arc<[usize]>),
-        }
-        let landing = match self.constant_rows(OP, index, ax, full[ax])? {
-            Some(rows) => Landing::Slices(rows),
-            None => Landing::Elements(self.checked_indices(OP, index, ax, &full)?),
-        };
-        let add = |t: Tensor<'g>| match &landing {
-            Landing::Slices(r) => t.index_add_into(ax, r.clone(), full[ax]),
-            Landing::Elements(i) => t.scatter_add_into(ax, i.clone(), full.clone()),
-        };
         let ones_shape: Vec<usize> = match landing {
             Landing::Slices(_) => {
                 let mut one_a_slice = vec![1; sshape.len()];
@@ -456,13 +457,13 @@ impl<'g> Tensor<'g> {
             }
             Landing::Elements(_) => sshape.to_vec(),
         };
-        let landed = add(src)?;
+        let landed = landing.add(src, ax, &full)?;
         // How many values land on each position: needed by the mean, and without self by both
         // (self is kept only where nothing lands). Made outside the recording.
         let landed_count = if reduce == ScatterReduce::Mean || !include_self {
             let _no_grad = self.g.no_grad();
             let ones = self.g.ones(&ones_shape, src.dtype())?;
-            Some(add(ones)?.broadcast_to(&full)?)
+            Some(landing.add(ones, ax, &full)?.broadcast_to(&full)?)
         } else {
             None
         };
@@ -579,6 +580,24 @@ impl<'g> Tensor<'g> {
     }
 }
 
+/// Where a scatter's source lands along its axis ([`Tensor::scatter_landing`]).
+enum Landing {
+    /// Whole slices, at these positions along the axis (one per slice of the source).
+    Slices(std::sync::Arc<[usize]>),
+    /// Each element at its own position along the axis (one per element of the source).
+    Elements(std::sync::Arc<[usize]>),
+}
+
+impl Landing {
+    /// `t` (shaped as the scatter's source) added into zeros of `full` where it lands.
+    fn add<'g>(&self, t: Tensor<'g>, ax: usize, full: &crate::shape::Shape) -> Result<Tensor<'g>> {
+        match self {
+            Landing::Slices(rows) => t.index_add_into(ax, rows.clone(), full[ax]),
+            Landing::Elements(idx) => t.scatter_add_into(ax, idx.clone(), full.clone()),
+        }
+    }
+}
+
 /// The index along `axis` of each slice, where a scatter's `idx` (row-major in `shape`) is the
 /// same all across every slice (constant off `axis`) and each within `0..extent`; `None` where
 /// it is not, or where `shape` has nothing off `axis` to be constant across.
@@ -589,9 +608,7 @@ fn rows_of(
     extent: usize,
     threads: usize,
 ) -> Option<std::sync::Arc<[usize]>> {
-    let outer: usize = shape[..axis].iter().product();
-    let n = shape[axis];
-    let inner: usize = shape[axis + 1..].iter().product();
+    let (outer, n, inner) = arenagrad_exec::cpu::reduce::around_axis(shape, axis);
     if outer * inner <= 1 || idx.len() != outer * n * inner {
         return None;
     }
